@@ -1,0 +1,61 @@
+/* util.c — time, aligned allocation, file reading (see util.h). */
+#include "base/util.h"
+
+#include "base/error.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double ms_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *ms_alloc_aligned(size_t n_items, size_t item_bytes)
+{
+    size_t n;
+    if (!ms_mul_size(n_items, item_bytes, &n)) return NULL;
+    if (n == 0) n = 64;
+    n = (n + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
+void ms_free_aligned(void *p) { free(p); }
+
+int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT ? MS_ENOENT : MS_EIO;
+    int rc = 0;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) != 0) { rc = MS_EIO; goto out; }
+    long len = ftell(f);
+    if (len < 0) { rc = MS_EIO; goto out; }
+    if ((size_t)len > max_bytes) { rc = MS_ETOOBIG; goto out; }
+    rewind(f);
+    buf = malloc((size_t)len + 1);
+    if (!buf) { rc = MS_ENOMEM; goto out; }
+    if (fread(buf, 1, (size_t)len, f) != (size_t)len) { rc = MS_EIO; goto out; }
+    buf[len] = 0;
+    *out = buf;
+    if (out_len) *out_len = (size_t)len;
+    buf = NULL;
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+bool ms_path_join(char *buf, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < cap;
+}

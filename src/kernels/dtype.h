@@ -1,0 +1,119 @@
+/* dtype.h — stored number formats and their scalar conversions.
+ *
+ * Weights stay in their stored type (F32, BF16, F16, F8_E4M3 with 128x128 F32
+ * block scales); kernels convert on the fly.  These inline scalar conversions
+ * are the reference every SIMD path is tested against.  Pure functions.
+ */
+#ifndef MS_KERNELS_DTYPE_H
+#define MS_KERNELS_DTYPE_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef enum ms_dtype {
+    MS_DT_F32 = 0,
+    MS_DT_BF16,
+    MS_DT_F16,
+    MS_DT_F8E4M3, /* OCP e4m3fn: bias 7, no inf, 0x7f/0xff NaN, max 448 */
+    MS_DT_I8,
+    MS_DT_U8,
+    MS_DT_I32,
+    MS_DT_I64,
+    MS_DT_F64,
+    MS_DT_F8E8M0, /* UE8M0 scale: 2^(byte-127) */
+    MS_DT_COUNT
+} ms_dtype;
+
+/* Bytes per element (all supported dtypes are whole bytes). */
+static inline int ms_dtype_size(ms_dtype t)
+{
+    static const int sz[MS_DT_COUNT] = {4, 2, 2, 1, 1, 1, 4, 8, 8, 1};
+    return (unsigned)t < MS_DT_COUNT ? sz[t] : 0;
+}
+/* The safetensors name ("F32", "BF16", ...); NULL for an invalid value. */
+const char *ms_dtype_name(ms_dtype t);
+/* Parses a safetensors dtype name; returns -1 when unknown or unsupported. */
+int ms_dtype_parse(const char *name);
+
+static inline float ms_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even; NaN stays a quiet NaN. */
+static inline uint16_t ms_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Rounds an f32 to the nearest bf16 value and back (what kernels that take
+ * bf16 activations see). */
+static inline float ms_round_bf16(float f) { return ms_bf16_to_f32(ms_f32_to_bf16(f)); }
+
+static inline float ms_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400u));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round-to-nearest-even f32 -> f16 (used by writers/tests, not hot paths). */
+uint16_t ms_f32_to_f16(float f);
+
+/* e4m3fn -> f32, exact.  0x7f / 0xff are NaN. */
+static inline float ms_fp8e4m3_to_f32(uint8_t x)
+{
+    uint32_t sign = (uint32_t)(x & 0x80u) << 24, exp = (x >> 3) & 0xfu, man = x & 7u;
+    float v;
+    if (exp == 0xf && man == 7) {
+        uint32_t u = sign | 0x7fc00000u;
+        memcpy(&v, &u, 4);
+        return v;
+    }
+    if (exp == 0) {
+        v = (float)man * (1.0f / 512.0f); /* subnormal: man * 2^-9 */
+    } else {
+        uint32_t u = ((exp + 127 - 7) << 23) | (man << 20);
+        memcpy(&v, &u, 4);
+    }
+    return sign ? -v : v;
+}
+
+/* f32 -> e4m3fn, round to nearest even, saturating to ±448 (writers, tests). */
+uint8_t ms_f32_to_fp8e4m3(float f);
+
+static inline float ms_e8m0_to_f32(uint8_t x)
+{
+    if (x == 0xff) return __builtin_nanf("");
+    if (x == 0) return 0x1p-127f;
+    uint32_t u = (uint32_t)x << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#endif

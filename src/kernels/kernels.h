@@ -1,0 +1,91 @@
+/* kernels.h — the numeric kernels the model calls.
+ *
+ * Convention: activations are FP32 row-major; weights are ms_mat views of a
+ * stored matrix [rows = out features][cols = in features] kept in their stored
+ * dtype and converted inside the kernel.  ms_matmul computes
+ *     y[M][N] (=|+=) x[M][K] · Wᵀ      with N = W.rows, K = W.cols.
+ * Every fast path has a scalar reference twin (suffix _ref) that stays forever
+ * and is what the tests compare against.  Which path runs is decided by the
+ * kernel context: exact = 1 (--dtype float32) forbids rounding activations to
+ * BF16; exact = 0 (auto) lets AVX-512 BF16 dot products and oneDNN run.
+ * Kernels may be called from the rank's main thread only; they use the pool.
+ */
+#ifndef MS_KERNELS_KERNELS_H
+#define MS_KERNELS_KERNELS_H
+
+#include "base/threadpool.h"
+#include "kernels/dtype.h"
+
+#include <stdint.h>
+
+/* A view of a stored weight matrix.  Element (r, c) of the view is stored at
+ * data[r * ld + c] (in dtype units); an FP8 view's block scale for it is
+ * scale[((r0 + r) / 128) * scale_ld + (c0 + c) / 128] where (r0, c0) is the
+ * view's origin inside the stored matrix (so TP slices need no copies). */
+typedef struct ms_mat {
+    ms_dtype dtype;     /* F32, BF16, F16 or F8E4M3 */
+    int64_t rows, cols; /* view shape: [out][in] */
+    int64_t ld;         /* stored row length, elements */
+    const void *data;   /* element (0, 0) of the view */
+    const float *scale; /* F8E4M3: [ceil(R/128)][scale_ld] f32 multipliers of the stored matrix */
+    int64_t scale_ld;
+    int64_t r0, c0;     /* view origin in the stored matrix */
+} ms_mat;
+
+/* Kernel context: the pool and the precision mode. */
+typedef struct ms_kctx {
+    ms_pool *pool;
+    int exact;  /* 1: FP32 activations, exact dequantisation (--dtype float32) */
+    int isa;    /* MS_ISA_* chosen at start-up (ms_kernels_detect), may be lowered for tests */
+} ms_kctx;
+
+enum { MS_ISA_SCALAR = 0, MS_ISA_AVX2 = 1, MS_ISA_AVX512 = 2, MS_ISA_AVX512BF16 = 3 };
+
+/* Best ISA of this CPU (honours MOESERVE_ISA=scalar|avx2|avx512|avx512bf16). */
+int ms_kernels_detect(void);
+const char *ms_isa_name(int isa);
+
+/* A whole stored matrix as a view. */
+ms_mat ms_mat_whole(ms_dtype dt, int64_t rows, int64_t cols, const void *data, const float *scale);
+/* Sub-view rows [r, r+nr) x cols [c, c+nc) of a view. */
+ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t nc);
+/* Weight element (r, c) of a view as f32 (exact dequantisation). */
+float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
+
+/* y[M][ldy] (=|+=) x[M][ldx] · Wᵀ.  accumulate: 0 overwrite, 1 add. */
+void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
+               const ms_mat *W, int accumulate);
+void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M, const ms_mat *W,
+                   int accumulate);
+
+/* y[M][W.cols] (=|+=) x[M][W.rows] · W   (no transpose; MLA absorption). */
+void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
+                  const ms_mat *W, int accumulate);
+void ms_matmul_nn_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
+                      const ms_mat *W, int accumulate);
+
+/* y[i] = w[i] * x[i] / sqrt(mean(x²) + eps) for each of M rows of n; w may be
+ * NULL (unweighted).  x and y may alias. */
+void ms_rmsnorm(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
+                float eps);
+
+/* Interleaved (GPT-J) rotation of n_heads vectors of `dim` values, one every
+ * `stride` floats: pair (x[2i], x[2i+1]) rotated by pos * inv_freq[i]. */
+void ms_rope_interleaved(float *x, int64_t n_heads, int64_t stride, int64_t dim,
+                         const float *inv_freq, int64_t pos);
+
+/* In-place numerically stable softmax over n values. */
+void ms_softmax(float *x, int64_t n);
+
+/* out[i] = silu(g[i]) * u[i]. */
+void ms_silu_mul(float *out, const float *g, const float *u, int64_t n);
+
+/* Indices of the k largest values of x[n] (ties: lower index first), written
+ * in descending value order.  k <= n. */
+void ms_topk(const float *x, int64_t n, int k, int32_t *idx);
+
+float ms_dot_f32(const float *a, const float *b, int64_t n);
+/* y += a * x */
+void ms_axpy_f32(float *y, float a, const float *x, int64_t n);
+
+#endif

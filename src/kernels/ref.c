@@ -1,0 +1,140 @@
+/* ref.c — scalar reference kernels (the twins every fast path is tested
+ * against) and the small elementwise kernels.  Accumulation in double for the
+ * matmul references, so they are an oracle and not just another float path. */
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+ms_mat ms_mat_whole(ms_dtype dt, int64_t rows, int64_t cols, const void *data, const float *scale)
+{
+    ms_mat m = {.dtype = dt, .rows = rows, .cols = cols, .ld = cols, .data = data,
+                .scale = scale, .scale_ld = (cols + 127) / 128, .r0 = 0, .c0 = 0};
+    return m;
+}
+
+ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t nc)
+{
+    ms_mat s = *m;
+    s.rows = nr;
+    s.cols = nc;
+    s.data = (const char *)m->data + (size_t)(r * m->ld + c) * (size_t)ms_dtype_size(m->dtype);
+    s.r0 = m->r0 + r;
+    s.c0 = m->c0 + c;
+    return s;
+}
+
+float ms_mat_get(const ms_mat *m, int64_t r, int64_t c)
+{
+    int64_t off = r * m->ld + c;
+    switch (m->dtype) {
+    case MS_DT_F32: return ((const float *)m->data)[off];
+    case MS_DT_BF16: return ms_bf16_to_f32(((const uint16_t *)m->data)[off]);
+    case MS_DT_F16: return ms_f16_to_f32(((const uint16_t *)m->data)[off]);
+    case MS_DT_F8E4M3: {
+        float s = m->scale[((m->r0 + r) / 128) * m->scale_ld + (m->c0 + c) / 128];
+        return ms_fp8e4m3_to_f32(((const uint8_t *)m->data)[off]) * s;
+    }
+    default: return NAN;
+    }
+}
+
+void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M, const ms_mat *W,
+                   int accumulate)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t n = 0; n < W->rows; n++) {
+            double acc = 0;
+            for (int64_t kk = 0; kk < W->cols; kk++)
+                acc += (double)x[i * ldx + kk] * (double)ms_mat_get(W, n, kk);
+            y[i * ldy + n] = accumulate ? y[i * ldy + n] + (float)acc : (float)acc;
+        }
+}
+
+void ms_matmul_nn_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
+                      const ms_mat *W, int accumulate)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t n = 0; n < W->cols; n++) {
+            double acc = 0;
+            for (int64_t kk = 0; kk < W->rows; kk++)
+                acc += (double)x[i * ldx + kk] * (double)ms_mat_get(W, kk, n);
+            y[i * ldy + n] = accumulate ? y[i * ldy + n] + (float)acc : (float)acc;
+        }
+}
+
+void ms_rmsnorm(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
+                float eps)
+{
+    for (int64_t i = 0; i < M; i++) {
+        const float *xi = x + i * ld;
+        float *yi = y + i * ld;
+        double ss = 0;
+        for (int64_t j = 0; j < n; j++) ss += (double)xi[j] * xi[j];
+        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t j = 0; j < n; j++) yi[j] = xi[j] * inv * (w ? w[j] : 1.0f);
+    }
+}
+
+void ms_rope_interleaved(float *x, int64_t n_heads, int64_t stride, int64_t dim,
+                         const float *inv_freq, int64_t pos)
+{
+    for (int64_t i = 0; i < dim / 2; i++) {
+        float ang = (float)pos * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *p = x + h * stride + 2 * i;
+            float a = p[0], b = p[1];
+            p[0] = a * c - b * s;
+            p[1] = a * s + b * c;
+        }
+    }
+}
+
+void ms_softmax(float *x, int64_t n)
+{
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ms_silu_mul(float *out, const float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void ms_topk(const float *x, int64_t n, int k, int32_t *idx)
+{
+    /* selection by repeated scan: k is small (<= 16) and n modest (<= 512) */
+    for (int j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < n; i++) {
+            int taken = 0;
+            for (int q = 0; q < j; q++)
+                if (idx[q] == i) { taken = 1; break; }
+            if (taken) continue;
+            if (best < 0 || x[i] > x[best]) best = i;
+        }
+        idx[j] = (int32_t)best;
+    }
+}
+
+float ms_dot_f32(const float *a, const float *b, int64_t n)
+{
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void ms_axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}

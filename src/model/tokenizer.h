@@ -1,0 +1,51 @@
+/* tokenizer.h — Hugging Face tokenizer.json: byte-level BPE with merges,
+ * added/special tokens, the pre-tokenizer's regex Split sequence (PCRE2, UTF +
+ * UCP), ByteLevel mapping and decoder.
+ *
+ * After ms_tokenizer_load the tokenizer is immutable: encode/decode may be
+ * called from any thread concurrently.  All outputs are caller-owned buffers.
+ */
+#ifndef MS_MODEL_TOKENIZER_H
+#define MS_MODEL_TOKENIZER_H
+
+#include "base/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ms_tokenizer ms_tokenizer;
+
+int ms_tokenizer_load(ms_tokenizer **out, const char *path, ms_errbuf *err);
+int ms_tokenizer_load_text(ms_tokenizer **out, const char *json_text, size_t len, ms_errbuf *err);
+void ms_tokenizer_free(ms_tokenizer *tok);
+
+/* Encodes UTF-8 text (len bytes; invalid UTF-8 is an error).  Added/special
+ * tokens written literally in the text are matched when parse_special != 0.
+ * Writes up to cap ids; *n_out receives the full count (call again with a
+ * larger buffer when *n_out > cap).  Does not add BOS. */
+int ms_tokenizer_encode(const ms_tokenizer *tok, const char *text, size_t len, int parse_special,
+                        int32_t *ids, size_t cap, size_t *n_out, ms_errbuf *err);
+
+/* Decodes ids into UTF-8 (NUL-terminated, caller-owned via *out, free()).
+ * skip_special drops special added tokens.  Out-of-range ids are an error. */
+int ms_tokenizer_decode(const ms_tokenizer *tok, const int32_t *ids, size_t n, int skip_special,
+                        char **out, size_t *out_len, ms_errbuf *err);
+
+/* Bytes of one token's text as it would appear in decoded output
+ * (for streaming: callers buffer incomplete UTF-8 sequences themselves). */
+int ms_tokenizer_token_bytes(const ms_tokenizer *tok, int32_t id, char *buf, size_t cap,
+                             size_t *n_out);
+
+int32_t ms_tokenizer_vocab_size(const ms_tokenizer *tok);  /* max id + 1, added tokens included */
+/* Id of a token string (vocab or added), or -1. */
+int32_t ms_tokenizer_token_id(const ms_tokenizer *tok, const char *token);
+int ms_tokenizer_is_special(const ms_tokenizer *tok, int32_t id);
+
+/* mkmodel: learns `n_merges` byte-level BPE merges from `corpus` and writes a
+ * DeepSeek-style tokenizer.json (same pre-tokenizer and decoder as
+ * DeepSeek-V3, DeepSeek's special tokens as added tokens) whose total vocab is
+ * exactly vocab_size ids.  Deterministic. */
+int ms_tokenizer_train_write(const char *corpus, size_t corpus_len, int32_t vocab_size,
+                             const char *path, ms_errbuf *err);
+
+#endif

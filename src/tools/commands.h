@@ -1,0 +1,12 @@
+/* commands.h — the table of moeserve subcommands.  Each entry's function takes
+ * (argc, argv) with argv[0] = the command name and returns the exit status.
+ * Add a line here when a command's file lands. */
+#ifndef MS_TOOLS_COMMANDS_H
+#define MS_TOOLS_COMMANDS_H
+
+int ms_cmd_version(int argc, char **argv);
+
+#define MS_COMMANDS(X)                                                                             \
+    X("version", ms_cmd_version, "print the version and the CPU features in use")
+
+#endif

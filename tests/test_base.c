@@ -1,0 +1,63 @@
+/* test_base.c — error table, checked arithmetic, thread pool. */
+#include "base/error.h"
+#include "base/threadpool.h"
+#include "base/util.h"
+#include "harness.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+TEST(error_table)
+{
+    CHECK(strcmp(ms_strerror(0), "ok") == 0);
+    CHECK(strcmp(ms_strerror(MS_EINVAL), "invalid argument") == 0);
+    CHECK(ms_error_http_status(MS_ETOOBIG) == 413);
+    CHECK(ms_error_http_status(MS_EAUTH) == 401);
+    CHECK(ms_error_http_status(12345) == 500);
+    ms_errbuf e;
+    CHECK(ms_err(&e, MS_ERANGE, "x=%d", 7) == MS_ERANGE);
+    CHECK(strcmp(e.msg, "x=7") == 0);
+}
+
+TEST(checked_math)
+{
+    size_t r;
+    CHECK(ms_mul_size(3, 4, &r) && r == 12);
+    CHECK(!ms_mul_size(SIZE_MAX / 2, 3, &r));
+    CHECK(!ms_add_size(SIZE_MAX, 1, &r));
+}
+
+static _Atomic long sum_hits;
+static void add_range(void *arg, int tid, int n)
+{
+    int64_t b, e;
+    ms_pool_range(*(int64_t *)arg, tid, n, 16, &b, &e);
+    long s = 0;
+    for (int64_t i = b; i < e; i++) s += i;
+    atomic_fetch_add(&sum_hits, s);
+}
+
+TEST(pool_runs_every_item_once)
+{
+    for (int nt = 1; nt <= 4; nt++) {
+        ms_pool *p = ms_pool_new(nt);
+        CHECK(p && ms_pool_size(p) == nt);
+        for (int64_t n = 0; n < 200; n += 37) {
+            for (int rep = 0; rep < 50; rep++) {
+                atomic_store(&sum_hits, 0);
+                ms_pool_run(p, add_range, &n);
+                CHECK(atomic_load(&sum_hits) == n * (n - 1) / 2);
+            }
+        }
+        ms_pool_free(p);
+    }
+    ms_pool_free(NULL);
+}
+
+int main(void)
+{
+    RUN(error_table);
+    RUN(checked_math);
+    RUN(pool_runs_every_item_once);
+    return TEST_REPORT();
+}
