@@ -365,20 +365,6 @@ bad:
                   type);
 }
 
-/* Sets the string of id (first writer wins for vocab; added tokens override). */
-static int set_id(ms_tokenizer *t, int32_t id, const char *s, size_t n, uint8_t flags, bool override)
-{
-    tok_idinfo *info = &t->ids[id];
-    if ((info->flags & TOK_F_PRESENT) && !override) return 0;
-    uint32_t off;
-    int rc = pool_add(t, s, n, &off);
-    if (rc) return rc;
-    info->str_off = off;
-    info->str_len = (uint32_t)n;
-    info->flags = (uint8_t)(flags | TOK_F_PRESENT);
-    return 0;
-}
-
 /* The reference ByteLevel decoder: a token whose chars all map to bytes
  * decodes to those bytes, any other token to its own UTF-8. */
 static int make_decoded(ms_tokenizer *t, int32_t id)
@@ -497,9 +483,10 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
         a->len = (uint32_t)json_string_length(cv);
         if ((rc = pool_add(t, json_string_value(cv), a->len, &a->off))) return rc;
         str_insert(t, a->off, a->len, a->id);
-        if ((rc = set_id(t, a->id, t->pool + a->off, a->len,
-                         (uint8_t)(TOK_F_ADDED | (a->special ? TOK_F_SPECIAL : 0)), true)))
-            return rc;
+        /* added tokens override a vocab entry with the same id */
+        t->ids[a->id] = (tok_idinfo){a->off, a->len, 0, 0,
+                                     (uint8_t)(TOK_F_PRESENT | TOK_F_ADDED |
+                                               (a->special ? TOK_F_SPECIAL : 0))};
         tok_trie *tr = a->normalized ? &t->trie_norm : &t->trie_raw;
         if ((rc = trie_insert(tr, (const uint8_t *)t->pool + a->off, a->len, (int32_t)t->n_added)))
             return rc;
