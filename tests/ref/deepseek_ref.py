@@ -22,6 +22,8 @@ import numpy as np
 MAX_HEADER_BYTES = 100 * 1024 * 1024   # safetensors JSON header limit
 MAX_PROMPT_TOKENS = 65536
 MAX_STEPS = 4096
+NEAR_TIE_LOGIT_REL = 1e-4   # warn when top-2 logits differ by less than this (relative to max|l|)
+NEAR_TIE_ROUTE = 1e-5       # warn when a top-k expert choice was decided by less than this
 
 # ----------------------------------------------------------------------------------------------
 # Number formats
@@ -645,6 +647,18 @@ def main(argv=None):
             for k in ("route_margin", "group_margin"):
                 if not math.isfinite(s[k]):
                     s[k] = None
+        for s in steps:
+            rel = s["margin"] / max(max(abs(v) for v in s["logits"]), 1e-300)
+            if rel < NEAR_TIE_LOGIT_REL:
+                print(f"WARNING: prompt len {len(ids)} step {s['step']}: top-2 logits differ by "
+                      f"{rel:.1e} relative; an engine within tolerance may pick another token "
+                      f"(compare teacher-forced)", file=sys.stderr)
+        close = [s["step"] for s in steps
+                 if s["route_margin"] is not None and s["route_margin"] < NEAR_TIE_ROUTE]
+        if close:
+            print(f"WARNING: prompt len {len(ids)} steps {close}: a routing decision was decided "
+                  f"by less than {NEAR_TIE_ROUTE:.0e}; float32 may route differently",
+                  file=sys.stderr)
         mm = min(s["margin"] for s in steps)
         rm = [s["route_margin"] for s in steps if s["route_margin"] is not None]
         print(f"prompt len {len(ids)}: tokens {[s['token'] for s in steps]} "
@@ -660,6 +674,12 @@ def main(argv=None):
             "scoring_func", "topk_method", "norm_topk_prob", "routed_scaling_factor")},
         "softmax_scale": c.softmax_scale,
         "decode_steps": args.steps,
+        "notes": ("steps[i].logits are for prompt_ids + steps[0..i-1].token (greedy, ties -> "
+                  "lowest id); step 0 is the last prefill position.  margin = top1 - top2 "
+                  "logit; route_margin / group_margin = smallest gap that decided a top-k "
+                  "expert / kept-group choice in that forward (null: none).  Feed these tokens "
+                  "(teacher forcing) when comparing logits, and compare argmax only where the "
+                  "margin exceeds the engine's error."),
         "prompts": prompts,
         "results": results,
     }
