@@ -24,6 +24,12 @@ MAX_PROMPT_TOKENS = 65536
 MAX_STEPS = 4096
 NEAR_TIE_LOGIT_REL = 1e-4   # warn when top-2 logits differ by less than this (relative to max|l|)
 NEAR_TIE_ROUTE = 1e-5       # warn when a top-k expert choice was decided by less than this
+# q_a_layernorm / kv_a_layernorm eps.  Official RMSNorm defaults to 1e-6 and is never given
+# rms_norm_eps; HF (transformers and the remote modeling_deepseek.py) builds these two norms with the
+# default 1e-6 too.  vLLM/SGLang pass rms_norm_eps instead (differs only when it is not 1e-6, e.g.
+# Moonlight's 1e-5).  input/post_attention/final norms use rms_norm_eps (HF, vLLM); the official
+# code uses 1e-6 for them as well, which equals rms_norm_eps in every DeepSeek V2/V3 config.
+LATENT_NORM_EPS = 1e-6
 
 # ----------------------------------------------------------------------------------------------
 # Number formats
@@ -424,9 +430,7 @@ class Model:
         """x [T, D] -> q_nope [T, H, dn], q_pe [T, H, dr] (rotated)."""
         c = self.cfg
         if c.q_lora:
-            # q_a_layernorm / kv_a_layernorm: HF builds them with the default eps 1e-6 (not
-            # rms_norm_eps); the official RMSNorm uses 1e-6 everywhere.
-            q = rmsnorm(x @ ly["q_a"].T, ly["q_a_norm"], 1e-6) @ ly["q_b"].T
+            q = rmsnorm(x @ ly["q_a"].T, ly["q_a_norm"], LATENT_NORM_EPS) @ ly["q_b"].T
         else:
             q = x @ ly["q"].T
         q = q.reshape(x.shape[0], c.n_heads, c.dn + c.dr)
@@ -436,7 +440,7 @@ class Model:
         """x [T, D] -> c_kv [T, kv_lora] (normed), k_pe [T, dr] (rotated)."""
         c = self.cfg
         a = x @ ly["kv_a"].T
-        ckv = rmsnorm(a[:, :c.kv_lora], ly["kv_a_norm"], 1e-6)
+        ckv = rmsnorm(a[:, :c.kv_lora], ly["kv_a_norm"], LATENT_NORM_EPS)
         kpe = rope_interleaved(a[:, c.kv_lora:], pos, c.inv_freq)
         return ckv, kpe
 
