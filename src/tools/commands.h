@@ -5,8 +5,10 @@
 #define MS_TOOLS_COMMANDS_H
 
 int ms_cmd_version(int argc, char **argv);
+int ms_cmd_plan(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
-    X("version", ms_cmd_version, "print the version and the CPU features in use")
+    X("version", ms_cmd_version, "print the version and the CPU features in use")                  \
+    X("plan", ms_cmd_plan, "resolve a launch shape on a fleet: weights, KV capacity, traffic")
 
 #endif
