@@ -128,7 +128,7 @@ static int load_layer(struct loader *L, ms_layer_w *lw, int layer)
     int E = c->n_routed_experts;
     rc = load_mat(L, &lw->router, E, D, "%s.mlp.gate.weight", p);
     if (rc) return rc;
-    char bname[128];
+    char bname[160];
     snprintf(bname, sizeof bname, "%s.mlp.gate.e_score_correction_bias", p);
     if (ms_st_find(L->m->st, bname)) {
         rc = load_vec(L, &lw->e_bias, E, "%s", bname);
