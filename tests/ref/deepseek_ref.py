@@ -621,6 +621,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output JSON file")
     ap.add_argument("--digits", type=int, default=10,
                     help="significant digits per logit (17 = full float64)")
+    ap.add_argument("--seed", type=int,
+                    help="seed the checkpoint was generated with; only recorded as \"seed\"")
     ap.add_argument("--no-absorbed-check", action="store_true",
                     help="skip the absorbed-MLA cross-check")
     ap.add_argument("--allow-unused", action="store_true",
@@ -678,6 +680,7 @@ def main(argv=None):
             "scoring_func", "topk_method", "norm_topk_prob", "routed_scaling_factor")},
         "softmax_scale": c.softmax_scale,
         "decode_steps": args.steps,
+        "seed": args.seed,
         "notes": ("steps[i].logits are for prompt_ids + steps[0..i-1].token (greedy, ties -> "
                   "lowest id); step 0 is the last prefill position.  margin = top1 - top2 "
                   "logit; route_margin / group_margin = smallest gap that decided a top-k "

@@ -53,6 +53,6 @@ for t in "${targets[@]}"; do
     [ -f "$dir/config.json" ] || { echo "mkmodel wrote no $dir/config.json" >&2; exit 1; }
     echo "== $t: reference" >&2
     "$PY" "$ref" --model "$dir" --prompt-ids "$P1" --prompt-ids "$P2" --prompt-ids "$P3" \
-        --steps "$STEPS" --digits 9 --out "$GOLDEN_DIR/$t.json"
+        --steps "$STEPS" --digits 9 --seed "$SEED" --out "$GOLDEN_DIR/$t.json"
     echo "wrote $GOLDEN_DIR/$t.json ($(wc -c < "$GOLDEN_DIR/$t.json") bytes)" >&2
 done
