@@ -10,7 +10,9 @@
  */
 #include "base/util.h"
 #include "model/model.h"
+#include "moe/mlp_layer.h"
 #include "moe/moe.h"
+#include "parallel/comm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -36,7 +38,7 @@ struct ms_model_ws {
     float *hn;     /* [T][D] final normed rows of the logit positions */
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
-    ms_moe_ws moe;
+    ms_mlp_ws mlp;
 };
 
 void ms_model_ws_free(ms_model_ws *ws);
@@ -52,7 +54,7 @@ void ms_model_ws_free(ms_model_ws *ws)
         ms_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
     }
-    ms_moe_ws_free(&ws->moe);
+    ms_mlp_ws_free(&ws->mlp);
     free(ws);
 }
 
@@ -140,7 +142,7 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
 {
     const ms_config *c = &m->cfg;
     ms_model_ws *ws = m->ws;
-    int64_t H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+    int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
             dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p0 + n, row = kvr + dr;
     int64_t qd = dn + dr, kvd = dn + dv;
     load_rows(pool, layer, pages, S, ws->lat);
@@ -172,7 +174,7 @@ static void attn_absorbed(ms_model *m, const ms_layer_w *lw, int layer, const ms
 {
     const ms_config *c = &m->cfg;
     ms_model_ws *ws = m->ws;
-    int64_t H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+    int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
             dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p + 1, row = kvr + dr;
     int64_t qd = dn + dr, kvd = dn + dv;
     for (int64_t h = 0; h < H; h++) {
@@ -216,9 +218,10 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
                      ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
-    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim,
+    int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
             dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
     int64_t qd = dn + dr, T = 0, S = 0;
+    int rc;
     for (int i = 0; i < n_seqs; i++) {
         const ms_batch_seq *sq = &seqs[i];
         if (sq->n_tokens <= 0) continue;
@@ -233,8 +236,8 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         T += sq->n_tokens;
         S = MS_MAX(S, sq->start_pos + sq->n_tokens);
     }
-    if (T == 0) return 0;
-    if (ws_reserve(m, T, S)) return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
+    if (T == 0 && !m->shard) return 0; /* distributed: an idle batch still joins the collectives */
+    if (ws_reserve(m, MS_MAX(T, 1), S)) return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
     ms_model_ws *ws = m->ws;
     const ms_kctx *k = &m->kctx;
 
@@ -275,18 +278,24 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
                            ws->q + t * H * qd, ws->attn + t * H * dv);
             t += sq->n_tokens;
         }
-        ms_matmul(k, ws->x, D, ws->attn, H * dv, T, &lw->o, 1); /* residual add */
-
-        /* --- FFN --- */
-        ms_rmsnorm(ws->u, ws->x, lw->ffn_norm, T, D, D, c->rms_norm_eps);
-        if (lw->is_moe) {
-            if (ms_moe_forward(k, c, lw, ws->u, T, ws->y, &ws->moe))
-                return ms_err(err, MS_ENOMEM, "out of memory (MoE workspace)");
+        if (m->n_local_heads == c->n_heads) {
+            ms_matmul(k, ws->x, D, ws->attn, H * dv, T, &lw->o, 1); /* residual add */
+        } else if (T > 0) { /* heads split: o_proj partial sums, all-reduced in the group */
+            ms_matmul(k, ws->y, D, ws->attn, H * dv, T, &lw->o, 0);
+            ms_comm_set_tag(l);
+            rc = ms_comm_allreduce_f32(m->shard->attn_group, ws->y, (size_t)(T * D), err);
+            if (rc) return rc;
             for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
-        } else {
-            ms_ffn_forward(k, &lw->dense, ws->u, T, D, ws->x, 1, ws->g, ws->up);
         }
+
+        /* --- FFN (dense MLP or MoE; may gather, dispatch and reduce across ranks) --- */
+        ms_rmsnorm(ws->u, ws->x, lw->ffn_norm, T, D, D, c->rms_norm_eps);
+        ms_comm_set_tag(l);
+        rc = ms_mlp_forward(m, lw, ws->u, T, ws->y, &ws->mlp, err);
+        if (rc) return rc;
+        for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
     }
+    ms_comm_set_tag(MS_COMM_TAG_NONE);
 
     /* --- head: the rows whose logits are wanted, as one GEMM --- */
     int64_t t = 0, n_want = 0;

@@ -15,6 +15,7 @@
 #include "cache/kv_pool.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "model/shard.h"
 
 #include <stdint.h>
 
@@ -48,6 +49,7 @@ typedef struct ms_layer_w {
 typedef struct ms_model_opts {
     int threads;  /* <= 0: all cores */
     int exact;    /* 1: --dtype float32 */
+    const ms_shard *shard; /* NULL: this rank holds the whole model */
 } ms_model_opts;
 
 typedef struct ms_model_ws ms_model_ws; /* forward workspace (deepseek_v3.c) */
@@ -63,6 +65,8 @@ typedef struct ms_model {
     int n_mtp_layers;    /* present in the checkpoint, validated, kept for later use */
     float *rope_inv_freq;/* [qk_rope_head_dim/2] */
     float softmax_scale;
+    const ms_shard *shard; /* borrowed; NULL on a single rank */
+    int n_local_heads, head0; /* attention heads computed here */
     ms_pool *pool;
     ms_kctx kctx;
     ms_model_ws *ws;

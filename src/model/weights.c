@@ -190,6 +190,45 @@ static int64_t active_bytes(const ms_model *m)
     return b;
 }
 
+/* Narrows the views of one layer to this rank's shard (no copies). */
+static int shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
+{
+    if (parts <= 1) return 0;
+    int64_t inter = f->gate.rows;
+    if (inter % parts)
+        return ms_err(err, MS_ELAYOUT, "layer %d: %s width %lld is not divisible by %d ranks", layer,
+                      what, (long long)inter, parts);
+    int64_t n = inter / parts, r0 = (int64_t)part * n;
+    f->gate = ms_mat_slice(&f->gate, r0, n, 0, f->gate.cols);
+    f->up = ms_mat_slice(&f->up, r0, n, 0, f->up.cols);
+    f->down = ms_mat_slice(&f->down, 0, f->down.rows, r0, n);
+    return 0;
+}
+
+static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
+{
+    const ms_shard *sh = m->shard;
+    const ms_config *c = &m->cfg;
+    int64_t qd = ms_config_qk_head_dim(c), kvd = c->qk_nope_head_dim + c->v_head_dim,
+            dv = c->v_head_dim, h0 = m->head0, nh = m->n_local_heads;
+    if (nh != c->n_heads) {
+        if (c->q_lora_rank > 0) lw->q_b = ms_mat_slice(&lw->q_b, h0 * qd, nh * qd, 0, lw->q_b.cols);
+        else lw->q = ms_mat_slice(&lw->q, h0 * qd, nh * qd, 0, lw->q.cols);
+        lw->kv_b = ms_mat_slice(&lw->kv_b, h0 * kvd, nh * kvd, 0, lw->kv_b.cols);
+        lw->o = ms_mat_slice(&lw->o, 0, lw->o.rows, h0 * dv, nh * dv);
+    }
+    if (!lw->is_moe)
+        return shard_ffn(&lw->dense, sh->dense_tp, sh->dense_rank, "intermediate_size", layer, err);
+    for (int e = sh->first_expert; e < sh->first_expert + sh->n_local_experts; e++) {
+        int rc = shard_ffn(&lw->experts[e], sh->moe_tp, sh->moe_tp_rank, "moe_intermediate_size",
+                           layer, err);
+        if (rc) return rc;
+    }
+    if (c->n_shared_experts > 0)
+        return shard_ffn(&lw->shared, sh->shared_tp, sh->shared_rank, "shared expert", layer, err);
+    return 0;
+}
+
 int ms_model_ws_new(ms_model *m, ms_errbuf *err);
 void ms_model_ws_free(ms_model_ws *ws);
 
@@ -224,6 +263,17 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
         rc = ms_err(err, MS_EUNSUPPORTED, "model.embed_tokens.weight: FP8 embeddings unsupported");
         goto fail;
     }
+    m->shard = opts ? opts->shard : NULL;
+    m->n_local_heads = c->n_heads;
+    if (m->shard && m->shard->attn_tp > 1) {
+        if (c->n_heads % m->shard->attn_tp) {
+            rc = ms_err(err, MS_ELAYOUT, "%d attention heads are not divisible by attention TP %d",
+                        c->n_heads, m->shard->attn_tp);
+            goto fail;
+        }
+        m->n_local_heads = c->n_heads / m->shard->attn_tp;
+        m->head0 = m->shard->attn_tp_rank * m->n_local_heads;
+    }
     int n_total = c->n_layers + c->num_nextn_predict_layers;
     m->layers = calloc((size_t)n_total, sizeof *m->layers);
     if (!m->layers) {
@@ -233,6 +283,7 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
     for (int l = 0; l < n_total; l++) {
         int64_t before = L.n_params;
         rc = load_layer(&L, &m->layers[l], l);
+        if (!rc && m->shard) rc = shard_layer(m, &m->layers[l], l, err);
         if (rc) goto fail;
         if (l >= c->n_layers) L.n_params = before; /* MTP layers: not part of the main stack */
     }

@@ -84,8 +84,7 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     if (T <= ws->cap_rows && D <= ws->cap_D && inter <= ws->cap_inter && E <= ws->cap_E &&
         K <= ws->cap_k)
         return 0;
-    T = MS_MAX(T, ws->cap_rows);
-    T = MS_MAX(T, 16);
+    T = MS_MAX(MS_MAX(T, 2 * ws->cap_rows), 16);
     D = MS_MAX(D, ws->cap_D);
     inter = MS_MAX(inter, ws->cap_inter);
     E = MS_MAX(E, ws->cap_E);
@@ -111,6 +110,7 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
         return MS_ENOMEM;
     }
     ws->cap_rows = T;
+    ws->cap_grp = T * K;
     ws->cap_D = D;
     ws->cap_inter = inter;
     ws->cap_E = E;
@@ -118,59 +118,78 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     return 0;
 }
 
+static int64_t shared_width(const ms_layer_w *lw) { return lw->shared.gate.rows; }
+
 void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
                     float *y, int accumulate, float *g, float *u)
 {
     int64_t inter = f->gate.rows;
+    if (M <= 0) return;
     ms_matmul(k, g, inter, x, D, M, &f->gate, 0);
     ms_matmul(k, u, inter, x, D, M, &f->up, 0);
     ms_silu_mul(g, g, u, M * inter);
     ms_matmul(k, y, D, g, inter, M, &f->down, accumulate);
 }
 
-int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
-                   int64_t T, float *y, ms_moe_ws *ws)
+int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                 int64_t T, ms_moe_ws *ws)
 {
     int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
-    int64_t inter = c->moe_intermediate_size;
-    int64_t sh_inter = (int64_t)c->n_shared_experts * inter;
-    if (ws_reserve(ws, T, D, MS_MAX(inter, sh_inter), E, K)) return MS_ENOMEM;
-
-    /* gate */
+    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
+        return MS_ENOMEM;
+    if (T <= 0) return 0;
     ms_matmul(k, ws->logits, E, x, D, T, &lw->router, 0);
     for (int64_t t = 0; t < T; t++)
         ms_moe_gate_route(c, ws->logits + t * E, lw->e_bias, ws->topk_idx + t * K,
                           ws->topk_w + t * K, ws->scratch);
+    return 0;
+}
 
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
+                   int accumulate, ms_moe_ws *ws)
+{
+    int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
+    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
+        return MS_ENOMEM;
+    if (!accumulate) memset(y, 0, sizeof(float) * (size_t)(MS_MAX(T, 0) * D));
+    if (T <= 0) return 0;
     /* group rows by expert (counting sort keeps token order within an expert) */
     memset(ws->count, 0, sizeof(int32_t) * (size_t)E);
-    for (int64_t i = 0; i < T * K; i++) ws->count[ws->topk_idx[i]]++;
+    for (int64_t i = 0; i < T * K; i++)
+        if (idx[i] >= e_begin && idx[i] < e_end) ws->count[idx[i]]++;
     ws->offset[0] = 0;
     for (int64_t e = 0; e < E; e++) ws->offset[e + 1] = ws->offset[e] + ws->count[e];
     memset(ws->count, 0, sizeof(int32_t) * (size_t)E);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < K; j++) {
-            int32_t e = ws->topk_idx[t * K + j];
+            int32_t e = idx[t * K + j];
+            if (e < e_begin || e >= e_end) continue;
             int32_t r = ws->offset[e] + ws->count[e]++;
             ws->row_token[r] = (int32_t)t;
-            ws->row_weight[r] = ws->topk_w[t * K + j];
+            ws->row_weight[r] = w[t * K + j];
             memcpy(ws->xg + (size_t)r * D, x + t * D, sizeof(float) * (size_t)D);
         }
-
-    /* shared expert first: it writes y; routed experts add into y below */
-    if (c->n_shared_experts > 0)
-        ms_ffn_forward(k, &lw->shared, x, T, D, y, 0, ws->g, ws->u);
-    else
-        memset(y, 0, sizeof(float) * (size_t)(T * D));
-
-    for (int64_t e = 0; e < E; e++) {
+    for (int64_t e = e_begin; e < e_end; e++) {
         int64_t n = ws->offset[e + 1] - ws->offset[e];
         if (n == 0) continue;
         float *xe = ws->xg + (size_t)ws->offset[e] * D, *ye = ws->yg + (size_t)ws->offset[e] * D;
         ms_ffn_forward(k, &lw->experts[e], xe, n, D, ye, 0, ws->g, ws->u);
     }
     /* combine: rows are expert-major, so each token sums its experts in id order */
-    for (int64_t r = 0; r < T * K; r++)
+    for (int64_t r = 0; r < ws->offset[E]; r++)
         ms_axpy_f32(y + (int64_t)ws->row_token[r] * D, ws->row_weight[r], ws->yg + r * D, D);
     return 0;
+}
+
+int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, float *y, ms_moe_ws *ws)
+{
+    int64_t D = c->hidden_size;
+    int rc = ms_moe_route(k, c, lw, x, T, ws);
+    if (rc) return rc;
+    /* shared expert first: it writes y; routed experts add into y */
+    if (c->n_shared_experts > 0) ms_ffn_forward(k, &lw->shared, x, T, D, y, 0, ws->g, ws->u);
+    return ms_moe_experts(k, c, lw, x, T, ws->topk_idx, ws->topk_w, 0, c->n_routed_experts, y,
+                          c->n_shared_experts > 0, ws);
 }

@@ -25,7 +25,8 @@ void ms_moe_gate_route(const ms_config *c, const float *logits /* [E] */,
 
 /* Scratch for expert compute (grow-only). */
 typedef struct ms_moe_ws {
-    int64_t cap_rows;
+    int64_t cap_rows;       /* token rows */
+    int64_t cap_grp;        /* grouped rows (T*k) */
     float *logits;          /* [T][E] */
     int32_t *topk_idx;      /* [T][k] */
     float *topk_w;          /* [T][k] */
@@ -47,7 +48,19 @@ void ms_moe_ws_free(ms_moe_ws *ws);
 void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
                     float *y, int accumulate, float *g, float *u);
 
-/* The MoE block: y[T][D] = Σ_j w_j Expert_j(x) + Shared(x).  Returns 0 or MS_ENOMEM. */
+/* Gate for T rows: writes ws->topk_idx / ws->topk_w [T][k].  0 or MS_ENOMEM. */
+int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                 int64_t T, ms_moe_ws *ws);
+
+/* Routed experts [e_begin, e_end) over T rows: y[t] (=|+=) Σ_j w[t][j] Expert_idx[t][j](x[t])
+ * for the entries whose expert is in range (idx < 0 entries are skipped).  idx/w are
+ * [T][k] and may be ws->topk_idx / ws->topk_w.  Expert views may be TP slices (partial
+ * sums).  0 or MS_ENOMEM. */
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
+                   int accumulate, ms_moe_ws *ws);
+
+/* The whole MoE block on one rank: y[T][D] = Σ_j w_j Expert_j(x) + Shared(x). */
 int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
                    int64_t T, float *y, ms_moe_ws *ws);
 
