@@ -77,6 +77,9 @@ typedef struct ms_model {
 int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);
 void ms_model_free(ms_model *m);
 
+/* Bytes of the weight views this rank reads (its shard; embeddings and head included). */
+int64_t ms_model_local_weight_bytes(const ms_model *m);
+
 /* KV row width per token per layer (MLA: kv_lora_rank + qk_rope_head_dim). */
 static inline int64_t ms_model_kv_row_elems(const ms_model *m)
 {

@@ -416,6 +416,7 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
         else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
         else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;
         ms_sched_event *e = new_event(s, r, t, fin);
+        if (e) e->logits = sq->logits;
         if (e && r->in.top_logprobs >= 0) {
             e->logprob = ms_sampler_logprob(sq->logits, s->p.vocab, t);
             int n = MS_MIN(r->in.top_logprobs, MS_SCHED_MAX_TOP_LOGPROBS);

@@ -61,6 +61,7 @@ typedef struct ms_sched_event {
     float top_lps[MS_SCHED_MAX_TOP_LOGPROBS];
     int finish;           /* enum ms_finish */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
+    const float *logits;  /* [vocab] the token was sampled from (borrowed until the next build) */
 } ms_sched_event;
 
 typedef struct ms_sched_stats {
