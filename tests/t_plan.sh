@@ -113,6 +113,8 @@ fails bad_weights '--weights' -- --model deepseek-v3 --weights int4
 fails cpu_mem '--gpu-mem-gb' -- --model deepseek-v3 --gpu cpu --tp 8
 fails unknown 'unknown flag' -- --model deepseek-v3 --frobnicate
 fails no_memory '--kv-pool-gib' -- --model deepseek-v3 --tp 8
+fails reserve_and_fraction 'not both' -- --model deepseek-v3 --gpu b200 --tp 8 --reserve-gb 8 \
+    --mem-fraction-static 0.9
 fails bad_sweep '--sweep' -- --model deepseek-v3 --gpu b200 --sweep everything
 if SGLANG_DSV4_COMPRESS_STATE_DTYPE=fp16 "$BIN" plan --model deepseek-v3 --tp 8 --kv-pool-gib 1 \
     >/dev/null 2>"$TMP/err"; then bad bad_env; elif grep -q SGLANG_DSV4_COMPRESS_STATE_DTYPE "$TMP/err"; then

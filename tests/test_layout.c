@@ -92,6 +92,34 @@ TEST(flash_dpa4_deepep)
            "%s", buf);
 }
 
+/* Seed 000 §6.1 SGLang B200 recipe table: Flash TP4 (MoE TP4), TP4+DPA4+DeepEP (EP4, 2 draft
+ * tokens), TP4+DPA4+MegaMoE (EP4); Pro TP8 (MoE TP8), TP8+DPA8+MegaMoE (EP8). */
+TEST(seed000_recipe_table)
+{
+    ms_layout lay;
+    ms_errbuf err = {{0}};
+    CHECK(resolve("--tp 4 --speculative-num-draft-tokens 4", &v4flash, &lay, &err) == 0);
+    CHECK(lay.moe_tp == 4 && lay.moe_ep == 1 && lay.tokens_per_request_step == 4);
+    CHECK(resolve("--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend deepep "
+                  "--speculative-num-draft-tokens 2 --max-running-requests 256",
+                  &v4flash, &lay, &err) == 0);
+    CHECK(lay.moe_ep == 4 && lay.moe_tp == 1 && lay.max_running_per_rank == 64); /* 64×2 ≤ 128 */
+    CHECK(resolve("--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend megamoe", &v4flash, &lay,
+                  &err) == 0);
+    CHECK(lay.moe_ep == 4 && lay.attn_tp == 1 && lay.experts_per_rank == 64);
+    CHECK(resolve("--tp 8 --speculative-num-draft-tokens 4", &v4pro, &lay, &err) == 0);
+    CHECK(lay.moe_tp == 8 && lay.attn_tp == 8);
+    CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend megamoe "
+                  "--speculative-num-draft-tokens 2", &v4pro, &lay, &err) == 0);
+    CHECK(lay.moe_ep == 8 && lay.attn_dp == 8);
+    /* seed 003: Attention-CP8 -> MoE-TP8 prefill and DP32-EP32 decode */
+    CHECK(resolve("--tp 8 --attn-cp-size 8", &v4pro, &lay, &err) == 0);
+    CHECK(lay.attn_cp == 8 && lay.attn_tp == 1 && lay.moe_tp == 8);
+    CHECK(resolve("--tp 32 --dp 32 --enable-dp-attention --moe-a2a-backend deepep", &v4pro, &lay,
+                  &err) == 0);
+    CHECK(lay.moe_ep == 32 && lay.experts_per_rank == 12);
+}
+
 /* Seed 002 walk-through: --tp 8 --dp-size 8 --ep 8 --enable-dp-attention --moe-a2a-backend
  * deepep: attn_tp_size = 8 // 8 // 1 = 1, attn_dp_rank = tp_rank = 3. */
 TEST(seed002_walkthrough_coords)
@@ -321,6 +349,7 @@ int main(void)
     RUN(seed000_tp8_low_latency);
     RUN(seed000_tp8_dpa_megamoe);
     RUN(flash_dpa4_deepep);
+    RUN(seed000_recipe_table);
     RUN(seed002_walkthrough_coords);
     RUN(tp4_dp2_groups);
     RUN(plain_dp_replicas);

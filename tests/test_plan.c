@@ -364,6 +364,23 @@ TEST(cpu_pp_and_replicas)
     CHECK(run() == 0 && res.tokens_per_rank == 611191 / 64 * 64);
 }
 
+/* Seed 000 §4 / seed 002 EPLB: "Redundant experts consume HBM that could otherwise be used by
+ * KV" — 32 redundant slots on EP 8 add 4 experts × 44.05 MB × 58 layers to every rank. */
+TEST(redundant_experts_cost_hbm)
+{
+    CHECK(setup("deepseek-v3", "b200", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") ==
+          0);
+    CHECK(run() == 0 && res.fits);
+    double w0 = res.weights_bytes_per_rank;
+    int64_t t0 = res.tokens_per_rank;
+    CHECK(setup("deepseek-v3", "b200", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
+                                       "--ep-num-redundant-experts 32") == 0);
+    CHECK(run() == 0 && res.fits);
+    CHECK(res.layout.experts_per_rank == 36);
+    CHECK_NEAR(res.weights_bytes_per_rank - w0, 4 * 58 * res.expert.per_expert_with_scales, 1);
+    CHECK(res.tokens_per_rank < t0);
+}
+
 static const char *v3_config =
     "{\"model_type\":\"deepseek_v3\",\"vocab_size\":129280,\"hidden_size\":7168,"
     "\"intermediate_size\":18432,\"moe_intermediate_size\":2048,\"num_hidden_layers\":61,"
@@ -498,6 +515,7 @@ int main(void)
     RUN(seed000_layouts_in_plan);
     RUN(hardware_constraints);
     RUN(cpu_pp_and_replicas);
+    RUN(redundant_experts_cost_hbm);
     RUN(config_json_matches_preset);
     RUN(presets_and_json);
     RUN(sweep_curve);

@@ -54,8 +54,8 @@ int ms_plan_print(FILE *f, const ms_plan_input *in, const ms_plan_result *r)
         fprintf(f, "            attention replicated beyond 1/tp: %.2f GB per rank\n",
                 r->attention_replication_bytes / 1e9);
     if (r->have_memory)
-        fprintf(f, "memory      budget %.2f GB per device; weights %s by %.2f GB\n",
-                r->budget_bytes / 1e9, r->fits ? "fit with room" : "DO NOT FIT: short",
+        fprintf(f, "memory      budget %.2f GB per device (%s); weights %s by %.2f GB\n",
+                r->budget_bytes / 1e9, r->budget_basis, r->fits ? "fit with room" : "DO NOT FIT: short",
                 (r->fits ? r->headroom_bytes : -r->headroom_bytes) / 1e9);
     fprintf(f, "KV          %.1f B per token per rank (at %s-token requests); %.3f GiB per request",
             r->kv_bytes_per_token, commas(r->context_len, a, sizeof a),
@@ -176,13 +176,14 @@ void *ms_plan_to_json(const ms_plan_input *in, const ms_plan_result *r)
                         jreal_or_null(r->comm.ideal_ms_per_step, r->comm.ideal_ms_per_step >= 0));
     json_object_set_new(o, "comm", cm);
     json_object_set_new(o, "expert_bytes",
-                        json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "per_expert", r->expert.per_expert,
+                        json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "per_expert", r->expert.per_expert,
                                   "per_expert_with_scales", r->expert.per_expert_with_scales,
                                   "per_layer", r->expert.per_layer, "per_rank_per_layer",
                                   r->expert.per_rank_per_layer, "per_rank_per_step",
                                   r->expert.per_rank_per_step, "expected_active_experts",
                                   r->expert.expected_active_experts, "expected_per_rank_per_layer",
-                                  r->expert.expected_per_rank_per_layer));
+                                  r->expert.expected_per_rank_per_layer,
+                                  "expected_per_rank_per_step", r->expert.expected_per_rank_per_step));
     json_object_set_new(o, "attention_ai",
                         json_pack("{s:f,s:f}", "flop_per_byte_tp1", r->ai.flop_per_byte_tp1,
                                   "flop_per_byte_this_layout", r->ai.flop_per_byte_this_layout));

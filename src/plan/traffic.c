@@ -144,6 +144,7 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
         r->expert.expected_active_experts = E * (1 - pow(1 - k / E, Tg));
         r->expert.expected_per_rank_per_layer =
             r->expert.per_rank_per_layer * r->expert.expected_active_experts / E;
+        r->expert.expected_per_rank_per_step = r->expert.expected_per_rank_per_layer * n_moe;
     }
 
     /* Attention intensity trend, seed 000 §5.2: AI ≈ 4·(n_h/attn_tp)·c / entry bytes for one
