@@ -118,6 +118,7 @@ TEST(seed002_ep_dispatch_combine)
     in.tokens_per_step = 1024; /* T_g = 1024 → T_ℓ = 128 per rank */
     CHECK(run() == 0);
     CHECK(!strcmp(res.comm.mode, "ep") && res.comm.tokens_local == 128);
+    CHECK(res.comm.ep_tokens_per_rank == 128);
     CHECK(rnd(res.comm.expected_distinct_ranks, 2) == 5.29);
     CHECK(rnd(res.comm.expected_remote_ranks, 5) == 4.63282);
     CHECK(rnd(res.comm.expected_remote_ranks, 2) == 4.63);

@@ -126,6 +126,7 @@ typedef struct ms_plan_result {
     struct {
         double tokens_global, tokens_local;
         int gather_world, ep_world;
+        double ep_tokens_per_rank;      /* rows each rank dispatches per step */
         double dp_allgather_bytes_per_layer, dp_gather_bytes_per_layer;
         double tp_allreduce_bytes_per_layer;
         double expected_distinct_ranks, expected_remote_ranks;
