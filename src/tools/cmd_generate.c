@@ -488,7 +488,13 @@ comm_fail:
     fprintf(stderr, "generate: rank %d: %s\n", rank, err.msg);
     if (W > 1) ms_comm_abort(1);
 out:
-    if (o.comm_stats && W > 1) ms_comm_stats_print(stderr);
+    if (o.comm_stats && W > 1 && e) {
+        int64_t mx, sm, dr;
+        ms_model_mlp_counters(ms_engine_model(e), &mx, &sm, &dr);
+        fprintf(stderr, "mlp rank=%d dp_gather_max_len=%lld dp_gather_sum_len=%lld dispatch_rows=%lld\n",
+                rank, (long long)mx, (long long)sm, (long long)dr);
+        ms_comm_stats_print(stderr);
+    }
     if (dump) fclose(dump);
     for (int i = 0; i < n_seqs; i++) free(seqs[i].ids);
     free(seqs);
