@@ -84,6 +84,15 @@ void ms_silu_mul(float *out, const float *g, const float *u, int64_t n);
  * in descending value order.  k <= n. */
 void ms_topk(const float *x, int64_t n, int k, int32_t *idx);
 
+/* Bulk conversions with the kernels' SIMD code (isa: MS_ISA_*, lower ISAs give
+ * the same results).  ms_cvt_to_f32: F32/BF16/F16/F8E4M3 (FP8 unscaled) to
+ * f32, exact.  ms_cvt_f32_to_bf16: round to nearest even (AVX512_BF16 flushes
+ * f32 denormals to ±0).  ms_cvt_fp8_to_bf16: exact (every e4m3 value is a
+ * bf16 value; NaN codes give the quiet NaN 0x7fc0 / 0xffc0). */
+void ms_cvt_to_f32(int isa, ms_dtype dt, const void *in, float *out, int64_t n);
+void ms_cvt_f32_to_bf16(int isa, const float *in, uint16_t *out, int64_t n);
+void ms_cvt_fp8_to_bf16(int isa, const uint8_t *in, uint16_t *out, int64_t n);
+
 float ms_dot_f32(const float *a, const float *b, int64_t n);
 /* y += a * x */
 void ms_axpy_f32(float *y, float a, const float *x, int64_t n);
