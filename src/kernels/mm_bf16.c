@@ -197,18 +197,17 @@ AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *
 #undef T
 }
 
-/* Weight rows [n0, n1) × prepared activation rows [m0, m0 + mc). */
+/* Weight rows [n0, n1) (row n0 at w, rows ldw bytes apart) × prepared
+ * activation rows [m0, m0 + mc). */
 AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *xb, int64_t Kp,
-              int64_t m0, int64_t mc, int64_t n0, int64_t n1)
+              int64_t m0, int64_t mc, int64_t n0, int64_t n1, const char *w, int64_t ldw)
 {
-    const ms_mat *W = t->W;
-    const int es = isf8 ? 1 : 2;
-    const int64_t ldw = W->ld * es, K = W->cols;
+    const int64_t K = t->W->cols;
     const int Rfull = mc == 1 ? 8 : mc == 2 ? 6 : 4;
     float s[32];
     for (int64_t n = n0; n < n1;) {
         int R = n1 - n >= Rfull ? Rfull : n1 - n >= 4 ? 4 : 1;
-        const char *w0 = (const char *)W->data + n * ldw;
+        const char *w0 = w + (n - n0) * ldw;
         for (int64_t m = 0; m < mc; m += 4) {
             int mb = mc - m >= 4 ? 4 : (int)(mc - m);
             run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
@@ -218,16 +217,22 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
     }
 }
 
-/* Columns [n0, n1) of y for all M rows. */
+/* Columns [n0, n1) of y for all M rows.  FP8 weights at M >= MC are first
+ * converted to bf16 one 128-row block at a time (into scratch), so the
+ * conversion is not repeated for every group of activation rows. */
 static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
     const int64_t mcmax = M < MC ? M : MC;
-    char *scr = ms_mm_scratch((size_t)Kp * 4 + (size_t)(mcmax * Kp) * 2);
+    const int widen = isf8 && M >= MC;
+    size_t wb_bytes = widen ? (size_t)(128 * Kp) * 2 : 0;
+    char *scr = ms_mm_scratch((size_t)Kp * 4 + (size_t)(mcmax * Kp) * 2 + wb_bytes);
     if (!scr) return -1;
-    float *ks = (float *)scr;                      /* [Kp] per-column scale of one row block */
-    uint16_t *xb = (uint16_t *)(scr + Kp * 4);     /* [mcmax][Kp] bf16 activations */
+    float *ks = (float *)scr;                  /* [Kp] per-column scale of one row block */
+    uint16_t *xb = (uint16_t *)(scr + Kp * 4); /* [mcmax][Kp] bf16 activations */
+    uint16_t *wb = xb + mcmax * Kp;            /* [128][Kp] widened FP8 rows */
+    const int64_t ldw = W->ld * (isf8 ? 1 : 2);
     f8lut L;
     f8lut_init(&L);
     int prepared = 0;
@@ -242,11 +247,17 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
         } else {
             ne = M <= MC ? n1 : (n + 128 < n1 ? n + 128 : n1);
         }
+        const char *w = (const char *)W->data + n * ldw;
+        if (widen)
+            for (int64_t r = n; r < ne; r++)
+                ms_mm_bf16_cvt_fp8((const uint8_t *)w + (r - n) * ldw, wb + (r - n) * Kp, K);
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
             int64_t mc = M - m0 < MC ? M - m0 : MC;
             if (isf8 || !prepared) prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? ks : NULL, xb);
             prepared = M <= MC;
-            block(isf8, t, &L, xb, Kp, m0, mc, n, ne);
+            if (widen) block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
+            else if (isf8) block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
+            else block(0, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
         }
         n = ne;
     }
