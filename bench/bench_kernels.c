@@ -172,9 +172,10 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return mref > 0 ? mx / mref : mx;
 }
 
-static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact, int64_t M, int64_t K,
-                         int64_t N)
+static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact, int dnnl, int64_t M,
+                         int64_t K, int64_t N)
 {
+    ms_kernels_set_dnnl(dnnl);
     uint64_t rng = 1234;
     int es = ms_dtype_size(dt);
     size_t wbytes = (size_t)(N * K * es), stride = (wbytes + 64 + 4095) & ~(size_t)4095;
@@ -210,7 +211,9 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     double t0 = ms_now_s();
     ms_matmul_ref(ref, N, x, K, mref, &W[0], 0);
     double tref = ms_now_s() - t0;
+    t0 = ms_now_s();
     ms_matmul(&kc, y, N, x, K, M, &W[0], 0);
+    double first_ms = (ms_now_s() - t0) * 1e3;
     double err = rel_err(y, ref, mref * N);
     int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32;
     const char *status = err <= (bf ? 1e-2 : 1e-5) ? "ok" : "WRONG";
@@ -230,10 +233,13 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     }
     double ref_gflops = 2.0 * (double)mref * N * K / tref / 1e9;
     printf("matmul threads=%d isa=%s mode=%s wdtype=%s M=%ld K=%ld N=%ld time_us=%.1f gflops=%.1f "
-           "weight_gbs=%.1f ref_gflops=%.3f speedup_vs_ref=%.0f relerr=%.2e check=%s\n",
+           "weight_gbs=%.1f ref_gflops=%.3f speedup_vs_ref=%.0f relerr=%.2e check=%s dnnl=%d "
+           "first_call_ms=%.2f prepacked_mib=%.0f\n",
            nt, ms_isa_name(isa), exact ? "exact" : "auto", ms_dtype_name(dt), (long)M, (long)K, (long)N,
            best * 1e6, flop / best / 1e9, (double)wbytes / best / 1e9, ref_gflops,
-           flop / best / 1e9 / ref_gflops, err, status);
+           flop / best / 1e9 / ref_gflops, err, status, dnnl, first_ms,
+           (double)ms_kernels_dnnl_bytes() / 1048576.0);
+    ms_kernels_set_dnnl(0); /* frees the prepacked copies of these weights */
     fflush(stdout);
     free(W);
     free(x);
@@ -263,12 +269,13 @@ int main(int argc, char **argv)
             ms_dtype dt = d ? MS_DT_F8E4M3 : MS_DT_BF16;
             for (size_t s = 0; s < sizeof gemv / sizeof gemv[0]; s++) {
                 if (quick && s != 3) continue;
-                bench_matmul(pool, nt, isa, dt, 0, 1, gemv[s][0], gemv[s][1]);
+                bench_matmul(pool, nt, isa, dt, 0, 0, 1, gemv[s][0], gemv[s][1]);
             }
-            bench_matmul(pool, nt, isa, dt, 1, 1, 7168, 2048);
+            bench_matmul(pool, nt, isa, dt, 1, 0, 1, 7168, 2048);
             for (size_t m = 0; m < sizeof bigm / sizeof bigm[0]; m++) {
-                bench_matmul(pool, nt, isa, dt, 0, bigm[m], 7168, 2048);
-                if (!quick) bench_matmul(pool, nt, isa, dt, 1, bigm[m], 7168, 2048);
+                bench_matmul(pool, nt, isa, dt, 0, 0, bigm[m], 7168, 2048);
+                if (dt == MS_DT_BF16 && bigm[m] >= 48) bench_matmul(pool, nt, isa, dt, 0, 1, bigm[m], 7168, 2048);
+                if (!quick) bench_matmul(pool, nt, isa, dt, 1, 0, bigm[m], 7168, 2048);
             }
         }
         ms_pool_free(pool);

@@ -125,6 +125,7 @@ static void stored_make(stored *st, ms_dtype dt, int64_t R, int64_t C, uint64_t 
 
 static void stored_free(stored *st)
 {
+    ms_kernels_dnnl_forget(st->data);
     free(st->data);
     free(st->scale);
 }
@@ -272,6 +273,44 @@ TEST(matmul_nn_all_paths)
         }
 }
 
+/* The oneDNN path: prepacked once, used (bytes held), invalidated by
+ * forget / by new contents under the same pointer, and switchable off. */
+TEST(matmul_dnnl_prepack)
+{
+    if (best_isa < MS_ISA_AVX512BF16) return;
+    uint64_t rng = 99;
+    int64_t M = 64, N = 96, K = 200;
+    stored st;
+    stored_make(&st, MS_DT_BF16, N, K, &rng);
+    float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
+    float *emu = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+    ms_kctx kc = {pool, 0, best_isa};
+    ms_kernels_set_dnnl(1);
+    for (int round = 0; round < 3; round++) {
+        emulate_bf16(emu, N, x, K, M, &st.whole, 0);
+        ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
+        CHECKF(rel_err(y, emu, M, N, N) <= 1e-5, "round %d: %g", round, rel_err(y, emu, M, N, N));
+        CHECK(ms_kernels_dnnl_bytes() >= (size_t)(N * K * 2));
+        /* new contents under the same pointer: round 0 says so, round 1 does not
+         * (the fingerprint must notice: every sampled element changes) */
+        for (int64_t i = 0; i < N * K; i++)
+            ((uint16_t *)st.data)[i] = ms_f32_to_bf16(frand(&rng));
+        if (round == 0) ms_kernels_dnnl_forget(st.data);
+    }
+    ms_kernels_set_dnnl(0);
+    CHECK(ms_kernels_dnnl_bytes() == 0);
+    emulate_bf16(emu, N, x, K, M, &st.whole, 0);
+    ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
+    CHECK(rel_err(y, emu, M, N, N) <= 1e-5);
+    CHECK(ms_kernels_dnnl_bytes() == 0);
+    ms_kernels_set_dnnl(1);
+    free(x);
+    free(y);
+    free(emu);
+    stored_free(&st);
+}
+
 int main(void)
 {
     best_isa = ms_kernels_detect();
@@ -281,6 +320,8 @@ int main(void)
     RUN(convert_e4m3_all_codes);
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
+    RUN(matmul_dnnl_prepack);
+    ms_kernels_dnnl_clear();
     ms_pool_free(pool);
     return TEST_REPORT();
 }

@@ -16,6 +16,7 @@
 #include "base/threadpool.h"
 #include "kernels/dtype.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* A view of a stored weight matrix.  Element (r, c) of the view is stored at
@@ -57,6 +58,18 @@ void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t 
                const ms_mat *W, int accumulate);
 void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M, const ms_mat *W,
                    int accumulate);
+
+/* oneDNN (auto mode, BF16 weights, M >= 48): each weight view is reordered
+ * once into oneDNN's blocked layout and cached, keyed by its data pointer (a
+ * second copy of those weights; MOESERVE_DNNL_MB caps it, default 4096 MiB).
+ * MOESERVE_DNNL=0 or ms_kernels_set_dnnl(0) turns the path off (and frees the
+ * copies).  Call ms_kernels_dnnl_forget(data) before freeing or overwriting
+ * weights that may have been prepacked (a sampled fingerprint also catches
+ * most reuse).  Main thread only. */
+void ms_kernels_set_dnnl(int on);
+void ms_kernels_dnnl_forget(const void *data);
+void ms_kernels_dnnl_clear(void);
+size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
 
 /* y[M][W.cols] (=|+=) x[M][W.rows] · W   (no transpose; MLA absorption). */
 void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
