@@ -273,6 +273,55 @@ TEST(matmul_nn_all_paths)
         }
 }
 
+TEST(elementwise_vs_ref)
+{
+    uint64_t rng = 5;
+    static const int64_t ns[] = {1, 7, 8, 9, 31, 100, 7168};
+    for (size_t t = 0; t < MS_ARRAY_LEN(ns); t++) {
+        int64_t n = ns[t];
+        float *a = malloc(sizeof(float) * (size_t)n * 2), *b = malloc(sizeof(float) * (size_t)n * 2);
+        float *w = malloc(sizeof(float) * (size_t)n), *y1 = malloc(sizeof(float) * (size_t)n * 2);
+        float *y2 = malloc(sizeof(float) * (size_t)n * 2);
+        for (int64_t i = 0; i < 2 * n; i++) a[i] = 4 * frand(&rng), b[i] = 4 * frand(&rng);
+        for (int64_t i = 0; i < n; i++) w[i] = frand(&rng);
+        double d = ms_dot_f32(a, b, n), dr = ms_dot_f32_ref(a, b, n);
+        CHECK(fabs(d - dr) <= 1e-5 * (fabs(dr) + sqrt((double)n)));
+        memcpy(y1, b, sizeof(float) * (size_t)n);
+        memcpy(y2, b, sizeof(float) * (size_t)n);
+        ms_axpy_f32(y1, 0.37f, a, n);
+        ms_axpy_f32_ref(y2, 0.37f, a, n);
+        CHECK(rel_err(y1, y2, 1, n, n) <= 1e-6);
+        /* two rows, stride n; weighted and unweighted; in place */
+        ms_rmsnorm(y1, a, w, 2, n, n, 1e-6f);
+        ms_rmsnorm_ref(y2, a, w, 2, n, n, 1e-6f);
+        CHECK(rel_err(y1, y2, 2, n, n) <= 1e-5);
+        memcpy(y1, a, sizeof(float) * (size_t)n * 2);
+        ms_rmsnorm(y1, y1, NULL, 2, n, n, 1e-6f);
+        ms_rmsnorm_ref(y2, a, NULL, 2, n, n, 1e-6f);
+        CHECK(rel_err(y1, y2, 2, n, n) <= 1e-5);
+        for (int64_t i = 0; i < n; i++) y1[i] = y2[i] = 30 * a[i];
+        if (n > 3) y1[3] = y2[3] = -INFINITY; /* masked score */
+        ms_softmax(y1, n);
+        ms_softmax_ref(y2, n);
+        CHECK(rel_err(y1, y2, 1, n, n) <= 1e-5);
+        if (n > 3) CHECK(y1[3] == 0.0f);
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++) sum += y1[i];
+        CHECK(fabs(sum - 1.0) <= 1e-5);
+        for (int64_t i = 0; i < n; i++) a[i] *= 30; /* silu over [-120, 120]: both tails */
+        ms_silu_mul(y1, a, b, n);
+        ms_silu_mul_ref(y2, a, b, n);
+        for (int64_t i = 0; i < n; i++)
+            CHECKF(fabs(y1[i] - y2[i]) <= 2e-6 * (fabs(y2[i]) + 1e-30), "silu %g: %g vs %g", a[i],
+                   y1[i], y2[i]);
+        free(a);
+        free(b);
+        free(w);
+        free(y1);
+        free(y2);
+    }
+}
+
 /* The oneDNN path: prepacked once, used (bytes held), invalidated by
  * forget / by new contents under the same pointer, and switchable off. */
 TEST(matmul_dnnl_prepack)
@@ -321,6 +370,7 @@ int main(void)
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
     RUN(matmul_dnnl_prepack);
+    RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();
     ms_pool_free(pool);
     return TEST_REPORT();

@@ -81,6 +81,8 @@ void ms_matmul_nn_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
  * NULL (unweighted).  x and y may alias. */
 void ms_rmsnorm(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
                 float eps);
+void ms_rmsnorm_ref(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
+                    float eps);
 
 /* Interleaved (GPT-J) rotation of n_heads vectors of `dim` values, one every
  * `stride` floats: pair (x[2i], x[2i+1]) rotated by pos * inv_freq[i]. */
@@ -89,9 +91,11 @@ void ms_rope_interleaved(float *x, int64_t n_heads, int64_t stride, int64_t dim,
 
 /* In-place numerically stable softmax over n values. */
 void ms_softmax(float *x, int64_t n);
+void ms_softmax_ref(float *x, int64_t n);
 
 /* out[i] = silu(g[i]) * u[i]. */
 void ms_silu_mul(float *out, const float *g, const float *u, int64_t n);
+void ms_silu_mul_ref(float *out, const float *g, const float *u, int64_t n);
 
 /* Indices of the k largest values of x[n] (ties: lower index first), written
  * in descending value order.  k <= n. */
@@ -106,8 +110,13 @@ void ms_cvt_to_f32(int isa, ms_dtype dt, const void *in, float *out, int64_t n);
 void ms_cvt_f32_to_bf16(int isa, const float *in, uint16_t *out, int64_t n);
 void ms_cvt_fp8_to_bf16(int isa, const uint8_t *in, uint16_t *out, int64_t n);
 
+/* The vector kernels below (vec.c) use AVX2 + FMA, the build baseline, with
+ * FP32 sums in a different order than their _ref twins (about 1e-6
+ * relative); exp is a polynomial within 2 ulp of expf. */
 float ms_dot_f32(const float *a, const float *b, int64_t n);
+float ms_dot_f32_ref(const float *a, const float *b, int64_t n);
 /* y += a * x */
 void ms_axpy_f32(float *y, float a, const float *x, int64_t n);
+void ms_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
 
 #endif
