@@ -3,8 +3,8 @@
  * or read outside the buffer (ASan/UBSan).  Accepted images are re-checked
  * from a copy of exactly their length to catch reads past the end.
  */
-// FUZZ_SOURCES: src/model/safetensors.c src/base/error.c src/base/util.c src/base/log.c src/kernels/dtype.c
-// FUZZ_LIBS: -ljansson -lm -pthread
+// FUZZ_SOURCES: src/model/safetensors.c src/base/error.c src/base/util.c src/base/log.c
+// src/kernels/dtype.c FUZZ_LIBS: -ljansson -lm -pthread
 #include "model/safetensors.h"
 
 #include <stdlib.h>
@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ms_errbuf err = {{0}};
     int rc = ms_st_check_buffer(data, size, &err);
     if (rc > 0) abort();
-    if (rc < 0 && err.msg[0] == 0) abort(); /* every error explains itself */
+    if (rc < 0 && err.msg[0] == 0) abort();              /* every error explains itself */
     if (rc < 0 && !strstr(err.msg, "<buffer>")) abort(); /* and names the file */
     return 0;
 }

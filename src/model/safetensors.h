@@ -30,7 +30,9 @@ typedef struct ms_tensor {
     ms_dtype dtype;
     int ndim;
     int64_t shape[MS_ST_MAX_DIMS];
-    const void *data;    /* borrowed: inside the read-only mmap */
+    const void *data;    /* borrowed: inside the read-only mmap; tensors lie back to back
+                          * after an 8-byte aligned data section, so data may be
+                          * unaligned for its dtype (use memcpy / unaligned loads) */
     size_t nbytes;
     const char *file;    /* the shard it lives in (borrowed) */
 } ms_tensor;
