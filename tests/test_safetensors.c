@@ -291,6 +291,35 @@ TEST(dir_listing_without_index)
     CHECK(ms_st_open_dir(&st, "/nonexistent/dir", &e) == MS_ENOENT);
 }
 
+/* A 5 GiB tensor in a sparse file: 64-bit offsets end to end, no data written. */
+TEST(offsets_beyond_4gib)
+{
+    const uint64_t big = 5ull << 30;
+    char hdr[256];
+    snprintf(hdr, sizeof hdr,
+             "{\"small\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]},"
+             "\"big\":{\"dtype\":\"BF16\",\"shape\":[%llu,2],\"data_offsets\":[8,%llu]}}",
+             (unsigned long long)(big / 4), (unsigned long long)(big + 8));
+    size_t len;
+    uint8_t *b = image(hdr, UINT64_MAX, 8, &len);
+    char path[512];
+    path_of(path, sizeof path, "sparse.safetensors");
+    int ok = write_bytes(path, b, len) == 0 && truncate(path, (off_t)(len + big)) == 0;
+    free(b);
+    CHECK(ok);
+    ms_st_store *st;
+    ms_errbuf e;
+    CHECKF(ms_st_open_file(&st, path, &e) == 0, "%s", e.msg);
+    const ms_tensor *t = ms_st_find(st, "big");
+    CHECK(t && t->nbytes == big && t->shape[0] == (int64_t)(big / 4));
+    CHECK(((const uint8_t *)t->data)[big - 1] == 0); /* the last byte is mapped (a hole) */
+    ms_st_close(st);
+    CHECK(truncate(path, (off_t)(len + big - 1)) == 0);
+    CHECK(ms_st_open_file(&st, path, &e) == MS_EFORMAT);
+    CHECKF(strstr(e.msg, "'big'") && strstr(e.msg, "exceed data section"), "%s", e.msg);
+    unlink(path);
+}
+
 typedef struct bad_case {
     const char *what;
     const char *hdr;
@@ -550,6 +579,7 @@ int main(void)
     RUN(big_tensor_gets_own_shard);
     RUN(many_tensors_hash_lookup);
     RUN(dir_listing_without_index);
+    RUN(offsets_beyond_4gib);
     RUN(corrupted_images_rejected);
     RUN(truncated_files_rejected);
     RUN(index_errors);

@@ -80,11 +80,10 @@ static int get_num(jget *g, const char *key, double def, double lo, double hi, f
         return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a number, not %s", g->prefix, key,
                       type_name(v));
     double x = json_number_value(v);
-    float f = (float)x;
-    if (!(x >= lo && x <= hi) || !isfinite(f))
+    if (!(x >= lo && x <= hi)) /* before the cast: a double beyond float range is UB */
         return ms_err(g->err, MS_ERANGE, "config: '%s%s' is %g, must be between %g and %g",
                       g->prefix, key, x, lo, hi);
-    *out = f;
+    *out = (float)x;
     return 0;
 }
 
