@@ -320,6 +320,49 @@ TEST(offsets_beyond_4gib)
     unlink(path);
 }
 
+/* Images written by an independent writer (Python struct + json,
+ * fuzz/gen_seeds.py; tests run from the repository root). */
+TEST(python_written_images)
+{
+    const char *dir = "fuzz/corpus/fuzz_safetensors";
+    const char *good[] = {"empty", "f32", "mixed", "unpadded", "unicode"};
+    const char *bad[] = {"truncated", "overlap"};
+    char p[512];
+    ms_st_store *st;
+    ms_errbuf e;
+    for (size_t i = 0; i < MS_ARRAY_LEN(good); i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, good[i]);
+        CHECKF(ms_st_open(&st, p, &e) == 0, "%s", e.msg);
+        if (!strcmp(good[i], "mixed")) {
+            CHECK(ms_st_count(st) == 10);
+            const ms_tensor *t;
+            int64_t s35[2] = {3, 5}, s11[2] = {1, 1};
+            CHECK(ms_st_expect(st, "model.layers.0.self_attn.q_a_proj.weight", 2, s35,
+                               MS_DT_MASK(MS_DT_F8E4M3), &t, &e) == 0);
+            CHECK(((const uint8_t *)t->data)[14] == 14);
+            CHECK(ms_st_expect(st, "model.layers.0.self_attn.q_a_proj.weight_scale_inv", 2, s11,
+                               MS_DT_MASK(MS_DT_F32), &t, &e) == 0);
+            float sc;
+            memcpy(&sc, t->data, 4);
+            CHECK(sc == 0.5f);
+            t = ms_st_find(st, "scale.e8m0");
+            CHECK(t && t->dtype == MS_DT_F8E8M0 &&
+                  ms_e8m0_to_f32(((const uint8_t *)t->data)[0]) == 1.0f);
+            t = ms_st_find(st, "f64");
+            double d;
+            memcpy(&d, t->data, 8);
+            CHECK(t->dtype == MS_DT_F64 && d == 1.5);
+        }
+        if (!strcmp(good[i], "unicode")) CHECK(ms_st_find(st, "\xc3\xa9\xe4\xb8\xad"));
+        ms_st_close(st);
+    }
+    for (size_t i = 0; i < MS_ARRAY_LEN(bad); i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, bad[i]);
+        CHECK(ms_st_open(&st, p, &e) == MS_EFORMAT && strstr(e.msg, "tensor '"));
+    }
+    CHECK(ms_st_open(&st, dir, &e) == MS_ENOENT); /* a directory without *.safetensors */
+}
+
 typedef struct bad_case {
     const char *what;
     const char *hdr;
@@ -580,6 +623,7 @@ int main(void)
     RUN(many_tensors_hash_lookup);
     RUN(dir_listing_without_index);
     RUN(offsets_beyond_4gib);
+    RUN(python_written_images);
     RUN(corrupted_images_rejected);
     RUN(truncated_files_rejected);
     RUN(index_errors);

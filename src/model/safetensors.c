@@ -586,6 +586,13 @@ int ms_st_open_dir(ms_st_store **out, const char *dir, ms_errbuf *err)
     return 0;
 }
 
+int ms_st_open(ms_st_store **out, const char *path, ms_errbuf *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return ms_st_open_dir(out, path, err);
+    return ms_st_open_file(out, path, err);
+}
+
 void ms_st_close(ms_st_store *st)
 {
     if (!st) return;
