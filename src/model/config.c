@@ -560,6 +560,9 @@ float ms_config_rope_attn_factor(const ms_config *c)
                    yarn_get_mscale(c->rope_factor, c->rope_mscale_all_dim));
 }
 
+/* YaRN is applied whenever rope_scaling is yarn (as HF does); DeepSeek's own
+ * precompute_freqs_cis applies it iff max_seq_len > original_seq_len, which
+ * holds for every shipped config.  Same table either way (arch.md §0.4). */
 void ms_config_rope_inv_freq(const ms_config *c, float *out)
 {
     const int d = c->qk_rope_head_dim;
