@@ -398,7 +398,7 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
                                  .n_ids = w.n_ids, .max_new = w.max_new, .seed = w.seed,
                                  .ignore_eos = w.ignore_eos, .n_stop_ids = w.n_stop,
                                  .top_logprobs = w.top_logprobs};
-            in.samp = (ms_sampling){w.temperature, w.top_p, w.top_k, w.min_p};
+            in.samp = (ms_sampler_params){w.temperature, w.top_p, w.top_k, w.min_p};
             memcpy(in.stop_ids, w.stop_ids, sizeof in.stop_ids);
             int32_t *ids = malloc(ids_bytes ? ids_bytes : 1); /* body may be unaligned */
             if (!ids) return ms_err(err, MS_ENOMEM, "out of memory");
