@@ -160,7 +160,7 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
     r->in = *in;
     r->in.ids = NULL;
-    r->cap_ids = in->n_ids + MS_MIN(in->max_new, 256) + 1;
+    r->cap_ids = in->n_ids + in->max_new + 1; /* decode never reallocates */
     r->ids = malloc(sizeof(int32_t) * (size_t)r->cap_ids);
     if (!r->ids) {
         free(r);
@@ -322,7 +322,8 @@ static int admit(ms_sched *s, struct req *r)
     int64_t limit = ((r->n_ids - 1) / ps) * ps; /* the last token must be computed */
     if (matched > limit) matched = limit;
     int64_t n_pre = matched / ps, need = (r->n_ids + ps - 1) / ps;
-    if (reserve_pages(r, need)) return MS_ENOMEM;
+    /* room in the page table for the whole generation: decode never reallocates */
+    if (reserve_pages(r, (r->n_ids + r->in.max_new - r->n_out + ps) / ps)) return MS_ENOMEM;
     ms_radix_lock(s->radix, node);
     if (take_pages(s, need - n_pre, r->pages + n_pre) != 0) {
         ms_radix_unlock(s->radix, node);
