@@ -594,7 +594,7 @@ static void *watchdog(void *arg)
         if (ms_now_s() - since > fe->o.watchdog_timeout_s && !atomic_load(&fe->unhealthy)) {
             atomic_store(&fe->unhealthy, 1);
             MS_LOG(MS_ERROR, "http",
-                   "watchdog: no engine step for %.0f s with %d requests in flight; exiting",
+                   "watchdog: no engine step for %.0f s with %d requests in flight; exiting (unless MOESERVE_WATCHDOG_NO_EXIT is set)",
                    ms_now_s() - since, fe->n_live);
             if (!getenv("MOESERVE_WATCHDOG_NO_EXIT")) _exit(70);
         }
@@ -690,6 +690,7 @@ void ms_frontend_begin_drain(ms_frontend *fe)
     if (fe->d) {
         MHD_socket s = MHD_quiesce_daemon(fe->d);
         if (s != MHD_INVALID_SOCKET) close(s);
+        else MS_LOG(MS_WARN, "http", "could not stop listening (quiesce failed)");
     }
     MS_LOG(MS_INFO, "http", "draining: %d requests in flight", ms_frontend_live_requests(fe));
 }
