@@ -206,14 +206,14 @@ static void *echo_main(void *arg)
     return NULL;
 }
 
-static int echo_start(echo_engine *e, ms_serve_hub *hub)
+__attribute__((unused)) static int echo_start(echo_engine *e, ms_serve_hub *hub)
 {
     memset(e, 0, sizeof *e);
     e->hub = hub;
     return pthread_create(&e->th, NULL, echo_main, e);
 }
 
-static void echo_stop(echo_engine *e)
+__attribute__((unused)) static void echo_stop(echo_engine *e)
 {
     atomic_store(&e->quit, 1);
     ms_serve_hub_request_stop(e->hub);

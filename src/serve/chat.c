@@ -10,6 +10,7 @@
 #include "serve/chat.h"
 
 #include "base/util.h"
+#include "serve/detok.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,6 +390,12 @@ static size_t hold_len(const char *s, size_t n, const char *const *ms, int nm)
     return h;
 }
 
+/* Emitted text ends on a whole UTF-8 character (JSON strings need them). */
+static size_t whole(const char *s, size_t n)
+{
+    return ms_utf8_complete_prefix(s, n);
+}
+
 int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last, ms_chat_delta *d)
 {
     memset(d, 0, sizeof *d);
@@ -418,15 +425,16 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
                 p->in_reasoning = 0;
                 continue;
             }
-            size_t h = last ? 0 : hold_len(cur, rem, ms, 1);
-            emit_text(p, d, 1, cur, rem - h);
-            pos += rem - h;
+            size_t ok = last ? rem : whole(cur, rem - hold_len(cur, rem, ms, 1));
+            emit_text(p, d, 1, cur, ok);
+            pos += ok;
             break;
         }
         if (p->state == ST_CONTENT || p->state == ST_DONE) {
             if (!p->tools || p->state == ST_DONE || p->n_calls >= MS_CHAT_MAX_TOOL_CALLS) {
-                emit_text(p, d, 0, cur, rem);
-                pos = len;
+                size_t ok = last ? rem : whole(cur, rem);
+                emit_text(p, d, 0, cur, ok);
+                pos += ok;
                 break;
             }
             const char *ms[] = {MS_CHAT_CALLS_BEGIN, MS_CHAT_CALL_BEGIN};
@@ -438,9 +446,9 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
                 p->n_name = 0;
                 continue;
             }
-            size_t h = last ? 0 : hold_len(cur, rem, ms, 2);
-            emit_text(p, d, 0, cur, rem - h);
-            pos += rem - h;
+            size_t ok = last ? rem : whole(cur, rem - hold_len(cur, rem, ms, 2));
+            emit_text(p, d, 0, cur, ok);
+            pos += ok;
             break;
         }
         if (p->state == ST_CALLS) {
@@ -480,8 +488,7 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
                 p->state = k == 0 ? ST_CALLS : ST_DONE;
                 continue;
             }
-            size_t h = last ? 0 : hold_len(cur, rem, ms, 2);
-            size_t ok = rem - h;
+            size_t ok = last ? rem : whole(cur, rem - hold_len(cur, rem, ms, 2));
             emit_args(p, d, cur, ok);
             pos += ok;
             break;
