@@ -138,10 +138,13 @@ static void *echo_main(void *arg)
 {
     echo_engine *e = arg;
     while (!atomic_load(&e->quit)) {
-        if (e->n == 0 || atomic_load(&e->paused)) ms_serve_hub_wait(e->hub, e->n ? 5 : 200);
-        if (atomic_load(&e->paused)) continue;
+        if (atomic_load(&e->paused)) {
+            usleep(2000);
+            continue;
+        }
+        if (e->n == 0) ms_serve_hub_wait(e->hub, 200);
         ms_serve_msg m;
-        while (ms_serve_hub_pop(e->hub, &m)) {
+        while (!atomic_load(&e->paused) && ms_serve_hub_pop(e->hub, &m)) {
             if (m.kind == MS_MSG_GENERATE) {
                 echo_admit(e, m.req);
             } else if (m.kind == MS_MSG_ABORT) {

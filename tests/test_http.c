@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #define CTX 1000
 
@@ -449,6 +450,7 @@ TEST(abort_api_and_flush)
 TEST(queue_full_503)
 {
     atomic_store(&eng.paused, 1);
+    usleep(20000); /* the engine is past any pop in progress */
     int fds[2];
     const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
     char req[512];
@@ -459,7 +461,14 @@ TEST(queue_full_503)
     }
     double end = hc_now() + 2;
     while (ms_serve_hub_n_queued(hub) < 2 && hc_now() < end) usleep(1000);
-    CHECK(ms_serve_hub_n_queued(hub) == 2);
+    int nq = ms_serve_hub_n_queued(hub);
+    /* two connection threads waiting for tokens use (almost) no CPU */
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    usleep(500000);
+    getrusage(RUSAGE_SELF, &ru1);
+    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                 (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
     int ok;
     expect_error(port_q, "POST", "/v1/completions", body, NULL, 503, "queue is full", &ok);
     atomic_store(&eng.paused, 0);
@@ -471,6 +480,8 @@ TEST(queue_full_503)
         free(raw);
     }
     CHECK(ok);
+    CHECKF(nq == 2, "queued %d", nq);
+    CHECKF(cpu < 0.1, "waiting used %.3f s CPU in 0.5 s", cpu);
 }
 
 TEST(load_info_metrics)

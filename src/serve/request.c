@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ms_serve_req_priv {
@@ -69,7 +70,11 @@ ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_in
     r->dp_rank_hint = -1;
     r->t_arrival_s = ms_now_s();
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    pthread_condattr_t ca; /* timed waits use the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cv, &ca);
+    pthread_condattr_destroy(&ca);
     atomic_init(&p->refs, 1);
     atomic_init(&p->aborted, 0);
     p->matched_stop = -1;
