@@ -388,7 +388,7 @@ static int start_stream(int p, const char *rid)
              "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true%s%s%s}",
              rid ? ",\"rid\":\"" : "", rid ? rid : "", rid ? "\"" : "");
     int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     char buf[512];
@@ -414,7 +414,7 @@ TEST(disconnect_aborts)
     fd = hc_connect(port);
     const char *body = "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true}";
     char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     CHECK(wait_until(&eng.n_active, 1, 2.0));
     close(fd);
@@ -572,7 +572,7 @@ TEST(watchdog_marks_unhealthy)
     int fd = hc_connect(port_q);
     const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
     char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     double end = hc_now() + 5;
     int st = 0;

@@ -230,6 +230,7 @@ TEST(channel_and_queue)
     ms_serve_req_unref(m.req);
     CHECK(ms_serve_hub_pop(h, &m) == 1 && m.kind == MS_MSG_ABORT_ALL && !m.req);
     ms_serve_req_unref(r); /* the GENERATE reference */
+    ms_serve_req_unref(r); /* ours */
     /* load snapshot + queue limit counts waiting requests */
     ms_dp_load ld = {.num_waiting_reqs = 3};
     ms_serve_hub_publish_load(h, 0, &ld);
