@@ -618,8 +618,7 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
     snprintf(fe->model_name, sizeof fe->model_name, "%s",
              o->served_model_name[0] ? o->served_model_name : in->model_path);
     fe->cfg.context_len = in->context_len;
-    fe->cfg.vocab_size = codec->vocab_size > in->vocab_size ? codec->vocab_size : in->vocab_size;
-    if (in->vocab_size > 0) fe->cfg.vocab_size = in->vocab_size;
+    fe->cfg.vocab_size = in->vocab_size > 0 ? in->vocab_size : codec->vocab_size;
     fe->cfg.reasoning_parser = o->reasoning_parser;
     fe->cfg.tool_parser = o->tool_call_parser;
     pthread_mutex_init(&fe->mu, NULL);

@@ -207,6 +207,12 @@ static void finish_stream(ms_session *s)
         }
         free(eb);
     } else if (s->api.kind == MS_API_CHAT) {
+        if (!s->sent_role) {
+            s->sent_role = 1;
+            emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model,
+                                            json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
+                                            NULL, NULL));
+        }
         emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model, json_object(), fr, NULL));
     } else if (s->api.kind == MS_API_COMPLETION) {
         emit_frame(s, ms_api_completion_chunk(s->id, s->created, s->model, "", 0, fr, NULL));
