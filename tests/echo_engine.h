@@ -106,7 +106,7 @@ typedef struct echo_engine {
 
 static void echo_drop(echo_engine *e, int i, int kind, int32_t stop, const char *msg)
 {
-    ms_serve_req_finish(e->slots[i].r, (enum ms_finish_kind)kind, stop, msg);
+    ms_serve_req_finish(e->slots[i].r, (enum ms_serve_finish)kind, stop, msg);
     ms_serve_req_unref(e->slots[i].r);
     e->slots[i] = e->slots[--e->n];
     atomic_store(&e->n_active, e->n);
@@ -116,7 +116,7 @@ static void echo_drop(echo_engine *e, int i, int kind, int32_t stop, const char 
 static void echo_admit(echo_engine *e, ms_serve_req *r)
 {
     if (e->n == ECHO_MAX_ACTIVE) {
-        ms_serve_req_finish(r, MS_FINISH_ERROR, -1, "echo engine full");
+        ms_serve_req_finish(r, MS_SERVE_FINISH_ERROR, -1, "echo engine full");
         ms_serve_req_unref(r);
         return;
     }
@@ -150,24 +150,24 @@ static void *echo_main(void *arg)
             } else if (m.kind == MS_MSG_ABORT) {
                 for (int i = 0; i < e->n; i++)
                     if (e->slots[i].r == m.req) {
-                        echo_drop(e, i, MS_FINISH_ABORT, -1, "aborted");
+                        echo_drop(e, i, MS_SERVE_FINISH_ABORT, -1, "aborted");
                         atomic_fetch_add(&e->n_aborts, 1);
                         break;
                     }
                 ms_serve_req_unref(m.req);
             } else if (m.kind == MS_MSG_ABORT_ALL) {
                 while (e->n) {
-                    echo_drop(e, 0, MS_FINISH_ABORT, -1, "abort all");
+                    echo_drop(e, 0, MS_SERVE_FINISH_ABORT, -1, "abort all");
                     atomic_fetch_add(&e->n_aborts, 1);
                 }
             } else if (m.kind == MS_MSG_FLUSH_CACHE) {
                 if (e->n) {
                     char msg[64];
                     snprintf(msg, sizeof msg, "%d requests are running", e->n);
-                    ms_serve_req_finish(m.req, MS_FINISH_ERROR, -1, msg);
+                    ms_serve_req_finish(m.req, MS_SERVE_FINISH_ERROR, -1, msg);
                     atomic_fetch_add(&e->n_flush_busy, 1);
                 } else {
-                    ms_serve_req_finish(m.req, MS_FINISH_STOP, -1, NULL);
+                    ms_serve_req_finish(m.req, MS_SERVE_FINISH_STOP, -1, NULL);
                     atomic_fetch_add(&e->n_flush_ok, 1);
                 }
                 ms_serve_req_unref(m.req);
@@ -179,7 +179,7 @@ static void *echo_main(void *arg)
         }
         for (int i = 0; i < e->n; i++) {
             echo_slot *s = &e->slots[i];
-            const ms_sampling *sp = &s->r->sampling;
+            const ms_serve_sampling *sp = &s->r->sampling;
             int32_t len = s->end - s->begin, tok;
             if (s->n_gen < len) tok = s->r->input_ids[s->begin + s->n_gen];
             else if (sp->ignore_eos && len > 0) tok = s->r->input_ids[s->begin + s->n_gen % len];
@@ -195,8 +195,8 @@ static void *echo_main(void *arg)
             s->n_gen++;
             int stop_id = 0;
             for (int j = 0; j < sp->n_stop_ids; j++) stop_id |= sp->stop_ids[j] == tok;
-            if (tok == TC_EOS || stop_id) echo_drop(e, i--, MS_FINISH_STOP, tok, NULL);
-            else if (s->n_gen >= sp->max_new_tokens) echo_drop(e, i--, MS_FINISH_LENGTH, -1, NULL);
+            if (tok == TC_EOS || stop_id) echo_drop(e, i--, MS_SERVE_FINISH_STOP, tok, NULL);
+            else if (s->n_gen >= sp->max_new_tokens) echo_drop(e, i--, MS_SERVE_FINISH_LENGTH, -1, NULL);
         }
         ms_dp_load ld = {.num_running_reqs = e->n, .num_used_tokens = 10 * e->n,
                          .token_usage = 0.01 * e->n, .cache_hit_rate = 0.5, .gen_throughput = 100};
@@ -205,7 +205,7 @@ static void *echo_main(void *arg)
         int us = atomic_load(&e->step_us);
         if (e->n && us > 0) usleep((useconds_t)us);
     }
-    while (e->n) echo_drop(e, 0, MS_FINISH_ABORT, -1, "engine stopped");
+    while (e->n) echo_drop(e, 0, MS_SERVE_FINISH_ABORT, -1, "engine stopped");
     return NULL;
 }
 

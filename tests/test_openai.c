@@ -6,9 +6,18 @@
 #include "harness.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
+#include "serve/scheduler.h" /* both boundaries coexist in the step loop */
 
 #include <jansson.h>
 #include <string.h>
+
+_Static_assert((int)MS_SERVE_FINISH_STOP == (int)MS_FINISH_STOP &&
+                   (int)MS_SERVE_FINISH_LENGTH == (int)MS_FINISH_LENGTH &&
+                   (int)MS_SERVE_FINISH_ABORT == (int)MS_FINISH_ABORT &&
+                   (int)MS_SERVE_FINISH_ERROR == (int)MS_FINISH_ERROR,
+               "finish kinds agree");
+_Static_assert(MS_SERVE_MAX_STOP_IDS <= MS_SCHED_MAX_STOP_IDS, "stop ids fit the scheduler");
+_Static_assert(MS_SERVE_MAX_TOP_LOGPROBS <= MS_SCHED_MAX_TOP_LOGPROBS, "top logprobs fit");
 
 static const ms_api_config cfg = {.context_len = 100, .vocab_size = TC_VOCAB};
 
@@ -171,8 +180,8 @@ TEST(formatting)
     CHECK(json_integer_value(json_object_get(u, "total_tokens")) == 15);
     CHECK(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) == 4);
     json_decref(u);
-    CHECK(!strcmp(ms_api_finish_str(MS_FINISH_STOP, 1), "tool_calls"));
-    CHECK(!strcmp(ms_api_finish_str(MS_FINISH_LENGTH, 0), "length"));
+    CHECK(!strcmp(ms_api_finish_str(MS_SERVE_FINISH_STOP, 1), "tool_calls"));
+    CHECK(!strcmp(ms_api_finish_str(MS_SERVE_FINISH_LENGTH, 0), "length"));
     ms_serve_tok t = {.id = 'a', .logprob = -1.5f, .n_top = 2, .top_ids = {'a', 'b'}, .top_lps = {-1.5f, -2.f}};
     json_t *lp = ms_api_chat_logprob(&test_codec, &t, 1);
     CHECK(!strcmp(json_string_value(json_object_get(lp, "token")), "a"));
@@ -193,12 +202,12 @@ TEST(channel_and_queue)
     CHECK(h);
     in.n_dp = 0;
     CHECK(ms_serve_hub_new(&in, &e) == NULL);
-    ms_sampling s;
-    ms_sampling_init(&s);
+    ms_serve_sampling s;
+    ms_serve_sampling_init(&s);
     s.top_logprobs = 2;
     int32_t ids[3] = {1, 2, 3};
     ms_serve_req *r = ms_serve_req_new("r1", ids, 3, &s);
-    CHECK(r && r->n_input == 3 && r->input_ids[2] == 3 && r->dp_rank_hint == -1);
+    CHECK(r && r->n_input == 3 && r->input_ids[2] == 3 && r->dp_rank_hint == -1 && r->id > 0);
     CHECK(ms_serve_hub_wait(h, 0) == 0);
     CHECK(ms_serve_hub_submit(h, r, 1, &e) == 0);
     CHECK(ms_serve_hub_submit(h, r, 1, &e) == MS_EFULL); /* max_queued 1 */
@@ -218,10 +227,10 @@ TEST(channel_and_queue)
     CHECK(ms_serve_req_take(r, 64, t, 64, 0, &fin) == 36 && fin == 0);
     double t0 = ms_now_s();
     CHECK(ms_serve_req_take(r, 100, t, 64, 50, &fin) == 0 && ms_now_s() - t0 >= 0.04);
-    ms_serve_req_finish(r, MS_FINISH_LENGTH, -1, NULL);
-    ms_serve_req_finish(r, MS_FINISH_ABORT, -1, "late"); /* first wins */
+    ms_serve_req_finish(r, MS_SERVE_FINISH_LENGTH, -1, NULL);
+    ms_serve_req_finish(r, MS_SERVE_FINISH_ABORT, -1, "late"); /* first wins */
     CHECK(ms_serve_req_push(r, 5, 0, NULL, NULL) == 0 && ms_serve_req_n_generated(r) == 100);
-    CHECK(ms_serve_req_take(r, 100, t, 64, -1, &fin) == 0 && fin == MS_FINISH_LENGTH);
+    CHECK(ms_serve_req_take(r, 100, t, 64, -1, &fin) == 0 && fin == MS_SERVE_FINISH_LENGTH);
     /* abort message carries a reference and marks the request */
     CHECK(ms_serve_hub_post(h, MS_MSG_ABORT, r) == 0 && ms_serve_req_aborted(r));
     CHECK(ms_serve_hub_post(h, MS_MSG_ABORT, NULL) == MS_EINVAL);
@@ -250,8 +259,8 @@ TEST(channel_and_queue)
 TEST(metrics_text)
 {
     ms_metrics *m = ms_metrics_new("mo\"del");
-    ms_metrics_observe_request(m, 10, 5, 2, 0.3, 1.0, MS_FINISH_STOP);
-    ms_metrics_observe_request(m, 10, 1, 0, -1, 0.5, MS_FINISH_ABORT);
+    ms_metrics_observe_request(m, 10, 5, 2, 0.3, 1.0, MS_SERVE_FINISH_STOP);
+    ms_metrics_observe_request(m, 10, 1, 0, -1, 0.5, MS_SERVE_FINISH_ABORT);
     ms_metrics_observe_itl(m, 0.02, 2);
     char *t;
     size_t n;

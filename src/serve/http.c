@@ -271,7 +271,7 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
     live_add(fe, c);
     if ((rc = ms_serve_hub_submit(fe->hub, r, fe->o.max_queued_requests, &e))) {
         live_remove(fe, c);
-        c->sess->finish = MS_FINISH_ABORT; /* never reached the engine */
+        c->sess->finish = MS_SERVE_FINISH_ABORT; /* never reached the engine */
         return send_error(c, status_of(rc), e.msg, NULL);
     }
     MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d", rid, n,
@@ -311,8 +311,8 @@ static enum MHD_Result do_health_generate(ms_frontend *fe, struct conn *c)
 {
     if (atomic_load(&fe->draining) || atomic_load(&fe->unhealthy))
         return send_error(c, 503, "unhealthy", NULL);
-    ms_sampling s;
-    ms_sampling_init(&s);
+    ms_serve_sampling s;
+    ms_serve_sampling_init(&s);
     s.max_new_tokens = 1;
     s.temperature = 0;
     char rid[64];
@@ -330,7 +330,7 @@ static enum MHD_Result do_health_generate(ms_frontend *fe, struct conn *c)
             int fin = 0;
             size_t k = ms_serve_req_take(r, 0, &t, 1, 100, &fin);
             /* like SGLang: any engine progress after the probe started counts */
-            ok = k > 0 || (fin && fin != MS_FINISH_ERROR) || ms_serve_hub_heartbeats(fe->hub) != beats;
+            ok = k > 0 || (fin && fin != MS_SERVE_FINISH_ERROR) || ms_serve_hub_heartbeats(fe->hub) != beats;
         }
         if (!ms_serve_req_finished(r)) ms_serve_hub_post(fe->hub, MS_MSG_ABORT, r);
     }
@@ -389,8 +389,8 @@ static json_t *server_info(ms_frontend *fe)
 
 static enum MHD_Result do_flush(ms_frontend *fe, struct conn *c)
 {
-    ms_sampling s;
-    ms_sampling_init(&s);
+    ms_serve_sampling s;
+    ms_serve_sampling_init(&s);
     ms_serve_req *r = ms_serve_req_new("FLUSH_CACHE", NULL, 0, &s);
     if (!r) return send_error(c, 503, "out of memory", NULL);
     int fin = 0;
@@ -400,7 +400,7 @@ static enum MHD_Result do_flush(ms_frontend *fe, struct conn *c)
         while (!fin && ms_now_s() < t_end) ms_serve_req_take(r, 0, &t, 1, 100, &fin);
     }
     enum MHD_Result ret;
-    if (fin == MS_FINISH_STOP) {
+    if (fin == MS_SERVE_FINISH_STOP) {
         char *b = strdup("Cache flushed.\n");
         ret = queue(c, 200, b, b ? strlen(b) : 0, "text/plain");
     } else if (fin) {

@@ -88,7 +88,7 @@ void ms_metrics_observe_request(ms_metrics *m, int64_t prompt_tokens, int64_t ge
     m->gen_tokens += (uint64_t)(gen_tokens > 0 ? gen_tokens : 0);
     m->cached_tokens += (uint64_t)(cached_tokens > 0 ? cached_tokens : 0);
     m->requests++;
-    if (finish == MS_FINISH_ABORT) m->aborted++;
+    if (finish == MS_SERVE_FINISH_ABORT) m->aborted++;
     if (ttft_s >= 0) hist_add(&m->ttft, ttft_s, 1);
     if (e2e_s >= 0) hist_add(&m->e2e, e2e_s, 1);
     if (ttft_s >= 0 && gen_tokens > 1) hist_add(&m->tpot, (e2e_s - ttft_s) / (double)(gen_tokens - 1), 1);

@@ -17,7 +17,7 @@ ms_metrics *ms_metrics_new(const char *model_name);
 void ms_metrics_free(ms_metrics *m);
 
 /* One finished request: token counts, time to first token (< 0: none),
- * end-to-end latency, finish kind (enum ms_finish_kind). */
+ * end-to-end latency, finish kind (enum ms_serve_finish). */
 void ms_metrics_observe_request(ms_metrics *m, int64_t prompt_tokens, int64_t gen_tokens,
                                 int64_t cached_tokens, double ttft_s, double e2e_s, int finish);
 /* count tokens that arrived together gap_s after the previous ones. */

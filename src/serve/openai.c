@@ -133,7 +133,7 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
     int rc = 0;
     int64_t iv;
     double dv;
-    ms_sampling *s = &r->sampling;
+    ms_serve_sampling *s = &r->sampling;
     const char *keys[2] = {max_key, max_key2};
     for (int k = 0; k < 2; k++) {
         if (!keys[k]) continue;
@@ -270,7 +270,7 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
 {
     int rc = 0;
     memset(r, 0, sizeof *r);
-    ms_sampling_init(&r->sampling);
+    ms_serve_sampling_init(&r->sampling);
     r->kind = kind;
     r->skip_special_tokens = 1;
     if (param) *param = NULL;
@@ -426,10 +426,10 @@ char *ms_api_error_body(int http_status, const char *message, const char *param)
 const char *ms_api_finish_str(int kind, int has_tool_calls)
 {
     switch (kind) {
-    case MS_FINISH_STOP: return has_tool_calls ? "tool_calls" : "stop";
-    case MS_FINISH_LENGTH: return "length";
-    case MS_FINISH_ABORT: return "abort";
-    case MS_FINISH_ERROR: return "error";
+    case MS_SERVE_FINISH_STOP: return has_tool_calls ? "tool_calls" : "stop";
+    case MS_SERVE_FINISH_LENGTH: return "length";
+    case MS_SERVE_FINISH_ABORT: return "abort";
+    case MS_SERVE_FINISH_ERROR: return "error";
     default: return NULL;
     }
 }

@@ -32,7 +32,7 @@ typedef struct ms_api_req {
     int parse_special;    /* special-token strings in text are tokens (chat) */
     int32_t *ids;         /* given input ids (completions/generate), or NULL */
     size_t n_ids;
-    ms_sampling sampling;
+    ms_serve_sampling sampling;
     int max_tokens_given;
     char *stops[MS_SERVE_MAX_STOPS];
     int n_stops;

@@ -27,7 +27,7 @@ struct ms_serve_req_priv {
     pthread_cond_t cv;
     atomic_int refs;
     atomic_int aborted;
-    int finish;              /* enum ms_finish_kind */
+    int finish;              /* enum ms_serve_finish */
     int32_t matched_stop;
     char msg[256];
     size_t n, cap;
@@ -40,7 +40,7 @@ struct ms_serve_req_priv {
     double t_first;
 };
 
-void ms_sampling_init(ms_sampling *s)
+void ms_serve_sampling_init(ms_serve_sampling *s)
 {
     memset(s, 0, sizeof *s);
     s->max_new_tokens = 128;
@@ -51,13 +51,15 @@ void ms_sampling_init(ms_sampling *s)
 }
 
 ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_input,
-                               const ms_sampling *s)
+                               const ms_serve_sampling *s)
 {
     if (n_input < 0 || n_input > MS_SERVE_MAX_INPUT_TOKENS || !s) return NULL;
     ms_serve_req *r = calloc(1, sizeof *r);
     struct ms_serve_req_priv *p = calloc(1, sizeof *p);
     if (!r || !p) goto fail;
     r->priv = p;
+    static _Atomic uint64_t next_id = 1;
+    r->id = atomic_fetch_add(&next_id, 1);
     snprintf(r->rid, sizeof r->rid, "%s", rid ? rid : "");
     r->input_ids = malloc(sizeof(int32_t) * (size_t)(n_input > 0 ? n_input : 1));
     if (!r->input_ids) goto fail;
@@ -140,7 +142,7 @@ size_t ms_serve_req_take(ms_serve_req *r, size_t from, ms_serve_tok *out, size_t
             t->top_lps[j] = p->top_lps[i * (size_t)p->n_top + (size_t)j];
         }
     }
-    *finished = (from + k >= p->n) ? p->finish : MS_FINISH_NONE;
+    *finished = (from + k >= p->n) ? p->finish : MS_SERVE_FINISH_NONE;
     pthread_mutex_unlock(&p->mu);
     return k;
 }
@@ -241,7 +243,7 @@ int ms_serve_req_push(ms_serve_req *r, int32_t id, float logprob, const int32_t 
     pthread_mutex_lock(&p->mu);
     if (p->finish) goto out;
     if (p->n == p->cap && (rc = grow(p)) != 0) {
-        finish_locked(p, MS_FINISH_ERROR, -1, "out of memory for output tokens");
+        finish_locked(p, MS_SERVE_FINISH_ERROR, -1, "out of memory for output tokens");
         goto out;
     }
     if (p->n == 0) p->t_first = ms_now_s();
@@ -266,12 +268,12 @@ void ms_serve_req_set_cached_tokens(ms_serve_req *r, int32_t cached_tokens)
     pthread_mutex_unlock(&p->mu);
 }
 
-void ms_serve_req_finish(ms_serve_req *r, enum ms_finish_kind kind, int32_t matched_stop_id,
+void ms_serve_req_finish(ms_serve_req *r, enum ms_serve_finish kind, int32_t matched_stop_id,
                          const char *msg)
 {
     struct ms_serve_req_priv *p = r->priv;
     pthread_mutex_lock(&p->mu);
-    finish_locked(p, kind == MS_FINISH_NONE ? MS_FINISH_ERROR : (int)kind, matched_stop_id, msg);
+    finish_locked(p, kind == MS_SERVE_FINISH_NONE ? MS_SERVE_FINISH_ERROR : (int)kind, matched_stop_id, msg);
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -13,11 +13,11 @@
  *       ms_serve_msg m;
  *       while (ms_serve_hub_pop(hub, &m)) {           // m.req is a reference YOU own
  *           GENERATE: admit m.req (read input_ids, sampling, dp_rank_hint), keep the ref
- *           ABORT: if m.req is yours, drop it and ms_serve_req_finish(.., MS_FINISH_ABORT);
+ *           ABORT: if m.req is yours, drop it and ms_serve_req_finish(.., MS_SERVE_FINISH_ABORT);
  *                  always ms_serve_req_unref(m.req) for the message's own reference
- *           ABORT_ALL: finish every request you hold with MS_FINISH_ABORT (m.req is NULL)
+ *           ABORT_ALL: finish every request you hold with MS_SERVE_FINISH_ABORT (m.req is NULL)
  *           FLUSH_CACHE: flush if nothing runs and finish m.req with STOP, else finish it
- *                  with MS_FINISH_ERROR "N requests are running"; then unref
+ *                  with MS_SERVE_FINISH_ERROR "N requests are running"; then unref
  *       }
  *       step(); for each new token: ms_serve_req_push(req, id, logprob, top_ids, top_lps);
  *       on EOS/stop id/length/error: ms_serve_req_finish(req, kind, stop_id, msg); unref(req);
@@ -36,20 +36,22 @@
 
 /* Named limits on client-controlled sizes (the front end validates against these). */
 #define MS_SERVE_RID_MAX 128           /* request id, bytes incl. NUL */
-#define MS_SERVE_MAX_STOP_IDS 64       /* stop_token_ids per request */
+#define MS_SERVE_MAX_STOP_IDS 16       /* stop_token_ids per request (= MS_SCHED_MAX_STOP_IDS) */
 #define MS_SERVE_MAX_TOP_LOGPROBS 20   /* top_logprobs per token (OpenAI's limit) */
 #define MS_SERVE_MAX_DP 256            /* DP ranks described in engine info */
 #define MS_SERVE_MAX_INPUT_TOKENS (1 << 22) /* hard cap on input ids before the context check */
 
-enum ms_finish_kind {
-    MS_FINISH_NONE = 0, /* still running */
-    MS_FINISH_STOP,     /* EOS or a stop token id (matched_stop_id >= 0), or a stop string */
-    MS_FINISH_LENGTH,   /* max_new_tokens reached (or the context filled up) */
-    MS_FINISH_ABORT,    /* client gone, /abort_request, stop string, shutdown */
-    MS_FINISH_ERROR,    /* engine failure; message in finish_msg */
+/* Same values, in the same order, as scheduler.h's enum ms_finish (checked in
+ * tests/test_openai.c), so the step loop may pass them through. */
+enum ms_serve_finish {
+    MS_SERVE_FINISH_NONE = 0, /* still running */
+    MS_SERVE_FINISH_STOP,     /* EOS or a stop token id (matched_stop_id >= 0), or a stop string */
+    MS_SERVE_FINISH_LENGTH,   /* max_new_tokens reached (or the context filled up) */
+    MS_SERVE_FINISH_ABORT,    /* client gone, /abort_request, stop string, shutdown */
+    MS_SERVE_FINISH_ERROR,    /* engine failure; message in finish_msg */
 };
 
-typedef struct ms_sampling {
+typedef struct ms_serve_sampling {
     int32_t max_new_tokens;  /* >= 1; the front end already checked input + this < context */
     float temperature;       /* 0 = greedy */
     float top_p;             /* (0, 1], 1 = off */
@@ -65,10 +67,10 @@ typedef struct ms_sampling {
     int32_t stop_ids[MS_SERVE_MAX_STOP_IDS];
     int logprobs;            /* push a logprob with each token */
     int32_t top_logprobs;    /* 0..MS_SERVE_MAX_TOP_LOGPROBS alternatives per token */
-} ms_sampling;
+} ms_serve_sampling;
 
 /* Defaults: greedy off (temperature 1), everything else off. */
-void ms_sampling_init(ms_sampling *s);
+void ms_serve_sampling_init(ms_serve_sampling *s);
 
 /* One generated token as the front end reads it back. */
 typedef struct ms_serve_tok {
@@ -84,10 +86,11 @@ typedef struct ms_serve_hub ms_serve_hub;
 /* The request.  Fields above `priv` are written by the front end before
  * submission and read-only afterwards (engine: read freely, never write). */
 typedef struct ms_serve_req {
+    uint64_t id;          /* unique in this process (1, 2, ...): the engine's request id */
     char rid[MS_SERVE_RID_MAX];
     int32_t *input_ids; /* [n_input], owned by the request */
     int32_t n_input;
-    ms_sampling sampling;
+    ms_serve_sampling sampling;
     int32_t dp_rank_hint; /* X-Data-Parallel-Rank, or -1; validated < engine info n_dp */
     int is_health_check;  /* a /health_generate probe (1 token, greedy) */
     double t_arrival_s;   /* ms_now_s() when the HTTP request arrived */
@@ -99,14 +102,14 @@ typedef struct ms_serve_req {
 /* A request with a copy of the ids (n_input >= 0) and the given params.  NULL on
  * failure (ENOMEM or n_input over MS_SERVE_MAX_INPUT_TOKENS).  Refcount 1. */
 ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_input,
-                               const ms_sampling *s);
+                               const ms_serve_sampling *s);
 void ms_serve_req_ref(ms_serve_req *r);
 void ms_serve_req_unref(ms_serve_req *r); /* accepts NULL; frees at zero */
 
 /* Copies up to cap new tokens starting at index `from`, waiting up to timeout_ms
  * (-1 forever, 0 no wait) while none is available and the request is unfinished.
  * Returns the number copied; *finished is set to the finish kind once every
- * token has been read (MS_FINISH_NONE otherwise). */
+ * token has been read (MS_SERVE_FINISH_NONE otherwise). */
 size_t ms_serve_req_take(ms_serve_req *r, size_t from, ms_serve_tok *out, size_t cap,
                          int timeout_ms, int *finished);
 /* After the finish: the engine's matched stop id (-1 none) and message (borrowed,
@@ -131,7 +134,7 @@ int ms_serve_req_push(ms_serve_req *r, int32_t id, float logprob, const int32_t 
 void ms_serve_req_set_cached_tokens(ms_serve_req *r, int32_t cached_tokens);
 /* Finishes the request (first call wins); matched_stop_id is the stop token id
  * for STOP (-1 for EOS-less stops), msg a reason for ABORT/ERROR (may be NULL). */
-void ms_serve_req_finish(ms_serve_req *r, enum ms_finish_kind kind, int32_t matched_stop_id,
+void ms_serve_req_finish(ms_serve_req *r, enum ms_serve_finish kind, int32_t matched_stop_id,
                          const char *msg);
 /* True once the front end marked it aborted (client gone, stop string, abort API). */
 int ms_serve_req_aborted(const ms_serve_req *r);

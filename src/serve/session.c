@@ -133,13 +133,13 @@ static json_t *generate_meta(ms_session *s)
 {
     json_t *fr = json_null();
     if (s->finish) {
-        const char *type = s->finish == MS_FINISH_STOP ? "stop" : s->finish == MS_FINISH_LENGTH ? "length"
-                         : s->finish == MS_FINISH_ABORT ? "abort" : "error";
+        const char *type = s->finish == MS_SERVE_FINISH_STOP ? "stop" : s->finish == MS_SERVE_FINISH_LENGTH ? "length"
+                         : s->finish == MS_SERVE_FINISH_ABORT ? "abort" : "error";
         fr = json_pack("{s:s}", "type", type);
         if (s->stop_string >= 0) json_object_set_new(fr, "matched", json_string(s->api.stops[s->stop_string]));
-        else if (s->finish == MS_FINISH_STOP && ms_serve_req_matched_stop(s->req) >= 0)
+        else if (s->finish == MS_SERVE_FINISH_STOP && ms_serve_req_matched_stop(s->req) >= 0)
             json_object_set_new(fr, "matched", json_integer(ms_serve_req_matched_stop(s->req)));
-        if (s->finish >= MS_FINISH_ABORT)
+        if (s->finish >= MS_SERVE_FINISH_ABORT)
             json_object_set_new(fr, "message", json_string(ms_serve_req_finish_msg(s->req)));
     }
     json_t *m = json_pack("{s:s,s:o,s:I,s:I,s:I}", "id", s->id, "finish_reason", fr, "prompt_tokens",
@@ -198,7 +198,7 @@ static void finish_stream(ms_session *s)
 {
     int tools = s->chat.n_calls > 0;
     const char *fr = ms_api_finish_str(s->finish, tools);
-    if (s->finish == MS_FINISH_ERROR && s->api.kind != MS_API_GENERATE) {
+    if (s->finish == MS_SERVE_FINISH_ERROR && s->api.kind != MS_API_GENERATE) {
         char *eb = ms_api_error_body(500, ms_serve_req_finish_msg(s->req), NULL);
         if (eb) {
             buf_add(&s->out, &s->n_out, &s->cap_out, "data: ", 6, &s->oom);
@@ -273,7 +273,7 @@ int ms_session_step(ms_session *s, int timeout_ms)
         if (rc < 0) { /* a token id outside the codec: an engine bug; end the request */
             ms_serve_hub_post(s->hub, MS_MSG_ABORT, s->req);
             s->n_taken += used;
-            done(s, MS_FINISH_ERROR);
+            done(s, MS_SERVE_FINISH_ERROR);
             return 1;
         }
         stopped = rc == 1;
@@ -288,7 +288,7 @@ int ms_session_step(ms_session *s, int timeout_ms)
     if (stopped) {
         s->stop_string = s->detok.stop_index;
         ms_serve_hub_post(s->hub, MS_MSG_ABORT, s->req); /* the engine stops generating */
-        done(s, MS_FINISH_STOP);
+        done(s, MS_SERVE_FINISH_STOP);
         return 1;
     }
     if (fin && k == used) {
@@ -303,7 +303,7 @@ char *ms_session_body(ms_session *s, int *status, size_t *len)
 {
     json_t *o = NULL;
     *status = 200;
-    if (s->finish == MS_FINISH_ERROR) {
+    if (s->finish == MS_SERVE_FINISH_ERROR) {
         *status = 500;
         char *b = ms_api_error_body(500, ms_serve_req_finish_msg(s->req), NULL);
         *len = b ? strlen(b) : 0;

@@ -25,7 +25,7 @@ typedef struct ms_session {
     char model[MS_API_MAX_MODEL_NAME];
     int64_t n_prompt;
     size_t n_taken;         /* tokens read from the channel */
-    int finish;             /* enum ms_finish_kind once done, else 0 */
+    int finish;             /* enum ms_serve_finish once done, else 0 */
     int stop_string;        /* index of the matched stop string, -1 none */
     int sent_role, sent_final;
     double t_prev;          /* time of the previous token batch (ITL) */
