@@ -5,6 +5,9 @@
 #include "harness.h"
 #include "serve/chat.h"
 #include "serve/detok.h"
+#include "model/tokenizer.h"
+
+#include <unistd.h>
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -262,6 +265,60 @@ TEST(detok_utf8_and_stops)
     ms_detok_deinit(&d);
 }
 
+/* The codec over the real tokenizer (a small trained DeepSeek-style one):
+ * markers are single tokens, decoding through ms_detok reproduces the text,
+ * BOS/EOS are skipped as special, tool markers are not. */
+TEST(codec_real_tokenizer)
+{
+    char path[] = "/tmp/ms_tok_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    ms_errbuf e;
+    CHECKF(ms_tokenizer_train_write(NULL, 0, 2000, path, &e) == 0, "%s", e.msg);
+    ms_tokenizer *tok = NULL;
+    int rc = ms_tokenizer_load(&tok, path, &e);
+    unlink(path);
+    CHECKF(rc == 0, "%s", e.msg);
+    ms_serve_codec c;
+    ms_serve_codec_from_tokenizer(&c, tok);
+    CHECK(c.vocab_size == 2000);
+    int r2;
+    char *prompt = render("[{\"role\":\"user\",\"content\":\"h\u00e9llo \u4e16\u754c\"}]", NULL, 0, &r2);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(r2 == 0 && c.encode(c.ctx, prompt, strlen(prompt), 1, &ids, &n, &e) == 0);
+    free(prompt);
+    int32_t user = c.token_id(c.ctx, MS_CHAT_USER), bos = c.token_id(c.ctx, MS_CHAT_BOS);
+    CHECK(user >= 0 && bos >= 0 && ids[0] == bos && ids[1] == user);
+    CHECK(c.is_special(c.ctx, bos) && !c.is_special(c.ctx, c.token_id(c.ctx, MS_CHAT_CALLS_BEGIN)));
+    /* decode the user text back token by token */
+    int32_t asst = c.token_id(c.ctx, MS_CHAT_ASSISTANT);
+    ms_detok d;
+    CHECK(ms_detok_init(&d, &c, 1, NULL, 0) == 0);
+    char out[256] = "";
+    for (size_t i = 2; i < n && ids[i] != asst; i++) {
+        const char *delta;
+        size_t k;
+        CHECK(ms_detok_push(&d, ids[i], &delta, &k) == 0);
+        strncat(out, delta, k);
+    }
+    const char *delta;
+    size_t k;
+    ms_detok_flush(&d, &delta, &k);
+    strncat(out, delta, k);
+    ms_detok_deinit(&d);
+    free(ids);
+    CHECKF(!strcmp(out, "h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c"), "decoded '%s'", out);
+    /* a tool-call marker decodes to its text (not skipped) */
+    ms_detok_init(&d, &c, 1, NULL, 0);
+    CHECK(ms_detok_push(&d, c.token_id(c.ctx, MS_CHAT_CALLS_BEGIN), &delta, &k) == 0);
+    CHECK(k == strlen(MS_CHAT_CALLS_BEGIN) && !memcmp(delta, MS_CHAT_CALLS_BEGIN, k));
+    CHECK(ms_detok_push(&d, bos, &delta, &k) == 0 && k == 0);
+    ms_detok_deinit(&d);
+    ms_tokenizer_free(tok);
+}
+
 int main(void)
 {
     RUN(template_basic);
@@ -270,5 +327,6 @@ int main(void)
     RUN(tool_call_parse_streaming);
     RUN(reasoning_split);
     RUN(detok_utf8_and_stops);
+    RUN(codec_real_tokenizer);
     return TEST_REPORT();
 }
