@@ -72,6 +72,11 @@ TEST(template_tools)
     CHECKF(strstr(s, calls) != NULL, "got %s", s);
     CHECK(!strcmp(s + strlen(s) - strlen(calls), calls));
     free(s);
+    /* no system prompt, a tool without description */
+    s = render("[{\"role\":\"user\",\"content\":\"q\"}]", "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]", 0, &rc);
+    CHECK(rc == 0);
+    CHECKF(!strncmp(s, MS_CHAT_BOS "\n\n## Tools\nYou have access to the following tools:\n\n### f\n\nParameters: {}\n\nIMPORTANT", 80), "%s", s);
+    free(s);
     /* after a tool result no generation prompt is added (the model continues) */
     s = render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
                "{\"role\":\"tool\",\"content\":\"r\"}]", NULL, 0, &rc);

@@ -98,8 +98,10 @@ static int render_tools(const json_t *tools, struct sb *b, ms_errbuf *e)
             return ms_err(e, MS_EINVAL, "tools[%zu].function.description must be a string", i);
         sb_add(b, "\n### ");
         sb_add(b, json_string_value(name));
-        sb_add(b, "\nDescription: ");
-        if (json_is_string(desc)) sb_add(b, json_string_value(desc));
+        if (json_is_string(desc)) { /* no Description line without one, as the template does */
+            sb_add(b, "\nDescription: ");
+            sb_add(b, json_string_value(desc));
+        }
         sb_add(b, "\n\nParameters: ");
         char *pj = params ? json_dumps(params, JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
         sb_add(b, pj ? pj : "{}");
@@ -177,7 +179,7 @@ int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_op
         if ((rc = content_text(json_object_get(m, "content"), i, &b, e))) goto out;
     }
     if (tools && !json_is_null(tools) && json_array_size(tools) > 0) {
-        if (n_sys) sb_add(&b, "\n\n");
+        sb_add(&b, "\n\n"); /* even without a system prompt, as the template does */
         if ((rc = render_tools(tools, &b, e))) goto out;
     }
     int last_user = 0, is_tool = 0;
