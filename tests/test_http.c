@@ -667,6 +667,7 @@ static int serve_forever(int argc, char **argv)
         fprintf(stderr, "start: %s\n", e.msg);
         return 1;
     }
+    if (getenv("ECHO_STEP_US")) atomic_store(&eng.step_us, atoi(getenv("ECHO_STEP_US")));
     FILE *f = fopen(argv[2], "w");
     fprintf(f, "%d\n", ms_frontend_port(fe));
     fclose(f);
