@@ -277,7 +277,7 @@ static int compile_regex(pcre2_code **out, const char *pat, size_t len, bool lit
 {
     int ec;
     PCRE2_SIZE eo;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &ec, &eo, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
