@@ -7,10 +7,10 @@
  * (exact vocab size, DeepSeek special-token layout, round trip, determinism,
  * concurrent encoding).
  * With `--train VOCAB PATH`: writes a trained tokenizer.json (for comparison
- * with the real one).  With `--golden TOKENIZER_JSON GOLDEN_JSONL`: checks every line's ids (made by
- * tests/tokenizer_golden.js with the JS reference encoder) and the round
- * trip, plus the U+0085/U+FEFF cases where Rust (Oniguruma) and PCRE2 agree
- * but JavaScript differs (used by tests/t_tokenizer_dsv3.sh).
+ * with the real one).  With `--golden TOKENIZER_JSON GOLDEN_JSONL`: checks every line's ids (made
+ * by tests/tokenizer_golden.js with the JS reference encoder) and the round trip, plus the
+ * U+0085/U+FEFF cases where Rust (Oniguruma) and PCRE2 agree but JavaScript differs (used by
+ * tests/t_tokenizer_dsv3.sh).
  */
 #include "base/util.h"
 #include "harness.h"
@@ -36,18 +36,22 @@ static char *make_json(const char *extra, const char *merges, const char *added,
     for (int b = 0; b < 256; b++) {
         uint32_t cp = ms_tok_byte_to_cp((uint8_t)b);
         char c[8] = {0};
-        if (cp < 0x80) c[0] = (char)cp;
+        if (cp < 0x80)
+            c[0] = (char)cp;
         else {
             c[0] = (char)(0xC0 | (cp >> 6));
             c[1] = (char)(0x80 | (cp & 0x3F));
         }
-        if (c[0] == '"' || c[0] == '\\') n += (size_t)snprintf(s + n, cap - n, "\"\\%s\":%d,", c, b);
-        else n += (size_t)snprintf(s + n, cap - n, "\"%s\":%d,", c, b);
+        if (c[0] == '"' || c[0] == '\\')
+            n += (size_t)snprintf(s + n, cap - n, "\"\\%s\":%d,", c, b);
+        else
+            n += (size_t)snprintf(s + n, cap - n, "\"%s\":%d,", c, b);
     }
     n--; /* drop the last comma */
-    n += (size_t)snprintf(s + n, cap - n, "%s%s},\"merges\":[%s]},\"added_tokens\":[%s],", extra[0] ? "," : "",
-                          extra, merges, added);
-    n += (size_t)snprintf(s + n, cap - n, "\"normalizer\":%s,\"pre_tokenizer\":%s,", normalizer, pretok);
+    n += (size_t)snprintf(s + n, cap - n, "%s%s},\"merges\":[%s]},\"added_tokens\":[%s],",
+                          extra[0] ? "," : "", extra, merges, added);
+    n += (size_t)snprintf(s + n, cap - n, "\"normalizer\":%s,\"pre_tokenizer\":%s,", normalizer,
+                          pretok);
     snprintf(s + n, cap - n, "\"decoder\":{\"type\":\"ByteLevel\"}}");
     return s;
 }
@@ -117,14 +121,16 @@ static const char *pretok(const ms_tokenizer *t, const char *s, words *ws)
 /* ids: h=104 e=101 l=108 o=111 ' '→Ġ=32; merges he(300) ll(301) hell(302) hello(303) */
 static const char HELLO_VOCAB[] = "\"he\":300,\"ll\":301,\"hell\":302,\"hello\":303,\"Ġw\":304";
 static const char HELLO_MERGES_STR[] = "\"h e\",\"l l\",\"he ll\",\"hell o\",\"Ġ w\"";
-static const char HELLO_MERGES_ARR[] = "[\"h\",\"e\"],[\"l\",\"l\"],[\"he\",\"ll\"],[\"hell\",\"o\"],[\"Ġ\",\"w\"]";
+static const char HELLO_MERGES_ARR[] =
+    "[\"h\",\"e\"],[\"l\",\"l\"],[\"he\",\"ll\"],[\"hell\",\"o\"],[\"Ġ\",\"w\"]";
 
 TEST(merges_string_and_array_forms)
 {
     int32_t ids[64];
     ms_errbuf err;
     for (int form = 0; form < 2; form++) {
-        char *js = make_json(HELLO_VOCAB, form ? HELLO_MERGES_ARR : HELLO_MERGES_STR, "", BL_ONLY, "null");
+        char *js =
+            make_json(HELLO_VOCAB, form ? HELLO_MERGES_ARR : HELLO_MERGES_STR, "", BL_ONLY, "null");
         ms_tokenizer *t = load(js, NULL, &err);
         free(js);
         CHECKF(t != NULL, "%s", err.msg);
@@ -288,7 +294,8 @@ TEST(decode_bytes_and_lossy_utf8)
     /* a lone lead byte decodes to U+FFFD, followed by the rest */
     int32_t one[] = {0xC3, 'a', 0xE4, 0xBD};
     CHECK(ms_tokenizer_decode(t, one, 4, 0, &out, &out_len, &err) == 0);
-    int ok = strcmp(out, "\xEF\xBF\xBD" "a\xEF\xBF\xBD") == 0;
+    int ok = strcmp(out, "\xEF\xBF\xBD"
+                         "a\xEF\xBF\xBD") == 0;
     free(out);
     CHECK(ok);
     /* encode with a small buffer reports the full count */
@@ -305,9 +312,17 @@ TEST(invalid_utf8_rejected)
     ms_tokenizer *t = load(js, NULL, &err);
     free(js);
     CHECK(t);
-    static const char *const bad[] = {"\xff", "a\x80", "\xc0\x80", "\xc1\xbf", "\xe0\x80\x80",
-                                      "\xed\xa0\x80", "\xe4\xbd", "\xf4\x90\x80\x80",
-                                      "\xf8\x88\x80\x80\x80", "ok\xe4\xbdok", "\xf0\x8f\xbf\xbf"};
+    static const char *const bad[] = {"\xff",
+                                      "a\x80",
+                                      "\xc0\x80",
+                                      "\xc1\xbf",
+                                      "\xe0\x80\x80",
+                                      "\xed\xa0\x80",
+                                      "\xe4\xbd",
+                                      "\xf4\x90\x80\x80",
+                                      "\xf8\x88\x80\x80\x80",
+                                      "ok\xe4\xbdok",
+                                      "\xf0\x8f\xbf\xbf"};
     int32_t ids[32];
     for (size_t i = 0; i < MS_ARRAY_LEN(bad); i++) {
         size_t n = 77;
@@ -315,7 +330,7 @@ TEST(invalid_utf8_rejected)
         CHECKF(rc == MS_EINVAL && n == 0, "case %zu rc=%d", i, rc);
     }
     static const char *const good[] = {"\xf4\x8f\xbf\xbf", "\xef\xbf\xbf", "\xed\x9f\xbf",
-                                       "\xee\x80\x80", "\xc2\x80", "\xf0\x90\x80\x80"};
+                                       "\xee\x80\x80",     "\xc2\x80",     "\xf0\x90\x80\x80"};
     for (size_t i = 0; i < MS_ARRAY_LEN(good); i++) {
         size_t n = 0;
         CHECK(ms_tokenizer_encode(t, good[i], strlen(good[i]), 1, ids, 32, &n, &err) == 0);
@@ -365,9 +380,9 @@ TEST(split_behaviours)
 TEST(bytelevel_regex_and_prefix_space)
 {
     ms_errbuf err;
-    char *js = make_json("", "", "",
-                         "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}",
-                         "null");
+    char *js =
+        make_json("", "", "",
+                  "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}", "null");
     ms_tokenizer *t = load(js, NULL, &err);
     free(js);
     CHECK(t);
@@ -402,7 +417,7 @@ TEST(unsupported_and_malformed_configs)
     t = load(js, &rc, &err);
     free(js);
     CHECK(t == NULL && rc == MS_EFORMAT);
-    js = make_json("", "",  "",
+    js = make_json("", "", "",
                    "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
                    "{\"Regex\":\"(\"},\"behavior\":\"Isolated\",\"invert\":false},"
                    "{\"type\":\"ByteLevel\"}]}",
@@ -513,11 +528,13 @@ TEST(trained_round_trip_and_specials)
     int ok = rc == 0 && out_len == len && memcmp(out, ms_tokenizer_corpus, len) == 0 && n < len / 2;
     free(out);
     free(ids);
-    const char *chat = "<｜begin▁of▁sentence｜>You are kind.<｜User｜>Hi there<｜Assistant｜><think>\nok\n"
-                       "</think>\n\nHello!<｜end▁of▁sentence｜>";
+    const char *chat =
+        "<｜begin▁of▁sentence｜>You are kind.<｜User｜>Hi there<｜Assistant｜><think>\nok\n"
+        "</think>\n\nHello!<｜end▁of▁sentence｜>";
     int32_t cids[256];
     n = enc(t, chat, 1, cids, 256);
-    int32_t u = ms_tokenizer_token_id(t, "<｜User｜>"), a = ms_tokenizer_token_id(t, "<｜Assistant｜>");
+    int32_t u = ms_tokenizer_token_id(t, "<｜User｜>"),
+            a = ms_tokenizer_token_id(t, "<｜Assistant｜>");
     int found_u = 0, found_a = 0;
     for (size_t i = 0; i < n; i++) {
         found_u += cids[i] == u;
@@ -527,7 +544,10 @@ TEST(trained_round_trip_and_specials)
     if (ok) {
         CHECK(ms_tokenizer_decode(t, cids, n, 1, &out, &out_len, &err) == 0);
         /* the specials bos/eos go; User/Assistant/think are not special in DeepSeek */
-        ok = strcmp(out, "You are kind.<｜User｜>Hi there<｜Assistant｜><think>\nok\n</think>\n\nHello!") == 0;
+        ok = strcmp(
+                 out,
+                 "You are kind.<｜User｜>Hi there<｜Assistant｜><think>\nok\n</think>\n\nHello!") ==
+             0;
         free(out);
     }
     size_t n_plain = enc(t, chat, 0, cids, 256);
@@ -665,11 +685,18 @@ static const struct {
     int32_t ids[8];
 } RUST_CASES[] = {
     {"x\xc2\x85 y", "x|\xc2\x85| y", 4, {90, 129, 230, 383}},
-    {"a \xc2\x85" "b", "a| |\xc2\x85" "b", 5, {67, 223, 129, 230, 68}},
+    {"a \xc2\x85"
+     "b",
+     "a| |\xc2\x85"
+     "b",
+     5,
+     {67, 223, 129, 230, 68}},
     {"a\xc2\x85\xc2\x85 b", "a|\xc2\x85\xc2\x85| b", 6, {67, 129, 230, 129, 230, 291}},
     {"a\xc2\x85\nb", "a|\xc2\x85\n|b", 5, {67, 129, 230, 201, 68}},
     {"x \xc2\x85 y", "x| \xc2\x85| y", 4, {90, 1203, 230, 383}}, /* JS: 90 223 129 230 383 */
-    {"Hi\xc2\x85\xc2\x85\xc2\x85hello", "Hi|\xc2\x85\xc2\x85|\xc2\x85hello", 8,
+    {"Hi\xc2\x85\xc2\x85\xc2\x85hello",
+     "Hi|\xc2\x85\xc2\x85|\xc2\x85hello",
+     8,
      {23166, 129, 230, 129, 230, 129, 230, 33310}},
     {"x\xef\xbb\xbf\nb", "x|\xef\xbb\xbf|\n|b", 4, {90, 15251, 201, 68}}, /* JS: x|FEFF\n|b */
     {"a\xef\xbb\xbf b", "a|\xef\xbb\xbf| b", 3, {67, 15251, 291}},
@@ -710,7 +737,8 @@ static int golden(const char *tok_path, const char *jsonl)
         size_t n = 0, len = json_string_length(tx);
         int rc = ms_tokenizer_encode(t, json_string_value(tx), len, 1, ids, cap_ids, &n, &err);
         int ok = rc == 0 && n == json_array_size(ex) && n <= cap_ids;
-        for (size_t i = 0; ok && i < n; i++) ok = ids[i] == json_integer_value(json_array_get(ex, i));
+        for (size_t i = 0; ok && i < n; i++)
+            ok = ids[i] == json_integer_value(json_array_get(ex, i));
         if (ok) {
             char *dec = NULL;
             size_t dl = 0;

@@ -35,7 +35,7 @@ typedef struct hent {
 typedef struct work {
     const ms_tokenizer *tok;
     ms_errbuf *err;
-    spanvec a, b, m, c;  /* pieces, next pieces, raw matches, ByteLevel sub-pieces */
+    spanvec a, b, m, c; /* pieces, next pieces, raw matches, ByteLevel sub-pieces */
     sym *syms;
     hent *heap;
     size_t cap_syms, cap_heap, n_heap;
@@ -116,8 +116,8 @@ static int re_next(work *w, const pcre2_code *re, const char *subj, size_t len, 
 /* All matches of re in subj, as alternating (range, is_match) spans covering
  * it, with offsets shifted by base.  Empty matches right after the previous
  * match are skipped, as the Oniguruma binding of the reference does. */
-static int find_matches(work *w, const pcre2_code *re, const char *subj, size_t len,
-                        uint32_t base, spanvec *out)
+static int find_matches(work *w, const pcre2_code *re, const char *subj, size_t len, uint32_t base,
+                        spanvec *out)
 {
     out->n = 0;
     size_t prev = 0, pos = 0;
@@ -167,15 +167,19 @@ static int split_piece(work *w, const tok_split *st, const char *text, span piec
         break;
     case TOK_SPLIT_MERGED_PREV:
         for (size_t i = 0; i < n; i++) {
-            if (m[i].match && !prev_match && out->n > first) out->v[out->n - 1].e = m[i].e;
-            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1))) return rc;
+            if (m[i].match && !prev_match && out->n > first)
+                out->v[out->n - 1].e = m[i].e;
+            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1)))
+                return rc;
             prev_match = m[i].match;
         }
         break;
     case TOK_SPLIT_MERGED_NEXT:
         for (size_t i = n; i-- > 0;) {
-            if (m[i].match && !prev_match && out->n > first) out->v[out->n - 1].s = m[i].s;
-            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1))) return rc;
+            if (m[i].match && !prev_match && out->n > first)
+                out->v[out->n - 1].s = m[i].s;
+            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1)))
+                return rc;
             prev_match = m[i].match;
         }
         for (size_t i = first, j = out->n; i + 1 < j; i++, j--) { /* reverse */
@@ -186,8 +190,10 @@ static int split_piece(work *w, const tok_split *st, const char *text, span piec
         break;
     default: /* TOK_SPLIT_CONTIGUOUS */
         for (size_t i = 0; i < n; i++) {
-            if (m[i].match == prev_match && out->n > first) out->v[out->n - 1].e = m[i].e;
-            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1))) return rc;
+            if (m[i].match == prev_match && out->n > first)
+                out->v[out->n - 1].e = m[i].e;
+            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1)))
+                return rc;
             prev_match = m[i].match;
         }
         break;
@@ -229,10 +235,12 @@ static hent heap_pop(work *w)
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && (w->heap[c + 1].rank < w->heap[c].rank ||
-                          (w->heap[c + 1].rank == w->heap[c].rank && w->heap[c + 1].pos < w->heap[c].pos)))
+        if (c + 1 < n &&
+            (w->heap[c + 1].rank < w->heap[c].rank ||
+             (w->heap[c + 1].rank == w->heap[c].rank && w->heap[c + 1].pos < w->heap[c].pos)))
             c++;
-        if (last.rank < w->heap[c].rank || (last.rank == w->heap[c].rank && last.pos <= w->heap[c].pos))
+        if (last.rank < w->heap[c].rank ||
+            (last.rank == w->heap[c].rank && last.pos <= w->heap[c].pos))
             break;
         w->heap[i] = w->heap[c];
         i = c;
@@ -261,7 +269,8 @@ static int bpe_word(void *ctx, const uint8_t *p, size_t n)
         size_t o = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t cp = ms_tok_byte_to_cp(p[i]);
-            if (cp < 0x80) w->scratch2[o++] = (char)cp;
+            if (cp < 0x80)
+                w->scratch2[o++] = (char)cp;
             else {
                 w->scratch2[o++] = (char)(0xC0 | (cp >> 6));
                 w->scratch2[o++] = (char)(0x80 | (cp & 0x3F));
@@ -383,7 +392,10 @@ static int check_text(const char *text, size_t len, ms_errbuf *err)
                       MS_TOK_MAX_TEXT_BYTES);
     const uint8_t *s = (const uint8_t *)text;
     for (size_t i = 0; i < len;) {
-        if (s[i] < 0x80) { i++; continue; }
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
         size_t k = ms_tok_utf8_valid_len(s + i, len - i);
         if (!k) return ms_err(err, MS_EINVAL, "text is not valid UTF-8 (byte offset %zu)", i);
         i += k;
@@ -408,16 +420,31 @@ int ms_tok_pretokenize(const ms_tokenizer *t, const char *text, size_t len, ms_t
 static bool is_ws(const uint8_t *s, size_t n, size_t *k)
 {
     /* ASCII whitespace and the common Unicode spaces (Rust char::is_whitespace) */
-    if (n >= 1 && (s[0] == ' ' || (s[0] >= 9 && s[0] <= 13))) { *k = 1; return true; }
-    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) { *k = 2; return true; }
-    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) { *k = 3; return true; }
+    if (n >= 1 && (s[0] == ' ' || (s[0] >= 9 && s[0] <= 13))) {
+        *k = 1;
+        return true;
+    }
+    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) {
+        *k = 2;
+        return true;
+    }
+    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) {
+        *k = 3;
+        return true;
+    }
     if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 &&
         ((s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF)) {
         *k = 3;
         return true;
     }
-    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) { *k = 3; return true; }
-    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) { *k = 3; return true; }
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) {
+        *k = 3;
+        return true;
+    }
+    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) {
+        *k = 3;
+        return true;
+    }
     return false;
 }
 
@@ -489,8 +516,10 @@ int ms_tokenizer_encode(const ms_tokenizer *t, const char *text, size_t len, int
         }
     }
     for (size_t i = 0; !rc && i < seg2.n; i++) {
-        if (seg2.v[i].match) rc = emit(&w, seg2.v[i].id);
-        else rc = pretok_work(&w, text, seg2.v[i], bpe_word, &w);
+        if (seg2.v[i].match)
+            rc = emit(&w, seg2.v[i].id);
+        else
+            rc = pretok_work(&w, text, seg2.v[i], bpe_word, &w);
     }
     if (rc == MS_ENOMEM) ms_err(err, rc, "tokenizer: out of memory while encoding");
     if (!rc) *n_out = w.n;
