@@ -32,6 +32,16 @@ typedef struct hent {
     int32_t rank, pos, new_id;
 } hent;
 
+/* Per-call word cache: word bytes -> ids, so repeated words skip BPE. */
+typedef struct centry {
+    uint64_t hash;
+    uint32_t woff, ioff; /* into cbytes / cids */
+    uint16_t wlen, ilen; /* wlen 0 = empty slot */
+} centry;
+
+#define CACHE_MAX_WORD    64        /* bytes; longer words are not cached */
+#define CACHE_MAX_ENTRIES (1 << 16) /* per call */
+
 typedef struct work {
     const ms_tokenizer *tok;
     ms_errbuf *err;
@@ -41,6 +51,11 @@ typedef struct work {
     size_t cap_syms, cap_heap, n_heap;
     char *scratch, *scratch2;
     size_t cap_scratch, cap_scratch2;
+    centry *cache;
+    size_t cache_cap, cache_n;
+    uint8_t *cbytes;
+    int32_t *cids;
+    size_t cap_cbytes, n_cbytes, cap_cids, n_cids;
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jst;
@@ -257,6 +272,52 @@ static void push_pair(work *w, int32_t pos)
     if (pe) heap_push(w, (hent){pe->rank, pos, pe->new_id});
 }
 
+static uint64_t hash_word(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        h = (h ^ v) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    uint64_t v = 0;
+    memcpy(&v, p + i, n - i);
+    h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 29);
+}
+
+/* The slot holding word p or the empty slot where it belongs; NULL when the
+ * cache is full or cannot grow (the word is then simply not cached). */
+static centry *cache_slot(work *w, uint64_t h, const uint8_t *p, size_t n)
+{
+    if (w->cache_n * 2 >= w->cache_cap) {
+        size_t cap = w->cache_cap ? w->cache_cap * 2 : 256;
+        centry *nc = cap <= CACHE_MAX_ENTRIES ? calloc(cap, sizeof *nc) : NULL;
+        if (nc) {
+            for (size_t i = 0; i < w->cache_cap; i++) {
+                if (!w->cache[i].wlen) continue;
+                size_t j = w->cache[i].hash & (cap - 1);
+                while (nc[j].wlen) j = (j + 1) & (cap - 1);
+                nc[j] = w->cache[i];
+            }
+            free(w->cache);
+            w->cache = nc;
+            w->cache_cap = cap;
+        }
+    }
+    if (!w->cache_cap) return NULL;
+    size_t mask = w->cache_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        centry *e = &w->cache[i];
+        if (!e->wlen) return w->cache_n * 2 < w->cache_cap ? e : NULL;
+        if (e->hash == h && e->wlen == n && memcmp(w->cbytes + e->woff, p, n) == 0) return e;
+    }
+}
+
+/* BPE of one byte-level word: merges by rank with a (rank, position) heap,
+ * exactly as the reference (lowest rank first, leftmost on ties). */
 static int bpe_word(void *ctx, const uint8_t *p, size_t n)
 {
     work *w = ctx;
@@ -278,6 +339,16 @@ static int bpe_word(void *ctx, const uint8_t *p, size_t n)
         }
         int32_t id = ms_tok_str_lookup(t, w->scratch2, o);
         if (id >= 0) return emit(w, id);
+    }
+    centry *slot = NULL;
+    uint64_t h = 0;
+    if (n <= CACHE_MAX_WORD) {
+        h = hash_word(p, n);
+        slot = cache_slot(w, h, p, n);
+        if (slot && slot->wlen) {
+            for (uint32_t i = 0; i < slot->ilen; i++) emit(w, w->cids[slot->ioff + i]);
+            return 0;
+        }
     }
     if ((rc = grow((void **)&w->syms, &w->cap_syms, n, sizeof(sym))) ||
         (rc = grow((void **)&w->heap, &w->cap_heap, 3 * n, sizeof(hent))))
@@ -314,7 +385,23 @@ static int bpe_word(void *ctx, const uint8_t *p, size_t n)
         if (s->prev >= 0) push_pair(w, s->prev);
         if (s->next >= 0) push_pair(w, top.pos);
     }
-    for (int32_t i = ns ? 0 : -1; i >= 0; i = w->syms[i].next) emit(w, w->syms[i].id);
+    size_t first = w->n_cids;
+    uint32_t n_ids = 0;
+    bool keep = slot && grow((void **)&w->cbytes, &w->cap_cbytes, w->n_cbytes + n, 1) == 0 &&
+                grow((void **)&w->cids, &w->cap_cids, w->n_cids + n, sizeof(int32_t)) == 0 &&
+                w->n_cbytes + n <= UINT32_MAX && w->n_cids + n <= UINT32_MAX;
+    for (int32_t i = ns ? 0 : -1; i >= 0; i = w->syms[i].next) {
+        emit(w, w->syms[i].id);
+        if (keep) w->cids[first + n_ids] = w->syms[i].id;
+        n_ids++;
+    }
+    if (keep) {
+        memcpy(w->cbytes + w->n_cbytes, p, n);
+        *slot = (centry){h, (uint32_t)w->n_cbytes, (uint32_t)first, (uint16_t)n, (uint16_t)n_ids};
+        w->n_cbytes += n;
+        w->n_cids += n_ids;
+        w->cache_n++;
+    }
     return 0;
 }
 
@@ -371,6 +458,9 @@ static void work_deinit(work *w)
     free(w->heap);
     free(w->scratch);
     free(w->scratch2);
+    free(w->cache);
+    free(w->cbytes);
+    free(w->cids);
     pcre2_match_data_free(w->md);
     pcre2_match_context_free(w->mctx);
     pcre2_jit_stack_free(w->jst);
