@@ -275,6 +275,30 @@ TEST(raw_tokens_split_before_normalized)
     CHECK(ok);
 }
 
+TEST(added_tokens_lstrip_rstrip)
+{
+    int32_t ids[16];
+    ms_errbuf err;
+    const char *added = "{\"id\":400,\"content\":\"<m>\",\"special\":true,\"normalized\":false,"
+                        "\"lstrip\":true,\"rstrip\":true},"
+                        "{\"id\":401,\"content\":\"<n>\",\"special\":true,\"normalized\":false,"
+                        "\"lstrip\":false,\"rstrip\":true}";
+    char *js = make_json("", "", added, BL_ONLY, "null");
+    ms_tokenizer *t = load(js, NULL, &err);
+    free(js);
+    CHECK(t);
+    size_t n = enc(t, "a \t<m>\n b", 1, ids, 16);
+    int ok = ids_eq(ids, n, 3, 'a', 400, 'b');
+    n = enc(t, "a\xe3\x80\x80<m>x", 1, ids, 16); /* U+3000 is whitespace */
+    ok = ok && ids_eq(ids, n, 3, 'a', 400, 'x');
+    n = enc(t, "<m> <m>", 1, ids, 16);
+    ok = ok && ids_eq(ids, n, 2, 400, 400);
+    n = enc(t, "a <n> b", 1, ids, 16);
+    ok = ok && ids_eq(ids, n, 4, 'a', 32, 401, 'b');
+    ms_tokenizer_free(t);
+    CHECK(ok);
+}
+
 TEST(decode_bytes_and_lossy_utf8)
 {
     ms_errbuf err;
@@ -793,6 +817,7 @@ int main(int argc, char **argv)
     RUN(long_word_merges_fast);
     RUN(added_tokens_special_parsing);
     RUN(raw_tokens_split_before_normalized);
+    RUN(added_tokens_lstrip_rstrip);
     RUN(decode_bytes_and_lossy_utf8);
     RUN(invalid_utf8_rejected);
     RUN(split_behaviours);
