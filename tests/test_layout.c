@@ -1,6 +1,7 @@
 /* test_layout.c — launch flag parsing and layout resolution: seed 000's table for both
  * `--tp 8` shapes, plain DP, rank coordinates, and every validation rule's message. */
 #include "harness.h"
+#include "base/util.h"
 #include "parallel/layout.h"
 
 #include <stdlib.h>
@@ -90,6 +91,34 @@ TEST(flash_dpa4_deepep)
     ms_layout_describe(&lay, buf, sizeof buf);
     CHECKF(!strcmp(buf, "attention TP=1, DP=4 · routed experts TP=1, EP=4 · dense/shared replicated"),
            "%s", buf);
+}
+
+/* Seed 000 §6.1 SGLang B200 recipe table: Flash TP4 (MoE TP4), TP4+DPA4+DeepEP (EP4, 2 draft
+ * tokens), TP4+DPA4+MegaMoE (EP4); Pro TP8 (MoE TP8), TP8+DPA8+MegaMoE (EP8). */
+TEST(seed000_recipe_table)
+{
+    ms_layout lay;
+    ms_errbuf err = {{0}};
+    CHECK(resolve("--tp 4 --speculative-num-draft-tokens 4", &v4flash, &lay, &err) == 0);
+    CHECK(lay.moe_tp == 4 && lay.moe_ep == 1 && lay.tokens_per_request_step == 4);
+    CHECK(resolve("--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend deepep "
+                  "--speculative-num-draft-tokens 2 --max-running-requests 256",
+                  &v4flash, &lay, &err) == 0);
+    CHECK(lay.moe_ep == 4 && lay.moe_tp == 1 && lay.max_running_per_rank == 64); /* 64×2 ≤ 128 */
+    CHECK(resolve("--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend megamoe", &v4flash, &lay,
+                  &err) == 0);
+    CHECK(lay.moe_ep == 4 && lay.attn_tp == 1 && lay.experts_per_rank == 64);
+    CHECK(resolve("--tp 8 --speculative-num-draft-tokens 4", &v4pro, &lay, &err) == 0);
+    CHECK(lay.moe_tp == 8 && lay.attn_tp == 8);
+    CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend megamoe "
+                  "--speculative-num-draft-tokens 2", &v4pro, &lay, &err) == 0);
+    CHECK(lay.moe_ep == 8 && lay.attn_dp == 8);
+    /* seed 003: Attention-CP8 -> MoE-TP8 prefill and DP32-EP32 decode */
+    CHECK(resolve("--tp 8 --attn-cp-size 8", &v4pro, &lay, &err) == 0);
+    CHECK(lay.attn_cp == 8 && lay.attn_tp == 1 && lay.moe_tp == 8);
+    CHECK(resolve("--tp 32 --dp 32 --enable-dp-attention --moe-a2a-backend deepep", &v4pro, &lay,
+                  &err) == 0);
+    CHECK(lay.moe_ep == 32 && lay.experts_per_rank == 12);
 }
 
 /* Seed 002 walk-through: --tp 8 --dp-size 8 --ep 8 --enable-dp-attention --moe-a2a-backend
@@ -301,6 +330,45 @@ TEST(validation_messages)
     CHECK(ms_layout_resolve(&l, &dsv3, &lay, &err) == MS_ELAYOUT && strstr(err.msg, "--tp 0"));
 }
 
+/* Launch structs built by code with any values: resolve answers 0 or MS_ELAYOUT, never divides
+ * by zero or overflows (run under SANITIZE=1), and valid layouts have consistent coordinates. */
+TEST(random_launches)
+{
+    uint64_t seed = 12345;
+    static const int vals[] = {-1, 0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 65536, 65537};
+    const int nv = (int)(sizeof vals / sizeof vals[0]);
+    for (int it = 0; it < 20000; it++) {
+        ms_launch l;
+        ms_launch_init(&l);
+        int *f[] = {&l.tp, &l.dp, &l.pp, &l.ep_size, &l.attn_cp_size, &l.moe_dp_size,
+                    &l.max_running_requests, &l.chunked_prefill_size,
+                    &l.speculative_num_draft_tokens, &l.ep_num_redundant_experts};
+        for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
+            if (ms_rng_next(&seed) % 3 == 0) *f[k] = vals[ms_rng_next(&seed) % (uint64_t)nv];
+        l.enable_dp_attention = ms_rng_next(&seed) & 1;
+        l.a2a = (ms_rng_next(&seed) & 1) ? MS_A2A_MPI : MS_A2A_NONE;
+        l.a2a_alias = l.a2a ? MS_A2A_ALIAS_DEEPEP : MS_A2A_ALIAS_NONE;
+        ms_layout_model m = {.n_heads = vals[ms_rng_next(&seed) % (uint64_t)nv],
+                             .n_kv_heads = (int)(ms_rng_next(&seed) % 9),
+                             .n_routed_experts = vals[ms_rng_next(&seed) % (uint64_t)nv],
+                             .n_layers = 61};
+        ms_layout lay;
+        ms_errbuf err;
+        int rc = ms_layout_resolve(&l, &m, &lay, &err);
+        CHECK(rc == 0 || rc == MS_ELAYOUT);
+        CHECK((rc == 0) == (lay.n_violations == 0));
+        if (rc == 0) {
+            CHECK(lay.world_size >= 1 && lay.attn_tp * lay.attn_dp * lay.attn_cp == lay.tp);
+            CHECK(lay.moe_tp * lay.moe_ep * lay.moe_dp == lay.tp);
+            ms_rank_coords c;
+            CHECK(ms_layout_rank_coords(&lay, lay.world_size - 1, &c) == 0);
+            CHECK(c.attn_dp_rank < lay.attn_dp && c.moe_ep_rank < lay.moe_ep);
+        }
+        char buf[1024];
+        CHECK(ms_layout_describe_table(&lay, buf, sizeof buf) > 0);
+    }
+}
+
 TEST(describe_table)
 {
     ms_layout lay;
@@ -321,6 +389,7 @@ int main(void)
     RUN(seed000_tp8_low_latency);
     RUN(seed000_tp8_dpa_megamoe);
     RUN(flash_dpa4_deepep);
+    RUN(seed000_recipe_table);
     RUN(seed002_walkthrough_coords);
     RUN(tp4_dp2_groups);
     RUN(plain_dp_replicas);
@@ -328,6 +397,7 @@ int main(void)
     RUN(flag_parsing);
     RUN(env_variables);
     RUN(validation_messages);
+    RUN(random_launches);
     RUN(describe_table);
     return TEST_REPORT();
 }

@@ -5,6 +5,7 @@
 
 #include <assert.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 size_t ms_kv_bytes_per_token(int n_layers, int64_t row_elems, ms_dtype dt)
 {
@@ -31,7 +32,12 @@ int ms_kv_pool_new(ms_kv_pool **out, int n_layers, int64_t row_elems, int page_s
                      &p->page_bytes) ||
         !ms_mul_size(p->page_bytes, (size_t)n_pages * (size_t)n_layers, &total))
         goto oom;
-    p->data = ms_alloc_aligned(total, 1);
+    /* anonymous mapping: pages cost memory only once a token is written there */
+    void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (mem == MAP_FAILED) goto oom;
+    p->data = mem;
+    p->data_bytes = total;
     p->refcount = calloc((size_t)n_pages, sizeof *p->refcount);
     p->free_list = malloc((size_t)n_pages * sizeof *p->free_list);
     if (!p->data || !p->refcount || !p->free_list) goto oom;
@@ -48,7 +54,7 @@ oom:
 void ms_kv_pool_free(ms_kv_pool *p)
 {
     if (!p) return;
-    ms_free_aligned(p->data);
+    if (p->data) munmap(p->data, p->data_bytes);
     free(p->refcount);
     free(p->free_list);
     free(p);

@@ -24,7 +24,8 @@ typedef struct ms_kv_pool {
     int32_t n_pages;
     ms_dtype dtype;     /* MS_DT_F32 or MS_DT_BF16 */
     size_t page_bytes;  /* one page of one layer */
-    uint8_t *data;      /* [n_layers][n_pages][page_size][row_elems] */
+    uint8_t *data;      /* [n_layers][n_pages][page_size][row_elems], lazily mapped */
+    size_t data_bytes;
     int32_t *refcount;  /* [n_pages] */
     int32_t *free_list; /* stack of free page ids */
     int32_t n_free;

@@ -58,6 +58,14 @@ void ms_model_ws_free(ms_model_ws *ws)
     free(ws);
 }
 
+void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
+                           int64_t *dispatch_rows)
+{
+    *max_len = m->ws ? m->ws->mlp.n_max_len : 0;
+    *sum_len = m->ws ? m->ws->mlp.n_sum_len : 0;
+    *dispatch_rows = m->ws ? m->ws->mlp.dispatch_rows : 0;
+}
+
 int ms_model_ws_new(ms_model *m, ms_errbuf *err)
 {
     m->ws = calloc(1, sizeof *m->ws);

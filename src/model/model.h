@@ -77,6 +77,14 @@ typedef struct ms_model {
 int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);
 void ms_model_free(ms_model *m);
 
+/* MLP-layer communication choices so far on this rank: DP-gather steps that used
+ * MAX_LEN / SUM_LEN, and rows dispatched to other ranks (Σ tokens × remote ranks). */
+void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
+                           int64_t *dispatch_rows);
+
+/* Bytes of the weight views this rank reads (its shard; embeddings and head included). */
+int64_t ms_model_local_weight_bytes(const ms_model *m);
+
 /* KV row width per token per layer (MLA: kv_lora_rank + qk_rope_head_dim). */
 static inline int64_t ms_model_kv_row_elems(const ms_model *m)
 {

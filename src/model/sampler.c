@@ -22,7 +22,7 @@ static int by_prob_desc(const void *a, const void *b)
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
-int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampling *s, uint64_t *rng,
+int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
                         ms_sampler_scratch *sc)
 {
     double u = ms_rng_uniform(rng); /* always advance: the stream does not depend on settings */

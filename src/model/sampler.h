@@ -10,12 +10,12 @@
 
 #include <stdint.h>
 
-typedef struct ms_sampling {
+typedef struct ms_sampler_params {
     float temperature; /* 0: greedy */
     float top_p;       /* 1: off */
     int top_k;         /* <= 0: off */
     float min_p;       /* 0: off */
-} ms_sampling;
+} ms_sampler_params;
 
 /* Scratch for one call: vocab floats and vocab ints (caller-owned). */
 typedef struct ms_sampler_scratch {
@@ -27,7 +27,7 @@ static inline uint64_t ms_sampler_seed(uint64_t seed) { return seed * 0x9e3779b9
 
 int32_t ms_sampler_argmax(const float *logits, int64_t vocab);
 /* Chooses a token; rng is the request's state (advanced once per call). */
-int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampling *s, uint64_t *rng,
+int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
                         ms_sampler_scratch *scratch);
 /* log softmax(logits)[token]. */
 float ms_sampler_logprob(const float *logits, int64_t vocab, int32_t token);

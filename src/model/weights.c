@@ -232,6 +232,26 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
 int ms_model_ws_new(ms_model *m, ms_errbuf *err);
 void ms_model_ws_free(ms_model_ws *ws);
 
+int64_t ms_model_local_weight_bytes(const ms_model *m)
+{
+    const ms_config *c = &m->cfg;
+    int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
+    int e0 = m->shard ? m->shard->first_expert : 0;
+    int e1 = m->shard ? e0 + m->shard->n_local_experts : c->n_routed_experts;
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer_w *lw = &m->layers[l];
+        b += mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
+        b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
+        if (!lw->is_moe) {
+            b += ffn_bytes(&lw->dense);
+            continue;
+        }
+        b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+        for (int e = e0; e < e1; e++) b += ffn_bytes(&lw->experts[e]);
+    }
+    return b;
+}
+
 int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
 {
     *out = NULL;

@@ -10,6 +10,7 @@
  */
 #include "parallel/layout.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,7 +26,7 @@ void ms_layout_add_violation(ms_layout *out, const char *rule, const char *fmt, 
     va_end(ap);
 }
 
-static int div_or_floor(int a, int b) { return b > 0 ? a / b : 0; }
+static int div_or_floor(int a, long b) { return b > 0 ? (int)(a / b) : 0; }
 
 /* Rows one request contributes to a decode step. */
 static int verify_width(const ms_launch *l)
@@ -70,7 +71,7 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
         ms_layout_add_violation(o, "tp_mod_dp",
                                 "--tp %d is not divisible by --dp %d (SGLang requires tp_size %% "
                                 "dp_size == 0 with --enable-dp-attention)", tp, dp);
-    else if (o->attn_dp > 0 && l->attn_cp_size > 0 && tp % (o->attn_dp * l->attn_cp_size) != 0)
+    else if (o->attn_dp > 0 && l->attn_cp_size > 0 && tp % ((long)o->attn_dp * l->attn_cp_size) != 0)
         ms_layout_add_violation(o, "attn_cp",
                                 "--attn-cp-size %d does not divide tp/attn_dp = %d/%d (attn_tp = "
                                 "tp / (attn_dp * attn_cp) must be whole)",
@@ -92,7 +93,7 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
         ms_layout_add_violation(o, "ep_a2a",
                                 "--ep-size %d conflicts with --moe-a2a-backend %s, which requires "
                                 "ep_size == tp_size (%d)", l->ep_size, ms_launch_a2a_name(l), tp);
-    else if (o->moe_ep > 0 && l->moe_dp_size > 0 && tp % (l->moe_dp_size * o->moe_ep) != 0)
+    else if (o->moe_ep > 0 && l->moe_dp_size > 0 && tp % ((long)l->moe_dp_size * o->moe_ep) != 0)
         ms_layout_add_violation(o, "tp_mod_ep",
                                 "--ep-size %d (x --moe-dp-size %d) does not divide --tp %d (moe_tp = "
                                 "tp / (moe_dp * ep) must be whole)", o->moe_ep, l->moe_dp_size, tp);
@@ -180,15 +181,15 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
     out->pp = pp;
     out->attn_dp = dpa ? dp : 1;
     out->attn_cp = l->attn_cp_size;
-    out->attn_tp = div_or_floor(tp, out->attn_dp * out->attn_cp);
+    out->attn_tp = div_or_floor(tp, (long)out->attn_dp * out->attn_cp);
     out->n_replicas = dpa ? 1 : dp;
-    long world = (long)tp * pp * out->n_replicas;
-    out->world_size = world > MS_LAUNCH_MAX_WIDTH * 16L ? -1 : (int)world;
+    long long world = (long long)tp * pp * out->n_replicas;
+    out->world_size = world > INT_MAX ? INT_MAX : (int)world;
     out->a2a = l->a2a;
     out->moe_ep = l->a2a != MS_A2A_NONE ? tp : l->ep_size;
     out->ep_forced = l->a2a != MS_A2A_NONE && l->ep_size != tp;
     out->moe_dp = l->moe_dp_size;
-    out->moe_tp = div_or_floor(tp, out->moe_dp * out->moe_ep);
+    out->moe_tp = div_or_floor(tp, (long)out->moe_dp * out->moe_ep);
     out->dense_tp = l->moe_dense_tp_size == 1 ? 1 : tp;
     out->shared_tp = l->a2a != MS_A2A_NONE ? 1 : tp; /* a2a: the shared expert is local */
     out->lm_head_tp = l->enable_dp_lm_head ? out->attn_tp : tp;
@@ -199,8 +200,9 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
                                              : MS_MLP_TP_ATTN_FULL;
     out->dense_mode = (l->moe_dense_tp_size == 1 || out->attn_dp <= 1) ? MS_MLP_TP_ATTN_FULL
                                                                        : MS_MLP_FULL;
-    out->n_physical_experts =
-        m->n_routed_experts > 0 ? m->n_routed_experts + l->ep_num_redundant_experts : 0;
+    out->n_physical_experts = m->n_routed_experts > 0 && l->ep_num_redundant_experts >= 0
+                                  ? m->n_routed_experts + l->ep_num_redundant_experts
+                                  : m->n_routed_experts;
     out->experts_per_rank = div_or_floor(out->n_physical_experts, out->moe_ep);
     out->max_running_per_rank =
         l->max_running_requests > 0 ? div_or_floor(l->max_running_requests, out->attn_dp) : 0;
@@ -217,7 +219,7 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
 int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *c)
 {
     if (world_rank < 0 || world_rank >= lay->world_size || lay->tp < 1 || lay->attn_tp < 1 ||
-        lay->attn_cp < 1 || lay->moe_tp < 1 || lay->moe_ep < 1)
+        lay->attn_cp < 1 || lay->moe_tp < 1 || lay->moe_ep < 1 || lay->pp < 1)
         return MS_EINVAL;
     memset(c, 0, sizeof *c);
     c->world_rank = world_rank;
@@ -228,11 +230,11 @@ int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *
     /* attention: (dp, cp, tp) with tp fastest (seed 002 compute_dp_attention_world_info) */
     c->attn_tp_rank = c->tp_rank % lay->attn_tp;
     c->attn_cp_rank = (c->tp_rank / lay->attn_tp) % lay->attn_cp;
-    c->attn_dp_rank = lay->attn_dp > 1 ? c->tp_rank / (lay->attn_tp * lay->attn_cp) : 0;
+    c->attn_dp_rank = lay->attn_dp > 1 ? (int)(c->tp_rank / ((long)lay->attn_tp * lay->attn_cp)) : 0;
     /* experts: (moe_dp, ep, moe_tp) with moe_tp fastest (SGLang parallel_state groups) */
     c->moe_tp_rank = c->tp_rank % lay->moe_tp;
     c->moe_ep_rank = (c->tp_rank / lay->moe_tp) % lay->moe_ep;
-    c->moe_dp_rank = c->tp_rank / (lay->moe_tp * lay->moe_ep);
+    c->moe_dp_rank = (int)(c->tp_rank / ((long)lay->moe_tp * lay->moe_ep));
     c->first_expert = c->moe_ep_rank * lay->experts_per_rank;
     return 0;
 }

@@ -96,8 +96,16 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
     r->have_memory = mem > 0;
     r->mem_bytes = mem;
     if (r->have_memory) {
-        if (in->reserve_gb >= 0) r->budget_bytes = mem - in->reserve_gb * 1e9;
-        else r->budget_bytes = mem * (in->mem_fraction >= 0 ? in->mem_fraction : 0.88);
+        double frac = in->mem_fraction >= 0 ? in->mem_fraction : 0.88;
+        if (in->reserve_gb >= 0) {
+            r->budget_bytes = mem - in->reserve_gb * 1e9;
+            snprintf(r->budget_basis, sizeof r->budget_basis, "%.0f GB - reserve %.1f GB",
+                     in->gpu.mem_gb, in->reserve_gb);
+        } else {
+            r->budget_bytes = mem * frac;
+            snprintf(r->budget_basis, sizeof r->budget_basis, "%.0f GB x mem-fraction-static %.2f%s",
+                     in->gpu.mem_gb, frac, in->mem_fraction >= 0 ? "" : " (default)");
+        }
         r->headroom_bytes = r->budget_bytes - r->weights_bytes_per_rank;
         r->fits = r->headroom_bytes >= 0;
         if (!r->fits) {

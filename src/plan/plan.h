@@ -109,6 +109,7 @@ typedef struct ms_plan_result {
     /* memory */
     bool have_memory;
     double mem_bytes, budget_bytes;            /* per device; budget after reserve/fraction */
+    char budget_basis[64];                     /* how the budget was derived */
     bool fits;
     double headroom_bytes;                     /* budget − weights (negative: short by) */
     /* KV */
@@ -125,6 +126,7 @@ typedef struct ms_plan_result {
     struct {
         double tokens_global, tokens_local;
         int gather_world, ep_world;
+        double ep_tokens_per_rank;      /* rows each rank dispatches per step */
         double dp_allgather_bytes_per_layer, dp_gather_bytes_per_layer;
         double tp_allreduce_bytes_per_layer;
         double expected_distinct_ranks, expected_remote_ranks;
@@ -136,6 +138,7 @@ typedef struct ms_plan_result {
     struct {
         double per_expert, per_expert_with_scales, per_layer, per_rank_per_layer;
         double per_rank_per_step, expected_active_experts, expected_per_rank_per_layer;
+        double expected_per_rank_per_step;
     } expert;
     struct {
         double flop_per_byte_tp1, flop_per_byte_this_layout;

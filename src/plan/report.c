@@ -54,8 +54,8 @@ int ms_plan_print(FILE *f, const ms_plan_input *in, const ms_plan_result *r)
         fprintf(f, "            attention replicated beyond 1/tp: %.2f GB per rank\n",
                 r->attention_replication_bytes / 1e9);
     if (r->have_memory)
-        fprintf(f, "memory      budget %.2f GB per device; weights %s by %.2f GB\n",
-                r->budget_bytes / 1e9, r->fits ? "fit with room" : "DO NOT FIT: short",
+        fprintf(f, "memory      budget %.2f GB per device (%s); weights %s by %.2f GB\n",
+                r->budget_bytes / 1e9, r->budget_basis, r->fits ? "fit with room" : "DO NOT FIT: short",
                 (r->fits ? r->headroom_bytes : -r->headroom_bytes) / 1e9);
     fprintf(f, "KV          %.1f B per token per rank (at %s-token requests); %.3f GiB per request",
             r->kv_bytes_per_token, commas(r->context_len, a, sizeof a),
@@ -75,13 +75,15 @@ int ms_plan_print(FILE *f, const ms_plan_input *in, const ms_plan_result *r)
                 commas(r->host_tokens_per_rank, a, sizeof a), in->launch.hicache_ratio);
     fprintf(f, "comm        T_g %.0f tokens per step, %.1f per attention rank\n",
             r->comm.tokens_global, r->comm.tokens_local);
-    fprintf(f, "            DP gather (N=%d): %.2f MB per layer per rank (all-gather %.2f MB)\n",
-            r->comm.gather_world, r->comm.dp_gather_bytes_per_layer / 1e6,
+    bool ep_mode = !strcmp(r->comm.mode, "ep"), gather_mode = !strcmp(r->comm.mode, "dp_gather");
+    fprintf(f, "            DP gather + TP FFN (N=%d)%s: %.2f MB per layer per rank (all-gather %.2f MB)\n",
+            r->comm.gather_world, gather_mode ? " [this layout]" : " [for comparison]", r->comm.dp_gather_bytes_per_layer / 1e6,
             r->comm.dp_allgather_bytes_per_layer / 1e6);
     if (r->comm.ep_world > 1 && m->n_routed > 0)
-        fprintf(f, "            EP (N=%d): %.2f distinct ranks, %.5f remote; dispatch %.2f MB + "
+        fprintf(f, "            EP (N=%d, %.1f tokens per rank)%s: %.2f distinct ranks, %.5f remote; dispatch %.2f MB + "
                    "combine %.2f MB = %.2f MB per layer per rank\n",
-                r->comm.ep_world, r->comm.expected_distinct_ranks, r->comm.expected_remote_ranks,
+                r->comm.ep_world, r->comm.ep_tokens_per_rank,
+                ep_mode ? " [this layout]" : " [for comparison]", r->comm.expected_distinct_ranks, r->comm.expected_remote_ranks,
                 r->comm.ep_dispatch_bytes_per_layer / 1e6, r->comm.ep_combine_bytes_per_layer / 1e6,
                 (r->comm.ep_dispatch_bytes_per_layer + r->comm.ep_combine_bytes_per_layer) / 1e6);
     fprintf(f, "            this layout: %s, %.3f GB per step per rank", r->comm.mode,
@@ -164,6 +166,7 @@ void *ms_plan_to_json(const ms_plan_input *in, const ms_plan_result *r)
     json_object_set_new(cm, "dp_gather_bytes_per_layer", json_real(r->comm.dp_gather_bytes_per_layer));
     json_object_set_new(cm, "tp_allreduce_bytes_per_layer", json_real(r->comm.tp_allreduce_bytes_per_layer));
     json_object_set_new(cm, "ep_world", json_integer(r->comm.ep_world));
+    json_object_set_new(cm, "ep_tokens_per_rank", json_real(r->comm.ep_tokens_per_rank));
     json_object_set_new(cm, "ep_dispatch_bytes_per_layer", json_real(r->comm.ep_dispatch_bytes_per_layer));
     json_object_set_new(cm, "ep_combine_bytes_per_layer", json_real(r->comm.ep_combine_bytes_per_layer));
     json_object_set_new(cm, "expected_distinct_ranks", json_real(r->comm.expected_distinct_ranks));
@@ -176,13 +179,14 @@ void *ms_plan_to_json(const ms_plan_input *in, const ms_plan_result *r)
                         jreal_or_null(r->comm.ideal_ms_per_step, r->comm.ideal_ms_per_step >= 0));
     json_object_set_new(o, "comm", cm);
     json_object_set_new(o, "expert_bytes",
-                        json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "per_expert", r->expert.per_expert,
+                        json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "per_expert", r->expert.per_expert,
                                   "per_expert_with_scales", r->expert.per_expert_with_scales,
                                   "per_layer", r->expert.per_layer, "per_rank_per_layer",
                                   r->expert.per_rank_per_layer, "per_rank_per_step",
                                   r->expert.per_rank_per_step, "expected_active_experts",
                                   r->expert.expected_active_experts, "expected_per_rank_per_layer",
-                                  r->expert.expected_per_rank_per_layer));
+                                  r->expert.expected_per_rank_per_layer,
+                                  "expected_per_rank_per_step", r->expert.expected_per_rank_per_step));
     json_object_set_new(o, "attention_ai",
                         json_pack("{s:f,s:f}", "flop_per_byte_tp1", r->ai.flop_per_byte_tp1,
                                   "flop_per_byte_this_layout", r->ai.flop_per_byte_this_layout));

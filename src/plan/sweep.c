@@ -220,7 +220,7 @@ int ms_plan_sweep_plot(const ms_plan_sweep *s, const char *title, const char *pa
     fprintf(gp, ")\n");
     if (logy) fprintf(gp, "set logscale y 10\n");
     fprintf(gp, "set xlabel 'context length (tokens per request)'\n"
-                "set ylabel 'admitted requests (cluster)'\nset grid\nset key outside right top "
+                "set ylabel 'admitted requests (cluster)'\nset grid\nset key left bottom "
                 "noenhanced\nset datafile missing '?'\nplot ");
     for (int i = 0; i < s->n_series; i++)
         fprintf(gp, "%s'%s' using 1:%d with linespoints %s title '%s'", i ? ", " : "", data, i + 2,

@@ -105,8 +105,12 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
         double distinct = ms_plan_expected_distinct_ranks(m->n_routed, m->topk, ep);
         r->comm.expected_distinct_ranks = distinct;
         r->comm.expected_remote_ranks = distinct * (ep - 1) / ep;
-        r->comm.ep_dispatch_bytes_per_layer = Tl * r->comm.expected_remote_ranks * d * FP8_DISPATCH_BYTES;
-        r->comm.ep_combine_bytes_per_layer = Tl * r->comm.expected_remote_ranks * d * ACT_BYTES;
+        /* SCATTERED: every rank of the tp group dispatches its own 1/tp of the group's tokens
+         * (under DP-attention with attn_tp = 1 that is T_g / dp, the seed's T_ℓ) */
+        const double Tep = T_engine / N;
+        r->comm.ep_tokens_per_rank = Tep;
+        r->comm.ep_dispatch_bytes_per_layer = Tep * r->comm.expected_remote_ranks * d * FP8_DISPATCH_BYTES;
+        r->comm.ep_combine_bytes_per_layer = Tep * r->comm.expected_remote_ranks * d * ACT_BYTES;
     }
     const int n_moe = ms_plan_n_moe_layers(m), n_dense = m->n_layers - n_moe;
     r->comm.moe_layers = n_moe;
@@ -144,6 +148,7 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
         r->expert.expected_active_experts = E * (1 - pow(1 - k / E, Tg));
         r->expert.expected_per_rank_per_layer =
             r->expert.per_rank_per_layer * r->expert.expected_active_experts / E;
+        r->expert.expected_per_rank_per_step = r->expert.expected_per_rank_per_layer * n_moe;
     }
 
     /* Attention intensity trend, seed 000 §5.2: AI ≈ 4·(n_h/attn_tp)·c / entry bytes for one

@@ -200,7 +200,9 @@ void ms_plan_stage_layers(int n_layers, int pp, int stage, int *first, int *end)
 
 static bool mtp_loaded(const ms_plan_input *in)
 {
-    return in->model.n_mtp_layers > 0 && in->launch.spec != MS_SPEC_NONE;
+    /* the next-n (MTP) layer is loaded for speculative decoding; draft tokens imply it */
+    return in->model.n_mtp_layers > 0 &&
+           (in->launch.spec != MS_SPEC_NONE || in->launch.speculative_num_draft_tokens > 0);
 }
 
 /* Model totals of one stage's layers (+ embedding on the first, head/MTP on the last). */

@@ -44,8 +44,17 @@ struct ms_sched {
     ms_sampler_scratch sc;
     int32_t *match_pages;
     int64_t cap_match;
+    double new_token_ratio;  /* share of their remaining max_new running requests are
+                              * expected to still generate (SGLang's new_token_ratio) */
     ms_sched_stats st;
 };
+
+/* SGLang's admission estimate: start conservative, decay towards the floor each
+ * step, jump back up after a retraction. */
+#define RATIO_INIT 0.7
+#define RATIO_MIN 0.1
+#define RATIO_DECAY 0.001
+#define RATIO_RETRACT_STEP 0.1
 
 int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_errbuf *err)
 {
@@ -70,6 +79,7 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
     }
     s->st.total_tokens = (int64_t)pool->n_pages * pool->page_size;
+    s->new_token_ratio = RATIO_INIT;
     *out = s;
     return 0;
 }
@@ -250,6 +260,7 @@ static void retract(ms_sched *s, struct req *r)
     s->waiting = r;
     s->n_waiting++;
     s->st.n_retracted++;
+    s->new_token_ratio = MS_MIN(1.0, s->new_token_ratio + RATIO_RETRACT_STEP);
     MS_LOG(MS_INFO, "sched", "retracted request %llu (%lld generated) to free KV pages",
            (unsigned long long)r->in.id, (long long)r->n_out);
 }
@@ -280,9 +291,23 @@ static int grow(ms_sched *s, struct req *r, int64_t upto)
 }
 
 /* Admits one waiting request: prefix match + pages for its whole prompt. */
+/* Tokens the running requests are expected to still need (decode headroom). */
+static int64_t running_reserve(const ms_sched *s)
+{
+    double t = 0;
+    for (const struct req *r = s->running; r; r = r->next)
+        t += (double)(r->in.max_new - r->n_out) * s->new_token_ratio + (double)(r->n_ids - r->n_kv);
+    return (int64_t)t;
+}
+
 static int admit(ms_sched *s, struct req *r)
 {
     int ps = s->p.page_size;
+    /* admission control: the prompt plus its expected decode must fit beside what
+     * the running requests are expected to need; free + evictable pages count */
+    int64_t avail = ((int64_t)ms_kv_pool_n_free(s->pool) + ms_radix_evictable_pages(s->radix)) * ps;
+    int64_t want = r->n_ids + (int64_t)((double)(r->in.max_new - r->n_out) * s->new_token_ratio);
+    if (s->n_running > 0 && want + running_reserve(s) > avail) return MS_EFULL;
     if (s->cap_match < r->n_ids / ps + 1) {
         free(s->match_pages);
         s->cap_match = r->n_ids / ps + 1;
@@ -348,6 +373,7 @@ static struct req *pick_waiting(ms_sched *s)
 int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
 {
     s->n_batch = 0;
+    s->new_token_ratio = MS_MAX(RATIO_MIN, s->new_token_ratio - RATIO_DECAY);
     int64_t budget = s->p.chunk_tokens;
     /* running requests: decode tokens and continuing prefill chunks.  Growing
      * one request may retract another, so walk a snapshot and skip those that
@@ -416,6 +442,7 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
         else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
         else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;
         ms_sched_event *e = new_event(s, r, t, fin);
+        if (e) e->logits = sq->logits;
         if (e && r->in.top_logprobs >= 0) {
             e->logprob = ms_sampler_logprob(sq->logits, s->p.vocab, t);
             int n = MS_MIN(r->in.top_logprobs, MS_SCHED_MAX_TOP_LOGPROBS);

@@ -1,16 +1,19 @@
-/* cmd_generate.c — `moeserve generate`: load a model, run prompts through
- * prefill and decode on this rank, print the text, ids, timing and
+/* cmd_generate.c — `moeserve generate`: run prompts through the engine
+ * (engine.h) on any launch shape and print the text, ids, timing and
  * optionally every step's logits (--dump-logits, JSON lines).
- * All prompts run as one batch: prefill in chunks of --chunked-prefill-size
- * tokens, then one decode step for all unfinished sequences at a time.
+ *
+ * Prompts go to the DP ranks round robin, so DP layouts are exercised
+ * (including ranks left idle); output, logits and timing come from rank 0
+ * whatever rank owns a sequence.  A launch that needs W > 1 ranks started
+ * without mpirun re-launches itself under `mpirun -np W`.
  */
 #include "base/error.h"
 #include "base/log.h"
 #include "base/util.h"
-#include "cache/kv_pool.h"
-#include "model/model.h"
-#include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "parallel/comm.h"
+#include "parallel/layout.h"
+#include "serve/engine.h"
 #include "tools/commands.h"
 
 #include <errno.h>
@@ -19,7 +22,6 @@
 #include <string.h>
 
 #define MAX_PROMPTS 4096
-#define MAX_PROMPT_TOKENS (1 << 20)
 
 struct opts {
     const char *model, *dump, *prompt_file;
@@ -27,21 +29,18 @@ struct opts {
     const char *prompt_ids[MAX_PROMPTS];
     int n_prompts, n_prompt_ids;
     long max_new;
-    ms_sampling samp;
+    ms_sampler_params samp;
     unsigned long long seed;
-    int threads, exact, print_ids, ignore_eos, page_size;
-    long chunk;
+    int print_ids, ignore_eos, comm_stats;
+    double comm_timeout_s;
+    ms_engine_opts eo;
 };
 
 struct seq {
-    int32_t *ids;     /* prompt then generated */
+    int32_t *ids;     /* prompt, then generated */
     int64_t n_prompt, n_ids, cap;
-    int64_t n_prefilled;
-    int32_t *pages;
-    int64_t n_pages;
-    uint64_t rng;
-    int done;
     int64_t step;
+    int done;
 };
 
 static void usage(FILE *f)
@@ -53,7 +52,16 @@ static void usage(FILE *f)
             "  --top-p P  --top-k K  --min-p P  --seed N  --threads N\n"
             "  --dtype auto|float32|bfloat16          --dump-logits FILE (JSON lines)\n"
             "  --ids (print token ids)  --ignore-eos  --page-size N (default 16)\n"
-            "  --chunked-prefill-size N (default 2048)\n");
+            "  --max-total-tokens N (KV pool per DP rank; default: what the prompts need)\n"
+            "  --ep-dispatch-dtype fp32|bf16  --comm-stats  --comm-timeout-s S\n"
+            "launch flags (SGLang names):\n%s",
+            ms_launch_help());
+}
+
+static int bad(const char *flag, const char *v, const char *what)
+{
+    fprintf(stderr, "generate: %s must be %s, got '%s'\n", flag, what, v);
+    return -1;
 }
 
 static int parse_long(const char *flag, const char *v, long lo, long hi, long *out)
@@ -85,31 +93,47 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
 static int parse_opts(struct opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
+    ms_engine_opts_init(&o->eo);
     o->max_new = 32;
     o->samp.top_p = 1.0f;
-    o->page_size = 16;
-    o->chunk = 2048;
+    o->comm_timeout_s = 60;
+    ms_errbuf err = {{0}};
+    if (ms_launch_apply_env(&o->eo.launch, &err)) {
+        fprintf(stderr, "generate: %s\n", err.msg);
+        return -1;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long x;
+        float f;
+        int lr = ms_launch_parse_arg(&o->eo.launch, argc, argv, &i, &err);
+        if (lr < 0) {
+            fprintf(stderr, "generate: %s\n", err.msg);
+            return -1;
+        }
+        if (lr > 0) {
+            i--; /* the parser advanced past the flag; the loop's i++ does it again */
+            continue;
+        }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
         }
         if (!strcmp(a, "--ids")) { o->print_ids = 1; continue; }
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
+        if (!strcmp(a, "--comm-stats")) { o->comm_stats = 1; continue; }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "generate: %s %s\n", a,
                     strncmp(a, "--", 2) ? "is not a flag" : "needs a value (or is unknown)");
             return -1;
         }
         const char *v = argv[++i];
-        if (!strcmp(a, "--model")) o->model = v;
+        if (!strcmp(a, "--model") || !strcmp(a, "--model-path")) o->model = v;
         else if (!strcmp(a, "--prompt")) {
-            if (o->n_prompts >= MAX_PROMPTS) { fprintf(stderr, "generate: too many --prompt\n"); return -1; }
+            if (o->n_prompts >= MAX_PROMPTS) return bad(a, "given at most 4096 times", "more");
             o->prompts[o->n_prompts++] = v;
         } else if (!strcmp(a, "--prompt-ids")) {
-            if (o->n_prompt_ids >= MAX_PROMPTS) { fprintf(stderr, "generate: too many --prompt-ids\n"); return -1; }
+            if (o->n_prompt_ids >= MAX_PROMPTS) return bad(a, "given at most 4096 times", "more");
             o->prompt_ids[o->n_prompt_ids++] = v;
         } else if (!strcmp(a, "--prompt-file")) o->prompt_file = v;
         else if (!strcmp(a, "--dump-logits")) o->dump = v;
@@ -129,19 +153,21 @@ static int parse_opts(struct opts *o, int argc, char **argv)
             o->seed = (unsigned long long)x;
         } else if (!strcmp(a, "--threads")) {
             if (parse_long(a, v, 0, 4096, &x)) return -1;
-            o->threads = (int)x;
-        } else if (!strcmp(a, "--page-size")) {
-            if (parse_long(a, v, 1, 4096, &x)) return -1;
-            o->page_size = (int)x;
-        } else if (!strcmp(a, "--chunked-prefill-size")) {
-            if (parse_long(a, v, 1, 1 << 20, &o->chunk)) return -1;
+            o->eo.threads = (int)x;
+        } else if (!strcmp(a, "--max-total-tokens")) {
+            if (parse_long(a, v, 1, 1L << 40, &x)) return -1;
+            o->eo.max_total_tokens = x;
+        } else if (!strcmp(a, "--comm-timeout-s")) {
+            if (parse_float(a, v, 0.1, 1e6, &f)) return -1;
+            o->comm_timeout_s = f;
+        } else if (!strcmp(a, "--ep-dispatch-dtype")) {
+            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
+            else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
+            else return bad(a, "fp32 or bf16", v);
         } else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "float32")) o->exact = 1;
-            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) o->exact = 0;
-            else {
-                fprintf(stderr, "generate: --dtype must be auto, float32 or bfloat16, got '%s'\n", v);
-                return -1;
-            }
+            if (!strcmp(v, "float32")) o->eo.exact = 1;
+            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) o->eo.exact = 0;
+            else return bad(a, "auto, float32 or bfloat16", v);
         } else {
             fprintf(stderr, "generate: unknown flag %s\n", a);
             return -1;
@@ -155,6 +181,9 @@ static int parse_opts(struct opts *o, int argc, char **argv)
         fprintf(stderr, "generate: give --prompt, --prompt-ids or --prompt-file\n");
         return -1;
     }
+    o->eo.model_path = o->model;
+    o->eo.page_size = o->eo.launch.page_size > 1 ? o->eo.launch.page_size : 16;
+    o->eo.keep_logits = o->dump != NULL;
     return 0;
 }
 
@@ -171,16 +200,15 @@ static int seq_push(struct seq *s, int32_t id)
     return 0;
 }
 
-static int parse_ids(const char *text, struct seq *s, int64_t vocab)
+static int parse_ids(const char *text, struct seq *s)
 {
     const char *p = text;
     while (*p) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v >= vocab) {
-            fprintf(stderr, "generate: --prompt-ids: bad token id near '%.20s' (vocab %lld)\n", p,
-                    (long long)vocab);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "generate: --prompt-ids: bad token id near '%.20s'\n", p);
             return -1;
         }
         if (seq_push(s, (int32_t)v)) return -1;
@@ -194,28 +222,28 @@ static int parse_ids(const char *text, struct seq *s, int64_t vocab)
     return 0;
 }
 
-static int encode_text(const ms_tokenizer *tok, const ms_config *c, const char *text,
-                       struct seq *s)
+static int encode_text(const ms_tokenizer *tok, int64_t bos, const char *text, struct seq *s)
 {
     if (!tok) {
         fprintf(stderr, "generate: --prompt needs tokenizer.json in the model directory "
                         "(use --prompt-ids)\n");
         return -1;
     }
-    if (c->bos_token_id >= 0 && seq_push(s, (int32_t)c->bos_token_id)) return -1;
-    size_t len = strlen(text), n = 0;
-    size_t cap = len + 16;
+    if (bos >= 0 && seq_push(s, (int32_t)bos)) return -1;
+    size_t len = strlen(text), n = 0, cap = len + 16;
     int32_t *ids = malloc(sizeof(int32_t) * cap);
     ms_errbuf err = {{0}};
     if (!ids) return -1;
-    int rc = ms_tokenizer_encode(tok, text, len, 1, ids, cap, &n, &err);
-    if (rc) {
+    if (ms_tokenizer_encode(tok, text, len, 1, ids, cap, &n, &err)) {
         fprintf(stderr, "generate: --prompt: %s\n", err.msg);
         free(ids);
         return -1;
     }
     for (size_t i = 0; i < n && i < cap; i++)
-        if (seq_push(s, ids[i])) { free(ids); return -1; }
+        if (seq_push(s, ids[i])) {
+            free(ids);
+            return -1;
+        }
     free(ids);
     return 0;
 }
@@ -228,53 +256,33 @@ static void dump_line(FILE *f, int seq, int64_t step, int32_t tok, const float *
     fprintf(f, "]}\n");
 }
 
-int ms_cmd_generate(int argc, char **argv)
+/* Reads prompts (rank 0). */
+static int load_prompts(struct opts *o, const ms_config *c, struct seq **out, int *n_out,
+                        char **file_text)
 {
-    struct opts o;
-    int prc = parse_opts(&o, argc, argv);
-    if (prc) {
-        if (prc < 0) usage(stderr);
-        return prc > 0 ? 0 : 2;
-    }
-    ms_log_init(0);
-    ms_errbuf err = {{0}};
-    ms_model *m = NULL;
     ms_tokenizer *tok = NULL;
-    ms_kv_pool *pool = NULL;
-    struct seq *seqs = NULL;
-    ms_batch_seq *batch = NULL;
-    float *logits = NULL;
-    FILE *dump = NULL;
-    char *file_text = NULL;
-    int rc = 1, n_seqs = 0, total = 0;
-    int *bseq = NULL; /* batch entry -> sequence */
-    ms_model_opts mo = {.threads = o.threads, .exact = o.exact};
-    if (ms_model_open(&m, o.model, &mo, &err)) {
-        fprintf(stderr, "generate: --model %s: %s\n", o.model, err.msg);
-        goto out;
-    }
-    const ms_config *c = &m->cfg;
     char path[1200];
-    if (ms_path_join(path, sizeof path, o.model, "tokenizer.json")) {
+    ms_errbuf err = {{0}};
+    int rc = -1, n = 0;
+    if (ms_path_join(path, sizeof path, o->model, "tokenizer.json")) {
         FILE *tf = fopen(path, "r");
         if (tf) {
             fclose(tf);
             if (ms_tokenizer_load(&tok, path, &err)) {
                 fprintf(stderr, "generate: %s: %s\n", path, err.msg);
-                goto out;
+                return -1;
             }
         }
     }
-    /* gather prompts */
     const char *lines[MAX_PROMPTS];
     int n_lines = 0;
-    if (o.prompt_file) {
+    if (o->prompt_file) {
         size_t len;
-        if (ms_read_file(o.prompt_file, 64u << 20, &file_text, &len)) {
-            fprintf(stderr, "generate: --prompt-file %s: cannot read\n", o.prompt_file);
+        if (ms_read_file(o->prompt_file, 64u << 20, file_text, &len)) {
+            fprintf(stderr, "generate: --prompt-file %s: cannot read\n", o->prompt_file);
             goto out;
         }
-        for (char *p = file_text; *p && n_lines < MAX_PROMPTS;) {
+        for (char *p = *file_text; *p && n_lines < MAX_PROMPTS;) {
             char *nl = strchr(p, '\n');
             if (nl) *nl = 0;
             if (*p) lines[n_lines++] = p;
@@ -282,117 +290,51 @@ int ms_cmd_generate(int argc, char **argv)
             p = nl + 1;
         }
     }
-    total = o.n_prompts + o.n_prompt_ids + n_lines;
+    int total = o->n_prompts + o->n_prompt_ids + n_lines;
     if (total == 0 || total > MAX_PROMPTS) {
-        fprintf(stderr, "generate: no prompts\n");
+        fprintf(stderr, "generate: %d prompts (1 to %d allowed)\n", total, MAX_PROMPTS);
         goto out;
     }
-    seqs = calloc((size_t)total, sizeof *seqs);
-    batch = calloc((size_t)total, sizeof *batch);
-    bseq = calloc((size_t)total, sizeof *bseq);
-    logits = malloc(sizeof(float) * (size_t)(total * c->vocab_size));
-    if (!seqs || !batch || !bseq || !logits) goto oom;
-    for (int i = 0; i < o.n_prompts; i++, n_seqs++)
-        if (encode_text(tok, c, o.prompts[i], &seqs[n_seqs])) goto out;
-    for (int i = 0; i < o.n_prompt_ids; i++, n_seqs++)
-        if (parse_ids(o.prompt_ids[i], &seqs[n_seqs], c->vocab_size)) goto out;
-    for (int i = 0; i < n_lines; i++, n_seqs++)
-        if (encode_text(tok, c, lines[i], &seqs[n_seqs])) goto out;
+    struct seq *seqs = calloc((size_t)total, sizeof *seqs);
+    if (!seqs) goto out;
+    *out = seqs;
+    for (int i = 0; i < o->n_prompts; i++, n++)
+        if (encode_text(tok, c->bos_token_id, o->prompts[i], &seqs[n])) goto out;
+    for (int i = 0; i < o->n_prompt_ids; i++, n++)
+        if (parse_ids(o->prompt_ids[i], &seqs[n])) goto out;
+    for (int i = 0; i < n_lines; i++, n++)
+        if (encode_text(tok, c->bos_token_id, lines[i], &seqs[n])) goto out;
+    for (int i = 0; i < n; i++) {
+        seqs[i].n_prompt = seqs[i].n_ids;
+        for (int64_t j = 0; j < seqs[i].n_ids; j++)
+            if (seqs[i].ids[j] >= c->vocab_size) {
+                fprintf(stderr, "generate: prompt %d: token id %d outside the vocabulary (%lld)\n",
+                        i, seqs[i].ids[j], (long long)c->vocab_size);
+                goto out;
+            }
+    }
+    rc = 0;
+out:
+    *n_out = n;
+    ms_tokenizer_free(tok);
+    return rc;
+}
 
-    /* KV pool: every sequence's prompt + max_new tokens, in pages */
-    int64_t pages_total = 0;
-    for (int i = 0; i < n_seqs; i++) {
+static void print_results(const struct opts *o, struct seq *seqs, int n)
+{
+    ms_tokenizer *tok = NULL;
+    char path[1200];
+    ms_errbuf err = {{0}};
+    if (ms_path_join(path, sizeof path, o->model, "tokenizer.json")) {
+        FILE *tf = fopen(path, "r");
+        if (tf) {
+            fclose(tf);
+            ms_tokenizer_load(&tok, path, &err);
+        }
+    }
+    for (int i = 0; i < n; i++) {
         struct seq *s = &seqs[i];
-        s->n_prompt = s->n_ids;
-        if (s->n_prompt + o.max_new > c->max_position_embeddings) {
-            fprintf(stderr, "generate: prompt %d has %lld tokens + %ld new > context %lld\n", i,
-                    (long long)s->n_prompt, o.max_new, (long long)c->max_position_embeddings);
-            goto out;
-        }
-        s->n_pages = (s->n_prompt + o.max_new + o.page_size - 1) / o.page_size;
-        pages_total += s->n_pages;
-        s->rng = ms_sampler_seed(o.seed + (uint64_t)i);
-    }
-    if (ms_kv_pool_new(&pool, c->n_layers, ms_model_kv_row_elems(m), o.page_size,
-                       (int32_t)pages_total, o.exact ? MS_DT_F32 : MS_DT_BF16, &err)) {
-        fprintf(stderr, "generate: %s\n", err.msg);
-        goto out;
-    }
-    for (int i = 0; i < n_seqs; i++) {
-        seqs[i].pages = malloc(sizeof(int32_t) * (size_t)seqs[i].n_pages);
-        if (!seqs[i].pages || ms_kv_pool_alloc(pool, (int32_t)seqs[i].n_pages, seqs[i].pages))
-            goto oom;
-    }
-    if (o.dump && !(dump = fopen(o.dump, "w"))) {
-        fprintf(stderr, "generate: --dump-logits %s: cannot open\n", o.dump);
-        goto out;
-    }
-    ms_sampler_scratch sc = {malloc(sizeof(float) * (size_t)c->vocab_size),
-                             malloc(sizeof(int32_t) * (size_t)c->vocab_size)};
-    if (!sc.prob || !sc.idx) goto oom;
-
-    /* prefill in chunks, then decode; one forward per iteration for all sequences */
-    double t_prefill = 0, t_decode = 0;
-    int64_t n_prefill_tok = 0, n_decode_tok = 0;
-    for (;;) {
-        int nb = 0, any_prefill = 0;
-        int64_t budget = o.chunk;
-        for (int i = 0; i < n_seqs; i++) {
-            struct seq *s = &seqs[i];
-            if (s->n_prefilled < s->n_prompt && budget > 0) {
-                int64_t n = MS_MIN(s->n_prompt - s->n_prefilled, budget);
-                budget -= n;
-                any_prefill = 1;
-                int last = s->n_prefilled + n == s->n_prompt;
-                bseq[nb] = i;
-                batch[nb++] = (ms_batch_seq){s->ids + s->n_prefilled, (int32_t)n, s->n_prefilled,
-                                             s->pages, last ? logits + (int64_t)i * c->vocab_size : NULL};
-            }
-        }
-        if (!any_prefill)
-            for (int i = 0; i < n_seqs; i++) {
-                struct seq *s = &seqs[i];
-                if (s->done || s->n_prefilled < s->n_prompt) continue;
-                bseq[nb] = i;
-                batch[nb++] = (ms_batch_seq){s->ids + s->n_ids - 1, 1, s->n_ids - 1, s->pages,
-                                             logits + (int64_t)i * c->vocab_size};
-            }
-        if (nb == 0) break;
-        double t0 = ms_now_s();
-        if (ms_model_forward(m, pool, batch, nb, &err)) {
-            fprintf(stderr, "generate: forward failed: %s\n", err.msg);
-            goto out;
-        }
-        double dt = ms_now_s() - t0;
-        for (int b = 0; b < nb; b++) {
-            if (any_prefill) n_prefill_tok += batch[b].n_tokens;
-            else n_decode_tok++;
-        }
-        if (any_prefill) t_prefill += dt;
-        else t_decode += dt;
-        for (int b = 0; b < nb; b++) { /* sample where logits were produced */
-            struct seq *s = &seqs[bseq[b]];
-            if (any_prefill) s->n_prefilled += batch[b].n_tokens;
-            if (!batch[b].logits) continue;
-            const float *lg = batch[b].logits;
-            int32_t t = ms_sampler_pick(lg, c->vocab_size, &o.samp, &s->rng, &sc);
-            if (dump) dump_line(dump, bseq[b], s->step, t, lg, c->vocab_size);
-            s->step++;
-            if (s->n_ids - s->n_prompt >= o.max_new) {
-                s->done = 1;
-                continue;
-            }
-            if (seq_push(s, t)) goto oom;
-            if ((!o.ignore_eos && t == c->eos_token_id) || s->n_ids - s->n_prompt >= o.max_new)
-                s->done = 1;
-        }
-    }
-    free(sc.prob);
-    free(sc.idx);
-
-    for (int i = 0; i < n_seqs; i++) {
-        struct seq *s = &seqs[i];
-        if (n_seqs > 1) printf("[%d] ", i);
+        if (n > 1) printf("[%d] ", i);
         if (tok) {
             char *text = NULL;
             size_t tl;
@@ -401,33 +343,166 @@ int ms_cmd_generate(int argc, char **argv)
                 printf("%s\n", text);
             free(text);
         }
-        if (o.print_ids || !tok) {
+        if (o->print_ids || !tok) {
             printf("ids:");
             for (int64_t j = s->n_prompt; j < s->n_ids; j++) printf(" %d", s->ids[j]);
             printf("\n");
         }
     }
+    ms_tokenizer_free(tok);
+}
+
+int ms_cmd_generate(int argc, char **argv)
+{
+    struct opts o;
+    int prc = parse_opts(&o, argc, argv);
+    if (prc) {
+        if (prc < 0) fprintf(stderr, "(moeserve generate --help lists the flags)\n");
+        return prc > 0 ? 0 : 2;
+    }
+    ms_errbuf err = {{0}};
+    /* the layout decides the world size: resolve it from config.json before MPI starts */
+    ms_config cfg;
+    char path[1200];
+    if (!ms_path_join(path, sizeof path, o.model, "config.json") ||
+        ms_config_load(&cfg, path, &err)) {
+        fprintf(stderr, "generate: --model %s: %s\n", o.model, err.msg);
+        return 1;
+    }
+    ms_layout lay;
+    ms_layout_model lm = {.n_heads = cfg.n_heads, .n_routed_experts = cfg.n_routed_experts,
+                          .n_layers = cfg.n_layers,
+                          .n_dense_layers = MS_MIN(cfg.first_k_dense_replace, cfg.n_layers)};
+    if (ms_layout_resolve(&o.eo.launch, &lm, &lay, &err)) {
+        fprintf(stderr, "generate: %s\n", err.msg);
+        return 2;
+    }
+    /* main.c passes argv + 1: argv - 1 is the program's own argument vector */
+    if (ms_comm_maybe_relaunch(lay.world_size, argc + 1, argv - 1, &err)) {
+        fprintf(stderr, "generate: %s\n", err.msg);
+        return 2;
+    }
+    int W = lay.world_size, rank = 0, rc = 1;
+    if (W > 1) {
+        ms_comm_opts co;
+        ms_comm_opts_default(&co);
+        co.timeout_s = o.comm_timeout_s;
+        if (ms_comm_init(NULL, NULL, &co, &err)) {
+            fprintf(stderr, "generate: %s\n", err.msg);
+            return 1;
+        }
+        rank = ms_comm_world_rank();
+    } else {
+        ms_log_init(0);
+    }
+    struct seq *seqs = NULL;
+    int n_seqs = 0;
+    char *file_text = NULL;
+    ms_engine *e = NULL;
+    FILE *dump = NULL;
+    /* rank 0 reads the prompts first so the KV pool can be sized for them */
+    int prompts_ok = 1;
+    int64_t need = 0;
+    if (rank == 0) {
+        prompts_ok = load_prompts(&o, &cfg, &seqs, &n_seqs, &file_text) == 0;
+        for (int i = 0; i < n_seqs; i++)
+            need += (seqs[i].n_prompt + o.max_new + 2 * o.eo.page_size);
+    }
+    if (W > 1) { /* every rank learns whether to go on, and the pool size */
+        int64_t msg[2] = {prompts_ok, need};
+        if (ms_comm_bcast(ms_comm_world(), msg, sizeof msg, 0, &err)) goto comm_fail;
+        prompts_ok = (int)msg[0];
+        need = msg[1];
+    }
+    if (!prompts_ok) goto out;
+    if (o.eo.max_total_tokens <= 0) o.eo.max_total_tokens = MS_MAX(need, 64);
+    if (ms_engine_open(&e, &o.eo, &err)) {
+        fprintf(stderr, "generate: rank %d: %s\n", rank, err.msg);
+        if (W > 1) ms_comm_abort(1);
+        goto out;
+    }
+    if (rank != 0) { /* follow rank 0's steps until told to exit */
+        int r;
+        while ((r = ms_engine_step(e, &err)) == 0) {}
+        if (r < 0) goto comm_fail;
+        rc = 0;
+        goto out;
+    }
+    if (o.dump && !(dump = fopen(o.dump, "w"))) {
+        fprintf(stderr, "generate: --dump-logits %s: cannot open\n", o.dump);
+        ms_engine_shutdown(e);
+        ms_engine_step(e, &err);
+        goto out;
+    }
+    int n_dp = ms_engine_n_dp(e);
+    for (int i = 0; i < n_seqs; i++) {
+        ms_sched_input in = {.id = (uint64_t)i, .ids = seqs[i].ids, .n_ids = seqs[i].n_prompt,
+                             .max_new = o.max_new, .samp = o.samp, .seed = o.seed + (uint64_t)i,
+                             .ignore_eos = o.ignore_eos, .top_logprobs = -1};
+        if (ms_engine_submit(e, &in, i % n_dp, &err)) {
+            fprintf(stderr, "generate: prompt %d: %s\n", i, err.msg);
+            ms_engine_shutdown(e);
+            ms_engine_step(e, &err);
+            goto out;
+        }
+    }
+    double t_prefill = 0, t_decode = 0;
+    int64_t n_prefill = 0, n_decode = 0, n_decode_timed = 0;
+    int64_t V = cfg.vocab_size;
+    while (ms_engine_busy(e)) {
+        if (ms_engine_step(e, &err)) goto comm_fail;
+        ms_engine_step_stats st;
+        ms_engine_last_step(e, &st);
+        n_prefill += st.rows - st.decode_rows;
+        n_decode += st.decode_rows;
+        if (st.rows > st.decode_rows) {
+            t_prefill += st.seconds;
+        } else {
+            t_decode += st.seconds;
+            n_decode_timed += st.decode_rows;
+        }
+        const ms_engine_event *ev;
+        int n_ev = ms_engine_events(e, &ev);
+        for (int i = 0; i < n_ev; i++) {
+            const ms_sched_event *x = &ev[i].ev;
+            if (x->id >= (uint64_t)n_seqs) continue;
+            struct seq *s = &seqs[x->id];
+            if (x->token >= 0) {
+                if (dump && ev[i].logits) dump_line(dump, (int)x->id, s->step, x->token, ev[i].logits, V);
+                s->step++;
+                if (seq_push(s, x->token)) goto comm_fail;
+            }
+            if (x->finish != MS_FINISH_NONE) s->done = 1;
+        }
+    }
+    ms_engine_shutdown(e);
+    if (ms_engine_step(e, &err) < 0) goto comm_fail;
+    print_results(&o, seqs, n_seqs);
     printf("timing: prefill_tokens=%lld prefill_tok_s=%.2f decode_tokens=%lld decode_tok_s=%.2f\n",
-           (long long)n_prefill_tok, t_prefill > 0 ? n_prefill_tok / t_prefill : 0.0,
-           (long long)n_decode_tok, t_decode > 0 ? n_decode_tok / t_decode : 0.0);
+           (long long)n_prefill, t_prefill > 0 ? (double)n_prefill / t_prefill : 0.0,
+           (long long)n_decode, t_decode > 0 ? (double)n_decode_timed / t_decode : 0.0);
+    fflush(stdout);
     rc = 0;
     goto out;
-oom:
-    fprintf(stderr, "generate: out of memory\n");
+comm_fail:
+    fprintf(stderr, "generate: rank %d: %s\n", rank, err.msg);
+    if (W > 1) ms_comm_abort(1);
 out:
+    if (o.comm_stats && W > 1 && e) {
+        int64_t mx, sm, dr;
+        ms_model_mlp_counters(ms_engine_model(e), &mx, &sm, &dr);
+        fprintf(stderr, "mlp rank=%d dp_gather_max_len=%lld dp_gather_sum_len=%lld dispatch_rows=%lld\n",
+                rank, (long long)mx, (long long)sm, (long long)dr);
+        ms_comm_stats_print(stderr);
+    }
     if (dump) fclose(dump);
-    if (seqs)
-        for (int i = 0; i < total; i++) {
-            free(seqs[i].ids);
-            free(seqs[i].pages);
-        }
+    for (int i = 0; i < n_seqs; i++) free(seqs[i].ids);
     free(seqs);
-    free(batch);
-    free(bseq);
-    free(logits);
     free(file_text);
-    ms_kv_pool_free(pool);
-    ms_tokenizer_free(tok);
-    ms_model_free(m);
+    ms_engine_close(e);
+    if (W > 1 && ms_comm_deinit(&err)) {
+        fprintf(stderr, "generate: rank %d: %s\n", rank, err.msg);
+        rc = 1;
+    }
     return rc;
 }

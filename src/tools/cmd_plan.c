@@ -152,6 +152,10 @@ int ms_cmd_plan(int argc, char **argv)
         }
         i += 2;
     }
+    if (in.reserve_gb >= 0 && in.mem_fraction >= 0) {
+        rc = ms_err(&err, MS_EINVAL, "give --reserve-gb or --mem-fraction-static, not both");
+        goto fail;
+    }
     if (!model == !config) {
         rc = ms_err(&err, MS_EINVAL, "give exactly one of --model PRESET or --model-config PATH");
         goto fail;
