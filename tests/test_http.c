@@ -565,6 +565,30 @@ TEST(slowloris_and_garbage)
     hresp_free(&r);
 }
 
+TEST(trickling_headers_are_cut)
+{
+    /* one byte every 100 ms keeps resetting the idle timeout; the header
+     * deadline (1 s in this test) still closes the connection */
+    int fd = hc_connect(port);
+    CHECK(fd >= 0);
+    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    double t0 = hc_now();
+    int closed = 0;
+    for (size_t i = 0; req[i] && hc_now() - t0 < 4.0 && !closed; i++) {
+        if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1) closed = 1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) > 0) {
+            char b[64];
+            if (recv(fd, b, sizeof b, 0) <= 0) closed = 1;
+        }
+    }
+    close(fd);
+    CHECKF(closed && hc_now() - t0 < 3.5, "closed %d after %.1f s", closed, hc_now() - t0);
+    hresp r; /* and the server is fine */
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+}
+
 TEST(watchdog_marks_unhealthy)
 {
     /* fe_q runs with --watchdog-timeout 1 and MOESERVE_WATCHDOG_NO_EXIT */
@@ -698,6 +722,7 @@ int main(int argc, char **argv)
     o.max_body_bytes = 64 * 1024;
     o.enable_metrics = 1;
     o.idle_timeout_s = 2;
+    o.header_timeout_s = 1;
     snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
     if (ms_frontend_open(&fe, &o, hub, &test_codec, &e)) {
         fprintf(stderr, "open: %s\n", e.msg);
@@ -733,6 +758,7 @@ int main(int argc, char **argv)
     RUN(queue_full_503);
     RUN(load_info_metrics);
     RUN(slowloris_and_garbage);
+    RUN(trickling_headers_are_cut);
     RUN(watchdog_marks_unhealthy);
     RUN(drain);
 

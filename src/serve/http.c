@@ -65,6 +65,16 @@ struct conn {
     int listed;
 };
 
+/* Per-socket record for the header deadline: a connection that is between
+ * requests (or before its first) for longer than the header timeout is shut
+ * down, however slowly it trickles bytes (slowloris). */
+struct watch {
+    int fd;
+    int in_request;      /* a request is being handled */
+    double phase_start;  /* connect time or end of the last request */
+    struct watch *prev, *next;
+};
+
 struct ms_frontend {
     ms_frontend_opts o;
     struct MHD_Daemon *d;
@@ -78,6 +88,7 @@ struct ms_frontend {
     struct conn *live;
     int n_live;
     double busy_since;
+    struct watch *watches;  /* under mu */
     atomic_int draining, unhealthy, stop;
     atomic_ulong seq;
     pthread_t wd;
@@ -494,6 +505,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->mc = mc;
         c->t_start = ms_now_s();
         c->route = -1;
+        const union MHD_ConnectionInfo *sc = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        if (sc && sc->socket_context) {
+            pthread_mutex_lock(&fe->mu);
+            ((struct watch *)sc->socket_context)->in_request = 1;
+            pthread_mutex_unlock(&fe->mu);
+        }
         for (int i = 0; i < N_ROUTES; i++)
             if (!strcmp(url, routes[i].path)) c->route = i;
         int m = !strcmp(method, "GET") ? M_GET : !strcmp(method, "POST") ? M_POST
@@ -551,10 +568,19 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     ms_frontend *fe = cls;
     struct conn *c = *con_cls;
-    (void)mc;
     if (!c) return;
     *con_cls = NULL;
     live_remove(fe, c);
+    const union MHD_ConnectionInfo *sc = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (sc && sc->socket_context) {
+        pthread_mutex_lock(&fe->mu);
+        struct watch *w = sc->socket_context;
+        w->in_request = 0;
+        w->phase_start = ms_now_s();
+        pthread_mutex_unlock(&fe->mu);
+    }
+    if (c->sess) /* a keep-alive connection gets its idle timeout back */
+        MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)fe->o.idle_timeout_s);
     if (c->sess) {
         if (!c->sess->finish) {
             MS_LOG(MS_INFO, "http", "client of request %s went away (code %d): aborting",
@@ -566,6 +592,38 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     }
     free(c->body);
     free(c);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    ms_frontend *fe = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct watch *w = calloc(1, sizeof *w);
+        if (!w || !ci) {
+            free(w);
+            return;
+        }
+        w->fd = ci->connect_fd;
+        w->phase_start = ms_now_s();
+        pthread_mutex_lock(&fe->mu);
+        w->next = fe->watches;
+        if (fe->watches) fe->watches->prev = w;
+        fe->watches = w;
+        pthread_mutex_unlock(&fe->mu);
+        *socket_context = w;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        struct watch *w = *socket_context; /* removed before MHD closes the fd */
+        pthread_mutex_lock(&fe->mu);
+        if (w->prev) w->prev->next = w->next;
+        else fe->watches = w->next;
+        if (w->next) w->next->prev = w->prev;
+        pthread_mutex_unlock(&fe->mu);
+        free(w);
+        *socket_context = NULL;
+    }
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -588,6 +646,14 @@ static void *watchdog(void *arg)
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
         pthread_cond_timedwait(&fe->cv, &fe->mu, &ts);
+        double now = ms_now_s();
+        for (struct watch *w = fe->watches; w; w = w->next)
+            if (!w->in_request && w->fd >= 0 && now - w->phase_start > fe->o.header_timeout_s) {
+                MS_LOG(MS_DEBUG, "http", "closing a connection that sent no complete request in %d s",
+                       fe->o.header_timeout_s);
+                shutdown(w->fd, SHUT_RDWR);
+                w->fd = -1;
+            }
         if (fe->o.watchdog_timeout_s <= 0 || fe->n_live == 0) continue;
         double beat = ms_serve_hub_last_heartbeat_s(fe->hub);
         double since = beat > fe->busy_since ? beat : fe->busy_since;
@@ -662,7 +728,7 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)o->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, fe, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        fe, MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, fe, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
         MHD_OPTION_END);
     if (!fe->d) {
         ms_frontend_close(fe);

@@ -32,7 +32,9 @@ typedef struct ms_frontend_opts {
     size_t max_body_bytes;          /* --max-body-bytes (default 32 MiB) → 413 */
     int max_connections;            /* --max-connections (default 256) */
     int idle_timeout_s;             /* --http-idle-timeout: inactive connection closed (10 s) */
-    int body_timeout_s;             /* --http-body-timeout: headers+body must arrive in (30 s) */
+    int body_timeout_s;             /* --http-body-timeout: a body must arrive within (30 s) */
+    int header_timeout_s;           /* --http-header-timeout: a request's headers must arrive
+                                       within (30 s) of connect or of the previous response */
     int health_timeout_s;           /* /health_generate deadline (20 s) */
 } ms_frontend_opts;
 

@@ -19,6 +19,7 @@ void ms_frontend_opts_init(ms_frontend_opts *o)
     o->max_connections = 256;
     o->idle_timeout_s = 10;
     o->body_timeout_s = 30;
+    o->header_timeout_s = 30;
     o->health_timeout_s = 20;
 }
 
@@ -46,7 +47,7 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
                                   "--max-queued-requests", "--reasoning-parser",
                                   "--tool-call-parser", "--enable-metrics", "--watchdog-timeout",
                                   "--max-body-bytes", "--max-connections", "--http-idle-timeout",
-                                  "--http-body-timeout", "--health-timeout"};
+                                  "--http-body-timeout", "--health-timeout", "--http-header-timeout"};
     const char *a = argv[i], *val = NULL;
     char name[64];
     const char *eq = strchr(a, '=');
@@ -94,6 +95,7 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
     case 11: if (!(rc = num(name, val, 1, 3600, &d, e))) o->idle_timeout_s = (int)d; break;
     case 12: if (!(rc = num(name, val, 1, 3600, &d, e))) o->body_timeout_s = (int)d; break;
     case 13: if (!(rc = num(name, val, 1, 3600, &d, e))) o->health_timeout_s = (int)d; break;
+    case 14: if (!(rc = num(name, val, 1, 3600, &d, e))) o->header_timeout_s = (int)d; break;
     default: break;
     }
     return rc ? rc : used;
@@ -116,5 +118,6 @@ void ms_frontend_print_flags(FILE *f)
             "  --max-connections N        concurrent connections (256)\n"
             "  --http-idle-timeout S      close idle connections after S s (10)\n"
             "  --http-body-timeout S      a request body must arrive within S s (30)\n"
+            "  --http-header-timeout S    request headers must arrive within S s (30)\n"
             "  --health-timeout S         /health_generate deadline (20)\n");
 }
