@@ -366,7 +366,8 @@ static size_t seal_ctrl(ms_engine *e)
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + sizeof(uint64_t) * e->pend_abort)) {
         e->pend_abort = 0; /* out of memory: aborts are retried by the caller's disconnect path */
     } else {
-        memcpy(e->ctrl + e->ctrl_len, e->aborts, sizeof(uint64_t) * e->pend_abort);
+        if (e->pend_abort) /* e->aborts is NULL until the first abort */
+            memcpy(e->ctrl + e->ctrl_len, e->aborts, sizeof(uint64_t) * e->pend_abort);
         e->ctrl_len += sizeof(uint64_t) * e->pend_abort;
     }
     struct ctrl_hdr h = {CTRL_MAGIC, e->pend_flags, e->pend_new, e->pend_abort};
