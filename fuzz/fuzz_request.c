@@ -66,15 +66,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t n = size - 1;
     static const enum ms_api_kind kinds[] = {MS_API_CHAT, MS_API_COMPLETION, MS_API_GENERATE};
-    ms_api_config cfg = {.context_len = 64 + (sel & 0x3f), .vocab_size = TC_VOCAB,
-                         .reasoning_parser = (int)((sel >> 2) % 3), .tool_parser = (int)((sel >> 4) & 1)};
+    ms_api_config cfg = {.context_len = 64 + (sel & 0x3f),
+                         .vocab_size = TC_VOCAB,
+                         .reasoning_parser = (int)((sel >> 2) % 3),
+                         .tool_parser = (int)((sel >> 4) & 1)};
     ms_api_req r;
     ms_errbuf e;
     const char *param;
     if (ms_api_parse(&r, kinds[sel % 3], body, n, &cfg, &e, &param) == 0) {
         int32_t *ids = NULL;
         size_t n_ids = 0;
-        if (r.text && test_codec.encode(NULL, r.text, r.n_text, r.parse_special, &ids, &n_ids, &e) == 0) {
+        if (r.text &&
+            test_codec.encode(NULL, r.text, r.n_text, r.parse_special, &ids, &n_ids, &e) == 0) {
             ms_api_check_input(&r, ids, n_ids, &cfg, &e);
             free(ids);
         } else if (r.ids) {

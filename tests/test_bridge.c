@@ -48,7 +48,9 @@ TEST(greedy_chat_deterministic)
     CHECK(chat_text(a) && chat_text(c) && !strcmp(chat_text(a), chat_text(c)));
     json_t *u = json_object_get(a, "usage");
     CHECK(json_integer_value(json_object_get(u, "completion_tokens")) == 12);
-    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "finish_reason")), "length"));
+    CHECK(!strcmp(json_string_value(json_object_get(
+                      json_array_get(json_object_get(a, "choices"), 0), "finish_reason")),
+                  "length"));
     json_decref(a);
     json_decref(c);
 }
@@ -56,21 +58,29 @@ TEST(greedy_chat_deterministic)
 TEST(stream_matches_non_stream)
 {
     int st;
-    json_t *a = post("/v1/completions", "{\"prompt\":\"hello world\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":2}", &st);
+    json_t *a =
+        post("/v1/completions",
+             "{\"prompt\":\"hello "
+             "world\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":2}",
+             &st);
     CHECK(st == 200);
-    const char *want = json_string_value(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "text"));
+    const char *want = json_string_value(
+        json_object_get(json_array_get(json_object_get(a, "choices"), 0), "text"));
     json_t *lp = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs");
     CHECK(json_array_size(json_object_get(lp, "token_logprobs")) == 8);
     CHECK(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 0)) <= 0);
     hresp r;
-    CHECK(hc_request(port, "POST", "/v1/completions",
-                     "{\"prompt\":\"hello world\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
-                     NULL, &r) == 0);
+    CHECK(hc_request(
+              port, "POST", "/v1/completions",
+              "{\"prompt\":\"hello "
+              "world\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
+              NULL, &r) == 0);
     char got[1024] = "";
     for (char *p = r.body; (p = strstr(p, "data: {")); p++) {
         char *end = strstr(p, "\n\n");
         json_t *f = json_loadb(p + 6, (size_t)(end - p - 6), 0, NULL);
-        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(f, "choices"), 0), "text"));
+        const char *t = json_string_value(
+            json_object_get(json_array_get(json_object_get(f, "choices"), 0), "text"));
         if (t) strncat(got, t, sizeof got - strlen(got) - 1);
         json_decref(f);
     }
@@ -83,9 +93,12 @@ TEST(stream_matches_non_stream)
 TEST(disconnect_frees_engine_slot)
 {
     int fd = hc_connect(port);
-    const char *body = "{\"prompt\":\"abc\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
+    const char *body =
+        "{\"prompt\":\"abc\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
     char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     char buf[4096];
     size_t got = 0;
@@ -104,7 +117,8 @@ TEST(disconnect_frees_engine_slot)
         hresp r;
         if (hc_request(port, "GET", "/get_load", NULL, NULL, &r) == 0) {
             ld = json_loadb(r.body, r.n, 0, NULL);
-            running = (int)json_integer_value(json_object_get(json_array_get(ld, 0), "num_running_reqs"));
+            running =
+                (int)json_integer_value(json_object_get(json_array_get(ld, 0), "num_running_reqs"));
             json_decref(ld);
         }
         hresp_free(&r);

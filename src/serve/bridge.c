@@ -113,11 +113,16 @@ int ms_serve_bridge_n_live(const ms_serve_bridge *b)
 static void submit(ms_serve_bridge *b, ms_engine *e, ms_serve_req *r)
 {
     const ms_serve_sampling *s = &r->sampling;
-    ms_sched_input in = {.id = r->id, .ids = r->input_ids, .n_ids = r->n_input,
+    ms_sched_input in = {.id = r->id,
+                         .ids = r->input_ids,
+                         .n_ids = r->n_input,
                          .max_new = s->max_new_tokens,
-                         .samp = {.temperature = s->temperature, .top_p = s->top_p,
-                                  .top_k = s->top_k, .min_p = s->min_p},
-                         .seed = s->has_seed ? s->seed : r->id, .ignore_eos = s->ignore_eos,
+                         .samp = {.temperature = s->temperature,
+                                  .top_p = s->top_p,
+                                  .top_k = s->top_k,
+                                  .min_p = s->min_p},
+                         .seed = s->has_seed ? s->seed : r->id,
+                         .ignore_eos = s->ignore_eos,
                          .n_stop_ids = s->n_stop_ids,
                          .top_logprobs = s->logprobs ? s->top_logprobs : -1};
     memcpy(in.stop_ids, s->stop_ids, sizeof(int32_t) * (size_t)s->n_stop_ids);
@@ -145,7 +150,9 @@ int ms_serve_bridge_pull(ms_serve_bridge *b, ms_engine *e)
     while (ms_serve_hub_pop(b->hub, &m)) {
         n++;
         switch (m.kind) {
-        case MS_MSG_GENERATE: submit(b, e, m.req); break; /* the map keeps the reference */
+        case MS_MSG_GENERATE:
+            submit(b, e, m.req);
+            break; /* the map keeps the reference */
         case MS_MSG_ABORT: {
             ms_serve_req **slot = find(b, m.req->id);
             if (slot) { /* answer now; late engine events for the id are ignored */
@@ -189,9 +196,11 @@ void ms_serve_bridge_push(ms_serve_bridge *b, ms_engine *e)
         if (!slot) continue;
         ms_serve_req *r = *slot;
         if (x->token >= 0) {
-            if (ms_serve_req_n_generated(r) == 0) ms_serve_req_set_cached_tokens(r, (int32_t)x->cached_tokens);
+            if (ms_serve_req_n_generated(r) == 0)
+                ms_serve_req_set_cached_tokens(r, (int32_t)x->cached_tokens);
             ms_serve_req_push(r, x->token, x->logprob, x->top_ids, x->top_lps);
-            if (ev[i].dp_rank >= 0 && ev[i].dp_rank < MS_SERVE_MAX_DP) b->gen_window[ev[i].dp_rank]++;
+            if (ev[i].dp_rank >= 0 && ev[i].dp_rank < MS_SERVE_MAX_DP)
+                b->gen_window[ev[i].dp_rank]++;
         }
         if (x->finish != MS_FINISH_NONE) {
             ms_serve_req_finish(r, (enum ms_serve_finish)x->finish,
@@ -216,10 +225,11 @@ void ms_serve_bridge_push(ms_serve_bridge *b, ms_engine *e)
             .num_running_reqs = st->n_running,
             .num_waiting_reqs = st->n_waiting,
             .num_used_tokens = st->used_tokens,
-            .token_usage = st->total_tokens ? (double)st->used_tokens / (double)st->total_tokens : 0,
-            .cache_hit_rate = st->prompt_tokens_total
-                                  ? (double)st->cached_prompt_tokens_total / (double)st->prompt_tokens_total
-                                  : 0,
+            .token_usage =
+                st->total_tokens ? (double)st->used_tokens / (double)st->total_tokens : 0,
+            .cache_hit_rate = st->prompt_tokens_total ? (double)st->cached_prompt_tokens_total /
+                                                            (double)st->prompt_tokens_total
+                                                      : 0,
             .gen_throughput = d >= 0 && d < MS_SERVE_MAX_DP ? b->gen_rate[d] : 0,
             .num_retracted_reqs_total = st->n_retracted,
         };
