@@ -188,7 +188,8 @@ typedef struct ms_serve_msg {
 ms_serve_hub *ms_serve_hub_new(const ms_engine_info *info, ms_errbuf *e);
 void ms_serve_hub_free(ms_serve_hub *h);                        /* unrefs requests still queued */
 const ms_engine_info *ms_serve_hub_info(const ms_serve_hub *h); /* borrowed, immutable */
-/* Updates engine info after start-up (e.g. KV sizes known late); main thread. */
+/* Replaces engine info (n_dp stays); main thread, only before ms_frontend_open
+ * (the front end reads info without a lock). */
 void ms_serve_hub_set_info(ms_serve_hub *h, const ms_engine_info *info);
 
 /* Main loop: the eventfd (readable while messages are pending or a stop was
