@@ -12,7 +12,8 @@
 
 static const char *v3_json =
     "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"attention_bias\": false,"
-    " \"attention_dropout\": 0.0, \"auto_map\": {\"AutoConfig\": \"configuration_deepseek.DeepseekV3Config\"},"
+    " \"attention_dropout\": 0.0, \"auto_map\": {\"AutoConfig\": "
+    "\"configuration_deepseek.DeepseekV3Config\"},"
     " \"bos_token_id\": 0, \"eos_token_id\": 1, \"ep_size\": 1, \"first_k_dense_replace\": 3,"
     " \"hidden_act\": \"silu\", \"hidden_size\": 7168, \"initializer_range\": 0.02,"
     " \"intermediate_size\": 18432, \"kv_lora_rank\": 512, \"max_position_embeddings\": 163840,"
@@ -70,17 +71,24 @@ static int same(const ms_config *a, const ms_config *b)
         fprintf(stderr, "  field %s differs: %g vs %g\n", #f, (double)a->f, (double)b->f);         \
         return 0;                                                                                  \
     }
-    EQ(vocab_size) EQ(hidden_size) EQ(intermediate_size) EQ(moe_intermediate_size) EQ(n_layers)
-    EQ(first_k_dense_replace) EQ(moe_layer_freq) EQ(n_heads) EQ(n_kv_heads) EQ(n_routed_experts)
-    EQ(n_shared_experts) EQ(n_experts_per_tok) EQ(n_group) EQ(topk_group) EQ(topk_method)
-    EQ(scoring_func) EQ(norm_topk_prob) EQ(routed_scaling_factor) EQ(q_lora_rank)
-    EQ(kv_lora_rank) EQ(qk_nope_head_dim) EQ(qk_rope_head_dim) EQ(v_head_dim) EQ(rms_norm_eps)
-    EQ(rope_theta) EQ(rope_yarn) EQ(rope_factor) EQ(rope_original_max_pos) EQ(rope_beta_fast)
-    EQ(rope_beta_slow) EQ(rope_mscale) EQ(rope_mscale_all_dim) EQ(max_position_embeddings)
-    EQ(num_nextn_predict_layers) EQ(bos_token_id) EQ(eos_token_id) EQ(tie_word_embeddings)
-    EQ(fp8_block) EQ(weight_block[0]) EQ(weight_block[1])
+    EQ(vocab_size)
+        EQ(hidden_size) EQ(intermediate_size) EQ(moe_intermediate_size) EQ(n_layers)
+            EQ(first_k_dense_replace) EQ(moe_layer_freq) EQ(n_heads) EQ(n_kv_heads)
+                EQ(n_routed_experts) EQ(n_shared_experts) EQ(n_experts_per_tok) EQ(n_group)
+                    EQ(topk_group) EQ(topk_method) EQ(scoring_func) EQ(norm_topk_prob)
+                        EQ(routed_scaling_factor) EQ(q_lora_rank) EQ(kv_lora_rank)
+                            EQ(qk_nope_head_dim) EQ(qk_rope_head_dim) EQ(v_head_dim)
+                                EQ(rms_norm_eps) EQ(rope_theta) EQ(rope_yarn) EQ(rope_factor)
+                                    EQ(rope_original_max_pos) EQ(rope_beta_fast) EQ(rope_beta_slow)
+                                        EQ(rope_mscale) EQ(rope_mscale_all_dim)
+                                            EQ(max_position_embeddings) EQ(num_nextn_predict_layers)
+                                                EQ(bos_token_id) EQ(eos_token_id)
+                                                    EQ(tie_word_embeddings) EQ(fp8_block)
+                                                        EQ(weight_block[0]) EQ(weight_block[1])
 #undef EQ
-    return !strcmp(a->architecture, b->architecture) && !strcmp(a->model_type, b->model_type);
+                                                            return !strcmp(a->architecture,
+                                                                           b->architecture) &&
+        !strcmp(a->model_type, b->model_type);
 }
 
 /* to_json → parse gives the same config, and a second to_json the same text. */
@@ -109,7 +117,8 @@ TEST(v3_671b)
     CHECK(c.moe_layer_freq == 1 && c.n_heads == 128 && c.n_kv_heads == 128);
     CHECK(c.n_routed_experts == 256 && c.n_shared_experts == 1 && c.n_experts_per_tok == 8);
     CHECK(c.n_group == 8 && c.topk_group == 4 && c.topk_method == MS_TOPK_NOAUX_TC);
-    CHECK(c.scoring_func == MS_SCORE_SIGMOID && c.norm_topk_prob && c.routed_scaling_factor == 2.5f);
+    CHECK(c.scoring_func == MS_SCORE_SIGMOID && c.norm_topk_prob &&
+          c.routed_scaling_factor == 2.5f);
     CHECK(c.q_lora_rank == 1536 && c.kv_lora_rank == 512 && c.qk_nope_head_dim == 128);
     CHECK(c.qk_rope_head_dim == 64 && c.v_head_dim == 128 && c.rms_norm_eps == 1e-6f);
     CHECK(c.rope_theta == 10000.0f && c.rope_yarn && c.rope_factor == 40.0f);
@@ -159,14 +168,17 @@ TEST(v2_lite)
     const char *t5json =
         "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"n_routed_experts\": 64,"
         " \"num_experts_per_tok\": 6, \"q_lora_rank\": null, \"rope_parameters\": {\"rope_type\":"
-        " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 40.0, \"original_max_position_embeddings\":"
-        " 4096, \"beta_fast\": 32.0, \"beta_slow\": 1.0, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}";
+        " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 40.0, "
+        "\"original_max_position_embeddings\":"
+        " 4096, \"beta_fast\": 32.0, \"beta_slow\": 1.0, \"mscale\": 0.707, \"mscale_all_dim\": "
+        "0.707}}";
     ms_config d;
     CHECKF(ms_config_parse(&d, t5json, &e) == 0, "%s", e.msg);
     CHECK(d.rope_yarn && d.rope_factor == 40.0f && d.rope_mscale_all_dim == 0.707f);
     CHECK_NEAR(ms_config_softmax_scale(&d), 0.1147214, 1e-6);
-    const char *t5plain = "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"
-                          " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 50000}}";
+    const char *t5plain =
+        "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"
+        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 50000}}";
     CHECKF(ms_config_parse(&d, t5plain, &e) == 0, "%s", e.msg);
     CHECK(!d.rope_yarn && d.rope_theta == 50000.0f);
 }
@@ -306,8 +318,7 @@ TEST(rejected_configs_name_the_field)
          "'rope_scaling.beta_fast'", NULL},
         {"rope_scaling", "{\"factor\": 4}", "'rope_scaling.type'", NULL},
         {"rope_scaling", "[]", "'rope_scaling'", NULL},
-        {"quantization_config",
-         "{\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]}",
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]}",
          "'quantization_config.weight_block_size'", "[128, 128]"},
         {"quantization_config", "{\"quant_method\": \"awq\"}", "'quantization_config.quant_method'",
          "awq"},
@@ -332,17 +343,21 @@ TEST(rejected_configs_name_the_field)
     }
     ms_config c;
     ms_errbuf e;
-    CHECK(ms_config_parse(&c, "{\"a\": 1, \"a\": 2, \"architectures\": "
-                              "[\"DeepseekV3ForCausalLM\"]}", &e) == MS_EFORMAT);
+    CHECK(ms_config_parse(&c,
+                          "{\"a\": 1, \"a\": 2, \"architectures\": "
+                          "[\"DeepseekV3ForCausalLM\"]}",
+                          &e) == MS_EFORMAT);
     CHECK(strstr(e.msg, "duplicate") != NULL);
     CHECK(ms_config_parse(&c, "[]", &e) == MS_EFORMAT);
     CHECK(ms_config_parse(&c, "{", &e) == MS_EFORMAT && strstr(e.msg, "not valid JSON"));
     CHECK(ms_config_parse(&c, "{}", &e) == MS_EFORMAT && strstr(e.msg, "'architectures'"));
     CHECK(ms_config_parse(&c, "{\"model_type\": \"deepseek_v2\"}", &e) == MS_ERANGE &&
           strstr(e.msg, "'num_experts_per_tok'")); /* V2 default None with 64 experts */
-    CHECK(ms_config_parse(&c, "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"
-                              " \"n_routed_experts\": 8, \"n_group\": 8, \"topk_group\": 8,"
-                              " \"num_experts_per_tok\": 2}", &e) == MS_ERANGE);
+    CHECK(ms_config_parse(&c,
+                          "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"
+                          " \"n_routed_experts\": 8, \"n_group\": 8, \"topk_group\": 8,"
+                          " \"num_experts_per_tok\": 2}",
+                          &e) == MS_ERANGE);
     CHECK(strstr(e.msg, "'n_group'") && strstr(e.msg, "top 2"));
 }
 

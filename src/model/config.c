@@ -27,14 +27,21 @@ typedef struct jget {
 static const char *type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
     }
 }
 
@@ -49,9 +56,8 @@ static int get_int(jget *g, const char *key, int64_t def, int64_t lo, int64_t hi
                       key, type_name(v));
     int64_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return ms_err(g->err, MS_ERANGE,
-                      "config: '%s%s' is %lld, must be between %lld and %lld", g->prefix, key,
-                      (long long)x, (long long)lo, (long long)hi);
+        return ms_err(g->err, MS_ERANGE, "config: '%s%s' is %lld, must be between %lld and %lld",
+                      g->prefix, key, (long long)x, (long long)lo, (long long)hi);
     *out = x;
     return 0;
 }
@@ -71,14 +77,13 @@ static int get_num(jget *g, const char *key, double def, double lo, double hi, f
     *out = (float)def;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v))
-        return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a number, not %s", g->prefix,
-                      key, type_name(v));
+        return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a number, not %s", g->prefix, key,
+                      type_name(v));
     double x = json_number_value(v);
-    float f = (float)x;
-    if (!(x >= lo && x <= hi) || !isfinite(f))
+    if (!(x >= lo && x <= hi)) /* before the cast: a double beyond float range is UB */
         return ms_err(g->err, MS_ERANGE, "config: '%s%s' is %g, must be between %g and %g",
                       g->prefix, key, x, lo, hi);
-    *out = f;
+    *out = (float)x;
     return 0;
 }
 
@@ -88,8 +93,8 @@ static int get_bool(jget *g, const char *key, bool def, bool *out)
     *out = def;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_boolean(v))
-        return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be true or false, not %s",
-                      g->prefix, key, type_name(v));
+        return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be true or false, not %s", g->prefix,
+                      key, type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -101,8 +106,8 @@ static int get_str(jget *g, const char *key, const char **out)
     *out = NULL;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_string(v))
-        return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a string, not %s", g->prefix,
-                      key, type_name(v));
+        return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a string, not %s", g->prefix, key,
+                      type_name(v));
     *out = json_string_value(v);
     return 0;
 }
@@ -260,24 +265,30 @@ static int parse_enums(jget *g, bool v3, ms_config *c)
         return rc;
     /* scoring_func, topk_method: not DeepseekV3Config fields; DeepSeek's V3
      * configuration defaults sigmoid / noaux_tc, V2's softmax / greedy */
-    if (!sf) c->scoring_func = v3 ? MS_SCORE_SIGMOID : MS_SCORE_SOFTMAX;
-    else if (!strcmp(sf, "softmax")) c->scoring_func = MS_SCORE_SOFTMAX;
-    else if (!strcmp(sf, "sigmoid")) c->scoring_func = MS_SCORE_SIGMOID;
+    if (!sf)
+        c->scoring_func = v3 ? MS_SCORE_SIGMOID : MS_SCORE_SOFTMAX;
+    else if (!strcmp(sf, "softmax"))
+        c->scoring_func = MS_SCORE_SOFTMAX;
+    else if (!strcmp(sf, "sigmoid"))
+        c->scoring_func = MS_SCORE_SIGMOID;
     else
         return ms_err(g->err, MS_EUNSUPPORTED,
                       "config: 'scoring_func' is \"%.40s\"; expected softmax or sigmoid", sf);
-    if (!tm) c->topk_method = v3 ? MS_TOPK_NOAUX_TC : MS_TOPK_GREEDY;
-    else if (!strcmp(tm, "greedy")) c->topk_method = MS_TOPK_GREEDY;
-    else if (!strcmp(tm, "group_limited_greedy")) c->topk_method = MS_TOPK_GROUP_LIMITED;
-    else if (!strcmp(tm, "noaux_tc")) c->topk_method = MS_TOPK_NOAUX_TC;
+    if (!tm)
+        c->topk_method = v3 ? MS_TOPK_NOAUX_TC : MS_TOPK_GREEDY;
+    else if (!strcmp(tm, "greedy"))
+        c->topk_method = MS_TOPK_GREEDY;
+    else if (!strcmp(tm, "group_limited_greedy"))
+        c->topk_method = MS_TOPK_GROUP_LIMITED;
+    else if (!strcmp(tm, "noaux_tc"))
+        c->topk_method = MS_TOPK_NOAUX_TC;
     else
         return ms_err(g->err, MS_EUNSUPPORTED,
                       "config: 'topk_method' is \"%.40s\"; expected greedy, group_limited_greedy "
                       "or noaux_tc",
                       tm);
     if (act && strcmp(act, "silu"))
-        return ms_err(g->err, MS_EUNSUPPORTED, "config: 'hidden_act' is \"%.40s\"; only silu",
-                      act);
+        return ms_err(g->err, MS_EUNSUPPORTED, "config: 'hidden_act' is \"%.40s\"; only silu", act);
     return 0;
 }
 
@@ -320,8 +331,8 @@ static int check(const ms_config *c, ms_errbuf *err)
         return ms_err(err, MS_ERANGE, "config: 'n_group' %d does not divide n_routed_experts %d",
                       c->n_group, E);
     if (c->topk_group > c->n_group)
-        return ms_err(err, MS_ERANGE, "config: 'topk_group' %d exceeds n_group %d",
-                      c->topk_group, c->n_group);
+        return ms_err(err, MS_ERANGE, "config: 'topk_group' %d exceeds n_group %d", c->topk_group,
+                      c->n_group);
     int per_group = E / c->n_group;
     if (c->topk_method != MS_TOPK_GREEDY && c->n_experts_per_tok > c->topk_group * per_group)
         return ms_err(err, MS_ERANGE,
@@ -378,13 +389,13 @@ int ms_config_parse(ms_config *cfg, const char *json_text, ms_errbuf *err)
         /* null n_routed_experts / n_shared_experts: a dense model (0) */
         (rc = get_i32(&g, "n_routed_experts",
                       json_is_null(json_object_get(root, "n_routed_experts")) ? 0
-                      : v3                                                   ? 256
-                                                                             : 64,
+                      : v3                                                    ? 256
+                                                                              : 64,
                       0, MS_CONFIG_MAX_EXPERTS, &c.n_routed_experts)) ||
         (rc = get_i32(&g, "n_shared_experts",
                       json_is_null(json_object_get(root, "n_shared_experts")) ? 0
-                      : v3                                                   ? 1
-                                                                             : 2,
+                      : v3                                                    ? 1
+                                                                              : 2,
                       0, MS_CONFIG_MAX_EXPERTS, &c.n_shared_experts)) ||
         /* V2: num_experts_per_tok, n_group, topk_group default None: 0 (error
          * below if there are experts), 1, 1 */
@@ -400,13 +411,13 @@ int ms_config_parse(ms_config *cfg, const char *json_text, ms_errbuf *err)
         (rc = get_i32(&g, "kv_lora_rank", 512, 1, (int)W, &c.kv_lora_rank)) ||
         (rc = get_i32(&g, "qk_nope_head_dim", 128, 0, MS_CONFIG_MAX_HEAD_DIM,
                       &c.qk_nope_head_dim)) ||
-        (rc = get_i32(&g, "qk_rope_head_dim", 64, 2, MS_CONFIG_MAX_HEAD_DIM,
-                      &c.qk_rope_head_dim)) ||
+        (rc =
+             get_i32(&g, "qk_rope_head_dim", 64, 2, MS_CONFIG_MAX_HEAD_DIM, &c.qk_rope_head_dim)) ||
         (rc = get_i32(&g, "v_head_dim", 128, 1, MS_CONFIG_MAX_HEAD_DIM, &c.v_head_dim)) ||
         (rc = get_num(&g, "rms_norm_eps", 1e-6, 1e-30, 1.0, &c.rms_norm_eps)) ||
         (rc = get_num(&g, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c.rope_theta)) ||
-        (rc = get_int(&g, "max_position_embeddings", v3 ? 4096 : 2048, 1,
-                      MS_CONFIG_MAX_POSITIONS, &c.max_position_embeddings)) ||
+        (rc = get_int(&g, "max_position_embeddings", v3 ? 4096 : 2048, 1, MS_CONFIG_MAX_POSITIONS,
+                      &c.max_position_embeddings)) ||
         /* num_nextn_predict_layers: not a transformers field (it ignores MTP);
          * absent -> 0 so no MTP tensors are expected (DeepSeek's own V3 default is 1) */
         (rc = get_i32(&g, "num_nextn_predict_layers", 0, 0, MS_CONFIG_MAX_LAYERS,
@@ -464,17 +475,16 @@ char *ms_config_to_json(const ms_config *c, ms_errbuf *err)
         "{s:[s], s:s, s:I, s:I, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s,"
         " s:s, s:b, s:o, s:o, s:i, s:i, s:i, s:i, s:o, s:o, s:I, s:i, s:b, s:s}",
         "architectures", c->architecture, "model_type", c->model_type, "vocab_size",
-        (json_int_t)c->vocab_size, "hidden_size", (json_int_t)c->hidden_size,
-        "intermediate_size", (json_int_t)c->intermediate_size, "moe_intermediate_size",
+        (json_int_t)c->vocab_size, "hidden_size", (json_int_t)c->hidden_size, "intermediate_size",
+        (json_int_t)c->intermediate_size, "moe_intermediate_size",
         (json_int_t)c->moe_intermediate_size, "num_hidden_layers", c->n_layers,
         "first_k_dense_replace", c->first_k_dense_replace, "moe_layer_freq", c->moe_layer_freq,
-        "num_attention_heads", c->n_heads, "num_key_value_heads", c->n_kv_heads,
-        "n_routed_experts", c->n_routed_experts, "n_shared_experts", c->n_shared_experts,
-        "num_experts_per_tok", c->n_experts_per_tok, "n_group", c->n_group, "topk_group",
-        c->topk_group, "topk_method", topk_names[c->topk_method], "scoring_func",
-        score_names[c->scoring_func], "norm_topk_prob", (int)c->norm_topk_prob,
-        "routed_scaling_factor", real_of(c->routed_scaling_factor), "q_lora_rank",
-        c->q_lora_rank ? json_integer(c->q_lora_rank) : json_null(), "kv_lora_rank",
+        "num_attention_heads", c->n_heads, "num_key_value_heads", c->n_kv_heads, "n_routed_experts",
+        c->n_routed_experts, "n_shared_experts", c->n_shared_experts, "num_experts_per_tok",
+        c->n_experts_per_tok, "n_group", c->n_group, "topk_group", c->topk_group, "topk_method",
+        topk_names[c->topk_method], "scoring_func", score_names[c->scoring_func], "norm_topk_prob",
+        (int)c->norm_topk_prob, "routed_scaling_factor", real_of(c->routed_scaling_factor),
+        "q_lora_rank", c->q_lora_rank ? json_integer(c->q_lora_rank) : json_null(), "kv_lora_rank",
         c->kv_lora_rank, "qk_nope_head_dim", c->qk_nope_head_dim, "qk_rope_head_dim",
         c->qk_rope_head_dim, "v_head_dim", c->v_head_dim, "rms_norm_eps", real_of(c->rms_norm_eps),
         "rope_theta", real_of(c->rope_theta), "max_position_embeddings",
@@ -487,16 +497,15 @@ char *ms_config_to_json(const ms_config *c, ms_errbuf *err)
     if (!bad && c->eos_token_id >= 0)
         bad |= json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
     if (!bad) {
-        json_t *rs = c->rope_yarn
-                         ? json_pack("{s:s, s:o, s:I, s:o, s:o, s:o, s:o}", "type", "yarn",
-                                     "factor", real_of(c->rope_factor),
-                                     "original_max_position_embeddings",
-                                     (json_int_t)c->rope_original_max_pos, "beta_fast",
-                                     real_of(c->rope_beta_fast), "beta_slow",
-                                     real_of(c->rope_beta_slow), "mscale",
-                                     real_of(c->rope_mscale), "mscale_all_dim",
-                                     real_of(c->rope_mscale_all_dim))
-                         : json_null();
+        json_t *rs =
+            c->rope_yarn
+                ? json_pack("{s:s, s:o, s:I, s:o, s:o, s:o, s:o}", "type", "yarn", "factor",
+                            real_of(c->rope_factor), "original_max_position_embeddings",
+                            (json_int_t)c->rope_original_max_pos, "beta_fast",
+                            real_of(c->rope_beta_fast), "beta_slow", real_of(c->rope_beta_slow),
+                            "mscale", real_of(c->rope_mscale), "mscale_all_dim",
+                            real_of(c->rope_mscale_all_dim))
+                : json_null();
         bad |= json_object_set_new(o, "rope_scaling", rs);
     }
     if (!bad && c->fp8_block)
@@ -520,7 +529,8 @@ int ms_config_write(const ms_config *cfg, const char *path, ms_errbuf *err)
     if (!f) {
         rc = ms_err(err, MS_EIO, "%s: cannot create", path);
     } else {
-        if (fputs(s, f) < 0 || fputc('\n', f) == EOF) rc = ms_err(err, MS_EIO, "%s: write failed", path);
+        if (fputs(s, f) < 0 || fputc('\n', f) == EOF)
+            rc = ms_err(err, MS_EIO, "%s: write failed", path);
         if (fclose(f) != 0 && !rc) rc = ms_err(err, MS_EIO, "%s: close failed", path);
     }
     free(s);
@@ -550,6 +560,9 @@ float ms_config_rope_attn_factor(const ms_config *c)
                    yarn_get_mscale(c->rope_factor, c->rope_mscale_all_dim));
 }
 
+/* YaRN is applied whenever rope_scaling is yarn (as HF does); DeepSeek's own
+ * precompute_freqs_cis applies it iff max_seq_len > original_seq_len, which
+ * holds for every shipped config.  Same table either way (arch.md §0.4). */
 void ms_config_rope_inv_freq(const ms_config *c, float *out)
 {
     const int d = c->qk_rope_head_dim;

@@ -25,19 +25,19 @@
 #include <unistd.h>
 
 typedef struct st_file {
-    char *path;       /* owned; what error messages and ms_tensor.file show */
-    void *map;        /* read-only mapping of the whole file */
+    char *path; /* owned; what error messages and ms_tensor.file show */
+    void *map;  /* read-only mapping of the whole file */
     size_t map_bytes;
 } st_file;
 
 struct ms_st_store {
-    char *desc;       /* the path given to open (file or directory) */
+    char *desc; /* the path given to open (file or directory) */
     st_file *files;
     size_t n_files, cap_files;
     ms_tensor *tensors; /* names owned (strdup) */
     size_t n_tensors, cap_tensors;
-    uint32_t *slots;  /* open addressing: tensor index + 1, 0 = empty */
-    size_t n_slots;   /* power of two */
+    uint32_t *slots; /* open addressing: tensor index + 1, 0 = empty */
+    size_t n_slots;  /* power of two */
 };
 
 /* One tensor entry of a header while it is being validated. */
@@ -50,9 +50,9 @@ typedef struct pt {
 } pt;
 
 /* Dtypes of the reference library that moeserve does not read. */
-static const char *const unsupported_dtypes[] = {
-    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
-    "I16",  "U16", "U32",    "U64",     "C64"};
+static const char *const unsupported_dtypes[] = {"BOOL",    "F4",          "F6_E2M3",     "F6_E3M2",
+                                                 "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",
+                                                 "U16",     "U32",         "U64",         "C64"};
 
 static void fmt_shape(char *buf, size_t cap, const int64_t *shape, int ndim)
 {
@@ -66,15 +66,15 @@ static void fmt_shape(char *buf, size_t cap, const int64_t *shape, int ndim)
 static int parse_offsets(const json_t *jo, const char *f, const char *name, pt *t, ms_errbuf *err)
 {
     if (!json_is_array(jo) || json_array_size(jo) != 2)
-        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': 'data_offsets' is not an array of 2",
-                      f, name);
+        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': 'data_offsets' is not an array of 2", f,
+                      name);
     json_int_t v[2];
     for (int i = 0; i < 2; i++) {
         const json_t *x = json_array_get(jo, (size_t)i);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
             return ms_err(err, MS_EFORMAT,
-                          "%s: tensor '%s': data_offsets entry %d is not a non-negative integer",
-                          f, name, i);
+                          "%s: tensor '%s': data_offsets entry %d is not a non-negative integer", f,
+                          name, i);
         v[i] = json_integer_value(x);
     }
     t->begin = (uint64_t)v[0];
@@ -92,21 +92,19 @@ static int parse_tensor(const char *name, const json_t *val, const char *f, uint
     const json_t *jd = json_object_get(val, "dtype"), *js = json_object_get(val, "shape");
     const json_t *jo = json_object_get(val, "data_offsets");
     if (!json_is_string(jd))
-        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': 'dtype' missing or not a string", f,
-                      name);
+        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': 'dtype' missing or not a string", f, name);
     const char *ds = json_string_value(jd);
     int dt = ms_dtype_parse(ds);
     if (dt < 0) {
         for (size_t i = 0; i < MS_ARRAY_LEN(unsupported_dtypes); i++)
             if (!strcmp(ds, unsupported_dtypes[i]))
-                return ms_err(err, MS_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported",
-                              f, name, ds);
+                return ms_err(err, MS_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported", f,
+                              name, ds);
         return ms_err(err, MS_EFORMAT, "%s: tensor '%s': unknown dtype '%.40s'", f, name, ds);
     }
     t->dtype = (ms_dtype)dt;
     if (!json_is_array(js))
-        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': 'shape' missing or not an array", f,
-                      name);
+        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': 'shape' missing or not an array", f, name);
     if (json_array_size(js) > MS_ST_MAX_DIMS)
         return ms_err(err, MS_EUNSUPPORTED, "%s: tensor '%s': %zu dimensions (limit %d)", f, name,
                       json_array_size(js), MS_ST_MAX_DIMS);
@@ -131,8 +129,9 @@ static int parse_tensor(const char *name, const json_t *val, const char *f, uint
     int rc = parse_offsets(jo, f, name, t, err);
     if (rc) return rc;
     if (t->begin > t->end)
-        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                      "] end before begin", f, name, t->begin, t->end);
+        return ms_err(err, MS_EFORMAT,
+                      "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before begin",
+                      f, name, t->begin, t->end);
     if (t->end > data_bytes)
         return ms_err(err, MS_EFORMAT,
                       "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
@@ -191,8 +190,9 @@ static int parse_image(const uint8_t *buf, size_t len, const char *f, ms_st_stor
     uint64_t n = 0;
     for (int i = 0; i < 8; i++) n |= (uint64_t)buf[i] << (8 * i);
     if (n > MS_ST_MAX_HEADER_BYTES)
-        return ms_err(err, MS_ETOOBIG, "%s: header length %" PRIu64 " exceeds the limit of %u bytes",
-                      f, n, MS_ST_MAX_HEADER_BYTES);
+        return ms_err(err, MS_ETOOBIG,
+                      "%s: header length %" PRIu64 " exceeds the limit of %u bytes", f, n,
+                      MS_ST_MAX_HEADER_BYTES);
     if (n > len - 8)
         return ms_err(err, MS_EFORMAT,
                       "%s: header length %" PRIu64 " exceeds the %zu bytes after the length field "
@@ -220,7 +220,8 @@ static int parse_image(const uint8_t *buf, size_t len, const char *f, ms_st_stor
     size_t nv = 0;
     const char *key;
     json_t *val;
-    json_object_foreach(root, key, val) {
+    json_object_foreach(root, key, val)
+    {
         if (!strcmp(key, "__metadata__")) {
             if (!json_is_object(val)) {
                 rc = ms_err(err, MS_EFORMAT, "%s: __metadata__ is not a JSON object", f);
@@ -228,7 +229,8 @@ static int parse_image(const uint8_t *buf, size_t len, const char *f, ms_st_stor
             }
             const char *mk;
             json_t *mv;
-            json_object_foreach(val, mk, mv) {
+            json_object_foreach(val, mk, mv)
+            {
                 if (!json_is_string(mv)) {
                     rc = ms_err(err, MS_EFORMAT, "%s: __metadata__ entry '%s' is not a string", f,
                                 mk);
@@ -271,8 +273,8 @@ static int parse_image(const uint8_t *buf, size_t len, const char *f, ms_st_stor
                         " uncovered bytes after it)",
                         f, v[nv - 1].name, data_bytes, covered, data_bytes - covered);
         else
-            rc = ms_err(err, MS_EFORMAT,
-                        "%s: no tensors but a data section of %" PRIu64 " bytes", f, data_bytes);
+            rc = ms_err(err, MS_EFORMAT, "%s: no tensors but a data section of %" PRIu64 " bytes",
+                        f, data_bytes);
         goto out;
     }
     for (size_t i = 0; st && i < nv; i++) {
@@ -296,8 +298,7 @@ int ms_st_check_buffer(const uint8_t *buf, size_t len, ms_errbuf *err)
 static int add_file(ms_st_store *st, const char *path, ms_errbuf *err)
 {
     if (st->n_files >= MS_ST_MAX_FILES)
-        return ms_err(err, MS_ETOOBIG, "%s: more than %d safetensors files", path,
-                      MS_ST_MAX_FILES);
+        return ms_err(err, MS_ETOOBIG, "%s: more than %d safetensors files", path, MS_ST_MAX_FILES);
     if (st->n_files == st->cap_files) {
         size_t cap = st->cap_files ? st->cap_files * 2 : 8;
         st_file *n = realloc(st->files, cap * sizeof *n);
@@ -452,7 +453,8 @@ static int open_indexed(ms_st_store *st, const char *dir, const char *index_path
     }
     const char *key;
     json_t *val;
-    json_object_foreach((json_t *)wm, key, val) {
+    json_object_foreach((json_t *)wm, key, val)
+    {
         if (!json_is_string(val) || !plain_file_name(json_string_value(val))) {
             rc = ms_err(err, MS_EFORMAT,
                         "%s: tensor '%s': shard is not a plain file name in the directory",
@@ -543,8 +545,7 @@ static int open_listing(ms_st_store *st, const char *dir, ms_errbuf *err)
         n++;
     }
     if (n == 0) {
-        rc = ms_err(err, MS_ENOENT, "%s: no *.safetensors files and no %s", dir,
-                    MS_ST_INDEX_NAME);
+        rc = ms_err(err, MS_ENOENT, "%s: no *.safetensors files and no %s", dir, MS_ST_INDEX_NAME);
         goto out;
     }
     qsort(names, n, sizeof *names, cmp_str);
@@ -585,6 +586,13 @@ int ms_st_open_dir(ms_st_store **out, const char *dir, ms_errbuf *err)
     return 0;
 }
 
+int ms_st_open(ms_st_store **out, const char *path, ms_errbuf *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return ms_st_open_dir(out, path, err);
+    return ms_st_open_file(out, path, err);
+}
+
 void ms_st_close(ms_st_store *st)
 {
     if (!st) return;
@@ -612,7 +620,10 @@ const ms_tensor *ms_st_find(const ms_st_store *st, const char *name)
     return NULL;
 }
 
-size_t ms_st_count(const ms_st_store *st) { return st ? st->n_tensors : 0; }
+size_t ms_st_count(const ms_st_store *st)
+{
+    return st ? st->n_tensors : 0;
+}
 
 const ms_tensor *ms_st_at(const ms_st_store *st, size_t i)
 {

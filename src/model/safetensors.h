@@ -30,7 +30,9 @@ typedef struct ms_tensor {
     ms_dtype dtype;
     int ndim;
     int64_t shape[MS_ST_MAX_DIMS];
-    const void *data;    /* borrowed: inside the read-only mmap */
+    const void *data;    /* borrowed: inside the read-only mmap; tensors lie back to back
+                          * after an 8-byte aligned data section, so data may be
+                          * unaligned for its dtype (use memcpy / unaligned loads) */
     size_t nbytes;
     const char *file;    /* the shard it lives in (borrowed) */
 } ms_tensor;
@@ -42,6 +44,8 @@ int ms_st_open_file(ms_st_store **out, const char *path, ms_errbuf *err);
 /* Opens a checkpoint directory: model.safetensors.index.json if present
  * (every shard it names), else every *.safetensors file in the directory. */
 int ms_st_open_dir(ms_st_store **out, const char *dir, ms_errbuf *err);
+/* A directory goes to ms_st_open_dir, anything else to ms_st_open_file. */
+int ms_st_open(ms_st_store **out, const char *path, ms_errbuf *err);
 /* Validates a header held in memory (the fuzz target's entry point):
  * buf = the whole file image. */
 int ms_st_check_buffer(const uint8_t *buf, size_t len, ms_errbuf *err);

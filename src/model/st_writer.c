@@ -25,7 +25,7 @@ typedef struct wr_ent {
     int ndim;
     int64_t shape[MS_ST_MAX_DIMS];
     size_t nbytes;
-    const void *data;  /* borrowed (add_ref) or == owned (add) */
+    const void *data; /* borrowed (add_ref) or == owned (add) */
     void *owned;
     ms_st_fill_fn fill; /* add_gen */
     void *ctx;
@@ -62,7 +62,10 @@ void ms_st_writer_free(ms_st_writer *w)
     free(w);
 }
 
-size_t ms_st_writer_data_bytes(const ms_st_writer *w) { return w ? w->data_bytes : 0; }
+size_t ms_st_writer_data_bytes(const ms_st_writer *w)
+{
+    return w ? w->data_bytes : 0;
+}
 
 /* Validates a declaration and appends it; returns the entry via *out. */
 static int declare(ms_st_writer *w, const char *name, ms_dtype dt, int ndim, const int64_t *shape,
@@ -129,8 +132,9 @@ static int add_data(ms_st_writer *w, const char *name, ms_dtype dt, int ndim, co
     if (rc) return rc;
     if (nbytes != want || (!data && nbytes)) {
         undeclare(w);
-        return ms_err(err, MS_EINVAL, "writer: tensor '%s': %zu bytes given, dtype x shape needs %zu",
-                      name, nbytes, want);
+        return ms_err(err, MS_EINVAL,
+                      "writer: tensor '%s': %zu bytes given, dtype x shape needs %zu", name, nbytes,
+                      want);
     }
     if (copy && nbytes) {
         if (!(e->owned = malloc(nbytes))) {
@@ -145,8 +149,8 @@ static int add_data(ms_st_writer *w, const char *name, ms_dtype dt, int ndim, co
     return 0;
 }
 
-int ms_st_writer_add(ms_st_writer *w, const char *name, ms_dtype dt, int ndim,
-                     const int64_t *shape, const void *data, size_t nbytes, ms_errbuf *err)
+int ms_st_writer_add(ms_st_writer *w, const char *name, ms_dtype dt, int ndim, const int64_t *shape,
+                     const void *data, size_t nbytes, ms_errbuf *err)
 {
     return add_data(w, name, dt, ndim, shape, data, nbytes, true, err);
 }
@@ -170,8 +174,7 @@ int ms_st_writer_add_gen(ms_st_writer *w, const char *name, ms_dtype dt, int ndi
     return 0;
 }
 
-int ms_st_writer_set_metadata(ms_st_writer *w, const char *key, const char *value,
-                              ms_errbuf *err)
+int ms_st_writer_set_metadata(ms_st_writer *w, const char *key, const char *value, ms_errbuf *err)
 {
     if (!w || !key || !value) return ms_err(err, MS_EINVAL, "writer: NULL metadata argument");
     if (!w->meta && !(w->meta = json_object()))
@@ -193,10 +196,10 @@ static char *make_header(const ms_st_writer *w, size_t b, size_t e, size_t *len,
     for (size_t i = b; i < e && !bad; i++) {
         const wr_ent *t = &w->e[i];
         json_t *sh = json_array();
-        for (int d = 0; sh && d < t->ndim; d++) bad |= json_array_append_new(sh, json_integer(t->shape[d]));
-        json_t *o = json_pack("{s:s, s:o, s:[I, I]}", "dtype", ms_dtype_name(t->dtype), "shape",
-                              sh, "data_offsets", (json_int_t)off,
-                              (json_int_t)(off + t->nbytes));
+        for (int d = 0; sh && d < t->ndim; d++)
+            bad |= json_array_append_new(sh, json_integer(t->shape[d]));
+        json_t *o = json_pack("{s:s, s:o, s:[I, I]}", "dtype", ms_dtype_name(t->dtype), "shape", sh,
+                              "data_offsets", (json_int_t)off, (json_int_t)(off + t->nbytes));
         bad |= !o || json_object_set_new(h, t->name, o);
         off += t->nbytes;
     }
@@ -256,8 +259,8 @@ static int write_file(ms_st_writer *w, size_t b, size_t e, const char *path, ms_
         }
         scratch = malloc(t->nbytes ? t->nbytes : 1);
         if (!scratch) {
-            rc = ms_err(err, MS_ENOMEM, "writer: tensor '%s': out of memory for %zu bytes",
-                        t->name, t->nbytes);
+            rc = ms_err(err, MS_ENOMEM, "writer: tensor '%s': out of memory for %zu bytes", t->name,
+                        t->nbytes);
             break;
         }
         rc = t->fill(t->ctx, t->name, scratch, t->nbytes, err);
@@ -265,7 +268,8 @@ static int write_file(ms_st_writer *w, size_t b, size_t e, const char *path, ms_
         free(scratch);
         scratch = NULL;
     }
-    if (fclose(f) != 0 && !rc) rc = ms_err(err, MS_EIO, "%s: close failed: %s", tmp, strerror(errno));
+    if (fclose(f) != 0 && !rc)
+        rc = ms_err(err, MS_EIO, "%s: close failed: %s", tmp, strerror(errno));
     if (!rc && rename(tmp, path) != 0)
         rc = ms_err(err, MS_EIO, "%s: rename failed: %s", path, strerror(errno));
     if (rc) remove(tmp);
@@ -298,8 +302,8 @@ int ms_st_writer_save_sharded(ms_st_writer *w, const char *dir, size_t max_shard
         acc += w->e[i].nbytes;
     }
     start[++n_shards] = w->n;
-    json_t *idx = json_pack("{s:{s:I}, s:{}}", "metadata", "total_size",
-                            (json_int_t)w->data_bytes, "weight_map");
+    json_t *idx = json_pack("{s:{s:I}, s:{}}", "metadata", "total_size", (json_int_t)w->data_bytes,
+                            "weight_map");
     json_t *wm = idx ? json_object_get(idx, "weight_map") : NULL;
     int rc = idx ? 0 : ms_err(err, MS_ENOMEM, "writer: out of memory");
     char name[64], path[4096];
