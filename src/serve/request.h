@@ -41,7 +41,7 @@
 #define MS_SERVE_MAX_DP           256 /* DP ranks described in engine info */
 #define MS_SERVE_MAX_INPUT_TOKENS (1 << 22) /* hard cap on input ids before the context check */
 
-/* Same values, in the same order, as scheduler.h's enum ms_finish (checked in
+/* Same values, in the same order, as finish.h's enum ms_finish_kind (checked in
  * tests/test_openai.c), so the step loop may pass them through. */
 enum ms_serve_finish {
     MS_SERVE_FINISH_NONE = 0, /* still running */
