@@ -1,14 +1,15 @@
 // FUZZ_SOURCES: src/serve/openai.c src/serve/chat.c src/serve/detok.c src/serve/request.c src/base/error.c src/base/util.c src/base/log.c
+// FUZZ_LIBS: -ljansson -lm -pthread
 /* fuzz_request.c — libFuzzer target for everything a client's body reaches
  * before the engine: the request parsers of /v1/chat/completions,
  * /v1/completions and /generate (incl. the chat template), the context check,
  * and, on the output side, the detokenizer with stop strings and the
  * reasoning/tool-call parser fed in awkward pieces.
- * Build: clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Itests \
+ * Build: clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc \
  *   fuzz/fuzz_request.c <FUZZ_SOURCES> -ljansson -lpthread -lm
  * The first input byte picks the route and split sizes; the rest is the body.
  */
-#include "echo_engine.h"
+#include "../tests/echo_engine.h"
 #include "serve/chat.h"
 #include "serve/openai.h"
 

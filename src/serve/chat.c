@@ -501,8 +501,10 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
         }
         break;
     }
-    memmove(p->hold, s + pos, len - pos);
+    if (p->hold) {
+        memmove(p->hold, s + pos, len - pos);
+        p->hold[len - pos] = 0;
+    }
     p->n_hold = len - pos;
-    if (p->hold) p->hold[p->n_hold] = 0;
     return 0;
 }
