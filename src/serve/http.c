@@ -418,7 +418,13 @@ static json_t *server_info(ms_frontend *fe)
         rp[fe->o.reasoning_parser], "tool_call_parser",
         fe->o.tool_call_parser ? "deepseekv31" : NULL, "enable_metrics", fe->o.enable_metrics,
         "max_queued_requests", fe->o.max_queued_requests, "version", "moeserve");
-    if (o) json_object_set_new(o, "internal_states", load_json(fe));
+    if (o) {
+        /* the per-DP-rank capacity as SGLang's scalar (every DP rank has the same pool
+         * size), next to the list; the topology fields above say what it means */
+        json_object_set_new(o, "max_total_num_tokens",
+                            json_integer((json_int_t)(in->n_dp > 0 ? in->max_total_num_tokens[0] : 0)));
+        json_object_set_new(o, "internal_states", load_json(fe));
+    }
     return o;
 }
 
