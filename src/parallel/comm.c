@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -405,6 +406,8 @@ int ms_comm_init(int *argc, char ***argv, const ms_comm_opts *opts, ms_errbuf *e
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     s->main_thread = pthread_self();
+    /* Short back-off sleeps should last what they say, not the default 50 µs timer slack. */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     MPI_Comm_rank(MPI_COMM_WORLD, &s->world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &s->world_size);
     ms_log_init(s->world_rank);

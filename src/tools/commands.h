@@ -5,8 +5,10 @@
 #define MS_TOOLS_COMMANDS_H
 
 int ms_cmd_version(int argc, char **argv);
+int ms_cmd_comm_check(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
-    X("version", ms_cmd_version, "print the version and the CPU features in use")
+    X("version", ms_cmd_version, "print the version and the CPU features in use")                \
+    X("comm-check", ms_cmd_comm_check, "check and measure MPI communication (--np N --mode ...)")
 
 #endif
