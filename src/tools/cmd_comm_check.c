@@ -468,59 +468,62 @@ static int mode_kill(bool idle)
 
 /* ---- measurements ----------------------------------------------------------------------- */
 
+static void sort_d(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+}
+
+/* Root sends N_IDLE blocks, each after sleeping idle_s / N_IDLE outside MPI, then N_LOAD blocks
+ * 200 µs apart; the others report CPU use over the idle phase and send→receive latencies. */
 static int mode_idle(double idle_s)
 {
+    enum { N_IDLE = 8, N_LOAD = 100 };
     ms_group *w = ms_comm_world();
     ms_errbuf e = {""};
-    double msg[2];
-    /* 1. idle: root sleeps (no MPI) then sends its send time */
-    double c0 = cpu_s(), t0 = ms_now_s(), lat_idle = 0, cpu_pct = 0;
-    if (w->rank == 0) {
-        sleep_s(idle_s);
-        msg[0] = ms_now_s();
-        if (ms_comm_ctrl_send(w, msg, sizeof msg, &e)) goto fail;
-    } else {
-        const void *b;
-        size_t nb;
-        if (ms_comm_ctrl_recv(w, &b, &nb, &e)) goto fail;
-        double t = ms_now_s();
-        memcpy(msg, b, sizeof msg);
-        lat_idle = t - msg[0];
-        cpu_pct = 100 * (cpu_s() - c0) / (t - t0);
-    }
-    /* 2. loaded: back-to-back blocks 200 µs apart */
-    enum { N_LOAD = 100 };
-    double lat[N_LOAD];
-    for (int i = 0; i < N_LOAD; i++) {
+    double msg[2], lat_idle[N_IDLE], lat[N_LOAD];
+    double c0 = cpu_s(), t0 = ms_now_s(), cpu_pct = 0;
+    for (int k = 0; k < N_IDLE + N_LOAD; k++) {
         if (w->rank == 0) {
-            double until = ms_now_s() + 200e-6;
-            while (ms_now_s() < until) {}
+            if (k < N_IDLE) {
+                sleep_s(idle_s / N_IDLE);
+            } else {
+                double until = ms_now_s() + 200e-6;
+                while (ms_now_s() < until) {}
+            }
             msg[0] = ms_now_s();
             if (ms_comm_ctrl_send(w, msg, sizeof msg, &e)) goto fail;
         } else {
             const void *b;
             size_t nb;
             if (ms_comm_ctrl_recv(w, &b, &nb, &e)) goto fail;
+            double t = ms_now_s();
             memcpy(msg, b, sizeof msg);
-            lat[i] = ms_now_s() - msg[0];
+            if (k < N_IDLE) lat_idle[k] = t - msg[0];
+            else lat[k - N_IDLE] = t - msg[0];
+            if (k == N_IDLE - 1) cpu_pct = 100 * (cpu_s() - c0) / (t - t0);
         }
     }
-    double med = 0;
+    double mine[4] = {0};
     if (w->rank != 0) {
-        for (int i = 0; i < N_LOAD; i++) /* insertion sort, small */
-            for (int j = i; j > 0 && lat[j] < lat[j - 1]; j--) {
-                double t = lat[j];
-                lat[j] = lat[j - 1];
-                lat[j - 1] = t;
-            }
-        med = lat[N_LOAD / 2];
+        sort_d(lat_idle, N_IDLE);
+        sort_d(lat, N_LOAD);
+        mine[0] = cpu_pct;
+        mine[1] = lat_idle[N_IDLE / 2] * 1e6;
+        mine[2] = lat_idle[N_IDLE - 1] * 1e6;
+        mine[3] = lat[N_LOAD / 2] * 1e6;
     }
-    double mine[3] = {cpu_pct, lat_idle * 1e6, med * 1e6}, all[3 * 64];
+    double all[4 * 64];
     if (ms_comm_gather(w, mine, sizeof mine, all, 0, &e)) goto fail;
     if (w->rank == 0)
         for (int r = 1; r < w->size; r++)
-            printf("IDLE rank %d idle_s=%.1f cpu_pct=%.2f wake_idle_us=%.0f wake_load_p50_us=%.1f\n",
-                   r, idle_s, all[3 * r], all[3 * r + 1], all[3 * r + 2]);
+            printf("IDLE rank %d idle_s=%.1f cpu_pct=%.2f wake_idle_p50_us=%.0f "
+                   "wake_idle_max_us=%.0f wake_load_p50_us=%.1f\n", r, idle_s, all[4 * r],
+                   all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
     return 0;
 fail:
     fprintf(stderr, "comm-check rank %d: idle mode failed: %s\n", w->rank, e.msg);
