@@ -58,6 +58,8 @@ static double cpu_s(void)
 
 /* ---- collectives mode ------------------------------------------------------------------- */
 
+static unsigned char a2a_byte(int from, int to, size_t i);
+
 static float val(int r, size_t j) { return (float)(r * 100000 + (int)(j % 99991)); }
 
 static void check_allreduce(ms_group *g)
@@ -126,6 +128,25 @@ static void check_allgatherv(ms_group *g)
                 free(recv);
                 free(send);
             }
+    /* byte allgatherv with gaps between blocks (unit 1 and unit 256 paths) */
+    for (size_t unit = 3; unit <= 768; unit *= 256) {
+        size_t bc[64], bd[64], off = 0;
+        for (int r = 0; r < n; r++) {
+            bc[r] = rows_of(2, r, n) * unit;
+            bd[r] = off + unit; /* one row of gap before each block */
+            off = bd[r] + bc[r];
+        }
+        unsigned char *recv = calloc(off + 1, 1), *send = malloc(bc[g->rank] + 1);
+        for (size_t j = 0; j < bc[g->rank]; j++) send[j] = a2a_byte(g->rank, 0, j);
+        CKRC(ms_comm_allgatherv(g, send, recv, bc, bd, &ck_e));
+        size_t bad = 0;
+        for (int r = 0; r < n; r++)
+            for (size_t j = 0; j < bc[r]; j++) bad += recv[bd[r] + j] != a2a_byte(r, 0, j);
+        for (size_t j = 0; j < unit; j++) bad += recv[j] != 0; /* the gap stays untouched */
+        CK(bad == 0, "allgatherv bytes, rows of %zu B with gaps: %zu wrong", unit, bad);
+        free(recv);
+        free(send);
+    }
     /* fixed-size allgather, 3 bytes per rank, plus in place */
     unsigned char mine[3] = {(unsigned char)g->rank, 0xab, (unsigned char)(g->rank * 7)};
     unsigned char all[3 * 64];
