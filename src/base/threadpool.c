@@ -1,4 +1,5 @@
-/* threadpool.c — fixed pthread pool with spin-then-futex hand-off (threadpool.h). */
+/* threadpool.c — fixed pthread pool with spin-then-futex hand-off (threadpool.h).
+ * The futex wake (a syscall) is made only when a worker is asleep. */
 #include "base/threadpool.h"
 
 #include <linux/futex.h>
@@ -14,6 +15,7 @@ struct ms_pool {
     _Atomic uint32_t generation; /* bumped for each job; workers wait on it */
     _Atomic int pending;         /* workers still running the current job */
     _Atomic int stop;
+    _Atomic int sleepers;        /* workers inside (or entering) futex_wait */
     ms_pool_fn fn;
     void *arg;
 };
@@ -49,7 +51,13 @@ static void *worker_main(void *p)
                 __builtin_ia32_pause();
                 continue;
             }
+            /* announce the sleep before re-checking the generation inside
+             * futex_wait: ms_pool_run bumps the generation, then reads
+             * sleepers (both seq_cst), so one of the two sees the other */
+            atomic_fetch_add(&pool->sleepers, 1);
             futex_wait(&pool->generation, seen);
+            atomic_fetch_sub(&pool->sleepers, 1);
+            spins = 0;
         }
         seen = gen;
         if (atomic_load(&pool->stop)) return NULL;
@@ -112,8 +120,8 @@ void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg)
     pool->fn = fn;
     pool->arg = arg;
     atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
-    futex_wake_all(&pool->generation);
+    atomic_fetch_add(&pool->generation, 1);
+    if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation); /* skip the syscall when all spin */
     fn(arg, 0, pool->n_threads);
     while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
         __builtin_ia32_pause();

@@ -16,6 +16,7 @@
 #include "base/threadpool.h"
 #include "kernels/dtype.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* A view of a stored weight matrix.  Element (r, c) of the view is stored at
@@ -58,6 +59,18 @@ void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t 
 void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M, const ms_mat *W,
                    int accumulate);
 
+/* oneDNN (auto mode, BF16 weights, M >= 48): each weight view is reordered
+ * once into oneDNN's blocked layout and cached, keyed by its data pointer (a
+ * second copy of those weights; MOESERVE_DNNL_MB caps it, default 4096 MiB).
+ * MOESERVE_DNNL=0 or ms_kernels_set_dnnl(0) turns the path off (and frees the
+ * copies).  Call ms_kernels_dnnl_forget(data) before freeing or overwriting
+ * weights that may have been prepacked (a sampled fingerprint also catches
+ * most reuse).  Main thread only. */
+void ms_kernels_set_dnnl(int on);
+void ms_kernels_dnnl_forget(const void *data);
+void ms_kernels_dnnl_clear(void);
+size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
+
 /* y[M][W.cols] (=|+=) x[M][W.rows] · W   (no transpose; MLA absorption). */
 void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                   const ms_mat *W, int accumulate);
@@ -68,6 +81,8 @@ void ms_matmul_nn_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
  * NULL (unweighted).  x and y may alias. */
 void ms_rmsnorm(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
                 float eps);
+void ms_rmsnorm_ref(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
+                    float eps);
 
 /* Interleaved (GPT-J) rotation of n_heads vectors of `dim` values, one every
  * `stride` floats: pair (x[2i], x[2i+1]) rotated by pos * inv_freq[i]. */
@@ -76,16 +91,32 @@ void ms_rope_interleaved(float *x, int64_t n_heads, int64_t stride, int64_t dim,
 
 /* In-place numerically stable softmax over n values. */
 void ms_softmax(float *x, int64_t n);
+void ms_softmax_ref(float *x, int64_t n);
 
 /* out[i] = silu(g[i]) * u[i]. */
 void ms_silu_mul(float *out, const float *g, const float *u, int64_t n);
+void ms_silu_mul_ref(float *out, const float *g, const float *u, int64_t n);
 
 /* Indices of the k largest values of x[n] (ties: lower index first), written
  * in descending value order.  k <= n. */
 void ms_topk(const float *x, int64_t n, int k, int32_t *idx);
 
+/* Bulk conversions with the kernels' SIMD code (isa: MS_ISA_*, lower ISAs give
+ * the same results).  ms_cvt_to_f32: F32/BF16/F16/F8E4M3 (FP8 unscaled) to
+ * f32, exact.  ms_cvt_f32_to_bf16: round to nearest even (AVX512_BF16 flushes
+ * f32 denormals to ±0).  ms_cvt_fp8_to_bf16: exact (every e4m3 value is a
+ * bf16 value; NaN codes give the quiet NaN 0x7fc0 / 0xffc0). */
+void ms_cvt_to_f32(int isa, ms_dtype dt, const void *in, float *out, int64_t n);
+void ms_cvt_f32_to_bf16(int isa, const float *in, uint16_t *out, int64_t n);
+void ms_cvt_fp8_to_bf16(int isa, const uint8_t *in, uint16_t *out, int64_t n);
+
+/* The vector kernels below (vec.c) use AVX2 + FMA, the build baseline, with
+ * FP32 sums in a different order than their _ref twins (about 1e-6
+ * relative); exp is a polynomial within 2 ulp of expf. */
 float ms_dot_f32(const float *a, const float *b, int64_t n);
+float ms_dot_f32_ref(const float *a, const float *b, int64_t n);
 /* y += a * x */
 void ms_axpy_f32(float *y, float a, const float *x, int64_t n);
+void ms_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
 
 #endif

@@ -1,8 +1,16 @@
-/* matmul.c — ms_matmul / ms_matmul_nn dispatch and the portable FP32 path.
- * Splits the output columns over the pool; each thread converts one weight row
- * at a time to f32 and takes dot products with every activation row. */
-#include "kernels/kernels.h"
+/* matmul.c — ms_matmul / ms_matmul_nn: path choice, threading and scratch.
+ *
+ * Picks the back end from the kernel context (exact mode, ISA) and the weight
+ * dtype, splits the output columns over the pool and runs it: mm_bf16.c
+ * (auto mode, BF16/FP8 weights, AVX512_BF16), mm_dnnl.c (auto mode, BF16
+ * weights, large M), mm_avx512.c / mm_avx2.c (exact FP32), or the portable
+ * scalar path here.  Also CPU feature detection, the per-thread scratch and
+ * the bulk conversions.  Call from the rank's main thread (kernels.h).
+ */
+#include "base/log.h"
+#include "kernels/mm_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,8 +20,13 @@ int ms_kernels_detect(void)
     __builtin_cpu_init();
     int best = MS_ISA_SCALAR;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = MS_ISA_AVX2;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) best = MS_ISA_AVX512;
-    if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) best = MS_ISA_AVX512BF16;
+    if (best == MS_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        best = MS_ISA_AVX512;
+    if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") &&
+        __builtin_cpu_supports("avx512vbmi"))
+        best = MS_ISA_AVX512BF16;
     if (env) {
         int want = !strcmp(env, "scalar") ? MS_ISA_SCALAR
                    : !strcmp(env, "avx2") ? MS_ISA_AVX2
@@ -30,60 +43,180 @@ const char *ms_isa_name(int isa)
     return isa >= 0 && isa <= 3 ? n[isa] : "?";
 }
 
+/* ---- per-thread scratch ---- */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static _Thread_local void *scratch_ptr;
+static _Thread_local size_t scratch_bytes;
+
+static void scratch_free(void *p) { free(p); }
+static void scratch_key_init(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
+
+void *ms_mm_scratch(size_t bytes)
+{
+    if (bytes <= scratch_bytes) return scratch_ptr;
+    pthread_once(&scratch_once, scratch_key_init);
+    size_t want = bytes + bytes / 4 + 4096;
+    want = (want + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want) != 0) return NULL;
+    free(scratch_ptr);
+    scratch_ptr = p;
+    scratch_bytes = want;
+    pthread_setspecific(scratch_key, p); /* freed at thread exit */
+    return p;
+}
+
+/* ---- portable scalar path (MS_ISA_SCALAR) ---- */
+
+static void scalar_nt(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    float *wrow = ms_mm_scratch(sizeof(float) * (size_t)(W->cols > 0 ? W->cols : 1));
+    for (int64_t n = n0; n < n1; n++) {
+        const float *w = (const float *)W->data + n * W->ld;
+        if (W->dtype != MS_DT_F32) {
+            if (!wrow) abort(); /* out of memory in a kernel: nothing sane to return */
+            for (int64_t c = 0; c < W->cols; c++) wrow[c] = ms_mat_get(W, n, c);
+            w = wrow;
+        }
+        for (int64_t i = 0; i < t->M; i++) {
+            float s = ms_dot_f32(t->x + i * t->ldx, w, W->cols);
+            float *yo = t->y + i * t->ldy + n;
+            *yo = t->accumulate ? *yo + s : s;
+        }
+    }
+}
+
+static void scalar_nn(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    for (int64_t i = 0; i < t->M; i++) {
+        float *yi = t->y + i * t->ldy;
+        if (!t->accumulate) memset(yi + n0, 0, sizeof(float) * (size_t)(n1 - n0));
+        for (int64_t r = 0; r < W->rows; r++) {
+            float a = t->x[i * t->ldx + r];
+            for (int64_t n = n0; n < n1; n++) yi[n] += a * ms_mat_get(W, r, n);
+        }
+    }
+}
+
+/* ---- dispatch ---- */
+
+enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16 };
+
 struct mm_job {
-    float *y;
-    int64_t ldy;
-    const float *x;
-    int64_t ldx, M;
-    const ms_mat *W;
-    int accumulate;
+    mm_task t;
+    int path, nn;
 };
 
-static void row_to_f32(const ms_mat *W, int64_t r, float *out)
+static void run_range(const struct mm_job *j, int64_t b, int64_t e)
 {
-    for (int64_t c = 0; c < W->cols; c++) out[c] = ms_mat_get(W, r, c);
+    const mm_task *t = &j->t;
+    if (j->nn) {
+        switch (j->path) {
+        case P_AVX512:
+        case P_BF16: ms_mm_avx512_nn(t, b, e); break;
+        case P_AVX2: ms_mm_avx2_nn(t, b, e); break;
+        default: scalar_nn(t, b, e); break;
+        }
+        return;
+    }
+    switch (j->path) {
+    case P_BF16:
+        if (ms_mm_bf16_nt(t, b, e) == 0) break;
+        ms_mm_avx512_nt(t, b, e); /* no scratch: the exact path needs none */
+        break;
+    case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
+    case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
+    default: scalar_nt(t, b, e); break;
+    }
 }
 
 static void mm_worker(void *arg, int tid, int nt)
 {
-    struct mm_job *j = arg;
-    int64_t b, e;
-    ms_pool_range(j->W->rows, tid, nt, 16, &b, &e);
-    float *wrow = malloc(sizeof(float) * (size_t)(j->W->cols > 0 ? j->W->cols : 1));
-    if (!wrow) abort();
-    for (int64_t n = b; n < e; n++) {
-        const float *w = wrow;
-        if (j->W->dtype == MS_DT_F32) w = (const float *)j->W->data + n * j->W->ld;
-        else row_to_f32(j->W, n, wrow);
-        for (int64_t i = 0; i < j->M; i++) {
-            float s = ms_dot_f32(j->x + i * j->ldx, w, j->W->cols);
-            float *yo = j->y + i * j->ldy + n;
-            *yo = j->accumulate ? *yo + s : s;
-        }
-    }
-    free(wrow);
+    const struct mm_job *j = arg;
+    int64_t N = j->nn ? j->t.W->cols : j->t.W->rows, b, e;
+    ms_pool_range(N, tid, nt, j->nn ? 64 : 16, &b, &e);
+    if (b < e) run_range(j, b, e);
+}
+
+static int pick_path(const ms_kctx *k, const ms_mat *W)
+{
+    int isa = k ? k->isa : MS_ISA_SCALAR;
+    if (W->dtype != MS_DT_F32 && W->dtype != MS_DT_BF16 && W->dtype != MS_DT_F16 &&
+        W->dtype != MS_DT_F8E4M3)
+        return P_SCALAR; /* ms_mat_get gives NaN: keep the behaviour of the reference */
+    if (isa >= MS_ISA_AVX512BF16 && !k->exact &&
+        (W->dtype == MS_DT_BF16 || W->dtype == MS_DT_F8E4M3))
+        return P_BF16;
+    if (isa >= MS_ISA_AVX512) return P_AVX512;
+    if (isa >= MS_ISA_AVX2) return P_AVX2;
+    return P_SCALAR;
+}
+
+/* Below this many multiply-adds a call runs on the calling thread only: the
+ * pool hand-off would cost more than it saves. */
+enum { MT_MIN_MACS = 1 << 16 };
+
+static void run(const ms_kctx *k, struct mm_job *j)
+{
+    int64_t N = j->nn ? j->t.W->cols : j->t.W->rows;
+    int64_t K = j->nn ? j->t.W->rows : j->t.W->cols;
+    if (j->t.M * N * K < MT_MIN_MACS || !k || !k->pool) mm_worker(j, 0, 1);
+    else ms_pool_run(k->pool, mm_worker, j);
 }
 
 void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                const ms_mat *W, int accumulate)
 {
     if (M <= 0 || W->rows <= 0) return;
-    struct mm_job j = {y, ldy, x, ldx, M, W, accumulate};
-    ms_pool_run(k ? k->pool : NULL, mm_worker, &j);
+    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 0};
+    if (j.path == P_BF16 && W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &j.t) == 0) return;
+    run(k, &j);
 }
 
 void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                   const ms_mat *W, int accumulate)
 {
-    (void)k;
-    if (M <= 0) return;
-    if (!accumulate)
-        for (int64_t i = 0; i < M; i++) memset(y + i * ldy, 0, sizeof(float) * (size_t)W->cols);
-    float *wrow = malloc(sizeof(float) * (size_t)(W->cols > 0 ? W->cols : 1));
-    if (!wrow) abort();
-    for (int64_t r = 0; r < W->rows; r++) {
-        row_to_f32(W, r, wrow);
-        for (int64_t i = 0; i < M; i++) ms_axpy_f32(y + i * ldy, x[i * ldx + r], wrow, W->cols);
+    if (M <= 0 || W->cols <= 0) return;
+    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 1};
+    run(k, &j);
+}
+
+/* ---- bulk conversions ---- */
+
+void ms_cvt_to_f32(int isa, ms_dtype dt, const void *in, float *out, int64_t n)
+{
+    if (dt != MS_DT_F32 && dt != MS_DT_BF16 && dt != MS_DT_F16 && dt != MS_DT_F8E4M3) return;
+    if (isa >= MS_ISA_AVX512) {
+        ms_mm_avx512_cvt(dt, in, out, n);
+    } else if (isa >= MS_ISA_AVX2) {
+        ms_mm_avx2_cvt(dt, in, out, n);
+    } else {
+        const uint8_t *b = in;
+        if (dt == MS_DT_F8E4M3)
+            for (int64_t i = 0; i < n; i++) out[i] = ms_fp8e4m3_to_f32(b[i]);
+        else
+            for (int64_t i = 0; i < n; i++) out[i] = ms_mat_get(&(ms_mat){.dtype = dt, .ld = n, .data = in}, 0, i);
     }
-    free(wrow);
+}
+
+void ms_cvt_f32_to_bf16(int isa, const float *in, uint16_t *out, int64_t n)
+{
+    if (isa >= MS_ISA_AVX512BF16) {
+        ms_mm_bf16_cvt_f32(in, out, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = ms_f32_to_bf16(in[i]);
+}
+
+void ms_cvt_fp8_to_bf16(int isa, const uint8_t *in, uint16_t *out, int64_t n)
+{
+    if (isa >= MS_ISA_AVX512BF16) {
+        ms_mm_bf16_cvt_fp8(in, out, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = ms_f32_to_bf16(ms_fp8e4m3_to_f32(in[i]));
 }

@@ -64,8 +64,8 @@ void ms_matmul_nn_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
         }
 }
 
-void ms_rmsnorm(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
-                float eps)
+void ms_rmsnorm_ref(float *y, const float *x, const float *w, int64_t M, int64_t n, int64_t ld,
+                    float eps)
 {
     for (int64_t i = 0; i < M; i++) {
         const float *xi = x + i * ld;
@@ -92,7 +92,7 @@ void ms_rope_interleaved(float *x, int64_t n_heads, int64_t stride, int64_t dim,
     }
 }
 
-void ms_softmax(float *x, int64_t n)
+void ms_softmax_ref(float *x, int64_t n)
 {
     if (n <= 0) return;
     float mx = x[0];
@@ -106,7 +106,7 @@ void ms_softmax(float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
-void ms_silu_mul(float *out, const float *g, const float *u, int64_t n)
+void ms_silu_mul_ref(float *out, const float *g, const float *u, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -127,14 +127,14 @@ void ms_topk(const float *x, int64_t n, int k, int32_t *idx)
     }
 }
 
-float ms_dot_f32(const float *a, const float *b, int64_t n)
+float ms_dot_f32_ref(const float *a, const float *b, int64_t n)
 {
     float s = 0;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-void ms_axpy_f32(float *y, float a, const float *x, int64_t n)
+void ms_axpy_f32_ref(float *y, float a, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }

@@ -1,0 +1,54 @@
+/* mm_avx2.c — exact FP32 matmul kernels for AVX2 + FMA + F16C (the build
+ * baseline, x86-64-v3): mm_f32_tmpl.h instantiated with 8-lane vectors.
+ * Called by matmul.c on pool threads. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/mm_internal.h"
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256 load_bf16x8(const void *p)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* 8 e4m3 codes -> f32 values × 2^-8, exactly, through f16 (NaN codes -> NaN). */
+static inline __m256 load_f8x8(const void *p)
+{
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    __m128i t = _mm_slli_epi16(b, 7); /* exp+man to f16 bits 7..13, sign to bit 14 */
+    __m128i h = _mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000))); /* sign -> 15 */
+    __m256 f = _mm256_cvtph_ps(h);
+    __m128i nan16 = _mm_cmpeq_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    __m256 nanm = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nanm);
+}
+
+#define VW 8
+#define VF __m256
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(f) _mm256_set1_ps(f)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VHSUM(v) hsum8(v)
+#define VLOAD_BF16(p) load_bf16x8(p)
+#define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VLOAD_F8(p) load_f8x8(p)
+#define FN(name) ms_mm_avx2_##name
+#define NT_MB 2
+#define NT_R(mb) ((mb) == 1 ? 6 : 4)
+#define NN_C 2
+
+#include "kernels/mm_f32_tmpl.h"

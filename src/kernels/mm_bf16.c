@@ -1,0 +1,302 @@
+/* mm_bf16.c — the auto-mode (exact = 0) matmul for BF16 and F8E4M3 weights on
+ * AVX512_BF16 CPUs: activations rounded once to BF16 into per-thread scratch,
+ * weights fed to vdpbf16ps (FP8 through an exact e4m3 -> bf16 table lookup with
+ * vpermi2b), FP32 accumulation.  FP8 block scales are folded into the BF16
+ * activations per 128-row block (x·s rounded once, the same error as rounding
+ * x), so any view origin (r0, c0) works and the inner loop has no scale work.
+ * Also the bulk conversions that use the same instructions (ms_cvt_*).
+ * Compiled for AVX-512 BF16 + VBMI by the pragma; called on pool threads only
+ * when kctx->isa == MS_ISA_AVX512BF16.
+ */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/mm_internal.h"
+
+#define AI static inline __attribute__((always_inline))
+
+enum {
+    MC = 32,        /* activation rows prepared (rounded to bf16) at once */
+    PF_BYTES = 768, /* software prefetch distance along a weight row */
+};
+
+/* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and
+ * low bytes.  0x7f (NaN) maps to the quiet NaN 0x7fc0.  Checked against
+ * ms_fp8e4m3_to_f32 over all 256 codes by tests/test_kernels.c. */
+static const uint8_t f8_hi[128] = {
+    0x00, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c,
+    0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d,
+    0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e,
+    0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f,
+    0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40,
+    0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41,
+    0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42,
+    0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x7f,
+};
+static const uint8_t f8_lo[128] = {
+    0x00, 0x00, 0x80, 0xc0, 0x00, 0x20, 0x40, 0x60, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xc0,
+};
+
+typedef struct f8lut {
+    __m512i th0, th1, tl0, tl1; /* f8_hi[0..63], [64..127], f8_lo likewise */
+    __m512i ia, ib;             /* byte interleaves lo/hi -> words 0..31, 32..63 */
+    __m512i sign;
+} f8lut;
+
+static void f8lut_init(f8lut *L)
+{
+    uint8_t ia[64], ib[64];
+    for (int j = 0; j < 32; j++) {
+        ia[2 * j] = (uint8_t)j;
+        ia[2 * j + 1] = (uint8_t)(64 + j);
+        ib[2 * j] = (uint8_t)(32 + j);
+        ib[2 * j + 1] = (uint8_t)(96 + j);
+    }
+    L->th0 = _mm512_loadu_si512(f8_hi);
+    L->th1 = _mm512_loadu_si512(f8_hi + 64);
+    L->tl0 = _mm512_loadu_si512(f8_lo);
+    L->tl1 = _mm512_loadu_si512(f8_lo + 64);
+    L->ia = _mm512_loadu_si512(ia);
+    L->ib = _mm512_loadu_si512(ib);
+    L->sign = _mm512_set1_epi8((char)0x80);
+}
+
+/* 64 e4m3 codes -> 64 bf16 (in order: wa = codes 0..31, wb = 32..63), exact. */
+AI void f8_to_bf16(const f8lut *L, __m512i b, __m512i *wa, __m512i *wb)
+{
+    __m512i hi = _mm512_permutex2var_epi8(L->th0, b, L->th1);
+    __m512i lo = _mm512_permutex2var_epi8(L->tl0, b, L->tl1);
+    hi = _mm512_ternarylogic_epi32(hi, b, L->sign, 0xF8); /* hi | (b & 0x80) */
+    *wa = _mm512_permutex2var_epi8(lo, L->ia, hi);
+    *wb = _mm512_permutex2var_epi8(lo, L->ib, hi);
+}
+
+AI __m512 dp(__m512 acc, __m512i x, __m512i w)
+{
+    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+}
+
+/* One tile: prepared activation rows xb[MB][ldxb] (bf16, zero padded to a
+ * multiple of 64) × weight rows w0 + r·ldw (bytes), r < R; writes the sums to
+ * out[m * R + r]. */
+AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const uint16_t *xb,
+             int64_t ldxb, const char *w0, int64_t ldw, int64_t K, float *out)
+{
+    const int es = isf8 ? 1 : 2;
+    __m512 acc[4][8];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    const int64_t Kf = K & ~(int64_t)63;
+    int64_t k = 0;
+    for (; k < Kf; k += 64) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const char *p = w0 + r * ldw + k * es;
+            __m512i wa, wb;
+            if (isf8) {
+                _mm_prefetch(p + PF_BYTES, _MM_HINT_T0);
+                f8_to_bf16(L, _mm512_loadu_si512(p), &wa, &wb);
+            } else {
+                _mm_prefetch(p + 2 * PF_BYTES, _MM_HINT_T0);
+                _mm_prefetch(p + 2 * PF_BYTES + 64, _MM_HINT_T0);
+                wa = _mm512_loadu_si512(p);
+                wb = _mm512_loadu_si512(p + 64);
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < MB; m++) {
+                const uint16_t *xp = xb + m * ldxb + k;
+                acc[m][r] = dp(acc[m][r], _mm512_loadu_si512(xp), wa);
+                acc[m][r] = dp(acc[m][r], _mm512_loadu_si512(xp + 32), wb);
+            }
+        }
+    }
+    if (k < K) { /* tail: masked weight loads; the activations are zero padded */
+        int64_t rem = K - k;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const char *p = w0 + r * ldw + k * es;
+            __m512i wa, wb;
+            if (isf8) {
+                __mmask64 mk = rem >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << rem) - 1);
+                f8_to_bf16(L, _mm512_maskz_loadu_epi8(mk, p), &wa, &wb);
+            } else {
+                __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+                __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
+                wa = _mm512_maskz_loadu_epi16(m0, p);
+                wb = _mm512_maskz_loadu_epi16(m1, p + 64);
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < MB; m++) {
+                const uint16_t *xp = xb + m * ldxb + k;
+                acc[m][r] = dp(acc[m][r], _mm512_loadu_si512(xp), wa);
+                acc[m][r] = dp(acc[m][r], _mm512_loadu_si512(xp + 32), wb);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+/* Rounds rows x[mc][ldx] (times ks[k] when ks) to bf16 into xb[mc][Kp],
+ * zero padding columns K..Kp. */
+static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp, const float *ks,
+                 uint16_t *xb)
+{
+    for (int64_t m = 0; m < mc; m++) {
+        const float *xr = x + m * ldx;
+        uint16_t *o = xb + m * Kp;
+        for (int64_t k = 0; k < Kp; k += 32) {
+            int64_t rem = K - k;
+            __mmask16 m0 = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
+            __mmask16 m1 = rem >= 32 ? 0xffff : rem <= 16 ? 0 : (__mmask16)((1u << (rem - 16)) - 1);
+            __m512 v0 = _mm512_maskz_loadu_ps(m0, xr + k);
+            __m512 v1 = _mm512_maskz_loadu_ps(m1, xr + k + 16);
+            if (ks) {
+                v0 = _mm512_mul_ps(v0, _mm512_maskz_loadu_ps(m0, ks + k));
+                v1 = _mm512_mul_ps(v1, _mm512_maskz_loadu_ps(m1, ks + k + 16));
+            }
+            _mm512_storeu_si512(o + k, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+        }
+    }
+}
+
+static void store(const mm_task *t, int64_t m0, int MB, int64_t n0, int R, const float *s)
+{
+    for (int m = 0; m < MB; m++) {
+        float *yo = t->y + (m0 + m) * t->ldy + n0;
+        if (t->accumulate)
+            for (int r = 0; r < R; r++) yo[r] += s[m * R + r];
+        else
+            for (int r = 0; r < R; r++) yo[r] = s[m * R + r];
+    }
+}
+
+/* Dispatches a tile shape to its instantiation (the valid shapes are those
+ * block() asks for). */
+AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *xb, int64_t ldxb,
+                 const char *w0, int64_t ldw, int64_t K, float *s)
+{
+#define T(mb, r)                                                                                   \
+    if (MB == (mb) && R == (r)) {                                                                  \
+        tile(isf8, mb, r, L, xb, ldxb, w0, ldw, K, s);                                             \
+        return;                                                                                    \
+    }
+    T(1, 8) T(2, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4) T(1, 1) T(2, 1) T(3, 1) T(4, 1)
+#undef T
+}
+
+/* Weight rows [n0, n1) (row n0 at w, rows ldw bytes apart) × prepared
+ * activation rows [m0, m0 + mc). */
+AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *xb, int64_t Kp,
+              int64_t m0, int64_t mc, int64_t n0, int64_t n1, const char *w, int64_t ldw)
+{
+    const int64_t K = t->W->cols;
+    const int Rfull = mc == 1 ? 8 : mc == 2 ? 6 : 4;
+    float s[32];
+    for (int64_t n = n0; n < n1;) {
+        int R = n1 - n >= Rfull ? Rfull : n1 - n >= 4 ? 4 : 1;
+        const char *w0 = w + (n - n0) * ldw;
+        for (int64_t m = 0; m < mc; m += 4) {
+            int mb = mc - m >= 4 ? 4 : (int)(mc - m);
+            run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
+            store(t, m0 + m, mb, n, R, s);
+        }
+        n += R;
+    }
+}
+
+/* Columns [n0, n1) of y for all M rows.  FP8 weights at M >= MC are first
+ * converted to bf16 one 128-row block at a time (into scratch), so the
+ * conversion is not repeated for every group of activation rows. */
+static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
+    const int64_t mcmax = M < MC ? M : MC;
+    const int widen = isf8 && M >= MC;
+    size_t wb_bytes = widen ? (size_t)(128 * Kp) * 2 : 0;
+    char *scr = ms_mm_scratch((size_t)Kp * 4 + (size_t)(mcmax * Kp) * 2 + wb_bytes);
+    if (!scr) return -1;
+    float *ks = (float *)scr;                  /* [Kp] per-column scale of one row block */
+    uint16_t *xb = (uint16_t *)(scr + Kp * 4); /* [mcmax][Kp] bf16 activations */
+    uint16_t *wb = xb + mcmax * Kp;            /* [128][Kp] widened FP8 rows */
+    const int64_t ldw = W->ld * (isf8 ? 1 : 2);
+    f8lut L;
+    f8lut_init(&L);
+    int prepared = 0;
+    for (int64_t n = n0; n < n1;) {
+        int64_t ne;
+        if (isf8) { /* one 128-row scale block of the stored matrix */
+            int64_t rb = (W->r0 + n) / 128;
+            ne = (rb + 1) * 128 - W->r0;
+            if (ne > n1) ne = n1;
+            const float *srow = W->scale + rb * W->scale_ld;
+            for (int64_t k = 0; k < K; k++) ks[k] = srow[(W->c0 + k) / 128];
+        } else {
+            ne = M <= MC ? n1 : (n + 128 < n1 ? n + 128 : n1);
+        }
+        const char *w = (const char *)W->data + n * ldw;
+        if (widen)
+            for (int64_t r = n; r < ne; r++)
+                ms_mm_bf16_cvt_fp8((const uint8_t *)w + (r - n) * ldw, wb + (r - n) * Kp, K);
+        for (int64_t m0 = 0; m0 < M; m0 += MC) {
+            int64_t mc = M - m0 < MC ? M - m0 : MC;
+            if (isf8 || !prepared) prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? ks : NULL, xb);
+            prepared = M <= MC;
+            if (widen) block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
+            else if (isf8) block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
+            else block(0, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
+        }
+        n = ne;
+    }
+    return 0;
+}
+
+int ms_mm_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
+{
+    if (t->W->dtype == MS_DT_F8E4M3) return nt_rows(1, t, n0, n1);
+    return nt_rows(0, t, n0, n1);
+}
+
+/* ---- bulk conversions (ms_cvt_*) ---- */
+
+void ms_mm_bf16_cvt_fp8(const uint8_t *in, uint16_t *out, int64_t n)
+{
+    f8lut L;
+    f8lut_init(&L);
+    for (int64_t i = 0; i < n; i += 64) {
+        int64_t rem = n - i;
+        __mmask64 mk = rem >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << rem) - 1);
+        __m512i wa, wb;
+        f8_to_bf16(&L, _mm512_maskz_loadu_epi8(mk, in + i), &wa, &wb);
+        __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+        __mmask32 m1 = rem >= 64 ? ~(__mmask32)0 : rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
+        _mm512_mask_storeu_epi16(out + i, m0, wa);
+        _mm512_mask_storeu_epi16(out + i + 32, m1, wb);
+    }
+}
+
+void ms_mm_bf16_cvt_f32(const float *in, uint16_t *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 32) {
+        int64_t rem = n - i;
+        __mmask16 m0 = rem >= 16 ? 0xffff : (__mmask16)((1u << rem) - 1);
+        __mmask16 m1 = rem >= 32 ? 0xffff : rem <= 16 ? 0 : (__mmask16)((1u << (rem - 16)) - 1);
+        __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, in + i + 16),
+                                                 _mm512_maskz_loadu_ps(m0, in + i));
+        __mmask32 mw = (__mmask32)m0 | ((__mmask32)m1 << 16);
+        _mm512_mask_storeu_epi16(out + i, mw, v);
+    }
+}

@@ -1,0 +1,310 @@
+/* mm_dnnl.c — oneDNN matmul for BF16 weights at large M (prefill), auto mode.
+ *
+ * Owns the prepack cache (each weight view reordered once into oneDNN's
+ * blocked bf16 layout, keyed by data pointer and shape, checked by a sampled
+ * fingerprint), the primitive cache (one matmul per M, K, N, ldy, accumulate)
+ * and the bf16 copy of the activations.  Prepacked copies double the memory of
+ * the weights that take this path, so it is opt-out (MOESERVE_DNNL=0 or
+ * ms_kernels_set_dnnl(0)) and capped (MOESERVE_DNNL_MB, default 4096 MiB);
+ * past the cap, matrices use the hand kernel.  oneDNN runs its own OpenMP
+ * team, sized to the kernel pool; run with OMP_WAIT_POLICY=passive so its
+ * threads do not spin against the pool's.  Main thread only (all state is
+ * unsynchronised globals).
+ */
+#include "base/log.h"
+#include "kernels/mm_internal.h"
+
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MIN_M = 48, N_PRIMS = 32 };
+
+typedef struct pack_ent {
+    const void *data; /* NULL: empty slot */
+    int64_t n, k, ld;
+    uint64_t fp;
+    dnnl_memory_t mem;
+    dnnl_memory_desc_t md;
+    size_t bytes;
+} pack_ent;
+
+typedef struct prim_ent {
+    int64_t m, k, n, ldy;
+    int acc;
+    dnnl_primitive_t prim; /* NULL: empty slot */
+    dnnl_memory_desc_t wmd;
+    dnnl_memory_t src, dst;
+} prim_ent;
+
+static struct {
+    int init, disabled, threads;
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    pack_ent *packs;
+    size_t n_packs, cap_packs, bytes, max_bytes;
+    prim_ent prims[N_PRIMS];
+    int next_prim;
+    uint16_t *xb;
+    size_t xb_elems;
+} g;
+
+void ms_kernels_set_dnnl(int on)
+{
+    g.disabled = !on;
+    if (!on) ms_kernels_dnnl_clear();
+}
+
+size_t ms_kernels_dnnl_bytes(void) { return g.bytes; }
+
+static int init(void)
+{
+    if (g.init) return g.eng ? 0 : -1;
+    g.init = 1;
+    const char *e = getenv("MOESERVE_DNNL");
+    if (e && !strcmp(e, "0")) g.disabled = 1;
+    e = getenv("MOESERVE_DNNL_MB");
+    g.max_bytes = (size_t)(e ? atol(e) : 4096) << 20;
+    if (dnnl_engine_create(&g.eng, dnnl_cpu, 0) != dnnl_success) goto fail;
+    if (dnnl_stream_create(&g.stream, g.eng, dnnl_stream_default_flags) != dnnl_success) goto fail;
+    if (!getenv("OMP_WAIT_POLICY"))
+        MS_LOG(MS_INFO, "kernels",
+               "oneDNN in use without OMP_WAIT_POLICY=passive: its threads spin after each call");
+    return 0;
+fail:
+    MS_LOG(MS_WARN, "kernels", "oneDNN engine unavailable; large-M BF16 uses the hand kernel");
+    if (g.eng) dnnl_engine_destroy(g.eng);
+    g.eng = NULL;
+    return -1;
+}
+
+static void set_threads(int n)
+{
+    if (n == g.threads) return;
+    void (*set)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (set) set(n);
+    g.threads = n;
+}
+
+static void pack_drop(pack_ent *p)
+{
+    if (p->mem) dnnl_memory_destroy(p->mem);
+    g.bytes -= p->bytes;
+    memset(p, 0, sizeof *p);
+}
+
+void ms_kernels_dnnl_clear(void)
+{
+    for (size_t i = 0; i < g.cap_packs; i++)
+        if (g.packs[i].data) pack_drop(&g.packs[i]);
+    free(g.packs);
+    g.packs = NULL;
+    g.n_packs = g.cap_packs = 0;
+    for (int i = 0; i < N_PRIMS; i++) {
+        prim_ent *p = &g.prims[i];
+        if (!p->prim) continue;
+        dnnl_primitive_destroy(p->prim);
+        dnnl_memory_destroy(p->src);
+        dnnl_memory_destroy(p->dst);
+        memset(p, 0, sizeof *p);
+    }
+    free(g.xb);
+    g.xb = NULL;
+    g.xb_elems = 0;
+}
+
+void ms_kernels_dnnl_forget(const void *data)
+{
+    for (size_t i = 0; i < g.cap_packs; i++)
+        if (g.packs[i].data == data) { /* rebuild the table without it */
+            pack_ent *old = g.packs;
+            size_t cap = g.cap_packs;
+            pack_drop(&old[i]);
+            g.packs = calloc(cap, sizeof *g.packs);
+            if (!g.packs) { /* keep nothing rather than a broken table */
+                g.packs = old;
+                ms_kernels_dnnl_clear();
+                return;
+            }
+            g.n_packs = 0;
+            for (size_t j = 0; j < cap; j++) {
+                if (!old[j].data) continue;
+                size_t h = ((uintptr_t)old[j].data >> 6) % cap;
+                while (g.packs[h].data) h = (h + 1) % cap;
+                g.packs[h] = old[j];
+                g.n_packs++;
+            }
+            free(old);
+            return;
+        }
+}
+
+/* 64 sampled bytes of the weights: detects a pointer reused for new data. */
+static uint64_t fingerprint(const ms_mat *W)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < 8; i++) {
+        int64_t r = (W->rows - 1) * i / 7, c = (W->cols - 1) * (i * 5 % 8) / 7;
+        uint64_t v = 0;
+        memcpy(&v, (const uint16_t *)W->data + r * W->ld + c, 2);
+        h = (h ^ v) * 1099511628211ull;
+    }
+    return h;
+}
+
+static pack_ent *pack_find(const ms_mat *W, uint64_t fp)
+{
+    if (!g.cap_packs) return NULL;
+    size_t h = ((uintptr_t)W->data >> 6) % g.cap_packs;
+    while (g.packs[h].data) {
+        pack_ent *p = &g.packs[h];
+        if (p->data == W->data && p->n == W->rows && p->k == W->cols && p->ld == W->ld) {
+            if (p->fp == fp) return p;
+            ms_kernels_dnnl_forget(W->data); /* same pointer, new contents */
+            return NULL;
+        }
+        h = (h + 1) % g.cap_packs;
+    }
+    return NULL;
+}
+
+static pack_ent *pack_insert(const ms_mat *W, uint64_t fp, const dnnl_memory_desc_t *wmd)
+{
+    size_t bytes = dnnl_memory_desc_get_size(wmd);
+    if (g.bytes + bytes > g.max_bytes) return NULL;
+    if ((g.n_packs + 1) * 2 > g.cap_packs) { /* grow the table */
+        size_t cap = g.cap_packs ? g.cap_packs * 2 : 256;
+        pack_ent *np = calloc(cap, sizeof *np);
+        if (!np) return NULL;
+        for (size_t j = 0; j < g.cap_packs; j++) {
+            if (!g.packs[j].data) continue;
+            size_t h = ((uintptr_t)g.packs[j].data >> 6) % cap;
+            while (np[h].data) h = (h + 1) % cap;
+            np[h] = g.packs[j];
+        }
+        free(g.packs);
+        g.packs = np;
+        g.cap_packs = cap;
+    }
+    /* reorder the plain [N][K] (= K×N with strides {1, ld}) bf16 view */
+    dnnl_memory_desc_t plain;
+    dnnl_dims_t dims = {W->cols, W->rows}, strides = {1, W->ld};
+    dnnl_memory_t src = NULL, dst = NULL;
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t reorder = NULL;
+    pack_ent *ret = NULL;
+    if (dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) != dnnl_success) goto out;
+    if (dnnl_memory_create(&src, &plain, g.eng, (void *)W->data) != dnnl_success) goto out;
+    if (dnnl_memory_create(&dst, wmd, g.eng, DNNL_MEMORY_ALLOCATE) != dnnl_success) goto out;
+    if (dnnl_reorder_primitive_desc_create(&rpd, &plain, g.eng, wmd, g.eng, NULL) != dnnl_success) goto out;
+    if (dnnl_primitive_create(&reorder, rpd) != dnnl_success) goto out;
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+    if (dnnl_primitive_execute(reorder, g.stream, 2, args) != dnnl_success) goto out;
+    dnnl_stream_wait(g.stream);
+    size_t h = ((uintptr_t)W->data >> 6) % g.cap_packs;
+    while (g.packs[h].data) h = (h + 1) % g.cap_packs;
+    ret = &g.packs[h];
+    *ret = (pack_ent){W->data, W->rows, W->cols, W->ld, fp, dst, *wmd, bytes};
+    dst = NULL;
+    g.n_packs++;
+    g.bytes += bytes;
+out:
+    if (reorder) dnnl_primitive_destroy(reorder);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (src) dnnl_memory_destroy(src);
+    if (dst) dnnl_memory_destroy(dst);
+    return ret;
+}
+
+static prim_ent *prim_get(int64_t M, int64_t K, int64_t N, int64_t ldy, int acc)
+{
+    for (int i = 0; i < N_PRIMS; i++) {
+        prim_ent *p = &g.prims[i];
+        if (p->prim && p->m == M && p->k == K && p->n == N && p->ldy == ldy && p->acc == acc) return p;
+    }
+    prim_ent *p = &g.prims[g.next_prim];
+    g.next_prim = (g.next_prim + 1) % N_PRIMS;
+    if (p->prim) {
+        dnnl_primitive_destroy(p->prim);
+        dnnl_memory_destroy(p->src);
+        dnnl_memory_destroy(p->dst);
+        memset(p, 0, sizeof *p);
+    }
+    dnnl_memory_desc_t smd, wmd, dmd;
+    dnnl_dims_t sd = {M, K}, wd = {K, N}, dd = {M, N}, dst_strides = {ldy, 1};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    prim_ent *ret = NULL;
+    if (dnnl_memory_desc_init_by_tag(&smd, 2, sd, dnnl_bf16, dnnl_ab) != dnnl_success) goto out;
+    if (dnnl_memory_desc_init_by_tag(&wmd, 2, wd, dnnl_bf16, dnnl_format_tag_any) != dnnl_success) goto out;
+    if (dnnl_memory_desc_init_by_strides(&dmd, 2, dd, dnnl_f32, dst_strides) != dnnl_success) goto out;
+    if (dnnl_matmul_desc_init(&desc, &smd, &wmd, NULL, &dmd) != dnnl_success) goto out;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) goto out;
+    if (acc) {
+        if (dnnl_post_ops_create(&po) != dnnl_success) goto out;
+        if (dnnl_post_ops_append_sum(po, 1.0f) != dnnl_success) goto out;
+        if (dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success) goto out;
+    }
+    if (dnnl_primitive_desc_create(&pd, &desc, attr, g.eng, NULL) != dnnl_success) goto out;
+    if (dnnl_primitive_create(&p->prim, pd) != dnnl_success) goto out;
+    p->wmd = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    if (dnnl_memory_create(&p->src, &smd, g.eng, DNNL_MEMORY_NONE) != dnnl_success ||
+        dnnl_memory_create(&p->dst, &dmd, g.eng, DNNL_MEMORY_NONE) != dnnl_success) {
+        if (p->src) dnnl_memory_destroy(p->src);
+        dnnl_primitive_destroy(p->prim);
+        memset(p, 0, sizeof *p);
+        goto out;
+    }
+    p->m = M, p->k = K, p->n = N, p->ldy = ldy, p->acc = acc;
+    ret = p;
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ret;
+}
+
+int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
+{
+    const ms_mat *W = t->W;
+    if (g.disabled || t->M < MIN_M || W->dtype != MS_DT_BF16 || !k || k->exact) return -1;
+    if (init() != 0 || g.disabled) return -1;
+    int64_t M = t->M, K = W->cols, N = W->rows;
+    int nt = ms_pool_size(k->pool);
+    if (nt != g.threads) { /* oneDNN plans its threads when a primitive is made */
+        for (int i = 0; i < N_PRIMS; i++) {
+            prim_ent *p = &g.prims[i];
+            if (!p->prim) continue;
+            dnnl_primitive_destroy(p->prim);
+            dnnl_memory_destroy(p->src);
+            dnnl_memory_destroy(p->dst);
+            memset(p, 0, sizeof *p);
+        }
+        set_threads(nt);
+    }
+    prim_ent *pr = prim_get(M, K, N, t->ldy, t->accumulate);
+    if (!pr) return -1;
+    uint64_t fp = fingerprint(W);
+    pack_ent *pk = pack_find(W, fp);
+    if (pk && !dnnl_memory_desc_equal(&pk->md, &pr->wmd)) return -1; /* layout differs for this M */
+    if (!pk) pk = pack_insert(W, fp, &pr->wmd);
+    if (!pk) return -1;
+    size_t need = (size_t)(M * K);
+    if (need > g.xb_elems) {
+        uint16_t *nb = malloc(need * 2);
+        if (!nb) return -1;
+        free(g.xb);
+        g.xb = nb;
+        g.xb_elems = need;
+    }
+    for (int64_t i = 0; i < M; i++) ms_cvt_f32_to_bf16(k->isa, t->x + i * t->ldx, g.xb + i * K, K);
+    dnnl_memory_set_data_handle(pr->src, g.xb);
+    dnnl_memory_set_data_handle(pr->dst, t->y);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, pr->src}, {DNNL_ARG_WEIGHTS, pk->mem}, {DNNL_ARG_DST, pr->dst}};
+    if (dnnl_primitive_execute(pr->prim, g.stream, 3, args) != dnnl_success) return -1;
+    dnnl_stream_wait(g.stream);
+    return 0;
+}

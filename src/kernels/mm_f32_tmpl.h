@@ -1,0 +1,288 @@
+/* mm_f32_tmpl.h — the exact FP32 matmul kernels, written once for a vector
+ * width and included by mm_avx2.c (8 lanes) and mm_avx512.c (16 lanes), which
+ * define the V* macros below before including it.  Weights are dequantised to
+ * f32 in registers exactly as ms_mat_get does (FP8: value × block scale, one
+ * f32 rounding), products accumulate with FP32 FMA; only the summation order
+ * differs from ms_matmul_ref.  Runs on pool threads; no scratch needed.
+ *
+ * Required macros: VW (lanes), VF (vector type), VZERO(), VSET1(f), VLOAD(p),
+ * VFMA(a, b, c) = a·b + c, VMUL(a, b), VHSUM(v), VLOAD_BF16(p), VLOAD_F16(p),
+ * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), FN(name), NT_MB (max activation rows
+ * per tile), NT_R(mb) (weight rows per tile), NN_C (vectors of columns per
+ * tile in the nn kernel).
+ */
+#include "kernels/mm_internal.h"
+
+#define AI static inline __attribute__((always_inline))
+
+AI float FN(wget)(const int dt, const char *p)
+{
+    switch (dt) {
+    case MS_DT_F32: {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    case MS_DT_BF16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return ms_bf16_to_f32(h);
+    }
+    case MS_DT_F16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return ms_f16_to_f32(h);
+    }
+    default: return ms_fp8e4m3_to_f32(*(const uint8_t *)p);
+    }
+}
+
+AI VF FN(wload)(const int dt, const char *p)
+{
+    switch (dt) {
+    case MS_DT_F32: return VLOAD((const float *)p);
+    case MS_DT_BF16: return VLOAD_BF16(p);
+    case MS_DT_F16: return VLOAD_F16(p);
+    default: return VLOAD_F8(p);
+    }
+}
+
+/* One tile: activation rows [m0, m0+MB) × weight rows [n0, n0+R), all of K. */
+AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, int64_t m0,
+                    int64_t n0)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols;
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
+    const int64_t ldw = W->ld * es;
+    const char *w0 = (const char *)W->data + n0 * ldw;
+    const float *x0 = t->x + m0 * t->ldx;
+    VF acc[NT_MB][8];
+    float tl[NT_MB][8];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            acc[m][r] = VZERO();
+            tl[m][r] = 0;
+        }
+    int64_t k = 0;
+    while (k < K) {
+        int64_t kend = K;
+        float ss[8] = {0};
+        VF sv[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) sv[r] = VZERO();
+        if (dt == MS_DT_F8E4M3) { /* one 128-column scale block at a time */
+            int64_t cb = (W->c0 + k) / 128;
+            kend = (cb + 1) * 128 - W->c0;
+            if (kend > K) kend = K;
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                ss[r] = W->scale[((W->r0 + n0 + r) / 128) * W->scale_ld + cb];
+                sv[r] = VSET1(ss[r] * 256.0f);
+            }
+        }
+        for (; k + VW <= kend; k += VW) {
+            VF xv[NT_MB];
+#pragma GCC unroll 8
+            for (int m = 0; m < MB; m++) xv[m] = VLOAD(x0 + m * t->ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                VF w = FN(wload)(dt, w0 + r * ldw + k * es);
+                if (dt == MS_DT_F8E4M3) w = VMUL(w, sv[r]);
+#pragma GCC unroll 8
+                for (int m = 0; m < MB; m++) acc[m][r] = VFMA(xv[m], w, acc[m][r]);
+            }
+        }
+        for (; k < kend; k++)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                float wv = FN(wget)(dt, w0 + r * ldw + k * es);
+                if (dt == MS_DT_F8E4M3) wv *= ss[r];
+#pragma GCC unroll 8
+                for (int m = 0; m < MB; m++) tl[m][r] += x0[m * t->ldx + k] * wv;
+            }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            float s = VHSUM(acc[m][r]) + tl[m][r];
+            float *yo = t->y + (m0 + m) * t->ldy + n0 + r;
+            *yo = t->accumulate ? *yo + s : s;
+        }
+}
+
+AI void FN(nt_rows_mb)(const mm_task *t, const int dt, const int MB, int64_t m0, int64_t n0,
+                       int64_t n1)
+{
+    const int R = NT_R(MB);
+    int64_t n = n0;
+    for (; n + R <= n1; n += R) FN(nt_tile)(t, dt, MB, R, m0, n);
+    for (; n < n1; n++) FN(nt_tile)(t, dt, MB, 1, m0, n);
+}
+
+AI void FN(nt_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
+{
+    /* weight rows outer (a tile of R rows is re-read from cache for each
+     * group of activation rows), activation rows inner */
+    const int64_t NB = 64;
+    for (int64_t nb = n0; nb < n1; nb += NB) {
+        int64_t ne = nb + NB < n1 ? nb + NB : n1;
+        for (int64_t m0 = 0; m0 < t->M; m0 += NT_MB) {
+            int64_t mb = t->M - m0 < NT_MB ? t->M - m0 : NT_MB;
+            switch (mb) {
+            case 1: FN(nt_rows_mb)(t, dt, 1, m0, nb, ne); break;
+#if NT_MB >= 2
+            case 2: FN(nt_rows_mb)(t, dt, 2, m0, nb, ne); break;
+#endif
+#if NT_MB >= 3
+            case 3: FN(nt_rows_mb)(t, dt, 3, m0, nb, ne); break;
+#endif
+#if NT_MB >= 4
+            case 4: FN(nt_rows_mb)(t, dt, 4, m0, nb, ne); break;
+#endif
+            default: break;
+            }
+        }
+    }
+}
+
+void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
+{
+    switch (t->W->dtype) {
+    case MS_DT_F32: FN(nt_rows_dt)(t, MS_DT_F32, n0, n1); break;
+    case MS_DT_BF16: FN(nt_rows_dt)(t, MS_DT_BF16, n0, n1); break;
+    case MS_DT_F16: FN(nt_rows_dt)(t, MS_DT_F16, n0, n1); break;
+    case MS_DT_F8E4M3: FN(nt_rows_dt)(t, MS_DT_F8E4M3, n0, n1); break;
+    default: break;
+    }
+}
+
+/* ---- y = x·W (no transpose): W is [K = rows][N = cols] ---- */
+
+/* Activation rows [m0, m0+MB) × columns [n, n + C·VW), all K rows of W. */
+AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, int64_t m0,
+                    int64_t n)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->rows;
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
+    const int64_t ldw = W->ld * es;
+    const float *x0 = t->x + m0 * t->ldx;
+    VF acc[4][NN_C];
+    VF sv[NN_C];
+#pragma GCC unroll 4
+    for (int c = 0; c < NN_C; c++) sv[c] = VZERO();
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[m][c] = VZERO();
+    int64_t rb_cur = -1;
+    for (int64_t k = 0; k < K; k++) {
+        const char *wr = (const char *)W->data + k * ldw + n * es;
+        if (dt == MS_DT_F8E4M3) {
+            int64_t rb = (W->r0 + k) / 128;
+            if (rb != rb_cur) { /* per-lane scales: columns may straddle a block */
+                float s[NN_C * VW];
+                for (int j = 0; j < C * VW; j++)
+                    s[j] = 256.0f * W->scale[rb * W->scale_ld + (W->c0 + n + j) / 128];
+#pragma GCC unroll 4
+                for (int c = 0; c < C; c++) sv[c] = VLOAD(s + c * VW);
+                rb_cur = rb;
+            }
+        }
+        VF w[NN_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            w[c] = FN(wload)(dt, wr + c * VW * es);
+            if (dt == MS_DT_F8E4M3) w[c] = VMUL(w[c], sv[c]);
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < MB; m++) {
+            VF xb = VSET1(x0[m * t->ldx + k]);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) acc[m][c] = VFMA(xb, w[c], acc[m][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            float *yo = t->y + (m0 + m) * t->ldy + n + c * VW;
+            if (t->accumulate) acc[m][c] = VADD(acc[m][c], VLOAD(yo));
+            VSTORE(yo, acc[m][c]);
+        }
+}
+
+AI void FN(nn_cols_mb)(const mm_task *t, const int dt, const int MB, int64_t m0, int64_t n0,
+                       int64_t n1)
+{
+    int64_t n = n0;
+    for (; n + NN_C * VW <= n1; n += NN_C * VW) FN(nn_tile)(t, dt, MB, NN_C, m0, n);
+    for (; n + VW <= n1; n += VW) FN(nn_tile)(t, dt, MB, 1, m0, n);
+    const ms_mat *W = t->W;
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
+    for (; n < n1; n++) /* column tail: scalar, same FP32 order */
+        for (int m = 0; m < MB; m++) {
+            float s = 0;
+            for (int64_t k = 0; k < W->rows; k++) {
+                float wv = FN(wget)(dt, (const char *)W->data + (k * W->ld + n) * es);
+                if (dt == MS_DT_F8E4M3)
+                    wv *= W->scale[((W->r0 + k) / 128) * W->scale_ld + (W->c0 + n) / 128];
+                s = fmaf(t->x[(m0 + m) * t->ldx + k], wv, s);
+            }
+            float *yo = t->y + (m0 + m) * t->ldy + n;
+            *yo = t->accumulate ? *yo + s : s;
+        }
+}
+
+AI void FN(nn_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
+{
+    for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
+        int64_t mb = t->M - m0 < 4 ? t->M - m0 : 4;
+        switch (mb) {
+        case 1: FN(nn_cols_mb)(t, dt, 1, m0, n0, n1); break;
+        case 2: FN(nn_cols_mb)(t, dt, 2, m0, n0, n1); break;
+        case 3: FN(nn_cols_mb)(t, dt, 3, m0, n0, n1); break;
+        default: FN(nn_cols_mb)(t, dt, 4, m0, n0, n1); break;
+        }
+    }
+}
+
+void FN(nn)(const mm_task *t, int64_t n0, int64_t n1)
+{
+    switch (t->W->dtype) {
+    case MS_DT_F32: FN(nn_dt)(t, MS_DT_F32, n0, n1); break;
+    case MS_DT_BF16: FN(nn_dt)(t, MS_DT_BF16, n0, n1); break;
+    case MS_DT_F16: FN(nn_dt)(t, MS_DT_F16, n0, n1); break;
+    case MS_DT_F8E4M3: FN(nn_dt)(t, MS_DT_F8E4M3, n0, n1); break;
+    default: break;
+    }
+}
+
+/* out[i] = dequantised in[i] (FP8 unscaled), exact. */
+void FN(cvt)(ms_dtype dt, const void *in, float *out, int64_t n)
+{
+    const int es = ms_dtype_size(dt);
+    const char *p = in;
+    int64_t i = 0;
+    switch (dt) {
+    case MS_DT_F32:
+        for (; i + VW <= n; i += VW) VSTORE(out + i, FN(wload)(MS_DT_F32, p + i * es));
+        break;
+    case MS_DT_BF16:
+        for (; i + VW <= n; i += VW) VSTORE(out + i, FN(wload)(MS_DT_BF16, p + i * es));
+        break;
+    case MS_DT_F16:
+        for (; i + VW <= n; i += VW) VSTORE(out + i, FN(wload)(MS_DT_F16, p + i * es));
+        break;
+    case MS_DT_F8E4M3:
+        for (; i + VW <= n; i += VW)
+            VSTORE(out + i, VMUL(FN(wload)(MS_DT_F8E4M3, p + i * es), VSET1(256.0f)));
+        break;
+    default: return;
+    }
+    for (; i < n; i++) out[i] = FN(wget)(dt, p + i * es);
+}

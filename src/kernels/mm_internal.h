@@ -1,0 +1,50 @@
+/* mm_internal.h — what the matmul dispatcher (matmul.c) shares with its ISA
+ * back ends (mm_avx2.c, mm_avx512.c, mm_bf16.c, mm_dnnl.c).  Not part of the
+ * kernel API: only files under src/kernels include it.
+ *
+ * A back end computes output columns [n0, n1) of y = x·Wᵀ for all M rows (the
+ * dispatcher splits N over the pool threads), or columns [n0, n1) of
+ * y = x·W for ms_matmul_nn.  Back ends run on pool threads; each uses only its
+ * own per-thread scratch (ms_mm_scratch).
+ */
+#ifndef MS_KERNELS_MM_INTERNAL_H
+#define MS_KERNELS_MM_INTERNAL_H
+
+#include "kernels/kernels.h"
+
+#include <stddef.h>
+
+typedef struct mm_task {
+    float *y; /* [M][ldy] */
+    int64_t ldy;
+    const float *x; /* [M][ldx] */
+    int64_t ldx, M;
+    const ms_mat *W;
+    int accumulate;
+} mm_task;
+
+/* Per-thread scratch, 64-byte aligned, at least `bytes`; grown (never shrunk)
+ * when a call needs more, freed when the thread exits.  NULL when out of
+ * memory (callers then fall back to a path that needs none). */
+void *ms_mm_scratch(size_t bytes);
+
+/* Exact FP32 paths (dequantise weights to f32, FP32 FMA). */
+void ms_mm_avx2_nt(const mm_task *t, int64_t n0, int64_t n1);
+void ms_mm_avx2_nn(const mm_task *t, int64_t n0, int64_t n1);
+void ms_mm_avx512_nt(const mm_task *t, int64_t n0, int64_t n1);
+void ms_mm_avx512_nn(const mm_task *t, int64_t n0, int64_t n1);
+void ms_mm_avx2_cvt(ms_dtype dt, const void *in, float *out, int64_t n);
+void ms_mm_avx512_cvt(ms_dtype dt, const void *in, float *out, int64_t n);
+
+/* BF16-activation path (vdpbf16ps) for BF16 and F8E4M3 weights.  Returns 0,
+ * or -1 when its scratch could not be allocated (nothing written then). */
+int ms_mm_bf16_nt(const mm_task *t, int64_t n0, int64_t n1);
+void ms_mm_bf16_cvt_fp8(const uint8_t *in, uint16_t *out, int64_t n);
+void ms_mm_bf16_cvt_f32(const float *in, uint16_t *out, int64_t n);
+
+/* oneDNN path for BF16 weights at large M (mm_dnnl.c).  Returns 0 when it
+ * computed the whole product, -1 when it declined (caller uses a hand
+ * kernel).  Main thread only; runs its own OpenMP threads. */
+int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t);
+
+#endif

@@ -1,0 +1,377 @@
+/* test_kernels.c — every ISA path of the numeric kernels against the scalar
+ * reference twins (ref.c) on random inputs at awkward shapes, and the
+ * conversions exhaustively (all bf16 and f16 codes, all 256 e4m3 codes).
+ * Paths below the CPU's best ISA are forced through kctx.isa.
+ */
+#include "base/threadpool.h"
+#include "base/util.h"
+#include "harness.h"
+#include "kernels/kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int best_isa;
+static ms_pool *pool;
+
+static int same_f32(float a, float b)
+{
+    if (a != a && b != b) return 1;
+    return memcmp(&a, &b, 4) == 0;
+}
+
+TEST(convert_bf16_f16_all_codes)
+{
+    static uint16_t codes[65536];
+    static float out[65536];
+    for (int i = 0; i < 65536; i++) codes[i] = (uint16_t)i;
+    for (int isa = 0; isa <= best_isa; isa++) {
+        ms_cvt_to_f32(isa, MS_DT_BF16, codes, out, 65536);
+        for (int i = 0; i < 65536; i++)
+            CHECKF(same_f32(out[i], ms_bf16_to_f32((uint16_t)i)), "isa %d bf16 %04x", isa, i);
+        ms_cvt_to_f32(isa, MS_DT_F16, codes, out, 65536);
+        for (int i = 0; i < 65536; i++) {
+            CHECKF(same_f32(out[i], ms_f16_to_f32((uint16_t)i)), "isa %d f16 %04x", isa, i);
+            /* round trip through the writer for every finite code */
+            if ((i & 0x7c00) != 0x7c00) CHECK(ms_f32_to_f16(out[i]) == (uint16_t)i);
+        }
+        /* bf16 codes as f32 round-trip exactly; halfway cases round to even */
+        static float f[65536];
+        static uint16_t back[65536];
+        for (int i = 0; i < 65536; i++) f[i] = ms_bf16_to_f32((uint16_t)i);
+        ms_cvt_f32_to_bf16(isa, f, back, 65536);
+        for (int i = 0; i < 65536; i++) {
+            int exp = (i >> 7) & 0xff;
+            if (exp == 0 && (i & 0x7f)) continue; /* denormal: AVX512_BF16 flushes to 0 */
+            if (exp == 0xff && (i & 0x7f)) {
+                CHECK((back[i] & 0x7fc0) == 0x7fc0); /* NaN stays a quiet NaN */
+                continue;
+            }
+            CHECKF(back[i] == i, "isa %d bf16 %04x -> %04x", isa, i, back[i]);
+        }
+        for (int i = 0; i < 65536; i++) { /* halfway between code i and i+1 */
+            uint32_t u = ((uint32_t)i << 16) | 0x8000u;
+            memcpy(&f[i], &u, 4);
+        }
+        ms_cvt_f32_to_bf16(isa, f, back, 65536);
+        for (int i = 0; i < 65536; i++) {
+            int exp = (i >> 7) & 0xff;
+            if (exp == 0 || exp == 0xff) continue;
+            CHECKF(back[i] == ms_f32_to_bf16(f[i]), "isa %d halfway %04x", isa, i);
+            CHECK(back[i] == ((i & 1) ? i + 1 : i));
+        }
+    }
+}
+
+TEST(convert_e4m3_all_codes)
+{
+    uint8_t codes[256 + 7];
+    float out[256 + 7];
+    uint16_t bf[256 + 7];
+    for (int i = 0; i < 256 + 7; i++) codes[i] = (uint8_t)i;
+    /* the reference itself: known values */
+    CHECK(ms_fp8e4m3_to_f32(0x7e) == 448.0f && ms_fp8e4m3_to_f32(0xfe) == -448.0f);
+    CHECK(ms_fp8e4m3_to_f32(0x01) == 0x1p-9f && ms_fp8e4m3_to_f32(0x08) == 0x1p-6f);
+    CHECK(ms_fp8e4m3_to_f32(0x38) == 1.0f && ms_fp8e4m3_to_f32(0x80) == 0.0f);
+    float nanv = ms_fp8e4m3_to_f32(0x7f);
+    CHECK(nanv != nanv);
+    for (int i = 0; i < 256; i++)
+        if ((i & 0x7f) != 0x7f) CHECK(ms_f32_to_fp8e4m3(ms_fp8e4m3_to_f32((uint8_t)i)) == i ||
+                                      (i == 0x80 && ms_f32_to_fp8e4m3(-0.0f) == 0x80));
+    for (int isa = 0; isa <= best_isa; isa++) {
+        ms_cvt_to_f32(isa, MS_DT_F8E4M3, codes, out, 256 + 7); /* odd length: tails */
+        for (int i = 0; i < 256 + 7; i++)
+            CHECKF(same_f32(out[i], ms_fp8e4m3_to_f32((uint8_t)i)), "isa %d e4m3 %02x", isa, i);
+        for (int off = 0; off < 3; off++) {
+            ms_cvt_fp8_to_bf16(isa, codes + off, bf, 256 + 7 - off);
+            for (int i = 0; i < 256 + 7 - off; i++) {
+                uint8_t c = codes[i + off];
+                CHECKF(bf[i] == ms_f32_to_bf16(ms_fp8e4m3_to_f32(c)), "isa %d e4m3 %02x", isa, c);
+                CHECK(ms_bf16_to_f32(bf[i]) == ms_fp8e4m3_to_f32(c) || (c & 0x7f) == 0x7f);
+            }
+        }
+    }
+}
+
+/* ---- matmul ---- */
+
+static float frand(uint64_t *s) { return (float)(ms_rng_uniform(s) * 2.0 - 1.0); }
+
+/* A stored [R][C] matrix of dtype dt with random values (and FP8 scales). */
+typedef struct stored {
+    ms_mat whole;
+    void *data;
+    float *scale;
+} stored;
+
+static void stored_make(stored *st, ms_dtype dt, int64_t R, int64_t C, uint64_t *rng)
+{
+    int es = ms_dtype_size(dt);
+    st->data = malloc((size_t)(R * C * es));
+    int64_t sr = (R + 127) / 128, sc = (C + 127) / 128;
+    st->scale = malloc(sizeof(float) * (size_t)(sr * sc));
+    for (int64_t i = 0; i < sr * sc; i++) st->scale[i] = (float)(0.001 + 0.01 * ms_rng_uniform(rng));
+    for (int64_t i = 0; i < R * C; i++) {
+        float v = frand(rng);
+        switch (dt) {
+        case MS_DT_F32: ((float *)st->data)[i] = v; break;
+        case MS_DT_BF16: ((uint16_t *)st->data)[i] = ms_f32_to_bf16(v); break;
+        case MS_DT_F16: ((uint16_t *)st->data)[i] = ms_f32_to_f16(v); break;
+        default: ((uint8_t *)st->data)[i] = ms_f32_to_fp8e4m3(v * 448.0f); break;
+        }
+    }
+    st->whole = ms_mat_whole(dt, R, C, st->data, dt == MS_DT_F8E4M3 ? st->scale : NULL);
+}
+
+static void stored_free(stored *st)
+{
+    ms_kernels_dnnl_forget(st->data);
+    free(st->data);
+    free(st->scale);
+}
+
+static double rel_err(const float *a, const float *b, int64_t M, int64_t N, int64_t ld)
+{
+    double mx = 0, mref = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double d = fabs((double)a[i * ld + j] - (double)b[i * ld + j]);
+            if (!(d <= mx)) mx = d; /* NaN propagates */
+            if (fabs(b[i * ld + j]) > mref) mref = fabs(b[i * ld + j]);
+        }
+    return mref > 0 ? mx / mref : mx;
+}
+
+/* What the BF16-activation path computes, in double: activations rounded to
+ * bf16 after multiplying by the FP8 block scale (BF16 weights: scale 1). */
+static void emulate_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
+                         const ms_mat *W, int accumulate)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t n = 0; n < W->rows; n++) {
+            double acc = 0;
+            for (int64_t k = 0; k < W->cols; k++) {
+                float s = 1.0f, w;
+                if (W->dtype == MS_DT_F8E4M3) {
+                    s = W->scale[((W->r0 + n) / 128) * W->scale_ld + (W->c0 + k) / 128];
+                    w = ms_fp8e4m3_to_f32(((const uint8_t *)W->data)[n * W->ld + k]);
+                } else {
+                    w = ms_mat_get(W, n, k);
+                }
+                acc += (double)ms_round_bf16(x[i * ldx + k] * s) * (double)w;
+            }
+            y[i * ldy + n] = accumulate ? y[i * ldy + n] + (float)acc : (float)acc;
+        }
+}
+
+static const int64_t Ms[] = {1, 2, 3, 7, 16, 17, 33, 100};
+
+TEST(matmul_all_paths)
+{
+    uint64_t rng = 42;
+    /* (N, K, r0, c0): view shapes and origins inside a larger stored matrix */
+    static const int64_t shapes[][4] = {
+        {37, 300, 0, 0}, {130, 257, 71, 133}, {5, 1, 3, 0}, {19, 61, 129, 255}, {256, 520, 0, 128},
+    };
+    const ms_dtype dts[] = {MS_DT_F32, MS_DT_BF16, MS_DT_F16, MS_DT_F8E4M3};
+    int n_cases = 0;
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++)
+        for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
+            int64_t N = shapes[si][0], K = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
+            stored st;
+            stored_make(&st, dts[di], r0 + N + 9, c0 + K + 11, &rng);
+            ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
+            for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
+                int64_t M = Ms[mi];
+                if (M > 17 && si != 1 && si != 4) continue; /* keep the test fast */
+                int64_t ldx = K + 3, ldy = N + 5;
+                float *x = malloc(sizeof(float) * (size_t)(M * ldx));
+                float *y0 = malloc(sizeof(float) * (size_t)(M * ldy));
+                float *ref = malloc(sizeof(float) * (size_t)(M * ldy));
+                float *emu = malloc(sizeof(float) * (size_t)(M * ldy));
+                float *y = malloc(sizeof(float) * (size_t)(M * ldy));
+                for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(&rng);
+                for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(&rng);
+                for (int acc = 0; acc <= 1; acc++) {
+                    memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
+                    ms_matmul_ref(ref, ldy, x, ldx, M, &W, acc);
+                    memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
+                    emulate_bf16(emu, ldy, x, ldx, M, &W, acc);
+                    for (int isa = 0; isa <= best_isa; isa++)
+                        for (int exact = 0; exact <= 1; exact++) {
+                            ms_kctx kc = {pool, exact, isa};
+                            memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
+                            ms_matmul(&kc, y, ldy, x, ldx, M, &W, acc);
+                            int bf = !exact && isa >= MS_ISA_AVX512BF16 &&
+                                     (dts[di] == MS_DT_BF16 || dts[di] == MS_DT_F8E4M3);
+                            double e = rel_err(y, ref, M, N, ldy);
+                            CHECKF(e <= (bf ? 1e-2 : 1e-5),
+                                   "isa %d exact %d dt %d M %ld N %ld K %ld acc %d: rel %g", isa,
+                                   exact, dts[di], (long)M, (long)N, (long)K, acc, e);
+                            if (bf) {
+                                double e2 = rel_err(y, emu, M, N, ldy);
+                                CHECKF(e2 <= 1e-5, "bf16 emulation M %ld N %ld K %ld: rel %g",
+                                       (long)M, (long)N, (long)K, e2);
+                            }
+                            for (int64_t i = 0; i < M; i++) /* padding untouched */
+                                for (int64_t j = N; j < ldy; j++)
+                                    CHECK(y[i * ldy + j] == y0[i * ldy + j]);
+                            n_cases++;
+                        }
+                }
+                free(x);
+                free(y0);
+                free(ref);
+                free(emu);
+                free(y);
+            }
+            stored_free(&st);
+        }
+    CHECK(n_cases > 100);
+}
+
+TEST(matmul_nn_all_paths)
+{
+    uint64_t rng = 7;
+    /* W view [K rows][N cols] at (r0, c0) */
+    static const int64_t shapes[][4] = {{300, 37, 0, 0}, {257, 130, 71, 133}, {64, 200, 128, 5}};
+    const ms_dtype dts[] = {MS_DT_F32, MS_DT_BF16, MS_DT_F16, MS_DT_F8E4M3};
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++)
+        for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
+            int64_t K = shapes[si][0], N = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
+            stored st;
+            stored_make(&st, dts[di], r0 + K + 3, c0 + N + 70, &rng);
+            ms_mat W = ms_mat_slice(&st.whole, r0, K, c0, N);
+            for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
+                int64_t M = Ms[mi], ldx = K + 1, ldy = N + 2;
+                float *x = malloc(sizeof(float) * (size_t)(M * ldx));
+                float *y0 = malloc(sizeof(float) * (size_t)(M * ldy));
+                float *ref = malloc(sizeof(float) * (size_t)(M * ldy));
+                float *y = malloc(sizeof(float) * (size_t)(M * ldy));
+                for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(&rng);
+                for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(&rng);
+                for (int acc = 0; acc <= 1; acc++) {
+                    memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
+                    ms_matmul_nn_ref(ref, ldy, x, ldx, M, &W, acc);
+                    for (int isa = 0; isa <= best_isa; isa++) {
+                        ms_kctx kc = {pool, 0, isa};
+                        memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
+                        ms_matmul_nn(&kc, y, ldy, x, ldx, M, &W, acc);
+                        double e = rel_err(y, ref, M, N, ldy);
+                        CHECKF(e <= 1e-5, "nn isa %d dt %d M %ld K %ld N %ld acc %d: rel %g", isa,
+                               dts[di], (long)M, (long)K, (long)N, acc, e);
+                        for (int64_t i = 0; i < M; i++)
+                            for (int64_t j = N; j < ldy; j++) CHECK(y[i * ldy + j] == y0[i * ldy + j]);
+                    }
+                }
+                free(x);
+                free(y0);
+                free(ref);
+                free(y);
+            }
+            stored_free(&st);
+        }
+}
+
+TEST(elementwise_vs_ref)
+{
+    uint64_t rng = 5;
+    static const int64_t ns[] = {1, 7, 8, 9, 31, 100, 7168};
+    for (size_t t = 0; t < MS_ARRAY_LEN(ns); t++) {
+        int64_t n = ns[t];
+        float *a = malloc(sizeof(float) * (size_t)n * 2), *b = malloc(sizeof(float) * (size_t)n * 2);
+        float *w = malloc(sizeof(float) * (size_t)n), *y1 = malloc(sizeof(float) * (size_t)n * 2);
+        float *y2 = malloc(sizeof(float) * (size_t)n * 2);
+        for (int64_t i = 0; i < 2 * n; i++) a[i] = 4 * frand(&rng), b[i] = 4 * frand(&rng);
+        for (int64_t i = 0; i < n; i++) w[i] = frand(&rng);
+        double d = ms_dot_f32(a, b, n), dr = ms_dot_f32_ref(a, b, n);
+        CHECK(fabs(d - dr) <= 1e-5 * (fabs(dr) + sqrt((double)n)));
+        memcpy(y1, b, sizeof(float) * (size_t)n);
+        memcpy(y2, b, sizeof(float) * (size_t)n);
+        ms_axpy_f32(y1, 0.37f, a, n);
+        ms_axpy_f32_ref(y2, 0.37f, a, n);
+        CHECK(rel_err(y1, y2, 1, n, n) <= 1e-6);
+        /* two rows, stride n; weighted and unweighted; in place */
+        ms_rmsnorm(y1, a, w, 2, n, n, 1e-6f);
+        ms_rmsnorm_ref(y2, a, w, 2, n, n, 1e-6f);
+        CHECK(rel_err(y1, y2, 2, n, n) <= 1e-5);
+        memcpy(y1, a, sizeof(float) * (size_t)n * 2);
+        ms_rmsnorm(y1, y1, NULL, 2, n, n, 1e-6f);
+        ms_rmsnorm_ref(y2, a, NULL, 2, n, n, 1e-6f);
+        CHECK(rel_err(y1, y2, 2, n, n) <= 1e-5);
+        for (int64_t i = 0; i < n; i++) y1[i] = y2[i] = 30 * a[i];
+        if (n > 3) y1[3] = y2[3] = -INFINITY; /* masked score */
+        ms_softmax(y1, n);
+        ms_softmax_ref(y2, n);
+        CHECK(rel_err(y1, y2, 1, n, n) <= 1e-5);
+        if (n > 3) CHECK(y1[3] == 0.0f);
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++) sum += y1[i];
+        CHECK(fabs(sum - 1.0) <= 1e-5);
+        for (int64_t i = 0; i < n; i++) a[i] *= 30; /* silu over [-120, 120]: both tails */
+        ms_silu_mul(y1, a, b, n);
+        ms_silu_mul_ref(y2, a, b, n);
+        for (int64_t i = 0; i < n; i++)
+            CHECKF(fabs(y1[i] - y2[i]) <= 2e-6 * (fabs(y2[i]) + 1e-30), "silu %g: %g vs %g", a[i],
+                   y1[i], y2[i]);
+        free(a);
+        free(b);
+        free(w);
+        free(y1);
+        free(y2);
+    }
+}
+
+/* The oneDNN path: prepacked once, used (bytes held), invalidated by
+ * forget / by new contents under the same pointer, and switchable off. */
+TEST(matmul_dnnl_prepack)
+{
+    if (best_isa < MS_ISA_AVX512BF16) return;
+    uint64_t rng = 99;
+    int64_t M = 64, N = 96, K = 200;
+    stored st;
+    stored_make(&st, MS_DT_BF16, N, K, &rng);
+    float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
+    float *emu = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+    ms_kctx kc = {pool, 0, best_isa};
+    ms_kernels_set_dnnl(1);
+    for (int round = 0; round < 3; round++) {
+        emulate_bf16(emu, N, x, K, M, &st.whole, 0);
+        ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
+        CHECKF(rel_err(y, emu, M, N, N) <= 1e-5, "round %d: %g", round, rel_err(y, emu, M, N, N));
+        CHECK(ms_kernels_dnnl_bytes() >= (size_t)(N * K * 2));
+        /* new contents under the same pointer: round 0 says so, round 1 does not
+         * (the fingerprint must notice: every sampled element changes) */
+        for (int64_t i = 0; i < N * K; i++)
+            ((uint16_t *)st.data)[i] = ms_f32_to_bf16(frand(&rng));
+        if (round == 0) ms_kernels_dnnl_forget(st.data);
+    }
+    ms_kernels_set_dnnl(0);
+    CHECK(ms_kernels_dnnl_bytes() == 0);
+    emulate_bf16(emu, N, x, K, M, &st.whole, 0);
+    ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
+    CHECK(rel_err(y, emu, M, N, N) <= 1e-5);
+    CHECK(ms_kernels_dnnl_bytes() == 0);
+    ms_kernels_set_dnnl(1);
+    free(x);
+    free(y);
+    free(emu);
+    stored_free(&st);
+}
+
+int main(void)
+{
+    best_isa = ms_kernels_detect();
+    pool = ms_pool_new(2);
+    fprintf(stderr, "best isa: %s\n", ms_isa_name(best_isa));
+    RUN(convert_bf16_f16_all_codes);
+    RUN(convert_e4m3_all_codes);
+    RUN(matmul_all_paths);
+    RUN(matmul_nn_all_paths);
+    RUN(matmul_dnnl_prepack);
+    RUN(elementwise_vs_ref);
+    ms_kernels_dnnl_clear();
+    ms_pool_free(pool);
+    return TEST_REPORT();
+}
