@@ -27,12 +27,13 @@ bad() {
 run() {
     local dl=$1
     shift
-    local t0=$(date +%s.%N)
+    local t0
+    t0=$(date +%s.%N)
     out=$(timeout -k 3 "$dl" "$@" 2>&1)
     rc=$?
-    wall=$(echo "$(date +%s.%N) - $t0" | bc)
+    wall=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
 }
-lt() { [ "$(echo "$1 < $2" | bc)" = 1 ]; }
+lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }'; }
 
 if [ ! -x "$M" ]; then
     echo "t_comm.sh: $M not built"

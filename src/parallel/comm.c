@@ -107,7 +107,8 @@ static bool proc_stat(int64_t pid, char *state, uint64_t *start_ticks)
     *start_ticks = 0;
     /* fields after the name: 3 state ... 22 starttime */
     int field = 2;
-    for (char *tok = strtok(p, " "); tok; tok = strtok(NULL, " ")) {
+    char *sv = NULL;
+    for (char *tok = strtok_r(p, " ", &sv); tok; tok = strtok_r(NULL, " ", &sv)) {
         field++;
         if (field == 3) *state = tok[0];
         if (field == 22) {

@@ -219,7 +219,9 @@ void ms_comm_stats_print(FILE *f);
  * checks that it started world_size_needed ranks (MS_ELAYOUT "this launch needs 4 ranks,
  * mpirun started 2") and returns 0.  Without a launcher and world_size_needed <= 1 returns 0
  * (singleton).  Otherwise re-executes this binary (/proc/self/exe) with the same argv under
- * `mpirun -np W` (see ms_comm_launch_argv) and does not return unless that fails. */
+ * `mpirun -np W` (see ms_comm_launch_argv) and does not return unless that fails.  Call it
+ * before ms_comm_init and before starting threads; argv is main's (argv[0] is replaced by
+ * /proc/self/exe). */
 int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errbuf *e);
 /* Pure: fills out[0..] (cap entries, NULL-terminated) with the mpirun command line used by the
  * relaunch; returns the number of entries or MS_ETOOBIG.  Strings are borrowed from the
