@@ -12,7 +12,10 @@
 
 /* OpenMPI keeps allocations until exit; LeakSanitizer would report them (SANITIZE=1 builds). */
 const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "detect_leaks=0"; }
+const char *__asan_default_options(void)
+{
+    return "detect_leaks=0";
+}
 
 /* ---- pure: rank arithmetic -------------------------------------------------------------- */
 
@@ -73,9 +76,9 @@ static int ref_group(const ms_comm_dims *d, int k, int w, int *members, int *n_m
 TEST(ranks_match_sglang_groups)
 {
     static const ms_comm_dims cases[] = {
-        {8, 1, 8, 8, 1, 1, 1}, {8, 8, 1, 1, 8, 8, 1}, {8, 4, 2, 4, 2, 8, 1}, {8, 2, 4, 2, 2, 1, 1},
-        {4, 2, 2, 2, 2, 4, 2}, {2, 1, 2, 2, 1, 2, 3}, {8, 2, 4, 2, 1, 4, 1}, {1, 1, 1, 1, 1, 1, 4},
-        {16, 4, 4, 8, 2, 16, 1}};
+        {8, 1, 8, 8, 1, 1, 1}, {8, 8, 1, 1, 8, 8, 1}, {8, 4, 2, 4, 2, 8, 1},
+        {8, 2, 4, 2, 2, 1, 1}, {4, 2, 2, 2, 2, 4, 2}, {2, 1, 2, 2, 1, 2, 3},
+        {8, 2, 4, 2, 1, 4, 1}, {1, 1, 1, 1, 1, 1, 4}, {16, 4, 4, 8, 2, 16, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const ms_comm_dims *d = &cases[c];
         for (int w = 0; w < d->tp * d->n_replicas; w++) {
@@ -84,8 +87,8 @@ TEST(ranks_match_sglang_groups)
             ms_errbuf e;
             CHECKF(ms_comm_ranks_compute(d, w, &at, first, stride, &e) == 0, "case %zu: %s", c,
                    e.msg);
-            int pos_of[6] = {at.tp_rank, at.attn_tp_rank, at.moe_ep_rank, at.moe_tp_rank,
-                             at.dense_rank, at.replica};
+            int pos_of[6] = {at.tp_rank,     at.attn_tp_rank, at.moe_ep_rank,
+                             at.moe_tp_rank, at.dense_rank,   at.replica};
             for (int k = 0; k < 6; k++) {
                 int members[64], n = 0;
                 int pos = ref_group(d, k, w, members, &n);
@@ -110,7 +113,8 @@ TEST(ranks_reject_bad_layouts)
                           {4, 4, 1, 1, 1, 3, 1}, {0, 1, 1, 1, 1, 1, 1}, {4, 4, 1, 1, 1, 1, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         e.msg[0] = 0;
-        CHECKF(ms_comm_ranks_compute(&bad[i], 0, NULL, NULL, NULL, &e) == MS_ELAYOUT, "case %zu", i);
+        CHECKF(ms_comm_ranks_compute(&bad[i], 0, NULL, NULL, NULL, &e) == MS_ELAYOUT, "case %zu",
+               i);
         CHECK(e.msg[0] != 0);
     }
     ms_comm_dims ok = {4, 2, 2, 2, 2, 1, 2};
@@ -128,8 +132,17 @@ TEST(launch_argv_shape)
     unsetenv("MOESERVE_MPIRUN");
     int n = ms_comm_launch_argv(4, "/opt/bin/moeserve", 4, argv, true, out, 32, &e);
     CHECK(n == 11);
-    const char *want[] = {"mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none",
-                          "--allow-run-as-root", "/opt/bin/moeserve", "serve", "--tp", "4"};
+    const char *want[] = {"mpirun",
+                          "-np",
+                          "4",
+                          "--oversubscribe",
+                          "--bind-to",
+                          "none",
+                          "--allow-run-as-root",
+                          "/opt/bin/moeserve",
+                          "serve",
+                          "--tp",
+                          "4"};
     for (int i = 0; i < n; i++) CHECKF(!strcmp(out[i], want[i]), "arg %d: %s", i, out[i]);
     CHECK(out[n] == NULL);
     n = ms_comm_launch_argv(2, "/x", 4, argv, false, out, 32, &e);

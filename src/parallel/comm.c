@@ -25,7 +25,7 @@
 struct ms_comm_state ms_comm_st;
 
 #define LIVENESS_PERIOD_S 0.1
-#define MIN_SLEEP_S 20e-6
+#define MIN_SLEEP_S       20e-6
 
 void ms_comm_opts_default(ms_comm_opts *o)
 {
@@ -34,12 +34,30 @@ void ms_comm_opts_default(ms_comm_opts *o)
     o->max_sleep_s = 1e-3;
 }
 
-bool ms_comm_is_init(void) { return ms_comm_st.inited; }
-ms_group *ms_comm_world(void) { return ms_comm_st.world; }
-int ms_comm_world_rank(void) { return ms_comm_st.inited ? ms_comm_st.world_rank : 0; }
-int ms_comm_world_size(void) { return ms_comm_st.inited ? ms_comm_st.world_size : 1; }
-void ms_comm_set_timeout(double timeout_s) { ms_comm_st.opts.timeout_s = timeout_s; }
-double ms_comm_timeout(void) { return ms_comm_st.opts.timeout_s; }
+bool ms_comm_is_init(void)
+{
+    return ms_comm_st.inited;
+}
+ms_group *ms_comm_world(void)
+{
+    return ms_comm_st.world;
+}
+int ms_comm_world_rank(void)
+{
+    return ms_comm_st.inited ? ms_comm_st.world_rank : 0;
+}
+int ms_comm_world_size(void)
+{
+    return ms_comm_st.inited ? ms_comm_st.world_size : 1;
+}
+void ms_comm_set_timeout(double timeout_s)
+{
+    ms_comm_st.opts.timeout_s = timeout_s;
+}
+double ms_comm_timeout(void)
+{
+    return ms_comm_st.opts.timeout_s;
+}
 
 int ms_comm_group_world_rank(const ms_group *g, int i)
 {
@@ -58,7 +76,8 @@ void ms_comm_mark_broken(ms_group *g, const char *why)
 
 int ms_comm_check(const ms_group *g, const char *op, ms_errbuf *e)
 {
-    if (!ms_comm_st.inited) return ms_err(e, MS_EINVAL, "%s: communication layer not initialised", op);
+    if (!ms_comm_st.inited)
+        return ms_err(e, MS_EINVAL, "%s: communication layer not initialised", op);
     if (!pthread_equal(pthread_self(), ms_comm_st.main_thread))
         return ms_err(e, MS_EINTERNAL, "%s called off the main thread (MPI_THREAD_FUNNELED)", op);
     if (!g || !g->priv || g->priv->comm == MPI_COMM_NULL)
@@ -192,8 +211,8 @@ static bool launcher_gone(void)
 
 /* ---- waiting ---------------------------------------------------------------------------- */
 
-int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op,
-                 size_t bytes, ms_errbuf *e)
+int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op, size_t bytes,
+                 ms_errbuf *e)
 {
     const ms_comm_opts *o = &ms_comm_st.opts;
     double t0 = ms_now_s(), next_check = t0 + LIVENESS_PERIOD_S;
@@ -211,15 +230,16 @@ int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const cha
             next_check = now + LIVENESS_PERIOD_S;
             char peers[300];
             if (describe_peers(g, peers, sizeof peers) > 0) {
-                ms_err(e, MS_ECOMM, "%s of %zu B on group '%s' (rank %d of %d, tag %d) failed "
-                       "after %.1f s: %s", op, bytes, gname, grank, gsize, ms_comm_st.tag, el,
-                       peers);
+                ms_err(e, MS_ECOMM,
+                       "%s of %zu B on group '%s' (rank %d of %d, tag %d) failed "
+                       "after %.1f s: %s",
+                       op, bytes, gname, grank, gsize, ms_comm_st.tag, el, peers);
                 ms_comm_mark_broken(g, e ? e->msg : op);
                 return MS_ECOMM;
             }
             if (launcher_gone()) {
-                ms_err(e, MS_ECOMM, "%s on group '%s': the launcher (mpirun, pid %d) has died",
-                       op, gname, (int)ms_comm_st.launcher_pid);
+                ms_err(e, MS_ECOMM, "%s on group '%s': the launcher (mpirun, pid %d) has died", op,
+                       gname, (int)ms_comm_st.launcher_pid);
                 ms_comm_mark_broken(g, e ? e->msg : op);
                 return MS_ECOMM;
             }
@@ -227,8 +247,10 @@ int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const cha
         if (deadline && el > o->timeout_s) {
             char peers[300];
             describe_peers(g, peers, sizeof peers);
-            ms_err(e, MS_ETIMEOUT, "%s of %zu B on group '%s' (rank %d of %d, tag %d) timed out "
-                   "after %.1f s: %s", op, bytes, gname, grank, gsize, ms_comm_st.tag, el, peers);
+            ms_err(e, MS_ETIMEOUT,
+                   "%s of %zu B on group '%s' (rank %d of %d, tag %d) timed out "
+                   "after %.1f s: %s",
+                   op, bytes, gname, grank, gsize, ms_comm_st.tag, el, peers);
             ms_comm_mark_broken(g, e ? e->msg : op);
             return MS_ETIMEOUT;
         }
@@ -397,9 +419,10 @@ int ms_comm_init(int *argc, char ***argv, const ms_comm_opts *opts, ms_errbuf *e
     ms_comm_opts_default(&s->opts);
     if (opts) s->opts = *opts;
     if (!(s->opts.timeout_s > 0) || s->opts.spin_s < 0 || !(s->opts.max_sleep_s > 0))
-        return ms_err(e, MS_EINVAL, "comm options: timeout %.3g s, spin %.3g s, max sleep %.3g s "
-                      "(timeout and sleep must be > 0)", s->opts.timeout_s, s->opts.spin_s,
-                      s->opts.max_sleep_s);
+        return ms_err(e, MS_EINVAL,
+                      "comm options: timeout %.3g s, spin %.3g s, max sleep %.3g s "
+                      "(timeout and sleep must be > 0)",
+                      s->opts.timeout_s, s->opts.spin_s, s->opts.max_sleep_s);
     s->tag = MS_COMM_TAG_NONE;
     int provided = 0;
     int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
@@ -414,8 +437,10 @@ int ms_comm_init(int *argc, char ***argv, const ms_comm_opts *opts, ms_errbuf *e
     ms_log_init(s->world_rank);
     s->inited = true; /* from here on, failures go through ms_comm_deinit */
     if (provided < MPI_THREAD_FUNNELED) {
-        rc = ms_err(e, MS_EUNSUPPORTED, "MPI provides thread level %d, moeserve needs "
-                    "MPI_THREAD_FUNNELED (%d)", provided, MPI_THREAD_FUNNELED);
+        rc = ms_err(e, MS_EUNSUPPORTED,
+                    "MPI provides thread level %d, moeserve needs "
+                    "MPI_THREAD_FUNNELED (%d)",
+                    provided, MPI_THREAD_FUNNELED);
         goto fail;
     }
     for (int i = 0; i < MS_COMM_N_UNITS; i++) s->units[i] = MPI_DATATYPE_NULL;
@@ -447,10 +472,10 @@ int ms_comm_init(int *argc, char ***argv, const ms_comm_opts *opts, ms_errbuf *e
         goto fail;
     s->peers_known = true;
     s->launcher_pid = s->world_size > 1 ? getppid() : 0;
-    MS_LOG(MS_DEBUG, "comm", "MPI up: rank %d of %d, pid %d on %s, thread level %d",
-           s->world_rank, s->world_size, (int)me.pid, me.host, provided);
+    MS_LOG(MS_DEBUG, "comm", "MPI up: rank %d of %d, pid %d on %s, thread level %d", s->world_rank,
+           s->world_size, (int)me.pid, me.host, provided);
     return 0;
-fail: {
+fail : {
     ms_errbuf e2;
     ms_comm_deinit(&e2);
     return rc;
@@ -469,8 +494,10 @@ int ms_comm_deinit(ms_errbuf *e)
     if (!rc && s->world && s->world_size > 1) {
         MPI_Request req;
         int mrc = MPI_Ibarrier(s->world->priv->comm, &req);
-        if (mrc != MPI_SUCCESS) rc = ms_comm_mpi_fail(s->world, mrc, "shutdown barrier", e);
-        else rc = ms_comm_wait(s->world, &req, 1, true, "shutdown barrier", 0, e);
+        if (mrc != MPI_SUCCESS)
+            rc = ms_comm_mpi_fail(s->world, mrc, "shutdown barrier", e);
+        else
+            rc = ms_comm_wait(s->world, &req, 1, true, "shutdown barrier", 0, e);
     }
     /* Release every communicator; groups still held by callers keep their memory. */
     while (s->groups) {

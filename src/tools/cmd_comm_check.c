@@ -45,7 +45,8 @@ static int n_pass, n_fail, me;
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {}
+    while (nanosleep(&ts, &ts) != 0) {
+    }
 }
 
 static double cpu_s(void)
@@ -60,7 +61,10 @@ static double cpu_s(void)
 
 static unsigned char a2a_byte(int from, int to, size_t i);
 
-static float val(int r, size_t j) { return (float)(r * 100000 + (int)(j % 99991)); }
+static float val(int r, size_t j)
+{
+    return (float)(r * 100000 + (int)(j % 99991));
+}
 
 static void check_allreduce(ms_group *g)
 {
@@ -83,11 +87,16 @@ static void check_allreduce(ms_group *g)
 static size_t rows_of(int p, int r, int n)
 {
     switch (p) {
-    case 0: return r == 0 ? 5 : 0;
-    case 1: return r == n - 1 ? 3 : 0;
-    case 2: return (size_t)((r * 3 + 1) % 4);
-    case 3: return 0;
-    default: return (size_t)(r + 1) * 37;
+    case 0:
+        return r == 0 ? 5 : 0;
+    case 1:
+        return r == n - 1 ? 3 : 0;
+    case 2:
+        return (size_t)((r * 3 + 1) % 4);
+    case 3:
+        return 0;
+    default:
+        return (size_t)(r + 1) * 37;
     }
 }
 
@@ -201,7 +210,10 @@ static unsigned char a2a_byte(int from, int to, size_t i)
     return (unsigned char)(from * 31 + to * 17 + (int)(i % 251));
 }
 
-static size_t a2a_rows(int from, int to, int n) { return (size_t)((from * 7 + to * 3 + n) % 5); }
+static size_t a2a_rows(int from, int to, int n)
+{
+    return (size_t)((from * 7 + to * 3 + n) % 5);
+}
 
 static void check_alltoallv(ms_group *g)
 {
@@ -254,7 +266,7 @@ static void check_bcast_gather(ms_group *g)
         CK(bad == 0, "bcast %zu bytes: %zu wrong", b, bad);
         free(buf);
     }
-    for (int root = 0; root < n; root += n > 1 ? n - 1 : 1) {
+    for (int root = 0; root<n; root += n> 1 ? n - 1 : 1) {
         size_t rb[64], tot = 0;
         for (int j = 0; j < n; j++) tot += rb[j] = rows_of(2, j, n) * 9;
         unsigned char *send = malloc(rb[g->rank] + 1), *recv = calloc(tot + 1, 1);
@@ -331,7 +343,8 @@ static void check_accounting(ms_group *g)
     uint64_t n1 = (uint64_t)(n - 1);
     uint64_t b = 10 / (uint64_t)n + ((uint64_t)r < 10 % (uint64_t)n);
     ms_comm_stats_get(g, 11, MS_COMM_ALLREDUCE, &c);
-    CK(c.n_calls == 1 && c.payload_bytes == 40 && c.sent_bytes == (n > 1 ? 4 * (10 - b + b * n1) : 0),
+    CK(c.n_calls == 1 && c.payload_bytes == 40 &&
+           c.sent_bytes == (n > 1 ? 4 * (10 - b + b * n1) : 0),
        "allreduce bytes: calls %llu payload %llu sent %llu", (unsigned long long)c.n_calls,
        (unsigned long long)c.payload_bytes, (unsigned long long)c.sent_bytes);
     ms_comm_stats_get(g, 11, MS_COMM_ALLGATHER, &c);
@@ -340,16 +353,20 @@ static void check_accounting(ms_group *g)
        (unsigned long long)c.recv_bytes);
     ms_comm_stats_get(g, 11, MS_COMM_REDUCE_SCATTER, &c);
     CK(c.payload_bytes == 4 * tot && c.sent_bytes == 4 * (tot - counts[r]) &&
-       c.recv_bytes == 4 * counts[r] * n1, "reduce_scatterv bytes");
+           c.recv_bytes == 4 * counts[r] * n1,
+       "reduce_scatterv bytes");
     uint64_t ss = 0, rr = 0;
     for (int j = 0; j < n; j++)
         if (j != r) ss += sb[j], rr += rb[j];
     ms_comm_stats_get(g, 11, MS_COMM_A2A_DISPATCH, &c);
-    CK(c.n_calls == 1 && c.sent_bytes == ss && c.recv_bytes == rr, "alltoallv bytes: sent %llu "
-       "(want %llu) recv %llu (want %llu)", (unsigned long long)c.sent_bytes,
-       (unsigned long long)ss, (unsigned long long)c.recv_bytes, (unsigned long long)rr);
+    CK(c.n_calls == 1 && c.sent_bytes == ss && c.recv_bytes == rr,
+       "alltoallv bytes: sent %llu "
+       "(want %llu) recv %llu (want %llu)",
+       (unsigned long long)c.sent_bytes, (unsigned long long)ss, (unsigned long long)c.recv_bytes,
+       (unsigned long long)rr);
     ms_comm_stats_get(g, 11, MS_COMM_BCAST, &c);
-    CK(c.sent_bytes == (r == 0 ? 100 * n1 : 0) && c.recv_bytes == (r == 0 ? 0 : 100), "bcast bytes");
+    CK(c.sent_bytes == (r == 0 ? 100 * n1 : 0) && c.recv_bytes == (r == 0 ? 0 : 100),
+       "bcast bytes");
     ms_comm_stats_get(g, MS_COMM_TAG_NONE, MS_COMM_A2A_DISPATCH, &c);
     CK(c.n_calls == 0, "untagged slot must be empty");
     /* group-wide conservation: Σ sent = Σ recv per kind */
@@ -390,7 +407,8 @@ static void check_groups(const ms_comm_dims *d)
         CK(sum == want, "group %s: sum of world ranks %.0f, want %.0f", g->name, sum, want);
     }
     CK(gs.attn_tp->size == d->attn_tp && gs.moe_ep->size == d->moe_ep &&
-       gs.moe_tp->size == d->moe_tp && gs.dp->size == d->n_replicas, "group sizes");
+           gs.moe_tp->size == d->moe_tp && gs.dp->size == d->n_replicas,
+       "group sizes");
     CK(gs.at.attn_dp_rank == gs.at.tp_rank / d->attn_tp, "attn_dp_rank");
     ms_comm_groups_deinit(&gs);
 }
@@ -422,7 +440,8 @@ static void mode_collectives(void)
     ms_comm_dims d1 = {n, 1, n, n, 1, 1, 1};
     check_groups(&d1);
     if (n == 4) {
-        ms_comm_dims d2 = {4, 2, 2, 2, 2, 1, 1}, d3 = {2, 1, 2, 2, 1, 2, 2}, d4 = {4, 4, 1, 1, 2, 4, 1};
+        ms_comm_dims d2 = {4, 2, 2, 2, 2, 1, 1}, d3 = {2, 1, 2, 2, 1, 2, 2},
+                     d4 = {4, 4, 1, 1, 2, 4, 1};
         check_groups(&d2);
         check_groups(&d3);
         check_groups(&d4);
@@ -462,7 +481,8 @@ static int mode_kill(bool idle)
     double t0 = ms_now_s();
     for (int it = 0;; it++) {
         if (w->rank == victim && it == 20) {
-            printf("KILL rank %d pid %d kills itself at iteration %d\n", w->rank, (int)getpid(), it);
+            printf("KILL rank %d pid %d kills itself at iteration %d\n", w->rank, (int)getpid(),
+                   it);
             fflush(stdout);
             if (idle) sleep_s(0.5);
             kill(getpid(), SIGKILL);
@@ -514,7 +534,8 @@ static int mode_idle(double idle_s)
                 sleep_s(idle_s / N_IDLE);
             } else {
                 double until = ms_now_s() + 200e-6;
-                while (ms_now_s() < until) {}
+                while (ms_now_s() < until) {
+                }
             }
             msg[0] = ms_now_s();
             if (ms_comm_ctrl_send(w, msg, sizeof msg, &e)) goto fail;
@@ -524,8 +545,10 @@ static int mode_idle(double idle_s)
             if (ms_comm_ctrl_recv(w, &b, &nb, &e)) goto fail;
             double t = ms_now_s();
             memcpy(msg, b, sizeof msg);
-            if (k < N_IDLE) lat_idle[k] = t - msg[0];
-            else lat[k - N_IDLE] = t - msg[0];
+            if (k < N_IDLE)
+                lat_idle[k] = t - msg[0];
+            else
+                lat[k - N_IDLE] = t - msg[0];
             if (k == N_IDLE - 1) cpu_pct = 100 * (cpu_s() - c0) / (t - t0);
         }
     }
@@ -543,15 +566,16 @@ static int mode_idle(double idle_s)
     if (w->rank == 0)
         for (int r = 1; r < w->size; r++)
             printf("IDLE rank %d idle_s=%.1f cpu_pct=%.2f wake_idle_p50_us=%.0f "
-                   "wake_idle_max_us=%.0f wake_load_p50_us=%.1f\n", r, idle_s, all[4 * r],
-                   all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
+                   "wake_idle_max_us=%.0f wake_load_p50_us=%.1f\n",
+                   r, idle_s, all[4 * r], all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
     return 0;
 fail:
     fprintf(stderr, "comm-check rank %d: idle mode failed: %s\n", w->rank, e.msg);
     return 1;
 }
 
-typedef int (*bench_fn)(ms_group *g, unsigned char *a, unsigned char *b, size_t bytes, ms_errbuf *e);
+typedef int (*bench_fn)(ms_group *g, unsigned char *a, unsigned char *b, size_t bytes,
+                        ms_errbuf *e);
 
 static int b_allreduce(ms_group *g, unsigned char *a, unsigned char *b, size_t bytes, ms_errbuf *e)
 {
@@ -589,10 +613,14 @@ static int mode_bench(int iters)
         bench_fn fn;
         size_t bytes;
     } cases[] = {
-        {"allreduce_f32", b_allreduce, 8},         {"allreduce_f32", b_allreduce, 14336},
-        {"allreduce_f32", b_allreduce, 1 << 20},   {"allgather", b_allgather, 1 << 20},
-        {"allgather", b_allgather, 1 << 18},       {"reduce_scatter_f32", b_rs, 1 << 20},
-        {"alltoallv", b_a2a, 1 << 20},             {"bcast", b_bcast, 8},
+        {"allreduce_f32", b_allreduce, 8},
+        {"allreduce_f32", b_allreduce, 14336},
+        {"allreduce_f32", b_allreduce, 1 << 20},
+        {"allgather", b_allgather, 1 << 20},
+        {"allgather", b_allgather, 1 << 18},
+        {"reduce_scatter_f32", b_rs, 1 << 20},
+        {"alltoallv", b_a2a, 1 << 20},
+        {"bcast", b_bcast, 8},
         {"bcast", b_bcast, 1 << 20},
     };
     ms_errbuf e = {""};
@@ -655,11 +683,16 @@ int ms_cmd_comm_check(int argc, char **argv)
             return 2;
         }
         i++;
-        if (!strcmp(a, "--np")) np = atoi(v);
-        else if (!strcmp(a, "--mode")) mode = v;
-        else if (!strcmp(a, "--comm-timeout-s")) opts.timeout_s = atof(v);
-        else if (!strcmp(a, "--iters")) iters = atoi(v);
-        else if (!strcmp(a, "--idle-s")) idle_s = atof(v);
+        if (!strcmp(a, "--np"))
+            np = atoi(v);
+        else if (!strcmp(a, "--mode"))
+            mode = v;
+        else if (!strcmp(a, "--comm-timeout-s"))
+            opts.timeout_s = atof(v);
+        else if (!strcmp(a, "--iters"))
+            iters = atoi(v);
+        else if (!strcmp(a, "--idle-s"))
+            idle_s = atof(v);
         else {
             fprintf(stderr, "comm-check: unknown flag '%s'\n", a);
             return 2;
