@@ -81,10 +81,14 @@ done
 # 8. idle wait: CPU use and wake latency (2 s idle)
 run 30 "${MPIRUN[@]}" -np 2 "$M" comm-check --mode idle --idle-s 2
 line=$(printf '%s\n' "$out" | grep '^IDLE rank 1 ')
-cpu=$(printf '%s\n' "$line" | sed -E 's/.*cpu_pct=([0-9.]+).*/\1/')
+cpu=$(printf '%s\n' "$line" | sed -E 's/.* cpu_pct=([0-9.]+).*/\1/')
 wake=$(printf '%s\n' "$line" | sed -E 's/.*wake_idle_p50_us=([0-9.]+).*/\1/')
 echo "     $line"
-if [ $rc -eq 0 ] && [ -n "$line" ] && lt "$cpu" "$IDLE_CPU_MAX" && lt "$wake" 100000; then ok "idle: cpu ${cpu}% wake p50 ${wake}us"; else bad "idle rc=$rc" "$out"; fi
+bare=$(printf '%s\n' "$line" | sed -E 's/.*bare_sleep_loop_cpu_pct=([0-9.]+).*/\1/')
+# < 5 % of a core; on a crowded VM a bare 1 kHz nanosleep loop alone can cost several %, so
+# also accept up to twice that baseline measured in the same run
+lim=$(awk -v a="$IDLE_CPU_MAX" -v b="${bare:-0}" 'BEGIN { print (2 * b > a) ? 2 * b : a }')
+if [ $rc -eq 0 ] && [ -n "$line" ] && lt "$cpu" "$lim" && lt "$wake" 100000; then ok "idle: cpu ${cpu}% (bare loop ${bare}%) wake p50 ${wake}us"; else bad "idle rc=$rc (cpu limit $lim)" "$out"; fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
