@@ -62,7 +62,8 @@ run 30 "${MPIRUN[@]}" -np 4 "$M" comm-check --mode timeout --comm-timeout-s 1.5
 lines=$(printf '%s\n' "$out" | grep -E "^TIMEOUT rank [012] rc=timed out elapsed=[0-9.]+ then=communication failure msg=allreduce_f32 of 16 B on group 'world' \(rank [012] of 4, tag 7\) timed out after 1\.[5-9] s: 3 peer\(s\) alive")
 n_to=$(printf '%s' "$lines" | grep -c . || true)
 max_el=$(printf '%s\n' "$lines" | sed -E 's/.*elapsed=([0-9.]+).*/\1/' | sort -n | tail -n 1)
-if [ "$n_to" -eq 3 ] && lt "${max_el:-99}" 3.0 && lt "$wall" 20; then ok "timeout: 3 ranks report MS_ETIMEOUT in ${max_el}s"; else bad "timeout (n=$n_to, max elapsed ${max_el:-?}, wall ${wall})" "$out"; fi
+n_de=$(printf '%s\n' "$out" | grep -cE '^DEINIT rank [012] rc=communication failure msg=MPI not finalised: a call failed earlier')
+if [ "$n_to" -eq 3 ] && [ "$n_de" -eq 3 ] && lt "${max_el:-99}" 3.0 && lt "$wall" 20; then ok "timeout: 3 ranks report MS_ETIMEOUT in ${max_el}s"; else bad "timeout (n=$n_to, deinit $n_de, max elapsed ${max_el:-?}, wall ${wall})" "$out"; fi
 
 # 6-7. a rank killed with SIGKILL mid-run / rank 0 killed while the others wait idle
 for mode in kill kill-idle; do

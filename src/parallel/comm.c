@@ -69,6 +69,10 @@ int ms_comm_group_world_rank(const ms_group *g, int i)
 
 void ms_comm_mark_broken(ms_group *g, const char *why)
 {
+    if (!ms_comm_st.wedged) {
+        ms_comm_st.wedged = true;
+        snprintf(ms_comm_st.wedged_why, sizeof ms_comm_st.wedged_why, "%s", why);
+    }
     if (!g || !g->priv || g->priv->broken) return;
     g->priv->broken = 1;
     snprintf(g->priv->broken_why, sizeof g->priv->broken_why, "%s", why);
@@ -268,7 +272,7 @@ static void group_destroy(ms_group *g)
 {
     if (!g) return;
     struct ms_group_priv *p = g->priv;
-    if (p) {
+    if (p && !p->broken) { /* a broken group's arrays may belong to a pending request: leaked */
         free(p->world_ranks);
         free(p->ia);
         free(p->ib);
@@ -364,8 +368,8 @@ int ms_comm_split(ms_group *parent, int color, int key, const char *name, ms_gro
         return ms_comm_mpi_fail(parent, mrc, "split (rendezvous)", e);
     }
     rc = ms_comm_wait(parent, &req, 1, true, "split (rendezvous)", sizeof mine, e);
+    if (rc) return rc; /* `all` is leaked: the pending collective may still write into it */
     free(all);
-    if (rc) return rc;
     MPI_Comm nc = MPI_COMM_NULL;
     mrc = MPI_Comm_split(parent->priv->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
     if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(parent, mrc, "MPI_Comm_split", e);
@@ -487,10 +491,8 @@ int ms_comm_deinit(ms_errbuf *e)
     struct ms_comm_state *s = &ms_comm_st;
     if (!s->inited) return 0;
     int rc = 0;
-    for (ms_group *g = s->groups; g; g = g->priv->next)
-        if (g->priv->broken && !rc)
-            rc = ms_err(e, MS_ECOMM, "MPI not finalised: group '%s' failed earlier (%s)", g->name,
-                        g->priv->broken_why);
+    if (s->wedged)
+        rc = ms_err(e, MS_ECOMM, "MPI not finalised: a call failed earlier (%s)", s->wedged_why);
     if (!rc && s->world && s->world_size > 1) {
         MPI_Request req;
         int mrc = MPI_Ibarrier(s->world->priv->comm, &req);
@@ -507,10 +509,12 @@ int ms_comm_deinit(ms_errbuf *e)
     }
     if (s->world) group_destroy(s->world);
     s->world = NULL;
-    free_units();
-    free(s->peers);
-    free(s->ctrl_hdr);
-    free(s->ctrl_body);
+    if (!s->wedged) { /* else pending requests may still use them: leaked on purpose */
+        free_units();
+        free(s->peers);
+        free(s->ctrl_hdr);
+        free(s->ctrl_body);
+    }
     s->peers = NULL;
     s->ctrl_hdr = s->ctrl_body = NULL;
     s->ctrl_body_cap = 0;

@@ -48,7 +48,9 @@ struct ms_comm_state {
     pid_t launcher_pid;         /* our parent under mpirun (0: singleton, not checked) */
     MPI_Datatype units[MS_COMM_N_UNITS];
     size_t unit_bytes[MS_COMM_N_UNITS];
-    int tag;                  /* current layer tag */
+    int tag;     /* current layer tag */
+    bool wedged; /* a call failed and a request may still be pending */
+    char wedged_why[sizeof(ms_errbuf)];
     unsigned char *ctrl_hdr;  /* 2 × (16 + MS_COMM_CTRL_INLINE): receive half, send half */
     unsigned char *ctrl_body; /* reassembled control body */
     size_t ctrl_body_cap;

@@ -469,9 +469,12 @@ static int mode_timeout(void)
     int rc2 = ms_comm_bcast(w, x, 4, 0, &e2);
     printf("TIMEOUT rank %d rc=%s elapsed=%.2f then=%s msg=%s | then: %s\n", w->rank,
            ms_strerror(rc), el, ms_strerror(rc2), e.msg, e2.msg);
+    ms_errbuf e3 = {""};
+    int rc3 = ms_comm_deinit(&e3); /* must refuse MPI_Finalize: a request is still pending */
+    printf("DEINIT rank %d rc=%s msg=%s\n", me, ms_strerror(rc3), e3.msg); /* w is gone */
     fflush(stdout);
     sleep_s(0.3);
-    _exit(rc == MS_ETIMEOUT && rc2 == MS_ECOMM ? 3 : 1);
+    _exit(rc == MS_ETIMEOUT && rc2 == MS_ECOMM && rc3 == MS_ECOMM ? 3 : 1);
 }
 
 static int mode_kill(bool idle)
