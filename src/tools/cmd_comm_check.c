@@ -688,7 +688,9 @@ int ms_cmd_comm_check(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: moeserve comm-check [--np N] [--mode collectives|hello|timeout|kill|"
-                   "kill-idle|idle|bench] [--comm-timeout-s S] [--iters N] [--idle-s S]\n");
+                   "kill-idle|idle|bench] [--comm-timeout-s S] [--comm-spin-us U] "
+                   "[--comm-max-sleep-us U] "
+                   "[--iters N] [--idle-s S]\n");
             return 0;
         }
         if (!v) {
@@ -702,6 +704,10 @@ int ms_cmd_comm_check(int argc, char **argv)
             mode = v;
         else if (!strcmp(a, "--comm-timeout-s"))
             opts.timeout_s = atof(v);
+        else if (!strcmp(a, "--comm-spin-us"))
+            opts.spin_s = atof(v) * 1e-6;
+        else if (!strcmp(a, "--comm-max-sleep-us"))
+            opts.max_sleep_s = atof(v) * 1e-6;
         else if (!strcmp(a, "--iters"))
             iters = atoi(v);
         else if (!strcmp(a, "--idle-s"))
