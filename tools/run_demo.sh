@@ -3,6 +3,7 @@
 set -euo pipefail
 BUILD=${BUILD:-build}
 M=${DEMO_MODEL:-$BUILD/models/tiny-v3}
+mkdir -p "$(dirname "$M")"
 if [ ! -f "$M/config.json" ]; then
     "$BUILD/moeserve" mkmodel --preset tiny-v3 --seed 1 --out "$M"
 fi

@@ -42,10 +42,21 @@ struct ms_sched {
     ms_sched_event *events;
     int n_events, cap_events;
     ms_sampler_scratch sc;
+    float *pen_logits;       /* [vocab] logits after penalties */
+    int32_t *pen_mark;       /* [vocab] */
     int32_t *match_pages;
     int64_t cap_match;
+    double new_token_ratio;  /* share of their remaining max_new running requests are
+                              * expected to still generate (SGLang's new_token_ratio) */
     ms_sched_stats st;
 };
+
+/* SGLang's admission estimate: start conservative, decay towards the floor each
+ * step, jump back up after a retraction. */
+#define RATIO_INIT 0.7
+#define RATIO_MIN 0.1
+#define RATIO_DECAY 0.001
+#define RATIO_RETRACT_STEP 0.1
 
 int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_errbuf *err)
 {
@@ -64,12 +75,15 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
     s->events = calloc((size_t)s->cap_events, sizeof *s->events);
     s->sc.prob = malloc(sizeof(float) * (size_t)p->vocab);
     s->sc.idx = malloc(sizeof(int32_t) * (size_t)p->vocab);
+    s->pen_logits = malloc(sizeof(float) * (size_t)p->vocab);
+    s->pen_mark = malloc(sizeof(int32_t) * (size_t)p->vocab);
     if (ms_radix_new(&s->radix, pool) || !s->batch || !s->batch_req || !s->logits ||
-        !s->events || !s->sc.prob || !s->sc.idx) {
+        !s->events || !s->sc.prob || !s->sc.idx || !s->pen_logits || !s->pen_mark) {
         ms_sched_free(s);
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
     }
     s->st.total_tokens = (int64_t)pool->n_pages * pool->page_size;
+    s->new_token_ratio = RATIO_INIT;
     *out = s;
     return 0;
 }
@@ -104,6 +118,8 @@ void ms_sched_free(ms_sched *s)
     free(s->events);
     free(s->sc.prob);
     free(s->sc.idx);
+    free(s->pen_logits);
+    free(s->pen_mark);
     free(s->match_pages);
     free(s);
 }
@@ -150,7 +166,7 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
     r->in = *in;
     r->in.ids = NULL;
-    r->cap_ids = in->n_ids + MS_MIN(in->max_new, 256) + 1;
+    r->cap_ids = in->n_ids + in->max_new + 1; /* decode never reallocates */
     r->ids = malloc(sizeof(int32_t) * (size_t)r->cap_ids);
     if (!r->ids) {
         free(r);
@@ -250,6 +266,7 @@ static void retract(ms_sched *s, struct req *r)
     s->waiting = r;
     s->n_waiting++;
     s->st.n_retracted++;
+    s->new_token_ratio = MS_MIN(1.0, s->new_token_ratio + RATIO_RETRACT_STEP);
     MS_LOG(MS_INFO, "sched", "retracted request %llu (%lld generated) to free KV pages",
            (unsigned long long)r->in.id, (long long)r->n_out);
 }
@@ -280,9 +297,23 @@ static int grow(ms_sched *s, struct req *r, int64_t upto)
 }
 
 /* Admits one waiting request: prefix match + pages for its whole prompt. */
+/* Tokens the running requests are expected to still need (decode headroom). */
+static int64_t running_reserve(const ms_sched *s)
+{
+    double t = 0;
+    for (const struct req *r = s->running; r; r = r->next)
+        t += (double)(r->in.max_new - r->n_out) * s->new_token_ratio + (double)(r->n_ids - r->n_kv);
+    return (int64_t)t;
+}
+
 static int admit(ms_sched *s, struct req *r)
 {
     int ps = s->p.page_size;
+    /* admission control: the prompt plus its expected decode must fit beside what
+     * the running requests are expected to need; free + evictable pages count */
+    int64_t avail = ((int64_t)ms_kv_pool_n_free(s->pool) + ms_radix_evictable_pages(s->radix)) * ps;
+    int64_t want = r->n_ids + (int64_t)((double)(r->in.max_new - r->n_out) * s->new_token_ratio);
+    if (s->n_running > 0 && want + running_reserve(s) > avail) return MS_EFULL;
     if (s->cap_match < r->n_ids / ps + 1) {
         free(s->match_pages);
         s->cap_match = r->n_ids / ps + 1;
@@ -297,7 +328,8 @@ static int admit(ms_sched *s, struct req *r)
     int64_t limit = ((r->n_ids - 1) / ps) * ps; /* the last token must be computed */
     if (matched > limit) matched = limit;
     int64_t n_pre = matched / ps, need = (r->n_ids + ps - 1) / ps;
-    if (reserve_pages(r, need)) return MS_ENOMEM;
+    /* room in the page table for the whole generation: decode never reallocates */
+    if (reserve_pages(r, (r->n_ids + r->in.max_new - r->n_out + ps) / ps)) return MS_ENOMEM;
     ms_radix_lock(s->radix, node);
     if (take_pages(s, need - n_pre, r->pages + n_pre) != 0) {
         ms_radix_unlock(s->radix, node);
@@ -348,6 +380,7 @@ static struct req *pick_waiting(ms_sched *s)
 int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
 {
     s->n_batch = 0;
+    s->new_token_ratio = MS_MAX(RATIO_MIN, s->new_token_ratio - RATIO_DECAY);
     int64_t budget = s->p.chunk_tokens;
     /* running requests: decode tokens and continuing prefill chunks.  Growing
      * one request may retract another, so walk a snapshot and skip those that
@@ -409,7 +442,14 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
             finish_req(s, r, MS_FINISH_LENGTH, 1);
             continue;
         }
-        int32_t t = ms_sampler_pick(sq->logits, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
+        const float *lg = sq->logits;
+        if (ms_sampler_has_penalties(&r->in.samp)) {
+            memcpy(s->pen_logits, lg, sizeof(float) * (size_t)s->p.vocab);
+            ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids, r->n_prompt,
+                                       r->n_ids, s->pen_mark);
+            lg = s->pen_logits;
+        }
+        int32_t t = ms_sampler_pick(lg, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
         int fin = MS_FINISH_NONE;
         r->n_out++;
         if (push_id(r, t)) fin = MS_FINISH_ERROR;
@@ -445,7 +485,10 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
     *st = s->st;
     st->n_running = s->n_running;
     st->n_waiting = s->n_waiting;
-    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool)) * s->p.page_size;
+    /* as SGLang: pages the prefix cache could give back on demand are not "used" */
+    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool) -
+                                ms_radix_evictable_pages(s->radix)) *
+                      s->p.page_size;
     st->cached_tokens = ms_radix_cached_pages(s->radix) * s->p.page_size;
 }
 

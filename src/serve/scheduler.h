@@ -17,6 +17,7 @@
 #include "cache/radix.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "serve/finish.h"
 
 #include <stdint.h>
 
@@ -24,8 +25,6 @@
 #define MS_SCHED_MAX_TOP_LOGPROBS 20
 
 enum ms_sched_policy { MS_SCHED_FCFS = 0, MS_SCHED_LPM = 1 };
-enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT,
-                 MS_FINISH_ERROR };
 
 typedef struct ms_sched_params {
     int page_size;
@@ -43,7 +42,7 @@ typedef struct ms_sched_input {
     const int32_t *ids;
     int64_t n_ids;
     int64_t max_new;
-    ms_sampling samp;
+    ms_sampler_params samp;
     uint64_t seed;
     int ignore_eos;
     int32_t stop_ids[MS_SCHED_MAX_STOP_IDS];
@@ -59,7 +58,7 @@ typedef struct ms_sched_event {
     int n_top;
     int32_t top_ids[MS_SCHED_MAX_TOP_LOGPROBS];
     float top_lps[MS_SCHED_MAX_TOP_LOGPROBS];
-    int finish;           /* enum ms_finish */
+    int finish;           /* enum ms_finish_kind */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     const float *logits;  /* [vocab] the token was sampled from (borrowed until the next build) */
 } ms_sched_event;

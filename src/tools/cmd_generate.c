@@ -29,7 +29,7 @@ struct opts {
     const char *prompt_ids[MAX_PROMPTS];
     int n_prompts, n_prompt_ids;
     long max_new;
-    ms_sampling samp;
+    ms_sampler_params samp;
     unsigned long long seed;
     int print_ids, ignore_eos, comm_stats;
     double comm_timeout_s;
