@@ -2,7 +2,7 @@
  *
  * Owns the process-wide communication state (ms_comm_st), the world group and the list of live
  * groups, and ms_comm_wait: every non-blocking MPI request of the layer is completed there by
- * an MPI_Testall loop that spins for opts.spin_s, then sleeps for elapsed/16 clamped to
+ * an MPI_Test loop that spins for opts.spin_s, then sleeps for elapsed/16 clamped to
  * [20 µs, opts.max_sleep_s] (so a late wake costs at most ~6 % of the time already waited and
  * an idle rank uses ~0 % CPU), checks every ~0.1 s that the group's peers on this host and the
  * launcher are alive, and stops at the deadline.  Collectives live in comm_coll.c, accounting in
@@ -215,6 +215,25 @@ static bool launcher_gone(void)
 
 /* ---- waiting ---------------------------------------------------------------------------- */
 
+/* MPI_Test on each pending request in turn, stopping at the first incomplete one.  Not
+ * MPI_Testall: Open MPI 4.1's Testall checks completion before it drives progress, so what
+ * that progress call delivers is only seen on the next call, one back-off sleep later (measured
+ * here: idle wake ~1.8 ms with Testall vs ~0.6 ms with Test at a 1 ms sleep cap).  MPI_Test
+ * drives progress and then checks again. */
+static int test_all(MPI_Request *reqs, int n, int *done)
+{
+    *done = 0;
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] == MPI_REQUEST_NULL) continue;
+        int f = 0;
+        int rc = MPI_Test(&reqs[i], &f, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return rc;
+        if (!f) return MPI_SUCCESS;
+    }
+    *done = 1;
+    return MPI_SUCCESS;
+}
+
 int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op, size_t bytes,
                  ms_errbuf *e)
 {
@@ -222,7 +241,7 @@ int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const cha
     double t0 = ms_now_s(), next_check = t0 + LIVENESS_PERIOD_S;
     for (;;) {
         int done = 0;
-        int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        int rc = test_all(reqs, n, &done);
         if (rc != MPI_SUCCESS) return ms_comm_mpi_fail(g, rc, op, e);
         if (done) return 0;
         double now = ms_now_s(), el = now - t0;
