@@ -63,17 +63,19 @@ lines=$(printf '%s\n' "$out" | grep -E "^TIMEOUT rank [012] rc=timed out elapsed
 n_to=$(printf '%s' "$lines" | grep -c . || true)
 max_el=$(printf '%s\n' "$lines" | sed -E 's/.*elapsed=([0-9.]+).*/\1/' | sort -n | tail -n 1)
 n_de=$(printf '%s\n' "$out" | grep -cE '^DEINIT rank [012] rc=communication failure msg=MPI not finalised: a call failed earlier')
-if [ "$n_to" -eq 3 ] && [ "$n_de" -eq 3 ] && lt "${max_el:-99}" 3.0 && lt "$wall" 20; then ok "timeout: 3 ranks report MS_ETIMEOUT in ${max_el}s"; else bad "timeout (n=$n_to, deinit $n_de, max elapsed ${max_el:-?}, wall ${wall})" "$out"; fi
+if [ "$n_to" -eq 3 ] && [ "$n_de" -eq 3 ] && lt "${max_el:-99}" 3.0 && lt "$wall" 25; then ok "timeout: 3 ranks report MS_ETIMEOUT in ${max_el}s"; else bad "timeout (n=$n_to, deinit $n_de, max elapsed ${max_el:-?}, wall ${wall})" "$out"; fi
 
 # 6-7. a rank killed with SIGKILL mid-run / rank 0 killed while the others wait idle
 for mode in kill kill-idle; do
-    run 30 "${MPIRUN[@]}" -np 4 "$M" comm-check --mode $mode
-    # mpirun exits 137 itself when a rank died of SIGKILL; the deadline is 30 s, so wall < 15 s
-    # tells it apart from our timeout
-    if [ $rc -ne 0 ] && lt "$wall" 15 &&
+    run 40 "${MPIRUN[@]}" -np 4 "$M" comm-check --mode $mode
+    # mpirun exits 137 itself when a rank died of SIGKILL; the deadline is 40 s, so wall < 25 s
+    # tells it apart from our timeout (mpirun start and teardown take seconds on a loaded host;
+    # the survivors' own detection time is printed in KILL_DETECTED lines)
+    det=$(printf '%s\n' "$out" | sed -nE 's/^KILL_DETECTED rank [0-9]+ after ([0-9.]+) s.*/\1/p' | sort -n | tail -n 1)
+    if [ $rc -ne 0 ] && lt "$wall" 25 && lt "${det:-0}" 3 &&
         printf '%s\n' "$out" | grep -q '^KILL rank' &&
         printf '%s\n' "$out" | grep -qE 'KILL_DETECTED rank [0-9] after [0-9.]+ s: communication failure: .* has died|exited on signal 9'; then
-        ok "$mode: job ended in ${wall%.*}s with a clear message"
+        ok "$mode: peers noticed in ${det:-?}s, job ended in ${wall%.*}s with a clear message"
     else
         bad "$mode rc=$rc wall=$wall" "$out"
     fi
