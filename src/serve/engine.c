@@ -369,7 +369,7 @@ static size_t seal_ctrl(ms_engine *e)
     if (e->ctrl_len == 0) e->ctrl_len = sizeof(struct ctrl_hdr);
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + sizeof(uint64_t) * e->pend_abort)) {
         e->pend_abort = 0; /* out of memory: aborts are retried by the caller's disconnect path */
-    } else {
+    } else if (e->pend_abort > 0) {
         memcpy(e->ctrl + e->ctrl_len, e->aborts, sizeof(uint64_t) * e->pend_abort);
         e->ctrl_len += sizeof(uint64_t) * e->pend_abort;
     }
