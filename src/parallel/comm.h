@@ -112,12 +112,12 @@ typedef struct ms_comm_coords {
 /* Pure: validates dims (MS_ELAYOUT with the reason) and computes the coordinates of world_rank.
  * If first is non-NULL it receives, per group kind, the world rank of member 0 and the stride
  * between members: first[0..5] = tp, attn_tp, moe_ep, moe_tp, dense, dp; stride likewise. */
-int ms_comm_ranks_compute(const ms_comm_dims *d, int world_rank, ms_comm_coords *out,
-                          int first[6], int stride[6], ms_errbuf *e);
+int ms_comm_ranks_compute(const ms_comm_dims *d, int world_rank, ms_comm_coords *out, int first[6],
+                          int stride[6], ms_errbuf *e);
 
 typedef struct ms_comm_groups {
     ms_comm_coords at;
-    ms_group *world;                    /* borrowed from ms_comm_world() */
+    ms_group *world;                                       /* borrowed from ms_comm_world() */
     ms_group *tp, *attn_tp, *moe_ep, *moe_tp, *dense, *dp; /* owned */
 } ms_comm_groups;
 
@@ -172,8 +172,7 @@ int ms_comm_bcast(ms_group *g, void *buf, size_t bytes, int root, ms_errbuf *e);
  * only; recv_bytes[i] must equal rank i's send_bytes). */
 int ms_comm_gatherv(ms_group *g, const void *send, size_t send_bytes, void *recv,
                     const size_t *recv_bytes, const size_t *recv_displs, int root, ms_errbuf *e);
-int ms_comm_gather(ms_group *g, const void *send, size_t bytes, void *recv, int root,
-                   ms_errbuf *e);
+int ms_comm_gather(ms_group *g, const void *send, size_t bytes, void *recv, int root, ms_errbuf *e);
 int ms_comm_barrier(ms_group *g, ms_errbuf *e);
 
 /* ---- the step protocol's control block -------------------------------------------------- *
@@ -182,7 +181,7 @@ int ms_comm_barrier(ms_group *g, ms_errbuf *e);
  * within ~max_sleep_s), and fail within ~0.1 s with MS_ECOMM if rank 0 (or the launcher) dies.
  * The body travels inline with the header up to MS_COMM_CTRL_INLINE bytes, the rest by a
  * broadcast with the deadline.  Blocks must be consumed in order: one recv per send. */
-#define MS_COMM_CTRL_INLINE 2048
+#define MS_COMM_CTRL_INLINE    2048
 #define MS_COMM_CTRL_MAX_BYTES ((size_t)1 << 30) /* named limit on one control block */
 int ms_comm_ctrl_send(ms_group *g, const void *body, size_t bytes, ms_errbuf *e);
 /* *body is borrowed: valid until the next ms_comm_ctrl_recv or ms_comm_deinit. */
@@ -191,8 +190,8 @@ int ms_comm_ctrl_recv(ms_group *g, const void **body, size_t *bytes, ms_errbuf *
 /* ---- accounting ------------------------------------------------------------------------- */
 
 #define MS_COMM_TAG_NONE (-1) /* outside any layer */
-#define MS_COMM_TAG_ALL (-2)  /* ms_comm_stats_get: sum over every tag */
-#define MS_COMM_MAX_TAG 4095  /* named limit on layer tags */
+#define MS_COMM_TAG_ALL  (-2) /* ms_comm_stats_get: sum over every tag */
+#define MS_COMM_MAX_TAG  4095 /* named limit on layer tags */
 
 typedef struct ms_comm_counter {
     uint64_t n_calls;
@@ -219,7 +218,9 @@ void ms_comm_stats_print(FILE *f);
  * checks that it started world_size_needed ranks (MS_ELAYOUT "this launch needs 4 ranks,
  * mpirun started 2") and returns 0.  Without a launcher and world_size_needed <= 1 returns 0
  * (singleton).  Otherwise re-executes this binary (/proc/self/exe) with the same argv under
- * `mpirun -np W` (see ms_comm_launch_argv) and does not return unless that fails. */
+ * `mpirun -np W` (see ms_comm_launch_argv) and does not return unless that fails.  Call it
+ * before ms_comm_init and before starting threads; argv is main's (argv[0] is replaced by
+ * /proc/self/exe). */
 int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errbuf *e);
 /* Pure: fills out[0..] (cap entries, NULL-terminated) with the mpirun command line used by the
  * relaunch; returns the number of entries or MS_ETOOBIG.  Strings are borrowed from the

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CTRL_TAG 4242 /* point-to-point tag of control headers (collectives use another space) */
+#define CTRL_TAG       4242 /* point-to-point tag of control headers (collectives use another space) */
 #define CTRL_HDR_BYTES 16
 
 /* ---- count conversion ------------------------------------------------------------------- */
@@ -38,8 +38,10 @@ static int to_int(const ms_group *g, const char *op, const size_t *v, int *out, 
     for (int i = 0; i < n; i++) {
         size_t q = v[i] / unit;
         if (q > INT_MAX)
-            return ms_err(e, MS_ETOOBIG, "%s on group '%s': %zu bytes for rank %d exceed MPI's "
-                          "count limit", op, g->name, v[i], i);
+            return ms_err(e, MS_ETOOBIG,
+                          "%s on group '%s': %zu bytes for rank %d exceed MPI's "
+                          "count limit",
+                          op, g->name, v[i], i);
         out[i] = (int)q;
     }
     return 0;
@@ -99,8 +101,8 @@ int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
         return 0;
     }
     MPI_Request req;
-    int mrc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, g->priv->comm,
-                             &req);
+    int mrc =
+        MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, g->priv->comm, &req);
     return finish(g, &req, mrc, op, count * 4, MS_COMM_ALLREDUCE, 4 * c, moved, moved, t0, e);
 }
 
@@ -134,12 +136,13 @@ static int allgatherv_bytes(ms_group *g, const char *op, const void *send, void 
     if (!displs) displs = p->sb;
     int u = unit_for(or_of(counts, n) | or_of(displs, n));
     size_t ub = ms_comm_st.unit_bytes[u];
-    if ((rc = to_int(g, op, counts, p->ia, n, ub, e)) || (rc = to_int(g, op, displs, p->ib, n, ub, e)))
+    if ((rc = to_int(g, op, counts, p->ia, n, ub, e)) ||
+        (rc = to_int(g, op, displs, p->ib, n, ub, e)))
         return rc;
     double t0 = ms_now_s();
     MPI_Request req;
-    int mrc = MPI_Iallgatherv(send ? send : MPI_IN_PLACE, p->ia[g->rank], ms_comm_st.units[u],
-                              recv, p->ia, p->ib, ms_comm_st.units[u], p->comm, &req);
+    int mrc = MPI_Iallgatherv(send ? send : MPI_IN_PLACE, p->ia[g->rank], ms_comm_st.units[u], recv,
+                              p->ia, p->ib, ms_comm_st.units[u], p->comm, &req);
     uint64_t mine = counts[g->rank];
     return finish(g, &req, mrc, op, counts[g->rank], MS_COMM_ALLGATHER, mine,
                   mine * (uint64_t)(n - 1), sum_except(counts, n, g->rank), t0, e);
@@ -161,7 +164,8 @@ int ms_comm_allgatherv_f32(ms_group *g, const float *send, float *recv, const si
     if (rc) return rc;
     struct ms_group_priv *p = g->priv;
     for (int i = 0; i < g->size; i++)
-        if (!ms_mul_size(counts[i], 4, &p->sa[i]) || (displs && !ms_mul_size(displs[i], 4, &p->sb[i])))
+        if (!ms_mul_size(counts[i], 4, &p->sa[i]) ||
+            (displs && !ms_mul_size(displs[i], 4, &p->sb[i])))
             return ms_err(e, MS_ETOOBIG, "%s on group '%s': count too large", op, g->name);
     return allgatherv_bytes(g, op, send, recv, p->sa, displs ? p->sb : NULL, e);
 }
@@ -173,8 +177,10 @@ int ms_comm_reduce_scatter_f32(ms_group *g, const float *send, float *recv, size
     int rc = ms_comm_check(g, op, e);
     if (rc) return rc;
     if (count_per_rank > INT_MAX)
-        return ms_err(e, MS_ETOOBIG, "%s on group '%s': %zu floats per rank exceed MPI's count "
-                      "limit", op, g->name, count_per_rank);
+        return ms_err(e, MS_ETOOBIG,
+                      "%s on group '%s': %zu floats per rank exceed MPI's count "
+                      "limit",
+                      op, g->name, count_per_rank);
     uint64_t n = (uint64_t)g->size, b = 4 * (uint64_t)count_per_rank;
     double t0 = ms_now_s();
     MPI_Request req;
@@ -192,7 +198,8 @@ int ms_comm_reduce_scatterv_f32(ms_group *g, const float *send, float *recv, con
     if (rc) return rc;
     int n = g->size;
     size_t total = 0;
-    if ((rc = packed(g, op, counts, NULL, &total, e)) || (rc = to_int(g, op, counts, g->priv->ia, n, 1, e)))
+    if ((rc = packed(g, op, counts, NULL, &total, e)) ||
+        (rc = to_int(g, op, counts, g->priv->ia, n, 1, e)))
         return rc;
     uint64_t mine = 4 * (uint64_t)counts[g->rank];
     double t0 = ms_now_s();
@@ -255,8 +262,8 @@ int ms_comm_bcast(ms_group *g, void *buf, size_t bytes, int root, ms_errbuf *e)
     int rc = ms_comm_check(g, op, e);
     if (rc) return rc;
     if (root < 0 || root >= g->size)
-        return ms_err(e, MS_EINVAL, "%s on group '%s': root %d out of range (size %d)", op,
-                      g->name, root, g->size);
+        return ms_err(e, MS_EINVAL, "%s on group '%s': root %d out of range (size %d)", op, g->name,
+                      root, g->size);
     double t0 = ms_now_s();
     if ((rc = bcast_raw(g, op, buf, bytes, root, e))) return rc;
     uint64_t b = bytes, n1 = (uint64_t)(g->size - 1);
@@ -274,14 +281,16 @@ int ms_comm_gatherv(ms_group *g, const void *send, size_t send_bytes, void *recv
     struct ms_group_priv *p = g->priv;
     int n = g->size;
     if (root < 0 || root >= n)
-        return ms_err(e, MS_EINVAL, "%s on group '%s': root %d out of range (size %d)", op,
-                      g->name, root, n);
+        return ms_err(e, MS_EINVAL, "%s on group '%s': root %d out of range (size %d)", op, g->name,
+                      root, n);
     bool is_root = g->rank == root;
     size_t or_all = send_bytes, total = 0;
     if (is_root) {
         if (recv_bytes[root] != send_bytes)
-            return ms_err(e, MS_EINVAL, "%s on group '%s': root sends %zu bytes but expects %zu "
-                          "from itself", op, g->name, send_bytes, recv_bytes[root]);
+            return ms_err(e, MS_EINVAL,
+                          "%s on group '%s': root sends %zu bytes but expects %zu "
+                          "from itself",
+                          op, g->name, send_bytes, recv_bytes[root]);
         if ((rc = packed(g, op, recv_bytes, recv_displs ? NULL : p->sb, &total, e))) return rc;
         if (!recv_displs) recv_displs = p->sb;
         or_all |= or_of(recv_bytes, n) | or_of(recv_displs, n);
@@ -303,15 +312,14 @@ int ms_comm_gatherv(ms_group *g, const void *send, size_t send_bytes, void *recv
                   is_root ? 0 : send_bytes, is_root ? sum_except(recv_bytes, n, root) : 0, t0, e);
 }
 
-int ms_comm_gather(ms_group *g, const void *send, size_t bytes, void *recv, int root,
-                   ms_errbuf *e)
+int ms_comm_gather(ms_group *g, const void *send, size_t bytes, void *recv, int root, ms_errbuf *e)
 {
     const char *op = "gather";
     int rc = ms_comm_check(g, op, e);
     if (rc) return rc;
     if (root < 0 || root >= g->size)
-        return ms_err(e, MS_EINVAL, "%s on group '%s': root %d out of range (size %d)", op,
-                      g->name, root, g->size);
+        return ms_err(e, MS_EINVAL, "%s on group '%s': root %d out of range (size %d)", op, g->name,
+                      root, g->size);
     int u = unit_for(bytes);
     size_t ub = ms_comm_st.unit_bytes[u], total;
     if (bytes / ub > INT_MAX || !ms_mul_size(bytes, (size_t)g->size, &total))
@@ -350,8 +358,10 @@ int ms_comm_ctrl_send(ms_group *g, const void *body, size_t bytes, ms_errbuf *e)
         return ms_err(e, MS_EINVAL, "%s on group '%s': only rank 0 sends control blocks", op,
                       g->name);
     if (bytes > MS_COMM_CTRL_MAX_BYTES)
-        return ms_err(e, MS_ETOOBIG, "%s on group '%s': control block of %zu bytes exceeds the "
-                      "limit of %zu", op, g->name, bytes, MS_COMM_CTRL_MAX_BYTES);
+        return ms_err(e, MS_ETOOBIG,
+                      "%s on group '%s': control block of %zu bytes exceeds the "
+                      "limit of %zu",
+                      op, g->name, bytes, MS_COMM_CTRL_MAX_BYTES);
     double t0 = ms_now_s();
     unsigned char *hdr = ms_comm_st.ctrl_hdr + CTRL_HDR_BYTES + MS_COMM_CTRL_INLINE; /* send half */
     uint64_t h[2] = {++p->ctrl_seq, bytes};
@@ -364,8 +374,8 @@ int ms_comm_ctrl_send(ms_group *g, const void *body, size_t bytes, ms_errbuf *e)
         if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, op, e);
     }
     if (g->size > 1 && (rc = ms_comm_wait(g, p->reqs, g->size - 1, true, op, bytes, e))) return rc;
-    if (bytes > inl &&
-        (rc = bcast_raw(g, "control body", (unsigned char *)(uintptr_t)body + inl, bytes - inl, 0, e)))
+    if (bytes > inl && (rc = bcast_raw(g, "control body", (unsigned char *)(uintptr_t)body + inl,
+                                       bytes - inl, 0, e)))
         return rc;
     uint64_t b = bytes;
     ms_comm_stats_add(g, MS_COMM_BCAST, b, b * (uint64_t)(g->size - 1), 0, ms_now_s() - t0);
@@ -381,21 +391,25 @@ int ms_comm_ctrl_recv(ms_group *g, const void **body, size_t *bytes, ms_errbuf *
     if (rc) return rc;
     struct ms_group_priv *p = g->priv;
     if (g->rank == 0)
-        return ms_err(e, MS_EINVAL, "%s on group '%s': rank 0 sends control blocks, it does not "
-                      "wait for them", op, g->name);
+        return ms_err(e, MS_EINVAL,
+                      "%s on group '%s': rank 0 sends control blocks, it does not "
+                      "wait for them",
+                      op, g->name);
     unsigned char *hdr = ms_comm_st.ctrl_hdr; /* receive half */
     MPI_Request req;
-    int mrc = MPI_Irecv(hdr, CTRL_HDR_BYTES + MS_COMM_CTRL_INLINE, MPI_BYTE, 0, CTRL_TAG, p->comm,
-                        &req);
+    int mrc =
+        MPI_Irecv(hdr, CTRL_HDR_BYTES + MS_COMM_CTRL_INLINE, MPI_BYTE, 0, CTRL_TAG, p->comm, &req);
     if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, op, e);
     if ((rc = ms_comm_wait(g, &req, 1, false, op, 0, e))) return rc; /* idle: no deadline */
     double t_hdr = ms_now_s();
     uint64_t h[2];
     memcpy(h, hdr, sizeof h);
     if (h[0] != p->ctrl_seq + 1 || h[1] > MS_COMM_CTRL_MAX_BYTES) {
-        ms_err(e, MS_ECOMM, "%s on group '%s': bad control header (seq %llu, expected %llu, "
-               "%llu bytes)", op, g->name, (unsigned long long)h[0],
-               (unsigned long long)(p->ctrl_seq + 1), (unsigned long long)h[1]);
+        ms_err(e, MS_ECOMM,
+               "%s on group '%s': bad control header (seq %llu, expected %llu, "
+               "%llu bytes)",
+               op, g->name, (unsigned long long)h[0], (unsigned long long)(p->ctrl_seq + 1),
+               (unsigned long long)h[1]);
         ms_comm_mark_broken(g, "bad control header");
         return MS_ECOMM;
     }

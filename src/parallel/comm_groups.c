@@ -13,14 +13,16 @@
 
 enum { G_TP, G_ATTN_TP, G_MOE_EP, G_MOE_TP, G_DENSE, G_DP, G_N };
 
-int ms_comm_ranks_compute(const ms_comm_dims *d, int world_rank, ms_comm_coords *out,
-                          int first[6], int stride[6], ms_errbuf *e)
+int ms_comm_ranks_compute(const ms_comm_dims *d, int world_rank, ms_comm_coords *out, int first[6],
+                          int stride[6], ms_errbuf *e)
 {
     if (d->tp < 1 || d->attn_tp < 1 || d->attn_dp < 1 || d->moe_ep < 1 || d->moe_tp < 1 ||
         d->dense_tp < 1 || d->n_replicas < 1)
-        return ms_err(e, MS_ELAYOUT, "group sizes must be >= 1 (tp %d, attn_tp %d, attn_dp %d, "
-                      "moe_ep %d, moe_tp %d, dense_tp %d, replicas %d)", d->tp, d->attn_tp,
-                      d->attn_dp, d->moe_ep, d->moe_tp, d->dense_tp, d->n_replicas);
+        return ms_err(e, MS_ELAYOUT,
+                      "group sizes must be >= 1 (tp %d, attn_tp %d, attn_dp %d, "
+                      "moe_ep %d, moe_tp %d, dense_tp %d, replicas %d)",
+                      d->tp, d->attn_tp, d->attn_dp, d->moe_ep, d->moe_tp, d->dense_tp,
+                      d->n_replicas);
     if (d->tp > MAX_WORLD || d->n_replicas > MAX_WORLD / d->tp)
         return ms_err(e, MS_ELAYOUT, "%d replicas × tp %d exceeds %d ranks", d->n_replicas, d->tp,
                       MAX_WORLD);
@@ -70,9 +72,10 @@ int ms_comm_groups_init(ms_comm_groups *gs, const ms_comm_dims *d, ms_errbuf *e)
     ms_group *world = ms_comm_world();
     if (!world) return ms_err(e, MS_EINVAL, "communication layer not initialised");
     if ((long)d->n_replicas * d->tp != world->size)
-        return ms_err(e, MS_ELAYOUT, "this layout needs %ld ranks (%d replicas × tp %d), the "
-                      "world has %d", (long)d->n_replicas * d->tp, d->n_replicas, d->tp,
-                      world->size);
+        return ms_err(e, MS_ELAYOUT,
+                      "this layout needs %ld ranks (%d replicas × tp %d), the "
+                      "world has %d",
+                      (long)d->n_replicas * d->tp, d->n_replicas, d->tp, world->size);
     int first[G_N], stride[G_N];
     int rc = ms_comm_ranks_compute(d, world->rank, &gs->at, first, stride, e);
     if (rc) return rc;

@@ -38,7 +38,11 @@ int ms_comm_launch_argv(int world_size, const char *exe, int argc, char **argv, 
     snprintf(np, sizeof np, "%d", world_size);
     const char *launcher = getenv("MOESERVE_MPIRUN");
     const char *head[] = {launcher && *launcher ? launcher : "mpirun",
-                          "-np", np, "--oversubscribe", "--bind-to", "none",
+                          "-np",
+                          np,
+                          "--oversubscribe",
+                          "--bind-to",
+                          "none",
                           as_root ? "--allow-run-as-root" : NULL};
     int n = 0;
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) {
@@ -65,7 +69,8 @@ int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errb
     int started = launcher_world_size();
     if (started >= 0) {
         if (started > 0 && started != world_size_needed)
-            return ms_err(e, MS_ELAYOUT, "this launch needs %d rank%s, mpirun started %d (use "
+            return ms_err(e, MS_ELAYOUT,
+                          "this launch needs %d rank%s, mpirun started %d (use "
                           "mpirun -np %d, or start without mpirun to launch automatically)",
                           world_size_needed, world_size_needed == 1 ? "" : "s", started,
                           world_size_needed);
@@ -73,7 +78,8 @@ int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errb
     }
     if (world_size_needed == 1) return 0;
     if (getenv("MOESERVE_RELAUNCHED"))
-        return ms_err(e, MS_ECOMM, "relaunched under mpirun but no MPI launcher variables are "
+        return ms_err(e, MS_ECOMM,
+                      "relaunched under mpirun but no MPI launcher variables are "
                       "set (is MOESERVE_MPIRUN an Open MPI mpirun?)");
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -96,9 +102,10 @@ int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errb
     fflush(stdout);
     fflush(stderr);
     execvp(args[0], args);
-    rc = ms_err(e, MS_EIO, "cannot start %s to launch %d ranks: %s (install openmpi-bin, or run "
-                "mpirun -np %d yourself)", args[0], world_size_needed, strerror(errno),
-                world_size_needed);
+    rc = ms_err(e, MS_EIO,
+                "cannot start %s to launch %d ranks: %s (install openmpi-bin, or run "
+                "mpirun -np %d yourself)",
+                args[0], world_size_needed, strerror(errno), world_size_needed);
     free(args);
     return rc;
 }

@@ -16,17 +16,17 @@
 #define MS_COMM_N_UNITS 4 /* byte units 4096, 256, 16, 1 for large counts */
 
 struct ms_group_priv {
-    MPI_Comm comm;         /* MPI_COMM_NULL once freed */
-    int *world_ranks;      /* [size] world rank of each member */
+    MPI_Comm comm;          /* MPI_COMM_NULL once freed */
+    int *world_ranks;       /* [size] world rank of each member */
     int *ia, *ib, *ic, *id; /* [size] scratch int counts/displacements for one call */
-    size_t *sa, *sb;       /* [size] scratch size_t counts/displacements */
-    MPI_Request *reqs;     /* [size] scratch requests (control headers) */
-    int broken;            /* a call failed or timed out: the communicator is unusable */
+    size_t *sa, *sb;        /* [size] scratch size_t counts/displacements */
+    MPI_Request *reqs;      /* [size] scratch requests (control headers) */
+    int broken;             /* a call failed or timed out: the communicator is unusable */
     char broken_why[sizeof(ms_errbuf)];
-    ms_comm_counter *ctr;  /* [n_tag_slots][MS_COMM_N_KINDS]; slot 0 = MS_COMM_TAG_NONE */
+    ms_comm_counter *ctr; /* [n_tag_slots][MS_COMM_N_KINDS]; slot 0 = MS_COMM_TAG_NONE */
     int n_tag_slots;
-    uint64_t ctrl_seq;     /* control blocks sent/received on this group */
-    ms_group *next;        /* list of live groups */
+    uint64_t ctrl_seq; /* control blocks sent/received on this group */
+    ms_group *next;    /* list of live groups */
 };
 
 struct ms_comm_peer {
@@ -48,9 +48,11 @@ struct ms_comm_state {
     pid_t launcher_pid;         /* our parent under mpirun (0: singleton, not checked) */
     MPI_Datatype units[MS_COMM_N_UNITS];
     size_t unit_bytes[MS_COMM_N_UNITS];
-    int tag;                    /* current layer tag */
-    unsigned char *ctrl_hdr;    /* 2 × (16 + MS_COMM_CTRL_INLINE): receive half, send half */
-    unsigned char *ctrl_body;   /* reassembled control body */
+    int tag;     /* current layer tag */
+    bool wedged; /* a call failed and a request may still be pending */
+    char wedged_why[sizeof(ms_errbuf)];
+    unsigned char *ctrl_hdr;  /* 2 × (16 + MS_COMM_CTRL_INLINE): receive half, send half */
+    unsigned char *ctrl_body; /* reassembled control body */
     size_t ctrl_body_cap;
 };
 
@@ -65,8 +67,8 @@ void ms_comm_mark_broken(ms_group *g, const char *why);
 /* Waits for reqs with the spin-then-sleep strategy.  deadline: give up after opts.timeout_s
  * (MS_ETIMEOUT); otherwise wait forever.  Either way fails fast with MS_ECOMM when a member of
  * g (or the launcher) died.  op/bytes describe the call for messages.  g may be NULL. */
-int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op,
-                 size_t bytes, ms_errbuf *e);
+int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op, size_t bytes,
+                 ms_errbuf *e);
 /* Adds one call to g's counters under the current tag. */
 void ms_comm_stats_add(ms_group *g, enum ms_comm_kind k, uint64_t payload, uint64_t sent,
                        uint64_t recv, double wait_s);

@@ -40,7 +40,10 @@ int ms_comm_set_tag(int tag)
     return 0;
 }
 
-int ms_comm_tag(void) { return ms_comm_st.tag; }
+int ms_comm_tag(void)
+{
+    return ms_comm_st.tag;
+}
 
 static ms_comm_counter *slot(ms_group *g, int tag, enum ms_comm_kind k)
 {
@@ -117,12 +120,13 @@ void ms_comm_stats_print(FILE *f)
             for (int k = 0; k < MS_COMM_N_KINDS; k++) {
                 const ms_comm_counter *c = &p->ctr[(size_t)s * MS_COMM_N_KINDS + k];
                 if (!c->n_calls) continue;
-                fprintf(f, "comm rank=%d group=%s tag=%d kind=%s calls=%llu payload=%llu "
-                        "sent=%llu recv=%llu wait_us=%.0f\n", ms_comm_st.world_rank, g->name,
-                        s - 1, ms_comm_kind_name((enum ms_comm_kind)k),
-                        (unsigned long long)c->n_calls, (unsigned long long)c->payload_bytes,
-                        (unsigned long long)c->sent_bytes, (unsigned long long)c->recv_bytes,
-                        c->wait_s * 1e6);
+                fprintf(f,
+                        "comm rank=%d group=%s tag=%d kind=%s calls=%llu payload=%llu "
+                        "sent=%llu recv=%llu wait_us=%.0f\n",
+                        ms_comm_st.world_rank, g->name, s - 1,
+                        ms_comm_kind_name((enum ms_comm_kind)k), (unsigned long long)c->n_calls,
+                        (unsigned long long)c->payload_bytes, (unsigned long long)c->sent_bytes,
+                        (unsigned long long)c->recv_bytes, c->wait_s * 1e6);
             }
     }
 }

@@ -9,8 +9,10 @@ int ms_cmd_mkmodel(int argc, char **argv);
 int ms_cmd_plan(int argc, char **argv);
 int ms_cmd_serve(int argc, char **argv);
 int ms_cmd_version(int argc, char **argv);
+int ms_cmd_comm_check(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
+    X("comm-check", ms_cmd_comm_check, "check and measure MPI communication (--np N --mode ...)") \
     X("generate", ms_cmd_generate, "run prompts through a model and print the continuation")     \
     X("mkmodel", ms_cmd_mkmodel, "write a seeded random checkpoint (tests, benchmarks)")        \
     X("plan", ms_cmd_plan, "resolve a launch shape: layout, memory, KV capacity, traffic")       \
