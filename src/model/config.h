@@ -11,6 +11,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Limits on client-controlled sizes (a config.json is input). */
+#define MS_CONFIG_MAX_BYTES (1u << 20) /* config.json file size */
+#define MS_CONFIG_MAX_VOCAB (1 << 24)
+#define MS_CONFIG_MAX_WIDTH (1 << 20)  /* hidden / intermediate / lora sizes */
+#define MS_CONFIG_MAX_LAYERS 4096
+#define MS_CONFIG_MAX_HEADS 4096
+#define MS_CONFIG_MAX_EXPERTS 65536
+#define MS_CONFIG_MAX_HEAD_DIM 4096
+#define MS_CONFIG_MAX_POSITIONS (INT64_C(1) << 32)
+
 enum ms_score_func { MS_SCORE_SOFTMAX = 0, MS_SCORE_SIGMOID = 1 };
 enum ms_topk_method { MS_TOPK_GREEDY = 0, MS_TOPK_GROUP_LIMITED = 1, MS_TOPK_NOAUX_TC = 2 };
 
@@ -59,8 +69,14 @@ typedef struct ms_config {
 int ms_config_parse(ms_config *cfg, const char *json_text, ms_errbuf *err);
 int ms_config_load(ms_config *cfg, const char *path, ms_errbuf *err);
 
-/* Writes cfg as an HF config.json (used by mkmodel). */
+/* Writes cfg as an HF config.json (used by mkmodel); ms_config_parse reads
+ * it back to an identical ms_config.  ms_config_to_json returns the same text
+ * (owned by the caller, free()) or NULL with err set. */
 int ms_config_write(const ms_config *cfg, const char *path, ms_errbuf *err);
+char *ms_config_to_json(const ms_config *cfg, ms_errbuf *err);
+/* YaRN attention factor HF applies to cos/sin: get_mscale(s, mscale) /
+ * get_mscale(s, mscale_all_dim) (1.0 for every shipped config; 1.0 without YaRN). */
+float ms_config_rope_attn_factor(const ms_config *c);
 
 /* Derived quantities. */
 static inline bool ms_config_layer_is_moe(const ms_config *c, int layer)

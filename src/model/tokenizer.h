@@ -41,11 +41,15 @@ int32_t ms_tokenizer_vocab_size(const ms_tokenizer *tok);  /* max id + 1, added 
 int32_t ms_tokenizer_token_id(const ms_tokenizer *tok, const char *token);
 int ms_tokenizer_is_special(const ms_tokenizer *tok, int32_t id);
 
-/* mkmodel: learns `n_merges` byte-level BPE merges from `corpus` and writes a
+/* mkmodel: learns byte-level BPE merges from `corpus` (NULL: the built-in
+ * corpus of tokenizer_corpus.c) and writes a
  * DeepSeek-style tokenizer.json (same pre-tokenizer and decoder as
  * DeepSeek-V3, DeepSeek's special tokens as added tokens) whose total vocab is
  * exactly vocab_size ids.  Deterministic. */
 int ms_tokenizer_train_write(const char *corpus, size_t corpus_len, int32_t vocab_size,
                              const char *path, ms_errbuf *err);
+/* Writes the tokenizer_config.json matching ms_tokenizer_train_write's output
+ * (bos/eos/pad strings, add_bos_token true, LlamaTokenizerFast). */
+int ms_tokenizer_config_write(const char *path, ms_errbuf *err);
 
 #endif

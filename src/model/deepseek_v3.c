@@ -1,0 +1,337 @@
+/* deepseek_v3.c — the DeepSeek-V2/V3 forward pass on one rank (arch.md §1,
+ * §5.1): embedding, pre-norm blocks of MLA + dense MLP or MoE, final norm,
+ * lm_head.  MLA reads and writes the paged KV pool: per token and layer it
+ * caches the normalised latent c_kv (kv_lora_rank) and the roped k_pe
+ * (qk_rope_head_dim).  Chunks of several new tokens use the naive form
+ * (K/V expanded from the latents, GEMMs per head); single-token decode uses
+ * the absorbed form over the latents.  Both are the same math.
+ * Workspace is grow-only, so steady-state decode does not allocate.
+ * Main thread only.
+ */
+#include "base/util.h"
+#include "model/model.h"
+#include "moe/mlp_layer.h"
+#include "moe/moe.h"
+#include "parallel/comm.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ms_model_ws {
+    int64_t cap_T, cap_S;
+    float *x;      /* [T][D] residual stream */
+    float *u;      /* [T][D] normed input of a sub-block */
+    float *qa;     /* [T][q_lora] */
+    float *q;      /* [T][H*(dn+dr)] */
+    float *kva;    /* [T][c+dr] */
+    float *attn;   /* [T][H*dv] */
+    float *y;      /* [T][D] sub-block output */
+    float *g, *up; /* [T][inter] dense MLP scratch */
+    /* attention scratch, sized by S (context) */
+    float *lat;    /* [S][c+dr] cache rows as f32 */
+    float *kv;     /* [S][H*(dn+dv)] expanded keys/values (naive form) */
+    float *kh;     /* [S][dn+dr] one head's keys */
+    float *sc;     /* [max(T,H)][S] scores */
+    float *qabs;   /* [H][c+dr] absorbed queries */
+    float *ctx;    /* [H][c] */
+    float *hn;     /* [T][D] final normed rows of the logit positions */
+    float *logits; /* [cap_logits_rows][vocab] */
+    int64_t cap_logits_rows;
+    ms_mlp_ws mlp;
+};
+
+void ms_model_ws_free(ms_model_ws *ws);
+int ms_model_ws_new(ms_model *m, ms_errbuf *err);
+
+void ms_model_ws_free(ms_model_ws *ws)
+{
+    if (!ws) return;
+    float **bufs[] = {&ws->x,  &ws->u,   &ws->qa, &ws->q,  &ws->kva,  &ws->attn, &ws->y,
+                      &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->kh,  &ws->sc,   &ws->qabs,
+                      &ws->ctx, &ws->hn, &ws->logits};
+    for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) {
+        ms_free_aligned(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+    ms_mlp_ws_free(&ws->mlp);
+    free(ws);
+}
+
+void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
+                           int64_t *dispatch_rows)
+{
+    *max_len = m->ws ? m->ws->mlp.n_max_len : 0;
+    *sum_len = m->ws ? m->ws->mlp.n_sum_len : 0;
+    *dispatch_rows = m->ws ? m->ws->mlp.dispatch_rows : 0;
+}
+
+int ms_model_ws_new(ms_model *m, ms_errbuf *err)
+{
+    m->ws = calloc(1, sizeof *m->ws);
+    return m->ws ? 0 : ms_err(err, MS_ENOMEM, "out of memory (workspace)");
+}
+
+#define REALLOC_F(ptr, n)                                                                          \
+    do {                                                                                           \
+        ms_free_aligned(ptr);                                                                      \
+        (ptr) = ms_alloc_aligned((size_t)(n), sizeof(float));                                      \
+        if (!(ptr)) return MS_ENOMEM;                                                              \
+    } while (0)
+
+static int ws_reserve(ms_model *m, int64_t T, int64_t S)
+{
+    ms_model_ws *ws = m->ws;
+    const ms_config *c = &m->cfg;
+    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim,
+            dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    if (T > ws->cap_T) {
+        T = MS_MAX(T, 2 * ws->cap_T);
+        REALLOC_F(ws->x, T * D);
+        REALLOC_F(ws->u, T * D);
+        REALLOC_F(ws->qa, T * MS_MAX(c->q_lora_rank, 1));
+        REALLOC_F(ws->q, T * H * (dn + dr));
+        REALLOC_F(ws->kva, T * (kvr + dr));
+        REALLOC_F(ws->attn, T * H * dv);
+        REALLOC_F(ws->y, T * D);
+        REALLOC_F(ws->g, T * MS_MAX(c->intermediate_size, 1));
+        REALLOC_F(ws->up, T * MS_MAX(c->intermediate_size, 1));
+        REALLOC_F(ws->hn, T * D);
+        ws->cap_T = T;
+        ws->cap_S = 0; /* sc depends on T too */
+    }
+    if (S > ws->cap_S) {
+        S = MS_MAX(S, 2 * ws->cap_S);
+        S = MS_MAX(S, 256);
+        REALLOC_F(ws->lat, S * (kvr + dr));
+        REALLOC_F(ws->kv, S * H * (dn + dv));
+        REALLOC_F(ws->kh, S * (dn + dr));
+        REALLOC_F(ws->sc, MS_MAX(ws->cap_T, H) * S);
+        REALLOC_F(ws->qabs, H * (kvr + dr));
+        REALLOC_F(ws->ctx, H * kvr);
+        ws->cap_S = S;
+    }
+    return 0;
+}
+
+static void store_row(const ms_kv_pool *pool, int layer, const int32_t *pages, int64_t pos,
+                      const float *src, int64_t n)
+{
+    void *dst = ms_kv_pool_row(pool, layer, pages[pos / pool->page_size],
+                               (int)(pos % pool->page_size));
+    if (pool->dtype == MS_DT_F32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    } else {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = ms_f32_to_bf16(src[i]);
+    }
+}
+
+/* Cache rows 0..S-1 of one sequence and layer as f32 [S][row]. */
+static void load_rows(const ms_kv_pool *pool, int layer, const int32_t *pages, int64_t S,
+                      float *out)
+{
+    int64_t row = pool->row_elems;
+    for (int64_t s0 = 0; s0 < S; s0 += pool->page_size) {
+        int64_t n = MS_MIN((int64_t)pool->page_size, S - s0);
+        const void *src = ms_kv_pool_row(pool, layer, pages[s0 / pool->page_size], 0);
+        if (pool->dtype == MS_DT_F32) {
+            memcpy(out + s0 * row, src, sizeof(float) * (size_t)(n * row));
+        } else {
+            const uint16_t *h = src;
+            for (int64_t i = 0; i < n * row; i++) out[s0 * row + i] = ms_bf16_to_f32(h[i]);
+        }
+    }
+}
+
+/* Naive MLA for n new tokens of one sequence (positions p0..p0+n-1). */
+static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
+                       const int32_t *pages, int64_t p0, int64_t n, const float *q, float *out)
+{
+    const ms_config *c = &m->cfg;
+    ms_model_ws *ws = m->ws;
+    int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+            dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p0 + n, row = kvr + dr;
+    int64_t qd = dn + dr, kvd = dn + dv;
+    load_rows(pool, layer, pages, S, ws->lat);
+    /* expand latents: kv[s] = kv_b · c_kv[s] for all heads */
+    ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t s = 0; s < S; s++) {
+            memcpy(ws->kh + s * qd, ws->kv + s * H * kvd + h * kvd, sizeof(float) * (size_t)dn);
+            memcpy(ws->kh + s * qd + dn, ws->lat + s * row + kvr, sizeof(float) * (size_t)dr);
+        }
+        ms_mat K = ms_mat_whole(MS_DT_F32, S, qd, ws->kh, NULL);
+        ms_matmul(&m->kctx, ws->sc, S, q + h * qd, H * qd, n, &K, 0);
+        for (int64_t i = 0; i < n; i++) {
+            float *sr = ws->sc + i * S;
+            int64_t valid = p0 + i + 1;
+            for (int64_t s = 0; s < valid; s++) sr[s] *= m->softmax_scale;
+            ms_softmax(sr, valid);
+            for (int64_t s = valid; s < S; s++) sr[s] = 0;
+        }
+        ms_mat V = ms_mat_whole(MS_DT_F32, S, dv, ws->kv + h * kvd + dn, NULL);
+        V.ld = H * kvd;
+        ms_matmul_nn(&m->kctx, out + h * dv, H * dv, ws->sc, S, n, &V, 0);
+    }
+}
+
+/* Absorbed MLA for one new token at position p (its row already cached). */
+static void attn_absorbed(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
+                          const int32_t *pages, int64_t p, const float *q, float *out)
+{
+    const ms_config *c = &m->cfg;
+    ms_model_ws *ws = m->ws;
+    int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+            dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p + 1, row = kvr + dr;
+    int64_t qd = dn + dr, kvd = dn + dv;
+    for (int64_t h = 0; h < H; h++) {
+        ms_mat wuk = ms_mat_slice(&lw->kv_b, h * kvd, dn, 0, kvr);
+        ms_matmul_nn(&m->kctx, ws->qabs + h * row, row, q + h * qd, qd, 1, &wuk, 0);
+        memcpy(ws->qabs + h * row + kvr, q + h * qd + dn, sizeof(float) * (size_t)dr);
+    }
+    for (int64_t s0 = 0; s0 < S; s0 += pool->page_size) {
+        int nt = (int)MS_MIN((int64_t)pool->page_size, S - s0);
+        ms_mat pg = ms_kv_pool_page_mat(pool, layer, pages[s0 / pool->page_size], nt);
+        ms_matmul(&m->kctx, ws->sc + s0, S, ws->qabs, row, H, &pg, 0);
+    }
+    for (int64_t h = 0; h < H; h++) {
+        float *sr = ws->sc + h * S;
+        for (int64_t s = 0; s < S; s++) sr[s] *= m->softmax_scale;
+        ms_softmax(sr, S);
+    }
+    for (int64_t s0 = 0; s0 < S; s0 += pool->page_size) {
+        int nt = (int)MS_MIN((int64_t)pool->page_size, S - s0);
+        ms_mat pg = ms_kv_pool_page_mat(pool, layer, pages[s0 / pool->page_size], nt);
+        ms_mat lat = ms_mat_slice(&pg, 0, nt, 0, kvr);
+        ms_matmul_nn(&m->kctx, ws->ctx, kvr, ws->sc + s0, S, H, &lat, s0 > 0);
+    }
+    for (int64_t h = 0; h < H; h++) {
+        ms_mat wuv = ms_mat_slice(&lw->kv_b, h * kvd + dn, dv, 0, kvr);
+        ms_matmul(&m->kctx, out + h * dv, dv, ws->ctx + h * kvr, kvr, 1, &wuv, 0);
+    }
+}
+
+static void embed_rows(const ms_model *m, const ms_batch_seq *seqs, int n_seqs, float *x)
+{
+    int64_t D = m->cfg.hidden_size, t = 0;
+    for (int i = 0; i < n_seqs; i++)
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
+            int32_t tok = seqs[i].tokens[j];
+            for (int64_t d = 0; d < D; d++) x[t * D + d] = ms_mat_get(&m->embed, tok, d);
+        }
+}
+
+int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
+                     ms_errbuf *err)
+{
+    const ms_config *c = &m->cfg;
+    int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
+            dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    int64_t qd = dn + dr, T = 0, S = 0;
+    int rc;
+    for (int i = 0; i < n_seqs; i++) {
+        const ms_batch_seq *sq = &seqs[i];
+        if (sq->n_tokens <= 0) continue;
+        if (sq->start_pos < 0 || sq->start_pos + sq->n_tokens > c->max_position_embeddings)
+            return ms_err(err, MS_ECONTEXT, "sequence %d: positions %lld..%lld exceed %lld", i,
+                          (long long)sq->start_pos, (long long)(sq->start_pos + sq->n_tokens),
+                          (long long)c->max_position_embeddings);
+        for (int32_t j = 0; j < sq->n_tokens; j++)
+            if (sq->tokens[j] < 0 || sq->tokens[j] >= c->vocab_size)
+                return ms_err(err, MS_ERANGE, "token id %d out of range [0, %lld)", sq->tokens[j],
+                              (long long)c->vocab_size);
+        T += sq->n_tokens;
+        S = MS_MAX(S, sq->start_pos + sq->n_tokens);
+    }
+    if (T == 0 && !m->shard) return 0; /* distributed: an idle batch still joins the collectives */
+    if (ws_reserve(m, MS_MAX(T, 1), S)) return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
+    ms_model_ws *ws = m->ws;
+    const ms_kctx *k = &m->kctx;
+
+    embed_rows(m, seqs, n_seqs, ws->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer_w *lw = &m->layers[l];
+        /* --- attention --- */
+        ms_rmsnorm(ws->u, ws->x, lw->attn_norm, T, D, D, c->rms_norm_eps);
+        if (c->q_lora_rank > 0) {
+            ms_matmul(k, ws->qa, c->q_lora_rank, ws->u, D, T, &lw->q_a, 0);
+            ms_rmsnorm(ws->qa, ws->qa, lw->q_a_norm, T, c->q_lora_rank, c->q_lora_rank,
+                       c->rms_norm_eps);
+            ms_matmul(k, ws->q, H * qd, ws->qa, c->q_lora_rank, T, &lw->q_b, 0);
+        } else {
+            ms_matmul(k, ws->q, H * qd, ws->u, D, T, &lw->q, 0);
+        }
+        ms_matmul(k, ws->kva, kvr + dr, ws->u, D, T, &lw->kv_a, 0);
+        ms_rmsnorm(ws->kva, ws->kva, lw->kv_a_norm, T, kvr, kvr + dr, c->rms_norm_eps);
+        int64_t t = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            const ms_batch_seq *sq = &seqs[i];
+            for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
+                int64_t pos = sq->start_pos + j;
+                ms_rope_interleaved(ws->q + t * H * qd + dn, H, qd, dr, m->rope_inv_freq, pos);
+                ms_rope_interleaved(ws->kva + t * (kvr + dr) + kvr, 1, dr, dr, m->rope_inv_freq,
+                                    pos);
+                store_row(pool, l, sq->page_table, pos, ws->kva + t * (kvr + dr), kvr + dr);
+            }
+        }
+        t = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            const ms_batch_seq *sq = &seqs[i];
+            if (sq->n_tokens == 1)
+                attn_absorbed(m, lw, l, pool, sq->page_table, sq->start_pos, ws->q + t * H * qd,
+                              ws->attn + t * H * dv);
+            else if (sq->n_tokens > 1)
+                attn_naive(m, lw, l, pool, sq->page_table, sq->start_pos, sq->n_tokens,
+                           ws->q + t * H * qd, ws->attn + t * H * dv);
+            t += sq->n_tokens;
+        }
+        if (m->n_local_heads == c->n_heads) {
+            ms_matmul(k, ws->x, D, ws->attn, H * dv, T, &lw->o, 1); /* residual add */
+        } else if (T > 0) { /* heads split: o_proj partial sums, all-reduced in the group */
+            ms_matmul(k, ws->y, D, ws->attn, H * dv, T, &lw->o, 0);
+            ms_comm_set_tag(l);
+            rc = ms_comm_allreduce_f32(m->shard->attn_group, ws->y, (size_t)(T * D), err);
+            if (rc) return rc;
+            for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
+        }
+
+        /* --- FFN (dense MLP or MoE; may gather, dispatch and reduce across ranks) --- */
+        ms_rmsnorm(ws->u, ws->x, lw->ffn_norm, T, D, D, c->rms_norm_eps);
+        ms_comm_set_tag(l);
+        rc = ms_mlp_forward(m, lw, ws->u, T, ws->y, &ws->mlp, err);
+        if (rc) return rc;
+        for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
+    }
+    ms_comm_set_tag(MS_COMM_TAG_NONE);
+
+    /* --- head: the rows whose logits are wanted, as one GEMM --- */
+    int64_t t = 0, n_want = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        t += seqs[i].n_tokens;
+        if (!seqs[i].logits || seqs[i].n_tokens <= 0) continue;
+        memcpy(ws->hn + n_want * D, ws->x + (t - 1) * D, sizeof(float) * (size_t)D);
+        n_want++;
+    }
+    if (n_want == 0) return 0;
+    if (n_want > ws->cap_logits_rows) {
+        int64_t rows = MS_MAX(n_want, 2 * ws->cap_logits_rows);
+        ms_free_aligned(ws->logits);
+        ws->logits = ms_alloc_aligned((size_t)(rows * c->vocab_size), sizeof(float));
+        if (!ws->logits) {
+            ws->cap_logits_rows = 0;
+            return ms_err(err, MS_ENOMEM, "out of memory (logits)");
+        }
+        ws->cap_logits_rows = rows;
+    }
+    ms_rmsnorm(ws->hn, ws->hn, m->final_norm, n_want, D, D, c->rms_norm_eps);
+    ms_matmul(k, ws->logits, c->vocab_size, ws->hn, D, n_want, &m->lm_head, 0);
+    n_want = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        if (!seqs[i].logits || seqs[i].n_tokens <= 0) continue;
+        memcpy(seqs[i].logits, ws->logits + n_want * c->vocab_size,
+               sizeof(float) * (size_t)c->vocab_size);
+        n_want++;
+    }
+    return 0;
+}

@@ -1,0 +1,97 @@
+/* sampler.c — greedy / temperature / top-k / top-p / min-p sampling (sampler.h). */
+#include "model/sampler.h"
+
+#include "base/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+int32_t ms_sampler_argmax(const float *logits, int64_t vocab)
+{
+    int32_t best = 0;
+    for (int64_t i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = (int32_t)i;
+    return best;
+}
+
+static const float *g_sort_prob; /* qsort has no context argument; main thread only */
+static int by_prob_desc(const void *a, const void *b)
+{
+    float pa = g_sort_prob[*(const int32_t *)a], pb = g_sort_prob[*(const int32_t *)b];
+    if (pa != pb) return pa > pb ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
+                        ms_sampler_scratch *sc)
+{
+    double u = ms_rng_uniform(rng); /* always advance: the stream does not depend on settings */
+    if (!(s->temperature > 0) || s->top_k == 1) return ms_sampler_argmax(logits, vocab);
+    int32_t best = ms_sampler_argmax(logits, vocab);
+    float inv_t = 1.0f / s->temperature, mx = logits[best] * inv_t;
+    int64_t n = 0;
+    for (int64_t i = 0; i < vocab; i++) {
+        float p = expf(logits[i] * inv_t - mx);
+        sc->prob[i] = p;
+        if (p >= 1e-12f) sc->idx[n++] = (int32_t)i;
+    }
+    float thresh = s->min_p > 0 ? s->min_p : 0; /* relative to the best (prob 1 here) */
+    g_sort_prob = sc->prob;
+    qsort(sc->idx, (size_t)n, sizeof(int32_t), by_prob_desc);
+    if (s->top_k > 0 && n > s->top_k) n = s->top_k;
+    double total = 0;
+    int64_t keep = 0;
+    for (int64_t j = 0; j < n; j++) {
+        if (sc->prob[sc->idx[j]] < thresh) break;
+        total += sc->prob[sc->idx[j]];
+        keep++;
+    }
+    if (s->top_p > 0 && s->top_p < 1) {
+        double cum = 0, limit = s->top_p * total;
+        int64_t j = 0;
+        for (; j < keep; j++) {
+            cum += sc->prob[sc->idx[j]];
+            if (cum >= limit) {
+                j++;
+                break;
+            }
+        }
+        keep = j;
+        total = cum;
+    }
+    if (keep <= 0) return best;
+    double r = u * total, acc = 0;
+    for (int64_t j = 0; j < keep; j++) {
+        acc += sc->prob[sc->idx[j]];
+        if (r < acc) return sc->idx[j];
+    }
+    return sc->idx[keep - 1];
+}
+
+float ms_sampler_logprob(const float *logits, int64_t vocab, int32_t token)
+{
+    float mx = logits[ms_sampler_argmax(logits, vocab)];
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    return (float)((double)logits[token] - mx - log(sum));
+}
+
+void ms_sampler_top_logprobs(const float *logits, int64_t vocab, int n, int32_t *ids, float *lps)
+{
+    if (n > 64) n = 64;
+    if (n > vocab) n = (int)vocab;
+    int m = 0; /* insertion into a small sorted list */
+    for (int64_t i = 0; i < vocab; i++) {
+        if (m == n && logits[i] <= logits[ids[m - 1]]) continue;
+        int j = m < n ? m++ : n - 1;
+        while (j > 0 && logits[ids[j - 1]] < logits[i]) {
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        ids[j] = (int32_t)i;
+    }
+    float mx = logits[ids[0]];
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    for (int j = 0; j < n; j++) lps[j] = (float)((double)logits[ids[j]] - mx - log(sum));
+}

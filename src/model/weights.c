@@ -1,0 +1,357 @@
+/* weights.c — binds a DeepSeek-V2/V3 checkpoint to ms_model: opens the
+ * safetensors store, checks every tensor's presence, shape and dtype against
+ * the config (errors name file and tensor), and builds ms_mat views into the
+ * read-only mmap (no copies of matrices; norm vectors and the gate bias are
+ * copied to f32).  MTP layers (num_nextn_predict_layers) are validated and
+ * kept as views for later use; the main forward skips them.
+ * Called once at start-up on the main thread.
+ */
+#include "base/log.h"
+#include "base/util.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAT_DTYPES                                                                                 \
+    ((1u << MS_DT_F32) | (1u << MS_DT_BF16) | (1u << MS_DT_F16) | (1u << MS_DT_F8E4M3))
+#define VEC_DTYPES ((1u << MS_DT_F32) | (1u << MS_DT_BF16) | (1u << MS_DT_F16))
+
+struct loader {
+    ms_model *m;
+    ms_errbuf *err;
+    int64_t n_params;
+};
+
+/* Binds a 2-D weight matrix (and its FP8 block scales) to a view. */
+static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, const char *fmt,
+                    ...) __attribute__((format(printf, 5, 6)));
+static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, const char *fmt,
+                    ...)
+{
+    char name[256], sname[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const int64_t shape[2] = {rows, cols};
+    const ms_tensor *t;
+    int rc = ms_st_expect(L->m->st, name, 2, shape, MAT_DTYPES, &t, L->err);
+    if (rc) return rc;
+    const float *scale = NULL;
+    if (t->dtype == MS_DT_F8E4M3) {
+        size_t n = strlen(name);
+        if (n < 7 || strcmp(name + n - 7, ".weight") != 0)
+            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': FP8 tensor without block scales",
+                          t->file, name);
+        snprintf(sname, sizeof sname, "%s_scale_inv", name);
+        const int64_t sshape[2] = {(rows + 127) / 128, (cols + 127) / 128};
+        const ms_tensor *s;
+        rc = ms_st_expect(L->m->st, sname, 2, sshape, 1u << MS_DT_F32, &s, L->err);
+        if (rc) return rc;
+        if (((uintptr_t)s->data & 3u) != 0)
+            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': scales not 4-byte aligned", s->file,
+                          sname);
+        scale = s->data;
+    }
+    *out = ms_mat_whole(t->dtype, rows, cols, t->data, scale);
+    L->n_params += rows * cols;
+    return 0;
+}
+
+/* Copies a 1-D vector (any float dtype) to a fresh f32 array. */
+static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const ms_tensor *t;
+    int rc = ms_st_expect(L->m->st, name, 1, &n, VEC_DTYPES, &t, L->err);
+    if (rc) return rc;
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return ms_err(L->err, MS_ENOMEM, "out of memory loading '%s'", name);
+    ms_mat view = ms_mat_whole(t->dtype, 1, n, t->data, NULL);
+    for (int64_t i = 0; i < n; i++) v[i] = ms_mat_get(&view, 0, i);
+    *out = v;
+    L->n_params += n;
+    return 0;
+}
+
+static int load_ffn(struct loader *L, ms_ffn_w *f, int64_t inter, const char *prefix)
+{
+    int64_t D = L->m->cfg.hidden_size;
+    int rc = load_mat(L, &f->gate, inter, D, "%s.gate_proj.weight", prefix);
+    if (!rc) rc = load_mat(L, &f->up, inter, D, "%s.up_proj.weight", prefix);
+    if (!rc) rc = load_mat(L, &f->down, D, inter, "%s.down_proj.weight", prefix);
+    return rc;
+}
+
+static int load_layer(struct loader *L, ms_layer_w *lw, int layer)
+{
+    const ms_config *c = &L->m->cfg;
+    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+            dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    char p[96];
+    snprintf(p, sizeof p, "model.layers.%d", layer);
+    int rc = load_vec(L, &lw->attn_norm, D, "%s.input_layernorm.weight", p);
+    if (!rc) rc = load_vec(L, &lw->ffn_norm, D, "%s.post_attention_layernorm.weight", p);
+    if (rc) return rc;
+    if (c->q_lora_rank > 0) {
+        rc = load_mat(L, &lw->q_a, c->q_lora_rank, D, "%s.self_attn.q_a_proj.weight", p);
+        if (!rc)
+            rc = load_vec(L, &lw->q_a_norm, c->q_lora_rank, "%s.self_attn.q_a_layernorm.weight", p);
+        if (!rc)
+            rc = load_mat(L, &lw->q_b, H * (dn + dr), c->q_lora_rank,
+                          "%s.self_attn.q_b_proj.weight", p);
+    } else {
+        rc = load_mat(L, &lw->q, H * (dn + dr), D, "%s.self_attn.q_proj.weight", p);
+    }
+    if (!rc) rc = load_mat(L, &lw->kv_a, kvr + dr, D, "%s.self_attn.kv_a_proj_with_mqa.weight", p);
+    if (!rc) rc = load_vec(L, &lw->kv_a_norm, kvr, "%s.self_attn.kv_a_layernorm.weight", p);
+    if (!rc) rc = load_mat(L, &lw->kv_b, H * (dn + dv), kvr, "%s.self_attn.kv_b_proj.weight", p);
+    if (!rc) rc = load_mat(L, &lw->o, D, H * dv, "%s.self_attn.o_proj.weight", p);
+    if (rc) return rc;
+
+    lw->is_moe = ms_config_layer_is_moe(c, layer);
+    char q[128];
+    if (!lw->is_moe) {
+        snprintf(q, sizeof q, "%s.mlp", p);
+        return load_ffn(L, &lw->dense, c->intermediate_size, q);
+    }
+    int E = c->n_routed_experts;
+    rc = load_mat(L, &lw->router, E, D, "%s.mlp.gate.weight", p);
+    if (rc) return rc;
+    char bname[160];
+    snprintf(bname, sizeof bname, "%s.mlp.gate.e_score_correction_bias", p);
+    if (ms_st_find(L->m->st, bname)) {
+        rc = load_vec(L, &lw->e_bias, E, "%s", bname);
+        if (rc) return rc;
+    }
+    lw->experts = calloc((size_t)E, sizeof *lw->experts);
+    if (!lw->experts) return ms_err(L->err, MS_ENOMEM, "out of memory (experts of layer %d)", layer);
+    for (int e = 0; e < E && !rc; e++) {
+        snprintf(q, sizeof q, "%s.mlp.experts.%d", p, e);
+        rc = load_ffn(L, &lw->experts[e], c->moe_intermediate_size, q);
+    }
+    if (!rc && c->n_shared_experts > 0) {
+        snprintf(q, sizeof q, "%s.mlp.shared_experts", p);
+        rc = load_ffn(L, &lw->shared, (int64_t)c->n_shared_experts * c->moe_intermediate_size, q);
+    }
+    return rc;
+}
+
+static void free_layer(ms_layer_w *lw)
+{
+    free(lw->attn_norm);
+    free(lw->ffn_norm);
+    free(lw->q_a_norm);
+    free(lw->kv_a_norm);
+    free(lw->e_bias);
+    free(lw->experts);
+}
+
+static int64_t mat_bytes(const ms_mat *w)
+{
+    int64_t b = w->rows * w->cols * ms_dtype_size(w->dtype);
+    if (w->dtype == MS_DT_F8E4M3) b += ((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4;
+    return b;
+}
+
+static int64_t ffn_bytes(const ms_ffn_w *f)
+{
+    return mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
+}
+
+/* Weight bytes streamed per decoded token: everything but the embedding table
+ * and the non-selected experts (top-k of each MoE layer, taken as the average
+ * expert size). */
+static int64_t active_bytes(const ms_model *m)
+{
+    const ms_config *c = &m->cfg;
+    int64_t b = mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer_w *lw = &m->layers[l];
+        b += mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
+        b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
+        if (!lw->is_moe) {
+            b += ffn_bytes(&lw->dense);
+            continue;
+        }
+        b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+        b += ffn_bytes(&lw->experts[0]) * c->n_experts_per_tok;
+    }
+    return b;
+}
+
+/* Narrows the views of one layer to this rank's shard (no copies). */
+static int shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
+{
+    if (parts <= 1) return 0;
+    int64_t inter = f->gate.rows;
+    if (inter % parts)
+        return ms_err(err, MS_ELAYOUT, "layer %d: %s width %lld is not divisible by %d ranks", layer,
+                      what, (long long)inter, parts);
+    int64_t n = inter / parts, r0 = (int64_t)part * n;
+    f->gate = ms_mat_slice(&f->gate, r0, n, 0, f->gate.cols);
+    f->up = ms_mat_slice(&f->up, r0, n, 0, f->up.cols);
+    f->down = ms_mat_slice(&f->down, 0, f->down.rows, r0, n);
+    return 0;
+}
+
+static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
+{
+    const ms_shard *sh = m->shard;
+    const ms_config *c = &m->cfg;
+    int64_t qd = ms_config_qk_head_dim(c), kvd = c->qk_nope_head_dim + c->v_head_dim,
+            dv = c->v_head_dim, h0 = m->head0, nh = m->n_local_heads;
+    if (nh != c->n_heads) {
+        if (c->q_lora_rank > 0) lw->q_b = ms_mat_slice(&lw->q_b, h0 * qd, nh * qd, 0, lw->q_b.cols);
+        else lw->q = ms_mat_slice(&lw->q, h0 * qd, nh * qd, 0, lw->q.cols);
+        lw->kv_b = ms_mat_slice(&lw->kv_b, h0 * kvd, nh * kvd, 0, lw->kv_b.cols);
+        lw->o = ms_mat_slice(&lw->o, 0, lw->o.rows, h0 * dv, nh * dv);
+    }
+    if (!lw->is_moe)
+        return shard_ffn(&lw->dense, sh->dense_tp, sh->dense_rank, "intermediate_size", layer, err);
+    for (int e = sh->first_expert; e < sh->first_expert + sh->n_local_experts; e++) {
+        int rc = shard_ffn(&lw->experts[e], sh->moe_tp, sh->moe_tp_rank, "moe_intermediate_size",
+                           layer, err);
+        if (rc) return rc;
+    }
+    if (c->n_shared_experts > 0)
+        return shard_ffn(&lw->shared, sh->shared_tp, sh->shared_rank, "shared expert", layer, err);
+    return 0;
+}
+
+int ms_model_ws_new(ms_model *m, ms_errbuf *err);
+void ms_model_ws_free(ms_model_ws *ws);
+
+int64_t ms_model_local_weight_bytes(const ms_model *m)
+{
+    const ms_config *c = &m->cfg;
+    int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
+    int e0 = m->shard ? m->shard->first_expert : 0;
+    int e1 = m->shard ? e0 + m->shard->n_local_experts : c->n_routed_experts;
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer_w *lw = &m->layers[l];
+        b += mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
+        b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
+        if (!lw->is_moe) {
+            b += ffn_bytes(&lw->dense);
+            continue;
+        }
+        b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+        for (int e = e0; e < e1; e++) b += ffn_bytes(&lw->experts[e]);
+    }
+    return b;
+}
+
+int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
+{
+    *out = NULL;
+    ms_model *m = calloc(1, sizeof *m);
+    if (!m) return ms_err(err, MS_ENOMEM, "out of memory");
+    snprintf(m->path, sizeof m->path, "%s", dir);
+    char path[1200];
+    int rc;
+    if (!ms_path_join(path, sizeof path, dir, "config.json")) {
+        rc = ms_err(err, MS_EINVAL, "model path too long: %s", dir);
+        goto fail;
+    }
+    rc = ms_config_load(&m->cfg, path, err);
+    if (rc) goto fail;
+    rc = ms_st_open_dir(&m->st, dir, err);
+    if (rc) goto fail;
+
+    const ms_config *c = &m->cfg;
+    struct loader L = {m, err, 0};
+    rc = load_mat(&L, &m->embed, c->vocab_size, c->hidden_size, "model.embed_tokens.weight");
+    if (rc) goto fail;
+    if (ms_st_find(m->st, "lm_head.weight") || !c->tie_word_embeddings)
+        rc = load_mat(&L, &m->lm_head, c->vocab_size, c->hidden_size, "lm_head.weight");
+    else
+        m->lm_head = m->embed;
+    if (!rc) rc = load_vec(&L, &m->final_norm, c->hidden_size, "model.norm.weight");
+    if (rc) goto fail;
+    if (m->embed.dtype == MS_DT_F8E4M3) {
+        rc = ms_err(err, MS_EUNSUPPORTED, "model.embed_tokens.weight: FP8 embeddings unsupported");
+        goto fail;
+    }
+    m->shard = opts ? opts->shard : NULL;
+    m->n_local_heads = c->n_heads;
+    if (m->shard && m->shard->attn_tp > 1) {
+        if (c->n_heads % m->shard->attn_tp) {
+            rc = ms_err(err, MS_ELAYOUT, "%d attention heads are not divisible by attention TP %d",
+                        c->n_heads, m->shard->attn_tp);
+            goto fail;
+        }
+        m->n_local_heads = c->n_heads / m->shard->attn_tp;
+        m->head0 = m->shard->attn_tp_rank * m->n_local_heads;
+    }
+    int n_total = c->n_layers + c->num_nextn_predict_layers;
+    m->layers = calloc((size_t)n_total, sizeof *m->layers);
+    if (!m->layers) {
+        rc = ms_err(err, MS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int l = 0; l < n_total; l++) {
+        int64_t before = L.n_params;
+        rc = load_layer(&L, &m->layers[l], l);
+        if (!rc && m->shard) rc = shard_layer(m, &m->layers[l], l, err);
+        if (rc) goto fail;
+        if (l >= c->n_layers) L.n_params = before; /* MTP layers: not part of the main stack */
+    }
+    m->n_mtp_layers = c->num_nextn_predict_layers;
+    m->n_params = L.n_params;
+    m->active_bytes_per_token = active_bytes(m);
+
+    m->rope_inv_freq = malloc(sizeof(float) * (size_t)(c->qk_rope_head_dim / 2 + 1));
+    if (!m->rope_inv_freq) {
+        rc = ms_err(err, MS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    ms_config_rope_inv_freq(c, m->rope_inv_freq);
+    m->softmax_scale = ms_config_softmax_scale(c);
+    m->pool = ms_pool_new(opts ? opts->threads : 0);
+    if (!m->pool) {
+        rc = ms_err(err, MS_ENOMEM, "cannot start worker threads");
+        goto fail;
+    }
+    m->kctx.pool = m->pool;
+    m->kctx.exact = opts ? opts->exact : 0;
+    m->kctx.isa = ms_kernels_detect();
+    rc = ms_model_ws_new(m, err);
+    if (rc) goto fail;
+    MS_LOG(MS_INFO, "model",
+           "loaded %s: %d layers (+%d MTP), %lld params, %.1f MB active per token, isa %s, "
+           "%d threads, %s activations",
+           dir, c->n_layers, m->n_mtp_layers, (long long)m->n_params,
+           (double)m->active_bytes_per_token / 1e6, ms_isa_name(m->kctx.isa),
+           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto");
+    *out = m;
+    return 0;
+fail:
+    ms_model_free(m);
+    return rc;
+}
+
+void ms_model_free(ms_model *m)
+{
+    if (!m) return;
+    if (m->layers)
+        for (int l = 0; l < m->cfg.n_layers + m->cfg.num_nextn_predict_layers; l++)
+            free_layer(&m->layers[l]);
+    free(m->layers);
+    free(m->final_norm);
+    free(m->rope_inv_freq);
+    ms_model_ws_free(m->ws);
+    ms_pool_free(m->pool);
+    ms_st_close(m->st);
+    free(m);
+}

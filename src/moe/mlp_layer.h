@@ -1,0 +1,49 @@
+/* mlp_layer.h — one dense-MLP or MoE layer of a forward pass, in whatever
+ * parallel mode the layout gives it (SGLang's ScatterMode, DESIGN.md §4):
+ *   - single rank or replicated dense MLP: local compute;
+ *   - TP_ATTN_FULL (no DP-attention): every rank of the replica holds the same
+ *     tokens; each computes its slice (experts it owns × its intermediate
+ *     slice, shared/dense slices) and the partial sums are all-reduced;
+ *   - FULL (DP-attention, no all-to-all): the DP groups' tokens are gathered
+ *     (MAX_LEN: padded all-gather; SUM_LEN: zero-filled all-reduce, chosen by
+ *     SGLang's rule sum·2 >= max·dp), sliced compute, reduce-scatter back;
+ *   - SCATTERED (all-to-all backend): each token is dispatched once per
+ *     destination rank with its expert ids and weights there, experts run on
+ *     their owner, weighted partial sums are combined back; shared expert local.
+ * Every rank of the replica calls it every step, with 0 rows when idle.
+ * Main thread only.
+ */
+#ifndef MS_MOE_MLP_LAYER_H
+#define MS_MOE_MLP_LAYER_H
+
+#include "model/model.h"
+#include "moe/moe.h"
+
+#include <stdint.h>
+
+typedef struct ms_mlp_ws {
+    ms_moe_ws moe;
+    float *g, *u;                /* dense/shared scratch [rows][inter] */
+    int64_t cap_gu;
+    float *xall, *yall, *cbuf;   /* gathered / expert-output / combine rows [rows][D] */
+    int64_t cap_xall, cap_yall, cap_cbuf; /* floats */
+    uint8_t *sbuf, *rbuf;        /* a2a dispatch payloads */
+    size_t cap_sbuf, cap_rbuf;   /* bytes */
+    int32_t *ridx;               /* [rows][k] received expert ids */
+    float *rw;                   /* [rows][k] received weights */
+    int32_t *rec_row;            /* [records] local row of each dispatched record */
+    size_t cap_ridx, cap_rw, cap_rec_row; /* bytes */
+    size_t *counts;              /* [4][world] scratch for counts/displacements */
+    int64_t *cnt_all;            /* [world][world] per-rank send counts */
+    int cap_world;
+    int64_t n_max_len, n_sum_len; /* gather mode choices (tests, stats) */
+    int64_t dispatch_rows;       /* rows sent to other ranks (Σ tokens × remote destinations) */
+} ms_mlp_ws;
+
+void ms_mlp_ws_free(ms_mlp_ws *ws);
+
+/* y[T][D] = MLP(x) for this rank's T rows (T may be 0). */
+int ms_mlp_forward(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T, float *y,
+                   ms_mlp_ws *ws, ms_errbuf *err);
+
+#endif

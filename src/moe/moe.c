@@ -1,0 +1,195 @@
+/* moe.c — gate routing and single-rank expert compute (moe.h). */
+#include "moe/moe.h"
+
+#include "base/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ms_moe_gate_route(const ms_config *c, const float *logits, const float *bias, int32_t *idx,
+                       float *weight, float *scratch)
+{
+    int E = c->n_routed_experts, K = c->n_experts_per_tok;
+    float *scores = scratch, *sel = scratch + E;
+    memcpy(scores, logits, sizeof(float) * (size_t)E);
+    if (c->scoring_func == MS_SCORE_SIGMOID)
+        for (int e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+    else
+        ms_softmax(scores, E);
+    for (int e = 0; e < E; e++) sel[e] = bias ? scores[e] + bias[e] : scores[e];
+    int G = c->n_group;
+    if (G > 1 && c->topk_method != MS_TOPK_GREEDY) {
+        int per = E / G;
+        float gscore[64];
+        for (int g = 0; g < G; g++) {
+            const float *s = sel + g * per;
+            if (bias) { /* sum of the top-2 biased scores */
+                float a = -INFINITY, b = -INFINITY;
+                for (int i = 0; i < per; i++) {
+                    if (s[i] > a) {
+                        b = a;
+                        a = s[i];
+                    } else if (s[i] > b) {
+                        b = s[i];
+                    }
+                }
+                gscore[g] = per >= 2 ? a + b : a;
+            } else {
+                float a = -INFINITY;
+                for (int i = 0; i < per; i++) a = s[i] > a ? s[i] : a;
+                gscore[g] = a;
+            }
+        }
+        int32_t keep[64];
+        ms_topk(gscore, G, c->topk_group, keep);
+        for (int g = 0; g < G; g++) {
+            int kept = 0;
+            for (int j = 0; j < c->topk_group; j++) kept |= keep[j] == g;
+            if (!kept)
+                for (int i = 0; i < per; i++) sel[g * per + i] = -INFINITY;
+        }
+    }
+    ms_topk(sel, E, K, idx);
+    float sum = 0;
+    for (int j = 0; j < K; j++) {
+        weight[j] = scores[idx[j]];
+        sum += weight[j];
+    }
+    if (c->norm_topk_prob && K > 1)
+        for (int j = 0; j < K; j++) weight[j] /= sum;
+    for (int j = 0; j < K; j++) weight[j] *= c->routed_scaling_factor;
+}
+
+void ms_moe_ws_free(ms_moe_ws *ws)
+{
+    if (!ws) return;
+    free(ws->logits);
+    free(ws->topk_idx);
+    free(ws->topk_w);
+    free(ws->count);
+    free(ws->offset);
+    free(ws->row_token);
+    free(ws->row_weight);
+    ms_free_aligned(ws->xg);
+    ms_free_aligned(ws->g);
+    ms_free_aligned(ws->u);
+    ms_free_aligned(ws->yg);
+    free(ws->scratch);
+    memset(ws, 0, sizeof *ws);
+}
+
+static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_t E, int64_t K)
+{
+    if (T <= ws->cap_rows && D <= ws->cap_D && inter <= ws->cap_inter && E <= ws->cap_E &&
+        K <= ws->cap_k)
+        return 0;
+    T = MS_MAX(MS_MAX(T, 2 * ws->cap_rows), 16);
+    D = MS_MAX(D, ws->cap_D);
+    inter = MS_MAX(inter, ws->cap_inter);
+    E = MS_MAX(E, ws->cap_E);
+    K = MS_MAX(K, ws->cap_k);
+    ms_moe_ws_free(ws);
+    size_t rows = (size_t)(T * K);
+    ws->logits = malloc(sizeof(float) * (size_t)(T * E));
+    ws->topk_idx = malloc(sizeof(int32_t) * rows);
+    ws->topk_w = malloc(sizeof(float) * rows);
+    ws->count = malloc(sizeof(int32_t) * (size_t)E);
+    ws->offset = malloc(sizeof(int32_t) * (size_t)(E + 1));
+    ws->row_token = malloc(sizeof(int32_t) * rows);
+    ws->row_weight = malloc(sizeof(float) * rows);
+    ws->xg = ms_alloc_aligned(rows * (size_t)D, sizeof(float));
+    ws->g = ms_alloc_aligned(rows * (size_t)inter, sizeof(float));
+    ws->u = ms_alloc_aligned(rows * (size_t)inter, sizeof(float));
+    ws->yg = ms_alloc_aligned(rows * (size_t)D, sizeof(float));
+    ws->scratch = malloc(sizeof(float) * (size_t)(2 * E));
+    if (!ws->logits || !ws->topk_idx || !ws->topk_w || !ws->count || !ws->offset ||
+        !ws->row_token || !ws->row_weight || !ws->xg || !ws->g || !ws->u || !ws->yg ||
+        !ws->scratch) {
+        ms_moe_ws_free(ws);
+        return MS_ENOMEM;
+    }
+    ws->cap_rows = T;
+    ws->cap_grp = T * K;
+    ws->cap_D = D;
+    ws->cap_inter = inter;
+    ws->cap_E = E;
+    ws->cap_k = K;
+    return 0;
+}
+
+static int64_t shared_width(const ms_layer_w *lw) { return lw->shared.gate.rows; }
+
+void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
+                    float *y, int accumulate, float *g, float *u)
+{
+    int64_t inter = f->gate.rows;
+    if (M <= 0) return;
+    ms_matmul(k, g, inter, x, D, M, &f->gate, 0);
+    ms_matmul(k, u, inter, x, D, M, &f->up, 0);
+    ms_silu_mul(g, g, u, M * inter);
+    ms_matmul(k, y, D, g, inter, M, &f->down, accumulate);
+}
+
+int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                 int64_t T, ms_moe_ws *ws)
+{
+    int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
+    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
+        return MS_ENOMEM;
+    if (T <= 0) return 0;
+    ms_matmul(k, ws->logits, E, x, D, T, &lw->router, 0);
+    for (int64_t t = 0; t < T; t++)
+        ms_moe_gate_route(c, ws->logits + t * E, lw->e_bias, ws->topk_idx + t * K,
+                          ws->topk_w + t * K, ws->scratch);
+    return 0;
+}
+
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
+                   int accumulate, ms_moe_ws *ws)
+{
+    int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
+    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
+        return MS_ENOMEM;
+    if (!accumulate) memset(y, 0, sizeof(float) * (size_t)(MS_MAX(T, 0) * D));
+    if (T <= 0) return 0;
+    /* group rows by expert (counting sort keeps token order within an expert) */
+    memset(ws->count, 0, sizeof(int32_t) * (size_t)E);
+    for (int64_t i = 0; i < T * K; i++)
+        if (idx[i] >= e_begin && idx[i] < e_end) ws->count[idx[i]]++;
+    ws->offset[0] = 0;
+    for (int64_t e = 0; e < E; e++) ws->offset[e + 1] = ws->offset[e] + ws->count[e];
+    memset(ws->count, 0, sizeof(int32_t) * (size_t)E);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++) {
+            int32_t e = idx[t * K + j];
+            if (e < e_begin || e >= e_end) continue;
+            int32_t r = ws->offset[e] + ws->count[e]++;
+            ws->row_token[r] = (int32_t)t;
+            ws->row_weight[r] = w[t * K + j];
+            memcpy(ws->xg + (size_t)r * D, x + t * D, sizeof(float) * (size_t)D);
+        }
+    for (int64_t e = e_begin; e < e_end; e++) {
+        int64_t n = ws->offset[e + 1] - ws->offset[e];
+        if (n == 0) continue;
+        float *xe = ws->xg + (size_t)ws->offset[e] * D, *ye = ws->yg + (size_t)ws->offset[e] * D;
+        ms_ffn_forward(k, &lw->experts[e], xe, n, D, ye, 0, ws->g, ws->u);
+    }
+    /* combine: rows are expert-major, so each token sums its experts in id order */
+    for (int64_t r = 0; r < ws->offset[E]; r++)
+        ms_axpy_f32(y + (int64_t)ws->row_token[r] * D, ws->row_weight[r], ws->yg + r * D, D);
+    return 0;
+}
+
+int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, float *y, ms_moe_ws *ws)
+{
+    int64_t D = c->hidden_size;
+    int rc = ms_moe_route(k, c, lw, x, T, ws);
+    if (rc) return rc;
+    /* shared expert first: it writes y; routed experts add into y */
+    if (c->n_shared_experts > 0) ms_ffn_forward(k, &lw->shared, x, T, D, y, 0, ws->g, ws->u);
+    return ms_moe_experts(k, c, lw, x, T, ws->topk_idx, ws->topk_w, 0, c->n_routed_experts, y,
+                          c->n_shared_experts > 0, ws);
+}

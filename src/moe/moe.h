@@ -1,0 +1,67 @@
+/* moe.h — DeepSeek MoE on one rank: the gate (router) and the routed +
+ * shared expert computation over a batch of token rows.
+ *
+ * The gate follows DeepSeek's official inference/model.py: softmax or sigmoid
+ * scores; e_score_correction_bias added for selection only; group-limited
+ * top-k (group score = sum of the top-2 biased scores with a bias, else the
+ * max); other groups masked at -inf; weights from unbiased scores,
+ * renormalised when norm_topk_prob; times routed_scaling_factor.
+ * Expert compute groups tokens by expert and runs each expert's SwiGLU as
+ * GEMMs over its token rows.  Main thread only (kernels use the pool).
+ */
+#ifndef MS_MOE_MOE_H
+#define MS_MOE_MOE_H
+
+#include "kernels/kernels.h"
+#include "model/config.h"
+#include "model/model.h"
+
+#include <stdint.h>
+
+/* Routing of one token row: n_experts_per_tok expert ids and weights. */
+void ms_moe_gate_route(const ms_config *c, const float *logits /* [E] */,
+                       const float *bias /* [E] or NULL */, int32_t *idx, float *weight,
+                       float *scratch /* [2*E] */);
+
+/* Scratch for expert compute (grow-only). */
+typedef struct ms_moe_ws {
+    int64_t cap_rows;       /* token rows */
+    int64_t cap_grp;        /* grouped rows (T*k) */
+    float *logits;          /* [T][E] */
+    int32_t *topk_idx;      /* [T][k] */
+    float *topk_w;          /* [T][k] */
+    int32_t *count;         /* [E] */
+    int32_t *offset;        /* [E+1] */
+    int32_t *row_token;     /* [T*k]: token of each grouped row */
+    float *row_weight;      /* [T*k] */
+    float *xg;              /* [T*k][D] gathered inputs */
+    float *g, *u;           /* [T*k][inter] */
+    float *yg;              /* [T*k][D] */
+    float *scratch;         /* [2*E] */
+    int64_t cap_inter, cap_D, cap_E, cap_k;
+} ms_moe_ws;
+
+void ms_moe_ws_free(ms_moe_ws *ws);
+
+/* SwiGLU FFN over M rows: y[M][D] (=|+=) down(silu(gate x) * up x).
+ * g, u: scratch [M][inter]. */
+void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
+                    float *y, int accumulate, float *g, float *u);
+
+/* Gate for T rows: writes ws->topk_idx / ws->topk_w [T][k].  0 or MS_ENOMEM. */
+int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                 int64_t T, ms_moe_ws *ws);
+
+/* Routed experts [e_begin, e_end) over T rows: y[t] (=|+=) Σ_j w[t][j] Expert_idx[t][j](x[t])
+ * for the entries whose expert is in range (idx < 0 entries are skipped).  idx/w are
+ * [T][k] and may be ws->topk_idx / ws->topk_w.  Expert views may be TP slices (partial
+ * sums).  0 or MS_ENOMEM. */
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
+                   int accumulate, ms_moe_ws *ws);
+
+/* The whole MoE block on one rank: y[T][D] = Σ_j w_j Expert_j(x) + Shared(x). */
+int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, float *y, ms_moe_ws *ws);
+
+#endif

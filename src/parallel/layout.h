@@ -1,0 +1,165 @@
+/* layout.h — the launch shape (SGLang's flags) and its resolution into attention and
+ * expert layouts: the one function `serve`, `generate`, the MPI rank context and
+ * `moeserve plan` all call (DESIGN.md §3; seeds 000 §2, 002 "DP attention").
+ *
+ * Owns: ms_launch (parsed flags, SGLang defaults), the flag parser shared by every
+ * command, ms_layout_resolve (group sizes, per-rank budgets, validation with messages
+ * naming the flag), rank coordinates and the printed description.  Does not own
+ * memory, weights or communication arithmetic (src/plan) nor any MPI call.
+ * Pure functions over caller storage; any thread.
+ */
+#ifndef MS_PARALLEL_LAYOUT_H
+#define MS_PARALLEL_LAYOUT_H
+
+#include "base/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Named limits on launch values (client/command-line controlled). */
+#define MS_LAUNCH_MAX_WIDTH 65536         /* tp, dp, pp, ep, cp, world size */
+#define MS_LAUNCH_MAX_RUNNING (1 << 24)   /* --max-running-requests */
+#define MS_LAUNCH_MAX_CHUNK (1 << 30)     /* --chunked-prefill-size */
+#define MS_LAUNCH_MAX_DRAFT 64            /* --speculative-num-draft-tokens */
+#define MS_LAUNCH_MAX_REDUNDANT 65536     /* --ep-num-redundant-experts */
+#define MS_LAUNCH_MAX_DISPATCH (1 << 24)  /* DeepEP dispatch tokens per rank */
+#define MS_LAUNCH_MAX_PAGE 65536          /* --page-size */
+#define MS_LAYOUT_MAX_VIOLATIONS 24
+
+/* The all-to-all backend the engine runs.  SGLang's names (deepep, megamoe, mooncake,
+ * nixl, mori, flashinfer) are accepted as aliases of the one all-to-all backend moeserve
+ * has (MPI); the alias is kept for the rules that name it. */
+typedef enum { MS_A2A_NONE = 0, MS_A2A_MPI = 1 } ms_a2a_backend;
+typedef enum {
+    MS_A2A_ALIAS_NONE = 0, MS_A2A_ALIAS_MPI, MS_A2A_ALIAS_DEEPEP, MS_A2A_ALIAS_MEGAMOE,
+    MS_A2A_ALIAS_MOONCAKE, MS_A2A_ALIAS_NIXL, MS_A2A_ALIAS_MORI, MS_A2A_ALIAS_FLASHINFER
+} ms_a2a_alias;
+
+typedef enum { MS_SPEC_NONE = 0, MS_SPEC_EAGLE, MS_SPEC_DSPARK } ms_spec_algorithm;
+typedef enum { MS_DISAGG_NONE = 0, MS_DISAGG_PREFILL, MS_DISAGG_DECODE } ms_disagg_mode;
+
+/* SGLang launch flags.  0 in an "unset" field means SGLang's None / auto. */
+typedef struct ms_launch {
+    int tp, dp, pp;                  /* --tp, --dp, --pp-size (defaults 1) */
+    bool enable_dp_attention;        /* --enable-dp-attention */
+    int ep_size;                     /* --ep-size (default 1) */
+    ms_a2a_backend a2a;              /* --moe-a2a-backend */
+    ms_a2a_alias a2a_alias;
+    int moe_dense_tp_size;           /* --moe-dense-tp-size: 0 unset (None) or 1 */
+    int moe_dp_size;                 /* --moe-dp-size (default 1) */
+    int attn_cp_size;                /* --attn-cp-size (default 1) */
+    int max_running_requests;        /* --max-running-requests: global; 0 = auto */
+    int chunked_prefill_size;        /* --chunked-prefill-size: global; 0 = auto, -1 = off */
+    ms_spec_algorithm spec;          /* --speculative-algorithm */
+    int speculative_num_draft_tokens;/* --speculative-num-draft-tokens: 0 = none */
+    int ep_num_redundant_experts;    /* --ep-num-redundant-experts */
+    int deepep_max_dispatch_tokens;  /* --deepep-max-dispatch-tokens-per-rank or env
+                                      * SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (128) */
+    bool enforce_shared_experts_fusion; /* --enforce-shared-experts-fusion */
+    bool disable_shared_experts_fusion; /* --disable-shared-experts-fusion */
+    bool enable_dp_lm_head;          /* --enable-dp-lm-head */
+    int kv_cache_bytes;              /* --kv-cache-dtype: 0 = auto (model dtype), else bytes */
+    char kv_cache_dtype[16];         /* as given ("auto" by default) */
+    int page_size;                   /* --page-size (default 1) */
+    int compress_state_bytes;        /* --compress-state-dtype / SGLANG_DSV4_COMPRESS_STATE_DTYPE:
+                                      * 4 (fp32, default) or 2 (bf16) */
+    bool enable_hierarchical_cache;  /* --enable-hierarchical-cache (HiCache) */
+    double hicache_ratio;            /* --hicache-ratio (host/device tokens, default 2.0) */
+    bool enable_umbp;                /* --enable-unified-cache-external-linker (UMBP) */
+    bool megamoe_w4a4;               /* --enable-w4a4-mxfp4-megamoe */
+    ms_disagg_mode disagg;           /* --disaggregation-mode */
+} ms_launch;
+
+/* Fills l with SGLang's defaults. */
+void ms_launch_init(ms_launch *l);
+/* Applies the environment variables SGLang reads for these settings
+ * (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, SGLANG_DSV4_COMPRESS_STATE_DTYPE).
+ * Call before parsing flags so flags win.  Returns 0 or MS_EINVAL naming the variable. */
+int ms_launch_apply_env(ms_launch *l, ms_errbuf *err);
+/* Consumes the launch flag at argv[*i] ("--flag value" or "--flag=value") and advances
+ * *i past it.  Returns 1 consumed, 0 not a launch flag (*i untouched), <0 error naming
+ * the flag. */
+int ms_launch_parse_arg(ms_launch *l, int argc, char **argv, int *i, ms_errbuf *err);
+/* One line per launch flag for --help texts. */
+const char *ms_launch_help(void);
+/* The SGLang name of the a2a backend as given ("none", "deepep", ...). */
+const char *ms_launch_a2a_name(const ms_launch *l);
+
+/* What resolution needs to know about the model. */
+typedef struct ms_layout_model {
+    int n_heads;          /* query heads */
+    int n_kv_heads;       /* GQA KV heads; 0 = one shared latent/KV (MLA, V4) */
+    int n_routed_experts; /* 0 = dense model */
+    int n_layers;
+    int n_dense_layers;   /* layers with a dense MLP instead of MoE */
+} ms_layout_model;
+
+/* How a sparse (MoE) or dense MLP layer sees its tokens (SGLang's ScatterMode). */
+typedef enum {
+    MS_MLP_TP_ATTN_FULL = 0, /* the attention group's tokens: no gather */
+    MS_MLP_FULL,             /* all tokens of all DP groups: all-gather in, reduce-scatter out */
+    MS_MLP_SCATTERED         /* each rank its own tokens: a2a dispatch/combine */
+} ms_mlp_mode;
+
+typedef struct ms_layout_violation {
+    char rule[32];     /* short id, e.g. "tp_mod_dp" */
+    char message[224]; /* one line naming the flag(s) */
+} ms_layout_violation;
+
+typedef struct ms_layout {
+    int world_size;   /* W = tp·pp with DP-attention, dp·tp·pp without */
+    int tp, pp;
+    int n_replicas;   /* plain DP engines (dp without DP-attention), else 1 */
+    int attn_tp, attn_dp, attn_cp;
+    int moe_tp, moe_ep, moe_dp;
+    int dense_tp;     /* dense MLP width: 1 (replicated) or tp */
+    int shared_tp;    /* shared-expert width: 1 (local under a2a / replicated) or tp */
+    int lm_head_tp;   /* vocab split of the LM head: attn_tp with --enable-dp-lm-head, else tp */
+    int embed_tp;     /* embedding split: attn_tp under DP-attention (replicated), else tp */
+    ms_a2a_backend a2a;
+    ms_mlp_mode sparse_mode, dense_mode;
+    bool ep_forced;   /* an a2a backend set ep = tp */
+    int n_physical_experts; /* routed + redundant */
+    int experts_per_rank;   /* physical experts per EP rank */
+    int max_running_per_rank;     /* floor(max_running / attn_dp); 0 when unset */
+    int chunked_prefill_per_rank; /* floor(chunked / attn_dp); 0 unset, -1 off */
+    int tokens_per_request_step;  /* rows one request adds per step: the verify width
+                                   * (draft tokens; DSpark's checkpoint default 6), else 1 */
+    bool has_dense;
+    int n_violations;
+    ms_layout_violation violations[MS_LAYOUT_MAX_VIOLATIONS];
+} ms_layout;
+
+/* Resolves a launch for a model (DESIGN.md §3).  Every rule is checked; all violations
+ * are recorded in out->violations.  Returns 0 when valid, MS_ELAYOUT with the first
+ * violation's message in err otherwise (out still holds the arithmetic, for `plan`). */
+int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *out,
+                      ms_errbuf *err);
+/* Appends a violation (used by src/plan for hardware and memory rules too). */
+void ms_layout_add_violation(ms_layout *out, const char *rule, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+typedef struct ms_rank_coords {
+    int world_rank;
+    int replica;      /* plain-DP engine index */
+    int pp_rank;
+    int tp_rank;      /* rank inside the tp group of its replica/stage */
+    int attn_tp_rank, attn_cp_rank, attn_dp_rank;
+    int moe_tp_rank, moe_ep_rank, moe_dp_rank;
+    int first_expert; /* first physical expert owned (EP), n = experts_per_rank */
+} ms_rank_coords;
+
+/* Rank order: world_rank = ((replica·pp) + pp_rank)·tp + tp_rank; inside tp, SGLang's
+ * (dp, cp, tp) with tp fastest for attention and (moe_dp, ep, moe_tp) for experts.
+ * Returns 0 or MS_EINVAL for a rank outside the world. */
+int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *out);
+/* The EP rank owning physical expert e (e < n_physical_experts), or -1. */
+int ms_layout_expert_owner(const ms_layout *lay, int physical_expert);
+
+/* The seed-style one-liner, e.g. "attention TP=1, DP=4 · routed experts TP=1, EP=4 ·
+ * dense/shared replicated".  Returns the length that would have been written. */
+int ms_layout_describe(const ms_layout *lay, char *buf, size_t cap);
+/* A multi-line table of every group size and per-rank budget. */
+int ms_layout_describe_table(const ms_layout *lay, char *buf, size_t cap);
+
+#endif

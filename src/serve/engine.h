@@ -1,0 +1,95 @@
+/* engine.h — the step loop of one rank (DESIGN.md §1–2): every rank runs the
+ * same protocol in lockstep.
+ *
+ *   1. rank 0 broadcasts a control block (new requests with their DP rank,
+ *      aborts, flush, exit); other ranks sleep in the idle wait until it comes;
+ *   2. each attention-DP group's first rank feeds its scheduler and builds the
+ *      batch, broadcast to the rest of its attention-TP group;
+ *   3. all ranks all-gather their token counts (idle batches of 0 rows still
+ *      join every collective; the counts choose the DP-gather mode);
+ *   4. forward; 5. the group's first rank samples; events and per-DP-rank
+ *      load figures are gathered to rank 0.
+ * With one rank no MPI is used at all.  Owns the model, this rank's KV pool
+ * and scheduler.  ms_engine_submit/abort/shutdown/events are rank 0 calls;
+ * ms_engine_step is called by every rank.  Main thread only.
+ */
+#ifndef MS_SERVE_ENGINE_H
+#define MS_SERVE_ENGINE_H
+
+#include "model/model.h"
+#include "parallel/comm.h"
+#include "parallel/layout.h"
+#include "serve/scheduler.h"
+
+#include <stdint.h>
+
+typedef struct ms_engine_opts {
+    const char *model_path;
+    int threads, exact;
+    ms_launch launch;            /* parsed SGLang launch flags */
+    int page_size;
+    int64_t max_total_tokens;    /* per rank; 0: from mem_fraction_static */
+    double mem_fraction_static;  /* of MemAvailable / ranks on this host */
+    int64_t context_length;      /* 0: the model's max_position_embeddings */
+    int schedule_policy;         /* enum ms_sched_policy */
+    int dispatch_bf16;           /* --ep-dispatch-dtype bf16 */
+    int keep_logits;             /* events carry the logits they were sampled from (rank 0) */
+    int max_running_default;     /* global default when --max-running-requests is unset */
+    int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
+} ms_engine_opts;
+
+void ms_engine_opts_init(ms_engine_opts *o);
+
+/* An event on rank 0: a scheduler event, its DP rank, and optionally logits. */
+typedef struct ms_engine_event {
+    ms_sched_event ev;
+    int dp_rank;
+    const float *logits;         /* [vocab] when keep_logits, else NULL; valid until next step */
+} ms_engine_event;
+
+/* One DP rank's load as last seen by rank 0. */
+typedef struct ms_engine_load {
+    int dp_rank;
+    ms_sched_stats st;
+} ms_engine_load;
+
+typedef struct ms_engine_step_stats {
+    int64_t rows;          /* tokens computed this step, all ranks' DP groups */
+    int64_t decode_rows;   /* of which single-token decode rows */
+    double seconds;        /* wall time of the step on this rank */
+} ms_engine_step_stats;
+
+typedef struct ms_engine ms_engine;
+
+/* Collective over the world when W > 1 (ms_comm_init must have run).  Resolves
+ * the layout, builds groups, loads this rank's shard, sizes the KV pool. */
+int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err);
+void ms_engine_close(ms_engine *e);
+
+const ms_model *ms_engine_model(const ms_engine *e);
+const ms_layout *ms_engine_layout(const ms_engine *e);
+int ms_engine_is_rank0(const ms_engine *e);
+int ms_engine_n_dp(const ms_engine *e);            /* DP ranks: replicas × attn_dp */
+int64_t ms_engine_pool_tokens(const ms_engine *e); /* KV pool tokens of each DP rank */
+int ms_engine_max_running_per_rank(const ms_engine *e);
+int64_t ms_engine_chunk_per_rank(const ms_engine *e);
+int64_t ms_engine_context_length(const ms_engine *e);
+
+/* rank 0: queue a request for a DP rank (-1: round robin).  Checks the
+ * context/pool limits now (MS_ECONTEXT with the token counts). */
+int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_errbuf *err);
+void ms_engine_abort(ms_engine *e, uint64_t id);
+int ms_engine_flush_cache(ms_engine *e);          /* MS_EBUSY while requests run */
+void ms_engine_shutdown(ms_engine *e);
+/* rank 0: requests submitted and not finished, or control pending. */
+int ms_engine_busy(const ms_engine *e);
+
+/* Every rank: one lockstep step.  Returns 0, 1 when told to exit, or <0. */
+int ms_engine_step(ms_engine *e, ms_errbuf *err);
+/* rank 0: the events of the last step (borrowed until the next step). */
+int ms_engine_events(const ms_engine *e, const ms_engine_event **ev);
+void ms_engine_last_step(const ms_engine *e, ms_engine_step_stats *st);
+/* rank 0: the load of every DP rank as of the last step. */
+int ms_engine_loads(const ms_engine *e, const ms_engine_load **loads);
+
+#endif

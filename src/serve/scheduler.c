@@ -1,0 +1,486 @@
+/* scheduler.c — continuous batching over one rank's KV pool (scheduler.h). */
+#include "serve/scheduler.h"
+
+#include "base/log.h"
+#include "base/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { ST_WAITING = 0, ST_RUNNING = 1 };
+
+struct req {
+    ms_sched_input in;       /* in.ids not used after add */
+    int32_t *ids;            /* prompt + generated */
+    int64_t n_ids, cap_ids;
+    int64_t n_prompt;        /* original prompt length */
+    int64_t n_out;           /* generated so far (kept across retractions) */
+    int64_t n_kv;            /* tokens whose KV is in pages */
+    int64_t n_cached;        /* prompt tokens served by the prefix cache at first admission */
+    int32_t *pages;
+    int64_t n_pages, cap_pages;
+    ms_radix_node *lock;
+    uint64_t rng;
+    int state;
+    int64_t step_n;          /* tokens to feed in the step being built */
+    int64_t seq;             /* arrival order */
+    struct req *next;        /* in the waiting or running list */
+};
+
+struct ms_sched {
+    ms_sched_params p;
+    ms_kv_pool *pool;
+    ms_radix *radix;
+    struct req *waiting, *running; /* singly linked; waiting in admission order */
+    int n_waiting, n_running;
+    int64_t arrivals;
+    /* per-step */
+    ms_batch_seq *batch;
+    struct req **batch_req;
+    int n_batch, cap_batch;
+    float *logits;           /* [max_running][vocab] */
+    ms_sched_event *events;
+    int n_events, cap_events;
+    ms_sampler_scratch sc;
+    int32_t *match_pages;
+    int64_t cap_match;
+    double new_token_ratio;  /* share of their remaining max_new running requests are
+                              * expected to still generate (SGLang's new_token_ratio) */
+    ms_sched_stats st;
+};
+
+/* SGLang's admission estimate: start conservative, decay towards the floor each
+ * step, jump back up after a retraction. */
+#define RATIO_INIT 0.7
+#define RATIO_MIN 0.1
+#define RATIO_DECAY 0.001
+#define RATIO_RETRACT_STEP 0.1
+
+int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_errbuf *err)
+{
+    *out = NULL;
+    if (p->page_size != pool->page_size || p->max_running <= 0 || p->chunk_tokens <= 0)
+        return ms_err(err, MS_EINVAL, "scheduler: bad parameters");
+    ms_sched *s = calloc(1, sizeof *s);
+    if (!s) return ms_err(err, MS_ENOMEM, "out of memory");
+    s->p = *p;
+    s->pool = pool;
+    s->cap_batch = p->max_running + 1;
+    s->cap_events = 2 * p->max_running + 16;
+    s->batch = calloc((size_t)s->cap_batch, sizeof *s->batch);
+    s->batch_req = calloc((size_t)s->cap_batch, sizeof *s->batch_req);
+    s->logits = ms_alloc_aligned((size_t)p->max_running * (size_t)p->vocab, sizeof(float));
+    s->events = calloc((size_t)s->cap_events, sizeof *s->events);
+    s->sc.prob = malloc(sizeof(float) * (size_t)p->vocab);
+    s->sc.idx = malloc(sizeof(int32_t) * (size_t)p->vocab);
+    if (ms_radix_new(&s->radix, pool) || !s->batch || !s->batch_req || !s->logits ||
+        !s->events || !s->sc.prob || !s->sc.idx) {
+        ms_sched_free(s);
+        return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
+    }
+    s->st.total_tokens = (int64_t)pool->n_pages * pool->page_size;
+    s->new_token_ratio = RATIO_INIT;
+    *out = s;
+    return 0;
+}
+
+static void release_pages(ms_sched *s, struct req *r)
+{
+    for (int64_t i = 0; i < r->n_pages; i++) ms_kv_pool_unref(s->pool, r->pages[i]);
+    r->n_pages = 0;
+    if (r->lock) ms_radix_unlock(s->radix, r->lock);
+    r->lock = NULL;
+    r->n_kv = 0;
+}
+
+static void free_req(ms_sched *s, struct req *r)
+{
+    if (!r) return;
+    release_pages(s, r);
+    free(r->ids);
+    free(r->pages);
+    free(r);
+}
+
+void ms_sched_free(ms_sched *s)
+{
+    if (!s) return;
+    for (struct req *r = s->waiting, *n; r; r = n) n = r->next, free_req(s, r);
+    for (struct req *r = s->running, *n; r; r = n) n = r->next, free_req(s, r);
+    ms_radix_free(s->radix);
+    free(s->batch);
+    free(s->batch_req);
+    ms_free_aligned(s->logits);
+    free(s->events);
+    free(s->sc.prob);
+    free(s->sc.idx);
+    free(s->match_pages);
+    free(s);
+}
+
+static int push_id(struct req *r, int32_t id)
+{
+    if (r->n_ids == r->cap_ids) {
+        int64_t cap = r->cap_ids * 2 + 16;
+        int32_t *p = realloc(r->ids, sizeof(int32_t) * (size_t)cap);
+        if (!p) return MS_ENOMEM;
+        r->ids = p;
+        r->cap_ids = cap;
+    }
+    r->ids[r->n_ids++] = id;
+    return 0;
+}
+
+static int reserve_pages(struct req *r, int64_t n)
+{
+    if (n <= r->cap_pages) return 0;
+    int64_t cap = MS_MAX(n, 2 * r->cap_pages);
+    int32_t *p = realloc(r->pages, sizeof(int32_t) * (size_t)cap);
+    if (!p) return MS_ENOMEM;
+    r->pages = p;
+    r->cap_pages = cap;
+    return 0;
+}
+
+int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
+{
+    if (in->n_ids <= 0) return ms_err(err, MS_EINVAL, "empty prompt");
+    int64_t need = in->n_ids + in->max_new;
+    if (need > s->p.context_len)
+        return ms_err(err, MS_ECONTEXT,
+                      "prompt has %lld tokens and max_tokens is %lld: %lld exceeds the context "
+                      "length %lld",
+                      (long long)in->n_ids, (long long)in->max_new, (long long)need,
+                      (long long)s->p.context_len);
+    if ((need + s->p.page_size - 1) / s->p.page_size > s->pool->n_pages)
+        return ms_err(err, MS_ECONTEXT,
+                      "prompt + max_tokens = %lld tokens exceeds this rank's KV pool of %lld tokens",
+                      (long long)need, (long long)s->st.total_tokens);
+    struct req *r = calloc(1, sizeof *r);
+    if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
+    r->in = *in;
+    r->in.ids = NULL;
+    r->cap_ids = in->n_ids + in->max_new + 1; /* decode never reallocates */
+    r->ids = malloc(sizeof(int32_t) * (size_t)r->cap_ids);
+    if (!r->ids) {
+        free(r);
+        return ms_err(err, MS_ENOMEM, "out of memory");
+    }
+    memcpy(r->ids, in->ids, sizeof(int32_t) * (size_t)in->n_ids);
+    r->n_ids = r->n_prompt = in->n_ids;
+    r->n_cached = -1;
+    r->rng = ms_sampler_seed(in->seed);
+    r->seq = s->arrivals++;
+    struct req **pp = &s->waiting;
+    while (*pp) pp = &(*pp)->next;
+    *pp = r;
+    s->n_waiting++;
+    return 0;
+}
+
+static ms_sched_event *new_event(ms_sched *s, const struct req *r, int32_t token, int finish)
+{
+    if (s->n_events == s->cap_events) {
+        int cap = 2 * s->cap_events;
+        ms_sched_event *e = realloc(s->events, sizeof *e * (size_t)cap);
+        if (!e) return NULL;
+        s->events = e;
+        s->cap_events = cap;
+    }
+    ms_sched_event *e = &s->events[s->n_events++];
+    memset(e, 0, sizeof *e);
+    e->id = r->in.id;
+    e->token = token;
+    e->finish = finish;
+    e->prompt_tokens = r->n_prompt;
+    e->cached_tokens = r->n_cached < 0 ? 0 : r->n_cached;
+    e->completion_tokens = r->n_out;
+    return e;
+}
+
+static struct req *unlink_from(struct req **list, struct req *r)
+{
+    for (struct req **pp = list; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            r->next = NULL;
+            return r;
+        }
+    return NULL;
+}
+
+/* Finishes a running or waiting request: caches its computed prefix, frees the rest. */
+static void finish_req(ms_sched *s, struct req *r, int finish, int cache_prefix)
+{
+    if (cache_prefix && r->n_kv >= s->p.page_size) {
+        int64_t full = (r->n_kv / s->p.page_size) * s->p.page_size;
+        ms_radix_node *last;
+        ms_radix_insert(s->radix, r->ids, full, r->pages, &last);
+    }
+    if (r->state == ST_RUNNING) {
+        unlink_from(&s->running, r);
+        s->n_running--;
+    } else {
+        unlink_from(&s->waiting, r);
+        s->n_waiting--;
+    }
+    (void)finish;
+    free_req(s, r);
+}
+
+int ms_sched_abort(ms_sched *s, uint64_t id)
+{
+    struct req *lists[2] = {s->waiting, s->running};
+    for (int l = 0; l < 2; l++)
+        for (struct req *r = lists[l]; r; r = r->next)
+            if (r->in.id == id) {
+                new_event(s, r, -1, MS_FINISH_ABORT);
+                finish_req(s, r, MS_FINISH_ABORT, 0);
+                return 0;
+            }
+    return MS_ENOENT;
+}
+
+/* Takes n pages, evicting cached prefixes if needed. */
+static int take_pages(ms_sched *s, int64_t n, int32_t *out)
+{
+    if (ms_kv_pool_n_free(s->pool) < n) ms_radix_evict(s->radix, n - ms_kv_pool_n_free(s->pool));
+    return ms_kv_pool_alloc(s->pool, (int32_t)n, out);
+}
+
+/* Moves a running request back to the front of the waiting queue. */
+static void retract(ms_sched *s, struct req *r)
+{
+    r->step_n = 0;
+    unlink_from(&s->running, r);
+    s->n_running--;
+    release_pages(s, r);
+    r->state = ST_WAITING;
+    r->next = s->waiting;
+    s->waiting = r;
+    s->n_waiting++;
+    s->st.n_retracted++;
+    s->new_token_ratio = MS_MIN(1.0, s->new_token_ratio + RATIO_RETRACT_STEP);
+    MS_LOG(MS_INFO, "sched", "retracted request %llu (%lld generated) to free KV pages",
+           (unsigned long long)r->in.id, (long long)r->n_out);
+}
+
+static struct req *fewest_generated(ms_sched *s)
+{
+    struct req *best = NULL;
+    for (struct req *r = s->running; r; r = r->next)
+        if (!best || r->n_out < best->n_out || (r->n_out == best->n_out && r->seq > best->seq))
+            best = r;
+    return best;
+}
+
+/* Ensures pages cover positions [0, upto); retracts others when short.
+ * Returns 0, or 1 when r itself was retracted. */
+static int grow(ms_sched *s, struct req *r, int64_t upto)
+{
+    int64_t need = (upto + s->p.page_size - 1) / s->p.page_size;
+    if (need <= r->n_pages) return 0;
+    if (reserve_pages(r, need)) return 1;
+    while (take_pages(s, need - r->n_pages, r->pages + r->n_pages) != 0) {
+        struct req *victim = fewest_generated(s);
+        retract(s, victim);
+        if (victim == r) return 1;
+    }
+    r->n_pages = need;
+    return 0;
+}
+
+/* Admits one waiting request: prefix match + pages for its whole prompt. */
+/* Tokens the running requests are expected to still need (decode headroom). */
+static int64_t running_reserve(const ms_sched *s)
+{
+    double t = 0;
+    for (const struct req *r = s->running; r; r = r->next)
+        t += (double)(r->in.max_new - r->n_out) * s->new_token_ratio + (double)(r->n_ids - r->n_kv);
+    return (int64_t)t;
+}
+
+static int admit(ms_sched *s, struct req *r)
+{
+    int ps = s->p.page_size;
+    /* admission control: the prompt plus its expected decode must fit beside what
+     * the running requests are expected to need; free + evictable pages count */
+    int64_t avail = ((int64_t)ms_kv_pool_n_free(s->pool) + ms_radix_evictable_pages(s->radix)) * ps;
+    int64_t want = r->n_ids + (int64_t)((double)(r->in.max_new - r->n_out) * s->new_token_ratio);
+    if (s->n_running > 0 && want + running_reserve(s) > avail) return MS_EFULL;
+    if (s->cap_match < r->n_ids / ps + 1) {
+        free(s->match_pages);
+        s->cap_match = r->n_ids / ps + 1;
+        s->match_pages = malloc(sizeof(int32_t) * (size_t)s->cap_match);
+        if (!s->match_pages) {
+            s->cap_match = 0;
+            return MS_ENOMEM;
+        }
+    }
+    ms_radix_node *node;
+    int64_t matched = ms_radix_match(s->radix, r->ids, r->n_ids, s->match_pages, &node);
+    int64_t limit = ((r->n_ids - 1) / ps) * ps; /* the last token must be computed */
+    if (matched > limit) matched = limit;
+    int64_t n_pre = matched / ps, need = (r->n_ids + ps - 1) / ps;
+    /* room in the page table for the whole generation: decode never reallocates */
+    if (reserve_pages(r, (r->n_ids + r->in.max_new - r->n_out + ps) / ps)) return MS_ENOMEM;
+    ms_radix_lock(s->radix, node);
+    if (take_pages(s, need - n_pre, r->pages + n_pre) != 0) {
+        ms_radix_unlock(s->radix, node);
+        return MS_EFULL;
+    }
+    for (int64_t i = 0; i < n_pre; i++) {
+        r->pages[i] = s->match_pages[i];
+        ms_kv_pool_ref(s->pool, r->pages[i]);
+    }
+    r->n_pages = need;
+    r->lock = node;
+    r->n_kv = matched;
+    if (r->n_cached < 0) {
+        r->n_cached = matched;
+        s->st.prompt_tokens_total += r->n_prompt;
+        s->st.cached_prompt_tokens_total += matched;
+    }
+    return 0;
+}
+
+static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
+{
+    ms_batch_seq *b = &s->batch[s->n_batch];
+    b->tokens = r->ids + r->n_kv;
+    b->n_tokens = (int32_t)n_tokens;
+    b->start_pos = r->n_kv;
+    b->page_table = r->pages;
+    b->logits = r->n_kv + n_tokens == r->n_ids ? s->logits + (int64_t)s->n_batch * s->p.vocab : NULL;
+    s->batch_req[s->n_batch++] = r;
+}
+
+static struct req *pick_waiting(ms_sched *s)
+{
+    if (s->p.policy != MS_SCHED_LPM || !s->waiting || !s->waiting->next) return s->waiting;
+    /* longest cached prefix first (ties: arrival order); look at the first 64 */
+    struct req *best = NULL;
+    int64_t best_len = -1;
+    int seen = 0;
+    for (struct req *r = s->waiting; r && seen < 64; r = r->next, seen++) {
+        if (s->cap_match < r->n_ids / s->p.page_size + 1) return s->waiting;
+        ms_radix_node *node;
+        int64_t m = ms_radix_match(s->radix, r->ids, r->n_ids, s->match_pages, &node);
+        if (m > best_len) best = r, best_len = m;
+    }
+    return best;
+}
+
+int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
+{
+    s->n_batch = 0;
+    s->new_token_ratio = MS_MAX(RATIO_MIN, s->new_token_ratio - RATIO_DECAY);
+    int64_t budget = s->p.chunk_tokens;
+    /* running requests: decode tokens and continuing prefill chunks.  Growing
+     * one request may retract another, so walk a snapshot and skip those that
+     * left the running list. */
+    int n_snap = 0;
+    for (struct req *r = s->running; r && n_snap < s->cap_batch; r = r->next)
+        s->batch_req[n_snap++] = r;
+    for (int i = 0; i < n_snap; i++) {
+        struct req *r = s->batch_req[i];
+        if (r->state != ST_RUNNING) continue;
+        int64_t left = r->n_ids - r->n_kv;
+        r->step_n = left == 1 ? 1 : MS_MIN(left, budget);
+        if (r->step_n <= 0) continue;
+        if (grow(s, r, r->n_kv + r->step_n)) {
+            r->step_n = 0; /* r itself was retracted */
+            continue;
+        }
+        if (left > 1) budget -= r->step_n;
+    }
+    for (struct req *r = s->running; r; r = r->next)
+        if (r->step_n > 0 && s->n_batch < s->cap_batch) add_seq(s, r, r->step_n);
+    /* admit waiting requests into the remaining prefill budget */
+    while (s->waiting && s->n_running < s->p.max_running && budget > 0 &&
+           s->n_batch < s->cap_batch) {
+        struct req *r = pick_waiting(s);
+        if (admit(s, r) != 0) break;
+        unlink_from(&s->waiting, r);
+        s->n_waiting--;
+        r->state = ST_RUNNING;
+        struct req **pp = &s->running;
+        while (*pp) pp = &(*pp)->next;
+        *pp = r;
+        s->n_running++;
+        int64_t n = MS_MIN(r->n_ids - r->n_kv, budget);
+        if (r->n_ids - r->n_kv > 1) budget -= n;
+        add_seq(s, r, n);
+    }
+    *batch = s->batch;
+    return s->n_batch;
+}
+
+static int is_stop(const ms_sched *s, const struct req *r, int32_t t)
+{
+    if (!r->in.ignore_eos && s->p.eos_id >= 0 && t == s->p.eos_id) return 1;
+    for (int i = 0; i < r->in.n_stop_ids; i++)
+        if (r->in.stop_ids[i] == t) return 1;
+    return 0;
+}
+
+int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
+{
+    for (int b = 0; b < s->n_batch; b++) {
+        struct req *r = s->batch_req[b];
+        const ms_batch_seq *sq = &s->batch[b];
+        r->n_kv += sq->n_tokens;
+        if (!sq->logits) continue;
+        if (r->n_out >= r->in.max_new) { /* max_new_tokens = 0 */
+            new_event(s, r, -1, MS_FINISH_LENGTH);
+            finish_req(s, r, MS_FINISH_LENGTH, 1);
+            continue;
+        }
+        int32_t t = ms_sampler_pick(sq->logits, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
+        int fin = MS_FINISH_NONE;
+        r->n_out++;
+        if (push_id(r, t)) fin = MS_FINISH_ERROR;
+        else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
+        else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;
+        ms_sched_event *e = new_event(s, r, t, fin);
+        if (e) e->logits = sq->logits;
+        if (e && r->in.top_logprobs >= 0) {
+            e->logprob = ms_sampler_logprob(sq->logits, s->p.vocab, t);
+            int n = MS_MIN(r->in.top_logprobs, MS_SCHED_MAX_TOP_LOGPROBS);
+            if (n > 0) ms_sampler_top_logprobs(sq->logits, s->p.vocab, n, e->top_ids, e->top_lps);
+            e->n_top = n;
+        }
+        if (fin != MS_FINISH_NONE) finish_req(s, r, fin, 1);
+    }
+    s->n_batch = 0;
+    *events = s->events;
+    int n = s->n_events;
+    s->n_events = 0;
+    return n;
+}
+
+int ms_sched_take_pending(ms_sched *s, const ms_sched_event **events)
+{
+    *events = s->events;
+    int n = s->n_events;
+    s->n_events = 0;
+    return n;
+}
+
+void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
+{
+    *st = s->st;
+    st->n_running = s->n_running;
+    st->n_waiting = s->n_waiting;
+    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool)) * s->p.page_size;
+    st->cached_tokens = ms_radix_cached_pages(s->radix) * s->p.page_size;
+}
+
+int ms_sched_has_work(const ms_sched *s) { return s->n_running > 0 || s->n_waiting > 0; }
+
+int ms_sched_flush_cache(ms_sched *s)
+{
+    if (s->n_running > 0 || s->n_waiting > 0) return MS_EBUSY;
+    ms_radix_flush(s->radix);
+    return 0;
+}

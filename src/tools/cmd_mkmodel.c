@@ -1,0 +1,89 @@
+/* cmd_mkmodel.c — `moeserve mkmodel`: flag parsing for mkmodel.h. */
+#include "base/error.h"
+#include "base/util.h"
+#include "tools/commands.h"
+#include "tools/mkmodel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moeserve mkmodel (--preset tiny-v3|tiny-v2|small-v3 | --config FILE) "
+               "--out DIR [--seed N] [--dtype bf16|fp32|fp8] [--shard-mb N]\n");
+}
+
+int ms_cmd_mkmodel(int argc, char **argv)
+{
+    const char *preset = NULL, *config = NULL, *out = NULL, *dtype = "bf16";
+    uint64_t seed = 0;
+    long long shard_mb = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "mkmodel: %s needs a value (or is unknown)\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(a, "--preset")) preset = v;
+        else if (!strcmp(a, "--config")) config = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--dtype")) dtype = v;
+        else if (!strcmp(a, "--seed")) {
+            seed = strtoull(v, &end, 10);
+            if (!*v || *end) {
+                fprintf(stderr, "mkmodel: --seed must be a non-negative integer, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--shard-mb")) {
+            shard_mb = strtoll(v, &end, 10);
+            if (!*v || *end || shard_mb < 0) {
+                fprintf(stderr, "mkmodel: --shard-mb must be a non-negative integer\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "mkmodel: unknown flag %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!out || (!preset == !config)) {
+        fprintf(stderr, "mkmodel: need --out and exactly one of --preset / --config\n");
+        usage(stderr);
+        return 2;
+    }
+    int dt = !strcmp(dtype, "bf16") ? MS_MK_BF16
+             : !strcmp(dtype, "fp32") ? MS_MK_FP32
+             : !strcmp(dtype, "fp8") ? MS_MK_FP8
+                                      : -1;
+    if (dt < 0) {
+        fprintf(stderr, "mkmodel: --dtype must be bf16, fp32 or fp8, got '%s'\n", dtype);
+        return 2;
+    }
+    ms_config cfg;
+    ms_errbuf err = {{0}};
+    if (preset && ms_mkmodel_preset(preset, &cfg)) {
+        fprintf(stderr, "mkmodel: --preset: unknown preset '%s' (tiny-v3, tiny-v2, small-v3)\n",
+                preset);
+        return 2;
+    }
+    if (config && ms_config_load(&cfg, config, &err)) {
+        fprintf(stderr, "mkmodel: --config %s: %s\n", config, err.msg);
+        return 2;
+    }
+    double t0 = ms_now_s();
+    int rc = ms_mkmodel_write(&cfg, dt, seed, out, shard_mb * 1024 * 1024, &err);
+    if (rc) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg[0] ? err.msg : ms_strerror(rc));
+        return 1;
+    }
+    fprintf(stderr, "mkmodel: wrote %s (%s, seed %llu) in %.1f s\n", out, dtype,
+            (unsigned long long)seed, ms_now_s() - t0);
+    return 0;
+}

@@ -1,0 +1,22 @@
+/* mkmodel.h — seeded random DeepSeek-V3-family checkpoints in the Hugging
+ * Face layout (config.json, safetensors, tokenizer.json), for tests and
+ * benchmarks.  Presets: tiny-v3 (fast tests), tiny-v2 (V2 routing, no q-LoRA),
+ * small-v3 (the benchmark shape, ~813 M parameters).  Main thread only.
+ */
+#ifndef MS_TOOLS_MKMODEL_H
+#define MS_TOOLS_MKMODEL_H
+
+#include "base/error.h"
+#include "model/config.h"
+
+#include <stdint.h>
+
+enum ms_mk_dtype { MS_MK_BF16 = 0, MS_MK_FP32 = 1, MS_MK_FP8 = 2 };
+
+/* Fills cfg with a named preset; MS_ENOENT for an unknown name. */
+int ms_mkmodel_preset(const char *name, ms_config *cfg);
+/* Writes the checkpoint directory (created if missing). */
+int ms_mkmodel_write(const ms_config *cfg, int dtype, uint64_t seed, const char *out_dir,
+                     int64_t shard_bytes, ms_errbuf *err);
+
+#endif

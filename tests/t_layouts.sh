@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# t_layouts.sh — every parallel layout against the single-rank run (real mpirun
+# processes, each with a deadline): with --dtype float32, greedy tokens over 17
+# decode steps identical and logits within 1e-4 relative, for several prompts of
+# different lengths (with 4 DP ranks and 3 prompts one DP rank stays idle).
+# Also: the DP-gather mode follows SGLang's MAX_LEN/SUM_LEN rule on uneven
+# loads, communication byte counts match the seed-002 formulas, invalid
+# launch shapes get their messages, and a killed rank ends the run with a clear
+# error within seconds instead of a hang.
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; pkill -f "$tmp" 2>/dev/null' EXIT
+pass=0
+fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+M=$tmp/model
+"$MOESERVE" mkmodel --preset tiny-v3 --dtype bf16 --seed 3 --out "$M" 2>/dev/null || { echo "mkmodel failed"; echo "0 passed, 1 failed"; exit 1; }
+P1="0,17,400,999,3,250,64,12,900,33,1,2,3,4,5,6,7,8,9,10,11,12,13"
+P2="0,5"
+P3="0,812,5,5,5,91,1023,300,301"
+common=(--model "$M" --dtype float32 --prompt-ids "$P1" --prompt-ids "$P2" --prompt-ids "$P3"
+        --max-new-tokens 17 --ignore-eos --threads 1 --comm-timeout-s 60)
+timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1 \
+    || { cat "$tmp/ref.out"; echo "0 passed, 1 failed"; exit 1; }
+
+layouts=(
+    "--tp 2"
+    "--tp 4"
+    "--tp 4 --dp 4 --enable-dp-attention"
+    "--tp 4 --dp 2 --enable-dp-attention"
+    "--dp 2 --tp 2"
+    "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend mpi"
+    "--tp 2 --moe-a2a-backend deepep"
+    "--tp 2 --dp 2 --enable-dp-attention"
+    "--tp 2 --moe-dense-tp-size 1"
+    "--tp 4 --dp 2 --enable-dp-attention --moe-dense-tp-size 1"
+    "--tp 4 --ep-size 2"
+    "--tp 4 --ep-size 4"
+)
+for L in "${layouts[@]}"; do
+    # shellcheck disable=SC2086
+    if ! timeout 180 "$MOESERVE" generate "${common[@]}" $L --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
+        bad "$L: run failed"; tail -5 "$tmp/l.out"; continue
+    fi
+    if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" >"$tmp/cmp" 2>&1; then
+        ok "$L ($(grep 'max relative' "$tmp/cmp"))"
+    else
+        bad "$L"; cat "$tmp/cmp"
+    fi
+done
+
+# MAX_LEN vs SUM_LEN: uneven prefill (23/2/9/idle tokens over 4 DP ranks) must use
+# SUM_LEN (sum*2 = 68 < max*dp = 92); the balanced decode steps use MAX_LEN.
+timeout 120 "$MOESERVE" generate "${common[@]}" --max-new-tokens 3 --tp 4 --dp 4 --enable-dp-attention \
+    --comm-stats >"$tmp/g.out" 2>&1
+mx=$(grep '^mlp rank=0' "$tmp/g.out" | sed 's/.*max_len=\([0-9]*\).*/\1/')
+sm=$(grep '^mlp rank=0' "$tmp/g.out" | sed 's/.*sum_len=\([0-9]*\).*/\1/')
+# 4 layers: 1 prefill step (SUM_LEN) + 2 decode steps (3 rows of 1: 6 >= 4 -> MAX_LEN)
+if [ "$mx" = 8 ] && [ "$sm" = 4 ]; then ok "gather mode: uneven prefill SUM_LEN, decode MAX_LEN"
+else bad "gather mode: max_len=$mx sum_len=$sm (want 8 and 4)"; grep '^mlp' "$tmp/g.out"; fi
+# seed 002: all-gather in, reduce-scatter out, each (N-1)/N x T_g x d x b per rank per layer.
+# Decode steps here: N=4, 1 row per rank padded to max 1 (T_g = 4), d=256, b=4 (fp32):
+# (N-1) x 1 x 256 x 4 = 3072 bytes sent per call; 2 decode calls on layer 1 -> 6144.
+ag=$(grep 'rank=0 group=tp tag=1 kind=allgather' "$tmp/g.out" | sed 's/.* sent=\([0-9]*\).*/\1/')
+rs=$(grep 'rank=0 group=tp tag=1 kind=reduce_scatter' "$tmp/g.out" | sed 's/.* sent=\([0-9]*\).*/\1/')
+if [ "$ag" = 6144 ] && [ "$rs" = 6144 ]; then ok "DP gather bytes = 2 x (N-1)/N x T_g x d x b"
+else bad "DP gather bytes: allgather sent=$ag reduce_scatter sent=$rs (want 6144 each)"; fi
+# EP dispatch: sent bytes = rows to other ranks x record size; the engine counts the
+# rows itself (Σ tokens × remote destination ranks); both must agree.
+timeout 120 "$MOESERVE" generate "${common[@]}" --max-new-tokens 3 --tp 2 --moe-a2a-backend mpi \
+    --comm-stats >"$tmp/e.out" 2>&1
+rows=$(grep '^mlp rank=0' "$tmp/e.out" | sed 's/.*dispatch_rows=\([0-9]*\).*/\1/')
+sent=$(grep 'rank=0 group=tp tag=MS_ALL\|rank=0 group=tp tag=.* kind=a2a_dispatch' "$tmp/e.out" \
+       | sed 's/.* sent=\([0-9]*\).*/\1/' | paste -sd+ | bc)
+rec=$(( (8 + 4 * 8 + 256 * 4 + 7) / 8 * 8 ))
+if [ -n "$rows" ] && [ "$rows" -gt 0 ] && [ "$sent" = $((rows * rec)) ]; then
+    ok "EP dispatch bytes = remote rows ($rows) x record ($rec B)"
+else bad "EP dispatch: rows=$rows sent=$sent record=$rec"; grep -E '^mlp|a2a' "$tmp/e.out" | head; fi
+
+# invalid launch shapes: a message naming the flag
+check_err() { # $1 = expected text, rest = flags
+    want=$1; shift
+    out=$(timeout 30 "$MOESERVE" generate --model "$M" --prompt-ids 0 "$@" 2>&1)
+    if [ $? -ne 0 ] && echo "$out" | grep -q -- "$want"; then ok "rejects $* ($want)"
+    else bad "rejects $*: got: $out"; fi
+}
+check_err "--dp" --tp 3 --dp 2 --enable-dp-attention
+check_err "heads" --tp 3
+check_err "--ep-size" --tp 6 --dp 6 --enable-dp-attention --ep-size 3
+check_err "--tp" --tp 0
+
+# a rank killed mid-run: the others must stop with an error, not hang
+( timeout 60 "$MOESERVE" generate --model "$M" --prompt-ids "$P1" --max-new-tokens 15000 --ignore-eos \
+    --threads 1 --tp 2 --comm-timeout-s 20 >"$tmp/k.out" 2>&1; echo "rc=$?" >>"$tmp/k.out" ) &
+runner=$!
+victim=""
+for _ in $(seq 1 100); do
+    victim=$(pgrep -f "moeserve generate --model $M --prompt-ids $P1 --max-new-tokens 15000" | while read -r p; do
+        [ -n "$(tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep '^OMPI_COMM_WORLD_RANK=1$')" ] && echo "$p"; done | head -1)
+    [ -n "$victim" ] && break
+    sleep 0.1
+done
+sleep 1
+start=$SECONDS
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$runner"
+took=$((SECONDS - start))
+if [ -n "$victim" ] && [ $took -le 15 ] && ! grep -q "rc=0" "$tmp/k.out"; then
+    ok "killed rank 1: run ended in ${took}s with $(grep -o "rc=[0-9]*" "$tmp/k.out")"; grep -iE "error|exited|signal|rank" "$tmp/k.out" | head -3 | sed "s/^/     /"
+else bad "killed rank: victim=$victim took=${took}s"; tail -5 "$tmp/k.out"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
