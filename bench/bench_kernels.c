@@ -154,7 +154,10 @@ static void bench_pool(ms_pool *pool, int nt)
     double t0 = ms_now_s();
     for (int i = 0; i < reps; i++) ms_pool_run(pool, empty_job, NULL);
     double hot = (ms_now_s() - t0) / reps * 1e6;
-    printf("pool threads=%d empty_run_us=%.2f\n", nt, hot);
+    t0 = ms_now_s();
+    for (int i = 0; i < reps; i++) ms_pool_run_dynamic(pool, empty_job, NULL);
+    double dyn = (ms_now_s() - t0) / reps * 1e6;
+    printf("pool threads=%d empty_run_us=%.2f empty_run_dynamic_us=%.2f\n", nt, hot, dyn);
 }
 
 /* ---- matmul ---- */

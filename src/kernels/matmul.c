@@ -185,7 +185,7 @@ static void run(const ms_kctx *k, struct mm_job *j)
     j->chunk = nt == 1 ? N : (c + align - 1) / align * align;
     atomic_init(&j->next, 0);
     if (nt == 1) mm_worker(j, 0, 1);
-    else ms_pool_run(k->pool, mm_worker, j);
+    else ms_pool_run_dynamic(k->pool, mm_worker, j);
 }
 
 void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
