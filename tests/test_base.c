@@ -76,7 +76,7 @@ TEST(pool_dynamic_runs_every_item_once)
     for (int nt = 1; nt <= 4; nt++) {
         ms_pool *p = ms_pool_new(nt);
         CHECK(p);
-        for (int rep = 0; rep < 2000; rep++) {
+        for (int rep = 0; rep < 500; rep++) {
             int64_t n = rep % 97;
             struct dyn_job j = {.n = n};
             ms_pool_run_dynamic(p, dyn_claim, &j);
