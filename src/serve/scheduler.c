@@ -42,6 +42,8 @@ struct ms_sched {
     ms_sched_event *events;
     int n_events, cap_events;
     ms_sampler_scratch sc;
+    float *pen_logits;       /* [vocab] logits after penalties */
+    int32_t *pen_mark;       /* [vocab] */
     int32_t *match_pages;
     int64_t cap_match;
     double new_token_ratio;  /* share of their remaining max_new running requests are
@@ -73,8 +75,10 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
     s->events = calloc((size_t)s->cap_events, sizeof *s->events);
     s->sc.prob = malloc(sizeof(float) * (size_t)p->vocab);
     s->sc.idx = malloc(sizeof(int32_t) * (size_t)p->vocab);
+    s->pen_logits = malloc(sizeof(float) * (size_t)p->vocab);
+    s->pen_mark = malloc(sizeof(int32_t) * (size_t)p->vocab);
     if (ms_radix_new(&s->radix, pool) || !s->batch || !s->batch_req || !s->logits ||
-        !s->events || !s->sc.prob || !s->sc.idx) {
+        !s->events || !s->sc.prob || !s->sc.idx || !s->pen_logits || !s->pen_mark) {
         ms_sched_free(s);
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
     }
@@ -114,6 +118,8 @@ void ms_sched_free(ms_sched *s)
     free(s->events);
     free(s->sc.prob);
     free(s->sc.idx);
+    free(s->pen_logits);
+    free(s->pen_mark);
     free(s->match_pages);
     free(s);
 }
@@ -436,7 +442,14 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
             finish_req(s, r, MS_FINISH_LENGTH, 1);
             continue;
         }
-        int32_t t = ms_sampler_pick(sq->logits, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
+        const float *lg = sq->logits;
+        if (ms_sampler_has_penalties(&r->in.samp)) {
+            memcpy(s->pen_logits, lg, sizeof(float) * (size_t)s->p.vocab);
+            ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids, r->n_prompt,
+                                       r->n_ids, s->pen_mark);
+            lg = s->pen_logits;
+        }
+        int32_t t = ms_sampler_pick(lg, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
         int fin = MS_FINISH_NONE;
         r->n_out++;
         if (push_id(r, t)) fin = MS_FINISH_ERROR;
@@ -472,7 +485,10 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
     *st = s->st;
     st->n_running = s->n_running;
     st->n_waiting = s->n_waiting;
-    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool)) * s->p.page_size;
+    /* as SGLang: pages the prefix cache could give back on demand are not "used" */
+    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool) -
+                                ms_radix_evictable_pages(s->radix)) *
+                      s->p.page_size;
     st->cached_tokens = ms_radix_cached_pages(s->radix) * s->p.page_size;
 }
 
