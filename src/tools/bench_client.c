@@ -193,7 +193,7 @@ static int on_object(req *q, const json_t *o)
     }
     const json_t *u = json_object_get(o, "usage");
     if (json_is_object(u)) take_usage(q, u);
-    const json_t *ch = json_object_get(json_object_get(o, "choices"), 0);
+    const json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
     if (!ch) return 0;
     const json_t *src = ch;
     if (c->backend == MS_BENCH_OPENAI_CHAT)
@@ -214,7 +214,7 @@ static int on_event(void *ctx, const char *data, size_t n)
 {
     req *q = ctx;
     q->res->e2e_s = q->now_s - q->res->start_s;
-    if (n == 6 && !memcmp(data, "[DONE]", 6)) return 0;
+    if (n == 0 || (n == 6 && !memcmp(data, "[DONE]", 6))) return 0;
     json_error_t je;
     json_t *o = json_loadb(data, n, 0, &je);
     if (!o) return ms_err(&q->perr, MS_EFORMAT, "bad JSON in the stream: %s", je.text);
