@@ -7,7 +7,8 @@ POST /generate, /v1/completions, /v1/chat/completions   the APIs (stream or not)
 GET  /v1/models                                          {"data": [{"id": "double-model"}]}
 GET  /stats                                              what was recorded (JSON)
 POST /config                                             JSON: ttft_ms, itl_ms, tokens_per_chunk,
-                                                         fail_every, split, usage; also resets stats
+                                                         fail_every, split, usage (others back
+                                                         to defaults); also resets the stats
 Usage: bench_double.py PORT_FILE   (binds 127.0.0.1:0 and writes the port to PORT_FILE)
 """
 import json
@@ -17,8 +18,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
-CFG = {"ttft_ms": 50.0, "itl_ms": 10.0, "tokens_per_chunk": 1, "fail_every": 0, "split": False,
-       "usage": True}
+DEFAULTS = {"ttft_ms": 50.0, "itl_ms": 10.0, "tokens_per_chunk": 1, "fail_every": 0,
+            "split": False, "usage": True}
+CFG = dict(DEFAULTS)
 STATS = {}
 
 
@@ -72,6 +74,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(n) or b"{}")
         if self.path == "/config":
             with LOCK:
+                CFG.clear()
+                CFG.update(DEFAULTS)
                 CFG.update(body)
                 reset()
             self.reply(200, CFG)

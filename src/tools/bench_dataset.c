@@ -11,6 +11,7 @@
 #include "base/util.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,8 +99,25 @@ typedef struct gen {
     uint64_t rng;
 } gen;
 
+/* Decodes ids[0..n) and re-encodes the text: *text (owned) and the re-encoded ids (owned). */
+static int round_trip(gen *g, const int32_t *ids, size_t n, char **text, int32_t **re, size_t *n_re,
+                      ms_errbuf *err)
+{
+    size_t tl;
+    *text = NULL;
+    int rc = ms_tokenizer_decode(g->tok, ids, n, 0, text, &tl, err);
+    if (!rc) rc = encode_all(g->tok, *text, re, n_re, err);
+    if (rc) {
+        free(*text);
+        *text = NULL;
+    }
+    return rc;
+}
+
 /* A prompt of `len` tokens: sets text (owned) and, with a tokenizer, ids and n_ids with
- * encode(text) == ids; n_ids == len unless the decode/encode round trip kept moving. */
+ * encode(text) == ids.  Random ids are decoded and re-encoded (the canonical ids c); then
+ * prefixes of c of length len, len ± 1, len ± 2, ... are tried until one round-trips to
+ * exactly len ids.  If none does, the closest is kept and n_ids says its true length. */
 static int gen_text(gen *g, int64_t len, char **text, int32_t **ids, int64_t *n_ids,
                     ms_errbuf *err)
 {
@@ -118,47 +136,68 @@ static int gen_text(gen *g, int64_t len, char **text, int32_t **ids, int64_t *n_
         *text = t;
         return 0;
     }
-    int32_t *cur = malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
-    if (!cur) return ms_err(err, MS_ENOMEM, "out of memory building a prompt");
-    size_t n_cur = (size_t)len;
-    for (size_t i = 0; i < n_cur; i++) cur[i] = g->pool[ms_rng_next(&g->rng) % g->n_pool];
-    char *t = NULL;
+    size_t want = (size_t)len, n_raw = want + want / 8 + 8;
+    int32_t *raw = NULL, *c = NULL, *best_ids = NULL;
+    char *t = NULL, *best_text = NULL;
+    size_t n_c = 0, best_n = 0, best_d = SIZE_MAX;
     int rc = 0;
-    for (int round = 0; round < 16; round++) {
-        size_t tl;
+    /* re-encoding merges neighbours: grow the random ids until the canonical ones suffice */
+    for (int grow = 0; grow < 8 && !rc && n_c < want + 2; grow++, n_raw *= 2) {
+        free(raw);
+        free(c);
+        c = NULL;
+        raw = malloc(sizeof(int32_t) * n_raw);
+        if (!raw) return ms_err(err, MS_ENOMEM, "out of memory building a prompt");
+        for (size_t i = 0; i < n_raw; i++) raw[i] = g->pool[ms_rng_next(&g->rng) % g->n_pool];
+        rc = round_trip(g, raw, n_raw, &t, &c, &n_c, err);
         free(t);
         t = NULL;
-        if ((rc = ms_tokenizer_decode(g->tok, cur, n_cur, 0, &t, &tl, err))) goto fail;
-        int32_t *re;
-        size_t n_re;
-        if ((rc = encode_all(g->tok, t, &re, &n_re, err))) goto fail;
-        free(cur);
-        cur = re;
-        n_cur = n_re;
-        if (n_re == (size_t)len) break;
-        if (round == 15) break; /* keep the last text and its true length */
-        if (n_re > (size_t)len) {
-            n_cur = (size_t)len;
-        } else {
-            int32_t *b = realloc(cur, sizeof(int32_t) * (size_t)len);
-            if (!b) {
-                rc = ms_err(err, MS_ENOMEM, "out of memory building a prompt");
-                goto fail;
+    }
+    for (int d = 0; !rc && d <= 24 && best_d; d++) {
+        for (int sgn = 0; sgn < (d ? 2 : 1) && best_d; sgn++) {
+            int64_t k = (int64_t)want + (sgn ? -d : d);
+            if (k < 1 || (size_t)k > n_c) continue;
+            int32_t *re = NULL;
+            size_t n_re = 0;
+            if ((rc = round_trip(g, c, (size_t)k, &t, &re, &n_re, err))) break;
+            size_t dist = n_re > want ? n_re - want : want - n_re;
+            if (dist < best_d) {
+                free(best_text);
+                free(best_ids);
+                best_text = t, best_ids = re, best_n = n_re, best_d = dist;
+            } else {
+                free(t);
+                free(re);
             }
-            cur = b;
-            for (size_t i = n_re; i < (size_t)len; i++)
-                cur[i] = g->pool[ms_rng_next(&g->rng) % g->n_pool];
-            n_cur = (size_t)len;
+            t = NULL;
         }
     }
-    *text = t;
-    *ids = cur;
-    *n_ids = (int64_t)n_cur;
+    free(raw);
+    free(c);
+    if (!rc && !best_text) rc = ms_err(err, MS_EINVAL, "--tokenizer: cannot build a prompt");
+    if (rc) {
+        free(best_text);
+        free(best_ids);
+        return rc;
+    }
+    *text = best_text;
+    *ids = best_ids;
+    *n_ids = (int64_t)best_n;
     return 0;
-fail:
-    free(t);
-    free(cur);
-    return rc;
+}
+
+/* Whether b[0..n) is complete, valid UTF-8 (tokens that are not make prompts drift). */
+static bool utf8_ok(const uint8_t *b, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        uint8_t x = b[i];
+        size_t k = x < 0x80 ? 1 : (x >> 5) == 6 ? 2 : (x >> 4) == 14 ? 3 : (x >> 3) == 30 ? 4 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if ((b[i + j] & 0xC0) != 0x80) return false;
+        i += k;
+    }
+    return true;
 }
 
 static int gen_init(gen *g, const ms_bench_data_cfg *c, ms_errbuf *err)
@@ -174,8 +213,9 @@ static int gen_init(gen *g, const ms_bench_data_cfg *c, ms_errbuf *err)
         char b[64];
         size_t nb = 0;
         if (ms_tokenizer_is_special(c->tok, i)) continue;
-        if (ms_tokenizer_token_bytes(c->tok, i, b, sizeof b, &nb) || nb == 0) continue;
-        g->pool[g->n_pool++] = i;
+        if (ms_tokenizer_token_bytes(c->tok, i, b, sizeof b, &nb) || nb == 0 || nb > sizeof b)
+            continue;
+        if (utf8_ok((const uint8_t *)b, nb)) g->pool[g->n_pool++] = i;
     }
     if (!g->n_pool) return ms_err(err, MS_EINVAL, "--tokenizer: no ordinary tokens to sample");
     return 0;
