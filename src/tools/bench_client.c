@@ -302,7 +302,7 @@ static void req_finish(req *q, CURLcode cc)
     } else if (cc == CURLE_WRITE_ERROR && q->perr.msg[0]) {
         fail(q, "%s", q->perr.msg);
     } else if (cc != CURLE_OK) {
-        fail(q, "%s: %s", curl_easy_strerror(cc), q->curl_err);
+        fail(q, "%s", q->curl_err[0] ? q->curl_err : curl_easy_strerror(cc));
     } else if (q->status != 200) {
         non200_message(q);
     } else if (q->c->stream) {

@@ -159,7 +159,7 @@ int ms_bench_metrics_compute(const ms_bench_result *r, size_t n, double duration
         n_ok++;
         double t;
         if (ms_bench_tpot_s(x, &t)) tpot[n_tpot++] = t;
-        memcpy(itl + k, x->itl_s, sizeof(double) * x->n_itl);
+        if (x->n_itl) memcpy(itl + k, x->itl_s, sizeof(double) * x->n_itl);
         k += x->n_itl;
         if (out->has_slo && ms_bench_slo_good(slo, x)) out->good++;
     }
