@@ -70,6 +70,12 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libmoeserve.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libmoeserve.a $(LDLIBS)
 
+# the allocation-counting test wraps the allocator (see tests/test_noalloc.c)
+$(BUILD)/tests/test_noalloc: tests/test_noalloc.c tests/harness.h $(BUILD)/libmoeserve.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libmoeserve.a $(LDLIBS) \
+	    -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=posix_memalign
+
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libmoeserve.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoeserve.a $(LDLIBS)

@@ -23,9 +23,11 @@ static const char SAMPLE[] =
     "The quick brown fox jumps over the lazy dog while the server answers 1,024 requests per "
     "second. Mixture-of-experts models route every token to a few experts; the router's "
     "scores weight their outputs.\n"
-    "int main(void) {\n    for (int i = 0; i < 10; i++) printf(\"%d\\n\", i * i);\n    return 0;\n}\n"
+    "int main(void) {\n    for (int i = 0; i < 10; i++) printf(\"%d\\n\", i * i);\n    return "
+    "0;\n}\n"
     "深度求索发布了新的混合专家模型，支持十二万八千个词元的上下文。東京は晴れです。안녕하세요!\n"
-    "Les élèves ont étudié très sérieusement; die Straße war naß. 😀👍🏽 Ça marche!\n"
+    "Les élèves ont étudié très sérieusement; die Straße war naß. 😀👍🏽 Ça "
+    "marche!\n"
     "    \t  {\"role\": \"user\", \"content\": \"What is 2 + 2?\"}\n\n";
 
 typedef struct job {
@@ -67,7 +69,8 @@ int main(int argc, char **argv)
             tok_path = tmp_json;
             label = "trained32k";
         }
-    } else label = "given";
+    } else
+        label = "given";
     double t0 = ms_now_s();
     if (ms_tokenizer_load(&tok, tok_path, &err)) {
         fprintf(stderr, "load %s: %s\n", tok_path, err.msg);

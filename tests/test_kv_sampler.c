@@ -41,14 +41,14 @@ TEST(sampler_greedy_and_seeded)
     float prob[6];
     int32_t idx[6];
     ms_sampler_scratch sc = {prob, idx};
-    ms_sampler_params greedy = {0, 1, 0, 0};
+    ms_sampler_params greedy = {.temperature = 0, .top_p = 1};
     uint64_t r = ms_sampler_seed(1);
     CHECK(ms_sampler_pick(lg, 6, &greedy, &r, &sc) == 1);
     /* top-k 1 is greedy; top-p tiny keeps only the best */
-    ms_sampler_params s = {1.0f, 1e-3f, 0, 0};
+    ms_sampler_params s = {.temperature = 1.0f, .top_p = 1e-3f};
     for (int i = 0; i < 50; i++) CHECK(ms_sampler_pick(lg, 6, &s, &r, &sc) == 1);
     /* top-k 3 never picks outside {1, 2, 5}; same seed -> same stream */
-    ms_sampler_params k3 = {1.0f, 1.0f, 3, 0};
+    ms_sampler_params k3 = {.temperature = 1.0f, .top_p = 1.0f, .top_k = 3};
     uint64_t r1 = ms_sampler_seed(7), r2 = ms_sampler_seed(7);
     int hist[6] = {0};
     for (int i = 0; i < 2000; i++) {

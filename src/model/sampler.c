@@ -95,3 +95,36 @@ void ms_sampler_top_logprobs(const float *logits, int64_t vocab, int n, int32_t 
     for (int64_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
     for (int j = 0; j < n; j++) lps[j] = (float)((double)logits[ids[j]] - mx - log(sum));
 }
+
+int ms_sampler_has_penalties(const ms_sampler_params *s)
+{
+    return s->frequency_penalty != 0 || s->presence_penalty != 0 ||
+           (s->repetition_penalty > 0 && s->repetition_penalty != 1);
+}
+
+void ms_sampler_apply_penalties(float *logits, int64_t vocab, const ms_sampler_params *s,
+                                const int32_t *ids, int64_t n_prompt, int64_t n_ids, int32_t *mark)
+{
+    /* mark[t]: 0 unseen, 1 seen in the prompt only, 2 seen among generated tokens */
+    for (int64_t i = 0; i < n_ids; i++)
+        if (ids[i] >= 0 && ids[i] < vocab) mark[ids[i]] = 0;
+    for (int64_t i = 0; i < n_ids; i++) {
+        int32_t t = ids[i];
+        if (t < 0 || t >= vocab) continue;
+        if (i >= n_prompt) {
+            logits[t] -= s->frequency_penalty;
+            if (mark[t] != 2) logits[t] -= s->presence_penalty;
+            mark[t] = 2;
+        } else if (mark[t] == 0) {
+            mark[t] = 1;
+        }
+    }
+    if (s->repetition_penalty > 0 && s->repetition_penalty != 1)
+        for (int64_t i = 0; i < n_ids; i++) {
+            int32_t t = ids[i];
+            if (t < 0 || t >= vocab || mark[t] < 0) continue;
+            logits[t] = logits[t] > 0 ? logits[t] / s->repetition_penalty
+                                      : logits[t] * s->repetition_penalty;
+            mark[t] = -1; /* once per distinct token */
+        }
+}

@@ -15,6 +15,9 @@ typedef struct ms_sampler_params {
     float top_p;       /* 1: off */
     int top_k;         /* <= 0: off */
     float min_p;       /* 0: off */
+    float frequency_penalty;  /* 0: off; minus this × count of each generated token */
+    float presence_penalty;   /* 0: off; minus this once for each generated token */
+    float repetition_penalty; /* 0 or 1: off; HF rule over prompt and generated tokens */
 } ms_sampler_params;
 
 /* Scratch for one call: vocab floats and vocab ints (caller-owned). */
@@ -29,6 +32,14 @@ int32_t ms_sampler_argmax(const float *logits, int64_t vocab);
 /* Chooses a token; rng is the request's state (advanced once per call). */
 int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
                         ms_sampler_scratch *scratch);
+/* True when any penalty is active. */
+int ms_sampler_has_penalties(const ms_sampler_params *s);
+/* Applies the penalties to logits in place: repetition (HF: divide positive
+ * logits, multiply negative ones) over ids[0..n_ids); frequency and presence
+ * (OpenAI) over the generated ids[n_prompt..n_ids).  mark is vocab scratch
+ * (caller-owned, contents ignored). */
+void ms_sampler_apply_penalties(float *logits, int64_t vocab, const ms_sampler_params *s,
+                                const int32_t *ids, int64_t n_prompt, int64_t n_ids, int32_t *mark);
 /* log softmax(logits)[token]. */
 float ms_sampler_logprob(const float *logits, int64_t vocab, int32_t token);
 /* The n most likely tokens with their log-probabilities (n <= 64). */

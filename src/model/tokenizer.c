@@ -49,8 +49,12 @@ static size_t utf8_subpart(const uint8_t *s, size_t n, bool *valid)
     size_t need;
     uint8_t lo = 0x80, hi = 0xBF;
     *valid = false;
-    if (c < 0x80) { *valid = true; return 1; }
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    if (c < 0x80) {
+        *valid = true;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 1;
     else if (c >= 0xE0 && c <= 0xEF) {
         need = 2;
         if (c == 0xE0) lo = 0xA0;
@@ -59,7 +63,8 @@ static size_t utf8_subpart(const uint8_t *s, size_t n, bool *valid)
         need = 3;
         if (c == 0xF0) lo = 0x90;
         if (c == 0xF4) hi = 0x8F;
-    } else return 1;
+    } else
+        return 1;
     size_t i = 1;
     for (; i <= need; i++) {
         if (i >= n) return i;
@@ -79,7 +84,10 @@ size_t ms_tok_utf8_valid_len(const uint8_t *s, size_t n)
 
 static size_t utf8_encode(uint32_t cp, char *out)
 {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
     if (cp < 0x800) {
         out[0] = (char)(0xC0 | (cp >> 6));
         out[1] = (char)(0x80 | (cp & 0x3F));
@@ -102,7 +110,8 @@ static uint32_t utf8_decode(const uint8_t *s, size_t k)
 {
     if (k == 1) return s[0];
     if (k == 2) return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F);
-    if (k == 3) return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
+    if (k == 3)
+        return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
     return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
            ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
 }
@@ -125,6 +134,8 @@ static uint64_t hash_pair(uint64_t k)
 static int pool_add(ms_tokenizer *t, const char *s, size_t n, uint32_t *off)
 {
     if (n > UINT32_MAX || t->pool_len + n > UINT32_MAX) return MS_ETOOBIG;
+    *off = (uint32_t)t->pool_len;
+    if (n == 0) return 0;
     if (t->pool_len + n > t->pool_cap) {
         size_t cap = t->pool_cap ? t->pool_cap * 2 : 65536;
         while (cap < t->pool_len + n) cap *= 2;
@@ -134,7 +145,6 @@ static int pool_add(ms_tokenizer *t, const char *s, size_t n, uint32_t *off)
         t->pool_cap = cap;
     }
     memcpy(t->pool + t->pool_len, s, n);
-    *off = (uint32_t)t->pool_len;
     t->pool_len += n;
     return 0;
 }
@@ -232,8 +242,10 @@ static int trie_insert(tok_trie *tr, const uint8_t *s, size_t n, int32_t added_i
             int rc = trie_new_node(tr, s[i], &c);
             if (rc) return rc;
             tr->nodes[c].sibling = head;
-            if (parent < 0) tr->root[s[i]] = c;
-            else tr->nodes[parent].child = c;
+            if (parent < 0)
+                tr->root[s[i]] = c;
+            else
+                tr->nodes[parent].child = c;
         }
         parent = c;
     }
@@ -264,7 +276,8 @@ static int load_normalizer(json_t *n, ms_errbuf *err)
         json_t *list = json_object_get(n, "normalizers");
         size_t i;
         json_t *v;
-        json_array_foreach(list, i, v) {
+        json_array_foreach(list, i, v)
+        {
             int rc = load_normalizer(v, err);
             if (rc) return rc;
         }
@@ -273,11 +286,12 @@ static int load_normalizer(json_t *n, ms_errbuf *err)
     return ms_err(err, MS_EUNSUPPORTED, "tokenizer: normalizer type '%s' is not supported", type);
 }
 
-static int compile_regex(pcre2_code **out, const char *pat, size_t len, bool literal, ms_errbuf *err)
+static int compile_regex(pcre2_code **out, const char *pat, size_t len, bool literal,
+                         ms_errbuf *err)
 {
     int ec;
     PCRE2_SIZE eo;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &ec, &eo, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
@@ -301,10 +315,12 @@ static int load_pretok(ms_tokenizer *t, json_t *p, bool *have_bl, ms_errbuf *err
                       "tokenizer: pre-tokenizer '%s' after ByteLevel is not supported", type);
     if (strcmp(type, "Sequence") == 0) {
         json_t *list = json_object_get(p, "pretokenizers");
-        if (!json_is_array(list)) return ms_err(err, MS_EFORMAT, "tokenizer: Sequence without list");
+        if (!json_is_array(list))
+            return ms_err(err, MS_EFORMAT, "tokenizer: Sequence without list");
         size_t i;
         json_t *v;
-        json_array_foreach(list, i, v) {
+        json_array_foreach(list, i, v)
+        {
             int rc = load_pretok(t, v, have_bl, err);
             if (rc) return rc;
         }
@@ -336,12 +352,14 @@ static int load_pretok(ms_tokenizer *t, json_t *p, bool *have_bl, ms_errbuf *err
             return ms_err(err, MS_EUNSUPPORTED, "tokenizer: Split behavior '%s' is not supported",
                           beh ? beh : "(none)");
         s->invert = json_flag(p, "invert", false);
-        int rc = compile_regex(&s->re, json_string_value(ps), json_string_length(ps), ps == lit, err);
+        int rc =
+            compile_regex(&s->re, json_string_value(ps), json_string_length(ps), ps == lit, err);
         if (rc) return rc;
         t->n_steps++;
         return 0;
     }
-    return ms_err(err, MS_EUNSUPPORTED, "tokenizer: pre-tokenizer type '%s' is not supported", type);
+    return ms_err(err, MS_EUNSUPPORTED, "tokenizer: pre-tokenizer type '%s' is not supported",
+                  type);
 }
 
 static int load_decoder(json_t *d, ms_errbuf *err)
@@ -353,7 +371,8 @@ static int load_decoder(json_t *d, ms_errbuf *err)
         size_t i;
         json_t *v;
         if (json_array_size(list) == 0) goto bad;
-        json_array_foreach(list, i, v) {
+        json_array_foreach(list, i, v)
+        {
             int rc = load_decoder(v, err);
             if (rc) return rc;
         }
@@ -380,8 +399,10 @@ static int make_decoded(ms_tokenizer *t, int32_t id)
     for (size_t i = 0; i < n && all;) {
         size_t k = ms_tok_utf8_valid_len(s + i, n - i);
         int b = k ? ms_tok_cp_to_byte(utf8_decode(s + i, k)) : -1;
-        if (b < 0) all = false;
-        else buf[o++] = (char)b;
+        if (b < 0)
+            all = false;
+        else
+            buf[o++] = (char)b;
         i += k ? k : 1;
     }
     int rc = 0;
@@ -427,7 +448,8 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
     json_int_t max_id = -1;
     size_t max_key = 0;
     const char *key;
-    json_object_foreach(vocab, key, v) {
+    json_object_foreach(vocab, key, v)
+    {
         if (strlen(key) > max_key) max_key = strlen(key);
         json_int_t id = json_integer_value(v);
         if (!json_is_integer(v) || id < 0 || id >= MS_TOK_MAX_IDS)
@@ -435,7 +457,8 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
         if (id > max_id) max_id = id;
     }
     size_t i;
-    json_array_foreach(added, i, v) {
+    json_array_foreach(added, i, v)
+    {
         json_t *idv = json_object_get(v, "id");
         json_t *cv = json_object_get(v, "content");
         json_int_t id = json_integer_value(idv);
@@ -456,7 +479,8 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
     for (size_t k = 0; k <= t->strmap_mask; k++) t->strmap[k].id = -1;
 
     int rc;
-    json_object_foreach(vocab, key, v) {
+    json_object_foreach(vocab, key, v)
+    {
         int32_t id = (int32_t)json_integer_value(v);
         size_t n = strlen(key); /* jansson keys cannot hold NUL in this API */
         uint32_t off;
@@ -472,7 +496,8 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
     if (!t->added) return MS_ENOMEM;
     trie_init(&t->trie_raw);
     trie_init(&t->trie_norm);
-    json_array_foreach(added, i, v) {
+    json_array_foreach(added, i, v)
+    {
         json_t *cv = json_object_get(v, "content");
         tok_added *a = &t->added[t->n_added];
         a->id = (int32_t)json_integer_value(json_object_get(v, "id"));
@@ -484,9 +509,9 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
         if ((rc = pool_add(t, json_string_value(cv), a->len, &a->off))) return rc;
         str_insert(t, a->off, a->len, a->id);
         /* added tokens override a vocab entry with the same id */
-        t->ids[a->id] = (tok_idinfo){a->off, a->len, 0, 0,
-                                     (uint8_t)(TOK_F_PRESENT | TOK_F_ADDED |
-                                               (a->special ? TOK_F_SPECIAL : 0))};
+        t->ids[a->id] =
+            (tok_idinfo){a->off, a->len, 0, 0,
+                         (uint8_t)(TOK_F_PRESENT | TOK_F_ADDED | (a->special ? TOK_F_SPECIAL : 0))};
         tok_trie *tr = a->normalized ? &t->trie_norm : &t->trie_raw;
         if ((rc = trie_insert(tr, (const uint8_t *)t->pool + a->off, a->len, (int32_t)t->n_added)))
             return rc;
@@ -509,9 +534,13 @@ static int load_json(ms_tokenizer *t, json_t *root, ms_errbuf *err)
     t->pairs = calloc(t->pair_mask + 1, sizeof *t->pairs);
     size_t cat_cap = 2 * (max_key + 1);
     char *cat = malloc(cat_cap);
-    if (!t->pairs || !cat) { free(cat); return MS_ENOMEM; }
+    if (!t->pairs || !cat) {
+        free(cat);
+        return MS_ENOMEM;
+    }
     rc = 0;
-    json_array_foreach(merges, i, v) {
+    json_array_foreach(merges, i, v)
+    {
         const char *a, *b;
         size_t la, lb;
         if (json_is_string(v)) {
@@ -576,7 +605,10 @@ int ms_tokenizer_load_text(ms_tokenizer **out, const char *json_text, size_t len
                       je.column);
     ms_tokenizer *t = calloc(1, sizeof *t);
     int rc = MS_ENOMEM;
-    if (t) rc = load_json(t, root, err);
+    if (t && (t->pool = malloc(65536))) { /* never NULL, even if every string is empty */
+        t->pool_cap = 65536;
+        rc = load_json(t, root, err);
+    }
     json_decref(root);
     if (rc) {
         if (rc == MS_ENOMEM) ms_err(err, rc, "tokenizer: out of memory while loading");
@@ -677,7 +709,10 @@ int ms_tokenizer_token_bytes(const ms_tokenizer *t, int32_t id, char *buf, size_
     return 0;
 }
 
-int32_t ms_tokenizer_vocab_size(const ms_tokenizer *t) { return t->n_ids; }
+int32_t ms_tokenizer_vocab_size(const ms_tokenizer *t)
+{
+    return t->n_ids;
+}
 
 int32_t ms_tokenizer_token_id(const ms_tokenizer *t, const char *token)
 {

@@ -32,15 +32,30 @@ typedef struct hent {
     int32_t rank, pos, new_id;
 } hent;
 
+/* Per-call word cache: word bytes -> ids, so repeated words skip BPE. */
+typedef struct centry {
+    uint64_t hash;
+    uint32_t woff, ioff; /* into cbytes / cids */
+    uint16_t wlen, ilen; /* wlen 0 = empty slot */
+} centry;
+
+#define CACHE_MAX_WORD    64        /* bytes; longer words are not cached */
+#define CACHE_MAX_ENTRIES (1 << 16) /* per call */
+
 typedef struct work {
     const ms_tokenizer *tok;
     ms_errbuf *err;
-    spanvec a, b, m, c;  /* pieces, next pieces, raw matches, ByteLevel sub-pieces */
+    spanvec a, b, m, c; /* pieces, next pieces, raw matches, ByteLevel sub-pieces */
     sym *syms;
     hent *heap;
     size_t cap_syms, cap_heap, n_heap;
     char *scratch, *scratch2;
     size_t cap_scratch, cap_scratch2;
+    centry *cache;
+    size_t cache_cap, cache_n;
+    uint8_t *cbytes;
+    int32_t *cids;
+    size_t cap_cbytes, n_cbytes, cap_cids, n_cids;
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jst;
@@ -116,8 +131,8 @@ static int re_next(work *w, const pcre2_code *re, const char *subj, size_t len, 
 /* All matches of re in subj, as alternating (range, is_match) spans covering
  * it, with offsets shifted by base.  Empty matches right after the previous
  * match are skipped, as the Oniguruma binding of the reference does. */
-static int find_matches(work *w, const pcre2_code *re, const char *subj, size_t len,
-                        uint32_t base, spanvec *out)
+static int find_matches(work *w, const pcre2_code *re, const char *subj, size_t len, uint32_t base,
+                        spanvec *out)
 {
     out->n = 0;
     size_t prev = 0, pos = 0;
@@ -167,15 +182,19 @@ static int split_piece(work *w, const tok_split *st, const char *text, span piec
         break;
     case TOK_SPLIT_MERGED_PREV:
         for (size_t i = 0; i < n; i++) {
-            if (m[i].match && !prev_match && out->n > first) out->v[out->n - 1].e = m[i].e;
-            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1))) return rc;
+            if (m[i].match && !prev_match && out->n > first)
+                out->v[out->n - 1].e = m[i].e;
+            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1)))
+                return rc;
             prev_match = m[i].match;
         }
         break;
     case TOK_SPLIT_MERGED_NEXT:
         for (size_t i = n; i-- > 0;) {
-            if (m[i].match && !prev_match && out->n > first) out->v[out->n - 1].s = m[i].s;
-            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1))) return rc;
+            if (m[i].match && !prev_match && out->n > first)
+                out->v[out->n - 1].s = m[i].s;
+            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1)))
+                return rc;
             prev_match = m[i].match;
         }
         for (size_t i = first, j = out->n; i + 1 < j; i++, j--) { /* reverse */
@@ -186,8 +205,10 @@ static int split_piece(work *w, const tok_split *st, const char *text, span piec
         break;
     default: /* TOK_SPLIT_CONTIGUOUS */
         for (size_t i = 0; i < n; i++) {
-            if (m[i].match == prev_match && out->n > first) out->v[out->n - 1].e = m[i].e;
-            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1))) return rc;
+            if (m[i].match == prev_match && out->n > first)
+                out->v[out->n - 1].e = m[i].e;
+            else if ((rc = sv_push(out, m[i].s, m[i].e, false, -1)))
+                return rc;
             prev_match = m[i].match;
         }
         break;
@@ -229,10 +250,12 @@ static hent heap_pop(work *w)
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && (w->heap[c + 1].rank < w->heap[c].rank ||
-                          (w->heap[c + 1].rank == w->heap[c].rank && w->heap[c + 1].pos < w->heap[c].pos)))
+        if (c + 1 < n &&
+            (w->heap[c + 1].rank < w->heap[c].rank ||
+             (w->heap[c + 1].rank == w->heap[c].rank && w->heap[c + 1].pos < w->heap[c].pos)))
             c++;
-        if (last.rank < w->heap[c].rank || (last.rank == w->heap[c].rank && last.pos <= w->heap[c].pos))
+        if (last.rank < w->heap[c].rank ||
+            (last.rank == w->heap[c].rank && last.pos <= w->heap[c].pos))
             break;
         w->heap[i] = w->heap[c];
         i = c;
@@ -249,6 +272,52 @@ static void push_pair(work *w, int32_t pos)
     if (pe) heap_push(w, (hent){pe->rank, pos, pe->new_id});
 }
 
+static uint64_t hash_word(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        h = (h ^ v) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    uint64_t v = 0;
+    memcpy(&v, p + i, n - i);
+    h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 29);
+}
+
+/* The slot holding word p or the empty slot where it belongs; NULL when the
+ * cache is full or cannot grow (the word is then simply not cached). */
+static centry *cache_slot(work *w, uint64_t h, const uint8_t *p, size_t n)
+{
+    if (w->cache_n * 2 >= w->cache_cap) {
+        size_t cap = w->cache_cap ? w->cache_cap * 2 : 256;
+        centry *nc = cap <= CACHE_MAX_ENTRIES ? calloc(cap, sizeof *nc) : NULL;
+        if (nc) {
+            for (size_t i = 0; i < w->cache_cap; i++) {
+                if (!w->cache[i].wlen) continue;
+                size_t j = w->cache[i].hash & (cap - 1);
+                while (nc[j].wlen) j = (j + 1) & (cap - 1);
+                nc[j] = w->cache[i];
+            }
+            free(w->cache);
+            w->cache = nc;
+            w->cache_cap = cap;
+        }
+    }
+    if (!w->cache_cap) return NULL;
+    size_t mask = w->cache_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        centry *e = &w->cache[i];
+        if (!e->wlen) return w->cache_n * 2 < w->cache_cap ? e : NULL;
+        if (e->hash == h && e->wlen == n && memcmp(w->cbytes + e->woff, p, n) == 0) return e;
+    }
+}
+
+/* BPE of one byte-level word: merges by rank with a (rank, position) heap,
+ * exactly as the reference (lowest rank first, leftmost on ties). */
 static int bpe_word(void *ctx, const uint8_t *p, size_t n)
 {
     work *w = ctx;
@@ -261,7 +330,8 @@ static int bpe_word(void *ctx, const uint8_t *p, size_t n)
         size_t o = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t cp = ms_tok_byte_to_cp(p[i]);
-            if (cp < 0x80) w->scratch2[o++] = (char)cp;
+            if (cp < 0x80)
+                w->scratch2[o++] = (char)cp;
             else {
                 w->scratch2[o++] = (char)(0xC0 | (cp >> 6));
                 w->scratch2[o++] = (char)(0x80 | (cp & 0x3F));
@@ -269,6 +339,16 @@ static int bpe_word(void *ctx, const uint8_t *p, size_t n)
         }
         int32_t id = ms_tok_str_lookup(t, w->scratch2, o);
         if (id >= 0) return emit(w, id);
+    }
+    centry *slot = NULL;
+    uint64_t h = 0;
+    if (n <= CACHE_MAX_WORD) {
+        h = hash_word(p, n);
+        slot = cache_slot(w, h, p, n);
+        if (slot && slot->wlen) {
+            for (uint32_t i = 0; i < slot->ilen; i++) emit(w, w->cids[slot->ioff + i]);
+            return 0;
+        }
     }
     if ((rc = grow((void **)&w->syms, &w->cap_syms, n, sizeof(sym))) ||
         (rc = grow((void **)&w->heap, &w->cap_heap, 3 * n, sizeof(hent))))
@@ -305,7 +385,23 @@ static int bpe_word(void *ctx, const uint8_t *p, size_t n)
         if (s->prev >= 0) push_pair(w, s->prev);
         if (s->next >= 0) push_pair(w, top.pos);
     }
-    for (int32_t i = ns ? 0 : -1; i >= 0; i = w->syms[i].next) emit(w, w->syms[i].id);
+    size_t first = w->n_cids;
+    uint32_t n_ids = 0;
+    bool keep = slot && grow((void **)&w->cbytes, &w->cap_cbytes, w->n_cbytes + n, 1) == 0 &&
+                grow((void **)&w->cids, &w->cap_cids, w->n_cids + n, sizeof(int32_t)) == 0 &&
+                w->n_cbytes + n <= UINT32_MAX && w->n_cids + n <= UINT32_MAX;
+    for (int32_t i = ns ? 0 : -1; i >= 0; i = w->syms[i].next) {
+        emit(w, w->syms[i].id);
+        if (keep) w->cids[first + n_ids] = w->syms[i].id;
+        n_ids++;
+    }
+    if (keep) {
+        memcpy(w->cbytes + w->n_cbytes, p, n);
+        *slot = (centry){h, (uint32_t)w->n_cbytes, (uint32_t)first, (uint16_t)n, (uint16_t)n_ids};
+        w->n_cbytes += n;
+        w->n_cids += n_ids;
+        w->cache_n++;
+    }
     return 0;
 }
 
@@ -362,6 +458,9 @@ static void work_deinit(work *w)
     free(w->heap);
     free(w->scratch);
     free(w->scratch2);
+    free(w->cache);
+    free(w->cbytes);
+    free(w->cids);
     pcre2_match_data_free(w->md);
     pcre2_match_context_free(w->mctx);
     pcre2_jit_stack_free(w->jst);
@@ -383,7 +482,10 @@ static int check_text(const char *text, size_t len, ms_errbuf *err)
                       MS_TOK_MAX_TEXT_BYTES);
     const uint8_t *s = (const uint8_t *)text;
     for (size_t i = 0; i < len;) {
-        if (s[i] < 0x80) { i++; continue; }
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
         size_t k = ms_tok_utf8_valid_len(s + i, len - i);
         if (!k) return ms_err(err, MS_EINVAL, "text is not valid UTF-8 (byte offset %zu)", i);
         i += k;
@@ -408,16 +510,31 @@ int ms_tok_pretokenize(const ms_tokenizer *t, const char *text, size_t len, ms_t
 static bool is_ws(const uint8_t *s, size_t n, size_t *k)
 {
     /* ASCII whitespace and the common Unicode spaces (Rust char::is_whitespace) */
-    if (n >= 1 && (s[0] == ' ' || (s[0] >= 9 && s[0] <= 13))) { *k = 1; return true; }
-    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) { *k = 2; return true; }
-    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) { *k = 3; return true; }
+    if (n >= 1 && (s[0] == ' ' || (s[0] >= 9 && s[0] <= 13))) {
+        *k = 1;
+        return true;
+    }
+    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) {
+        *k = 2;
+        return true;
+    }
+    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) {
+        *k = 3;
+        return true;
+    }
     if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 &&
         ((s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF)) {
         *k = 3;
         return true;
     }
-    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) { *k = 3; return true; }
-    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) { *k = 3; return true; }
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) {
+        *k = 3;
+        return true;
+    }
+    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) {
+        *k = 3;
+        return true;
+    }
     return false;
 }
 
@@ -489,8 +606,10 @@ int ms_tokenizer_encode(const ms_tokenizer *t, const char *text, size_t len, int
         }
     }
     for (size_t i = 0; !rc && i < seg2.n; i++) {
-        if (seg2.v[i].match) rc = emit(&w, seg2.v[i].id);
-        else rc = pretok_work(&w, text, seg2.v[i], bpe_word, &w);
+        if (seg2.v[i].match)
+            rc = emit(&w, seg2.v[i].id);
+        else
+            rc = pretok_work(&w, text, seg2.v[i], bpe_word, &w);
     }
     if (rc == MS_ENOMEM) ms_err(err, rc, "tokenizer: out of memory while encoding");
     if (!rc) *n_out = w.n;

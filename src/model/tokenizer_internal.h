@@ -15,14 +15,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MS_TOK_MAX_JSON_BYTES   ((size_t)256 << 20) /* tokenizer.json file size */
-#define MS_TOK_MAX_IDS          (1 << 22)           /* highest id + 1 */
-#define MS_TOK_MAX_TEXT_BYTES   ((size_t)1 << 30)   /* one encode call */
-#define MS_TOK_MAX_STEPS        16                  /* pre-tokenizer steps */
-#define MS_TOK_MAX_ADDED_BYTES  1024                /* one added token's content */
+#define MS_TOK_MAX_JSON_BYTES  ((size_t)256 << 20) /* tokenizer.json file size */
+#define MS_TOK_MAX_IDS         (1 << 22)           /* highest id + 1 */
+#define MS_TOK_MAX_TEXT_BYTES  ((size_t)1 << 30)   /* one encode call */
+#define MS_TOK_MAX_STEPS       16                  /* pre-tokenizer steps */
+#define MS_TOK_MAX_ADDED_BYTES 1024                /* one added token's content */
 
-enum { TOK_SPLIT_REMOVED, TOK_SPLIT_ISOLATED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT,
-       TOK_SPLIT_CONTIGUOUS };
+enum {
+    TOK_SPLIT_REMOVED,
+    TOK_SPLIT_ISOLATED,
+    TOK_SPLIT_MERGED_PREV,
+    TOK_SPLIT_MERGED_NEXT,
+    TOK_SPLIT_CONTIGUOUS
+};
 
 enum { TOK_F_PRESENT = 1, TOK_F_ADDED = 2, TOK_F_SPECIAL = 4 };
 
@@ -73,21 +78,21 @@ struct ms_tokenizer {
     char *pool; /* all strings */
     size_t pool_len, pool_cap;
     int32_t n_ids;
-    tok_idinfo *ids;                 /* [n_ids] */
-    tok_strent *strmap;              /* open addressing, [strmap_mask + 1] */
+    tok_idinfo *ids;    /* [n_ids] */
+    tok_strent *strmap; /* open addressing, [strmap_mask + 1] */
     size_t strmap_mask, strmap_count;
-    tok_pairent *pairs;              /* open addressing, [pair_mask + 1] */
+    tok_pairent *pairs; /* open addressing, [pair_mask + 1] */
     size_t pair_mask;
-    int32_t byte_id[256];            /* id of the single-byte token, -1 if absent */
-    int32_t unk_id;                  /* -1 if none */
+    int32_t byte_id[256]; /* id of the single-byte token, -1 if absent */
+    int32_t unk_id;       /* -1 if none */
     bool fuse_unk, ignore_merges;
     tok_split steps[MS_TOK_MAX_STEPS];
     int n_steps;
     bool bl_prefix_space, bl_use_regex;
-    pcre2_code *gpt2_re;             /* when ByteLevel use_regex */
+    pcre2_code *gpt2_re; /* when ByteLevel use_regex */
     tok_added *added;
     size_t n_added;
-    tok_trie trie_raw, trie_norm;    /* non-normalized / normalized added tokens */
+    tok_trie trie_raw, trie_norm; /* non-normalized / normalized added tokens */
 };
 
 /* GPT-2 byte <-> unicode code point table. */

@@ -21,7 +21,8 @@
 static const char DS_RE_DIGITS[] = "\\p{N}{1,3}";
 static const char DS_RE_CJK[] = "[一-龥぀-ゟ゠-ヿ]+";
 static const char DS_RE_MAIN[] =
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    "[!\"#$%&'()*+,\\-./"
+    ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
     " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
 
 #define BOS_TOKEN "<｜begin▁of▁sentence｜>"
@@ -52,16 +53,16 @@ static const struct {
     {"<｜tool▁output▁end｜>", false},
     {"<｜tool▁sep｜>", false},
 };
-#define N_HEAD 3
-#define N_TAIL ((int32_t)MS_ARRAY_LEN(DS_TAIL))
-#define MIN_VOCAB (N_HEAD + 256 + N_TAIL)
+#define N_HEAD          3
+#define N_TAIL          ((int32_t)MS_ARRAY_LEN(DS_TAIL))
+#define MIN_VOCAB       (N_HEAD + 256 + N_TAIL)
 #define MAX_TRAIN_VOCAB (1 << 20)
-#define MIN_PAIR_COUNT 2 /* a merge must be seen at least this often */
+#define MIN_PAIR_COUNT  2 /* a merge must be seen at least this often */
 
 static json_t *split_step(const char *re)
 {
-    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", re, "behavior",
-                     "Isolated", "invert", 0);
+    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", re,
+                     "behavior", "Isolated", "invert", 0);
 }
 
 static json_t *ds_pretokenizer(void)
@@ -79,7 +80,8 @@ static char *map_bytes(const uint8_t *b, size_t n)
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t cp = ms_tok_byte_to_cp(b[i]);
-        if (cp < 0x80) s[o++] = (char)cp;
+        if (cp < 0x80)
+            s[o++] = (char)cp;
         else {
             s[o++] = (char)(0xC0 | (cp >> 6));
             s[o++] = (char)(0x80 | (cp & 0x3F));
@@ -229,8 +231,8 @@ static int learn(trainer *tr, int32_t room)
         int64_t best_n = 0;
         for (size_t w = 0; w < tr->n_words; w++) {
             for (int32_t i = 0; i + 1 < tr->n_syms[w]; i++) {
-                uint64_t key = ((uint64_t)(uint32_t)tr->syms[w][i] << 32 |
-                                (uint32_t)tr->syms[w][i + 1]) + 1;
+                uint64_t key =
+                    ((uint64_t)(uint32_t)tr->syms[w][i] << 32 | (uint32_t)tr->syms[w][i + 1]) + 1;
                 size_t h = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
                 while (tab[h].key && tab[h].key != key) h = (h + 1) & (cap - 1);
                 tab[h].key = key;
@@ -245,7 +247,10 @@ static int learn(trainer *tr, int32_t room)
         int32_t a = (int32_t)((best_key - 1) >> 32), b = (int32_t)((best_key - 1) & 0xffffffffu);
         uint32_t la = tr->tok_len[a], lb = tr->tok_len[b];
         uint8_t *cat = malloc((size_t)la + lb);
-        if (!cat) { rc = MS_ENOMEM; break; }
+        if (!cat) {
+            rc = MS_ENOMEM;
+            break;
+        }
         memcpy(cat, tr->tok_bytes[a], la);
         memcpy(cat + la, tr->tok_bytes[b], lb);
         int32_t nid = find_token(tr, cat, la + lb);
@@ -262,7 +267,8 @@ static int learn(trainer *tr, int32_t room)
                 if (i + 1 < tr->n_syms[w] && s[i] == a && s[i + 1] == b) {
                     s[o++] = nid;
                     i++;
-                } else s[o++] = s[i];
+                } else
+                    s[o++] = s[i];
             }
             tr->n_syms[w] = o;
         }
@@ -297,7 +303,10 @@ static int synthesize(trainer *tr, int32_t room)
             int32_t a = cand[i], b = cand[d - i];
             uint32_t la = tr->tok_len[a], lb = tr->tok_len[b];
             uint8_t *p = realloc(cat, (size_t)la + lb);
-            if (!p) { rc = MS_ENOMEM; break; }
+            if (!p) {
+                rc = MS_ENOMEM;
+                break;
+            }
             cat = p;
             memcpy(cat, tr->tok_bytes[a], la);
             memcpy(cat + la, tr->tok_bytes[b], lb);
@@ -334,9 +343,9 @@ static int base_tokenizer(ms_tokenizer **out, ms_errbuf *err)
         if (m) json_object_set_new(vocab, m, json_integer(b));
         free(m);
     }
-    json_t *root = json_pack("{s:{s:s, s:o, s:[]}, s:o, s:{s:s}}", "model", "type", "BPE", "vocab",
-                             vocab, "merges", "pre_tokenizer", ds_pretokenizer(), "decoder", "type",
-                             "ByteLevel");
+    json_t *root =
+        json_pack("{s:{s:s, s:o, s:[]}, s:o, s:{s:s}}", "model", "type", "BPE", "vocab", vocab,
+                  "merges", "pre_tokenizer", ds_pretokenizer(), "decoder", "type", "ByteLevel");
     char *text = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (!text) return ms_err(err, MS_ENOMEM, "tokenizer trainer: out of memory");
@@ -347,8 +356,8 @@ static int base_tokenizer(ms_tokenizer **out, ms_errbuf *err)
 
 static json_t *added_token(int32_t id, const char *content, bool special, bool normalized)
 {
-    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", (json_int_t)id, "content", content,
-                     "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", normalized,
+    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", (json_int_t)id, "content",
+                     content, "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", normalized,
                      "special", special);
 }
 
@@ -358,7 +367,10 @@ static int write_json(const trainer *tr, int32_t vocab_size, const char *path, m
     int32_t *final_id = malloc((size_t)tr->n_tok * sizeof *final_id);
     json_t *vocab = json_object(), *merges = json_array(), *added = json_array();
     int rc = 0;
-    if (!final_id || !vocab || !merges || !added) { rc = MS_ENOMEM; goto out; }
+    if (!final_id || !vocab || !merges || !added) {
+        rc = MS_ENOMEM;
+        goto out;
+    }
     json_object_set_new(vocab, BOS_TOKEN, json_integer(0));
     json_object_set_new(vocab, EOS_TOKEN, json_integer(1));
     json_object_set_new(vocab, PAD_TOKEN, json_integer(2));
@@ -371,7 +383,10 @@ static int write_json(const trainer *tr, int32_t vocab_size, const char *path, m
     for (int32_t i = 256; i < tr->n_tok; i++) final_id[i] = next++;
     for (int32_t i = 0; i < tr->n_tok; i++) {
         char *m = map_bytes(tr->tok_bytes[i], tr->tok_len[i]);
-        if (!m) { rc = MS_ENOMEM; goto out; }
+        if (!m) {
+            rc = MS_ENOMEM;
+            goto out;
+        }
         json_object_set_new(vocab, m, json_integer(final_id[i]));
         free(m);
     }
@@ -383,7 +398,10 @@ static int write_json(const trainer *tr, int32_t vocab_size, const char *path, m
         if (line) snprintf(line, n, "%s %s", ma, mb);
         free(ma);
         free(mb);
-        if (!line) { rc = MS_ENOMEM; goto out; }
+        if (!line) {
+            rc = MS_ENOMEM;
+            goto out;
+        }
         json_array_append_new(merges, json_string(line));
         free(line);
     }
@@ -398,8 +416,8 @@ static int write_json(const trainer *tr, int32_t vocab_size, const char *path, m
     }
     next += n_fill;
     for (int32_t k = 0; k < N_TAIL; k++)
-        json_array_append_new(added, added_token(next + k, DS_TAIL[k].content, DS_TAIL[k].special,
-                                                 true));
+        json_array_append_new(added,
+                              added_token(next + k, DS_TAIL[k].content, DS_TAIL[k].special, true));
     json_t *root = json_pack(
         "{s:s, s:n, s:n, s:o, s:{s:s, s:[]}, s:o, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:b, s:b, s:b},"
         " s:{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:O, s:O}}",
@@ -410,7 +428,10 @@ static int write_json(const trainer *tr, int32_t vocab_size, const char *path, m
         "BPE", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
         "fuse_unk", 0, "byte_fallback", 0, "vocab", vocab, "merges", merges);
     added = NULL; /* stolen by json_pack ("o") */
-    if (!root) { rc = MS_ENOMEM; goto out; }
+    if (!root) {
+        rc = MS_ENOMEM;
+        goto out;
+    }
     if (json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0)
         rc = ms_err(err, MS_EIO, "cannot write %s", path);
     json_decref(root);

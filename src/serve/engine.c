@@ -22,6 +22,7 @@ struct wire_req { /* one new request in a control block, followed by n_ids int32
     int64_t n_ids, max_new;
     int32_t dp, top_k, ignore_eos, top_logprobs, n_stop;
     float temperature, top_p, min_p;
+    float frequency_penalty, presence_penalty, repetition_penalty;
     int32_t stop_ids[MS_SCHED_MAX_STOP_IDS];
 };
 
@@ -334,7 +335,10 @@ int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_err
                          .max_new = in->max_new, .dp = dp_rank, .top_k = in->samp.top_k,
                          .ignore_eos = in->ignore_eos, .top_logprobs = in->top_logprobs,
                          .n_stop = in->n_stop_ids, .temperature = in->samp.temperature,
-                         .top_p = in->samp.top_p, .min_p = in->samp.min_p};
+                         .top_p = in->samp.top_p, .min_p = in->samp.min_p,
+                         .frequency_penalty = in->samp.frequency_penalty,
+                         .presence_penalty = in->samp.presence_penalty,
+                         .repetition_penalty = in->samp.repetition_penalty};
     memcpy(w.stop_ids, in->stop_ids, sizeof w.stop_ids);
     memcpy(e->ctrl + e->ctrl_len, &w, sizeof w);
     memcpy(e->ctrl + e->ctrl_len + sizeof w, in->ids, sizeof(int32_t) * (size_t)in->n_ids);
@@ -365,7 +369,7 @@ static size_t seal_ctrl(ms_engine *e)
     if (e->ctrl_len == 0) e->ctrl_len = sizeof(struct ctrl_hdr);
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + sizeof(uint64_t) * e->pend_abort)) {
         e->pend_abort = 0; /* out of memory: aborts are retried by the caller's disconnect path */
-    } else {
+    } else if (e->pend_abort > 0) {
         memcpy(e->ctrl + e->ctrl_len, e->aborts, sizeof(uint64_t) * e->pend_abort);
         e->ctrl_len += sizeof(uint64_t) * e->pend_abort;
     }
@@ -398,7 +402,11 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
                                  .n_ids = w.n_ids, .max_new = w.max_new, .seed = w.seed,
                                  .ignore_eos = w.ignore_eos, .n_stop_ids = w.n_stop,
                                  .top_logprobs = w.top_logprobs};
-            in.samp = (ms_sampler_params){w.temperature, w.top_p, w.top_k, w.min_p};
+            in.samp = (ms_sampler_params){.temperature = w.temperature, .top_p = w.top_p,
+                                           .top_k = w.top_k, .min_p = w.min_p,
+                                           .frequency_penalty = w.frequency_penalty,
+                                           .presence_penalty = w.presence_penalty,
+                                           .repetition_penalty = w.repetition_penalty};
             memcpy(in.stop_ids, w.stop_ids, sizeof in.stop_ids);
             int32_t *ids = malloc(ids_bytes ? ids_bytes : 1); /* body may be unaligned */
             if (!ids) return ms_err(err, MS_ENOMEM, "out of memory");

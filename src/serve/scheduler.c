@@ -42,6 +42,8 @@ struct ms_sched {
     ms_sched_event *events;
     int n_events, cap_events;
     ms_sampler_scratch sc;
+    float *pen_logits;       /* [vocab] logits after penalties */
+    int32_t *pen_mark;       /* [vocab] */
     int32_t *match_pages;
     int64_t cap_match;
     double new_token_ratio;  /* share of their remaining max_new running requests are
@@ -73,8 +75,10 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
     s->events = calloc((size_t)s->cap_events, sizeof *s->events);
     s->sc.prob = malloc(sizeof(float) * (size_t)p->vocab);
     s->sc.idx = malloc(sizeof(int32_t) * (size_t)p->vocab);
+    s->pen_logits = malloc(sizeof(float) * (size_t)p->vocab);
+    s->pen_mark = malloc(sizeof(int32_t) * (size_t)p->vocab);
     if (ms_radix_new(&s->radix, pool) || !s->batch || !s->batch_req || !s->logits ||
-        !s->events || !s->sc.prob || !s->sc.idx) {
+        !s->events || !s->sc.prob || !s->sc.idx || !s->pen_logits || !s->pen_mark) {
         ms_sched_free(s);
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
     }
@@ -114,6 +118,8 @@ void ms_sched_free(ms_sched *s)
     free(s->events);
     free(s->sc.prob);
     free(s->sc.idx);
+    free(s->pen_logits);
+    free(s->pen_mark);
     free(s->match_pages);
     free(s);
 }
@@ -160,7 +166,7 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
     r->in = *in;
     r->in.ids = NULL;
-    r->cap_ids = in->n_ids + MS_MIN(in->max_new, 256) + 1;
+    r->cap_ids = in->n_ids + in->max_new + 1; /* decode never reallocates */
     r->ids = malloc(sizeof(int32_t) * (size_t)r->cap_ids);
     if (!r->ids) {
         free(r);
@@ -322,7 +328,8 @@ static int admit(ms_sched *s, struct req *r)
     int64_t limit = ((r->n_ids - 1) / ps) * ps; /* the last token must be computed */
     if (matched > limit) matched = limit;
     int64_t n_pre = matched / ps, need = (r->n_ids + ps - 1) / ps;
-    if (reserve_pages(r, need)) return MS_ENOMEM;
+    /* room in the page table for the whole generation: decode never reallocates */
+    if (reserve_pages(r, (r->n_ids + r->in.max_new - r->n_out + ps) / ps)) return MS_ENOMEM;
     ms_radix_lock(s->radix, node);
     if (take_pages(s, need - n_pre, r->pages + n_pre) != 0) {
         ms_radix_unlock(s->radix, node);
@@ -435,7 +442,14 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
             finish_req(s, r, MS_FINISH_LENGTH, 1);
             continue;
         }
-        int32_t t = ms_sampler_pick(sq->logits, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
+        const float *lg = sq->logits;
+        if (ms_sampler_has_penalties(&r->in.samp)) {
+            memcpy(s->pen_logits, lg, sizeof(float) * (size_t)s->p.vocab);
+            ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids, r->n_prompt,
+                                       r->n_ids, s->pen_mark);
+            lg = s->pen_logits;
+        }
+        int32_t t = ms_sampler_pick(lg, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
         int fin = MS_FINISH_NONE;
         r->n_out++;
         if (push_id(r, t)) fin = MS_FINISH_ERROR;
@@ -471,7 +485,10 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
     *st = s->st;
     st->n_running = s->n_running;
     st->n_waiting = s->n_waiting;
-    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool)) * s->p.page_size;
+    /* as SGLang: pages the prefix cache could give back on demand are not "used" */
+    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool) -
+                                ms_radix_evictable_pages(s->radix)) *
+                      s->p.page_size;
     st->cached_tokens = ms_radix_cached_pages(s->radix) * s->p.page_size;
 }
 

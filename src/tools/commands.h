@@ -8,6 +8,7 @@ int ms_cmd_bench(int argc, char **argv);
 int ms_cmd_generate(int argc, char **argv);
 int ms_cmd_mkmodel(int argc, char **argv);
 int ms_cmd_plan(int argc, char **argv);
+int ms_cmd_serve(int argc, char **argv);
 int ms_cmd_version(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
@@ -15,6 +16,7 @@ int ms_cmd_version(int argc, char **argv);
     X("generate", ms_cmd_generate, "run prompts through a model and print the continuation")     \
     X("mkmodel", ms_cmd_mkmodel, "write a seeded random checkpoint (tests, benchmarks)")        \
     X("plan", ms_cmd_plan, "resolve a launch shape: layout, memory, KV capacity, traffic")       \
+    X("serve", ms_cmd_serve, "OpenAI-compatible HTTP server (SGLang flags, endpoints, metrics)")  \
     X("version", ms_cmd_version, "print the version and the CPU features in use")
 
 #endif

@@ -1,0 +1,36 @@
+/* attn.h — MLA decode attention over paged latent caches (absorbed form).
+ *
+ * For one sequence: scores[h][s] = scale · q[h]·row[s] over the full cached
+ * row (latent + rope key), softmax over s, ctx[h] = Σ_s p[h][s] · row[s][0:vdim].
+ * Rows live in pages of page_size rows (F32 or BF16).  One pool run; threads
+ * split the heads.  A scalar reference twin is kept for the tests.
+ * Main thread only (uses the pool).
+ */
+#ifndef MS_KERNELS_ATTN_H
+#define MS_KERNELS_ATTN_H
+
+#include "kernels/kernels.h"
+
+#include <stdint.h>
+
+typedef struct ms_attn_seq {
+    const void *const *pages; /* [ceil(S / page_size)] first row of each page */
+    int page_size;
+    ms_dtype dtype;           /* MS_DT_F32 or MS_DT_BF16 */
+    int64_t row;              /* values per cached row */
+    int64_t S;                /* cached rows to attend to */
+} ms_attn_seq;
+
+/* Scratch floats ms_attn_decode needs for a pool of n_threads (row buffers). */
+static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row)
+{
+    return (int64_t)n_threads * (row + 16);
+}
+
+/* q: [H][row]; scores: [H][S] scratch; ctx: [H][vdim] output. */
+void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *a, const float *q, int64_t H,
+                    int64_t vdim, float scale, float *scores, float *ctx, float *scratch);
+void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t vdim, float scale,
+                        float *ctx);
+
+#endif

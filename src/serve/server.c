@@ -1,0 +1,456 @@
+/* server.c — `moeserve serve`: flags, start-up order and the rank-0 loop that
+ * bridges the HTTP front end's hub (request.h) and the engine (engine.h).
+ *
+ * Start-up (DESIGN.md §2): resolve the layout (every rank, same answer),
+ * re-launch under mpirun when W > 1 ranks are needed, MPI init, load and slice
+ * the weights, size the KV pools, then rank 0 opens the HTTP port last, so
+ * /health answering means the whole world is ready.  Ranks other than 0 just
+ * follow rank 0's steps.  Rank 0 sleeps on the hub's eventfd while nothing
+ * runs anywhere (no CPU at idle).  SIGTERM drains: new requests get 503, running
+ * ones finish, then every rank exits.  Main thread only.
+ */
+#include "base/log.h"
+#include "base/util.h"
+#include "model/tokenizer.h"
+#include "parallel/comm.h"
+#include "serve/detok.h"
+#include "serve/engine.h"
+#include "serve/http.h"
+#include "serve/request.h"
+#include "tools/commands.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct serve_opts {
+    ms_engine_opts eo;
+    ms_frontend_opts fo;
+    double comm_timeout_s;
+    double drain_timeout_s;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moeserve serve --model-path DIR [flags]\n"
+            "engine:\n"
+            "  --model-path DIR (or --model)     Hugging Face checkpoint directory\n"
+            "  --dtype auto|float32|bfloat16     activation precision (float32: exact)\n"
+            "  --threads N                       worker threads per rank (default: all cores)\n"
+            "  --max-total-tokens N              KV pool tokens per DP rank\n"
+            "  --mem-fraction-static F           else: F x (MemAvailable / ranks on the host)\n"
+            "                                    minus weights (default 0.3)\n"
+            "  --context-length N                default: max_position_embeddings\n"
+            "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
+            "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
+            "  --comm-timeout-s S                deadline of one collective (default 60)\n"
+            "launch flags (SGLang names):\n%s"
+            "front end:\n",
+            ms_launch_help());
+    ms_frontend_print_flags(f);
+}
+
+static int parse(struct serve_opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    ms_engine_opts_init(&o->eo);
+    ms_frontend_opts_init(&o->fo);
+    o->comm_timeout_s = 60;
+    o->drain_timeout_s = 300;
+    ms_errbuf err = {{0}};
+    if (ms_launch_apply_env(&o->eo.launch, &err)) {
+        fprintf(stderr, "serve: %s\n", err.msg);
+        return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int lr = ms_launch_parse_arg(&o->eo.launch, argc, argv, &i, &err);
+        if (lr < 0) {
+            fprintf(stderr, "serve: %s\n", err.msg);
+            return -1;
+        }
+        if (lr > 0) {
+            i--;
+            continue;
+        }
+        int fr = ms_frontend_parse_flag(&o->fo, argc, argv, i, &err);
+        if (fr < 0) {
+            fprintf(stderr, "serve: %s\n", err.msg);
+            return -1;
+        }
+        if (fr > 0) {
+            i += fr - 1;
+            continue;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "serve: %s needs a value (or is unknown)\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        errno = 0;
+        if (!strcmp(a, "--model-path") || !strcmp(a, "--model")) {
+            o->eo.model_path = v;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "float32")) o->eo.exact = 1;
+            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) o->eo.exact = 0;
+            else goto bad;
+        } else if (!strcmp(a, "--threads")) {
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || x < 0 || x > 4096) goto bad;
+            o->eo.threads = (int)x;
+        } else if (!strcmp(a, "--max-total-tokens")) {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || errno || x < 1) goto bad;
+            o->eo.max_total_tokens = x;
+        } else if (!strcmp(a, "--mem-fraction-static")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x > 0 && x < 1)) goto bad;
+            o->eo.mem_fraction_static = x;
+        } else if (!strcmp(a, "--context-length")) {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || errno || x < 2) goto bad;
+            o->eo.context_length = x;
+        } else if (!strcmp(a, "--schedule-policy")) {
+            if (!strcmp(v, "fcfs")) o->eo.schedule_policy = MS_SCHED_FCFS;
+            else if (!strcmp(v, "lpm")) o->eo.schedule_policy = MS_SCHED_LPM;
+            else goto bad;
+        } else if (!strcmp(a, "--ep-dispatch-dtype")) {
+            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
+            else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
+            else goto bad;
+        } else if (!strcmp(a, "--comm-timeout-s")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x > 0)) goto bad;
+            o->comm_timeout_s = x;
+        } else {
+            fprintf(stderr, "serve: unknown flag %s\n", a);
+            return -1;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "serve: bad value '%s' for %s (moeserve serve --help)\n", v, a);
+        return -1;
+    }
+    if (!o->eo.model_path) {
+        fprintf(stderr, "serve: --model-path DIR is required\n");
+        return -1;
+    }
+    o->eo.page_size = o->eo.launch.page_size > 1 ? o->eo.launch.page_size : 16;
+    return 0;
+}
+
+/* ---- rank 0: requests in flight, by engine id ---- */
+
+struct live {
+    uint64_t id;
+    ms_serve_req *req;
+    int got_first;
+};
+
+struct table {
+    struct live *v;
+    size_t n, cap;
+};
+
+static struct live *find_id(struct table *t, uint64_t id)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].id == id) return &t->v[i];
+    return NULL;
+}
+
+static struct live *find_req(struct table *t, const ms_serve_req *r)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].req == r) return &t->v[i];
+    return NULL;
+}
+
+static void drop(struct table *t, struct live *l, int kind, int32_t stop, const char *msg)
+{
+    ms_serve_req_finish(l->req, (enum ms_serve_finish)kind, stop, msg);
+    ms_serve_req_unref(l->req);
+    *l = t->v[--t->n];
+}
+
+static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_info *info)
+{
+    const ms_layout *lay = ms_engine_layout(e);
+    const ms_model *m = ms_engine_model(e);
+    memset(info, 0, sizeof *info);
+    snprintf(info->model_path, sizeof info->model_path, "%s", o->eo.model_path);
+    info->context_len = ms_engine_context_length(e);
+    info->page_size = o->eo.page_size;
+    info->vocab_size = (int32_t)m->cfg.vocab_size;
+    ms_layout_describe(lay, info->layout, sizeof info->layout);
+    info->tp_size = lay->tp;
+    info->dp_size = o->eo.launch.dp;
+    info->ep_size = lay->moe_ep;
+    info->pp_size = lay->pp;
+    info->attn_dp_size = lay->attn_dp;
+    info->attn_tp_size = lay->attn_tp;
+    info->moe_tp_size = lay->moe_tp;
+    info->kv_pool_replicated = lay->attn_tp > 1;
+    info->n_dp = MS_MIN(ms_engine_n_dp(e), MS_SERVE_MAX_DP);
+    for (int i = 0; i < info->n_dp; i++) info->max_total_num_tokens[i] = ms_engine_pool_tokens(e);
+    info->max_running_requests_per_rank = ms_engine_max_running_per_rank(e);
+    info->max_running_requests = info->max_running_requests_per_rank * ms_engine_n_dp(e);
+    info->chunked_prefill_size_per_rank = (int32_t)ms_engine_chunk_per_rank(e);
+    info->chunked_prefill_size = info->chunked_prefill_size_per_rank * ms_engine_n_dp(e);
+    info->max_prefill_tokens = info->chunked_prefill_size_per_rank;
+    snprintf(info->dtype, sizeof info->dtype, "%s", o->eo.exact ? "float32" : "auto");
+}
+
+static uint64_t random_seed(uint64_t id)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (id * 0x9e3779b97f4a7c15ull);
+    return ms_rng_next(&s);
+}
+
+static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)
+{
+    const ms_serve_sampling *sp = &r->sampling;
+    ms_sched_input in = {.id = id, .ids = r->input_ids, .n_ids = r->n_input,
+                         .max_new = sp->max_new_tokens, .ignore_eos = sp->ignore_eos,
+                         .seed = sp->has_seed ? sp->seed : random_seed(id),
+                         .top_logprobs = sp->logprobs ? sp->top_logprobs : -1};
+    in.samp = (ms_sampler_params){.temperature = sp->temperature, .top_p = sp->top_p,
+                                   .top_k = sp->top_k, .min_p = sp->min_p};
+    in.samp.frequency_penalty = sp->frequency_penalty;
+    in.samp.presence_penalty = sp->presence_penalty;
+    in.samp.repetition_penalty = sp->repetition_penalty;
+    in.n_stop_ids = MS_MIN(sp->n_stop_ids, MS_SCHED_MAX_STOP_IDS);
+    memcpy(in.stop_ids, sp->stop_ids, sizeof(int32_t) * (size_t)in.n_stop_ids);
+    if (r->is_health_check) {
+        in.max_new = 1;
+        in.samp = (ms_sampler_params){.temperature = 0, .top_p = 1};
+    }
+    ms_errbuf err = {{0}};
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 64;
+        struct live *v = realloc(t->v, sizeof *v * cap);
+        if (!v) {
+            ms_serve_req_finish(r, MS_SERVE_FINISH_ERROR, -1, "out of memory");
+            ms_serve_req_unref(r);
+            return;
+        }
+        t->v = v;
+        t->cap = cap;
+    }
+    if (ms_engine_submit(e, &in, r->dp_rank_hint, &err)) {
+        ms_serve_req_finish(r, MS_SERVE_FINISH_ERROR, -1, err.msg);
+        ms_serve_req_unref(r);
+        return;
+    }
+    t->v[t->n++] = (struct live){id, r, 0};
+}
+
+static void deliver(ms_engine *e, struct table *t)
+{
+    const ms_engine_event *ev;
+    int n = ms_engine_events(e, &ev);
+    for (int i = 0; i < n; i++) {
+        const ms_sched_event *x = &ev[i].ev;
+        struct live *l = find_id(t, x->id);
+        if (!l) continue; /* aborted by the client meanwhile */
+        if (!l->got_first) {
+            ms_serve_req_set_cached_tokens(l->req, (int32_t)x->cached_tokens);
+            l->got_first = 1;
+        }
+        if (x->token >= 0)
+            ms_serve_req_push(l->req, x->token, x->logprob, x->n_top ? x->top_ids : NULL,
+                              x->n_top ? x->top_lps : NULL);
+        if (x->finish != MS_FINISH_NONE) {
+            int32_t stop = x->finish == MS_FINISH_STOP ? x->token : -1;
+            drop(t, l, x->finish, stop,
+                 x->finish == MS_FINISH_ERROR ? "the engine failed on this request" : NULL);
+        }
+    }
+}
+
+static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps)
+{
+    const ms_engine_load *loads;
+    int n = ms_engine_loads(e, &loads);
+    for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) {
+        const ms_sched_stats *st = &loads[i].st;
+        ms_dp_load l = {.num_running_reqs = st->n_running, .num_waiting_reqs = st->n_waiting,
+                        .num_used_tokens = st->used_tokens,
+                        .token_usage = st->total_tokens ? (double)st->used_tokens / (double)st->total_tokens : 0,
+                        .cache_hit_rate = st->prompt_tokens_total
+                                              ? (double)st->cached_prompt_tokens_total /
+                                                    (double)st->prompt_tokens_total
+                                              : 0,
+                        .num_retracted_reqs_total = st->n_retracted,
+                        .num_steps_total = steps};
+        ms_serve_hub_publish_load(hub, i, &l);
+    }
+    ms_serve_hub_heartbeat(hub);
+}
+
+static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
+{
+    int rc = 1;
+    ms_tokenizer *tok = NULL;
+    ms_serve_hub *hub = NULL;
+    ms_frontend *fe = NULL;
+    struct table t = {0};
+    char path[1200];
+    if (!ms_path_join(path, sizeof path, o->eo.model_path, "tokenizer.json") ||
+        ms_tokenizer_load(&tok, path, err)) {
+        MS_LOG(MS_ERROR, "serve", "%s: %s (the server needs the model's tokenizer.json)", path,
+               err->msg);
+        goto out;
+    }
+    ms_serve_codec codec;
+    ms_serve_codec_from_tokenizer(&codec, tok);
+    ms_engine_info info;
+    fill_info(e, o, &info);
+    if (!(hub = ms_serve_hub_new(&info, err))) goto out;
+    ms_serve_hub_install_signals(hub);
+    publish(e, hub, 0);
+    if (ms_frontend_open(&fe, &o->fo, hub, &codec, err)) {
+        MS_LOG(MS_ERROR, "serve", "%s", err->msg);
+        goto out;
+    }
+    MS_LOG(MS_INFO, "serve", "ready: http://%s:%d  (layout: %s; KV %lld tokens per DP rank x %d)",
+           o->fo.host, ms_frontend_port(fe), info.layout, (long long)info.max_total_num_tokens[0],
+           info.n_dp);
+    uint64_t next_id = 1;
+    int64_t steps = 0;
+    int draining = 0;
+    double drain_deadline = 0;
+    for (;;) {
+        if (!ms_engine_busy(e)) ms_serve_hub_wait(hub, draining ? 50 : 1000);
+        ms_serve_msg m;
+        while (ms_serve_hub_pop(hub, &m)) {
+            if (m.kind == MS_MSG_GENERATE) {
+                admit(e, &t, m.req, next_id++);
+            } else if (m.kind == MS_MSG_ABORT) {
+                struct live *l = find_req(&t, m.req);
+                if (l) {
+                    ms_engine_abort(e, l->id);
+                    drop(&t, l, MS_FINISH_ABORT, -1, "aborted");
+                }
+                ms_serve_req_unref(m.req);
+            } else if (m.kind == MS_MSG_ABORT_ALL) {
+                while (t.n) {
+                    ms_engine_abort(e, t.v[0].id);
+                    drop(&t, &t.v[0], MS_FINISH_ABORT, -1, "aborted");
+                }
+            } else if (m.kind == MS_MSG_FLUSH_CACHE) {
+                if (ms_engine_flush_cache(e) == 0) {
+                    ms_serve_req_finish(m.req, MS_SERVE_FINISH_STOP, -1, NULL);
+                } else {
+                    char msg[96];
+                    snprintf(msg, sizeof msg, "%zu requests are running", t.n);
+                    ms_serve_req_finish(m.req, MS_SERVE_FINISH_ERROR, -1, msg);
+                }
+                ms_serve_req_unref(m.req);
+            }
+        }
+        if (!draining && ms_serve_hub_stop_requested(hub)) {
+            MS_LOG(MS_INFO, "serve", "stop requested: draining %zu running requests", t.n);
+            ms_frontend_begin_drain(fe);
+            draining = 1;
+            drain_deadline = ms_now_s() + o->drain_timeout_s;
+        }
+        if (draining && ((t.n == 0 && ms_frontend_live_requests(fe) == 0 && !ms_engine_busy(e)) ||
+                         ms_now_s() > drain_deadline))
+            break;
+        if (!ms_engine_busy(e)) continue;
+        if (ms_engine_step(e, err)) {
+            MS_LOG(MS_ERROR, "serve", "step failed: %s", err->msg);
+            goto out;
+        }
+        steps++;
+        deliver(e, &t);
+        publish(e, hub, steps);
+    }
+    rc = 0;
+out:
+    while (t.n) drop(&t, &t.v[0], MS_FINISH_ABORT, -1, "server shutting down");
+    free(t.v);
+    ms_frontend_close(fe);
+    ms_serve_hub_free(hub);
+    ms_tokenizer_free(tok);
+    /* tell the other ranks to exit */
+    ms_engine_shutdown(e);
+    ms_errbuf e2;
+    ms_engine_step(e, &e2);
+    return rc;
+}
+
+int ms_cmd_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    int prc = parse(&o, argc, argv);
+    if (prc) {
+        if (prc < 0) fprintf(stderr, "(moeserve serve --help lists the flags)\n");
+        return prc > 0 ? 0 : 2;
+    }
+    ms_errbuf err = {{0}};
+    ms_config cfg;
+    char path[1200];
+    if (!ms_path_join(path, sizeof path, o.eo.model_path, "config.json") ||
+        ms_config_load(&cfg, path, &err)) {
+        fprintf(stderr, "serve: --model-path %s: %s\n", o.eo.model_path, err.msg);
+        return 1;
+    }
+    ms_layout lay;
+    ms_layout_model lm = {.n_heads = cfg.n_heads, .n_routed_experts = cfg.n_routed_experts,
+                          .n_layers = cfg.n_layers,
+                          .n_dense_layers = MS_MIN(cfg.first_k_dense_replace, cfg.n_layers)};
+    if (ms_layout_resolve(&o.eo.launch, &lm, &lay, &err)) {
+        fprintf(stderr, "serve: %s\n", err.msg);
+        return 2;
+    }
+    /* main.c passes argv + 1: argv - 1 is the program's own argument vector */
+    if (ms_comm_maybe_relaunch(lay.world_size, argc + 1, argv - 1, &err)) {
+        fprintf(stderr, "serve: %s\n", err.msg);
+        return 2;
+    }
+    int W = lay.world_size, rank = 0, rc = 1;
+    if (W > 1) {
+        ms_comm_opts co;
+        ms_comm_opts_default(&co);
+        co.timeout_s = o.comm_timeout_s;
+        if (ms_comm_init(NULL, NULL, &co, &err)) {
+            fprintf(stderr, "serve: %s\n", err.msg);
+            return 1;
+        }
+        rank = ms_comm_world_rank();
+    } else {
+        ms_log_init(0);
+    }
+    ms_engine *e = NULL;
+    if (ms_engine_open(&e, &o.eo, &err)) {
+        MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
+        if (W > 1) ms_comm_abort(1);
+        return 1;
+    }
+    if (rank == 0) {
+        char table[2048];
+        ms_layout_describe_table(ms_engine_layout(e), table, sizeof table);
+        MS_LOG(MS_INFO, "serve", "resolved layout:\n%s", table);
+        rc = rank0_loop(e, &o, &err);
+    } else {
+        int r;
+        while ((r = ms_engine_step(e, &err)) == 0) {}
+        rc = r < 0 ? 1 : 0;
+        if (r < 0) MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
+    }
+    ms_engine_close(e);
+    if (W > 1 && ms_comm_deinit(&err)) rc = 1;
+    return rc;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# t_serve.sh — the real server on loopback: tests/serve_e2e.py against a
+# single-rank server and against a 2-rank DP-attention server under mpirun
+# (self-relaunched), plus the official openai npm client, idle CPU, and SIGTERM
+# draining to a clean exit.
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; sleep 0.5; pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass=0
+fail=0
+M=$tmp/model
+"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null || { echo "0 passed, 1 failed"; exit 1; }
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+start() { # $1 = log name, rest = flags; sets PORT and PID
+    PORT=$(free_port)
+    name=$1
+    shift
+    "$MOESERVE" serve --model-path "$M" --port "$PORT" "$@" >"$tmp/$name.log" 2>&1 &
+    PID=$!
+    pids+=("$PID")
+    for _ in $(seq 1 300); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "server did not start:"; tail -20 "$tmp/$name.log"; return 1
+}
+run_e2e() { # $1 = label, $2 = pool tokens, rest = extra args to the script
+    label=$1; pool=$2; shift 2
+    if /usr/bin/python3 tests/serve_e2e.py "http://127.0.0.1:$PORT" "$pool" "$@" >"$tmp/e2e.out" 2>&1; then
+        echo "ok   $label ($(tail -1 "$tmp/e2e.out"))"; pass=$((pass + 1))
+    else
+        echo "FAIL $label"; grep -E "FAIL|Traceback|Error" "$tmp/e2e.out" | head -20; fail=$((fail + 1))
+    fi
+}
+
+POOL=1024
+# --dtype float32: outputs must not depend on how requests are batched together
+if start one --max-total-tokens $POOL --threads 2 --max-running-requests 64 --dtype float32 --max-connections 1024; then
+    run_e2e "single rank" $POOL
+    # idle CPU: no requests for 2 s -> the server process uses (almost) no CPU
+    t0=$(awk '{print $14+$15}' /proc/$PID/stat); sleep 2; t1=$(awk '{print $14+$15}' /proc/$PID/stat)
+    ticks=$((t1 - t0))
+    if [ $ticks -le 10 ]; then echo "ok   idle server CPU: $ticks ticks in 2 s"; pass=$((pass + 1))
+    else echo "FAIL idle server CPU: $ticks ticks in 2 s"; fail=$((fail + 1)); fi
+    if [ -x tests/t_openai_node.sh ] && [ -d tests/fixtures/node/node_modules/openai ]; then
+        if node tests/openai_real.js "http://127.0.0.1:$PORT/v1" >"$tmp/node.out" 2>&1; then
+            echo "ok   openai npm client ($(tail -1 "$tmp/node.out"))"; pass=$((pass + 1))
+        else echo "FAIL openai npm client"; tail -10 "$tmp/node.out"; fail=$((fail + 1)); fi
+    fi
+    kill -TERM "$PID"
+    for _ in $(seq 1 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    if ! kill -0 "$PID" 2>/dev/null; then wait "$PID"; rc=$?; else rc=timeout; fi
+    if [ "$rc" = 0 ]; then echo "ok   SIGTERM: drained and exited 0"; pass=$((pass + 1))
+    else echo "FAIL SIGTERM exit: $rc"; tail -5 "$tmp/one.log"; fail=$((fail + 1)); fi
+else
+    fail=$((fail + 1))
+fi
+
+if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024; then
+    run_e2e "2-rank DP-attention (mpirun)" $POOL --quick
+    kill -TERM "$PID"
+    for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    if ! kill -0 "$PID" 2>/dev/null; then echo "ok   2-rank server stopped on SIGTERM"; pass=$((pass + 1))
+    else echo "FAIL 2-rank server still running after SIGTERM"; fail=$((fail + 1)); fi
+else
+    fail=$((fail + 1))
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

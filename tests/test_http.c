@@ -1,0 +1,745 @@
+/* test_http.c — end-to-end tests of the HTTP front end on a real loopback port
+ * with the echo engine (tests/echo_engine.h) behind the hub: OpenAI and SGLang
+ * routes, SSE format, errors (400/401/404/405/413/503), context limits, stop
+ * strings, tool calls, reasoning, abort (API and client disconnect), flush,
+ * health, load/info, metrics (promtool), slowloris, garbage, drain.
+ * `test_http --serve PORTFILE [flags]` instead runs the echo server until
+ * SIGTERM (used by tests/t_openai_node.sh).
+ */
+#include "echo_engine.h"
+#include "harness.h"
+#include "http_client.h"
+#include "base/log.h"
+#include "serve/http.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#define CTX 1000
+
+static ms_serve_hub *hub;
+static echo_engine eng;
+static ms_frontend *fe, *fe_key, *fe_q;
+static int port, port_key, port_q;
+static const char *KEY_HDR = "Authorization: Bearer sekrit\r\n";
+
+static int wait_until(atomic_int *v, int want, double timeout_s)
+{
+    double end = hc_now() + timeout_s;
+    while (hc_now() < end) {
+        if (atomic_load(v) == want) return 1;
+        usleep(2000);
+    }
+    return atomic_load(v) == want;
+}
+
+static json_t *body_json(const hresp *r)
+{
+    return json_loadb(r->body ? r->body : "", r->n, 0, NULL);
+}
+
+/* Concatenates the SSE frames' JSON into an array; checks the framing. */
+static json_t *sse_frames(const char *body, int *done_last)
+{
+    json_t *a = json_array();
+    *done_last = 0;
+    const char *p = body;
+    while (*p) {
+        const char *end = strstr(p, "\n\n");
+        if (!end || strncmp(p, "data: ", 6)) {
+            json_decref(a);
+            return NULL;
+        }
+        if (!strncmp(p + 6, "[DONE]", 6)) {
+            *done_last = end[2] == 0;
+            break;
+        }
+        json_t *o = json_loadb(p + 6, (size_t)(end - p - 6), 0, NULL);
+        if (!o) {
+            json_decref(a);
+            return NULL;
+        }
+        json_array_append_new(a, o);
+        p = end + 2;
+    }
+    return a;
+}
+
+static const char *err_msg(json_t *o)
+{
+    return json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+}
+
+TEST(health_and_models)
+{
+    hresp r;
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+    CHECK(hc_request(port, "GET", "/v1/models", NULL, NULL, &r) == 0 && r.status == 200);
+    json_t *o = body_json(&r);
+    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
+    CHECK(id && !strcmp(id, "echo-model"));
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(hc_request(port, "GET", "/health_generate", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+}
+
+TEST(chat_non_stream)
+{
+    hresp r;
+    CHECK(hc_request(port, "POST", "/v1/chat/completions",
+                     "{\"model\":\"x\",\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},"
+                     "{\"role\":\"user\",\"content\":\"Hello world\"}]}", NULL, &r) == 0);
+    CHECKF(r.status == 200, "status %d body %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    const char *content = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
+    CHECKF(content && !strcmp(content, "Hello world"), "content %s", content);
+    CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "stop"));
+    CHECK(!strcmp(json_string_value(json_object_get(o, "object")), "chat.completion"));
+    json_t *u = json_object_get(o, "usage");
+    /* BOS + "sys" + USER + 11 bytes + ASSISTANT = 17 prompt tokens; 11 + EOS generated */
+    CHECKF(json_integer_value(json_object_get(u, "prompt_tokens")) == 17, "%s", r.body);
+    CHECK(json_integer_value(json_object_get(u, "completion_tokens")) == 12);
+    CHECK(json_integer_value(json_object_get(u, "total_tokens")) == 29);
+    json_decref(o);
+    hresp_free(&r);
+}
+
+TEST(chat_stream_sse)
+{
+    hresp r;
+    CHECK(hc_request(port, "POST", "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"h\xc3\xa9llo \xe4\xb8\x96\"}],"
+                     "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                     NULL, &r) == 0);
+    CHECK(r.status == 200);
+    CHECK(strcasestr(r.head, "Content-Type: text/event-stream") != NULL);
+    int done = 0;
+    json_t *fr = sse_frames(r.body, &done);
+    CHECKF(fr && done, "bad SSE framing: %s", r.body);
+    size_t nf = json_array_size(fr);
+    CHECK(nf >= 4);
+    json_t *d0 = json_object_get(json_array_get(json_object_get(json_array_get(fr, 0), "choices"), 0), "delta");
+    CHECK(!strcmp(json_string_value(json_object_get(d0, "role")), "assistant"));
+    char text[256] = "";
+    const char *finish = NULL;
+    for (size_t i = 0; i < nf; i++) {
+        json_t *f = json_array_get(fr, i);
+        CHECK(!strcmp(json_string_value(json_object_get(f, "object")), "chat.completion.chunk"));
+        json_t *c = json_array_get(json_object_get(f, "choices"), 0);
+        const char *t = json_string_value(json_object_get(json_object_get(c, "delta"), "content"));
+        if (t) strncat(text, t, sizeof text - strlen(text) - 1);
+        if (json_is_string(json_object_get(c, "finish_reason"))) finish = json_string_value(json_object_get(c, "finish_reason"));
+    }
+    CHECKF(!strcmp(text, "h\xc3\xa9llo \xe4\xb8\x96"), "streamed '%s'", text);
+    CHECK(finish && !strcmp(finish, "stop"));
+    json_t *last = json_array_get(fr, nf - 1);
+    CHECK(json_array_size(json_object_get(last, "choices")) == 0);
+    CHECK(json_integer_value(json_object_get(json_object_get(last, "usage"), "completion_tokens")) == 11);
+    json_decref(fr);
+    hresp_free(&r);
+}
+
+TEST(completions_length_and_logprobs)
+{
+    hresp r;
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"abcdefgh\",\"max_tokens\":5,\"logprobs\":2}", NULL, &r) == 0);
+    CHECKF(r.status == 200, "%d %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    CHECK(!strcmp(json_string_value(json_object_get(c, "text")), "abcde"));
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "length"));
+    json_t *lp = json_object_get(c, "logprobs");
+    CHECK(json_array_size(json_object_get(lp, "tokens")) == 5);
+    CHECK(json_array_size(json_object_get(lp, "top_logprobs")) == 5);
+    CHECK(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 0)) == 2);
+    json_decref(o);
+    hresp_free(&r);
+    /* prompt as token ids, stream */
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":[104,105],\"max_tokens\":10,\"stream\":true}", NULL, &r) == 0);
+    int done = 0;
+    json_t *fr = sse_frames(r.body, &done);
+    CHECK(fr && done);
+    char text[64] = "";
+    for (size_t i = 0; i < json_array_size(fr); i++) {
+        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(json_array_get(fr, i), "choices"), 0), "text"));
+        if (t) strncat(text, t, sizeof text - strlen(text) - 1);
+    }
+    CHECK(!strcmp(text, "hi"));
+    json_decref(fr);
+    hresp_free(&r);
+}
+
+TEST(stop_string_aborts_engine)
+{
+    int aborts = atomic_load(&eng.n_aborts);
+    hresp r;
+    atomic_store(&eng.step_us, 2000);
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"hello STOP world and more\",\"max_tokens\":500,\"ignore_eos\":true,"
+                     "\"stop\":[\"STOP\",\"zzz\"]}",
+                     NULL, &r) == 0);
+    atomic_store(&eng.step_us, 0);
+    json_t *o = body_json(&r);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    CHECKF(!strcmp(json_string_value(json_object_get(c, "text")), "hello "), "%s", r.body);
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "stop"));
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(wait_until(&eng.n_active, 0, 2));
+    CHECK(atomic_load(&eng.n_aborts) == aborts + 1);
+}
+
+TEST(generate_native)
+{
+    hresp r;
+    CHECK(hc_request(port, "POST", "/generate",
+                     "{\"text\":\"native\",\"sampling_params\":{\"max_new_tokens\":4,\"temperature\":0}}",
+                     NULL, &r) == 0);
+    CHECKF(r.status == 200, "%d %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    CHECK(!strcmp(json_string_value(json_object_get(o, "text")), "nati"));
+    json_t *mi = json_object_get(o, "meta_info");
+    CHECK(json_integer_value(json_object_get(mi, "prompt_tokens")) == 6);
+    CHECK(json_integer_value(json_object_get(mi, "completion_tokens")) == 4);
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(mi, "finish_reason"), "type")), "length"));
+    CHECK(json_array_size(json_object_get(o, "output_ids")) == 4);
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(hc_request(port, "POST", "/generate",
+                     "{\"input_ids\":[65,66,67],\"stream\":true,\"return_logprob\":true}", NULL, &r) == 0);
+    int done = 0;
+    json_t *fr = sse_frames(r.body, &done);
+    CHECK(fr && done && json_array_size(fr) >= 2);
+    json_t *last = json_array_get(fr, json_array_size(fr) - 1);
+    CHECK(!strcmp(json_string_value(json_object_get(last, "text")), "ABC")); /* cumulative */
+    CHECK(json_array_size(json_object_get(json_object_get(last, "meta_info"), "output_token_logprobs")) == 4);
+    json_decref(fr);
+    hresp_free(&r);
+}
+
+static void expect_error(int p, const char *method, const char *path, const char *body,
+                         const char *extra, int status, const char *needle, int *ok)
+{
+    hresp r;
+    *ok = 0;
+    if (hc_request(p, method, path, body, extra, &r)) return;
+    json_t *o = body_json(&r);
+    const char *m = err_msg(o);
+    *ok = r.status == status && m && (!needle || strstr(m, needle));
+    if (!*ok) fprintf(stderr, "  expected %d '%s', got %d %s\n", status, needle ? needle : "", r.status, r.body);
+    json_t *e = json_object_get(o, "error");
+    if (*ok && !(json_is_string(json_object_get(e, "type")) && json_integer_value(json_object_get(e, "code")) == status)) *ok = 0;
+    json_decref(o);
+    hresp_free(&r);
+}
+
+TEST(errors)
+{
+    int ok;
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\": [", NULL, 400, "malformed JSON", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"x\"}", NULL, 400, "max_tokens", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-1}", NULL, 400, "temperature", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", NULL, 400, "n=1", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, 400, "messages[0].role", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/v1/chat/completions", "[1,2]", NULL, 400, "JSON object", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\":[1,2,99999]}", NULL, 400, "vocabulary", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/generate", "{\"sampling_params\":{}}", NULL, 400, "text", &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/nope", "{}", NULL, 404, NULL, &ok);
+    CHECK(ok);
+    expect_error(port, "GET", "/v1/chat/completions", NULL, NULL, 405, NULL, &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/generate", "{\"text\":\"a\"}", "X-Data-Parallel-Rank: 7\r\n", 400, "X-Data-Parallel-Rank", &ok);
+    CHECK(ok);
+    /* a body over the limit (64 KiB in this test) */
+    size_t big = 100 * 1024;
+    char *b = malloc(big + 64);
+    strcpy(b, "{\"prompt\":\"");
+    memset(b + 11, 'a', big);
+    strcpy(b + 11 + big, "\"}");
+    expect_error(port, "POST", "/v1/completions", b, NULL, 413, "larger than", &ok);
+    free(b);
+    CHECK(ok);
+    /* API key */
+    expect_error(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}", NULL, 401, NULL, &ok);
+    CHECK(ok);
+    expect_error(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}", "Authorization: Bearer wrong\r\n", 401, NULL, &ok);
+    CHECK(ok);
+    hresp r;
+    CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}", KEY_HDR, &r) == 0);
+    CHECK(r.status == 200);
+    hresp_free(&r);
+}
+
+TEST(context_limits)
+{
+    /* completions prompt of n bytes = n tokens; context CTX */
+    char body[4096];
+    char prompt[CTX + 8];
+    int ok;
+    memset(prompt, 'x', CTX);
+    prompt[CTX] = 0;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", prompt);
+    expect_error(port, "POST", "/v1/completions", body, NULL, 400, "is longer than the model's context length", &ok);
+    CHECK(ok);
+    prompt[100] = 0;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d}", prompt, CTX - 100);
+    expect_error(port, "POST", "/v1/completions", body, NULL, 400, "You requested a total of 1000 tokens: 100 tokens from the input messages and 900 tokens", &ok);
+    CHECK(ok);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d}", prompt, CTX - 101);
+    hresp r;
+    CHECK(hc_request(port, "POST", "/v1/completions", body, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+}
+
+TEST(tool_calls_and_reasoning)
+{
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                        "\"description\":\"w\",\"parameters\":{\"type\":\"object\"}}}]";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"</think>ok " MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN
+             "get_weather" MS_CHAT_SEP "{\\\"city\\\": \\\"Paris\\\"}" MS_CHAT_CALL_END MS_CHAT_CALLS_END
+             "\"}],%s}", tools);
+    hresp r;
+    CHECK(hc_request(port_key, "POST", "/v1/chat/completions", body, KEY_HDR, &r) == 0);
+    CHECKF(r.status == 200, "%d %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    json_t *tc = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    CHECKF(tc, "%s", r.body);
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "name")), "get_weather"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")), "{\"city\": \"Paris\"}"));
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "tool_calls"));
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "ok "));
+    json_decref(o);
+    hresp_free(&r);
+    /* streamed: deltas reassemble to the same call */
+    body[strlen(body) - 1] = 0;
+    strcat(body, ",\"stream\":true}");
+    CHECK(hc_request(port_key, "POST", "/v1/chat/completions", body, KEY_HDR, &r) == 0);
+    int done;
+    json_t *fr = sse_frames(r.body, &done);
+    CHECK(fr && done);
+    char name[64] = "", args[256] = "";
+    const char *finish = NULL;
+    for (size_t i = 0; i < json_array_size(fr); i++) {
+        json_t *ch = json_array_get(json_object_get(json_array_get(fr, i), "choices"), 0);
+        json_t *d = json_object_get(ch, "delta");
+        size_t j;
+        json_t *t;
+        json_array_foreach(json_object_get(d, "tool_calls"), j, t)
+        {
+            CHECK(json_integer_value(json_object_get(t, "index")) == 0);
+            const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            const char *ar = json_string_value(json_object_get(json_object_get(t, "function"), "arguments"));
+            if (nm) strncat(name, nm, sizeof name - strlen(name) - 1);
+            if (ar) strncat(args, ar, sizeof args - strlen(args) - 1);
+        }
+        if (json_is_string(json_object_get(ch, "finish_reason"))) finish = json_string_value(json_object_get(ch, "finish_reason"));
+    }
+    CHECK(!strcmp(name, "get_weather"));
+    CHECK(!strcmp(args, "{\"city\": \"Paris\"}"));
+    CHECK(finish && !strcmp(finish, "tool_calls"));
+    json_decref(fr);
+    hresp_free(&r);
+    /* reasoning (server runs --reasoning-parser deepseek-r1) */
+    CHECK(hc_request(port_key, "POST", "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hmm let me think</think>The answer\"}]}",
+                     KEY_HDR, &r) == 0);
+    o = body_json(&r);
+    msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECKF(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "hmm let me think"), "%s", r.body);
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "The answer"));
+    json_decref(o);
+    hresp_free(&r);
+    /* separate_reasoning=false keeps it in content */
+    CHECK(hc_request(port_key, "POST", "/v1/chat/completions",
+                     "{\"separate_reasoning\":false,\"messages\":[{\"role\":\"user\",\"content\":\"a</think>b\"}]}",
+                     KEY_HDR, &r) == 0);
+    o = body_json(&r);
+    msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "a</think>b"));
+    json_decref(o);
+    hresp_free(&r);
+}
+
+/* Starts a long streaming request on a raw socket and returns the fd after
+ * the first bytes of the body arrived. */
+static int start_stream(int p, const char *rid)
+{
+    int fd = hc_connect(p);
+    char body[512], req[1024];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true%s%s%s}",
+             rid ? ",\"rid\":\"" : "", rid ? rid : "", rid ? "\"" : "");
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    hc_send_all(fd, req, (size_t)n);
+    char buf[512];
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 5000) <= 0 || recv(fd, buf, sizeof buf, 0) <= 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+TEST(disconnect_aborts)
+{
+    atomic_store(&eng.step_us, 5000);
+    int aborts = atomic_load(&eng.n_aborts);
+    int fd = start_stream(port, NULL);
+    CHECK(fd >= 0);
+    CHECK(wait_until(&eng.n_active, 1, 2.0));
+    close(fd);
+    CHECK(wait_until(&eng.n_active, 0, 2.0)); /* 300 tokens would take 1.5 s more */
+    CHECK(atomic_load(&eng.n_aborts) == aborts + 1);
+    /* non-stream request, client gone while waiting */
+    fd = hc_connect(port);
+    const char *body = "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    hc_send_all(fd, req, (size_t)n);
+    CHECK(wait_until(&eng.n_active, 1, 2.0));
+    close(fd);
+    CHECK(wait_until(&eng.n_active, 0, 2.0));
+    CHECK(atomic_load(&eng.n_aborts) == aborts + 2);
+    CHECK(wait_until((atomic_int *)&eng.n_active, 0, 0.1) && ms_frontend_live_requests(fe) == 0);
+    atomic_store(&eng.step_us, 0);
+}
+
+TEST(abort_api_and_flush)
+{
+    atomic_store(&eng.step_us, 5000);
+    int fd = start_stream(port, "my-rid-1");
+    CHECK(fd >= 0);
+    hresp r;
+    CHECK(hc_request(port, "POST", "/flush_cache", "", NULL, &r) == 0);
+    CHECKF(r.status == 400, "flush while running: %d", r.status);
+    hresp_free(&r);
+    CHECK(hc_request(port, "POST", "/abort_request", "{\"rid\":\"my-rid-1\"}", NULL, &r) == 0);
+    CHECK(r.status == 200 && strstr(r.body, "\"aborted\":1"));
+    hresp_free(&r);
+    char *rest = NULL;
+    hc_read_all(fd, &rest, 5);
+    close(fd);
+    CHECKF(rest && strstr(rest, "\"finish_reason\":\"abort\"") && strstr(rest, "data: [DONE]"), "%s", rest ? rest : "");
+    free(rest);
+    CHECK(wait_until(&eng.n_active, 0, 2.0));
+    CHECK(hc_request(port, "POST", "/flush_cache", "", NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+    atomic_store(&eng.step_us, 0);
+}
+
+TEST(queue_full_503)
+{
+    atomic_store(&eng.paused, 1);
+    usleep(20000); /* the engine is past any pop in progress */
+    int fds[2];
+    const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
+    char req[512];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    for (int i = 0; i < 2; i++) {
+        fds[i] = hc_connect(port_q);
+        hc_send_all(fds[i], req, (size_t)n);
+    }
+    double end = hc_now() + 2;
+    while (ms_serve_hub_n_queued(hub) < 2 && hc_now() < end) usleep(1000);
+    int nq = ms_serve_hub_n_queued(hub);
+    /* two connection threads waiting for tokens use (almost) no CPU */
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    usleep(500000);
+    getrusage(RUSAGE_SELF, &ru1);
+    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                 (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+    int ok;
+    expect_error(port_q, "POST", "/v1/completions", body, NULL, 503, "queue is full", &ok);
+    atomic_store(&eng.paused, 0);
+    for (int i = 0; i < 2; i++) {
+        char *raw = NULL;
+        hc_read_all(fds[i], &raw, 5);
+        close(fds[i]);
+        CHECK(raw && !strncmp(raw, "HTTP/1.1 200", 12));
+        free(raw);
+    }
+    CHECK(ok);
+    CHECKF(nq == 2, "queued %d", nq);
+    CHECKF(cpu < 0.1, "waiting used %.3f s CPU in 0.5 s", cpu);
+}
+
+TEST(load_info_metrics)
+{
+    hresp r;
+    CHECK(hc_request(port, "GET", "/get_load", NULL, NULL, &r) == 0 && r.status == 200);
+    json_t *o = body_json(&r);
+    CHECK(json_array_size(o) == 2);
+    CHECK(json_integer_value(json_object_get(json_array_get(o, 1), "dp_rank")) == 1);
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(hc_request(port, "GET", "/server_info", NULL, NULL, &r) == 0 && r.status == 200);
+    o = body_json(&r);
+    CHECK(json_integer_value(json_object_get(o, "context_length")) == CTX);
+    CHECK(json_array_size(json_object_get(o, "max_total_num_tokens_per_dp_rank")) == 2);
+    CHECK(json_integer_value(json_object_get(o, "max_running_requests_per_dp_rank")) == 16);
+    CHECK(json_array_size(json_object_get(o, "internal_states")) == 2);
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(hc_request(port, "GET", "/get_server_info", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+    CHECK(hc_request(port, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200);
+    CHECK(strstr(r.body, "sglang:num_requests_total{model_name=\"echo-model\"}"));
+    CHECK(strstr(r.body, "sglang:num_running_reqs{model_name=\"echo-model\",dp_rank=\"1\"} 0"));
+    CHECK(strstr(r.body, "sglang:time_to_first_token_seconds_bucket"));
+    char path[] = "/tmp/ms_metrics_XXXXXX";
+    int tfd = mkstemp(path);
+    CHECK(tfd >= 0);
+    CHECK(write(tfd, r.body, r.n) == (ssize_t)r.n);
+    close(tfd);
+    hresp_free(&r);
+    /* promtool: only the "should not contain ':'" lint is allowed (SGLang's names have colons) */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1 | grep -v \"metric names should not contain ':'\"", path);
+    FILE *p = popen(cmd, "r");
+    char out[1024] = "";
+    size_t got = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[got] = 0;
+    if (p) pclose(p);
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s > /dev/null 2>&1; test $? -le 3", path);
+    int prc = system(cmd);
+    unlink(path);
+    CHECKF(got == 0, "promtool: %s", out);
+    CHECK(prc == 0);
+    /* promtool does catch broken text (the check can fail) */
+    CHECK(system("printf 'sglang_x{a=\"1\" 3\\n' | promtool check metrics > /dev/null 2>&1") != 0);
+}
+
+TEST(slowloris_and_garbage)
+{
+    int fds[20];
+    for (int i = 0; i < 20; i++) {
+        fds[i] = hc_connect(port);
+        hc_send_all(fds[i], "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le", 49);
+    }
+    double t0 = hc_now();
+    hresp r;
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+    CHECK(hc_now() - t0 < 1.0);
+    /* binary garbage, a huge header, then the server still answers */
+    int g = hc_connect(port);
+    char junk[4096];
+    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (char)(i * 7 + 3);
+    hc_send_all(g, junk, sizeof junk);
+    close(g);
+    g = hc_connect(port);
+    char *hdr = malloc(200 * 1024);
+    int k = sprintf(hdr, "GET /health HTTP/1.1\r\nX-Big: ");
+    memset(hdr + k, 'a', 190 * 1024);
+    strcpy(hdr + k + 190 * 1024, "\r\n\r\n");
+    hc_send_all(g, hdr, strlen(hdr));
+    free(hdr);
+    char *raw = NULL;
+    hc_read_all(g, &raw, 5);
+    close(g);
+    CHECKF(raw && (!strncmp(raw, "HTTP/1.1 431", 12) || !strncmp(raw, "HTTP/1.1 413", 12) || raw[0] == 0), "%.40s", raw ? raw : "");
+    free(raw);
+    for (int i = 0; i < 20; i++) close(fds[i]);
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+}
+
+TEST(watchdog_marks_unhealthy)
+{
+    /* fe_q runs with --watchdog-timeout 1 and MOESERVE_WATCHDOG_NO_EXIT */
+    atomic_store(&eng.stalled, 1);
+    int fd = hc_connect(port_q);
+    const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
+    char req[512];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    hc_send_all(fd, req, (size_t)n);
+    double end = hc_now() + 5;
+    int st = 0;
+    while (hc_now() < end) {
+        hresp r;
+        if (hc_request(port_q, "GET", "/health", NULL, NULL, &r) == 0) st = r.status;
+        hresp_free(&r);
+        if (st == 503) break;
+        usleep(100000);
+    }
+    atomic_store(&eng.stalled, 0);
+    char *raw = NULL;
+    hc_read_all(fd, &raw, 5);
+    close(fd);
+    free(raw);
+    CHECK(st == 503);
+}
+
+TEST(drain)
+{
+    atomic_store(&eng.step_us, 2000);
+    int fd = start_stream(port, NULL);
+    CHECK(fd >= 0);
+    ms_frontend_begin_drain(fe);
+    CHECK(ms_frontend_live_requests(fe) == 1);
+    /* no longer accepting (the accept thread lets go of the socket within ms) */
+    int c2 = -1;
+    for (int i = 0; i < 100; i++) {
+        c2 = hc_connect(port);
+        if (c2 < 0) break;
+        close(c2);
+        usleep(10000);
+    }
+    CHECK(c2 < 0);
+    char *rest = NULL;
+    hc_read_all(fd, &rest, 5); /* the running request completes */
+    close(fd);
+    CHECK(rest && strstr(rest, "\"finish_reason\":\"length\"") && strstr(rest, "[DONE]"));
+    free(rest);
+    double end = hc_now() + 2;
+    while (ms_frontend_live_requests(fe) && hc_now() < end) usleep(1000);
+    CHECK(ms_frontend_live_requests(fe) == 0);
+    atomic_store(&eng.step_us, 0);
+}
+
+static void setup_info(ms_engine_info *in)
+{
+    memset(in, 0, sizeof *in);
+    snprintf(in->model_path, sizeof in->model_path, "/models/echo");
+    in->context_len = CTX;
+    in->page_size = 1;
+    in->vocab_size = TC_VOCAB;
+    snprintf(in->layout, sizeof in->layout, "tp=2 dp=2 dp-attention");
+    in->tp_size = 2;
+    in->dp_size = 2;
+    in->attn_dp_size = 2;
+    in->attn_tp_size = 1;
+    in->ep_size = 1;
+    in->pp_size = 1;
+    in->moe_tp_size = 2;
+    in->n_dp = 2;
+    in->max_total_num_tokens[0] = in->max_total_num_tokens[1] = 5000;
+    in->max_running_requests = 32;
+    in->max_running_requests_per_rank = 16;
+    in->chunked_prefill_size = 1024;
+    in->chunked_prefill_size_per_rank = 512;
+    snprintf(in->dtype, sizeof in->dtype, "float32");
+}
+
+static volatile sig_atomic_t got_term;
+
+static int serve_forever(int argc, char **argv)
+{
+    ms_engine_info in;
+    setup_info(&in);
+    ms_errbuf e;
+    hub = ms_serve_hub_new(&in, &e);
+    ms_frontend_opts o;
+    ms_frontend_opts_init(&o);
+    o.port = 0;
+    snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
+    for (int i = 3; i < argc;) {
+        int k = ms_frontend_parse_flag(&o, argc, argv, i, &e);
+        if (k <= 0) {
+            fprintf(stderr, "bad flag %s: %s\n", argv[i], k < 0 ? e.msg : "unknown");
+            return 2;
+        }
+        i += k;
+    }
+    ms_serve_hub_install_signals(hub);
+    if (echo_start(&eng, hub) || ms_frontend_open(&fe, &o, hub, &test_codec, &e)) {
+        fprintf(stderr, "start: %s\n", e.msg);
+        return 1;
+    }
+    if (getenv("ECHO_STEP_US")) atomic_store(&eng.step_us, atoi(getenv("ECHO_STEP_US")));
+    FILE *f = fopen(argv[2], "w");
+    fprintf(f, "%d\n", ms_frontend_port(fe));
+    fclose(f);
+    while (!ms_serve_hub_stop_requested(hub)) usleep(20000);
+    ms_frontend_begin_drain(fe);
+    while (ms_frontend_live_requests(fe)) usleep(10000);
+    ms_frontend_close(fe);
+    echo_stop(&eng);
+    ms_serve_hub_free(hub);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    ms_log_init(0);
+    if (argc >= 3 && !strcmp(argv[1], "--serve")) return serve_forever(argc, argv);
+    if (!getenv("MOESERVE_LOG")) ms_log_threshold = MS_WARN;
+    setenv("MOESERVE_WATCHDOG_NO_EXIT", "1", 1);
+    ms_engine_info in;
+    setup_info(&in);
+    ms_errbuf e;
+    hub = ms_serve_hub_new(&in, &e);
+    if (!hub || echo_start(&eng, hub)) return 1;
+    ms_frontend_opts o;
+    ms_frontend_opts_init(&o);
+    o.port = 0;
+    o.max_body_bytes = 64 * 1024;
+    o.enable_metrics = 1;
+    o.idle_timeout_s = 2;
+    snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
+    if (ms_frontend_open(&fe, &o, hub, &test_codec, &e)) {
+        fprintf(stderr, "open: %s\n", e.msg);
+        return 1;
+    }
+    port = ms_frontend_port(fe);
+    ms_frontend_opts ok = o;
+    char *args[] = {"x", "--api-key", "sekrit", "--tool-call-parser", "deepseekv31", "--reasoning-parser=deepseek-r1"};
+    for (int i = 1; i < 6;) {
+        int k = ms_frontend_parse_flag(&ok, 6, args, i, &e);
+        if (k <= 0) return 1;
+        i += k;
+    }
+    if (ms_frontend_open(&fe_key, &ok, hub, &test_codec, &e)) return 1;
+    port_key = ms_frontend_port(fe_key);
+    ms_frontend_opts oq = o;
+    oq.max_queued_requests = 2;
+    oq.watchdog_timeout_s = 1;
+    if (ms_frontend_open(&fe_q, &oq, hub, &test_codec, &e)) return 1;
+    port_q = ms_frontend_port(fe_q);
+
+    RUN(health_and_models);
+    RUN(chat_non_stream);
+    RUN(chat_stream_sse);
+    RUN(completions_length_and_logprobs);
+    RUN(stop_string_aborts_engine);
+    RUN(generate_native);
+    RUN(errors);
+    RUN(context_limits);
+    RUN(tool_calls_and_reasoning);
+    RUN(disconnect_aborts);
+    RUN(abort_api_and_flush);
+    RUN(queue_full_503);
+    RUN(load_info_metrics);
+    RUN(slowloris_and_garbage);
+    RUN(watchdog_marks_unhealthy);
+    RUN(drain);
+
+    ms_frontend_close(fe_q);
+    ms_frontend_close(fe_key);
+    ms_frontend_close(fe);
+    echo_stop(&eng);
+    ms_serve_hub_free(hub);
+    return TEST_REPORT();
+}
