@@ -118,6 +118,9 @@ static int round_trip(gen *g, const int32_t *ids, size_t n, char **text, int32_t
  * encode(text) == ids.  Random ids are decoded and re-encoded (the canonical ids c); then
  * prefixes of c of length len, len ± 1, len ± 2, ... are tried until one round-trips to
  * exactly len ids.  If none does, the closest is kept and n_ids says its true length. */
+static int search_once(gen *g, size_t want, char **text, int32_t **ids, int64_t *n_ids,
+                       ms_errbuf *err);
+
 static int gen_text(gen *g, int64_t len, char **text, int32_t **ids, int64_t *n_ids,
                     ms_errbuf *err)
 {
@@ -136,13 +139,43 @@ static int gen_text(gen *g, int64_t len, char **text, int32_t **ids, int64_t *n_
         *text = t;
         return 0;
     }
-    size_t want = (size_t)len, n_raw = want + want / 8 + 8;
+    /* a few fresh tries when no prefix round-trips exactly; keep the closest */
+    int rc = 0;
+    for (int attempt = 0; attempt < 4 && !rc; attempt++) {
+        char *t = NULL;
+        int32_t *id = NULL;
+        int64_t n = 0;
+        if ((rc = search_once(g, (size_t)len, &t, &id, &n, err))) break;
+        if (!*text || llabs(n - len) < llabs(*n_ids - len)) {
+            free(*text);
+            free(*ids);
+            *text = t, *ids = id, *n_ids = n;
+        } else {
+            free(t);
+            free(id);
+        }
+        if (*n_ids == len) break;
+    }
+    if (rc) {
+        free(*text);
+        free(*ids);
+        *text = NULL;
+        *ids = NULL;
+    }
+    return rc;
+}
+
+/* One try of gen_text with a tokenizer (see there). */
+static int search_once(gen *g, size_t want, char **text, int32_t **ids, int64_t *n_ids,
+                       ms_errbuf *err)
+{
+    size_t n_raw = want + want / 8 + 8;
     int32_t *raw = NULL, *c = NULL, *best_ids = NULL;
     char *t = NULL, *best_text = NULL;
     size_t n_c = 0, best_n = 0, best_d = SIZE_MAX;
     int rc = 0;
     /* re-encoding merges neighbours: grow the random ids until the canonical ones suffice */
-    for (int grow = 0; grow < 8 && !rc && n_c < want + 2; grow++, n_raw *= 2) {
+    for (int grow = 0; grow < 4 && !rc && n_c < want + 2; grow++, n_raw *= 2) {
         free(raw);
         free(c);
         c = NULL;
