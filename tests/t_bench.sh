@@ -232,6 +232,30 @@ echo $? >"$TMP/refused.rc"
 LAST=refused
 check connect_refused 'rc != 0 and "warmup failed" in err and "connect" in err.lower()'
 
+# 15. the real server: every backend against `moeserve serve` on a tiny random model
+if [ -d "$TMP/model" ] && "$BIN" serve --help >/dev/null 2>&1; then
+    "$BIN" serve --model-path "$TMP/model" --port 0 --threads 1 >"$TMP/serve.log" 2>&1 &
+    SPID=$!
+    SURL=
+    for _ in $(seq 150); do
+        SURL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$TMP/serve.log" | sed 's/listening on //')
+        [ -n "$SURL" ] && break
+        sleep 0.1
+    done
+    for b in moeserve sglang openai openai-chat; do
+        LAST=real_$b
+        "$BIN" bench --base-url "$SURL" --backend "$b" --tokenizer "$TMP/model" --num-prompts 4 \
+            --random-input-len 16 --random-output-len 4 --random-range-ratio 1 \
+            --output-file "$TMP/$LAST.jsonl" >"$TMP/$LAST.out" 2>"$TMP/$LAST.err"
+        echo $? >"$TMP/$LAST.rc"
+        check real_server_$b 'rc == 0 and r["completed"] == 4 and r["failed"] == 0 and r["total_output_tokens"] == 16 and r["total_input_tokens"] == 64 and r["mean_ttft_ms"] > 0 and r["total_input_tokens_server"] is not None'
+    done
+    kill "$SPID" 2>/dev/null
+    wait "$SPID" 2>/dev/null
+else
+    echo "skip real_server (no model or no serve command)"
+fi
+
 # 15. timeouts are failures with a message (last: the double keeps sleeping afterwards)
 config '{"ttft_ms": 3000, "itl_ms": 1}'
 run timeout --backend openai --num-prompts 2 --random-input-len 4 --random-output-len 2 \
