@@ -88,9 +88,9 @@ TEST(goodput_rule)
     ms_bench_slo s;
     /* binary-exact values, so "equal passes" is tested without rounding */
     CHECK(ms_bench_slo_parse("ttft:125,tpot:15.625", &s, NULL) == 0);
-    ms_bench_result a = res(true, 0.125, 0.25, 5, 9);   /* TTFT and TPOT equal to the SLOs: good */
-    ms_bench_result b = res(true, 0.1251, 0.2, 5, 10);  /* TTFT over */
-    ms_bench_result c = res(true, 0.05, 5.0, 5, 1);     /* one token: TPOT counts 0 */
+    ms_bench_result a = res(true, 0.125, 0.25, 5, 9);  /* TTFT and TPOT equal to the SLOs: good */
+    ms_bench_result b = res(true, 0.1251, 0.2, 5, 10); /* TTFT over */
+    ms_bench_result c = res(true, 0.05, 5.0, 5, 1);    /* one token: TPOT counts 0 */
     ms_bench_result d = res(true, 0.05, 0.05 + 9 * 0.016, 5, 10); /* TPOT over */
     ms_bench_result f = res(false, 0, 0, 5, 0);
     CHECK(ms_bench_slo_good(&s, &a));
@@ -188,15 +188,15 @@ static int collect(void *ctx, const char *data, size_t n)
 }
 
 static const char stream_text[] = ": keep-alive\r\n"
-                                   "data: {\"a\":1}\r\n\r\n"
-                                   "event: message\n"
-                                   "data:{\"b\":2}\n\n"
-                                   "data: line1\n"
-                                   "data: line2\r\r"
-                                   "id: 7\n"
-                                   "data\n\n"
-                                   "data: [DONE]\n\n"
-                                   "data: tail";
+                                  "data: {\"a\":1}\r\n\r\n"
+                                  "event: message\n"
+                                  "data:{\"b\":2}\n\n"
+                                  "data: line1\n"
+                                  "data: line2\r\r"
+                                  "id: 7\n"
+                                  "data\n\n"
+                                  "data: [DONE]\n\n"
+                                  "data: tail";
 static const char expect_events[] = "{\"a\":1}|{\"b\":2}|line1\nline2||[DONE]|tail|";
 
 static int run_split(const size_t *cuts, int n_cuts, events *ev)

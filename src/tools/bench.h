@@ -20,15 +20,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define MS_BENCH_MAX_PROMPTS 1000000              /* --num-prompts, gsp groups × prompts */
-#define MS_BENCH_MAX_LEN (1 << 22)                /* tokens in one prompt or one output */
-#define MS_BENCH_MAX_CONCURRENCY 16384            /* --max-concurrency */
-#define MS_BENCH_MAX_SSE_LINE ((size_t)16 << 20)  /* one SSE line / event from the server */
-#define MS_BENCH_MAX_BODY ((size_t)64 << 20)      /* a non-streamed reply */
-#define MS_BENCH_MAX_TEXT ((size_t)64 << 20)      /* generated text kept per request */
-#define MS_BENCH_MAX_DATASET ((size_t)4 << 30)    /* --dataset-path file */
-#define MS_BENCH_MAX_SWEEP 32                     /* points of --sweep */
-#define MS_BENCH_ERR_LEN 256                      /* error text kept per failed request */
+#define MS_BENCH_MAX_PROMPTS     1000000            /* --num-prompts, gsp groups × prompts */
+#define MS_BENCH_MAX_LEN         (1 << 22)          /* tokens in one prompt or one output */
+#define MS_BENCH_MAX_CONCURRENCY 16384              /* --max-concurrency */
+#define MS_BENCH_MAX_SSE_LINE    ((size_t)16 << 20) /* one SSE line / event from the server */
+#define MS_BENCH_MAX_BODY        ((size_t)64 << 20) /* a non-streamed reply */
+#define MS_BENCH_MAX_TEXT        ((size_t)64 << 20) /* generated text kept per request */
+#define MS_BENCH_MAX_DATASET     ((size_t)4 << 30)  /* --dataset-path file */
+#define MS_BENCH_MAX_SWEEP       32                 /* points of --sweep */
+#define MS_BENCH_ERR_LEN         256                /* error text kept per failed request */
 
 typedef enum ms_bench_backend {
     MS_BENCH_MOESERVE,    /* POST /generate, input_ids when known, meta_info token counts */
@@ -39,8 +39,8 @@ typedef enum ms_bench_backend {
 
 /* One prompt of a dataset (all members owned by the dataset). */
 typedef struct ms_bench_prompt {
-    char *text;         /* UTF-8, NUL-terminated */
-    int32_t *ids;       /* [n_ids] exact token ids, or NULL (no tokenizer) */
+    char *text;   /* UTF-8, NUL-terminated */
+    int32_t *ids; /* [n_ids] exact token ids, or NULL (no tokenizer) */
     int64_t n_ids;
     int64_t prompt_len; /* tokens: exact with a tokenizer, else the word-count estimate */
     int64_t output_len; /* tokens to request (max_tokens / max_new_tokens) */
@@ -55,16 +55,16 @@ typedef struct ms_bench_dataset {
 /* One request's outcome, measured on the client with a monotonic clock. */
 typedef struct ms_bench_result {
     bool ok;
-    double start_s;             /* just before the POST (absolute monotonic seconds) */
-    double ttft_s;              /* first chunk with non-empty generated content */
-    double e2e_s;               /* last SSE event received ([DONE] included) */
-    int64_t prompt_len;         /* from the dataset (SGLang's total_input counts these) */
-    int64_t prompt_len_server;  /* usage.prompt_tokens / meta_info.prompt_tokens, -1 unknown */
-    int64_t output_len;         /* server count, else tokenizer count, else requested */
-    int64_t output_len_retok;   /* tokenizer count of the generated text, -1 without one */
-    double *itl_s;              /* [n_itl] gaps between content chunks (owned) */
+    double start_s;            /* just before the POST (absolute monotonic seconds) */
+    double ttft_s;             /* first chunk with non-empty generated content */
+    double e2e_s;              /* last SSE event received ([DONE] included) */
+    int64_t prompt_len;        /* from the dataset (SGLang's total_input counts these) */
+    int64_t prompt_len_server; /* usage.prompt_tokens / meta_info.prompt_tokens, -1 unknown */
+    int64_t output_len;        /* server count, else tokenizer count, else requested */
+    int64_t output_len_retok;  /* tokenizer count of the generated text, -1 without one */
+    double *itl_s;             /* [n_itl] gaps between content chunks (owned) */
     size_t n_itl, cap_itl;
-    char *text;                 /* generated text (owned, NUL-terminated when non-NULL) */
+    char *text; /* generated text (owned, NUL-terminated when non-NULL) */
     size_t n_text, cap_text;
     char err[MS_BENCH_ERR_LEN]; /* why it failed ("HTTP 500: ...", "timeout after 3 s") */
 } ms_bench_result;
@@ -167,22 +167,22 @@ void ms_bench_dataset_deinit(ms_bench_dataset *d);
 
 typedef struct ms_bench_client_cfg {
     ms_bench_backend backend;
-    const char *url;   /* the endpoint (…/generate, …/v1/completions, …/v1/chat/completions) */
+    const char *url; /* the endpoint (…/generate, …/v1/completions, …/v1/chat/completions) */
     const char *model; /* "model" field of OpenAI requests; NULL: omitted */
     bool stream, ignore_eos;
-    const json_t *extra; /* object merged into every request body, or NULL (borrowed) */
-    double timeout_s;    /* per request, 0 = none */
-    const char *api_key; /* Authorization: Bearer, or NULL */
+    const json_t *extra;     /* object merged into every request body, or NULL (borrowed) */
+    double timeout_s;        /* per request, 0 = none */
+    const char *api_key;     /* Authorization: Bearer, or NULL */
     const ms_tokenizer *tok; /* optional: counts generated tokens (borrowed) */
 } ms_bench_client_cfg;
 
 typedef void (*ms_bench_progress_fn)(void *ctx, size_t done, size_t failed, size_t total);
 
 typedef struct ms_bench_run_cfg {
-    double request_rate;  /* requests/s of the Poisson process; <= 0 or inf: all at t = 0 */
-    int max_concurrency;  /* 0: unlimited */
-    uint64_t seed;        /* arrival gaps */
-    int64_t max_output;   /* > 0: caps every prompt's output_len (warmup uses 32) */
+    double request_rate; /* requests/s of the Poisson process; <= 0 or inf: all at t = 0 */
+    int max_concurrency; /* 0: unlimited */
+    uint64_t seed;       /* arrival gaps */
+    int64_t max_output;  /* > 0: caps every prompt's output_len (warmup uses 32) */
     ms_bench_progress_fn progress;
     void *progress_ctx;
 } ms_bench_run_cfg;
@@ -223,10 +223,9 @@ typedef struct ms_bench_sweep_point {
     ms_bench_metrics m;
 } ms_bench_sweep_point;
 
-void ms_bench_report_sweep_table(FILE *f, const char *axis, const ms_bench_sweep_point *p,
-                                 int n);
+void ms_bench_report_sweep_table(FILE *f, const char *axis, const ms_bench_sweep_point *p, int n);
 /* Latency–throughput plot with gnuplot: svg, or png when path ends in .png. */
-int ms_bench_report_sweep_plot(const char *path, const char *axis,
-                               const ms_bench_sweep_point *p, int n, ms_errbuf *err);
+int ms_bench_report_sweep_plot(const char *path, const char *axis, const ms_bench_sweep_point *p,
+                               int n, ms_errbuf *err);
 
 #endif

@@ -87,7 +87,8 @@ static char *make_body(const ms_bench_client_cfg *c, const ms_bench_prompt *p, i
     if (c->backend == MS_BENCH_MOESERVE || c->backend == MS_BENCH_SGLANG) {
         if (c->backend == MS_BENCH_MOESERVE && p->ids) {
             json_t *a = json_array();
-            for (int64_t i = 0; i < p->n_ids; i++) json_array_append_new(a, json_integer(p->ids[i]));
+            for (int64_t i = 0; i < p->n_ids; i++)
+                json_array_append_new(a, json_integer(p->ids[i]));
             json_object_set_new(o, "input_ids", a);
         } else {
             json_object_set_new(o, "text", json_string(p->text));
@@ -99,8 +100,8 @@ static char *make_body(const ms_bench_client_cfg *c, const ms_bench_prompt *p, i
     } else {
         if (c->model) json_object_set_new(o, "model", json_string(c->model));
         if (c->backend == MS_BENCH_OPENAI_CHAT)
-            json_object_set_new(o, "messages", json_pack("[{s:s,s:s}]", "role", "user", "content",
-                                                         p->text));
+            json_object_set_new(o, "messages",
+                                json_pack("[{s:s,s:s}]", "role", "user", "content", p->text));
         else
             json_object_set_new(o, "prompt", json_string(p->text));
         json_object_set_new(o, "temperature", json_real(0.0));
@@ -198,10 +199,11 @@ static int on_object(req *q, const json_t *o)
     const json_t *src = ch;
     if (c->backend == MS_BENCH_OPENAI_CHAT)
         src = json_object_get(ch, c->stream ? "delta" : "message");
-    const char *t = json_string_value(json_object_get(src, c->backend == MS_BENCH_OPENAI_CHAT
-                                                               ? "content" : "text"));
+    const char *t = json_string_value(
+        json_object_get(src, c->backend == MS_BENCH_OPENAI_CHAT ? "content" : "text"));
     const char *rt = c->backend == MS_BENCH_OPENAI_CHAT
-                         ? json_string_value(json_object_get(src, "reasoning_content")) : NULL;
+                         ? json_string_value(json_object_get(src, "reasoning_content"))
+                         : NULL;
     bool any = (t && t[0]) || (rt && rt[0]);
     if (!any) return 0;
     int rc = 0;
@@ -307,16 +309,20 @@ static void req_finish(req *q, CURLcode cc)
         non200_message(q);
     } else if (q->c->stream) {
         q->now_s = now;
-        if (ms_bench_sse_finish(&q->sse, on_event, q, &q->perr)) fail(q, "%s", q->perr.msg);
-        else if (!q->got_content) fail(q, "no generated text in the stream");
+        if (ms_bench_sse_finish(&q->sse, on_event, q, &q->perr))
+            fail(q, "%s", q->perr.msg);
+        else if (!q->got_content)
+            fail(q, "no generated text in the stream");
     } else {
         q->now_s = now;
         json_error_t je;
         json_t *o = json_loadb(q->raw ? q->raw : "", q->n_raw, 0, &je);
         int rc = o ? on_object(q, o) : ms_err(&q->perr, MS_EFORMAT, "bad JSON reply: %s", je.text);
         json_decref(o);
-        if (rc) fail(q, "%s", q->perr.msg);
-        else if (!q->got_content) fail(q, "no generated text in the reply");
+        if (rc)
+            fail(q, "%s", q->perr.msg);
+        else if (!q->got_content)
+            fail(q, "no generated text in the reply");
         r->e2e_s = now - r->start_s;
         r->ttft_s = r->e2e_s; /* non-streamed: the first token arrives with the last */
     }
@@ -334,7 +340,7 @@ static void req_finish(req *q, CURLcode cc)
         r->output_len_retok = (int64_t)got;
     }
     if (r->ok)
-        r->output_len = q->server_out >= 0       ? q->server_out
+        r->output_len = q->server_out >= 0         ? q->server_out
                         : r->output_len_retok >= 0 ? r->output_len_retok
                                                    : q->want_out;
     else
@@ -386,8 +392,8 @@ int ms_bench_client_run(const ms_bench_client_cfg *c, const ms_bench_run_cfg *rc
     bool poisson = rcfg->request_rate > 0 && isfinite(rcfg->request_rate);
     uint64_t rng = rcfg->seed * 0x9e3779b97f4a7c15ull + 12345;
     for (size_t i = 1; i < n; i++)
-        arrive[i] = arrive[i - 1] +
-                    (poisson ? -log(1.0 - ms_rng_uniform(&rng)) / rcfg->request_rate : 0.0);
+        arrive[i] =
+            arrive[i - 1] + (poisson ? -log(1.0 - ms_rng_uniform(&rng)) / rcfg->request_rate : 0.0);
     size_t next = 0, done = 0, failed = 0;
     int in_flight = 0;
     double t0 = ms_now_s(), t_end = t0;

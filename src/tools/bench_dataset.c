@@ -17,18 +17,20 @@
 
 /* Common English words: each is one token in GPT-2/DeepSeek-style BPE vocabularies. */
 static const char *const words[] = {
-    "the",    "of",    "and",   "to",     "in",    "is",    "that",  "for",   "it",    "as",
-    "was",    "with",  "be",    "by",     "on",    "not",   "he",    "this",  "are",   "or",
-    "his",    "from",  "at",    "which",  "but",   "have",  "an",    "had",   "they",  "you",
-    "were",   "their", "one",   "all",    "we",    "can",   "her",   "has",   "there", "been",
-    "if",     "more",  "when",  "will",   "would", "who",   "so",    "no",    "time",  "people",
-    "year",   "way",   "day",   "man",    "thing", "woman", "life",  "child", "world", "school",
-    "state",  "family", "group", "country", "problem", "hand", "part", "place", "case", "week",
-    "company", "system", "program", "question", "work", "number", "night", "point", "home",
-    "water",  "room",  "mother", "area",  "money", "story", "fact",  "month", "lot",   "right",
-    "study",  "book",  "eye",   "job",    "word",  "business", "issue", "side", "kind",  "head",
-    "house",  "service", "friend", "father", "power", "hour", "game", "line", "end",   "member",
-    "law",    "car",   "city",  "name",   "team",  "minute", "idea", "kid",  "body",  "back",
+    "the",     "of",       "and",    "to",     "in",       "is",     "that",   "for",     "it",
+    "as",      "was",      "with",   "be",     "by",       "on",     "not",    "he",      "this",
+    "are",     "or",       "his",    "from",   "at",       "which",  "but",    "have",    "an",
+    "had",     "they",     "you",    "were",   "their",    "one",    "all",    "we",      "can",
+    "her",     "has",      "there",  "been",   "if",       "more",   "when",   "will",    "would",
+    "who",     "so",       "no",     "time",   "people",   "year",   "way",    "day",     "man",
+    "thing",   "woman",    "life",   "child",  "world",    "school", "state",  "family",  "group",
+    "country", "problem",  "hand",   "part",   "place",    "case",   "week",   "company", "system",
+    "program", "question", "work",   "number", "night",    "point",  "home",   "water",   "room",
+    "mother",  "area",     "money",  "story",  "fact",     "month",  "lot",    "right",   "study",
+    "book",    "eye",      "job",    "word",   "business", "issue",  "side",   "kind",    "head",
+    "house",   "service",  "friend", "father", "power",    "hour",   "game",   "line",    "end",
+    "member",  "law",      "car",    "city",   "name",     "team",   "minute", "idea",    "kid",
+    "body",    "back",
 };
 
 static int add_row(ms_bench_dataset *d, size_t *cap, ms_bench_prompt *row, ms_errbuf *err)
@@ -121,8 +123,7 @@ static int round_trip(gen *g, const int32_t *ids, size_t n, char **text, int32_t
 static int search_once(gen *g, size_t want, char **text, int32_t **ids, int64_t *n_ids,
                        ms_errbuf *err);
 
-static int gen_text(gen *g, int64_t len, char **text, int32_t **ids, int64_t *n_ids,
-                    ms_errbuf *err)
+static int gen_text(gen *g, int64_t len, char **text, int32_t **ids, int64_t *n_ids, ms_errbuf *err)
 {
     *text = NULL;
     *ids = NULL;
@@ -363,9 +364,10 @@ static int build_sharegpt(const ms_bench_data_cfg *c, gen *g, ms_bench_dataset *
     json_t *root = json_loadb(raw, n_raw, 0, &je);
     free(raw);
     if (!root || !json_is_array(root)) {
-        rc = ms_err(err, MS_EFORMAT, "--dataset-path %s: %s (line %d): expected a ShareGPT JSON "
-                    "array of {\"conversations\": [...]}", c->path, root ? "not an array" : je.text,
-                    root ? 0 : je.line);
+        rc = ms_err(err, MS_EFORMAT,
+                    "--dataset-path %s: %s (line %d): expected a ShareGPT JSON "
+                    "array of {\"conversations\": [...]}",
+                    c->path, root ? "not an array" : je.text, root ? 0 : je.line);
         json_decref(root);
         return rc;
     }
@@ -417,10 +419,10 @@ static int build_sharegpt(const ms_bench_data_cfg *c, gen *g, ms_bench_dataset *
             free(q.ids);
         }
         p.output_len = out_len;
-        bool keep = p.prompt_len >= 2 && out_len >= 2 &&
-                    !(c->sharegpt_context_len > 0 &&
-                      p.prompt_len + out_len > c->sharegpt_context_len) &&
-                    p.prompt_len <= MS_BENCH_MAX_LEN && out_len <= MS_BENCH_MAX_LEN;
+        bool keep =
+            p.prompt_len >= 2 && out_len >= 2 &&
+            !(c->sharegpt_context_len > 0 && p.prompt_len + out_len > c->sharegpt_context_len) &&
+            p.prompt_len <= MS_BENCH_MAX_LEN && out_len <= MS_BENCH_MAX_LEN;
         if (keep) rc = add_row(d, &cap, &p, err);
         free(p.text);
         free(p.ids);
@@ -428,8 +430,10 @@ static int build_sharegpt(const ms_bench_data_cfg *c, gen *g, ms_bench_dataset *
     free(order);
     json_decref(root);
     if (!rc && d->n == 0)
-        rc = ms_err(err, MS_EINVAL, "--dataset-path %s: no usable conversation (need two turns "
-                    "of >= 2 tokens each)", c->path);
+        rc = ms_err(err, MS_EINVAL,
+                    "--dataset-path %s: no usable conversation (need two turns "
+                    "of >= 2 tokens each)",
+                    c->path);
     return rc;
 }
 
@@ -440,9 +444,15 @@ int ms_bench_dataset_build(const ms_bench_data_cfg *c, ms_bench_dataset *out, ms
     int rc = gen_init(&g, c, err);
     if (!rc) {
         switch (c->kind) {
-        case MS_BENCH_DATA_RANDOM: rc = build_random(c, &g, out, err); break;
-        case MS_BENCH_DATA_GSP: rc = build_gsp(c, &g, out, err); break;
-        case MS_BENCH_DATA_SHAREGPT: rc = build_sharegpt(c, &g, out, err); break;
+        case MS_BENCH_DATA_RANDOM:
+            rc = build_random(c, &g, out, err);
+            break;
+        case MS_BENCH_DATA_GSP:
+            rc = build_gsp(c, &g, out, err);
+            break;
+        case MS_BENCH_DATA_SHAREGPT:
+            rc = build_sharegpt(c, &g, out, err);
+            break;
         }
     }
     free(g.pool);

@@ -77,8 +77,7 @@ int ms_bench_slo_parse(const char *spec, ms_bench_slo *out, ms_errbuf *err)
     snprintf(buf, sizeof buf, "%s", spec);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *colon = strchr(t, ':');
-        if (!colon)
-            return ms_err(err, MS_EINVAL, "--slo '%s': '%s' is not NAME:MS", spec, t);
+        if (!colon) return ms_err(err, MS_EINVAL, "--slo '%s': '%s' is not NAME:MS", spec, t);
         *colon = 0;
         const char *v = colon + 1;
         char *end = NULL;
@@ -149,10 +148,14 @@ int ms_bench_metrics_compute(const ms_bench_result *r, size_t n, double duration
         }
         out->total_input += x->prompt_len;
         out->total_output += x->output_len;
-        if (x->prompt_len_server >= 0) out->total_input_server += x->prompt_len_server;
-        else all_server_in = false;
-        if (x->output_len_retok >= 0) out->total_output_retok += x->output_len_retok;
-        else all_retok = false;
+        if (x->prompt_len_server >= 0)
+            out->total_input_server += x->prompt_len_server;
+        else
+            all_server_in = false;
+        if (x->output_len_retok >= 0)
+            out->total_output_retok += x->output_len_retok;
+        else
+            all_retok = false;
         ttft[n_ok] = x->ttft_s;
         e2e[n_ok] = x->e2e_s;
         sum_e2e += x->e2e_s;

@@ -21,16 +21,18 @@ void ms_bench_report_print(FILE *f, const ms_bench_run_info *in, const ms_bench_
         fprintf(f, "%-40s %g\n", "Traffic request rate:", in->request_rate);
     else
         fprintf(f, "%-40s inf\n", "Traffic request rate:");
-    if (in->max_concurrency > 0) fprintf(f, "%-40s %d\n", "Max request concurrency:", in->max_concurrency);
-    else fprintf(f, "%-40s not set\n", "Max request concurrency:");
+    if (in->max_concurrency > 0)
+        fprintf(f, "%-40s %d\n", "Max request concurrency:", in->max_concurrency);
+    else
+        fprintf(f, "%-40s not set\n", "Max request concurrency:");
     fprintf(f, "%-40s %lld\n", "Successful requests:", (long long)m->completed);
     fprintf(f, "%-40s %lld\n", "Failed requests:", (long long)m->failed);
     fprintf(f, "%-40s %.2f\n", "Benchmark duration (s):", m->duration_s);
     fprintf(f, "%-40s %lld\n", "Total input tokens:", (long long)m->total_input);
     fprintf(f, "%-40s %lld\n", "Total generated tokens:", (long long)m->total_output);
     if (m->total_output_retok >= 0)
-        fprintf(f, "%-40s %lld\n", "Total generated tokens (retokenized):",
-                (long long)m->total_output_retok);
+        fprintf(f, "%-40s %lld\n",
+                "Total generated tokens (retokenized):", (long long)m->total_output_retok);
     fprintf(f, "%-40s %.2f\n", "Request throughput (req/s):", m->request_throughput);
     fprintf(f, "%-40s %.2f\n", "Input token throughput (tok/s):", m->input_throughput);
     fprintf(f, "%-40s %.2f\n", "Output token throughput (tok/s):", m->output_throughput);
@@ -106,9 +108,9 @@ json_t *ms_bench_report_json(const ms_bench_run_info *in, const ms_bench_metrics
     json_object_set_new(o, "max_concurrency",
                         in->max_concurrency > 0 ? json_integer(in->max_concurrency) : json_null());
     json_object_set_new(o, "num_prompts", json_integer(in->num_prompts));
-    json_object_set_new(o, "sharegpt_output_len", in->sharegpt_output_len > 0
-                                                      ? json_integer(in->sharegpt_output_len)
-                                                      : json_null());
+    json_object_set_new(o, "sharegpt_output_len",
+                        in->sharegpt_output_len > 0 ? json_integer(in->sharegpt_output_len)
+                                                    : json_null());
     json_object_set_new(o, "random_input_len", json_integer(in->random_input_len));
     json_object_set_new(o, "random_output_len", json_integer(in->random_output_len));
     json_object_set_new(o, "random_range_ratio", json_real(in->random_range_ratio));
@@ -152,8 +154,8 @@ json_t *ms_bench_report_json(const ms_bench_run_info *in, const ms_bench_metrics
         for (k = 0; k < ne; k++) {
             json_t *e = json_array_get(errs, k);
             if (!strcmp(json_string_value(json_object_get(e, "error")), res[i].err)) {
-                json_object_set_new(e, "count",
-                                    json_integer(json_integer_value(json_object_get(e, "count")) + 1));
+                json_object_set_new(
+                    e, "count", json_integer(json_integer_value(json_object_get(e, "count")) + 1));
                 break;
             }
         }
@@ -170,7 +172,8 @@ int ms_bench_report_append(const char *path, const json_t *row, ms_errbuf *err)
     if (!s) return ms_err(err, MS_ENOMEM, "out of memory writing --output-file");
     FILE *f = fopen(path, "a");
     int rc = 0;
-    if (!f || fprintf(f, "%s\n", s) < 0) rc = ms_err(err, MS_EIO, "--output-file %s: cannot write", path);
+    if (!f || fprintf(f, "%s\n", s) < 0)
+        rc = ms_err(err, MS_EIO, "--output-file %s: cannot write", path);
     if (f && fclose(f) && !rc) rc = ms_err(err, MS_EIO, "--output-file %s: cannot write", path);
     free(s);
     return rc;
@@ -178,8 +181,10 @@ int ms_bench_report_append(const char *path, const json_t *row, ms_errbuf *err)
 
 static void fmt_point(char *b, size_t n, double v)
 {
-    if (!isfinite(v) || v <= 0) snprintf(b, n, "inf");
-    else snprintf(b, n, "%g", v);
+    if (!isfinite(v) || v <= 0)
+        snprintf(b, n, "inf");
+    else
+        snprintf(b, n, "%g", v);
 }
 
 void ms_bench_report_sweep_table(FILE *f, const char *axis, const ms_bench_sweep_point *p, int n)
@@ -199,11 +204,12 @@ void ms_bench_report_sweep_table(FILE *f, const char *axis, const ms_bench_sweep
     fprintf(f, "(latencies in ms)\n");
 }
 
-int ms_bench_report_sweep_plot(const char *path, const char *axis,
-                               const ms_bench_sweep_point *p, int n, ms_errbuf *err)
+int ms_bench_report_sweep_plot(const char *path, const char *axis, const ms_bench_sweep_point *p,
+                               int n, ms_errbuf *err)
 {
     if (strchr(path, '\'') || strchr(path, '\n'))
-        return ms_err(err, MS_EINVAL, "--plot-file '%s': quotes and newlines are not allowed", path);
+        return ms_err(err, MS_EINVAL, "--plot-file '%s': quotes and newlines are not allowed",
+                      path);
     size_t len = strlen(path);
     bool png = len > 4 && !strcmp(path + len - 4, ".png");
     char data[] = "/tmp/moeserve-bench-XXXXXX";
@@ -220,7 +226,8 @@ int ms_bench_report_sweep_plot(const char *path, const char *axis,
         char v[32];
         fmt_point(v, sizeof v, p[i].value);
         fprintf(df, "%.6g %.6g %.6g %.6g %s\n", m->output_throughput, m->e2e_ms.median,
-                m->ttft_ms.p99 > 0 ? m->ttft_ms.p99 : 1e-3, m->tpot_ms.mean > 0 ? m->tpot_ms.mean : 1e-3, v);
+                m->ttft_ms.p99 > 0 ? m->ttft_ms.p99 : 1e-3,
+                m->tpot_ms.mean > 0 ? m->tpot_ms.mean : 1e-3, v);
     }
     fclose(df);
     int rc = 0;
@@ -235,10 +242,12 @@ int ms_bench_report_sweep_plot(const char *path, const char *axis,
             !strcmp(axis, "rate") ? "request rate" : "max concurrency");
     fprintf(gp, "set xlabel 'output token throughput (tok/s)'\nset ylabel 'latency (ms)'\n"
                 "set logscale y 10\nset grid\nset key left top noenhanced\n");
-    fprintf(gp, "plot '%s' using 1:2 with linespoints lw 2 title 'median E2E', "
-                "'' using 1:3 with linespoints title 'p99 TTFT', "
-                "'' using 1:4 with linespoints title 'mean TPOT', "
-                "'' using 1:2:5 with labels offset 0,1 notitle\n", data);
+    fprintf(gp,
+            "plot '%s' using 1:2 with linespoints lw 2 title 'median E2E', "
+            "'' using 1:3 with linespoints title 'p99 TTFT', "
+            "'' using 1:4 with linespoints title 'mean TPOT', "
+            "'' using 1:2:5 with labels offset 0,1 notitle\n",
+            data);
     int st = pclose(gp);
     struct stat sb;
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || stat(path, &sb) || sb.st_size == 0)

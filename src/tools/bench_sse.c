@@ -67,8 +67,7 @@ static int on_line(ms_bench_sse *s, const char *l, size_t n, ms_bench_sse_cb cb,
     int rc = 0;
     if (s->has_data) rc = grow_append(&s->data, &s->n_data, &s->cap_data, "\n", 1, s->max_bytes);
     if (!rc) rc = grow_append(&s->data, &s->n_data, &s->cap_data, v, vn, s->max_bytes);
-    if (rc == MS_ETOOBIG)
-        return ms_err(err, rc, "SSE event longer than %zu bytes", s->max_bytes);
+    if (rc == MS_ETOOBIG) return ms_err(err, rc, "SSE event longer than %zu bytes", s->max_bytes);
     if (rc) return ms_err(err, rc, "out of memory in the SSE parser");
     s->has_data = true;
     return 0;

@@ -36,43 +36,54 @@ typedef struct opts {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "usage: moeserve bench [flags]   (a serving benchmark client, flags as SGLang's bench_serving)\n"
-        "\nserver:\n"
-        "  --backend moeserve|sglang|openai|openai-chat  moeserve/sglang: POST /generate (moeserve sends\n"
-        "                                 input_ids when --tokenizer is given); openai: /v1/completions;\n"
-        "                                 openai-chat: /v1/chat/completions  (default moeserve; aliases:\n"
-        "                                 sglang-native, sglang-oai, vllm, sglang-oai-chat, vllm-chat)\n"
-        "  --base-url URL | --host H --port N   (default http://127.0.0.1:30000)\n"
-        "  --model NAME                   \"model\" of OpenAI requests (default: first of GET /v1/models)\n"
-        "  --request-timeout S            per request (default 21600)\n"
-        "  --disable-stream               non-streamed replies (TTFT = E2E)\n"
-        "  --disable-ignore-eos           do not send ignore_eos\n"
-        "  --extra-request-body JSON      object merged into every request body\n"
-        "  (OPENAI_API_KEY in the environment is sent as a Bearer token)\n"
-        "dataset:\n"
-        "  --dataset-name random|generated-shared-prefix|sharegpt   (default random)\n"
-        "  --dataset-path FILE            ShareGPT JSON (list of {\"conversations\": [...]})\n"
-        "  --num-prompts N                (default 1000; gsp uses groups x prompts-per-group)\n"
-        "  --random-input-len N --random-output-len N   (default 1024 each)\n"
-        "  --random-range-ratio R         lengths uniform in [max(floor(len*R),1), len] (SGLang; default 0)\n"
-        "  --gsp-num-groups N (64) --gsp-prompts-per-group N (16) --gsp-system-prompt-len N (2048)\n"
-        "  --gsp-question-len N (128) --gsp-output-len N (256)\n"
-        "  --sharegpt-output-len N        override the completion length\n"
-        "  --sharegpt-context-len N       drop prompt+output longer than N\n"
-        "  --tokenizer PATH               tokenizer.json (or its folder): exact prompt lengths, output\n"
-        "                                 tokens counted when the server reports none\n"
-        "  --seed N                       (default 1)\n"
-        "load:\n"
-        "  --request-rate R               Poisson arrivals, R requests/s; inf = all at once (default)\n"
-        "  --max-concurrency N            at most N requests in flight\n"
-        "  --warmup-requests N            first prompt, <= 32 output tokens, before the run (default 1)\n"
-        "  --sweep concurrency:1,4,16|rate:1,2,inf   one run per point, a table and a plot\n"
-        "  --plot-file FILE               sweep plot, .svg or .png (default bench-sweep.svg)\n"
-        "output:\n"
-        "  --slo ttft:MS,tpot:MS,e2el:MS  goodput: requests meeting every given SLO per second\n"
-        "  --output-file FILE             append one JSON line per run (SGLang's field names)\n"
-        "  --disable-tqdm                 no progress bar\n");
+    fprintf(
+        f, "usage: moeserve bench [flags]   (a serving benchmark client, flags as SGLang's "
+           "bench_serving)\n"
+           "\nserver:\n"
+           "  --backend moeserve|sglang|openai|openai-chat  moeserve/sglang: POST /generate "
+           "(moeserve sends\n"
+           "                                 input_ids when --tokenizer is given); openai: "
+           "/v1/completions;\n"
+           "                                 openai-chat: /v1/chat/completions  (default moeserve; "
+           "aliases:\n"
+           "                                 sglang-native, sglang-oai, vllm, sglang-oai-chat, "
+           "vllm-chat)\n"
+           "  --base-url URL | --host H --port N   (default http://127.0.0.1:30000)\n"
+           "  --model NAME                   \"model\" of OpenAI requests (default: first of GET "
+           "/v1/models)\n"
+           "  --request-timeout S            per request (default 21600)\n"
+           "  --disable-stream               non-streamed replies (TTFT = E2E)\n"
+           "  --disable-ignore-eos           do not send ignore_eos\n"
+           "  --extra-request-body JSON      object merged into every request body\n"
+           "  (OPENAI_API_KEY in the environment is sent as a Bearer token)\n"
+           "dataset:\n"
+           "  --dataset-name random|generated-shared-prefix|sharegpt   (default random)\n"
+           "  --dataset-path FILE            ShareGPT JSON (list of {\"conversations\": [...]})\n"
+           "  --num-prompts N                (default 1000; gsp uses groups x prompts-per-group)\n"
+           "  --random-input-len N --random-output-len N   (default 1024 each)\n"
+           "  --random-range-ratio R         lengths uniform in [max(floor(len*R),1), len] "
+           "(SGLang; default 0)\n"
+           "  --gsp-num-groups N (64) --gsp-prompts-per-group N (16) --gsp-system-prompt-len N "
+           "(2048)\n"
+           "  --gsp-question-len N (128) --gsp-output-len N (256)\n"
+           "  --sharegpt-output-len N        override the completion length\n"
+           "  --sharegpt-context-len N       drop prompt+output longer than N\n"
+           "  --tokenizer PATH               tokenizer.json (or its folder): exact prompt lengths, "
+           "output\n"
+           "                                 tokens counted when the server reports none\n"
+           "  --seed N                       (default 1)\n"
+           "load:\n"
+           "  --request-rate R               Poisson arrivals, R requests/s; inf = all at once "
+           "(default)\n"
+           "  --max-concurrency N            at most N requests in flight\n"
+           "  --warmup-requests N            first prompt, <= 32 output tokens, before the run "
+           "(default 1)\n"
+           "  --sweep concurrency:1,4,16|rate:1,2,inf   one run per point, a table and a plot\n"
+           "  --plot-file FILE               sweep plot, .svg or .png (default bench-sweep.svg)\n"
+           "output:\n"
+           "  --slo ttft:MS,tpot:MS,e2el:MS  goodput: requests meeting every given SLO per second\n"
+           "  --output-file FILE             append one JSON line per run (SGLang's field names)\n"
+           "  --disable-tqdm                 no progress bar\n");
 }
 
 static int parse_double(const char *flag, const char *v, double lo, double hi, double *out,
@@ -82,8 +93,8 @@ static int parse_double(const char *flag, const char *v, double lo, double hi, d
     errno = 0;
     double d = v ? strtod(v, &end) : 0;
     if (!v || errno || !v[0] || *end || !(d >= lo && d <= hi))
-        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "",
-                      lo, hi);
+        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "", lo,
+                      hi);
     *out = d;
     return 0;
 }
@@ -158,9 +169,9 @@ static int parse_backend(opts *o, const char *v, ms_errbuf *err)
     static const struct {
         const char *name;
         ms_bench_backend b;
-    } names[] = {{"moeserve", MS_BENCH_MOESERVE},     {"sglang", MS_BENCH_SGLANG},
-                 {"sglang-native", MS_BENCH_SGLANG},  {"openai", MS_BENCH_OPENAI},
-                 {"sglang-oai", MS_BENCH_OPENAI},     {"vllm", MS_BENCH_OPENAI},
+    } names[] = {{"moeserve", MS_BENCH_MOESERVE},       {"sglang", MS_BENCH_SGLANG},
+                 {"sglang-native", MS_BENCH_SGLANG},    {"openai", MS_BENCH_OPENAI},
+                 {"sglang-oai", MS_BENCH_OPENAI},       {"vllm", MS_BENCH_OPENAI},
                  {"openai-chat", MS_BENCH_OPENAI_CHAT}, {"sglang-oai-chat", MS_BENCH_OPENAI_CHAT},
                  {"vllm-chat", MS_BENCH_OPENAI_CHAT}};
     for (size_t i = 0; v && i < MS_ARRAY_LEN(names); i++)
@@ -169,8 +180,8 @@ static int parse_backend(opts *o, const char *v, ms_errbuf *err)
             o->backend_name = v;
             return 0;
         }
-    return ms_err(err, MS_EINVAL, "--backend '%s': expected moeserve, sglang, openai or openai-chat",
-                  v ? v : "");
+    return ms_err(err, MS_EINVAL,
+                  "--backend '%s': expected moeserve, sglang, openai or openai-chat", v ? v : "");
 }
 
 static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err)
@@ -189,11 +200,16 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
             i += 2;
         }
         bool is_switch = true;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) *help = true;
-        else if (!strcmp(a, "--disable-stream")) o->stream = false;
-        else if (!strcmp(a, "--disable-ignore-eos")) o->ignore_eos = false;
-        else if (!strcmp(a, "--disable-tqdm")) o->progress = false;
-        else is_switch = false;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            *help = true;
+        else if (!strcmp(a, "--disable-stream"))
+            o->stream = false;
+        else if (!strcmp(a, "--disable-ignore-eos"))
+            o->ignore_eos = false;
+        else if (!strcmp(a, "--disable-tqdm"))
+            o->progress = false;
+        else
+            is_switch = false;
         if (is_switch) {
             if (eq) return ms_err(err, MS_EINVAL, "%s takes no value", a);
             i -= 1;
@@ -202,13 +218,20 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
         if (!v) return ms_err(err, MS_EINVAL, "%s needs a value", a);
         int rc = 0;
         ms_bench_data_cfg *d = &o->data;
-        if (!strcmp(a, "--backend")) rc = parse_backend(o, v, err);
-        else if (!strcmp(a, "--base-url")) o->base_url = v;
-        else if (!strcmp(a, "--host")) o->host = v;
-        else if (!strcmp(a, "--port")) rc = parse_long(a, v, 1, 65535, &o->port, err);
-        else if (!strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--dataset-name")) o->dataset_name = v;
-        else if (!strcmp(a, "--dataset-path")) o->dataset_path = v;
+        if (!strcmp(a, "--backend"))
+            rc = parse_backend(o, v, err);
+        else if (!strcmp(a, "--base-url"))
+            o->base_url = v;
+        else if (!strcmp(a, "--host"))
+            o->host = v;
+        else if (!strcmp(a, "--port"))
+            rc = parse_long(a, v, 1, 65535, &o->port, err);
+        else if (!strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--dataset-name"))
+            o->dataset_name = v;
+        else if (!strcmp(a, "--dataset-path"))
+            o->dataset_path = v;
         else if (!strcmp(a, "--num-prompts") || !strcmp(a, "--num-prompt"))
             rc = parse_i64(a, v, 1, MS_BENCH_MAX_PROMPTS, &d->num_prompts, err);
         else if (!strcmp(a, "--random-input-len") || !strcmp(a, "--random-input"))
@@ -231,36 +254,49 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
             rc = parse_i64(a, v, 4, MS_BENCH_MAX_LEN, &d->sharegpt_output_len, err);
         else if (!strcmp(a, "--sharegpt-context-len"))
             rc = parse_i64(a, v, 4, MS_BENCH_MAX_LEN, &d->sharegpt_context_len, err);
-        else if (!strcmp(a, "--request-rate")) rc = parse_rate(a, v, &o->request_rate, err);
+        else if (!strcmp(a, "--request-rate"))
+            rc = parse_rate(a, v, &o->request_rate, err);
         else if (!strcmp(a, "--max-concurrency"))
             rc = parse_long(a, v, 1, MS_BENCH_MAX_CONCURRENCY, &o->max_concurrency, err);
         else if (!strcmp(a, "--warmup-requests"))
             rc = parse_long(a, v, 0, MS_BENCH_MAX_CONCURRENCY, &o->warmup, err);
-        else if (!strcmp(a, "--seed")) rc = parse_long(a, v, 0, 0x7fffffffL, &o->seed, err);
+        else if (!strcmp(a, "--seed"))
+            rc = parse_long(a, v, 0, 0x7fffffffL, &o->seed, err);
         else if (!strcmp(a, "--request-timeout"))
             rc = parse_double(a, v, 0.001, 1e7, &o->timeout_s, err);
         else if (!strcmp(a, "--slo")) {
             o->slo_spec = v;
             rc = ms_bench_slo_parse(v, &o->slo, err);
-        } else if (!strcmp(a, "--output-file")) o->output_file = v;
-        else if (!strcmp(a, "--extra-request-body")) o->extra_body = v;
-        else if (!strcmp(a, "--tokenizer")) o->tokenizer = v;
+        } else if (!strcmp(a, "--output-file"))
+            o->output_file = v;
+        else if (!strcmp(a, "--extra-request-body"))
+            o->extra_body = v;
+        else if (!strcmp(a, "--tokenizer"))
+            o->tokenizer = v;
         else if (!strcmp(a, "--sweep")) {
             o->sweep = v;
             rc = parse_sweep(o, v, err);
-        } else if (!strcmp(a, "--plot-file")) o->plot_file = v;
-        else return ms_err(err, MS_EINVAL, "unknown flag '%s' (see moeserve bench --help)", a);
+        } else if (!strcmp(a, "--plot-file"))
+            o->plot_file = v;
+        else
+            return ms_err(err, MS_EINVAL, "unknown flag '%s' (see moeserve bench --help)", a);
         if (rc) return rc;
     }
     if (!o->dataset_name) o->dataset_name = "random";
-    if (!strcmp(o->dataset_name, "random")) o->data.kind = MS_BENCH_DATA_RANDOM;
-    else if (!strcmp(o->dataset_name, "generated-shared-prefix")) o->data.kind = MS_BENCH_DATA_GSP;
-    else if (!strcmp(o->dataset_name, "sharegpt")) o->data.kind = MS_BENCH_DATA_SHAREGPT;
+    if (!strcmp(o->dataset_name, "random"))
+        o->data.kind = MS_BENCH_DATA_RANDOM;
+    else if (!strcmp(o->dataset_name, "generated-shared-prefix"))
+        o->data.kind = MS_BENCH_DATA_GSP;
+    else if (!strcmp(o->dataset_name, "sharegpt"))
+        o->data.kind = MS_BENCH_DATA_SHAREGPT;
     else
-        return ms_err(err, MS_EINVAL, "--dataset-name '%s': expected random, "
-                      "generated-shared-prefix or sharegpt", o->dataset_name);
+        return ms_err(err, MS_EINVAL,
+                      "--dataset-name '%s': expected random, "
+                      "generated-shared-prefix or sharegpt",
+                      o->dataset_name);
     if (o->data.kind == MS_BENCH_DATA_SHAREGPT && !o->dataset_path)
-        return ms_err(err, MS_EINVAL, "--dataset-name sharegpt needs --dataset-path FILE "
+        return ms_err(err, MS_EINVAL,
+                      "--dataset-name sharegpt needs --dataset-path FILE "
                       "(ShareGPT_V3_unfiltered_cleaned_split.json)");
     if (o->data.kind == MS_BENCH_DATA_GSP &&
         o->data.gsp_num_groups * o->data.gsp_prompts_per_group > MS_BENCH_MAX_PROMPTS)
@@ -271,7 +307,8 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
     if (o->sweep && !strcmp(o->sweep_axis, "rate") && isfinite(o->request_rate))
         return ms_err(err, MS_EINVAL, "--sweep rate:... and --request-rate are exclusive");
     if (o->sweep && !strcmp(o->sweep_axis, "concurrency") && o->max_concurrency)
-        return ms_err(err, MS_EINVAL, "--sweep concurrency:... and --max-concurrency are exclusive");
+        return ms_err(err, MS_EINVAL,
+                      "--sweep concurrency:... and --max-concurrency are exclusive");
     if (o->plot_file && !o->sweep) return ms_err(err, MS_EINVAL, "--plot-file needs --sweep");
     return 0;
 }
@@ -297,8 +334,8 @@ static void on_progress(void *ctx, size_t done, size_t failed, size_t total)
         for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
         bar[w] = 0;
         double el = now - p->t0;
-        fprintf(stderr, "\r[%s] %zu/%zu  failed %zu  %.1f s  %.2f req/s ", bar, done, total,
-                failed, el, el > 0 ? (double)done / el : 0.0);
+        fprintf(stderr, "\r[%s] %zu/%zu  failed %zu  %.1f s  %.2f req/s ", bar, done, total, failed,
+                el, el > 0 ? (double)done / el : 0.0);
         if (done == total) fprintf(stderr, "\n");
         return;
     }
@@ -316,9 +353,12 @@ static const char *endpoint(ms_bench_backend b)
 {
     switch (b) {
     case MS_BENCH_MOESERVE:
-    case MS_BENCH_SGLANG: return "/generate";
-    case MS_BENCH_OPENAI: return "/v1/completions";
-    case MS_BENCH_OPENAI_CHAT: return "/v1/chat/completions";
+    case MS_BENCH_SGLANG:
+        return "/generate";
+    case MS_BENCH_OPENAI:
+        return "/v1/completions";
+    case MS_BENCH_OPENAI_CHAT:
+        return "/v1/chat/completions";
     }
     return "/generate";
 }
@@ -408,20 +448,26 @@ static int run_once(const opts *o, const ms_bench_client_cfg *cc, const ms_bench
     ms_bench_result *res = calloc(ds->n, sizeof *res);
     if (!res) return ms_err(err, MS_ENOMEM, "out of memory");
     progress pg = {.tty = isatty(2), .on = o->progress, .last_tenth = 0, .t0 = ms_now_s()};
-    ms_bench_run_cfg rc = {.request_rate = rate, .max_concurrency = maxc, .seed = (uint64_t)o->seed,
-                           .progress = on_progress, .progress_ctx = &pg};
+    ms_bench_run_cfg rc = {.request_rate = rate,
+                           .max_concurrency = maxc,
+                           .seed = (uint64_t)o->seed,
+                           .progress = on_progress,
+                           .progress_ctx = &pg};
     ms_bench_run_out ro;
     int r = ms_bench_client_run(cc, &rc, ds->rows, ds->n, res, &ro, err);
     if (!r) r = ms_bench_metrics_compute(res, ds->n, ro.duration_s, &o->slo, m);
     if (!r) {
-        ms_bench_run_info info = {
-            .backend = o->backend_name, .dataset_name = o->dataset_name, .request_rate = rate,
-            .max_concurrency = maxc, .num_prompts = (int64_t)ds->n,
-            .random_input_len = o->data.random_input_len,
-            .random_output_len = o->data.random_output_len,
-            .sharegpt_output_len = o->data.sharegpt_output_len,
-            .random_range_ratio = o->data.random_range_ratio, .slo = &o->slo,
-            .peak_in_flight = ro.peak_in_flight};
+        ms_bench_run_info info = {.backend = o->backend_name,
+                                  .dataset_name = o->dataset_name,
+                                  .request_rate = rate,
+                                  .max_concurrency = maxc,
+                                  .num_prompts = (int64_t)ds->n,
+                                  .random_input_len = o->data.random_input_len,
+                                  .random_output_len = o->data.random_output_len,
+                                  .sharegpt_output_len = o->data.sharegpt_output_len,
+                                  .random_range_ratio = o->data.random_range_ratio,
+                                  .slo = &o->slo,
+                                  .peak_in_flight = ro.peak_in_flight};
         ms_bench_report_print(stdout, &info, m);
         for (size_t i = 0, shown = 0; i < ds->n && shown < 3; i++)
             if (!res[i].ok) {
@@ -460,8 +506,10 @@ static int warmup(const opts *o, const ms_bench_client_cfg *cc, const ms_bench_d
     size_t ok = 0;
     for (size_t i = 0; i < n; i++) ok += res[i].ok;
     if (!ok)
-        rc = ms_err(err, MS_EIO, "warmup failed (all %zu requests) — check --backend, --base-url "
-                    "and the server: %s", n, res[0].err);
+        rc = ms_err(err, MS_EIO,
+                    "warmup failed (all %zu requests) — check --backend, --base-url "
+                    "and the server: %s",
+                    n, res[0].err);
 out:
     if (res)
         for (size_t i = 0; i < n; i++) ms_bench_result_deinit(&res[i]);
@@ -472,14 +520,24 @@ out:
 
 int ms_cmd_bench(int argc, char **argv)
 {
-    opts o = {.backend_name = "moeserve", .backend = MS_BENCH_MOESERVE, .request_rate = INFINITY,
-              .timeout_s = 21600, .warmup = 1, .seed = 1, .stream = true, .ignore_eos = true,
+    opts o = {.backend_name = "moeserve",
+              .backend = MS_BENCH_MOESERVE,
+              .request_rate = INFINITY,
+              .timeout_s = 21600,
+              .warmup = 1,
+              .seed = 1,
+              .stream = true,
+              .ignore_eos = true,
               .progress = true};
     o.slo.ttft_ms = o.slo.tpot_ms = o.slo.e2el_ms = -1;
-    o.data = (ms_bench_data_cfg){.num_prompts = 1000, .random_input_len = 1024,
-                                 .random_output_len = 1024, .gsp_num_groups = 64,
-                                 .gsp_prompts_per_group = 16, .gsp_system_prompt_len = 2048,
-                                 .gsp_question_len = 128, .gsp_output_len = 256};
+    o.data = (ms_bench_data_cfg){.num_prompts = 1000,
+                                 .random_input_len = 1024,
+                                 .random_output_len = 1024,
+                                 .gsp_num_groups = 64,
+                                 .gsp_prompts_per_group = 16,
+                                 .gsp_system_prompt_len = 2048,
+                                 .gsp_question_len = 128,
+                                 .gsp_output_len = 256};
     ms_errbuf err = {{0}};
     bool help = false;
     ms_tokenizer *tok = NULL;
@@ -512,9 +570,11 @@ int ms_cmd_bench(int argc, char **argv)
         goto fail;
     }
     char base[2048], url[2100];
-    if (o.base_url) snprintf(base, sizeof base, "%s", o.base_url);
-    else snprintf(base, sizeof base, "http://%s:%ld", o.host ? o.host : "127.0.0.1",
-                  o.port ? o.port : 30000);
+    if (o.base_url)
+        snprintf(base, sizeof base, "%s", o.base_url);
+    else
+        snprintf(base, sizeof base, "http://%s:%ld", o.host ? o.host : "127.0.0.1",
+                 o.port ? o.port : 30000);
     size_t bl = strlen(base);
     while (bl && base[bl - 1] == '/') base[--bl] = 0;
     snprintf(url, sizeof url, "%s%s", base, endpoint(o.backend));
@@ -528,14 +588,20 @@ int ms_cmd_bench(int argc, char **argv)
     if (api_key && !api_key[0]) api_key = NULL;
     if (!o.model && (o.backend == MS_BENCH_OPENAI || o.backend == MS_BENCH_OPENAI_CHAT))
         model = discover_model(base, api_key);
-    ms_bench_client_cfg cc = {.backend = o.backend, .url = url, .model = o.model ? o.model : model,
-                              .stream = o.stream, .ignore_eos = o.ignore_eos, .extra = extra,
-                              .timeout_s = o.timeout_s, .api_key = api_key, .tok = tok};
+    ms_bench_client_cfg cc = {.backend = o.backend,
+                              .url = url,
+                              .model = o.model ? o.model : model,
+                              .stream = o.stream,
+                              .ignore_eos = o.ignore_eos,
+                              .extra = extra,
+                              .timeout_s = o.timeout_s,
+                              .api_key = api_key,
+                              .tok = tok};
     int64_t sum_in = 0;
     for (size_t i = 0; i < ds.n; i++) sum_in += ds.rows[i].prompt_len;
-    fprintf(stderr, "bench: %s, %zu prompts (%s), %lld input tokens%s, POST %s\n",
-            o.backend_name, ds.n, o.dataset_name, (long long)sum_in,
-            ds.exact ? "" : " (estimated: no --tokenizer)", url);
+    fprintf(stderr, "bench: %s, %zu prompts (%s), %lld input tokens%s, POST %s\n", o.backend_name,
+            ds.n, o.dataset_name, (long long)sum_in, ds.exact ? "" : " (estimated: no --tokenizer)",
+            url);
     if (o.warmup > 0 && (rc = warmup(&o, &cc, &ds, &err))) goto fail_curl;
     int64_t completed = 0;
     if (!o.sweep) {
@@ -554,8 +620,8 @@ int ms_cmd_bench(int argc, char **argv)
             double v = o.sweep_values[i];
             pts[i].value = v;
             fprintf(stderr, "bench: sweep point %s=%g\n", o.sweep_axis, v);
-            rc = run_once(&o, &cc, &ds, conc ? o.request_rate : v, conc ? (int)v : (int)o.max_concurrency,
-                          &pts[i].m, &err);
+            rc = run_once(&o, &cc, &ds, conc ? o.request_rate : v,
+                          conc ? (int)v : (int)o.max_concurrency, &pts[i].m, &err);
             if (rc) goto fail_curl;
             completed += pts[i].m.completed;
         }
