@@ -7,7 +7,9 @@ POST /generate, /v1/completions, /v1/chat/completions   the APIs (stream or not)
 GET  /v1/models                                          {"data": [{"id": "double-model"}]}
 GET  /stats                                              what was recorded (JSON)
 POST /config                                             JSON: ttft_ms, itl_ms, tokens_per_chunk,
-                                                         fail_every, split, usage (others back
+                                                         fail_every, split, usage, stream_error
+                                                         (an error event after the first token;
+                                                         /generate: finish_reason abort) (others back
                                                          to defaults); also resets the stats
 Usage: bench_double.py PORT_FILE   (binds 127.0.0.1:0 and writes the port to PORT_FILE)
 """
@@ -19,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
 DEFAULTS = {"ttft_ms": 50.0, "itl_ms": 10.0, "tokens_per_chunk": 1, "fail_every": 0,
-            "split": False, "usage": True}
+            "split": False, "usage": True, "stream_error": False}
 CFG = dict(DEFAULTS)
 STATS = {}
 
@@ -164,9 +166,13 @@ class Handler(BaseHTTPRequestHandler):
             self.chunk("data: " + json.dumps(ev) + "\r\n\r\n" if sent % 2 else
                        "data: " + json.dumps(ev) + "\n\n")
         if gen:  # the final frame repeats the text: 0 new tokens, no ITL
+            fr = {"type": "abort", "message": "aborted by the double"} if cfg["stream_error"] \
+                else {"type": "length"}
             self.chunk("data: " + json.dumps({"text": " tok" * sent, "meta_info": {
                 "prompt_tokens": plen, "completion_tokens": sent,
-                "finish_reason": {"type": "length"}}, "index": 0}) + "\n\n")
+                "finish_reason": fr}, "index": 0}) + "\n\n")
+        elif cfg["stream_error"]:
+            self.chunk("data: " + json.dumps({"error": {"message": "mid-stream failure"}}) + "\n\n")
         elif cfg["usage"] and body.get("stream_options", {}).get("include_usage"):
             self.chunk("data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n")
         with LOCK:

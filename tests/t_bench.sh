@@ -144,6 +144,15 @@ run fails --backend openai --num-prompts 9 --random-input-len 4 --random-output-
     --random-range-ratio 1 --warmup-requests 0
 check failed_counted 'rc == 0 and r["completed"] == 6 and r["failed"] == 3 and r["total_output_tokens"] == 18 and len(r["errors"]) == 3 and all("HTTP 500: injected failure" in e["error"] and e["count"] == 1 for e in r["errors"]) and "failed request" in out'
 
+# 7b. errors inside a 200 stream: an error event (OpenAI), finish_reason abort (/generate)
+config '{"ttft_ms": 5, "itl_ms": 1, "stream_error": true}'
+run stream_err --backend openai --num-prompts 2 --random-input-len 4 --random-output-len 3 \
+    --warmup-requests 0
+check stream_error_event 'rc != 0 and r["failed"] == 2 and "server error: mid-stream failure" in r["errors"][0]["error"]'
+run gen_abort --backend sglang --num-prompts 2 --random-input-len 4 --random-output-len 3 \
+    --warmup-requests 0
+check generate_abort 'rc != 0 and r["failed"] == 2 and "server abort: aborted by the double" in r["errors"][0]["error"]'
+
 # 8. non-streamed replies: TTFT = E2E
 config '{"ttft_ms": 50, "itl_ms": 10}'
 run nostream --backend openai --disable-stream --num-prompts 3 --random-input-len 4 \

@@ -174,6 +174,13 @@ static int on_object(req *q, const json_t *o)
     if (c->backend == MS_BENCH_MOESERVE || c->backend == MS_BENCH_SGLANG) {
         const json_t *meta = json_object_get(o, "meta_info");
         take_usage(q, meta);
+        const json_t *fr = json_object_get(meta, "finish_reason");
+        const char *ft = json_string_value(json_object_get(fr, "type"));
+        if (ft && (!strcmp(ft, "abort") || !strcmp(ft, "error"))) {
+            const char *m = json_string_value(json_object_get(fr, "message"));
+            q->event_error = true;
+            return ms_err(&q->perr, MS_EIO, "server %s: %.200s", ft, m ? m : "(no message)");
+        }
         const char *t = json_string_value(json_object_get(o, "text"));
         if (!t || !t[0]) return 0;
         size_t tl = strlen(t);

@@ -215,7 +215,43 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
             i -= 1;
             continue;
         }
-        if (!v) return ms_err(err, MS_EINVAL, "%s needs a value", a);
+        if (!v) {
+            static const char *const valued[] = {"--backend",
+                                                 "--base-url",
+                                                 "--host",
+                                                 "--port",
+                                                 "--model",
+                                                 "--dataset-name",
+                                                 "--dataset-path",
+                                                 "--num-prompts",
+                                                 "--num-prompt",
+                                                 "--random-input-len",
+                                                 "--random-input",
+                                                 "--random-output-len",
+                                                 "--random-output",
+                                                 "--random-range-ratio",
+                                                 "--gsp-num-groups",
+                                                 "--gsp-prompts-per-group",
+                                                 "--gsp-system-prompt-len",
+                                                 "--gsp-question-len",
+                                                 "--gsp-output-len",
+                                                 "--sharegpt-output-len",
+                                                 "--sharegpt-context-len",
+                                                 "--request-rate",
+                                                 "--max-concurrency",
+                                                 "--warmup-requests",
+                                                 "--seed",
+                                                 "--request-timeout",
+                                                 "--slo",
+                                                 "--output-file",
+                                                 "--extra-request-body",
+                                                 "--tokenizer",
+                                                 "--sweep",
+                                                 "--plot-file"};
+            for (size_t k = 0; k < MS_ARRAY_LEN(valued); k++)
+                if (!strcmp(a, valued[k])) return ms_err(err, MS_EINVAL, "%s needs a value", a);
+            return ms_err(err, MS_EINVAL, "unknown flag '%s' (see moeserve bench --help)", a);
+        }
         int rc = 0;
         ms_bench_data_cfg *d = &o->data;
         if (!strcmp(a, "--backend"))
@@ -340,7 +376,6 @@ static void on_progress(void *ctx, size_t done, size_t failed, size_t total)
         return;
     }
     int tenth = total ? (int)(done * 10 / total) : 10;
-    if (tenth == p->last_tenth && done != total) return;
     if (tenth == p->last_tenth) return;
     p->last_tenth = tenth;
     fprintf(stderr, "bench: %zu/%zu requests done, %zu failed, %.1f s\n", done, total, failed,
