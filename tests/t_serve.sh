@@ -47,8 +47,10 @@ if start one --max-total-tokens $POOL --threads 2 --max-running-requests 64 --dt
     ticks=$((t1 - t0))
     if [ $ticks -le 10 ]; then echo "ok   idle server CPU: $ticks ticks in 2 s"; pass=$((pass + 1))
     else echo "FAIL idle server CPU: $ticks ticks in 2 s"; fail=$((fail + 1)); fi
-    if [ -x tests/t_openai_node.sh ] && [ -d tests/fixtures/node/node_modules/openai ]; then
-        if node tests/openai_real.js "http://127.0.0.1:$PORT/v1" >"$tmp/node.out" 2>&1; then
+    if [ ! -d tests/fixtures/node/node_modules/openai ]; then
+        echo "FAIL openai npm client not installed (tests/fetch_fixtures.sh)"; fail=$((fail + 1))
+    else
+        if timeout 120 node tests/openai_real.js "http://127.0.0.1:$PORT/v1" >"$tmp/node.out" 2>&1; then
             echo "ok   openai npm client ($(tail -1 "$tmp/node.out"))"; pass=$((pass + 1))
         else echo "FAIL openai npm client"; tail -10 "$tmp/node.out"; fail=$((fail + 1)); fi
     fi

@@ -1,0 +1,203 @@
+/* bench_e2e.c — end-to-end speed of the engine on the small-v3 benchmark model
+ * (writes it under build/models/ on first use; ~1.6 GB in BF16).
+ *
+ * Rows (key=value), all measured in one run so ratios are comparable:
+ *   dram      read bandwidth with the decode's thread count (GB/s)
+ *   decode    batch 1: tokens/s, ms/token (median step), active weight bytes
+ *             per token, roofline ratio = bytes / bandwidth / time per token
+ *   prefill   512-token prompt: tokens/s and GFLOP/s (2 x active params per
+ *             token + attention)
+ *   batch     32 concurrent sequences: aggregate decode tokens/s, x batch 1
+ *   fp8       the same model with FP8 projections: decode tokens/s, x BF16
+ * Usage: bench_e2e [--threads N] [--model-dir DIR] [--quick]
+ * Validation: the BF16 and FP8 engines must produce finite logits and
+ * non-degenerate greedy output before anything is timed.
+ */
+#include "base/log.h"
+#include "base/util.h"
+#include "kernels/probe.h"
+#include "serve/engine.h"
+#include "tools/mkmodel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int threads = 0, quick = 0;
+static const char *model_dir = "build/models";
+
+static int ensure_model(const char *name, int dtype, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", model_dir, name);
+    char cfg[1200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    struct stat st;
+    if (stat(cfg, &st) == 0) return 0;
+    mkdir(model_dir, 0755);
+    ms_config c;
+    ms_errbuf err = {{0}};
+    ms_mkmodel_preset("small-v3", &c);
+    fprintf(stderr, "bench_e2e: writing %s ...\n", out);
+    if (ms_mkmodel_write(&c, dtype, 1, out, 0, &err)) {
+        fprintf(stderr, "bench_e2e: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+struct run {
+    double prefill_s;          /* time of the prefill step(s) */
+    int64_t prefill_tokens;
+    double step_median_s;      /* median decode step */
+    double decode_tok_s;       /* decode tokens / decode time */
+    int64_t decode_tokens;
+};
+
+/* Runs n_seq prompts of `prompt_len` tokens for `new_tokens` greedy tokens. */
+static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct run *r)
+{
+    ms_errbuf err = {{0}};
+    static uint64_t next_id = 1;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)prompt_len);
+    if (!ids) return -1;
+    for (int s = 0; s < n_seq; s++) {
+        uint64_t rng = 1000 + (uint64_t)s;
+        for (int i = 0; i < prompt_len; i++) ids[i] = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
+        ms_sched_input in = {.id = next_id++, .ids = ids, .n_ids = prompt_len,
+                             .max_new = new_tokens, .ignore_eos = 1, .top_logprobs = -1,
+                             .samp = {.temperature = 0, .top_p = 1}};
+        if (ms_engine_submit(e, &in, -1, &err)) {
+            fprintf(stderr, "bench_e2e: %s\n", err.msg);
+            free(ids);
+            return -1;
+        }
+    }
+    free(ids);
+    double *steps = malloc(sizeof(double) * (size_t)(new_tokens + 16));
+    int n_steps = 0;
+    memset(r, 0, sizeof *r);
+    double t_dec = 0;
+    int64_t distinct = 0, last = -1;
+    while (ms_engine_busy(e)) {
+        if (ms_engine_step(e, &err)) {
+            fprintf(stderr, "bench_e2e: %s\n", err.msg);
+            free(steps);
+            return -1;
+        }
+        ms_engine_step_stats st;
+        ms_engine_last_step(e, &st);
+        if (st.rows > st.decode_rows) {
+            r->prefill_s += st.seconds;
+            r->prefill_tokens += st.rows - st.decode_rows;
+        } else if (st.rows > 0) {
+            t_dec += st.seconds;
+            r->decode_tokens += st.decode_rows;
+            if (n_steps < new_tokens + 16) steps[n_steps++] = st.seconds;
+        }
+        const ms_engine_event *ev;
+        int n = ms_engine_events(e, &ev);
+        for (int i = 0; i < n; i++) {
+            if (!isfinite(ev[i].ev.logprob)) return -1;
+            if (ev[i].ev.token != last) distinct++;
+            last = ev[i].ev.token;
+        }
+    }
+    qsort(steps, (size_t)n_steps, sizeof *steps, cmp_d);
+    r->step_median_s = n_steps ? steps[n_steps / 2] : 0;
+    r->decode_tok_s = t_dec > 0 ? (double)r->decode_tokens / t_dec : 0;
+    free(steps);
+    if (new_tokens >= 8 && distinct < 3) {
+        fprintf(stderr, "bench_e2e: degenerate output (%lld distinct runs)\n", (long long)distinct);
+        return -1;
+    }
+    return 0;
+}
+
+static ms_engine *open_engine(const char *dir)
+{
+    ms_engine_opts o;
+    ms_engine_opts_init(&o);
+    o.model_path = dir;
+    o.threads = threads;
+    o.max_total_tokens = 65536;
+    o.max_running_default = 64;
+    o.chunk_default = 4096;
+    ms_errbuf err = {{0}};
+    ms_engine *e = NULL;
+    if (ms_engine_open(&e, &o, &err)) fprintf(stderr, "bench_e2e: %s\n", err.msg);
+    return e;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--model-dir") && i + 1 < argc) model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else {
+            fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick]\n");
+            return 2;
+        }
+    }
+    ms_log_init(0);
+    ms_log_threshold = MS_WARN;
+    char bf16[1200], fp8[1200];
+    if (ensure_model("small-v3", MS_MK_BF16, bf16, sizeof bf16) ||
+        ensure_model("small-v3-fp8", MS_MK_FP8, fp8, sizeof fp8))
+        return 1;
+    int new_tokens = quick ? 32 : 96;
+    ms_engine *e = open_engine(bf16);
+    if (!e) return 1;
+    const ms_model *m = ms_engine_model(e);
+    int nt = ms_pool_size(m->pool);
+    double bw = ms_probe_read_gbps(m->pool, (size_t)1 << 30, quick ? 3 : 5);
+    printf("dram threads=%d read_gbps=%.2f\n", nt, bw);
+    struct run r1, rp, rb;
+    if (run(e, 1, 16, 8, &r1)) return 1; /* warm-up + validation */
+    if (run(e, 1, 16, new_tokens, &r1)) return 1;
+    double bytes = (double)m->active_bytes_per_token;
+    double t_tok = r1.step_median_s;
+    printf("decode model=small-v3 dtype=bf16 batch=1 threads=%d tok_s=%.2f ms_per_token=%.3f "
+           "active_bytes=%.0f roofline_ms=%.3f roofline_ratio=%.3f\n",
+           nt, 1.0 / t_tok, t_tok * 1e3, bytes, bytes / (bw * 1e9) * 1e3,
+           bytes / (bw * 1e9) / t_tok);
+    if (run(e, 1, 512, 2, &rp)) return 1;
+    /* active parameters per token ≈ active bytes / 2 (BF16); attention adds 2·S·H·(dn+dr+dv) */
+    const ms_config *c = &m->cfg;
+    double attn_flop = 2.0 * 512 / 2 * c->n_heads *
+                       (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) * c->n_layers;
+    double flop_tok = 2.0 * (bytes / 2) + attn_flop;
+    printf("prefill model=small-v3 dtype=bf16 tokens=%lld threads=%d tok_s=%.1f gflop_s=%.1f\n",
+           (long long)rp.prefill_tokens, nt, rp.prefill_tokens / rp.prefill_s,
+           flop_tok * rp.prefill_tokens / rp.prefill_s / 1e9);
+    if (run(e, 32, 16, quick ? 16 : 48, &rb)) return 1;
+    printf("batch model=small-v3 dtype=bf16 seqs=32 threads=%d tok_s=%.1f x_batch1=%.2f\n", nt,
+           rb.decode_tok_s, rb.decode_tok_s * t_tok);
+    ms_engine_shutdown(e);
+    ms_errbuf err;
+    ms_engine_step(e, &err);
+    ms_engine_close(e);
+
+    ms_engine *e8 = open_engine(fp8);
+    if (!e8) return 1;
+    const ms_model *m8 = ms_engine_model(e8);
+    struct run r8;
+    if (run(e8, 1, 16, 8, &r8) || run(e8, 1, 16, new_tokens, &r8)) return 1;
+    double bytes8 = (double)m8->active_bytes_per_token;
+    printf("fp8 model=small-v3 dtype=fp8 batch=1 threads=%d tok_s=%.2f x_bf16=%.2f "
+           "active_bytes=%.0f bandwidth_cap_x=%.2f roofline_ratio=%.3f\n",
+           nt, 1.0 / r8.step_median_s, t_tok / r8.step_median_s, bytes8, bytes / bytes8,
+           bytes8 / (bw * 1e9) / r8.step_median_s);
+    ms_engine_shutdown(e8);
+    ms_engine_step(e8, &err);
+    ms_engine_close(e8);
+    return 0;
+}

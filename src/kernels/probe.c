@@ -1,0 +1,71 @@
+/* probe.c — DRAM read bandwidth probe (probe.h). */
+#include "kernels/probe.h"
+
+#include "base/util.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct job {
+    const char *buf;
+    size_t bytes;
+    int avx512;
+    volatile uint64_t sink[64];
+};
+
+__attribute__((target("avx512f"))) static uint64_t read512(const char *p, size_t n)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 256 <= n; i += 256) {
+        a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+        a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
+        a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
+        a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
+    }
+    a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+    return (uint64_t)_mm512_reduce_add_epi64(a0);
+}
+
+static uint64_t read256(const char *p, size_t n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    return (uint64_t)_mm256_extract_epi64(a0, 0);
+}
+
+static void worker(void *arg, int tid, int nt)
+{
+    struct job *j = arg;
+    int64_t b, e;
+    ms_pool_range((int64_t)j->bytes, tid, nt, 4096, &b, &e);
+    if (e > b)
+        j->sink[tid % 64] = j->avx512 ? read512(j->buf + b, (size_t)(e - b))
+                                      : read256(j->buf + b, (size_t)(e - b));
+}
+
+double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps)
+{
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    char *buf = aligned_alloc(4096, bytes);
+    if (!buf) return 0;
+    memset(buf, 1, bytes); /* fault the pages in */
+    __builtin_cpu_init();
+    struct job j = {.buf = buf, .bytes = bytes, .avx512 = __builtin_cpu_supports("avx512f") != 0};
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = ms_now_s();
+        ms_pool_run(pool, worker, &j);
+        double gbps = (double)bytes / (ms_now_s() - t0) / 1e9;
+        if (gbps > best) best = gbps;
+    }
+    free(buf);
+    return best;
+}
