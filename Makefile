@@ -32,7 +32,7 @@ ifeq ($(WERROR),1)
 CFLAGS_BASE += -Werror
 endif
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(EXTRA_CFLAGS)
-LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -ldnnl $(MPI_LIBS) -lm -pthread $(LDSAN)
+LDLIBS  := -lcurl -lmicrohttpd -ljansson -lpcre2-8 -ldnnl $(MPI_LIBS) -lm -pthread $(LDSAN)
 
 LIB_SRC   := $(filter-out src/main.c,$(wildcard src/*/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)

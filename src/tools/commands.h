@@ -4,6 +4,7 @@
 #ifndef MS_TOOLS_COMMANDS_H
 #define MS_TOOLS_COMMANDS_H
 
+int ms_cmd_bench(int argc, char **argv);
 int ms_cmd_generate(int argc, char **argv);
 int ms_cmd_mkmodel(int argc, char **argv);
 int ms_cmd_plan(int argc, char **argv);
@@ -12,6 +13,7 @@ int ms_cmd_version(int argc, char **argv);
 int ms_cmd_comm_check(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
+    X("bench", ms_cmd_bench, "serving benchmark client (TTFT, ITL, TPOT, throughput, goodput)")  \
     X("comm-check", ms_cmd_comm_check, "check and measure MPI communication (--np N --mode ...)") \
     X("generate", ms_cmd_generate, "run prompts through a model and print the continuation")     \
     X("mkmodel", ms_cmd_mkmodel, "write a seeded random checkpoint (tests, benchmarks)")        \
