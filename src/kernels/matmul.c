@@ -197,6 +197,68 @@ void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t 
     run(k, &j);
 }
 
+/* ---- batches of products ---- */
+
+#define BATCH_MAX 512
+
+struct mm_batch {
+    struct mm_job jobs[BATCH_MAX];
+    int64_t first[BATCH_MAX + 1]; /* first work item of each job */
+    int n;
+    _Atomic int64_t next;         /* next unclaimed work item */
+};
+
+static void batch_worker(void *arg, int tid, int nt)
+{
+    struct mm_batch *b = arg;
+    (void)tid;
+    (void)nt;
+    int j = 0;
+    for (;;) {
+        int64_t item = atomic_fetch_add_explicit(&b->next, 1, memory_order_relaxed);
+        if (item >= b->first[b->n]) break;
+        while (b->first[j + 1] <= item) j++; /* items are claimed in increasing order */
+        const struct mm_job *job = &b->jobs[j];
+        int64_t N = job->t.W->rows, s0 = (item - b->first[j]) * job->chunk;
+        run_range(job, s0, s0 + job->chunk < N ? s0 + job->chunk : N);
+    }
+}
+
+void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
+{
+    int nt = k ? ms_pool_size(k->pool) : 1;
+    int64_t total_macs = 0;
+    for (int i = 0; i < n; i++)
+        if (calls[i].M > 0) total_macs += calls[i].M * calls[i].W->rows * calls[i].W->cols;
+    static struct mm_batch batch; /* kernels run on the rank's main thread only */
+    struct mm_batch *b = &batch;
+    if (n > BATCH_MAX || nt == 1 || total_macs < MT_MIN_MACS) {
+        for (int i = 0; i < n; i++)
+            ms_matmul(k, calls[i].y, calls[i].ldy, calls[i].x, calls[i].ldx, calls[i].M,
+                      calls[i].W, calls[i].accumulate);
+        return;
+    }
+    b->n = 0;
+    b->first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const ms_mm_call *c = &calls[i];
+        if (c->M <= 0 || c->W->rows <= 0) continue;
+        struct mm_job *j = &b->jobs[b->n];
+        *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate},
+                             pick_path(k, c->W), 0, 0, 0};
+        if (j->path == P_BF16 && c->W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &j->t) == 0)
+            continue; /* large M: oneDNN did it on its own threads */
+        int64_t N = c->W->rows, align = j->path == P_BF16 && c->W->dtype == MS_DT_F8E4M3 ? 128 : 16;
+        int64_t ch = (N + 2 * nt - 1) / (2 * nt);
+        j->chunk = (ch + align - 1) / align * align;
+        b->first[b->n + 1] = b->first[b->n] + (N + j->chunk - 1) / j->chunk;
+        b->n++;
+    }
+    if (b->n == 0) return;
+    atomic_init(&b->next, 0);
+    ms_pool_run_dynamic(k->pool, batch_worker, b);
+}
+
 void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                   const ms_mat *W, int accumulate)
 {

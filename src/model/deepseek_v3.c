@@ -16,8 +16,37 @@
 #include "parallel/comm.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Optional phase timing (MOESERVE_PROFILE=1): wall seconds per phase of the
+ * forward, printed when the model is freed.  Costs two clock reads per phase. */
+enum { PH_QKV, PH_ATTN_DEC, PH_ATTN_PRE, PH_O, PH_MLP, PH_HEAD, PH_N };
+static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode", "attn prefill",
+                                          "o_proj", "mlp/moe", "lm_head"};
+static double ph_sec[PH_N];
+static int ph_on = -1;
+static double ph_t;
+static void ph_mark(int phase)
+{
+    if (ph_on < 0) ph_on = getenv("MOESERVE_PROFILE") != NULL;
+    if (!ph_on) return;
+    double now = ms_now_s();
+    if (phase >= 0) ph_sec[phase] += now - ph_t;
+    ph_t = now;
+}
+
+void ms_model_profile_print(void);
+void ms_model_profile_print(void)
+{
+    if (ph_on <= 0) return;
+    double tot = 0;
+    for (int i = 0; i < PH_N; i++) tot += ph_sec[i];
+    for (int i = 0; i < PH_N; i++)
+        fprintf(stderr, "profile %-16s %8.3f s %5.1f%%\n", ph_name[i], ph_sec[i],
+                tot > 0 ? 100 * ph_sec[i] / tot : 0);
+}
 
 struct ms_model_ws {
     int64_t cap_T, cap_S;
@@ -278,6 +307,7 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
     for (int l = 0; l < c->n_layers; l++) {
         const ms_layer_w *lw = &m->layers[l];
         /* --- attention --- */
+        ph_mark(-1);
         ms_rmsnorm(ws->u, ws->x, lw->attn_norm, T, D, D, c->rms_norm_eps);
         if (c->q_lora_rank > 0) {
             ms_matmul(k, ws->qa, c->q_lora_rank, ws->u, D, T, &lw->q_a, 0);
@@ -300,7 +330,9 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
                 store_row(pool, l, sq->page_table, pos, ws->kva + t * (kvr + dr), kvr + dr);
             }
         }
+        ph_mark(PH_QKV);
         attn_decode(m, lw, l, pool, seqs, n_seqs);
+        ph_mark(PH_ATTN_DEC);
         t = 0;
         for (int i = 0; i < n_seqs; i++) {
             const ms_batch_seq *sq = &seqs[i];
@@ -309,6 +341,7 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
                            ws->q + t * H * qd, ws->attn + t * H * dv);
             t += sq->n_tokens;
         }
+        ph_mark(PH_ATTN_PRE);
         if (m->n_local_heads == c->n_heads) {
             ms_matmul(k, ws->x, D, ws->attn, H * dv, T, &lw->o, 1); /* residual add */
         } else if (T > 0) { /* heads split: o_proj partial sums, all-reduced in the group */
@@ -322,8 +355,10 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         /* --- FFN (dense MLP or MoE; may gather, dispatch and reduce across ranks) --- */
         ms_rmsnorm(ws->u, ws->x, lw->ffn_norm, T, D, D, c->rms_norm_eps);
         ms_comm_set_tag(l);
+        ph_mark(PH_O);
         rc = ms_mlp_forward(m, lw, ws->u, T, ws->y, &ws->mlp, err);
         if (rc) return rc;
+        ph_mark(PH_MLP);
         for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
     }
     ms_comm_set_tag(MS_COMM_TAG_NONE);
@@ -347,8 +382,10 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         }
         ws->cap_logits_rows = rows;
     }
+    ph_mark(-1);
     ms_rmsnorm(ws->hn, ws->hn, m->final_norm, n_want, D, D, c->rms_norm_eps);
     ms_matmul(k, ws->logits, c->vocab_size, ws->hn, D, n_want, &m->lm_head, 0);
+    ph_mark(PH_HEAD);
     n_want = 0;
     for (int i = 0; i < n_seqs; i++) {
         if (!seqs[i].logits || seqs[i].n_tokens <= 0) continue;

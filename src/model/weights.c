@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAT_DTYPES                                                                                 \
     ((1u << MS_DT_F32) | (1u << MS_DT_BF16) | (1u << MS_DT_F16) | (1u << MS_DT_F8E4M3))
@@ -232,6 +233,48 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
 int ms_model_ws_new(ms_model *m, ms_errbuf *err);
 void ms_model_ws_free(ms_model_ws *ws);
 
+/* Faults in the page-table entries of one weight view now (MADV_POPULATE_READ,
+ * or one read per page where the kernel lacks it), so the first tokens do not
+ * pay a page fault per 4 KiB of weights.  Only this rank's views are touched. */
+static void prefault(const ms_mat *w)
+{
+    if (!w->data || w->rows <= 0) return;
+    size_t esz = (size_t)ms_dtype_size(w->dtype);
+    uintptr_t a = (uintptr_t)w->data & ~(uintptr_t)4095;
+    uintptr_t b = (uintptr_t)w->data + (size_t)((w->rows - 1) * w->ld + w->cols) * esz;
+    if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0) return;
+    volatile unsigned char sink = 0;
+    for (uintptr_t p = a; p < b; p += 4096) sink ^= *(const volatile unsigned char *)(p < (uintptr_t)w->data ? (uintptr_t)w->data : p);
+    (void)sink;
+}
+
+static void prefault_ffn(const ms_ffn_w *f)
+{
+    prefault(&f->gate);
+    prefault(&f->up);
+    prefault(&f->down);
+}
+
+static void prefault_model(const ms_model *m)
+{
+    const ms_config *c = &m->cfg;
+    int e0 = m->shard ? m->shard->first_expert : 0;
+    int e1 = m->shard ? e0 + m->shard->n_local_experts : c->n_routed_experts;
+    prefault(&m->lm_head);
+    for (int l = 0; l < c->n_layers; l++) {
+        const ms_layer_w *lw = &m->layers[l];
+        prefault(&lw->q_a), prefault(&lw->q_b), prefault(&lw->q), prefault(&lw->kv_a);
+        prefault(&lw->kv_b), prefault(&lw->o);
+        if (!lw->is_moe) {
+            prefault_ffn(&lw->dense);
+            continue;
+        }
+        prefault(&lw->router);
+        if (c->n_shared_experts > 0) prefault_ffn(&lw->shared);
+        for (int e = e0; e < e1; e++) prefault_ffn(&lw->experts[e]);
+    }
+}
+
 int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
@@ -328,6 +371,9 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
     m->kctx.isa = ms_kernels_detect();
     rc = ms_model_ws_new(m, err);
     if (rc) goto fail;
+    double t_pf = ms_now_s();
+    prefault_model(m);
+    MS_LOG(MS_DEBUG, "model", "weights faulted in in %.2f s", ms_now_s() - t_pf);
     MS_LOG(MS_INFO, "model",
            "loaded %s: %d layers (+%d MTP), %lld params, %.1f MB active per token, isa %s, "
            "%d threads, %s activations",
@@ -341,9 +387,12 @@ fail:
     return rc;
 }
 
+void ms_model_profile_print(void);
+
 void ms_model_free(ms_model *m)
 {
     if (!m) return;
+    ms_model_profile_print();
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layers + m->cfg.num_nextn_predict_layers; l++)
             free_layer(&m->layers[l]);

@@ -93,15 +93,10 @@ static int partial(ms_model *m, const ms_layer_w *lw, const float *X, int64_t n,
     }
     int rc = ms_moe_route(&m->kctx, &m->cfg, lw, X, n, &ws->moe);
     if (rc) return rc;
-    int acc = 0;
-    if (with_shared_slice(m, lw) && n > 0) {
-        if ((rc = ffn(m, &lw->shared, X, n, Y, 0, ws))) return rc;
-        acc = 1;
-    }
     int e0 = sh ? sh->first_expert : 0, e1 = sh ? e0 + sh->n_local_experts : m->cfg.n_routed_experts;
     (void)D;
-    return ms_moe_experts(&m->kctx, &m->cfg, lw, X, n, ws->moe.topk_idx, ws->moe.topk_w, e0, e1,
-                          Y, acc, &ws->moe);
+    return ms_moe_experts_shared(&m->kctx, &m->cfg, lw, X, n, ws->moe.topk_idx, ws->moe.topk_w, e0,
+                                 e1, with_shared_slice(m, lw) ? &lw->shared : NULL, Y, 0, &ws->moe);
 }
 
 /* ---- TP_ATTN_FULL: same tokens everywhere, partial sums all-reduced ---- */

@@ -99,8 +99,8 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     ws->row_token = malloc(sizeof(int32_t) * rows);
     ws->row_weight = malloc(sizeof(float) * rows);
     ws->xg = ms_alloc_aligned(rows * (size_t)D, sizeof(float));
-    ws->g = ms_alloc_aligned(rows * (size_t)inter, sizeof(float));
-    ws->u = ms_alloc_aligned(rows * (size_t)inter, sizeof(float));
+    ws->g = ms_alloc_aligned((rows + (size_t)T) * (size_t)inter, sizeof(float));
+    ws->u = ms_alloc_aligned((rows + (size_t)T) * (size_t)inter, sizeof(float));
     ws->yg = ms_alloc_aligned(rows * (size_t)D, sizeof(float));
     ws->scratch = malloc(sizeof(float) * (size_t)(2 * E));
     if (!ws->logits || !ws->topk_idx || !ws->topk_w || !ws->count || !ws->offset ||
@@ -145,15 +145,16 @@ int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, con
     return 0;
 }
 
-int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
-                   int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
-                   int accumulate, ms_moe_ws *ws)
+int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw,
+                          const float *x, int64_t T, const int32_t *idx, const float *w, int e_begin,
+                          int e_end, const ms_ffn_w *shared, float *y, int accumulate,
+                          ms_moe_ws *ws)
 {
     int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
         return MS_ENOMEM;
-    if (!accumulate) memset(y, 0, sizeof(float) * (size_t)(MS_MAX(T, 0) * D));
     if (T <= 0) return 0;
+    int64_t ld = ws->cap_inter; /* row stride of the g/u scratch */
     /* group rows by expert (counting sort keeps token order within an expert) */
     memset(ws->count, 0, sizeof(int32_t) * (size_t)E);
     for (int64_t i = 0; i < T * K; i++)
@@ -170,16 +171,49 @@ int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, c
             ws->row_weight[r] = w[t * K + j];
             memcpy(ws->xg + (size_t)r * D, x + t * D, sizeof(float) * (size_t)D);
         }
-    for (int64_t e = e_begin; e < e_end; e++) {
-        int64_t n = ws->offset[e + 1] - ws->offset[e];
+    int64_t rows = ws->offset[E], sh_row = rows; /* the shared FFN's scratch rows follow */
+    /* gate and up of every active expert (and the shared FFN) in one batch */
+    ms_mm_call calls[2 * 256 + 2];
+    int nc = 0;
+    for (int64_t e = e_begin; e < e_end && nc < 2 * 256; e++) {
+        int64_t n = ws->offset[e + 1] - ws->offset[e], r0 = ws->offset[e];
         if (n == 0) continue;
-        float *xe = ws->xg + (size_t)ws->offset[e] * D, *ye = ws->yg + (size_t)ws->offset[e] * D;
-        ms_ffn_forward(k, &lw->experts[e], xe, n, D, ye, 0, ws->g, ws->u);
+        const ms_ffn_w *f = &lw->experts[e];
+        calls[nc++] = (ms_mm_call){ws->g + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->gate, 0};
+        calls[nc++] = (ms_mm_call){ws->u + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->up, 0};
     }
+    if (shared) {
+        calls[nc++] = (ms_mm_call){ws->g + sh_row * ld, ld, x, D, T, &shared->gate, 0};
+        calls[nc++] = (ms_mm_call){ws->u + sh_row * ld, ld, x, D, T, &shared->up, 0};
+    }
+    ms_matmul_batch(k, calls, nc);
+    int64_t ew = e_end > e_begin ? lw->experts[e_begin].gate.rows : 0; /* local (TP) width */
+    for (int64_t r = 0; r < rows + (shared ? T : 0); r++) {
+        int64_t width = r < rows ? ew : shared->gate.rows;
+        ms_silu_mul(ws->g + r * ld, ws->g + r * ld, ws->u + r * ld, width);
+    }
+    /* down projections: experts into yg, the shared FFN straight into y */
+    nc = 0;
+    for (int64_t e = e_begin; e < e_end && nc < 256; e++) {
+        int64_t n = ws->offset[e + 1] - ws->offset[e], r0 = ws->offset[e];
+        if (n == 0) continue;
+        calls[nc++] = (ms_mm_call){ws->yg + r0 * D, D, ws->g + r0 * ld, ld, n, &lw->experts[e].down, 0};
+    }
+    if (shared) calls[nc++] = (ms_mm_call){y, D, ws->g + sh_row * ld, ld, T, &shared->down, accumulate};
+    else if (!accumulate) memset(y, 0, sizeof(float) * (size_t)(T * D));
+    ms_matmul_batch(k, calls, nc);
     /* combine: rows are expert-major, so each token sums its experts in id order */
-    for (int64_t r = 0; r < ws->offset[E]; r++)
+    for (int64_t r = 0; r < rows; r++)
         ms_axpy_f32(y + (int64_t)ws->row_token[r] * D, ws->row_weight[r], ws->yg + r * D, D);
     return 0;
+}
+
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+                   int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
+                   int accumulate, ms_moe_ws *ws)
+{
+    if (!accumulate && T > 0) memset(y, 0, sizeof(float) * (size_t)(T * c->hidden_size));
+    return ms_moe_experts_shared(k, c, lw, x, T, idx, w, e_begin, e_end, NULL, y, 1, ws);
 }
 
 int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
@@ -188,8 +222,7 @@ int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, c
     int64_t D = c->hidden_size;
     int rc = ms_moe_route(k, c, lw, x, T, ws);
     if (rc) return rc;
-    /* shared expert first: it writes y; routed experts add into y */
-    if (c->n_shared_experts > 0) ms_ffn_forward(k, &lw->shared, x, T, D, y, 0, ws->g, ws->u);
-    return ms_moe_experts(k, c, lw, x, T, ws->topk_idx, ws->topk_w, 0, c->n_routed_experts, y,
-                          c->n_shared_experts > 0, ws);
+    (void)D;
+    return ms_moe_experts_shared(k, c, lw, x, T, ws->topk_idx, ws->topk_w, 0, c->n_routed_experts,
+                                 c->n_shared_experts > 0 ? &lw->shared : NULL, y, 0, ws);
 }

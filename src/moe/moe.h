@@ -59,6 +59,13 @@ int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, con
 int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
                    int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
                    int accumulate, ms_moe_ws *ws);
+/* The same, plus an FFN over all T rows (the shared expert, or a slice of it)
+ * whose output is the starting value of y; all expert GEMMs run as two
+ * batched pool runs (gate+up, then down).  shared may be NULL. */
+int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw,
+                          const float *x, int64_t T, const int32_t *idx, const float *w, int e_begin,
+                          int e_end, const ms_ffn_w *shared, float *y, int accumulate,
+                          ms_moe_ws *ws);
 
 /* The whole MoE block on one rank: y[T][D] = Σ_j w_j Expert_j(x) + Shared(x). */
 int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
