@@ -154,7 +154,10 @@ static void bench_pool(ms_pool *pool, int nt)
     double t0 = ms_now_s();
     for (int i = 0; i < reps; i++) ms_pool_run(pool, empty_job, NULL);
     double hot = (ms_now_s() - t0) / reps * 1e6;
-    printf("pool threads=%d empty_run_us=%.2f\n", nt, hot);
+    t0 = ms_now_s();
+    for (int i = 0; i < reps; i++) ms_pool_run_dynamic(pool, empty_job, NULL);
+    double dyn = (ms_now_s() - t0) / reps * 1e6;
+    printf("pool threads=%d empty_run_us=%.2f empty_run_dynamic_us=%.2f\n", nt, hot, dyn);
 }
 
 /* ---- matmul ---- */
@@ -219,13 +222,14 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     const char *status = err <= (bf ? 1e-2 : 1e-5) ? "ok" : "WRONG";
 
     double flop = 2.0 * (double)M * (double)N * (double)K;
-    int reps = (int)(4e9 / (flop + 2e6 * (double)wbytes / 1e6 * 50));
-    if (reps < 3) reps = 3;
+    /* about 40 ms of work per trial at 100 GFLOP/s or 25 GB/s, best of 5 */
+    int reps = (int)(0.04 / (flop / 100e9 + (double)wbytes / 25e9));
+    if (reps < 2) reps = 2;
     if (reps > 2000) reps = 2000;
-    if (quick) reps = reps / 4 + 2;
+    if (quick) reps = reps / 2 + 1;
     for (int i = 0; i < copies; i++) ms_matmul(&kc, y, N, x, K, M, &W[i], 0); /* warm: page in */
     double best = 1e30;
-    for (int trial = 0; trial < 3; trial++) {
+    for (int trial = 0; trial < 5; trial++) {
         t0 = ms_now_s();
         for (int r = 0; r < reps; r++) ms_matmul(&kc, y, N, x, K, M, &W[r % copies], 0);
         double dtm = (ms_now_s() - t0) / reps;

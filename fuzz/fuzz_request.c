@@ -1,14 +1,15 @@
 // FUZZ_SOURCES: src/serve/openai.c src/serve/chat.c src/serve/detok.c src/serve/request.c src/base/error.c src/base/util.c src/base/log.c
+// FUZZ_LIBS: -ljansson -lm -pthread
 /* fuzz_request.c — libFuzzer target for everything a client's body reaches
  * before the engine: the request parsers of /v1/chat/completions,
  * /v1/completions and /generate (incl. the chat template), the context check,
  * and, on the output side, the detokenizer with stop strings and the
  * reasoning/tool-call parser fed in awkward pieces.
- * Build: clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -Itests \
+ * Build: clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -Isrc \
  *   fuzz/fuzz_request.c <FUZZ_SOURCES> -ljansson -lpthread -lm
  * The first input byte picks the route and split sizes; the rest is the body.
  */
-#include "echo_engine.h"
+#include "../tests/echo_engine.h"
 #include "serve/chat.h"
 #include "serve/openai.h"
 
@@ -66,15 +67,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t n = size - 1;
     static const enum ms_api_kind kinds[] = {MS_API_CHAT, MS_API_COMPLETION, MS_API_GENERATE};
-    ms_api_config cfg = {.context_len = 64 + (sel & 0x3f), .vocab_size = TC_VOCAB,
-                         .reasoning_parser = (int)((sel >> 2) % 3), .tool_parser = (int)((sel >> 4) & 1)};
+    ms_api_config cfg = {.context_len = 64 + (sel & 0x3f),
+                         .vocab_size = TC_VOCAB,
+                         .reasoning_parser = (int)((sel >> 2) % 3),
+                         .tool_parser = (int)((sel >> 4) & 1)};
     ms_api_req r;
     ms_errbuf e;
     const char *param;
     if (ms_api_parse(&r, kinds[sel % 3], body, n, &cfg, &e, &param) == 0) {
         int32_t *ids = NULL;
         size_t n_ids = 0;
-        if (r.text && test_codec.encode(NULL, r.text, r.n_text, r.parse_special, &ids, &n_ids, &e) == 0) {
+        if (r.text &&
+            test_codec.encode(NULL, r.text, r.n_text, r.parse_special, &ids, &n_ids, &e) == 0) {
             ms_api_check_input(&r, ids, n_ids, &cfg, &e);
             free(ids);
         } else if (r.ids) {

@@ -4,7 +4,9 @@
 #include "tools/commands.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const struct {
     const char *name;
@@ -25,6 +27,11 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* oneDNN's OpenMP threads must sleep, not spin, between calls (they share the
+     * cores with the kernel pool); libgomp reads this only at load time, so set it
+     * and re-execute once when the user has not chosen. */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv); /* on failure, go on with the default */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

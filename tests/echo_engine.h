@@ -20,13 +20,26 @@
 #include <unistd.h>
 
 enum {
-    TC_BOS = 256, TC_EOS, TC_USER, TC_ASSISTANT, TC_THINK, TC_THINK_END, TC_CALLS_BEGIN,
-    TC_CALLS_END, TC_CALL_BEGIN, TC_CALL_END, TC_SEP, TC_OUT_BEGIN, TC_OUT_END, TC_VOCAB
+    TC_BOS = 256,
+    TC_EOS,
+    TC_USER,
+    TC_ASSISTANT,
+    TC_THINK,
+    TC_THINK_END,
+    TC_CALLS_BEGIN,
+    TC_CALLS_END,
+    TC_CALL_BEGIN,
+    TC_CALL_END,
+    TC_SEP,
+    TC_OUT_BEGIN,
+    TC_OUT_END,
+    TC_VOCAB
 };
 static const char *const tc_markers[] = {
-    MS_CHAT_BOS, MS_CHAT_EOS, MS_CHAT_USER, MS_CHAT_ASSISTANT, MS_CHAT_THINK, MS_CHAT_THINK_END,
-    MS_CHAT_CALLS_BEGIN, MS_CHAT_CALLS_END, MS_CHAT_CALL_BEGIN, MS_CHAT_CALL_END, MS_CHAT_SEP,
-    MS_CHAT_OUTPUT_BEGIN, MS_CHAT_OUTPUT_END};
+    MS_CHAT_BOS,        MS_CHAT_EOS,       MS_CHAT_USER,        MS_CHAT_ASSISTANT,
+    MS_CHAT_THINK,      MS_CHAT_THINK_END, MS_CHAT_CALLS_BEGIN, MS_CHAT_CALLS_END,
+    MS_CHAT_CALL_BEGIN, MS_CHAT_CALL_END,  MS_CHAT_SEP,         MS_CHAT_OUTPUT_BEGIN,
+    MS_CHAT_OUTPUT_END};
 
 static int tc_encode(void *ctx, const char *text, size_t len, int parse_special, int32_t **ids,
                      size_t *n_ids, ms_errbuf *e)
@@ -45,8 +58,10 @@ static int tc_encode(void *ctx, const char *text, size_t len, int parse_special,
                 break;
             }
         }
-        if (hit >= 0) out[n++] = 256 + hit;
-        else out[n++] = (unsigned char)text[i++];
+        if (hit >= 0)
+            out[n++] = 256 + hit;
+        else
+            out[n++] = (unsigned char)text[i++];
     }
     *ids = out;
     *n_ids = n;
@@ -82,8 +97,8 @@ static int32_t tc_token_id(void *ctx, const char *tok)
     return strlen(tok) == 1 ? (unsigned char)tok[0] : -1;
 }
 
-static const ms_serve_codec test_codec = {NULL, tc_encode, tc_token_bytes, tc_is_special,
-                                          tc_token_id, TC_VOCAB};
+static const ms_serve_codec test_codec = {NULL,          tc_encode,   tc_token_bytes,
+                                          tc_is_special, tc_token_id, TC_VOCAB};
 
 /* ---------------------------------------------------------------- engine */
 
@@ -181,9 +196,12 @@ static void *echo_main(void *arg)
             echo_slot *s = &e->slots[i];
             const ms_serve_sampling *sp = &s->r->sampling;
             int32_t len = s->end - s->begin, tok;
-            if (s->n_gen < len) tok = s->r->input_ids[s->begin + s->n_gen];
-            else if (sp->ignore_eos && len > 0) tok = s->r->input_ids[s->begin + s->n_gen % len];
-            else tok = TC_EOS;
+            if (s->n_gen < len)
+                tok = s->r->input_ids[s->begin + s->n_gen];
+            else if (sp->ignore_eos && len > 0)
+                tok = s->r->input_ids[s->begin + s->n_gen % len];
+            else
+                tok = TC_EOS;
             int32_t top[MS_SERVE_MAX_TOP_LOGPROBS];
             float tl[MS_SERVE_MAX_TOP_LOGPROBS];
             for (int j = 0; j < sp->top_logprobs; j++) {
@@ -195,11 +213,16 @@ static void *echo_main(void *arg)
             s->n_gen++;
             int stop_id = 0;
             for (int j = 0; j < sp->n_stop_ids; j++) stop_id |= sp->stop_ids[j] == tok;
-            if (tok == TC_EOS || stop_id) echo_drop(e, i--, MS_SERVE_FINISH_STOP, tok, NULL);
-            else if (s->n_gen >= sp->max_new_tokens) echo_drop(e, i--, MS_SERVE_FINISH_LENGTH, -1, NULL);
+            if (tok == TC_EOS || stop_id)
+                echo_drop(e, i--, MS_SERVE_FINISH_STOP, tok, NULL);
+            else if (s->n_gen >= sp->max_new_tokens)
+                echo_drop(e, i--, MS_SERVE_FINISH_LENGTH, -1, NULL);
         }
-        ms_dp_load ld = {.num_running_reqs = e->n, .num_used_tokens = 10 * e->n,
-                         .token_usage = 0.01 * e->n, .cache_hit_rate = 0.5, .gen_throughput = 100};
+        ms_dp_load ld = {.num_running_reqs = e->n,
+                         .num_used_tokens = 10 * e->n,
+                         .token_usage = 0.01 * e->n,
+                         .cache_hit_rate = 0.5,
+                         .gen_throughput = 100};
         ms_serve_hub_publish_load(e->hub, 0, &ld);
         ms_serve_hub_heartbeat(e->hub);
         int us = atomic_load(&e->step_us);

@@ -90,7 +90,8 @@ static int hc_parse(const char *raw, size_t n, hresp *r)
     const char *sep = strstr(raw, "\r\n\r\n");
     if (!sep) return -1;
     size_t hl = (size_t)(sep - raw);
-    snprintf(r->head, sizeof r->head, "%.*s", (int)(hl < sizeof r->head - 1 ? hl : sizeof r->head - 1), raw);
+    snprintf(r->head, sizeof r->head, "%.*s",
+             (int)(hl < sizeof r->head - 1 ? hl : sizeof r->head - 1), raw);
     const char *p = sep + 4, *end = raw + n;
     r->body = malloc((size_t)(end - p) + 1);
     if (strcasestr(r->head, "Transfer-Encoding: chunked")) {
@@ -123,8 +124,9 @@ static int hc_request(int port, const char *method, const char *path, const char
     if (fd < 0) return -1;
     size_t bl = body ? strlen(body) : 0;
     char *req = malloc(bl + 1024 + (extra ? strlen(extra) : 0));
-    int hl = sprintf(req, "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%s"
-                          "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+    int hl = sprintf(req,
+                     "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                      method, path, extra ? extra : "", bl);
     if (bl) memcpy(req + hl, body, bl);
     int rc = hc_send_all(fd, req, (size_t)hl + bl);

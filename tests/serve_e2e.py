@@ -111,7 +111,7 @@ check("/generate (SGLang native)", s == 200 and "text" in j and j["meta_info"]["
 s, j, _ = req("POST", "/generate", {"input_ids": [0, 5, 6, 7], "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
 check("/generate input_ids", s == 200 and j["meta_info"]["prompt_tokens"] == 4, j)
 s, j, _ = req("GET", "/server_info")
-need = ["model_path", "context_length", "page_size", "layout", "max_total_num_tokens_per_dp_rank",
+need = ["model_path", "context_length", "page_size", "layout", "max_total_num_tokens", "max_total_num_tokens_per_dp_rank",
         "attn_dp_size", "attn_tp_size", "kv_pool_replicated", "max_running_requests", "chunked_prefill_size"]
 check("/server_info fields", s == 200 and all(k in j for k in need), [k for k in need if k not in (j or {})])
 info = j

@@ -50,7 +50,7 @@ if printf '%s' "$resp" | head -n 1 | grep -q ' 400 '; then ok cl_and_te; else ba
 # 6. a client that gives up mid-stream: its request is aborted (running goes back to 0)
 curl -sN -m 0.5 "$url/v1/completions" -d '{"prompt":"abcdef","max_tokens":3000,"ignore_eos":true,"stream":true}' > /dev/null 2>&1
 running=1
-for _ in $(seq 40); do
+for _ in $(seq 100); do
     running=$(curl -s -m 2 "$url/get_load" | grep -o '"num_running_reqs":[0-9]*' | head -n 1 | cut -d: -f2)
     [ "$running" = 0 ] && break
     sleep 0.05
@@ -62,7 +62,10 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "$url/health")
 [ "$code" = 200 ] && ok health_after || bad health_after "$code"
 curl -sN -m 10 "$url/v1/completions" -d '{"prompt":"abc","max_tokens":100,"ignore_eos":true,"stream":true}' > "$dir/drain" &
 cpid=$!
-sleep 0.1
+for _ in $(seq 100); do # wait until the stream is inside the engine
+    curl -s -m 2 "$url/get_load" | grep -q '"num_running_reqs":1' && break
+    sleep 0.02
+done
 kill -TERM $pid
 wait $cpid
 wait $pid

@@ -54,10 +54,51 @@ TEST(pool_runs_every_item_once)
     ms_pool_free(NULL);
 }
 
+struct dyn_job {
+    int64_t n;
+    _Atomic int64_t next;
+    _Atomic long sum;
+    _Atomic int max_tid, calls;
+};
+
+static void dyn_claim(void *arg, int tid, int nt)
+{
+    struct dyn_job *j = arg;
+    atomic_fetch_add(&j->calls, 1);
+    int m = atomic_load(&j->max_tid);
+    while (tid > m && !atomic_compare_exchange_weak(&j->max_tid, &m, tid)) {}
+    (void)nt;
+    for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) atomic_fetch_add(&j->sum, (long)i);
+}
+
+TEST(pool_dynamic_runs_every_item_once)
+{
+    for (int nt = 1; nt <= 4; nt++) {
+        ms_pool *p = ms_pool_new(nt);
+        CHECK(p);
+        for (int rep = 0; rep < 500; rep++) {
+            int64_t n = rep % 97;
+            struct dyn_job j = {.n = n};
+            ms_pool_run_dynamic(p, dyn_claim, &j);
+            CHECK(atomic_load(&j.sum) == n * (n - 1) / 2);
+            CHECK(atomic_load(&j.calls) >= 1 && atomic_load(&j.calls) <= nt);
+            CHECK(atomic_load(&j.max_tid) < nt);
+            if (rep % 3 == 0) { /* static jobs interleaved with dynamic ones */
+                int64_t m = rep % 50;
+                atomic_store(&sum_hits, 0);
+                ms_pool_run(p, add_range, &m);
+                CHECK(atomic_load(&sum_hits) == m * (m - 1) / 2);
+            }
+        }
+        ms_pool_free(p);
+    }
+}
+
 int main(void)
 {
     RUN(error_table);
     RUN(checked_math);
     RUN(pool_runs_every_item_once);
+    RUN(pool_dynamic_runs_every_item_once);
     return TEST_REPORT();
 }

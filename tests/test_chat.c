@@ -30,56 +30,80 @@ static char *render(const char *msgs, const char *tools, int thinking, int *rc)
 TEST(template_basic)
 {
     int rc;
-    char *s = render("[{\"role\":\"system\",\"content\":\"S1\"},{\"role\":\"user\",\"content\":\"Hi\"},"
-                     "{\"role\":\"assistant\",\"content\":\"<think>r</think>Yo\"},{\"role\":\"system\",\"content\":\"S2\"},"
-                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"A\"},{\"type\":\"text\",\"text\":\"B\"}]}]",
-                     NULL, -1, &rc);
+    char *s =
+        render("[{\"role\":\"system\",\"content\":\"S1\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+               "{\"role\":\"assistant\",\"content\":\"<think>r</"
+               "think>Yo\"},{\"role\":\"system\",\"content\":\"S2\"},"
+               "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"A\"},{\"type\":"
+               "\"text\",\"text\":\"B\"}]}]",
+               NULL, -1, &rc);
     CHECK(rc == 0);
-    const char *want = MS_CHAT_BOS "S1\n\nS2" MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT "Yo" MS_CHAT_EOS
-                       MS_CHAT_USER "AB" MS_CHAT_ASSISTANT;
+    const char *want = MS_CHAT_BOS "S1\n\nS2" MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT
+                                   "Yo" MS_CHAT_EOS MS_CHAT_USER "AB" MS_CHAT_ASSISTANT;
     CHECKF(!strcmp(s, want), "got %s", s);
     free(s);
     /* V3.1 thinking on/off */
     s = render("[{\"role\":\"user\",\"content\":\"Q\"}]", NULL, 1, &rc);
     CHECK(rc == 0 && !strcmp(s, MS_CHAT_BOS MS_CHAT_USER "Q" MS_CHAT_ASSISTANT "<think>"));
     free(s);
-    s = render("[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"user\",\"content\":\"Q2\"}]", NULL, 0, &rc);
-    CHECK(rc == 0 && !strcmp(s, MS_CHAT_BOS MS_CHAT_USER "Q" MS_CHAT_ASSISTANT "</think>A" MS_CHAT_EOS
-                                  MS_CHAT_USER "Q2" MS_CHAT_ASSISTANT "</think>"));
+    s = render("[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":\"A\"},{"
+               "\"role\":\"user\",\"content\":\"Q2\"}]",
+               NULL, 0, &rc);
+    CHECK(rc == 0 && !strcmp(s, MS_CHAT_BOS MS_CHAT_USER "Q" MS_CHAT_ASSISTANT
+                                                         "</think>A" MS_CHAT_EOS MS_CHAT_USER
+                                                         "Q2" MS_CHAT_ASSISTANT "</think>"));
     free(s);
 }
 
 TEST(template_tools)
 {
     int rc;
-    char *s = render("[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"weather?\"},"
-                     "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c0\",\"type\":\"function\","
-                     "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}},"
-                     "{\"type\":\"function\",\"function\":{\"name\":\"t2\",\"arguments\":{\"x\":1}}}]},"
-                     "{\"role\":\"tool\",\"tool_call_id\":\"c0\",\"content\":\"sunny\"},"
-                     "{\"role\":\"assistant\",\"content\":\"It is sunny.\"},{\"role\":\"user\",\"content\":\"thanks\"}]",
-                     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get weather\","
-                     "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]",
-                     0, &rc);
+    char *s = render(
+        "[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"weather?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c0\",\"type\":"
+        "\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"t2\",\"arguments\":{\"x\":1}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c0\",\"content\":\"sunny\"},"
+        "{\"role\":\"assistant\",\"content\":\"It is "
+        "sunny.\"},{\"role\":\"user\",\"content\":\"thanks\"}]",
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get "
+        "weather\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]",
+        0, &rc);
     CHECK(rc == 0);
-    CHECK(!strncmp(s, MS_CHAT_BOS "sys\n\n## Tools\nYou have access to the following tools:\n\n### get_weather\n"
-                      "Description: Get weather\n\nParameters: {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}\n\n"
-                      "IMPORTANT: ALWAYS adhere", 200));
-    const char *calls = MS_CHAT_USER "weather?" MS_CHAT_ASSISTANT "</think>" MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN
-                        "get_weather" MS_CHAT_SEP "{\"city\":\"Paris\"}" MS_CHAT_CALL_END MS_CHAT_CALL_BEGIN "t2" MS_CHAT_SEP
-                        "{\"x\":1}" MS_CHAT_CALL_END MS_CHAT_CALLS_END MS_CHAT_EOS MS_CHAT_OUTPUT_BEGIN "sunny" MS_CHAT_OUTPUT_END
-                        "It is sunny." MS_CHAT_EOS MS_CHAT_USER "thanks" MS_CHAT_ASSISTANT "</think>";
+    CHECK(!strncmp(s,
+                   MS_CHAT_BOS
+                   "sys\n\n## Tools\nYou have access to the following tools:\n\n### get_weather\n"
+                   "Description: Get weather\n\nParameters: {\"type\": \"object\", \"properties\": "
+                   "{\"city\": {\"type\": \"string\"}}}\n\n"
+                   "IMPORTANT: ALWAYS adhere",
+                   200));
+    const char *calls =
+        MS_CHAT_USER "weather?" MS_CHAT_ASSISTANT "</think>" MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN
+                     "get_weather" MS_CHAT_SEP
+                     "{\"city\":\"Paris\"}" MS_CHAT_CALL_END MS_CHAT_CALL_BEGIN "t2" MS_CHAT_SEP
+                     "{\"x\":1}" MS_CHAT_CALL_END MS_CHAT_CALLS_END MS_CHAT_EOS MS_CHAT_OUTPUT_BEGIN
+                     "sunny" MS_CHAT_OUTPUT_END "It is sunny." MS_CHAT_EOS MS_CHAT_USER
+                     "thanks" MS_CHAT_ASSISTANT "</think>";
     CHECKF(strstr(s, calls) != NULL, "got %s", s);
     CHECK(!strcmp(s + strlen(s) - strlen(calls), calls));
     free(s);
     /* no system prompt, a tool without description */
-    s = render("[{\"role\":\"user\",\"content\":\"q\"}]", "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]", 0, &rc);
+    s = render("[{\"role\":\"user\",\"content\":\"q\"}]",
+               "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]", 0, &rc);
     CHECK(rc == 0);
-    CHECKF(!strncmp(s, MS_CHAT_BOS "\n\n## Tools\nYou have access to the following tools:\n\n### f\n\nParameters: {}\n\nIMPORTANT", 80), "%s", s);
+    CHECKF(!strncmp(s,
+                    MS_CHAT_BOS "\n\n## Tools\nYou have access to the following tools:\n\n### "
+                                "f\n\nParameters: {}\n\nIMPORTANT",
+                    80),
+           "%s", s);
     free(s);
     /* after a tool result no generation prompt is added (the model continues) */
-    s = render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
-               "{\"role\":\"tool\",\"content\":\"r\"}]", NULL, 0, &rc);
+    s = render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{"
+               "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+               "{\"role\":\"tool\",\"content\":\"r\"}]",
+               NULL, 0, &rc);
     CHECK(rc == 0);
     CHECK(!strcmp(s + strlen(s) - strlen(MS_CHAT_OUTPUT_END), MS_CHAT_OUTPUT_END));
     free(s);
@@ -114,7 +138,8 @@ struct parsed {
 
 static void collect(ms_chat_delta *d, struct parsed *p)
 {
-    if (d->reasoning) strncat(p->reasoning, d->reasoning, sizeof p->reasoning - strlen(p->reasoning) - 1);
+    if (d->reasoning)
+        strncat(p->reasoning, d->reasoning, sizeof p->reasoning - strlen(p->reasoning) - 1);
     if (d->content) strncat(p->content, d->content, sizeof p->content - strlen(p->content) - 1);
     size_t i;
     json_t *t;
@@ -124,7 +149,8 @@ static void collect(ms_chat_delta *d, struct parsed *p)
         if (idx < 0 || idx >= 8) continue;
         if (idx + 1 > p->n_calls) p->n_calls = idx + 1;
         const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
-        const char *ar = json_string_value(json_object_get(json_object_get(t, "function"), "arguments"));
+        const char *ar =
+            json_string_value(json_object_get(json_object_get(t, "function"), "arguments"));
         if (nm) strncat(p->name[idx], nm, 63 - strlen(p->name[idx]));
         if (ar) strncat(p->args[idx], ar, 255 - strlen(p->args[idx]));
     }
@@ -148,16 +174,19 @@ static int parse(const char *text, size_t step, int sep, int in_reason, int tool
     ms_chat_parser_feed(&ps, "", 0, 1, &d);
     collect(&d, p);
     ms_chat_delta_clear(&d);
-    if (keep) *keep = ps;
-    else ms_chat_parser_deinit(&ps);
+    if (keep)
+        *keep = ps;
+    else
+        ms_chat_parser_deinit(&ps);
     return 0;
 }
 
 TEST(tool_call_parse_streaming)
 {
-    const char *text = "Let me check." MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "get_weather" MS_CHAT_SEP
-                       "{\"city\": \"Par\xc3\xads\"}" MS_CHAT_CALL_END MS_CHAT_CALL_BEGIN "get_time" MS_CHAT_SEP
-                       "{\"tz\": \"CET\"}" MS_CHAT_CALL_END MS_CHAT_CALLS_END;
+    const char *text =
+        "Let me check." MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "get_weather" MS_CHAT_SEP
+        "{\"city\": \"Par\xc3\xads\"}" MS_CHAT_CALL_END MS_CHAT_CALL_BEGIN "get_time" MS_CHAT_SEP
+        "{\"tz\": \"CET\"}" MS_CHAT_CALL_END MS_CHAT_CALLS_END;
     size_t steps[] = {0, 1, 2, 3, 5, 7, 13};
     for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
         struct parsed p;
@@ -166,22 +195,26 @@ TEST(tool_call_parse_streaming)
         CHECKF(!strcmp(p.content, "Let me check."), "step %zu content '%s'", steps[s], p.content);
         CHECK(p.n_calls == 2);
         CHECK(!strcmp(p.name[0], "get_weather") && !strcmp(p.name[1], "get_time"));
-        CHECKF(!strcmp(p.args[0], "{\"city\": \"Par\xc3\xads\"}"), "step %zu args '%s'", steps[s], p.args[0]);
+        CHECKF(!strcmp(p.args[0], "{\"city\": \"Par\xc3\xads\"}"), "step %zu args '%s'", steps[s],
+               p.args[0]);
         CHECK(!strcmp(p.args[1], "{\"tz\": \"CET\"}"));
         /* the accumulated (non-stream) view agrees */
         CHECK(json_array_size(keep.all_calls) == 2);
         json_t *f1 = json_object_get(json_array_get(keep.all_calls, 1), "function");
         CHECK(!strcmp(json_string_value(json_object_get(f1, "arguments")), "{\"tz\": \"CET\"}"));
-        CHECK(!strcmp(json_string_value(json_object_get(json_array_get(keep.all_calls, 0), "id")), "call_0"));
+        CHECK(!strcmp(json_string_value(json_object_get(json_array_get(keep.all_calls, 0), "id")),
+                      "call_0"));
         ms_chat_parser_deinit(&keep);
     }
     /* without a tool parser the markup stays text; a truncated call keeps its partial args */
     struct parsed p;
     CHECK(parse(text, 3, 0, 0, 0, &p, NULL) == 0 && p.n_calls == 0 && !strcmp(p.content, text));
-    CHECK(parse(MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP "{\"a\":", 4, 0, 0, 1, &p, NULL) == 0);
+    CHECK(parse(MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP "{\"a\":", 4, 0, 0, 1, &p,
+                NULL) == 0);
     CHECK(p.n_calls == 1 && !strcmp(p.name[0], "f") && !strcmp(p.args[0], "{\"a\":"));
     /* a lone '<' that never becomes a marker is released at the end */
-    CHECK(parse("a <b <\xef\xbd\x9c", 1, 0, 0, 1, &p, NULL) == 0 && !strcmp(p.content, "a <b <\xef\xbd\x9c"));
+    CHECK(parse("a <b <\xef\xbd\x9c", 1, 0, 0, 1, &p, NULL) == 0 &&
+          !strcmp(p.content, "a <b <\xef\xbd\x9c"));
 }
 
 TEST(reasoning_split)
@@ -195,11 +228,14 @@ TEST(reasoning_split)
         CHECK(parse("still thinking</thi", steps[s], 1, 1, 0, &p, NULL) == 0);
         CHECK(!strcmp(p.reasoning, "still thinking</thi") && !p.content[0]);
         /* not starting in reasoning (V3.1 without thinking): everything is content */
-        CHECK(parse("plain</think>x", steps[s], 1, 0, 0, &p, NULL) == 0 && !strcmp(p.content, "plain</think>x"));
+        CHECK(parse("plain</think>x", steps[s], 1, 0, 0, &p, NULL) == 0 &&
+              !strcmp(p.content, "plain</think>x"));
         /* reasoning then a tool call */
-        CHECK(parse("hmm</think>" MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP "{}" MS_CHAT_CALL_END MS_CHAT_CALLS_END,
+        CHECK(parse("hmm</think>" MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP
+                    "{}" MS_CHAT_CALL_END MS_CHAT_CALLS_END,
                     steps[s], 1, 1, 1, &p, NULL) == 0);
-        CHECK(!strcmp(p.reasoning, "hmm") && p.n_calls == 1 && !strcmp(p.args[0], "{}") && !p.content[0]);
+        CHECK(!strcmp(p.reasoning, "hmm") && p.n_calls == 1 && !strcmp(p.args[0], "{}") &&
+              !p.content[0]);
     }
 }
 
@@ -237,12 +273,14 @@ TEST(detok_utf8_and_stops)
     int32_t a[] = {0xc3, 0xa9, 0xe4, 0xb8, 0x96, TC_EOS};
     char out[256];
     int at;
-    CHECK(detok_run(a, 6, NULL, 0, out, sizeof out, &at) == -1 && !strcmp(out, "\xc3\xa9\xe4\xb8\x96"));
+    CHECK(detok_run(a, 6, NULL, 0, out, sizeof out, &at) == -1 &&
+          !strcmp(out, "\xc3\xa9\xe4\xb8\x96"));
     /* a truncated character becomes U+FFFD at the end; invalid bytes too */
     int32_t b[] = {'x', 0xe4, 0xb8};
     CHECK(detok_run(b, 3, NULL, 0, out, sizeof out, &at) == -1 && !strcmp(out, "x\xef\xbf\xbd"));
     int32_t c[] = {0xff, 'y', 0x80};
-    CHECK(detok_run(c, 3, NULL, 0, out, sizeof out, &at) == -1 && !strcmp(out, "\xef\xbf\xbdy\xef\xbf\xbd"));
+    CHECK(detok_run(c, 3, NULL, 0, out, sizeof out, &at) == -1 &&
+          !strcmp(out, "\xef\xbf\xbdy\xef\xbf\xbd"));
     /* a stop string split across tokens; text before it only */
     char *stops[] = {"END", "xyz"};
     const char *t = "abcENDdef";
@@ -289,7 +327,8 @@ TEST(codec_real_tokenizer)
     ms_serve_codec_from_tokenizer(&c, tok);
     CHECK(c.vocab_size == 2000);
     int r2;
-    char *prompt = render("[{\"role\":\"user\",\"content\":\"h\u00e9llo \u4e16\u754c\"}]", NULL, 0, &r2);
+    char *prompt =
+        render("[{\"role\":\"user\",\"content\":\"h\u00e9llo \u4e16\u754c\"}]", NULL, 0, &r2);
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK(r2 == 0 && c.encode(c.ctx, prompt, strlen(prompt), 1, &ids, &n, &e) == 0);

@@ -78,7 +78,8 @@ TEST(health_and_models)
     hresp_free(&r);
     CHECK(hc_request(port, "GET", "/v1/models", NULL, NULL, &r) == 0 && r.status == 200);
     json_t *o = body_json(&r);
-    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
+    const char *id =
+        json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
     CHECK(id && !strcmp(id, "echo-model"));
     json_decref(o);
     hresp_free(&r);
@@ -91,11 +92,13 @@ TEST(chat_non_stream)
     hresp r;
     CHECK(hc_request(port, "POST", "/v1/chat/completions",
                      "{\"model\":\"x\",\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},"
-                     "{\"role\":\"user\",\"content\":\"Hello world\"}]}", NULL, &r) == 0);
+                     "{\"role\":\"user\",\"content\":\"Hello world\"}]}",
+                     NULL, &r) == 0);
     CHECKF(r.status == 200, "status %d body %s", r.status, r.body);
     json_t *o = body_json(&r);
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
-    const char *content = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
+    const char *content =
+        json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
     CHECKF(content && !strcmp(content, "Hello world"), "content %s", content);
     CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "stop"));
     CHECK(!strcmp(json_string_value(json_object_get(o, "object")), "chat.completion"));
@@ -111,10 +114,11 @@ TEST(chat_non_stream)
 TEST(chat_stream_sse)
 {
     hresp r;
-    CHECK(hc_request(port, "POST", "/v1/chat/completions",
-                     "{\"messages\":[{\"role\":\"user\",\"content\":\"h\xc3\xa9llo \xe4\xb8\x96\"}],"
-                     "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-                     NULL, &r) == 0);
+    CHECK(
+        hc_request(port, "POST", "/v1/chat/completions",
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"h\xc3\xa9llo \xe4\xb8\x96\"}],"
+                   "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                   NULL, &r) == 0);
     CHECK(r.status == 200);
     CHECK(strcasestr(r.head, "Content-Type: text/event-stream") != NULL);
     int done = 0;
@@ -122,7 +126,8 @@ TEST(chat_stream_sse)
     CHECKF(fr && done, "bad SSE framing: %s", r.body);
     size_t nf = json_array_size(fr);
     CHECK(nf >= 4);
-    json_t *d0 = json_object_get(json_array_get(json_object_get(json_array_get(fr, 0), "choices"), 0), "delta");
+    json_t *d0 = json_object_get(
+        json_array_get(json_object_get(json_array_get(fr, 0), "choices"), 0), "delta");
     CHECK(!strcmp(json_string_value(json_object_get(d0, "role")), "assistant"));
     char text[256] = "";
     const char *finish = NULL;
@@ -132,13 +137,15 @@ TEST(chat_stream_sse)
         json_t *c = json_array_get(json_object_get(f, "choices"), 0);
         const char *t = json_string_value(json_object_get(json_object_get(c, "delta"), "content"));
         if (t) strncat(text, t, sizeof text - strlen(text) - 1);
-        if (json_is_string(json_object_get(c, "finish_reason"))) finish = json_string_value(json_object_get(c, "finish_reason"));
+        if (json_is_string(json_object_get(c, "finish_reason")))
+            finish = json_string_value(json_object_get(c, "finish_reason"));
     }
     CHECKF(!strcmp(text, "h\xc3\xa9llo \xe4\xb8\x96"), "streamed '%s'", text);
     CHECK(finish && !strcmp(finish, "stop"));
     json_t *last = json_array_get(fr, nf - 1);
     CHECK(json_array_size(json_object_get(last, "choices")) == 0);
-    CHECK(json_integer_value(json_object_get(json_object_get(last, "usage"), "completion_tokens")) == 11);
+    CHECK(json_integer_value(
+              json_object_get(json_object_get(last, "usage"), "completion_tokens")) == 11);
     json_decref(fr);
     hresp_free(&r);
 }
@@ -167,7 +174,8 @@ TEST(completions_length_and_logprobs)
     CHECK(fr && done);
     char text[64] = "";
     for (size_t i = 0; i < json_array_size(fr); i++) {
-        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(json_array_get(fr, i), "choices"), 0), "text"));
+        const char *t = json_string_value(json_object_get(
+            json_array_get(json_object_get(json_array_get(fr, i), "choices"), 0), "text"));
         if (t) strncat(text, t, sizeof text - strlen(text) - 1);
     }
     CHECK(!strcmp(text, "hi"));
@@ -180,10 +188,11 @@ TEST(stop_string_aborts_engine)
     int aborts = atomic_load(&eng.n_aborts);
     hresp r;
     atomic_store(&eng.step_us, 2000);
-    CHECK(hc_request(port, "POST", "/v1/completions",
-                     "{\"prompt\":\"hello STOP world and more\",\"max_tokens\":500,\"ignore_eos\":true,"
-                     "\"stop\":[\"STOP\",\"zzz\"]}",
-                     NULL, &r) == 0);
+    CHECK(hc_request(
+              port, "POST", "/v1/completions",
+              "{\"prompt\":\"hello STOP world and more\",\"max_tokens\":500,\"ignore_eos\":true,"
+              "\"stop\":[\"STOP\",\"zzz\"]}",
+              NULL, &r) == 0);
     atomic_store(&eng.step_us, 0);
     json_t *o = body_json(&r);
     json_t *c = json_array_get(json_object_get(o, "choices"), 0);
@@ -198,27 +207,31 @@ TEST(stop_string_aborts_engine)
 TEST(generate_native)
 {
     hresp r;
-    CHECK(hc_request(port, "POST", "/generate",
-                     "{\"text\":\"native\",\"sampling_params\":{\"max_new_tokens\":4,\"temperature\":0}}",
-                     NULL, &r) == 0);
+    CHECK(hc_request(
+              port, "POST", "/generate",
+              "{\"text\":\"native\",\"sampling_params\":{\"max_new_tokens\":4,\"temperature\":0}}",
+              NULL, &r) == 0);
     CHECKF(r.status == 200, "%d %s", r.status, r.body);
     json_t *o = body_json(&r);
     CHECK(!strcmp(json_string_value(json_object_get(o, "text")), "nati"));
     json_t *mi = json_object_get(o, "meta_info");
     CHECK(json_integer_value(json_object_get(mi, "prompt_tokens")) == 6);
     CHECK(json_integer_value(json_object_get(mi, "completion_tokens")) == 4);
-    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(mi, "finish_reason"), "type")), "length"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(mi, "finish_reason"), "type")),
+                  "length"));
     CHECK(json_array_size(json_object_get(o, "output_ids")) == 4);
     json_decref(o);
     hresp_free(&r);
     CHECK(hc_request(port, "POST", "/generate",
-                     "{\"input_ids\":[65,66,67],\"stream\":true,\"return_logprob\":true}", NULL, &r) == 0);
+                     "{\"input_ids\":[65,66,67],\"stream\":true,\"return_logprob\":true}", NULL,
+                     &r) == 0);
     int done = 0;
     json_t *fr = sse_frames(r.body, &done);
     CHECK(fr && done && json_array_size(fr) >= 2);
     json_t *last = json_array_get(fr, json_array_size(fr) - 1);
     CHECK(!strcmp(json_string_value(json_object_get(last, "text")), "ABC")); /* cumulative */
-    CHECK(json_array_size(json_object_get(json_object_get(last, "meta_info"), "output_token_logprobs")) == 4);
+    CHECK(json_array_size(
+              json_object_get(json_object_get(last, "meta_info"), "output_token_logprobs")) == 4);
     json_decref(fr);
     hresp_free(&r);
 }
@@ -232,9 +245,13 @@ static void expect_error(int p, const char *method, const char *path, const char
     json_t *o = body_json(&r);
     const char *m = err_msg(o);
     *ok = r.status == status && m && (!needle || strstr(m, needle));
-    if (!*ok) fprintf(stderr, "  expected %d '%s', got %d %s\n", status, needle ? needle : "", r.status, r.body);
+    if (!*ok)
+        fprintf(stderr, "  expected %d '%s', got %d %s\n", status, needle ? needle : "", r.status,
+                r.body);
     json_t *e = json_object_get(o, "error");
-    if (*ok && !(json_is_string(json_object_get(e, "type")) && json_integer_value(json_object_get(e, "code")) == status)) *ok = 0;
+    if (*ok && !(json_is_string(json_object_get(e, "type")) &&
+                 json_integer_value(json_object_get(e, "code")) == status))
+        *ok = 0;
     json_decref(o);
     hresp_free(&r);
 }
@@ -242,19 +259,29 @@ static void expect_error(int p, const char *method, const char *path, const char
 TEST(errors)
 {
     int ok;
-    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\": [", NULL, 400, "malformed JSON", &ok);
+    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\": [", NULL, 400,
+                 "malformed JSON", &ok);
     CHECK(ok);
-    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"x\"}", NULL, 400, "max_tokens", &ok);
+    expect_error(port, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"x\"}",
+                 NULL, 400, "max_tokens", &ok);
     CHECK(ok);
-    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-1}", NULL, 400, "temperature", &ok);
+    expect_error(port, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-1}", NULL,
+                 400, "temperature", &ok);
     CHECK(ok);
-    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", NULL, 400, "n=1", &ok);
+    expect_error(port, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", NULL, 400, "n=1",
+                 &ok);
     CHECK(ok);
-    expect_error(port, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, 400, "messages[0].role", &ok);
+    expect_error(port, "POST", "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, 400,
+                 "messages[0].role", &ok);
     CHECK(ok);
     expect_error(port, "POST", "/v1/chat/completions", "[1,2]", NULL, 400, "JSON object", &ok);
     CHECK(ok);
-    expect_error(port, "POST", "/v1/completions", "{\"prompt\":[1,2,99999]}", NULL, 400, "vocabulary", &ok);
+    expect_error(port, "POST", "/v1/completions", "{\"prompt\":[1,2,99999]}", NULL, 400,
+                 "vocabulary", &ok);
     CHECK(ok);
     expect_error(port, "POST", "/generate", "{\"sampling_params\":{}}", NULL, 400, "text", &ok);
     CHECK(ok);
@@ -262,7 +289,8 @@ TEST(errors)
     CHECK(ok);
     expect_error(port, "GET", "/v1/chat/completions", NULL, NULL, 405, NULL, &ok);
     CHECK(ok);
-    expect_error(port, "POST", "/generate", "{\"text\":\"a\"}", "X-Data-Parallel-Rank: 7\r\n", 400, "X-Data-Parallel-Rank", &ok);
+    expect_error(port, "POST", "/generate", "{\"text\":\"a\"}", "X-Data-Parallel-Rank: 7\r\n", 400,
+                 "X-Data-Parallel-Rank", &ok);
     CHECK(ok);
     /* a body over the limit (64 KiB in this test) */
     size_t big = 100 * 1024;
@@ -276,10 +304,12 @@ TEST(errors)
     /* API key */
     expect_error(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}", NULL, 401, NULL, &ok);
     CHECK(ok);
-    expect_error(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}", "Authorization: Bearer wrong\r\n", 401, NULL, &ok);
+    expect_error(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}",
+                 "Authorization: Bearer wrong\r\n", 401, NULL, &ok);
     CHECK(ok);
     hresp r;
-    CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}", KEY_HDR, &r) == 0);
+    CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}",
+                     KEY_HDR, &r) == 0);
     CHECK(r.status == 200);
     hresp_free(&r);
 }
@@ -293,11 +323,15 @@ TEST(context_limits)
     memset(prompt, 'x', CTX);
     prompt[CTX] = 0;
     snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", prompt);
-    expect_error(port, "POST", "/v1/completions", body, NULL, 400, "is longer than the model's context length", &ok);
+    expect_error(port, "POST", "/v1/completions", body, NULL, 400,
+                 "is longer than the model's context length", &ok);
     CHECK(ok);
     prompt[100] = 0;
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d}", prompt, CTX - 100);
-    expect_error(port, "POST", "/v1/completions", body, NULL, 400, "You requested a total of 1000 tokens: 100 tokens from the input messages and 900 tokens", &ok);
+    expect_error(
+        port, "POST", "/v1/completions", body, NULL, 400,
+        "You requested a total of 1000 tokens: 100 tokens from the input messages and 900 tokens",
+        &ok);
     CHECK(ok);
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d}", prompt, CTX - 101);
     hresp r;
@@ -311,9 +345,10 @@ TEST(tool_calls_and_reasoning)
                         "\"description\":\"w\",\"parameters\":{\"type\":\"object\"}}}]";
     char body[2048];
     snprintf(body, sizeof body,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"</think>ok " MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN
-             "get_weather" MS_CHAT_SEP "{\\\"city\\\": \\\"Paris\\\"}" MS_CHAT_CALL_END MS_CHAT_CALLS_END
-             "\"}],%s}", tools);
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"</think>ok " MS_CHAT_CALLS_BEGIN
+                 MS_CHAT_CALL_BEGIN "get_weather" MS_CHAT_SEP
+             "{\\\"city\\\": \\\"Paris\\\"}" MS_CHAT_CALL_END MS_CHAT_CALLS_END "\"}],%s}",
+             tools);
     hresp r;
     CHECK(hc_request(port_key, "POST", "/v1/chat/completions", body, KEY_HDR, &r) == 0);
     CHECKF(r.status == 200, "%d %s", r.status, r.body);
@@ -322,8 +357,10 @@ TEST(tool_calls_and_reasoning)
     json_t *msg = json_object_get(c, "message");
     json_t *tc = json_array_get(json_object_get(msg, "tool_calls"), 0);
     CHECKF(tc, "%s", r.body);
-    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "name")), "get_weather"));
-    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")), "{\"city\": \"Paris\"}"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "name")),
+                  "get_weather"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")),
+                  "{\"city\": \"Paris\"}"));
     CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "tool_calls"));
     CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "ok "));
     json_decref(o);
@@ -345,12 +382,15 @@ TEST(tool_calls_and_reasoning)
         json_array_foreach(json_object_get(d, "tool_calls"), j, t)
         {
             CHECK(json_integer_value(json_object_get(t, "index")) == 0);
-            const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
-            const char *ar = json_string_value(json_object_get(json_object_get(t, "function"), "arguments"));
+            const char *nm =
+                json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            const char *ar =
+                json_string_value(json_object_get(json_object_get(t, "function"), "arguments"));
             if (nm) strncat(name, nm, sizeof name - strlen(name) - 1);
             if (ar) strncat(args, ar, sizeof args - strlen(args) - 1);
         }
-        if (json_is_string(json_object_get(ch, "finish_reason"))) finish = json_string_value(json_object_get(ch, "finish_reason"));
+        if (json_is_string(json_object_get(ch, "finish_reason")))
+            finish = json_string_value(json_object_get(ch, "finish_reason"));
     }
     CHECK(!strcmp(name, "get_weather"));
     CHECK(!strcmp(args, "{\"city\": \"Paris\"}"));
@@ -359,17 +399,21 @@ TEST(tool_calls_and_reasoning)
     hresp_free(&r);
     /* reasoning (server runs --reasoning-parser deepseek-r1) */
     CHECK(hc_request(port_key, "POST", "/v1/chat/completions",
-                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hmm let me think</think>The answer\"}]}",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hmm let me think</think>The "
+                     "answer\"}]}",
                      KEY_HDR, &r) == 0);
     o = body_json(&r);
     msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
-    CHECKF(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "hmm let me think"), "%s", r.body);
+    CHECKF(
+        !strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "hmm let me think"),
+        "%s", r.body);
     CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "The answer"));
     json_decref(o);
     hresp_free(&r);
     /* separate_reasoning=false keeps it in content */
     CHECK(hc_request(port_key, "POST", "/v1/chat/completions",
-                     "{\"separate_reasoning\":false,\"messages\":[{\"role\":\"user\",\"content\":\"a</think>b\"}]}",
+                     "{\"separate_reasoning\":false,\"messages\":[{\"role\":\"user\",\"content\":"
+                     "\"a</think>b\"}]}",
                      KEY_HDR, &r) == 0);
     o = body_json(&r);
     msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
@@ -384,11 +428,13 @@ static int start_stream(int p, const char *rid)
 {
     int fd = hc_connect(p);
     char body[512], req[1024];
-    snprintf(body, sizeof body,
-             "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true%s%s%s}",
-             rid ? ",\"rid\":\"" : "", rid ? rid : "", rid ? "\"" : "");
+    snprintf(
+        body, sizeof body,
+        "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true%s%s%s}",
+        rid ? ",\"rid\":\"" : "", rid ? rid : "", rid ? "\"" : "");
     int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+                     "close\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     char buf[512];
@@ -414,7 +460,10 @@ TEST(disconnect_aborts)
     fd = hc_connect(port);
     const char *body = "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true}";
     char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+                     "close\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     CHECK(wait_until(&eng.n_active, 1, 2.0));
     close(fd);
@@ -439,7 +488,8 @@ TEST(abort_api_and_flush)
     char *rest = NULL;
     hc_read_all(fd, &rest, 5);
     close(fd);
-    CHECKF(rest && strstr(rest, "\"finish_reason\":\"abort\"") && strstr(rest, "data: [DONE]"), "%s", rest ? rest : "");
+    CHECKF(rest && strstr(rest, "\"finish_reason\":\"abort\"") && strstr(rest, "data: [DONE]"),
+           "%s", rest ? rest : "");
     free(rest);
     CHECK(wait_until(&eng.n_active, 0, 2.0));
     CHECK(hc_request(port, "POST", "/flush_cache", "", NULL, &r) == 0 && r.status == 200);
@@ -454,7 +504,10 @@ TEST(queue_full_503)
     int fds[2];
     const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
     char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+                     "close\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
     for (int i = 0; i < 2; i++) {
         fds[i] = hc_connect(port_q);
         hc_send_all(fds[i], req, (size_t)n);
@@ -467,8 +520,11 @@ TEST(queue_full_503)
     getrusage(RUSAGE_SELF, &ru0);
     usleep(500000);
     getrusage(RUSAGE_SELF, &ru1);
-    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
-                 (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec -
+                          ru0.ru_stime.tv_sec) +
+                 (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec -
+                          ru0.ru_stime.tv_usec) *
+                     1e-6;
     int ok;
     expect_error(port_q, "POST", "/v1/completions", body, NULL, 503, "queue is full", &ok);
     atomic_store(&eng.paused, 0);
@@ -515,7 +571,9 @@ TEST(load_info_metrics)
     hresp_free(&r);
     /* promtool: only the "should not contain ':'" lint is allowed (SGLang's names have colons) */
     char cmd[256];
-    snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1 | grep -v \"metric names should not contain ':'\"", path);
+    snprintf(cmd, sizeof cmd,
+             "promtool check metrics < %s 2>&1 | grep -v \"metric names should not contain ':'\"",
+             path);
     FILE *p = popen(cmd, "r");
     char out[1024] = "";
     size_t got = p ? fread(out, 1, sizeof out - 1, p) : 0;
@@ -558,9 +616,36 @@ TEST(slowloris_and_garbage)
     char *raw = NULL;
     hc_read_all(g, &raw, 5);
     close(g);
-    CHECKF(raw && (!strncmp(raw, "HTTP/1.1 431", 12) || !strncmp(raw, "HTTP/1.1 413", 12) || raw[0] == 0), "%.40s", raw ? raw : "");
+    CHECKF(raw && (!strncmp(raw, "HTTP/1.1 431", 12) || !strncmp(raw, "HTTP/1.1 413", 12) ||
+                   raw[0] == 0),
+           "%.40s", raw ? raw : "");
     free(raw);
     for (int i = 0; i < 20; i++) close(fds[i]);
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+}
+
+TEST(trickling_headers_are_cut)
+{
+    /* one byte every 100 ms keeps resetting the idle timeout; the header
+     * deadline (1 s in this test) still closes the connection */
+    int fd = hc_connect(port);
+    CHECK(fd >= 0);
+    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "
+                      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    double t0 = hc_now();
+    int closed = 0;
+    for (size_t i = 0; req[i] && hc_now() - t0 < 4.0 && !closed; i++) {
+        if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1) closed = 1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) > 0) {
+            char b[64];
+            if (recv(fd, b, sizeof b, 0) <= 0) closed = 1;
+        }
+    }
+    close(fd);
+    CHECKF(closed && hc_now() - t0 < 3.5, "closed %d after %.1f s", closed, hc_now() - t0);
+    hresp r; /* and the server is fine */
     CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
     hresp_free(&r);
 }
@@ -572,7 +657,10 @@ TEST(watchdog_marks_unhealthy)
     int fd = hc_connect(port_q);
     const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
     char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+                     "close\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
     double end = hc_now() + 5;
     int st = 0;
@@ -698,6 +786,7 @@ int main(int argc, char **argv)
     o.max_body_bytes = 64 * 1024;
     o.enable_metrics = 1;
     o.idle_timeout_s = 2;
+    o.header_timeout_s = 1;
     snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
     if (ms_frontend_open(&fe, &o, hub, &test_codec, &e)) {
         fprintf(stderr, "open: %s\n", e.msg);
@@ -705,7 +794,9 @@ int main(int argc, char **argv)
     }
     port = ms_frontend_port(fe);
     ms_frontend_opts ok = o;
-    char *args[] = {"x", "--api-key", "sekrit", "--tool-call-parser", "deepseekv31", "--reasoning-parser=deepseek-r1"};
+    char *args[] = {"x",           "--api-key",
+                    "sekrit",      "--tool-call-parser",
+                    "deepseekv31", "--reasoning-parser=deepseek-r1"};
     for (int i = 1; i < 6;) {
         int k = ms_frontend_parse_flag(&ok, 6, args, i, &e);
         if (k <= 0) return 1;
@@ -733,6 +824,7 @@ int main(int argc, char **argv)
     RUN(queue_full_503);
     RUN(load_info_metrics);
     RUN(slowloris_and_garbage);
+    RUN(trickling_headers_are_cut);
     RUN(watchdog_marks_unhealthy);
     RUN(drain);
 

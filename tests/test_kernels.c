@@ -273,6 +273,35 @@ TEST(matmul_nn_all_paths)
         }
 }
 
+/* The split over threads must not change a single bit (layout invariance of
+ * --dtype float32 relies on kernels being deterministic). */
+TEST(matmul_same_bits_any_pool)
+{
+    uint64_t rng = 11;
+    int64_t M = 5, N = 300, K = 700;
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32};
+    float *x = malloc(sizeof(float) * (size_t)(M * K));
+    float *y1 = malloc(sizeof(float) * (size_t)(M * N)), *y2 = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+    for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
+        stored st;
+        stored_make(&st, dts[di], N + 40, K + 3, &rng);
+        ms_mat W = ms_mat_slice(&st.whole, 40, N, 3, K);
+        for (int isa = 0; isa <= best_isa; isa++)
+            for (int exact = 0; exact <= 1; exact++) {
+                ms_kctx k1 = {NULL, exact, isa}, k2 = {pool, exact, isa};
+                ms_matmul(&k1, y1, N, x, K, M, &W, 0);
+                ms_matmul(&k2, y2, N, x, K, M, &W, 0);
+                CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)(M * N)) == 0, "isa %d exact %d dt %d",
+                       isa, exact, dts[di]);
+            }
+        stored_free(&st);
+    }
+    free(x);
+    free(y1);
+    free(y2);
+}
+
 TEST(elementwise_vs_ref)
 {
     uint64_t rng = 5;
@@ -370,6 +399,7 @@ int main(void)
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
     RUN(matmul_dnnl_prepack);
+    RUN(matmul_same_bits_any_pool);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();
     ms_pool_free(pool);

@@ -21,7 +21,8 @@ _Static_assert(MS_SERVE_MAX_TOP_LOGPROBS <= MS_SCHED_MAX_TOP_LOGPROBS, "top logp
 
 static const ms_api_config cfg = {.context_len = 100, .vocab_size = TC_VOCAB};
 
-static int parse(enum ms_api_kind k, const char *body, ms_api_req *r, ms_errbuf *e, const char **param)
+static int parse(enum ms_api_kind k, const char *body, ms_api_req *r, ms_errbuf *e,
+                 const char **param)
 {
     return ms_api_parse(r, k, body, strlen(body), &cfg, e, param);
 }
@@ -31,12 +32,16 @@ TEST(parse_chat_fields)
     ms_api_req r;
     ms_errbuf e;
     const char *param;
-    CHECK(parse(MS_API_CHAT,
-                "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":7,"
-                "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"seed\":-3,\"stop\":\"S\",\"stream\":true,"
-                "\"stream_options\":{\"include_usage\":true},\"logprobs\":true,\"top_logprobs\":3,"
-                "\"stop_token_ids\":[1,2],\"ignore_eos\":true,\"rid\":\"abc\",\"n\":1,\"user\":\"u\"}",
-                &r, &e, &param) == 0);
+    CHECK(
+        parse(
+            MS_API_CHAT,
+            "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_"
+            "completion_tokens\":7,"
+            "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"seed\":-3,\"stop\":\"S\",\"stream\":"
+            "true,"
+            "\"stream_options\":{\"include_usage\":true},\"logprobs\":true,\"top_logprobs\":3,"
+            "\"stop_token_ids\":[1,2],\"ignore_eos\":true,\"rid\":\"abc\",\"n\":1,\"user\":\"u\"}",
+            &r, &e, &param) == 0);
     CHECK(r.sampling.max_new_tokens == 7 && r.max_tokens_given);
     CHECK_NEAR(r.sampling.temperature, 0.5, 1e-6);
     CHECK_NEAR(r.sampling.top_p, 0.9, 1e-6);
@@ -46,7 +51,8 @@ TEST(parse_chat_fields)
     CHECK(r.sampling.logprobs && r.sampling.top_logprobs == 3);
     CHECK(r.sampling.n_stop_ids == 2 && r.sampling.stop_ids[1] == 2 && r.sampling.ignore_eos);
     CHECK(!strcmp(r.rid, "abc") && !strcmp(r.model, "m"));
-    CHECK(r.text && r.parse_special && !strcmp(r.text, MS_CHAT_BOS MS_CHAT_USER "hi" MS_CHAT_ASSISTANT));
+    CHECK(r.text && r.parse_special &&
+          !strcmp(r.text, MS_CHAT_BOS MS_CHAT_USER "hi" MS_CHAT_ASSISTANT));
     ms_api_req_deinit(&r);
 }
 
@@ -60,7 +66,8 @@ static void expect_bad(enum ms_api_kind k, const char *body, int code, const cha
     ms_api_req_deinit(&r);
     *ok = rc == code && (!want_param || (param && !strcmp(param, want_param))) &&
           (!needle || strstr(e.msg, needle));
-    if (!*ok) fprintf(stderr, "  %s -> rc %d param %s msg '%s'\n", body, rc, param ? param : "-", e.msg);
+    if (!*ok)
+        fprintf(stderr, "  %s -> rc %d param %s msg '%s'\n", body, rc, param ? param : "-", e.msg);
 }
 
 TEST(parse_rejects)
@@ -98,7 +105,10 @@ TEST(parse_rejects)
     BAD(MS_API_CHAT, b, MS_EINVAL, "stream", "boolean");
     snprintf(b, sizeof b, "{%s,\"stop\":[1]}", M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "stop", "stop[0]");
-    snprintf(b, sizeof b, "{%s,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", M);
+    snprintf(b, sizeof b,
+             "{%s,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\","
+             "\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}",
+             M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "stop", "limit is 16");
     snprintf(b, sizeof b, "{%s,\"top_logprobs\":3}", M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "top_logprobs", "requires");
@@ -116,12 +126,15 @@ TEST(parse_rejects)
     BAD(MS_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", MS_EUNSUPPORTED, "prompt", "batches");
     BAD(MS_API_COMPLETION, "{\"prompt\":[1,-2]}", MS_EINVAL, "prompt", "prompt[1]");
     BAD(MS_API_COMPLETION, "{\"prompt\":\"a\",\"echo\":true}", MS_EUNSUPPORTED, "echo", NULL);
-    BAD(MS_API_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":true}", MS_EINVAL, "logprobs", "integer");
+    BAD(MS_API_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":true}", MS_EINVAL, "logprobs",
+        "integer");
     BAD(MS_API_GENERATE, "{\"text\":\"a\",\"input_ids\":[1]}", MS_EINVAL, "text", "exactly one");
     BAD(MS_API_GENERATE, "{\"text\":[\"a\"]}", MS_EINVAL, "text", NULL);
     BAD(MS_API_GENERATE, "{\"input_ids\":[[1,2]]}", MS_EUNSUPPORTED, "input_ids", NULL);
-    BAD(MS_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":-1}}", MS_EINVAL, "max_new_tokens", NULL);
-    BAD(MS_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":[]}", MS_EINVAL, "sampling_params", NULL);
+    BAD(MS_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":-1}}", MS_EINVAL,
+        "max_new_tokens", NULL);
+    BAD(MS_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":[]}", MS_EINVAL, "sampling_params",
+        NULL);
 #undef BAD
 }
 
@@ -135,16 +148,20 @@ TEST(context_rules)
     CHECK(parse(MS_API_COMPLETION, "{\"prompt\":\"x\"}", &r, &e, &param) == 0);
     CHECK(ms_api_check_input(&r, ids, 83, &cfg, &e) == 0 && r.sampling.max_new_tokens == 16);
     CHECK(ms_api_check_input(&r, ids, 84, &cfg, &e) == MS_ECONTEXT);
-    CHECK(strstr(e.msg, "maximum context length of 100 tokens. You requested a total of 100 tokens: 84 tokens from the input messages and 16 tokens for the completion"));
+    CHECK(
+        strstr(e.msg, "maximum context length of 100 tokens. You requested a total of 100 tokens: "
+                      "84 tokens from the input messages and 16 tokens for the completion"));
     CHECK(ms_api_check_input(&r, ids, 100, &cfg, &e) == MS_ECONTEXT);
-    CHECK(!strcmp(e.msg, "The input (100 tokens) is longer than the model's context length (100 tokens)."));
+    CHECK(!strcmp(
+        e.msg, "The input (100 tokens) is longer than the model's context length (100 tokens)."));
     CHECK(ms_api_check_input(&r, ids, 0, &cfg, &e) == MS_EINVAL);
     ids[3] = TC_VOCAB;
     CHECK(ms_api_check_input(&r, ids, 10, &cfg, &e) == MS_EINVAL && strstr(e.msg, "vocabulary"));
     ids[3] = 0;
     ms_api_req_deinit(&r);
     /* chat without max_tokens: fills the rest of the context */
-    CHECK(parse(MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e, &param) == 0);
+    CHECK(parse(MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e,
+                &param) == 0);
     CHECK(ms_api_check_input(&r, ids, 30, &cfg, &e) == 0 && r.sampling.max_new_tokens == 69);
     ms_api_req_deinit(&r);
     /* /generate default 128 is clipped to the room left */
@@ -160,7 +177,8 @@ TEST(formatting)
     json_t *er = json_object_get(o, "error");
     CHECK(!strcmp(json_string_value(json_object_get(er, "message")), "bad \"thing\""));
     CHECK(!strcmp(json_string_value(json_object_get(er, "param")), "max_tokens"));
-    CHECK(json_integer_value(json_object_get(er, "code")) == 400 && json_is_string(json_object_get(er, "type")));
+    CHECK(json_integer_value(json_object_get(er, "code")) == 400 &&
+          json_is_string(json_object_get(er, "type")));
     json_decref(o);
     free(b);
     b = ms_api_error_body(503, "bad \xff utf8", NULL); /* never emits invalid JSON */
@@ -172,17 +190,20 @@ TEST(formatting)
     size_t n;
     char *f = ms_api_sse_frame(c, &n);
     CHECK(f && n == strlen(f) && !strncmp(f, "data: {", 7) && !strcmp(f + n - 2, "\n\n"));
-    CHECK(strstr(f, "\"finish_reason\":\"stop\"") && strstr(f, "\"object\":\"chat.completion.chunk\""));
+    CHECK(strstr(f, "\"finish_reason\":\"stop\"") &&
+          strstr(f, "\"object\":\"chat.completion.chunk\""));
     CHECK(!strchr(f, '\n') || strchr(f, '\n') == f + n - 2); /* one line per frame */
     free(f);
     json_decref(c);
     json_t *u = ms_api_usage(10, 5, 4);
     CHECK(json_integer_value(json_object_get(u, "total_tokens")) == 15);
-    CHECK(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) == 4);
+    CHECK(json_integer_value(
+              json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) == 4);
     json_decref(u);
     CHECK(!strcmp(ms_api_finish_str(MS_SERVE_FINISH_STOP, 1), "tool_calls"));
     CHECK(!strcmp(ms_api_finish_str(MS_SERVE_FINISH_LENGTH, 0), "length"));
-    ms_serve_tok t = {.id = 'a', .logprob = -1.5f, .n_top = 2, .top_ids = {'a', 'b'}, .top_lps = {-1.5f, -2.f}};
+    ms_serve_tok t = {
+        .id = 'a', .logprob = -1.5f, .n_top = 2, .top_ids = {'a', 'b'}, .top_lps = {-1.5f, -2.f}};
     json_t *lp = ms_api_chat_logprob(&test_codec, &t, 1);
     CHECK(!strcmp(json_string_value(json_object_get(lp, "token")), "a"));
     CHECK(json_array_size(json_object_get(lp, "top_logprobs")) == 2);
@@ -223,7 +244,8 @@ TEST(channel_and_queue)
     }
     ms_serve_tok t[64];
     int fin;
-    CHECK(ms_serve_req_take(r, 0, t, 64, 0, &fin) == 64 && fin == 0 && t[63].id == 63 && t[63].top_ids[1] == 64);
+    CHECK(ms_serve_req_take(r, 0, t, 64, 0, &fin) == 64 && fin == 0 && t[63].id == 63 &&
+          t[63].top_ids[1] == 64);
     CHECK(ms_serve_req_take(r, 64, t, 64, 0, &fin) == 36 && fin == 0);
     double t0 = ms_now_s();
     CHECK(ms_serve_req_take(r, 100, t, 64, 50, &fin) == 0 && ms_now_s() - t0 >= 0.04);
@@ -268,8 +290,10 @@ TEST(metrics_text)
     CHECK(strstr(t, "sglang:prompt_tokens_total{model_name=\"mo\\\"del\"} 20\n"));
     CHECK(strstr(t, "sglang:num_aborted_requests_total{model_name=\"mo\\\"del\"} 1\n"));
     CHECK(strstr(t, "sglang:inter_token_latency_seconds_count{model_name=\"mo\\\"del\"} 2\n"));
-    CHECK(strstr(t, "sglang:time_to_first_token_seconds_bucket{model_name=\"mo\\\"del\",le=\"0.4\"} 1\n"));
-    CHECK(strstr(t, "sglang:time_to_first_token_seconds_bucket{model_name=\"mo\\\"del\",le=\"0.2\"} 0\n"));
+    CHECK(strstr(
+        t, "sglang:time_to_first_token_seconds_bucket{model_name=\"mo\\\"del\",le=\"0.4\"} 1\n"));
+    CHECK(strstr(
+        t, "sglang:time_to_first_token_seconds_bucket{model_name=\"mo\\\"del\",le=\"0.2\"} 0\n"));
     CHECK(strstr(t, "sglang:e2e_request_latency_seconds_count{model_name=\"mo\\\"del\"} 2\n"));
     free(t);
     ms_metrics_free(m);

@@ -24,7 +24,7 @@ if [ -z "$CLANG" ]; then echo "run_fuzz: clang not found" >&2; exit 1; fi
 mkdir -p "$OUT/corpus" "$OUT/artifacts"
 MPI_CFLAGS=$(mpicc --showme:compile 2>/dev/null || true)
 MPI_LIBS=$(mpicc --showme:link 2>/dev/null || true)
-CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -march=x86-64-v3 -Isrc -pthread \
+CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -march=x86-64-v3 -Isrc -Itests -pthread \
  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $MPI_CFLAGS"
 ALL_LIBS="-lmicrohttpd -ljansson -lpcre2-8 -ldnnl $MPI_LIBS -lm -pthread"
 

@@ -1,5 +1,9 @@
 /* threadpool.c — fixed pthread pool with spin-then-futex hand-off (threadpool.h).
- * The futex wake (a syscall) is made only when a worker is asleep. */
+ * The futex wake (a syscall) is made only when a worker is asleep.  Each job
+ * is described by `gate` (its generation, static or dynamic, and for dynamic
+ * jobs whether it is still open and how many workers joined), so a worker
+ * that wakes late for a dynamic job the caller already closed skips it
+ * without touching fn/arg. */
 #include "base/threadpool.h"
 
 #include <linux/futex.h>
@@ -16,9 +20,15 @@ struct ms_pool {
     _Atomic int pending;         /* workers still running the current job */
     _Atomic int stop;
     _Atomic int sleepers;        /* workers inside (or entering) futex_wait */
+    _Atomic uint64_t gate;       /* generation << 32 | G_* flags | joined workers */
+    _Atomic int done;            /* dynamic job: joined workers that finished */
     ms_pool_fn fn;
     void *arg;
 };
+
+#define G_STATIC (1ull << 31)
+#define G_OPEN (1ull << 30)
+#define G_COUNT ((1ull << 30) - 1)
 
 enum { SPIN_ITERS = 20000 };
 
@@ -61,8 +71,21 @@ static void *worker_main(void *p)
         }
         seen = gen;
         if (atomic_load(&pool->stop)) return NULL;
-        pool->fn(pool->arg, wa.tid, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel);
+        uint64_t st = atomic_load(&pool->gate);
+        if ((uint32_t)(st >> 32) != seen) continue; /* a later job is posted: go and see */
+        if (st & G_STATIC) {
+            pool->fn(pool->arg, wa.tid, pool->n_threads);
+            atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel);
+            continue;
+        }
+        for (;;) { /* dynamic: join while the caller has not closed the job */
+            if ((uint32_t)(st >> 32) != seen || !(st & G_OPEN)) break;
+            if (atomic_compare_exchange_weak(&pool->gate, &st, st + 1)) {
+                pool->fn(pool->arg, 1 + (int)(st & G_COUNT), pool->n_threads);
+                atomic_fetch_add(&pool->done, 1);
+                break;
+            }
+        }
     }
 }
 
@@ -120,9 +143,31 @@ void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg)
     pool->fn = fn;
     pool->arg = arg;
     atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add(&pool->generation, 1);
+    uint32_t gen = atomic_load(&pool->generation) + 1;
+    atomic_store(&pool->gate, (uint64_t)gen << 32 | G_STATIC);
+    atomic_store(&pool->generation, gen);
     if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation); /* skip the syscall when all spin */
     fn(arg, 0, pool->n_threads);
     while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
         __builtin_ia32_pause();
+}
+
+void ms_pool_run_dynamic(ms_pool *pool, ms_pool_fn fn, void *arg)
+{
+    if (!pool || pool->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pool->fn = fn;
+    pool->arg = arg;
+    atomic_store(&pool->done, 0);
+    uint32_t gen = atomic_load(&pool->generation) + 1;
+    atomic_store(&pool->gate, (uint64_t)gen << 32 | G_OPEN);
+    atomic_store(&pool->generation, gen);
+    if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation);
+    fn(arg, 0, pool->n_threads);
+    /* close the job: workers that have not joined by now never will */
+    uint64_t st = atomic_fetch_and(&pool->gate, ~G_OPEN);
+    int joined = (int)(st & G_COUNT);
+    while (atomic_load_explicit(&pool->done, memory_order_acquire) < joined) __builtin_ia32_pause();
 }

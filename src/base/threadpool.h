@@ -20,6 +20,12 @@ ms_pool *ms_pool_new(int n_threads);
 void ms_pool_free(ms_pool *pool);
 int ms_pool_size(const ms_pool *pool);
 void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg);
+/* Like ms_pool_run, but fn runs on the caller (tid 0) and on those workers
+ * that pick the job up before the caller's own fn returns (tids 1, 2, ...
+ * without gaps); the others skip it.  For jobs whose threads claim work from a
+ * shared counter: a worker on a busy or oversubscribed core then delays
+ * nothing.  Returns when every fn that started has returned. */
+void ms_pool_run_dynamic(ms_pool *pool, ms_pool_fn fn, void *arg);
 
 /* Splits [0, n) into n_threads nearly equal chunks, aligned to `align` items;
  * writes thread tid's half-open range. */

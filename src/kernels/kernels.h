@@ -53,7 +53,18 @@ ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t n
 /* Weight element (r, c) of a view as f32 (exact dequantisation). */
 float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
 
-/* y[M][ldy] (=|+=) x[M][ldx] · Wᵀ.  accumulate: 0 overwrite, 1 add. */
+/* y[M][ldy] (=|+=) x[M][ldx] · Wᵀ.  accumulate: 0 overwrite, 1 add.
+ * Paths (matmul.c): exact = 1, or a CPU without AVX512_BF16, or F32/F16
+ * weights: weights dequantised exactly to f32 in registers, FP32 FMA (AVX-512
+ * or AVX2; matches ms_matmul_ref to ~1e-6 relative, summation order only).
+ * exact = 0 with BF16/FP8 weights on AVX512_BF16: activations rounded once to
+ * bf16 (FP8: x·block scale rounded once), vdpbf16ps, FP32 sums (about 1e-3
+ * relative to max|y|); BF16 weights at M >= 48 go through oneDNN (below).
+ * Results do not depend on the pool size.  No allocation per call (per-thread
+ * scratch is grown on demand and kept).  Any data alignment.
+ * Attention fits the same calls: scores[h][t] = q[h]·cache[t] is ms_matmul
+ * with the cache rows as W (an F32/BF16 ms_mat), ctx[h] = Σ p[h][t]·cache[t]
+ * is ms_matmul_nn with the same rows. */
 void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                const ms_mat *W, int accumulate);
 void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M, const ms_mat *W,

@@ -11,6 +11,7 @@
 #include "kernels/mm_internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,6 +110,8 @@ enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16 };
 struct mm_job {
     mm_task t;
     int path, nn;
+    int64_t chunk;        /* output columns claimed at a time */
+    _Atomic int64_t next; /* first unclaimed output column */
 };
 
 static void run_range(const struct mm_job *j, int64_t b, int64_t e)
@@ -134,12 +137,21 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
     }
 }
 
+/* Threads claim chunks of output columns until none are left, so a thread
+ * that starts late (a busy or oversubscribed core) takes less work instead of
+ * holding everyone up.  Each output element is computed the same way whoever
+ * computes it: results do not depend on the split. */
 static void mm_worker(void *arg, int tid, int nt)
 {
-    const struct mm_job *j = arg;
-    int64_t N = j->nn ? j->t.W->cols : j->t.W->rows, b, e;
-    ms_pool_range(N, tid, nt, j->nn ? 64 : 16, &b, &e);
-    if (b < e) run_range(j, b, e);
+    struct mm_job *j = arg;
+    int64_t N = j->nn ? j->t.W->cols : j->t.W->rows;
+    (void)tid;
+    (void)nt;
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (b >= N) break;
+        run_range(j, b, b + j->chunk < N ? b + j->chunk : N);
+    }
 }
 
 static int pick_path(const ms_kctx *k, const ms_mat *W)
@@ -157,22 +169,30 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
 }
 
 /* Below this many multiply-adds a call runs on the calling thread only: the
- * pool hand-off would cost more than it saves. */
-enum { MT_MIN_MACS = 1 << 16 };
+ * pool hand-off (>= 5 µs measured here) would cost more than it saves
+ * (2^18 BF16 weights take about 15 µs on one core at 35 GB/s). */
+enum { MT_MIN_MACS = 1 << 18 };
 
 static void run(const ms_kctx *k, struct mm_job *j)
 {
     int64_t N = j->nn ? j->t.W->cols : j->t.W->rows;
     int64_t K = j->nn ? j->t.W->rows : j->t.W->cols;
-    if (j->t.M * N * K < MT_MIN_MACS || !k || !k->pool) mm_worker(j, 0, 1);
-    else ms_pool_run(k->pool, mm_worker, j);
+    int nt = k ? ms_pool_size(k->pool) : 1;
+    if (j->t.M * N * K < MT_MIN_MACS) nt = 1;
+    /* about 4 chunks per thread, whole 128-row blocks (FP8 scales) when big */
+    int64_t align = j->nn ? 64 : 16, c = (N + 4 * nt - 1) / (4 * nt);
+    if (c >= 128) align = 128;
+    j->chunk = nt == 1 ? N : (c + align - 1) / align * align;
+    atomic_init(&j->next, 0);
+    if (nt == 1) mm_worker(j, 0, 1);
+    else ms_pool_run_dynamic(k->pool, mm_worker, j);
 }
 
 void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                const ms_mat *W, int accumulate)
 {
     if (M <= 0 || W->rows <= 0) return;
-    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 0};
+    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 0, 0, 0};
     if (j.path == P_BF16 && W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &j.t) == 0) return;
     run(k, &j);
 }
@@ -181,7 +201,7 @@ void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64
                   const ms_mat *W, int accumulate)
 {
     if (M <= 0 || W->cols <= 0) return;
-    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 1};
+    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 1, 0, 0};
     run(k, &j);
 }
 

@@ -16,9 +16,12 @@
 
 #define AI static inline __attribute__((always_inline))
 
+#ifndef MS_PF_BYTES
+#define MS_PF_BYTES 768
+#endif
 enum {
-    MC = 32,        /* activation rows prepared (rounded to bf16) at once */
-    PF_BYTES = 768, /* software prefetch distance along a weight row */
+    MC = 32,                 /* activation rows prepared (rounded to bf16) at once */
+    PF_BYTES = MS_PF_BYTES,  /* software prefetch distance along a weight row */
 };
 
 /* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and

@@ -68,7 +68,8 @@ static int content_text(const json_t *c, size_t idx, struct sb *out, ms_errbuf *
     {
         const json_t *type = json_object_get(part, "type");
         const json_t *text = json_object_get(part, "text");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text))
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") ||
+            !json_is_string(text))
             return ms_err(e, MS_EINVAL,
                           "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": ...} "
                           "parts are supported",
@@ -109,8 +110,8 @@ static int render_tools(const json_t *tools, struct sb *b, ms_errbuf *e)
         sb_add(b, "\n");
     }
     sb_add(b, "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n" MS_CHAT_CALLS_BEGIN
-              MS_CHAT_CALL_BEGIN "tool_call_name" MS_CHAT_SEP "tool_call_arguments" MS_CHAT_CALL_END
-              "{{additional_tool_calls}}" MS_CHAT_CALLS_END
+                  MS_CHAT_CALL_BEGIN "tool_call_name" MS_CHAT_SEP
+              "tool_call_arguments" MS_CHAT_CALL_END "{{additional_tool_calls}}" MS_CHAT_CALLS_END
               "\n\nWhere:\n\n- `tool_call_name` must be an exact match to one of the available "
               "tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's "
               "Parameters Schema\n- For multiple tool calls, chain them directly without "
@@ -120,7 +121,8 @@ static int render_tools(const json_t *tools, struct sb *b, ms_errbuf *e)
 
 static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf *e)
 {
-    if (!json_is_array(calls)) return ms_err(e, MS_EINVAL, "messages[%zu].tool_calls must be an array", idx);
+    if (!json_is_array(calls))
+        return ms_err(e, MS_EINVAL, "messages[%zu].tool_calls must be an array", idx);
     size_t i;
     const json_t *c;
     json_array_foreach(calls, i, c)
@@ -129,8 +131,8 @@ static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf
         const json_t *name = json_object_get(fn, "name");
         const json_t *args = json_object_get(fn, "arguments");
         if (!json_is_string(name))
-            return ms_err(e, MS_EINVAL, "messages[%zu].tool_calls[%zu].function.name must be a string",
-                          idx, i);
+            return ms_err(e, MS_EINVAL,
+                          "messages[%zu].tool_calls[%zu].function.name must be a string", idx, i);
         if (i == 0) sb_add(b, MS_CHAT_CALLS_BEGIN);
         sb_add(b, MS_CHAT_CALL_BEGIN);
         sb_add(b, json_string_value(name));
@@ -173,7 +175,8 @@ int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_op
             rc = ms_err(e, MS_EINVAL, "messages[%zu].role must be a string", i);
             goto out;
         }
-        if (strcmp(json_string_value(role), "system") && strcmp(json_string_value(role), "developer"))
+        if (strcmp(json_string_value(role), "system") &&
+            strcmp(json_string_value(role), "developer"))
             continue;
         if (n_sys++) sb_add(&b, "\n\n");
         if ((rc = content_text(json_object_get(m, "content"), i, &b, e))) goto out;
@@ -415,7 +418,8 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
         if (p->in_reasoning) {
             if (!p->saw_think_start) { /* a leading <think> is dropped */
                 if (rem < strlen(MS_CHAT_THINK) && !memcmp(cur, MS_CHAT_THINK, rem) && !last) break;
-                if (rem >= strlen(MS_CHAT_THINK) && !memcmp(cur, MS_CHAT_THINK, strlen(MS_CHAT_THINK)))
+                if (rem >= strlen(MS_CHAT_THINK) &&
+                    !memcmp(cur, MS_CHAT_THINK, strlen(MS_CHAT_THINK)))
                     pos += strlen(MS_CHAT_THINK);
                 p->saw_think_start = 1;
                 continue;
@@ -497,8 +501,10 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
         }
         break;
     }
-    memmove(p->hold, s + pos, len - pos);
+    if (p->hold) {
+        memmove(p->hold, s + pos, len - pos);
+        p->hold[len - pos] = 0;
+    }
     p->n_hold = len - pos;
-    if (p->hold) p->hold[p->n_hold] = 0;
     return 0;
 }

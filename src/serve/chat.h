@@ -12,24 +12,46 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#define MS_CHAT_MAX_MESSAGES 4096      /* messages per request */
-#define MS_CHAT_MAX_TOOLS 128          /* tool definitions per request */
-#define MS_CHAT_MAX_TOOL_NAME 256      /* bytes of a parsed tool-call name */
-#define MS_CHAT_MAX_TOOL_CALLS 64      /* tool calls parsed from one completion */
+#define MS_CHAT_MAX_MESSAGES   4096 /* messages per request */
+#define MS_CHAT_MAX_TOOLS      128  /* tool definitions per request */
+#define MS_CHAT_MAX_TOOL_NAME  256  /* bytes of a parsed tool-call name */
+#define MS_CHAT_MAX_TOOL_CALLS 64   /* tool calls parsed from one completion */
 
 /* The markers (UTF-8; the fullwidth bars and ▁ are part of the token text). */
-#define MS_CHAT_BOS "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
-#define MS_CHAT_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define MS_CHAT_BOS                                                                                \
+    "<\xef\xbd\x9c"                                                                                \
+    "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define MS_CHAT_EOS                                                                                \
+    "<\xef\xbd\x9c"                                                                                \
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 #define MS_CHAT_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
-#define MS_CHAT_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
-#define MS_CHAT_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define MS_CHAT_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define MS_CHAT_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define MS_CHAT_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define MS_CHAT_ASSISTANT                                                                          \
+    "<\xef\xbd\x9c"                                                                                \
+    "Assistant\xef\xbd\x9c>"
+#define MS_CHAT_CALLS_BEGIN                                                                        \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "begin\xef\xbd\x9c>"
+#define MS_CHAT_CALLS_END                                                                          \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "end\xef\xbd\x9c>"
+#define MS_CHAT_CALL_BEGIN                                                                         \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "begin\xef\xbd\x9c>"
+#define MS_CHAT_CALL_END                                                                           \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "end\xef\xbd\x9c>"
 #define MS_CHAT_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
-#define MS_CHAT_OUTPUT_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define MS_CHAT_OUTPUT_END "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define MS_CHAT_THINK "<think>"
+#define MS_CHAT_OUTPUT_BEGIN                                                                       \
+    "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"                                              \
+    "begin\xef\xbd\x9c>"
+#define MS_CHAT_OUTPUT_END                                                                         \
+    "<\xef\xbd\x9ctool\xe2\x96\x81output\xe2\x96\x81"                                              \
+    "end\xef\xbd\x9c>"
+#define MS_CHAT_THINK     "<think>"
 #define MS_CHAT_THINK_END "</think>"
 
 typedef struct ms_chat_opts {
@@ -47,14 +69,14 @@ int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_op
 enum ms_reasoning_mode { MS_REASONING_OFF = 0, MS_REASONING_DEEPSEEK_R1, MS_REASONING_DEEPSEEK_V3 };
 
 typedef struct ms_chat_parser {
-    int in_reasoning;  /* text is reasoning until </think> */
-    int tools;         /* parse tool-call markup */
-    int state;         /* tool-call state machine */
-    char *hold;        /* text held back (a marker may be starting) */
+    int in_reasoning; /* text is reasoning until </think> */
+    int tools;        /* parse tool-call markup */
+    int state;        /* tool-call state machine */
+    char *hold;       /* text held back (a marker may be starting) */
     size_t n_hold, cap_hold;
     char name[MS_CHAT_MAX_TOOL_NAME + 1];
     size_t n_name;
-    int n_calls;       /* calls started */
+    int n_calls; /* calls started */
     int saw_think_start;
     /* accumulated totals (non-stream responses) */
     json_t *all_calls; /* [{id, type, function{name, arguments}}] */

@@ -14,8 +14,11 @@ size_t ms_utf8_complete_prefix(const char *s, size_t n)
     for (size_t back = 0; back < 4 && i > 0; back++) {
         unsigned char c = (unsigned char)s[i - 1];
         if ((c & 0xC0) != 0x80) { /* a lead byte or ASCII */
-            size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                        : (c & 0xF8) == 0xF0 ? 4 : 1;
+            size_t need = c < 0x80             ? 1
+                          : (c & 0xE0) == 0xC0 ? 2
+                          : (c & 0xF0) == 0xE0 ? 3
+                          : (c & 0xF8) == 0xF0 ? 4
+                                               : 1;
             return (n - (i - 1) >= need) ? n : i - 1;
         }
         i--;
@@ -77,11 +80,14 @@ static int append_clean(ms_detok *d, const char *s, size_t n)
     size_t i = 0, run = 0;
     while (i < n) {
         unsigned char c = (unsigned char)s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                   : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t len = c < 0x80             ? 1
+                     : (c & 0xE0) == 0xC0 ? 2
+                     : (c & 0xF0) == 0xE0 ? 3
+                     : (c & 0xF8) == 0xF0 ? 4
+                                          : 0;
         int ok = len > 0 && i + len <= n;
         for (size_t k = 1; ok && k < len; k++) ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-        if (ok && len == 2 && c < 0xC2) ok = 0;                       /* overlong */
+        if (ok && len == 2 && c < 0xC2) ok = 0; /* overlong */
         if (ok && len == 3) {
             unsigned cp = ((c & 0x0Fu) << 12) | (((unsigned char)s[i + 1] & 0x3Fu) << 6);
             if (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)) ok = 0; /* overlong, surrogate */
@@ -155,8 +161,8 @@ int ms_detok_push(ms_detok *d, int32_t id, const char **delta, size_t *n_delta)
     char buf[MS_SERVE_MAX_TOKEN_BYTES + 8];
     size_t n = 0;
     memcpy(buf, d->partial, d->n_partial);
-    int rc = d->codec->token_bytes(d->codec->ctx, id, buf + d->n_partial, MS_SERVE_MAX_TOKEN_BYTES,
-                                   &n);
+    int rc =
+        d->codec->token_bytes(d->codec->ctx, id, buf + d->n_partial, MS_SERVE_MAX_TOKEN_BYTES, &n);
     if (rc) return rc;
     if (n > MS_SERVE_MAX_TOKEN_BYTES) n = MS_SERVE_MAX_TOKEN_BYTES;
     n += d->n_partial;

@@ -15,9 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MS_SERVE_MAX_STOPS 16          /* stop strings per request */
-#define MS_SERVE_MAX_STOP_BYTES 256    /* bytes per stop string */
-#define MS_SERVE_MAX_TOKEN_BYTES 1024  /* bytes of one token's text */
+#define MS_SERVE_MAX_STOPS       16   /* stop strings per request */
+#define MS_SERVE_MAX_STOP_BYTES  256  /* bytes per stop string */
+#define MS_SERVE_MAX_TOKEN_BYTES 1024 /* bytes of one token's text */
 
 typedef struct ms_serve_codec {
     void *ctx;
@@ -37,19 +37,19 @@ void ms_serve_codec_from_tokenizer(ms_serve_codec *c, const struct ms_tokenizer 
 typedef struct ms_detok {
     const ms_serve_codec *codec;
     int skip_special;
-    char *text;          /* decoded UTF-8 so far (complete characters), NUL-terminated */
+    char *text; /* decoded UTF-8 so far (complete characters), NUL-terminated */
     size_t n_text, cap;
-    size_t emitted;      /* bytes of text already handed out */
-    char partial[8];     /* bytes of an incomplete UTF-8 character */
+    size_t emitted;  /* bytes of text already handed out */
+    char partial[8]; /* bytes of an incomplete UTF-8 character */
     size_t n_partial;
     char *stops[MS_SERVE_MAX_STOPS];
     int n_stops;
-    int stopped;         /* a stop string matched; text after it is dropped */
-    int stop_index;      /* which one (-1 none) */
+    int stopped;    /* a stop string matched; text after it is dropped */
+    int stop_index; /* which one (-1 none) */
 } ms_detok;
 
-int ms_detok_init(ms_detok *d, const ms_serve_codec *codec, int skip_special,
-                  char *const *stops, int n_stops);
+int ms_detok_init(ms_detok *d, const ms_serve_codec *codec, int skip_special, char *const *stops,
+                  int n_stops);
 void ms_detok_deinit(ms_detok *d);
 /* Appends one token.  *delta and *n_delta receive the newly safe text (borrowed,
  * valid until the next call).  Returns 1 when a stop string matched (the delta

@@ -26,8 +26,20 @@
 #include <unistd.h>
 
 enum route {
-    R_CHAT, R_COMPLETIONS, R_GENERATE, R_MODELS, R_HEALTH, R_HEALTH_GEN, R_SERVER_INFO,
-    R_GET_SERVER_INFO, R_MODEL_INFO, R_LOAD, R_FLUSH, R_ABORT, R_METRICS, N_ROUTES
+    R_CHAT,
+    R_COMPLETIONS,
+    R_GENERATE,
+    R_MODELS,
+    R_HEALTH,
+    R_HEALTH_GEN,
+    R_SERVER_INFO,
+    R_GET_SERVER_INFO,
+    R_MODEL_INFO,
+    R_LOAD,
+    R_FLUSH,
+    R_ABORT,
+    R_METRICS,
+    N_ROUTES
 };
 enum { M_GET = 1, M_POST = 2, M_PUT = 4 };
 
@@ -55,14 +67,24 @@ struct conn {
     ms_frontend *fe;
     struct MHD_Connection *mc;
     int route;
-    int responded;       /* a response was queued already */
+    int responded; /* a response was queued already */
     int too_big;
     double t_start;
     char *body;
     size_t n_body, cap_body;
-    ms_session *sess;    /* generation routes, once submitted */
+    ms_session *sess; /* generation routes, once submitted */
     struct conn *prev, *next;
     int listed;
+};
+
+/* Per-socket record for the header deadline: a connection that is between
+ * requests (or before its first) for longer than the header timeout is shut
+ * down, however slowly it trickles bytes (slowloris). */
+struct watch {
+    int fd;
+    int in_request;     /* a request is being handled */
+    double phase_start; /* connect time or end of the last request */
+    struct watch *prev, *next;
 };
 
 struct ms_frontend {
@@ -78,6 +100,7 @@ struct ms_frontend {
     struct conn *live;
     int n_live;
     double busy_since;
+    struct watch *watches; /* under mu */
     atomic_int draining, unhealthy, stop;
     atomic_ulong seq;
     pthread_t wd;
@@ -89,9 +112,8 @@ struct ms_frontend {
 
 static enum MHD_Result queue(struct conn *c, int status, char *body, size_t len, const char *ctype)
 {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
-                                                                           : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!r) {
         free(body);
         return MHD_NO;
@@ -143,8 +165,10 @@ static void live_remove(ms_frontend *fe, struct conn *c)
 {
     pthread_mutex_lock(&fe->mu);
     if (c->listed) {
-        if (c->prev) c->prev->next = c->next;
-        else fe->live = c->next;
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            fe->live = c->next;
         if (c->next) c->next->prev = c->prev;
         fe->n_live--;
         c->listed = 0;
@@ -188,7 +212,9 @@ static void make_rid(ms_frontend *fe, enum ms_api_kind kind, char *out, size_t c
     uint64_t st = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ n;
     uint64_t h = ms_rng_next(&st);
     snprintf(out, cap, "%s%016llx%04lx",
-             kind == MS_API_CHAT ? "chatcmpl-" : kind == MS_API_COMPLETION ? "cmpl-" : "",
+             kind == MS_API_CHAT         ? "chatcmpl-"
+             : kind == MS_API_COMPLETION ? "cmpl-"
+                                         : "",
              (unsigned long long)h, n & 0xffff);
 }
 
@@ -217,9 +243,12 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
     int rc = ms_api_parse(&api, kind, c->body ? c->body : "", c->n_body, &fe->cfg, &e, &param);
     if (rc) goto fail;
     if (api.text) {
-        rc = fe->codec->encode(fe->codec->ctx, api.text, api.n_text, api.parse_special, &ids, &n, &e);
+        rc = fe->codec->encode(fe->codec->ctx, api.text, api.n_text, api.parse_special, &ids, &n,
+                               &e);
         if (rc) {
-            param = kind == MS_API_CHAT ? "messages" : kind == MS_API_COMPLETION ? "prompt" : "text";
+            param = kind == MS_API_CHAT         ? "messages"
+                    : kind == MS_API_COMPLETION ? "prompt"
+                                                : "text";
             goto fail;
         }
     } else {
@@ -228,7 +257,9 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         api.ids = NULL;
     }
     if ((rc = ms_api_check_input(&api, ids, n, &fe->cfg, &e))) {
-        param = kind == MS_API_CHAT ? "messages" : kind == MS_API_COMPLETION ? "max_tokens" : "sampling_params";
+        param = kind == MS_API_CHAT         ? "messages"
+                : kind == MS_API_COMPLETION ? "max_tokens"
+                                            : "sampling_params";
         goto fail;
     }
     int32_t dp = -1;
@@ -248,8 +279,10 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         goto fail;
     }
     char rid[MS_SERVE_RID_MAX];
-    if (api.rid[0]) snprintf(rid, sizeof rid, "%s", api.rid);
-    else make_rid(fe, kind, rid, sizeof rid);
+    if (api.rid[0])
+        snprintf(rid, sizeof rid, "%s", api.rid);
+    else
+        make_rid(fe, kind, rid, sizeof rid);
     ms_serve_req *r = ms_serve_req_new(rid, ids, (int32_t)n, &api.sampling);
     free(ids);
     ids = NULL;
@@ -261,8 +294,10 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
     c->sess = calloc(1, sizeof *c->sess);
     if (!c->sess || ms_session_init(c->sess, &api, r, fe->hub, fe->metrics, fe->codec,
                                     fe->model_name, (int64_t)n)) {
-        if (!c->sess) ms_serve_req_unref(r);
-        else ms_session_deinit(c->sess);
+        if (!c->sess)
+            ms_serve_req_unref(r);
+        else
+            ms_session_deinit(c->sess);
         free(c->sess);
         c->sess = NULL;
         rc = ms_err(&e, MS_ENOMEM, "out of memory");
@@ -330,7 +365,8 @@ static enum MHD_Result do_health_generate(ms_frontend *fe, struct conn *c)
             int fin = 0;
             size_t k = ms_serve_req_take(r, 0, &t, 1, 100, &fin);
             /* like SGLang: any engine progress after the probe started counts */
-            ok = k > 0 || (fin && fin != MS_SERVE_FINISH_ERROR) || ms_serve_hub_heartbeats(fe->hub) != beats;
+            ok = k > 0 || (fin && fin != MS_SERVE_FINISH_ERROR) ||
+                 ms_serve_hub_heartbeats(fe->hub) != beats;
         }
         if (!ms_serve_req_finished(r)) ms_serve_hub_post(fe->hub, MS_MSG_ABORT, r);
     }
@@ -347,15 +383,14 @@ static json_t *load_json(ms_frontend *fe)
     json_t *a = json_array();
     for (int32_t r = 0; r < in->n_dp; r++)
         json_array_append_new(
-            a, json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,s:f,s:I}", "dp_rank", r,
-                         "num_running_reqs", ld[r].num_running_reqs, "num_waiting_reqs",
-                         ld[r].num_waiting_reqs, "num_reqs",
-                         ld[r].num_running_reqs + ld[r].num_waiting_reqs, "num_used_tokens",
-                         (json_int_t)ld[r].num_used_tokens, "max_total_num_tokens",
-                         (json_int_t)in->max_total_num_tokens[r], "token_usage", ld[r].token_usage,
-                         "cache_hit_rate", ld[r].cache_hit_rate, "gen_throughput",
-                         ld[r].gen_throughput, "num_retracted_reqs",
-                         (json_int_t)ld[r].num_retracted_reqs_total));
+            a, json_pack(
+                   "{s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,s:f,s:I}", "dp_rank", r, "num_running_reqs",
+                   ld[r].num_running_reqs, "num_waiting_reqs", ld[r].num_waiting_reqs, "num_reqs",
+                   ld[r].num_running_reqs + ld[r].num_waiting_reqs, "num_used_tokens",
+                   (json_int_t)ld[r].num_used_tokens, "max_total_num_tokens",
+                   (json_int_t)in->max_total_num_tokens[r], "token_usage", ld[r].token_usage,
+                   "cache_hit_rate", ld[r].cache_hit_rate, "gen_throughput", ld[r].gen_throughput,
+                   "num_retracted_reqs", (json_int_t)ld[r].num_retracted_reqs_total));
     return a;
 }
 
@@ -377,13 +412,19 @@ static json_t *server_info(ms_frontend *fe)
         in->kv_pool_replicated, "max_total_num_tokens_per_dp_rank", cap, "max_running_requests",
         in->max_running_requests, "max_running_requests_per_dp_rank",
         in->max_running_requests_per_rank, "chunked_prefill_size", in->chunked_prefill_size,
-        "chunked_prefill_size_per_dp_rank", in->chunked_prefill_size_per_rank,
-        "max_prefill_tokens", in->max_prefill_tokens, "kv_pool_replicated",
-        in->kv_pool_replicated, "attn_dp_size", in->attn_dp_size, "attn_tp_size",
-        in->attn_tp_size, "reasoning_parser", rp[fe->o.reasoning_parser], "tool_call_parser",
+        "chunked_prefill_size_per_dp_rank", in->chunked_prefill_size_per_rank, "max_prefill_tokens",
+        in->max_prefill_tokens, "kv_pool_replicated", in->kv_pool_replicated, "attn_dp_size",
+        in->attn_dp_size, "attn_tp_size", in->attn_tp_size, "reasoning_parser",
+        rp[fe->o.reasoning_parser], "tool_call_parser",
         fe->o.tool_call_parser ? "deepseekv31" : NULL, "enable_metrics", fe->o.enable_metrics,
         "max_queued_requests", fe->o.max_queued_requests, "version", "moeserve");
-    if (o) json_object_set_new(o, "internal_states", load_json(fe));
+    if (o) {
+        /* the per-DP-rank capacity as SGLang's scalar (every DP rank has the same pool
+         * size), next to the list; the topology fields above say what it means */
+        json_object_set_new(o, "max_total_num_tokens",
+                            json_integer((json_int_t)(in->n_dp > 0 ? in->max_total_num_tokens[0] : 0)));
+        json_object_set_new(o, "internal_states", load_json(fe));
+    }
     return o;
 }
 
@@ -404,8 +445,10 @@ static enum MHD_Result do_flush(ms_frontend *fe, struct conn *c)
         char *b = strdup("Cache flushed.\n");
         ret = queue(c, 200, b, b ? strlen(b) : 0, "text/plain");
     } else if (fin) {
-        ret = send_error(c, 400, ms_serve_req_finish_msg(r)[0] ? ms_serve_req_finish_msg(r)
-                                 : "cache not flushed: requests are running", NULL);
+        ret = send_error(c, 400,
+                         ms_serve_req_finish_msg(r)[0] ? ms_serve_req_finish_msg(r)
+                                                       : "cache not flushed: requests are running",
+                         NULL);
     } else {
         ret = send_error(c, 503, "the engine did not answer the flush request", NULL);
     }
@@ -443,31 +486,40 @@ static enum MHD_Result do_abort(ms_frontend *fe, struct conn *c)
 static enum MHD_Result dispatch(ms_frontend *fe, struct conn *c)
 {
     switch (c->route) {
-    case R_CHAT: return do_generate(fe, c, MS_API_CHAT);
-    case R_COMPLETIONS: return do_generate(fe, c, MS_API_COMPLETION);
-    case R_GENERATE: return do_generate(fe, c, MS_API_GENERATE);
+    case R_CHAT:
+        return do_generate(fe, c, MS_API_CHAT);
+    case R_COMPLETIONS:
+        return do_generate(fe, c, MS_API_COMPLETION);
+    case R_GENERATE:
+        return do_generate(fe, c, MS_API_GENERATE);
     case R_HEALTH:
         if (atomic_load(&fe->draining) || atomic_load(&fe->unhealthy))
             return send_error(c, 503, "unhealthy", NULL);
         return queue(c, 200, NULL, 0, "text/plain");
-    case R_HEALTH_GEN: return do_health_generate(fe, c);
+    case R_HEALTH_GEN:
+        return do_health_generate(fe, c);
     case R_MODELS: {
         const ms_engine_info *in = ms_serve_hub_info(fe->hub);
-        return send_json(c, 200, json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:s,s:I}]}", "object", "list",
-                                           "data", "id", fe->model_name, "object", "model",
-                                           "created", (json_int_t)time(NULL), "owned_by",
-                                           "moeserve", "root", in->model_path, "max_model_len",
-                                           (json_int_t)in->context_len));
+        return send_json(c, 200,
+                         json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:s,s:I}]}", "object", "list", "data",
+                                   "id", fe->model_name, "object", "model", "created",
+                                   (json_int_t)time(NULL), "owned_by", "moeserve", "root",
+                                   in->model_path, "max_model_len", (json_int_t)in->context_len));
     }
     case R_SERVER_INFO:
-    case R_GET_SERVER_INFO: return send_json(c, 200, server_info(fe));
+    case R_GET_SERVER_INFO:
+        return send_json(c, 200, server_info(fe));
     case R_MODEL_INFO:
-        return send_json(c, 200, json_pack("{s:s,s:s,s:b}", "model_path",
-                                           ms_serve_hub_info(fe->hub)->model_path, "tokenizer_path",
-                                           ms_serve_hub_info(fe->hub)->model_path, "is_generation", 1));
-    case R_LOAD: return send_json(c, 200, load_json(fe));
-    case R_FLUSH: return do_flush(fe, c);
-    case R_ABORT: return do_abort(fe, c);
+        return send_json(c, 200,
+                         json_pack("{s:s,s:s,s:b}", "model_path",
+                                   ms_serve_hub_info(fe->hub)->model_path, "tokenizer_path",
+                                   ms_serve_hub_info(fe->hub)->model_path, "is_generation", 1));
+    case R_LOAD:
+        return send_json(c, 200, load_json(fe));
+    case R_FLUSH:
+        return do_flush(fe, c);
+    case R_ABORT:
+        return do_abort(fe, c);
     case R_METRICS: {
         char *t = NULL;
         size_t len = 0;
@@ -475,13 +527,14 @@ static enum MHD_Result dispatch(ms_frontend *fe, struct conn *c)
             return send_error(c, 500, "metrics rendering failed", NULL);
         return queue(c, 200, t, len, "text/plain; version=0.0.4");
     }
-    default: return send_error(c, 404, "not found", NULL);
+    default:
+        return send_error(c, 404, "not found", NULL);
     }
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload, size_t *upload_size, void **con_cls)
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
 {
     ms_frontend *fe = cls;
     struct conn *c = *con_cls;
@@ -494,14 +547,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->mc = mc;
         c->t_start = ms_now_s();
         c->route = -1;
+        const union MHD_ConnectionInfo *sc =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        if (sc && sc->socket_context) {
+            pthread_mutex_lock(&fe->mu);
+            ((struct watch *)sc->socket_context)->in_request = 1;
+            pthread_mutex_unlock(&fe->mu);
+        }
         for (int i = 0; i < N_ROUTES; i++)
             if (!strcmp(url, routes[i].path)) c->route = i;
-        int m = !strcmp(method, "GET") ? M_GET : !strcmp(method, "POST") ? M_POST
-              : !strcmp(method, "PUT") ? M_PUT : 0;
+        int m = !strcmp(method, "GET")    ? M_GET
+                : !strcmp(method, "POST") ? M_POST
+                : !strcmp(method, "PUT")  ? M_PUT
+                                          : 0;
         if (c->route < 0 || (c->route == R_METRICS && !fe->o.enable_metrics))
             return send_error(c, 404, "not found", NULL);
-        if (!(routes[c->route].methods & m))
-            return send_error(c, 405, "method not allowed", NULL);
+        if (!(routes[c->route].methods & m)) return send_error(c, 405, "method not allowed", NULL);
         if (c->route != R_HEALTH && c->route != R_HEALTH_GEN && !auth_ok(fe, mc))
             return send_error(c, 401, "invalid or missing API key", NULL);
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
@@ -540,7 +601,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->responded) return MHD_YES;
     if (c->too_big) {
         char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", fe->o.max_body_bytes);
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes",
+                 fe->o.max_body_bytes);
         return send_error(c, 413, msg, NULL);
     }
     return dispatch(fe, c);
@@ -551,10 +613,21 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     ms_frontend *fe = cls;
     struct conn *c = *con_cls;
-    (void)mc;
     if (!c) return;
     *con_cls = NULL;
     live_remove(fe, c);
+    const union MHD_ConnectionInfo *sc =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (sc && sc->socket_context) {
+        pthread_mutex_lock(&fe->mu);
+        struct watch *w = sc->socket_context;
+        w->in_request = 0;
+        w->phase_start = ms_now_s();
+        pthread_mutex_unlock(&fe->mu);
+    }
+    if (c->sess) /* a keep-alive connection gets its idle timeout back */
+        MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)fe->o.idle_timeout_s);
     if (c->sess) {
         if (!c->sess->finish) {
             MS_LOG(MS_INFO, "http", "client of request %s went away (code %d): aborting",
@@ -566,6 +639,40 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     }
     free(c->body);
     free(c);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    ms_frontend *fe = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct watch *w = calloc(1, sizeof *w);
+        if (!w || !ci) {
+            free(w);
+            return;
+        }
+        w->fd = ci->connect_fd;
+        w->phase_start = ms_now_s();
+        pthread_mutex_lock(&fe->mu);
+        w->next = fe->watches;
+        if (fe->watches) fe->watches->prev = w;
+        fe->watches = w;
+        pthread_mutex_unlock(&fe->mu);
+        *socket_context = w;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        struct watch *w = *socket_context; /* removed before MHD closes the fd */
+        pthread_mutex_lock(&fe->mu);
+        if (w->prev)
+            w->prev->next = w->next;
+        else
+            fe->watches = w->next;
+        if (w->next) w->next->prev = w->prev;
+        pthread_mutex_unlock(&fe->mu);
+        free(w);
+        *socket_context = NULL;
+    }
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -588,13 +695,23 @@ static void *watchdog(void *arg)
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
         pthread_cond_timedwait(&fe->cv, &fe->mu, &ts);
+        double now = ms_now_s();
+        for (struct watch *w = fe->watches; w; w = w->next)
+            if (!w->in_request && w->fd >= 0 && now - w->phase_start > fe->o.header_timeout_s) {
+                MS_LOG(MS_DEBUG, "http",
+                       "closing a connection that sent no complete request in %d s",
+                       fe->o.header_timeout_s);
+                shutdown(w->fd, SHUT_RDWR);
+                w->fd = -1;
+            }
         if (fe->o.watchdog_timeout_s <= 0 || fe->n_live == 0) continue;
         double beat = ms_serve_hub_last_heartbeat_s(fe->hub);
         double since = beat > fe->busy_since ? beat : fe->busy_since;
         if (ms_now_s() - since > fe->o.watchdog_timeout_s && !atomic_load(&fe->unhealthy)) {
             atomic_store(&fe->unhealthy, 1);
             MS_LOG(MS_ERROR, "http",
-                   "watchdog: no engine step for %.0f s with %d requests in flight; exiting (unless MOESERVE_WATCHDOG_NO_EXIT is set)",
+                   "watchdog: no engine step for %.0f s with %d requests in flight; exiting "
+                   "(unless MOESERVE_WATCHDOG_NO_EXIT is set)",
                    ms_now_s() - since, fe->n_live);
             if (!getenv("MOESERVE_WATCHDOG_NO_EXIT")) _exit(70);
         }
@@ -633,8 +750,8 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
     }
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
     if (inet_pton(AF_INET, o->host, &s4->sin_addr) == 1) {
@@ -654,7 +771,8 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
         if (ai->ai_family == AF_INET6) {
             s6->sin6_port = htons((uint16_t)o->port);
             flags |= MHD_USE_IPv6;
-        } else s4->sin_port = htons((uint16_t)o->port);
+        } else
+            s4->sin_port = htons((uint16_t)o->port);
         freeaddrinfo(ai);
     }
     fe->d = MHD_start_daemon(
@@ -662,8 +780,8 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)o->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, fe, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-        MHD_OPTION_END);
+        fe, MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        fe, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!fe->d) {
         ms_frontend_close(fe);
         return ms_err(e, MS_EIO, "cannot listen on %s:%d (address in use or not permitted)",
@@ -688,8 +806,10 @@ void ms_frontend_begin_drain(ms_frontend *fe)
     if (!fe || atomic_exchange(&fe->draining, 1)) return;
     if (fe->d) {
         MHD_socket s = MHD_quiesce_daemon(fe->d);
-        if (s != MHD_INVALID_SOCKET) close(s);
-        else MS_LOG(MS_WARN, "http", "could not stop listening (quiesce failed)");
+        if (s != MHD_INVALID_SOCKET)
+            close(s);
+        else
+            MS_LOG(MS_WARN, "http", "could not stop listening (quiesce failed)");
     }
     MS_LOG(MS_INFO, "http", "draining: %d requests in flight", ms_frontend_live_requests(fe));
 }

@@ -20,20 +20,22 @@
 #define MS_HTTP_MAX_API_KEY 256
 
 typedef struct ms_frontend_opts {
-    char host[256];                 /* --host (default 127.0.0.1: loopback) */
-    int port;                       /* --port (default 30000; 0 = any free port) */
+    char host[256];                    /* --host (default 127.0.0.1: loopback) */
+    int port;                          /* --port (default 30000; 0 = any free port) */
     char api_key[MS_HTTP_MAX_API_KEY]; /* --api-key: "Authorization: Bearer KEY" required */
-    char served_model_name[256];    /* --served-model-name (default: model path) */
-    int32_t max_queued_requests;    /* --max-queued-requests (0 = unlimited) → 503 */
-    int reasoning_parser;           /* --reasoning-parser deepseek-r1|deepseek-v3 */
-    int tool_call_parser;           /* --tool-call-parser deepseekv31 */
-    int enable_metrics;             /* --enable-metrics: GET /metrics */
-    double watchdog_timeout_s;      /* --watchdog-timeout: no step while busy → exit (0 = off) */
-    size_t max_body_bytes;          /* --max-body-bytes (default 32 MiB) → 413 */
-    int max_connections;            /* --max-connections (default 256) */
-    int idle_timeout_s;             /* --http-idle-timeout: inactive connection closed (10 s) */
-    int body_timeout_s;             /* --http-body-timeout: headers+body must arrive in (30 s) */
-    int health_timeout_s;           /* /health_generate deadline (20 s) */
+    char served_model_name[256];       /* --served-model-name (default: model path) */
+    int32_t max_queued_requests;       /* --max-queued-requests (0 = unlimited) → 503 */
+    int reasoning_parser;              /* --reasoning-parser deepseek-r1|deepseek-v3 */
+    int tool_call_parser;              /* --tool-call-parser deepseekv31 */
+    int enable_metrics;                /* --enable-metrics: GET /metrics */
+    double watchdog_timeout_s; /* --watchdog-timeout: no step while busy → exit (0 = off) */
+    size_t max_body_bytes;     /* --max-body-bytes (default 32 MiB) → 413 */
+    int max_connections;       /* --max-connections (default 256) */
+    int idle_timeout_s;        /* --http-idle-timeout: inactive connection closed (10 s) */
+    int body_timeout_s;        /* --http-body-timeout: a body must arrive within (30 s) */
+    int header_timeout_s;      /* --http-header-timeout: a request's headers must arrive
+                                  within (30 s) of connect or of the previous response */
+    int health_timeout_s;      /* /health_generate deadline (20 s) */
 } ms_frontend_opts;
 
 void ms_frontend_opts_init(ms_frontend_opts *o);

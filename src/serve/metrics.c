@@ -61,14 +61,24 @@ ms_metrics *ms_metrics_new(const char *model_name)
         m->model[j++] = *p;
     }
     m->model[j] = 0;
-    static const double ttft[] = {0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160, 300};
-    static const double itl[] = {0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035,
-                                 0.04, 0.06, 0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8};
-    static const double e2e[] = {0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 150, 200, 300, 600};
-    hist_init(&m->ttft, "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft, (int)(sizeof ttft / sizeof *ttft));
-    hist_init(&m->itl, "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl, (int)(sizeof itl / sizeof *itl));
-    hist_init(&m->tpot, "sglang:time_per_output_token_seconds", "Histogram of time per output token in seconds.", itl, (int)(sizeof itl / sizeof *itl));
-    hist_init(&m->e2e, "sglang:e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.", e2e, (int)(sizeof e2e / sizeof *e2e));
+    static const double ttft[] = {0.1, 0.2, 0.4, 0.6, 0.8, 1,  2,   4,   6,
+                                  8,   10,  20,  40,  60,  80, 120, 160, 300};
+    static const double itl[] = {0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025,
+                                 0.03,  0.035, 0.04,  0.06,  0.08, 0.1,   0.2,  0.4,
+                                 0.6,   0.8,   1,     2,     4,    6,     8};
+    static const double e2e[] = {0.1, 0.2, 0.4, 0.6, 0.8, 1,   2,   4,   6,   8,
+                                 10,  20,  40,  60,  80,  100, 150, 200, 300, 600};
+    hist_init(&m->ttft, "sglang:time_to_first_token_seconds",
+              "Histogram of time to first token in seconds.", ttft,
+              (int)(sizeof ttft / sizeof *ttft));
+    hist_init(&m->itl, "sglang:inter_token_latency_seconds",
+              "Histogram of inter-token latency in seconds.", itl, (int)(sizeof itl / sizeof *itl));
+    hist_init(&m->tpot, "sglang:time_per_output_token_seconds",
+              "Histogram of time per output token in seconds.", itl,
+              (int)(sizeof itl / sizeof *itl));
+    hist_init(&m->e2e, "sglang:e2e_request_latency_seconds",
+              "Histogram of end-to-end request latency in seconds.", e2e,
+              (int)(sizeof e2e / sizeof *e2e));
     return m;
 }
 
@@ -91,7 +101,8 @@ void ms_metrics_observe_request(ms_metrics *m, int64_t prompt_tokens, int64_t ge
     if (finish == MS_SERVE_FINISH_ABORT) m->aborted++;
     if (ttft_s >= 0) hist_add(&m->ttft, ttft_s, 1);
     if (e2e_s >= 0) hist_add(&m->e2e, e2e_s, 1);
-    if (ttft_s >= 0 && gen_tokens > 1) hist_add(&m->tpot, (e2e_s - ttft_s) / (double)(gen_tokens - 1), 1);
+    if (ttft_s >= 0 && gen_tokens > 1)
+        hist_add(&m->tpot, (e2e_s - ttft_s) / (double)(gen_tokens - 1), 1);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -151,7 +162,8 @@ static void hist_put(struct out *o, const hist *h, const char *model)
             (unsigned long long)cum);
     }
     cum += h->count[h->n];
-    put(o, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", h->name, model, (unsigned long long)cum);
+    put(o, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %llu\n", h->name, model,
+        (unsigned long long)cum);
     put(o, "%s_sum{model_name=\"%s\"} %.9g\n", h->name, model, h->sum);
     put(o, "%s_count{model_name=\"%s\"} %llu\n", h->name, model, (unsigned long long)h->total);
 }
@@ -189,14 +201,30 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
             for (int32_t r = 0; r < n; r++) {
                 double v = 0;
                 switch (k) {
-                case 0: v = ld[r].num_running_reqs; break;
-                case 1: v = ld[r].num_waiting_reqs + (r == 0 ? queued : 0); break;
-                case 2: v = (double)ld[r].num_used_tokens; break;
-                case 3: v = (double)info->max_total_num_tokens[r]; break;
-                case 4: v = ld[r].token_usage; break;
-                case 5: v = ld[r].cache_hit_rate; break;
-                case 6: v = ld[r].gen_throughput; break;
-                default: v = (double)ld[r].num_retracted_reqs_total; break;
+                case 0:
+                    v = ld[r].num_running_reqs;
+                    break;
+                case 1:
+                    v = ld[r].num_waiting_reqs + (r == 0 ? queued : 0);
+                    break;
+                case 2:
+                    v = (double)ld[r].num_used_tokens;
+                    break;
+                case 3:
+                    v = (double)info->max_total_num_tokens[r];
+                    break;
+                case 4:
+                    v = ld[r].token_usage;
+                    break;
+                case 5:
+                    v = ld[r].cache_hit_rate;
+                    break;
+                case 6:
+                    v = ld[r].gen_throughput;
+                    break;
+                default:
+                    v = (double)ld[r].num_retracted_reqs_total;
+                    break;
                 }
                 put(&o, "%s{model_name=\"%s\",dp_rank=\"%d\"} %.9g\n", g[k].name, md, r, v);
             }

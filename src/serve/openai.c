@@ -10,14 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(param_, code_, ...)                                                                    \
+#define FAIL(param_, code_, ...)                                                                   \
     do {                                                                                           \
         if (param) *param = (param_);                                                              \
         rc = ms_err(e, (code_), __VA_ARGS__);                                                      \
         goto out;                                                                                  \
     } while (0)
 
-#define FAILK(param_, code_)                                                                        \
+#define FAILK(param_, code_)                                                                       \
     do {                                                                                           \
         if (param) *param = (param_);                                                              \
         rc = (code_);                                                                              \
@@ -41,8 +41,10 @@ static int get_int(const json_t *o, const char *k, int64_t lo, int64_t hi, int64
     if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
         fabs(json_real_value(v)) < 9e15)
         *out = (int64_t)json_real_value(v);
-    else if (json_is_integer(v)) *out = json_integer_value(v);
-    else return ms_err(e, MS_EINVAL, "'%s' must be an integer", k);
+    else if (json_is_integer(v))
+        *out = json_integer_value(v);
+    else
+        return ms_err(e, MS_EINVAL, "'%s' must be an integer", k);
     if (*out < lo || *out > hi)
         return ms_err(e, MS_EINVAL, "'%s' must be between %lld and %lld, got %lld", k,
                       (long long)lo, (long long)hi, (long long)*out);
@@ -57,8 +59,8 @@ static int get_num(const json_t *o, const char *k, double lo, double hi, int lo_
     if (!json_is_number(v)) return ms_err(e, MS_EINVAL, "'%s' must be a number", k);
     *out = json_number_value(v);
     if (!(*out >= lo && *out <= hi) || (lo_open && *out == lo))
-        return ms_err(e, MS_EINVAL, "'%s' must be in %s%g, %g], got %g", k, lo_open ? "(" : "[",
-                      lo, hi, *out);
+        return ms_err(e, MS_EINVAL, "'%s' must be in %s%g, %g], got %g", k, lo_open ? "(" : "[", lo,
+                      hi, *out);
     return 1;
 }
 
@@ -105,7 +107,8 @@ static int get_stops(ms_api_req *r, const json_t *v, ms_errbuf *e)
         r->n_stops = 1;
         return 0;
     }
-    if (!json_is_array(v)) return ms_err(e, MS_EINVAL, "'stop' must be a string or an array of strings");
+    if (!json_is_array(v))
+        return ms_err(e, MS_EINVAL, "'stop' must be a string or an array of strings");
     if (json_array_size(v) > MS_SERVE_MAX_STOPS)
         return ms_err(e, MS_EINVAL, "'stop' has %zu entries, the limit is %d", json_array_size(v),
                       MS_SERVE_MAX_STOPS);
@@ -174,7 +177,8 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
     if ((rc = get_stops(r, json_object_get(o, "stop"), e)) < 0) FAILK("stop", rc);
     const json_t *sid = json_object_get(o, "stop_token_ids");
     if (sid && !json_is_null(sid)) {
-        if (!json_is_array(sid)) FAIL("stop_token_ids", MS_EINVAL, "'stop_token_ids' must be an array");
+        if (!json_is_array(sid))
+            FAIL("stop_token_ids", MS_EINVAL, "'stop_token_ids' must be an array");
         if (json_array_size(sid) > MS_SERVE_MAX_STOP_IDS)
             FAIL("stop_token_ids", MS_EINVAL, "'stop_token_ids' is limited to %d ids",
                  MS_SERVE_MAX_STOP_IDS);
@@ -208,24 +212,29 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
     if (rf && !json_is_null(rf)) {
         const char *t = json_string_value(json_object_get(rf, "type"));
         if (!t || strcmp(t, "text"))
-            FAIL("response_format", MS_EUNSUPPORTED, "only response_format {\"type\": \"text\"} is supported");
+            FAIL("response_format", MS_EUNSUPPORTED,
+                 "only response_format {\"type\": \"text\"} is supported");
     }
     ms_chat_opts o = {.thinking = -1, .add_generation_prompt = 1};
     if (cfg->reasoning_parser == MS_REASONING_DEEPSEEK_V3) o.thinking = 0;
     const json_t *kw = json_object_get(b, "chat_template_kwargs");
     if (kw && !json_is_null(kw)) {
-        if (!json_is_object(kw)) FAIL("chat_template_kwargs", MS_EINVAL, "'chat_template_kwargs' must be an object");
+        if (!json_is_object(kw))
+            FAIL("chat_template_kwargs", MS_EINVAL, "'chat_template_kwargs' must be an object");
         int th = 0;
         if ((rc = get_bool(kw, "thinking", &th, e)) < 0) FAILK("chat_template_kwargs", MS_EINVAL);
         if (rc) o.thinking = th;
-        if ((rc = get_bool(kw, "enable_thinking", &th, e)) < 0) FAILK("chat_template_kwargs", MS_EINVAL);
+        if ((rc = get_bool(kw, "enable_thinking", &th, e)) < 0)
+            FAILK("chat_template_kwargs", MS_EINVAL);
         if (rc) o.thinking = th;
     }
     int agp = 1;
-    if ((rc = get_bool(b, "add_generation_prompt", &agp, e)) < 0) FAILK("add_generation_prompt", MS_EINVAL);
+    if ((rc = get_bool(b, "add_generation_prompt", &agp, e)) < 0)
+        FAILK("add_generation_prompt", MS_EINVAL);
     o.add_generation_prompt = agp;
     const json_t *tools = json_object_get(b, "tools");
-    if (tools && !json_is_null(tools) && !json_is_array(tools)) FAIL("tools", MS_EINVAL, "'tools' must be an array");
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        FAIL("tools", MS_EINVAL, "'tools' must be an array");
     const json_t *tc = json_object_get(b, "tool_choice");
     int tool_none = json_is_string(tc) && !strcmp(json_string_value(tc), "none");
     if (tc && !json_is_null(tc) && !json_is_string(tc) && !json_is_object(tc))
@@ -236,7 +245,8 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
         FAILK("messages", rc);
     r->parse_special = 1;
     int sep = 1;
-    if ((rc = get_bool(b, "separate_reasoning", &sep, e)) < 0) FAILK("separate_reasoning", MS_EINVAL);
+    if ((rc = get_bool(b, "separate_reasoning", &sep, e)) < 0)
+        FAILK("separate_reasoning", MS_EINVAL);
     r->separate_reasoning = sep && cfg->reasoning_parser != MS_REASONING_OFF;
     r->starts_in_reasoning = cfg->reasoning_parser == MS_REASONING_DEEPSEEK_R1 || o.thinking == 1;
     r->parse_tools = cfg->tool_parser != MS_TOOL_PARSER_NONE && !tool_none && tools &&
@@ -260,8 +270,10 @@ static int parse_prompt(ms_api_req *r, const json_t *p, const char *name, const 
     if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0)))
         return get_ids(p, name, cfg->vocab_size, &r->ids, &r->n_ids, e);
     if (json_is_array(p) && json_array_size(p) > 1)
-        return ms_err(e, MS_EUNSUPPORTED, "'%s': batches of prompts are not supported; send one "
-                      "prompt per request", name);
+        return ms_err(e, MS_EUNSUPPORTED,
+                      "'%s': batches of prompts are not supported; send one "
+                      "prompt per request",
+                      name);
     return ms_err(e, MS_EINVAL, "'%s' must be a string or an array of token ids", name);
 }
 
@@ -276,10 +288,13 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
     if (param) *param = NULL;
     json_error_t je;
     json_t *b = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!b) FAIL(NULL, MS_EFORMAT, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    if (!b)
+        FAIL(NULL, MS_EFORMAT, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+             je.column);
     if (!json_is_object(b)) FAIL(NULL, MS_EINVAL, "the request body must be a JSON object");
     const json_t *m = json_object_get(b, "model");
-    if (m && !json_is_null(m) && !json_is_string(m)) FAIL("model", MS_EINVAL, "'model' must be a string");
+    if (m && !json_is_null(m) && !json_is_string(m))
+        FAIL("model", MS_EINVAL, "'model' must be a string");
     if (json_is_string(m)) snprintf(r->model, sizeof r->model, "%s", json_string_value(m));
     const json_t *rid = json_object_get(b, "rid");
     if (rid && !json_is_null(rid)) {
@@ -292,7 +307,8 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
     if ((rc = get_bool(b, "stream", &r->stream, e)) < 0) FAILK("stream", MS_EINVAL);
     const json_t *so = json_object_get(b, "stream_options");
     if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) FAIL("stream_options", MS_EINVAL, "'stream_options' must be an object");
+        if (!json_is_object(so))
+            FAIL("stream_options", MS_EINVAL, "'stream_options' must be an object");
         if ((rc = get_bool(so, "include_usage", &r->include_usage, e)) < 0)
             FAILK("stream_options", MS_EINVAL);
         if ((rc = get_bool(so, "continuous_usage_stats", &r->continuous_usage, e)) < 0)
@@ -318,7 +334,8 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
         if (sfx && !json_is_null(sfx) && (!json_is_string(sfx) || json_string_length(sfx)))
             FAIL("suffix", MS_EUNSUPPORTED, "'suffix' is not supported");
         int64_t bo;
-        if ((rc = get_int(b, "best_of", 1, 1, &bo, e)) < 0) FAIL("best_of", MS_EINVAL, "only best_of=1 is supported");
+        if ((rc = get_int(b, "best_of", 1, 1, &bo, e)) < 0)
+            FAIL("best_of", MS_EINVAL, "only best_of=1 is supported");
         const json_t *p = json_object_get(b, "prompt");
         if (!p) FAIL("prompt", MS_EINVAL, "'prompt' is required");
         if ((rc = parse_prompt(r, p, "prompt", cfg, e))) FAILK("prompt", rc);
@@ -338,12 +355,16 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
         const json_t *t = json_object_get(b, "text"), *ids = json_object_get(b, "input_ids");
         if (t && json_is_null(t)) t = NULL;
         if (ids && json_is_null(ids)) ids = NULL;
-        if (!!t == !!ids) FAIL("text", MS_EINVAL, "exactly one of 'text' and 'input_ids' is required");
-        if (t && !json_is_string(t)) FAIL("text", MS_EINVAL, "'text' must be a string (batches are not supported)");
+        if (!!t == !!ids)
+            FAIL("text", MS_EINVAL, "exactly one of 'text' and 'input_ids' is required");
+        if (t && !json_is_string(t))
+            FAIL("text", MS_EINVAL, "'text' must be a string (batches are not supported)");
         if (t && (rc = parse_prompt(r, t, "text", cfg, e))) FAILK("text", rc);
-        if (ids && !json_is_array(ids)) FAIL("input_ids", MS_EINVAL, "'input_ids' must be an array of token ids");
+        if (ids && !json_is_array(ids))
+            FAIL("input_ids", MS_EINVAL, "'input_ids' must be an array of token ids");
         if (ids && json_array_size(ids) && !json_is_integer(json_array_get(ids, 0)))
-            FAIL("input_ids", MS_EUNSUPPORTED, "'input_ids' must be one flat array (batches are not supported)");
+            FAIL("input_ids", MS_EUNSUPPORTED,
+                 "'input_ids' must be one flat array (batches are not supported)");
         if (ids && (rc = get_ids(ids, "input_ids", cfg->vocab_size, &r->ids, &r->n_ids, e)))
             FAILK("input_ids", rc);
     }
@@ -381,7 +402,9 @@ int ms_api_check_input(ms_api_req *r, const int32_t *ids, size_t n_ids, const ms
     if (!r->max_tokens_given) {
         int64_t room = ctx - 1 - n;
         if (r->kind != MS_API_GENERATE || r->sampling.max_new_tokens > room)
-            r->sampling.max_new_tokens = (int32_t)(room < 1 ? 1 : room > INT32_MAX ? INT32_MAX : room);
+            r->sampling.max_new_tokens = (int32_t)(room < 1           ? 1
+                                                   : room > INT32_MAX ? INT32_MAX
+                                                                      : room);
         return 0;
     }
     int64_t m = r->sampling.max_new_tokens;
@@ -398,22 +421,30 @@ int ms_api_check_input(ms_api_req *r, const int32_t *ids, size_t n_ids, const ms
 static const char *err_type(int status)
 {
     switch (status) {
-    case 400: return "BadRequestError";
-    case 401: return "AuthenticationError";
-    case 404: return "NotFoundError";
-    case 405: return "MethodNotAllowedError";
-    case 408: return "RequestTimeoutError";
-    case 413: return "RequestTooLargeError";
-    case 503: return "ServiceUnavailableError";
-    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+    case 400:
+        return "BadRequestError";
+    case 401:
+        return "AuthenticationError";
+    case 404:
+        return "NotFoundError";
+    case 405:
+        return "MethodNotAllowedError";
+    case 408:
+        return "RequestTimeoutError";
+    case 413:
+        return "RequestTooLargeError";
+    case 503:
+        return "ServiceUnavailableError";
+    default:
+        return status >= 500 ? "InternalServerError" : "BadRequestError";
     }
 }
 
 char *ms_api_error_body(int http_status, const char *message, const char *param)
 {
-    json_t *o = json_pack("{s:s,s:{s:s?,s:s,s:s?,s:i}}", "object", "error", "error", "message",
-                          message, "type", err_type(http_status), "param", param, "code",
-                          http_status);
+    json_t *o =
+        json_pack("{s:s,s:{s:s?,s:s,s:s?,s:i}}", "object", "error", "error", "message", message,
+                  "type", err_type(http_status), "param", param, "code", http_status);
     if (!o) /* a message that is not valid UTF-8 */
         o = json_pack("{s:s,s:{s:s,s:s,s:n,s:i}}", "object", "error", "error", "message",
                       "invalid request", "type", err_type(http_status), "param", "code",
@@ -426,11 +457,16 @@ char *ms_api_error_body(int http_status, const char *message, const char *param)
 const char *ms_api_finish_str(int kind, int has_tool_calls)
 {
     switch (kind) {
-    case MS_SERVE_FINISH_STOP: return has_tool_calls ? "tool_calls" : "stop";
-    case MS_SERVE_FINISH_LENGTH: return "length";
-    case MS_SERVE_FINISH_ABORT: return "abort";
-    case MS_SERVE_FINISH_ERROR: return "error";
-    default: return NULL;
+    case MS_SERVE_FINISH_STOP:
+        return has_tool_calls ? "tool_calls" : "stop";
+    case MS_SERVE_FINISH_LENGTH:
+        return "length";
+    case MS_SERVE_FINISH_ABORT:
+        return "abort";
+    case MS_SERVE_FINISH_ERROR:
+        return "error";
+    default:
+        return NULL;
     }
 }
 
@@ -449,7 +485,8 @@ static json_t *token_entry(const ms_serve_codec *c, int32_t id, float lp)
     size_t n = 0;
     if (c->token_bytes(c->ctx, id, buf, sizeof buf, &n) || n > sizeof buf) n = 0;
     json_t *bytes = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)buf[i]));
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(bytes, json_integer((unsigned char)buf[i]));
     json_t *tok = json_stringn(buf, n);
     if (!tok) tok = json_string("\xef\xbf\xbd");
     return json_pack("{s:o,s:f,s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
@@ -460,7 +497,8 @@ json_t *ms_api_chat_logprob(const ms_serve_codec *c, const ms_serve_tok *t, int 
     json_t *o = token_entry(c, t->id, t->logprob);
     json_t *top = json_array();
     for (int32_t j = 0; with_top && j < t->n_top; j++)
-        if (t->top_ids[j] >= 0) json_array_append_new(top, token_entry(c, t->top_ids[j], t->top_lps[j]));
+        if (t->top_ids[j] >= 0)
+            json_array_append_new(top, token_entry(c, t->top_ids[j], t->top_lps[j]));
     json_object_set_new(o, "top_logprobs", top);
     return o;
 }
@@ -468,10 +506,10 @@ json_t *ms_api_chat_logprob(const ms_serve_codec *c, const ms_serve_tok *t, int 
 json_t *ms_api_chat_chunk(const char *id, int64_t created, const char *model, json_t *delta,
                           const char *finish, json_t *logprobs)
 {
-    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta",
-                               delta ? delta : json_object(), "logprobs",
-                               logprobs ? logprobs : json_null(), "finish_reason",
-                               finish ? json_string(finish) : json_null());
+    json_t *choice =
+        json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta ? delta : json_object(),
+                  "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
+                  finish ? json_string(finish) : json_null());
     return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id, "object", "chat.completion.chunk",
                      "created", (json_int_t)created, "model", model, "choices", choice);
 }
@@ -480,10 +518,10 @@ json_t *ms_api_completion_chunk(const char *id, int64_t created, const char *mod
                                 const char *text, size_t n_text, const char *finish,
                                 json_t *logprobs)
 {
-    json_t *choice = json_pack("{s:i,s:s%,s:o,s:o}", "index", 0, "text", text ? text : "",
-                               text ? n_text : (size_t)0, "logprobs",
-                               logprobs ? logprobs : json_null(), "finish_reason",
-                               finish ? json_string(finish) : json_null());
+    json_t *choice =
+        json_pack("{s:i,s:s%,s:o,s:o}", "index", 0, "text", text ? text : "",
+                  text ? n_text : (size_t)0, "logprobs", logprobs ? logprobs : json_null(),
+                  "finish_reason", finish ? json_string(finish) : json_null());
     return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id, "object", "text_completion", "created",
                      (json_int_t)created, "model", model, "choices", choice);
 }

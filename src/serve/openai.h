@@ -27,10 +27,10 @@ typedef struct ms_api_config {
 
 typedef struct ms_api_req {
     enum ms_api_kind kind;
-    char *text;           /* prompt text to encode (chat: rendered template), or NULL */
+    char *text; /* prompt text to encode (chat: rendered template), or NULL */
     size_t n_text;
-    int parse_special;    /* special-token strings in text are tokens (chat) */
-    int32_t *ids;         /* given input ids (completions/generate), or NULL */
+    int parse_special; /* special-token strings in text are tokens (chat) */
+    int32_t *ids;      /* given input ids (completions/generate), or NULL */
     size_t n_ids;
     ms_serve_sampling sampling;
     int max_tokens_given;
@@ -42,7 +42,7 @@ typedef struct ms_api_req {
     char rid[MS_SERVE_RID_MAX];
     int separate_reasoning, starts_in_reasoning, parse_tools;
     int skip_special_tokens;
-    int no_stop_trim;     /* /generate: keep the matched stop string */
+    int no_stop_trim; /* /generate: keep the matched stop string */
 } ms_api_req;
 
 /* Parses a request body.  On error returns MS_EINVAL/MS_EFORMAT/MS_EUNSUPPORTED

@@ -19,6 +19,7 @@ void ms_frontend_opts_init(ms_frontend_opts *o)
     o->max_connections = 256;
     o->idle_timeout_s = 10;
     o->body_timeout_s = 30;
+    o->header_timeout_s = 30;
     o->health_timeout_s = 20;
 }
 
@@ -35,18 +36,29 @@ static int num(const char *flag, const char *v, double lo, double hi, double *ou
 
 static int str(const char *flag, const char *v, char *dst, size_t cap, ms_errbuf *e)
 {
-    if (strlen(v) >= cap) return ms_err(e, MS_EINVAL, "%s: value longer than %zu bytes", flag, cap - 1);
+    if (strlen(v) >= cap)
+        return ms_err(e, MS_EINVAL, "%s: value longer than %zu bytes", flag, cap - 1);
     memcpy(dst, v, strlen(v) + 1);
     return 0;
 }
 
 int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms_errbuf *e)
 {
-    static const char *flags[] = {"--host", "--port", "--api-key", "--served-model-name",
-                                  "--max-queued-requests", "--reasoning-parser",
-                                  "--tool-call-parser", "--enable-metrics", "--watchdog-timeout",
-                                  "--max-body-bytes", "--max-connections", "--http-idle-timeout",
-                                  "--http-body-timeout", "--health-timeout"};
+    static const char *flags[] = {"--host",
+                                  "--port",
+                                  "--api-key",
+                                  "--served-model-name",
+                                  "--max-queued-requests",
+                                  "--reasoning-parser",
+                                  "--tool-call-parser",
+                                  "--enable-metrics",
+                                  "--watchdog-timeout",
+                                  "--max-body-bytes",
+                                  "--max-connections",
+                                  "--http-idle-timeout",
+                                  "--http-body-timeout",
+                                  "--health-timeout",
+                                  "--http-header-timeout"};
     const char *a = argv[i], *val = NULL;
     char name[64];
     const char *eq = strchr(a, '=');
@@ -63,58 +75,94 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
         o->enable_metrics = 1;
         return 1;
     }
-    if (eq) val = eq + 1;
+    if (eq)
+        val = eq + 1;
     else if (i + 1 < argc) {
         val = argv[i + 1];
         used = 2;
-    } else return ms_err(e, MS_EINVAL, "%s needs a value", name);
+    } else
+        return ms_err(e, MS_EINVAL, "%s needs a value", name);
     double d;
     int rc = 0;
     switch (k) {
-    case 0: rc = str(name, val, o->host, sizeof o->host, e); break;
-    case 1: if (!(rc = num(name, val, 0, 65535, &d, e))) o->port = (int)d; break;
-    case 2: rc = str(name, val, o->api_key, sizeof o->api_key, e); break;
-    case 3: rc = str(name, val, o->served_model_name, sizeof o->served_model_name, e); break;
-    case 4: if (!(rc = num(name, val, 0, 1e9, &d, e))) o->max_queued_requests = (int32_t)d; break;
+    case 0:
+        rc = str(name, val, o->host, sizeof o->host, e);
+        break;
+    case 1:
+        if (!(rc = num(name, val, 0, 65535, &d, e))) o->port = (int)d;
+        break;
+    case 2:
+        rc = str(name, val, o->api_key, sizeof o->api_key, e);
+        break;
+    case 3:
+        rc = str(name, val, o->served_model_name, sizeof o->served_model_name, e);
+        break;
+    case 4:
+        if (!(rc = num(name, val, 0, 1e9, &d, e))) o->max_queued_requests = (int32_t)d;
+        break;
     case 5:
-        if (!strcmp(val, "deepseek-r1")) o->reasoning_parser = MS_REASONING_DEEPSEEK_R1;
-        else if (!strcmp(val, "deepseek-v3")) o->reasoning_parser = MS_REASONING_DEEPSEEK_V3;
-        else if (!strcmp(val, "none")) o->reasoning_parser = MS_REASONING_OFF;
-        else rc = ms_err(e, MS_EINVAL, "%s: expected deepseek-r1, deepseek-v3 or none, got '%s'", name, val);
+        if (!strcmp(val, "deepseek-r1"))
+            o->reasoning_parser = MS_REASONING_DEEPSEEK_R1;
+        else if (!strcmp(val, "deepseek-v3"))
+            o->reasoning_parser = MS_REASONING_DEEPSEEK_V3;
+        else if (!strcmp(val, "none"))
+            o->reasoning_parser = MS_REASONING_OFF;
+        else
+            rc = ms_err(e, MS_EINVAL, "%s: expected deepseek-r1, deepseek-v3 or none, got '%s'",
+                        name, val);
         break;
     case 6:
         if (!strcmp(val, "deepseekv31") || !strcmp(val, "deepseekv3.1"))
             o->tool_call_parser = MS_TOOL_PARSER_DEEPSEEK_V31;
-        else if (!strcmp(val, "none")) o->tool_call_parser = MS_TOOL_PARSER_NONE;
-        else rc = ms_err(e, MS_EINVAL, "%s: expected deepseekv31 or none, got '%s'", name, val);
+        else if (!strcmp(val, "none"))
+            o->tool_call_parser = MS_TOOL_PARSER_NONE;
+        else
+            rc = ms_err(e, MS_EINVAL, "%s: expected deepseekv31 or none, got '%s'", name, val);
         break;
-    case 8: if (!(rc = num(name, val, 0, 1e6, &d, e))) o->watchdog_timeout_s = d; break;
-    case 9: if (!(rc = num(name, val, 1024, 1e10, &d, e))) o->max_body_bytes = (size_t)d; break;
-    case 10: if (!(rc = num(name, val, 1, 65536, &d, e))) o->max_connections = (int)d; break;
-    case 11: if (!(rc = num(name, val, 1, 3600, &d, e))) o->idle_timeout_s = (int)d; break;
-    case 12: if (!(rc = num(name, val, 1, 3600, &d, e))) o->body_timeout_s = (int)d; break;
-    case 13: if (!(rc = num(name, val, 1, 3600, &d, e))) o->health_timeout_s = (int)d; break;
-    default: break;
+    case 8:
+        if (!(rc = num(name, val, 0, 1e6, &d, e))) o->watchdog_timeout_s = d;
+        break;
+    case 9:
+        if (!(rc = num(name, val, 1024, 1e10, &d, e))) o->max_body_bytes = (size_t)d;
+        break;
+    case 10:
+        if (!(rc = num(name, val, 1, 65536, &d, e))) o->max_connections = (int)d;
+        break;
+    case 11:
+        if (!(rc = num(name, val, 1, 3600, &d, e))) o->idle_timeout_s = (int)d;
+        break;
+    case 12:
+        if (!(rc = num(name, val, 1, 3600, &d, e))) o->body_timeout_s = (int)d;
+        break;
+    case 13:
+        if (!(rc = num(name, val, 1, 3600, &d, e))) o->health_timeout_s = (int)d;
+        break;
+    case 14:
+        if (!(rc = num(name, val, 1, 3600, &d, e))) o->header_timeout_s = (int)d;
+        break;
+    default:
+        break;
     }
     return rc ? rc : used;
 }
 
 void ms_frontend_print_flags(FILE *f)
 {
-    fprintf(f,
-            "HTTP front end:\n"
-            "  --host ADDR                listen address (default 127.0.0.1)\n"
-            "  --port N                   port (default 30000; 0 = any free port)\n"
-            "  --api-key KEY              require 'Authorization: Bearer KEY'\n"
-            "  --served-model-name NAME   model id in /v1/models and responses\n"
-            "  --max-queued-requests N    503 when N requests wait (default unlimited)\n"
-            "  --reasoning-parser P       deepseek-r1 | deepseek-v3: reasoning_content\n"
-            "  --tool-call-parser P       deepseekv31: parse tool calls into tool_calls\n"
-            "  --enable-metrics           serve Prometheus metrics at /metrics\n"
-            "  --watchdog-timeout S       exit when no engine step for S s while busy (300; 0 off)\n"
-            "  --max-body-bytes N         request body limit, 413 above (32 MiB)\n"
-            "  --max-connections N        concurrent connections (256)\n"
-            "  --http-idle-timeout S      close idle connections after S s (10)\n"
-            "  --http-body-timeout S      a request body must arrive within S s (30)\n"
-            "  --health-timeout S         /health_generate deadline (20)\n");
+    fprintf(
+        f, "HTTP front end:\n"
+           "  --host ADDR                listen address (default 127.0.0.1)\n"
+           "  --port N                   port (default 30000; 0 = any free port)\n"
+           "  --api-key KEY              require 'Authorization: Bearer KEY'\n"
+           "  --served-model-name NAME   model id in /v1/models and responses\n"
+           "  --max-queued-requests N    503 when N requests wait (default unlimited)\n"
+           "  --reasoning-parser P       deepseek-r1 | deepseek-v3: reasoning_content\n"
+           "  --tool-call-parser P       deepseekv31: parse tool calls into tool_calls\n"
+           "  --enable-metrics           serve Prometheus metrics at /metrics\n"
+           "  --watchdog-timeout S       exit when no engine step for S s while busy (300; 0 off)\n"
+           "  --max-body-bytes N         request body limit, 413 above (32 MiB)\n"
+           "  --max-connections N        concurrent connections (256)\n"
+           "  --http-idle-timeout S      close idle connections after S s (10)\n"
+           "  --http-body-timeout S      a request body must arrive within S s (30)\n"
+           "  --http-header-timeout S    request headers must arrive within S s (30)\n"
+           "  --health-timeout S         /health_generate deadline (20)\n");
 }

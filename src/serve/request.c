@@ -27,14 +27,14 @@ struct ms_serve_req_priv {
     pthread_cond_t cv;
     atomic_int refs;
     atomic_int aborted;
-    int finish;              /* enum ms_serve_finish */
+    int finish; /* enum ms_serve_finish */
     int32_t matched_stop;
     char msg[256];
     size_t n, cap;
-    int32_t *ids;            /* [cap] */
-    float *lps;              /* [cap] when sampling.logprobs */
-    int32_t *top_ids;        /* [cap][n_top] */
-    float *top_lps;          /* [cap][n_top] */
+    int32_t *ids;     /* [cap] */
+    float *lps;       /* [cap] when sampling.logprobs */
+    int32_t *top_ids; /* [cap][n_top] */
+    float *top_lps;   /* [cap][n_top] */
     int32_t n_top;
     int32_t cached_tokens;
     double t_first;
@@ -273,7 +273,8 @@ void ms_serve_req_finish(ms_serve_req *r, enum ms_serve_finish kind, int32_t mat
 {
     struct ms_serve_req_priv *p = r->priv;
     pthread_mutex_lock(&p->mu);
-    finish_locked(p, kind == MS_SERVE_FINISH_NONE ? MS_SERVE_FINISH_ERROR : (int)kind, matched_stop_id, msg);
+    finish_locked(p, kind == MS_SERVE_FINISH_NONE ? MS_SERVE_FINISH_ERROR : (int)kind,
+                  matched_stop_id, msg);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -416,8 +417,10 @@ static int enqueue(ms_serve_hub *h, enum ms_serve_msg_kind kind, ms_serve_req *r
         }
     }
     ms_serve_req_ref(r);
-    if (h->tail) h->tail->next = n;
-    else h->head = n;
+    if (h->tail)
+        h->tail->next = n;
+    else
+        h->head = n;
     h->tail = n;
     if (kind == MS_MSG_GENERATE) h->n_generate++;
     signal_efd(h->efd);

@@ -35,13 +35,13 @@
 #include <stdint.h>
 
 /* Named limits on client-controlled sizes (the front end validates against these). */
-#define MS_SERVE_RID_MAX 128           /* request id, bytes incl. NUL */
-#define MS_SERVE_MAX_STOP_IDS 16       /* stop_token_ids per request (= MS_SCHED_MAX_STOP_IDS) */
-#define MS_SERVE_MAX_TOP_LOGPROBS 20   /* top_logprobs per token (OpenAI's limit) */
-#define MS_SERVE_MAX_DP 256            /* DP ranks described in engine info */
+#define MS_SERVE_RID_MAX          128 /* request id, bytes incl. NUL */
+#define MS_SERVE_MAX_STOP_IDS     16  /* stop_token_ids per request (= MS_SCHED_MAX_STOP_IDS) */
+#define MS_SERVE_MAX_TOP_LOGPROBS 20  /* top_logprobs per token (OpenAI's limit) */
+#define MS_SERVE_MAX_DP           256 /* DP ranks described in engine info */
 #define MS_SERVE_MAX_INPUT_TOKENS (1 << 22) /* hard cap on input ids before the context check */
 
-/* Same values, in the same order, as scheduler.h's enum ms_finish (checked in
+/* Same values, in the same order, as finish.h's enum ms_finish_kind (checked in
  * tests/test_openai.c), so the step loop may pass them through. */
 enum ms_serve_finish {
     MS_SERVE_FINISH_NONE = 0, /* still running */
@@ -52,21 +52,21 @@ enum ms_serve_finish {
 };
 
 typedef struct ms_serve_sampling {
-    int32_t max_new_tokens;  /* >= 1; the front end already checked input + this < context */
-    float temperature;       /* 0 = greedy */
-    float top_p;             /* (0, 1], 1 = off */
-    int32_t top_k;           /* <= 0 = off */
-    float min_p;             /* [0, 1], 0 = off */
-    float frequency_penalty; /* [-2, 2], 0 = off */
-    float presence_penalty;  /* [-2, 2], 0 = off */
-    float repetition_penalty;/* (0, 2], 1 = off */
-    uint64_t seed;           /* valid when has_seed */
+    int32_t max_new_tokens;   /* >= 1; the front end already checked input + this < context */
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* (0, 1], 1 = off */
+    int32_t top_k;            /* <= 0 = off */
+    float min_p;              /* [0, 1], 0 = off */
+    float frequency_penalty;  /* [-2, 2], 0 = off */
+    float presence_penalty;   /* [-2, 2], 0 = off */
+    float repetition_penalty; /* (0, 2], 1 = off */
+    uint64_t seed;            /* valid when has_seed */
     int has_seed;
-    int ignore_eos;          /* do not stop on the model's EOS ids */
-    int32_t n_stop_ids;      /* extra stop token ids (the token is generated, then finish STOP) */
+    int ignore_eos;     /* do not stop on the model's EOS ids */
+    int32_t n_stop_ids; /* extra stop token ids (the token is generated, then finish STOP) */
     int32_t stop_ids[MS_SERVE_MAX_STOP_IDS];
-    int logprobs;            /* push a logprob with each token */
-    int32_t top_logprobs;    /* 0..MS_SERVE_MAX_TOP_LOGPROBS alternatives per token */
+    int logprobs;         /* push a logprob with each token */
+    int32_t top_logprobs; /* 0..MS_SERVE_MAX_TOP_LOGPROBS alternatives per token */
 } ms_serve_sampling;
 
 /* Defaults: greedy off (temperature 1), everything else off. */
@@ -86,14 +86,14 @@ typedef struct ms_serve_hub ms_serve_hub;
 /* The request.  Fields above `priv` are written by the front end before
  * submission and read-only afterwards (engine: read freely, never write). */
 typedef struct ms_serve_req {
-    uint64_t id;          /* unique in this process (1, 2, ...): the engine's request id */
+    uint64_t id; /* unique in this process (1, 2, ...): the engine's request id */
     char rid[MS_SERVE_RID_MAX];
     int32_t *input_ids; /* [n_input], owned by the request */
     int32_t n_input;
     ms_serve_sampling sampling;
-    int32_t dp_rank_hint; /* X-Data-Parallel-Rank, or -1; validated < engine info n_dp */
-    int is_health_check;  /* a /health_generate probe (1 token, greedy) */
-    double t_arrival_s;   /* ms_now_s() when the HTTP request arrived */
+    int32_t dp_rank_hint;           /* X-Data-Parallel-Rank, or -1; validated < engine info n_dp */
+    int is_health_check;            /* a /health_generate probe (1 token, greedy) */
+    double t_arrival_s;             /* ms_now_s() when the HTTP request arrived */
     struct ms_serve_req_priv *priv; /* channel state; use the functions below */
 } ms_serve_req;
 
@@ -147,7 +147,7 @@ typedef struct ms_engine_info {
     int64_t context_len;
     int32_t page_size;
     int32_t vocab_size;
-    char layout[256];  /* human-readable resolved layout, e.g. "tp=8 dp=8 dp-attention ep=8" */
+    char layout[256]; /* human-readable resolved layout, e.g. "tp=8 dp=8 dp-attention ep=8" */
     int32_t tp_size, dp_size, ep_size, pp_size;
     int32_t attn_dp_size, attn_tp_size, moe_tp_size;
     int kv_pool_replicated; /* 1 under attention TP (every member holds the same tokens) */
@@ -163,9 +163,9 @@ typedef struct ms_dp_load {
     int32_t num_running_reqs;
     int32_t num_waiting_reqs;
     int64_t num_used_tokens;
-    double token_usage;     /* used / capacity */
-    double cache_hit_rate;  /* recent prefix-cache hit rate, [0, 1] */
-    double gen_throughput;  /* tokens/s, recent */
+    double token_usage;    /* used / capacity */
+    double cache_hit_rate; /* recent prefix-cache hit rate, [0, 1] */
+    double gen_throughput; /* tokens/s, recent */
     int64_t num_retracted_reqs_total;
     int64_t num_steps_total;
 } ms_dp_load;
@@ -186,9 +186,10 @@ typedef struct ms_serve_msg {
 
 /* info is copied; n_dp must be 1..MS_SERVE_MAX_DP.  NULL on failure (reason in e). */
 ms_serve_hub *ms_serve_hub_new(const ms_engine_info *info, ms_errbuf *e);
-void ms_serve_hub_free(ms_serve_hub *h); /* unrefs requests still queued */
+void ms_serve_hub_free(ms_serve_hub *h);                        /* unrefs requests still queued */
 const ms_engine_info *ms_serve_hub_info(const ms_serve_hub *h); /* borrowed, immutable */
-/* Updates engine info after start-up (e.g. KV sizes known late); main thread. */
+/* Replaces engine info (n_dp stays); main thread, only before ms_frontend_open
+ * (the front end reads info without a lock). */
 void ms_serve_hub_set_info(ms_serve_hub *h, const ms_engine_info *info);
 
 /* Main loop: the eventfd (readable while messages are pending or a stop was

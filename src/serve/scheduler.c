@@ -452,6 +452,7 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
         int32_t t = ms_sampler_pick(lg, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
         int fin = MS_FINISH_NONE;
         r->n_out++;
+        s->st.generated_tokens_total++;
         if (push_id(r, t)) fin = MS_FINISH_ERROR;
         else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
         else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;

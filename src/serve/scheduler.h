@@ -69,6 +69,7 @@ typedef struct ms_sched_stats {
     int64_t total_tokens;    /* pool capacity */
     int64_t cached_tokens;   /* held by the prefix cache */
     int64_t n_retracted;     /* cumulative */
+    int64_t generated_tokens_total; /* cumulative */
     int64_t prompt_tokens_total, cached_prompt_tokens_total; /* for the cache hit rate */
 } ms_sched_stats;
 

@@ -278,10 +278,27 @@ static void deliver(ms_engine *e, struct table *t)
     }
 }
 
-static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps)
+/* Generation throughput per DP rank over a sliding window of about 5 s. */
+struct thr {
+    double t0;
+    int64_t base[MS_SERVE_MAX_DP], last[MS_SERVE_MAX_DP];
+    double rate[MS_SERVE_MAX_DP];
+};
+
+static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *th)
 {
     const ms_engine_load *loads;
     int n = ms_engine_loads(e, &loads);
+    double now = ms_now_s();
+    if (th->t0 == 0) th->t0 = now;
+    for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) th->last[i] = loads[i].st.generated_tokens_total;
+    if (now - th->t0 >= 1.0) {
+        for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) {
+            th->rate[i] = (double)(th->last[i] - th->base[i]) / (now - th->t0);
+            th->base[i] = th->last[i];
+        }
+        th->t0 = now;
+    }
     for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) {
         const ms_sched_stats *st = &loads[i].st;
         ms_dp_load l = {.num_running_reqs = st->n_running, .num_waiting_reqs = st->n_waiting,
@@ -291,6 +308,7 @@ static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps)
                                               ? (double)st->cached_prompt_tokens_total /
                                                     (double)st->prompt_tokens_total
                                               : 0,
+                        .gen_throughput = th->rate[i],
                         .num_retracted_reqs_total = st->n_retracted,
                         .num_steps_total = steps};
         ms_serve_hub_publish_load(hub, i, &l);
@@ -318,7 +336,8 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     fill_info(e, o, &info);
     if (!(hub = ms_serve_hub_new(&info, err))) goto out;
     ms_serve_hub_install_signals(hub);
-    publish(e, hub, 0);
+    struct thr th = {0};
+    publish(e, hub, 0, &th);
     if (ms_frontend_open(&fe, &o->fo, hub, &codec, err)) {
         MS_LOG(MS_ERROR, "serve", "%s", err->msg);
         goto out;
@@ -375,7 +394,7 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
         }
         steps++;
         deliver(e, &t);
-        publish(e, hub, steps);
+        publish(e, hub, steps, &th);
     }
     rc = 0;
 out:

@@ -62,7 +62,8 @@ int ms_session_init(ms_session *s, ms_api_req *api, ms_serve_req *req, ms_serve_
     s->created = (int64_t)time(NULL);
     snprintf(s->id, sizeof s->id, "%s", req->rid);
     snprintf(s->model, sizeof s->model, "%s", s->api.model[0] ? s->api.model : model_name);
-    int rc = ms_detok_init(&s->detok, codec, s->api.skip_special_tokens, s->api.stops, s->api.n_stops);
+    int rc =
+        ms_detok_init(&s->detok, codec, s->api.skip_special_tokens, s->api.stops, s->api.n_stops);
     if (rc) return rc;
     rc = ms_chat_parser_init(&s->chat, s->api.separate_reasoning, s->api.starts_in_reasoning,
                              s->api.parse_tools);
@@ -71,7 +72,8 @@ int ms_session_init(ms_session *s, ms_api_req *api, ms_serve_req *req, ms_serve_
         if (s->api.kind == MS_API_COMPLETION)
             s->lp = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs",
                               "text_offset");
-        else s->lp = json_array();
+        else
+            s->lp = json_array();
     }
     s->out_ids = json_array();
     return 0;
@@ -98,7 +100,8 @@ static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, size_t t
     if (s->api.kind == MS_API_CHAT) {
         json_t *arr = json_array();
         for (size_t i = 0; i < k; i++)
-            json_array_append_new(arr, ms_api_chat_logprob(s->codec, &t[i], s->api.top_logprobs > 0));
+            json_array_append_new(arr,
+                                  ms_api_chat_logprob(s->codec, &t[i], s->api.top_logprobs > 0));
         json_array_extend(s->lp, arr);
         return json_pack("{s:o}", "content", arr);
     }
@@ -116,7 +119,8 @@ static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, size_t t
                 json_object_set(top, json_string_value(json_object_get(te, "token")),
                                 json_object_get(te, "logprob"));
             json_array_append_new(json_object_get(p, "top_logprobs"), top);
-            json_array_append_new(json_object_get(p, "text_offset"), json_integer((json_int_t)text_off));
+            json_array_append_new(json_object_get(p, "text_offset"),
+                                  json_integer((json_int_t)text_off));
             json_decref(e);
         }
         const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
@@ -133,18 +137,22 @@ static json_t *generate_meta(ms_session *s)
 {
     json_t *fr = json_null();
     if (s->finish) {
-        const char *type = s->finish == MS_SERVE_FINISH_STOP ? "stop" : s->finish == MS_SERVE_FINISH_LENGTH ? "length"
-                         : s->finish == MS_SERVE_FINISH_ABORT ? "abort" : "error";
+        const char *type = s->finish == MS_SERVE_FINISH_STOP     ? "stop"
+                           : s->finish == MS_SERVE_FINISH_LENGTH ? "length"
+                           : s->finish == MS_SERVE_FINISH_ABORT  ? "abort"
+                                                                 : "error";
         fr = json_pack("{s:s}", "type", type);
-        if (s->stop_string >= 0) json_object_set_new(fr, "matched", json_string(s->api.stops[s->stop_string]));
+        if (s->stop_string >= 0)
+            json_object_set_new(fr, "matched", json_string(s->api.stops[s->stop_string]));
         else if (s->finish == MS_SERVE_FINISH_STOP && ms_serve_req_matched_stop(s->req) >= 0)
             json_object_set_new(fr, "matched", json_integer(ms_serve_req_matched_stop(s->req)));
         if (s->finish >= MS_SERVE_FINISH_ABORT)
             json_object_set_new(fr, "message", json_string(ms_serve_req_finish_msg(s->req)));
     }
-    json_t *m = json_pack("{s:s,s:o,s:I,s:I,s:I}", "id", s->id, "finish_reason", fr, "prompt_tokens",
-                          (json_int_t)s->n_prompt, "completion_tokens", (json_int_t)s->n_taken,
-                          "cached_tokens", (json_int_t)ms_serve_req_cached_tokens(s->req));
+    json_t *m =
+        json_pack("{s:s,s:o,s:I,s:I,s:I}", "id", s->id, "finish_reason", fr, "prompt_tokens",
+                  (json_int_t)s->n_prompt, "completion_tokens", (json_int_t)s->n_taken,
+                  "cached_tokens", (json_int_t)ms_serve_req_cached_tokens(s->req));
     if (s->finish)
         json_object_set_new(m, "e2e_latency", json_real(ms_now_s() - s->req->t_arrival_s));
     if (s->lp) json_object_set(m, "output_token_logprobs", s->lp);
@@ -167,15 +175,17 @@ static void on_text(ms_session *s, const char *d, size_t n, int last, json_t *lp
     if (s->api.kind == MS_API_CHAT) {
         if (!s->sent_role) {
             s->sent_role = 1;
-            emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model,
-                                            json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
-                                            NULL, NULL));
+            emit_frame(s,
+                       ms_api_chat_chunk(s->id, s->created, s->model,
+                                         json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
+                                         NULL, NULL));
         }
         ms_chat_delta cd;
         ms_chat_parser_feed(&s->chat, d, n, last, &cd);
         if (cd.reasoning || cd.content || cd.tool_calls || lp) {
             json_t *delta = json_object();
-            if (cd.reasoning) json_object_set_new(delta, "reasoning_content", json_string(cd.reasoning));
+            if (cd.reasoning)
+                json_object_set_new(delta, "reasoning_content", json_string(cd.reasoning));
             if (cd.content) json_object_set_new(delta, "content", json_string(cd.content));
             if (cd.tool_calls) json_object_set(delta, "tool_calls", cd.tool_calls);
             emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model, delta, NULL, lp));
@@ -184,8 +194,10 @@ static void on_text(ms_session *s, const char *d, size_t n, int last, json_t *lp
         return;
     }
     if (s->api.kind == MS_API_COMPLETION) {
-        if (n || lp) emit_frame(s, ms_api_completion_chunk(s->id, s->created, s->model, d, n, NULL, lp));
-        else json_decref(lp);
+        if (n || lp)
+            emit_frame(s, ms_api_completion_chunk(s->id, s->created, s->model, d, n, NULL, lp));
+        else
+            json_decref(lp);
         return;
     }
     json_decref(lp);
@@ -209,9 +221,10 @@ static void finish_stream(ms_session *s)
     } else if (s->api.kind == MS_API_CHAT) {
         if (!s->sent_role) {
             s->sent_role = 1;
-            emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model,
-                                            json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
-                                            NULL, NULL));
+            emit_frame(s,
+                       ms_api_chat_chunk(s->id, s->created, s->model,
+                                         json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
+                                         NULL, NULL));
         }
         emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model, json_object(), fr, NULL));
     } else if (s->api.kind == MS_API_COMPLETION) {
@@ -221,10 +234,12 @@ static void finish_stream(ms_session *s)
                                 "meta_info", generate_meta(s), "index", 0));
     }
     if (s->api.include_usage && s->api.kind != MS_API_GENERATE) {
-        json_t *u = ms_api_usage(s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req));
-        json_t *c = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", s->id, "object",
-                              s->api.kind == MS_API_CHAT ? "chat.completion.chunk" : "text_completion",
-                              "created", (json_int_t)s->created, "model", s->model, "choices", "usage", u);
+        json_t *u =
+            ms_api_usage(s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req));
+        json_t *c =
+            json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", s->id, "object",
+                      s->api.kind == MS_API_CHAT ? "chat.completion.chunk" : "text_completion",
+                      "created", (json_int_t)s->created, "model", s->model, "choices", "usage", u);
         emit_frame(s, c);
     }
     buf_add(&s->out, &s->n_out, &s->cap_out, "data: [DONE]\n\n", 14, &s->oom);
@@ -244,10 +259,9 @@ static void done(ms_session *s, int kind)
     }
     if (s->api.stream) finish_stream(s);
     double now = ms_now_s(), t1 = ms_serve_req_t_first_token(s->req);
-    ms_metrics_observe_request(s->metrics, s->n_prompt, (int64_t)s->n_taken,
-                               ms_serve_req_cached_tokens(s->req),
-                               t1 > 0 ? t1 - s->req->t_arrival_s : -1.0, now - s->req->t_arrival_s,
-                               kind);
+    ms_metrics_observe_request(
+        s->metrics, s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req),
+        t1 > 0 ? t1 - s->req->t_arrival_s : -1.0, now - s->req->t_arrival_s, kind);
 }
 
 int ms_session_step(ms_session *s, int timeout_ms)
@@ -258,7 +272,8 @@ int ms_session_step(ms_session *s, int timeout_ms)
     size_t k = ms_serve_req_take(s->req, s->n_taken, toks, TAKE_BATCH, timeout_ms, &fin);
     if (k) {
         double now = ms_now_s();
-        if (s->n_taken > 0 && s->t_prev > 0) ms_metrics_observe_itl(s->metrics, now - s->t_prev, (int64_t)k);
+        if (s->n_taken > 0 && s->t_prev > 0)
+            ms_metrics_observe_itl(s->metrics, now - s->t_prev, (int64_t)k);
         s->t_prev = now;
     }
     size_t off0 = s->n_text;
@@ -282,8 +297,10 @@ int ms_session_step(ms_session *s, int timeout_ms)
     s->n_taken += used;
     if (used) {
         json_t *lp = lp_piece(s, toks, used, off0);
-        if (lp && s->api.stream) on_text(s, "", 0, 0, lp);
-        else json_decref(lp);
+        if (lp && s->api.stream)
+            on_text(s, "", 0, 0, lp);
+        else
+            json_decref(lp);
     }
     if (stopped) {
         s->stop_string = s->detok.stop_index;
@@ -311,11 +328,14 @@ char *ms_session_body(ms_session *s, int *status, size_t *len)
     }
     int tools = s->chat.n_calls > 0;
     const char *fr = ms_api_finish_str(s->finish, tools);
-    json_t *usage = ms_api_usage(s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req));
+    json_t *usage =
+        ms_api_usage(s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req));
     if (s->api.kind == MS_API_CHAT) {
         json_t *msg = json_pack("{s:s}", "role", "assistant");
-        json_object_set_new(msg, "content", s->chat.content ? json_string(s->chat.content)
-                                            : tools ? json_null() : json_string(""));
+        json_object_set_new(msg, "content",
+                            s->chat.content ? json_string(s->chat.content)
+                            : tools         ? json_null()
+                                            : json_string(""));
         if (s->api.separate_reasoning)
             json_object_set_new(msg, "reasoning_content",
                                 s->chat.reasoning ? json_string(s->chat.reasoning) : json_null());
@@ -323,13 +343,15 @@ char *ms_session_body(ms_session *s, int *status, size_t *len)
         json_t *lp = s->lp ? json_pack("{s:O}", "content", s->lp) : json_null();
         json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "message", msg, "logprobs", lp,
                                    "finish_reason", fr);
-        if (s->stop_string >= 0) json_object_set_new(choice, "matched_stop", json_string(s->api.stops[s->stop_string]));
+        if (s->stop_string >= 0)
+            json_object_set_new(choice, "matched_stop", json_string(s->api.stops[s->stop_string]));
         o = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", s->id, "object", "chat.completion",
                       "created", (json_int_t)s->created, "model", s->model, "choices", choice,
                       "usage", usage);
     } else if (s->api.kind == MS_API_COMPLETION) {
-        json_t *choice = json_pack("{s:i,s:s%,s:O?,s:s}", "index", 0, "text", s->text ? s->text : "",
-                                   s->n_text, "logprobs", s->lp, "finish_reason", fr);
+        json_t *choice =
+            json_pack("{s:i,s:s%,s:O?,s:s}", "index", 0, "text", s->text ? s->text : "", s->n_text,
+                      "logprobs", s->lp, "finish_reason", fr);
         if (choice && !s->lp) json_object_set_new(choice, "logprobs", json_null());
         o = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", s->id, "object", "text_completion",
                       "created", (json_int_t)s->created, "model", s->model, "choices", choice,

@@ -12,28 +12,28 @@
 #include "serve/openai.h"
 
 typedef struct ms_session {
-    ms_api_req api;         /* parsed request (owned) */
-    ms_serve_req *req;      /* the engine request (one reference owned) */
-    ms_serve_hub *hub;      /* borrowed */
-    ms_metrics *metrics;    /* borrowed, may be NULL */
+    ms_api_req api;      /* parsed request (owned) */
+    ms_serve_req *req;   /* the engine request (one reference owned) */
+    ms_serve_hub *hub;   /* borrowed */
+    ms_metrics *metrics; /* borrowed, may be NULL */
     const ms_serve_codec *codec;
     ms_detok detok;
     ms_chat_parser chat;
     char id[MS_SERVE_RID_MAX];
     int64_t created;
-    int oom;               /* an output buffer could not grow */
+    int oom; /* an output buffer could not grow */
     char model[MS_API_MAX_MODEL_NAME];
     int64_t n_prompt;
-    size_t n_taken;         /* tokens read from the channel */
-    int finish;             /* enum ms_serve_finish once done, else 0 */
-    int stop_string;        /* index of the matched stop string, -1 none */
+    size_t n_taken;  /* tokens read from the channel */
+    int finish;      /* enum ms_serve_finish once done, else 0 */
+    int stop_string; /* index of the matched stop string, -1 none */
     int sent_role, sent_final;
-    double t_prev;          /* time of the previous token batch (ITL) */
+    double t_prev; /* time of the previous token batch (ITL) */
     /* accumulated output (non-stream bodies, /generate's cumulative text) */
     char *text;
     size_t n_text, cap_text;
-    json_t *lp;             /* chat: [entries]; completions: {tokens,...}; generate: [[lp,id,null]] */
-    json_t *out_ids;        /* /generate output_ids */
+    json_t *lp;      /* chat: [entries]; completions: {tokens,...}; generate: [[lp,id,null]] */
+    json_t *out_ids; /* /generate output_ids */
     /* pending SSE bytes */
     char *out;
     size_t n_out, cap_out, out_pos;

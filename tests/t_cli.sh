@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# t_cli.sh — the command line: generate's output contract (timing line, ids,
+# text), a checkpoint without tokenizer.json (ids in and out), a checkpoint with
+# MTP layers, sharded checkpoints, --config for mkmodel, and clear errors naming
+# the flag for bad input.
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+t() { # name, then a shell condition
+    name=$1; shift
+    if eval "$@"; then echo "ok   $name"; pass=$((pass + 1)); else echo "FAIL $name"; fail=$((fail + 1)); fi
+}
+M=$tmp/m
+"$MOESERVE" mkmodel --preset tiny-v3 --seed 2 --out "$M" 2>/dev/null
+out=$("$MOESERVE" generate --model "$M" --prompt "Hello world" --max-new-tokens 5 --ids --ignore-eos 2>"$tmp/err")
+t "timing line" 'echo "$out" | grep -qE "^timing: prefill_tokens=[0-9]+ prefill_tok_s=[0-9.]+ decode_tokens=4 decode_tok_s=[0-9.]+$"'
+t "ids line with 5 ids" '[ "$(echo "$out" | grep "^ids:" | wc -w)" = 6 ]'
+t "MTP layer loaded and skipped" 'grep -q "(+1 MTP)" "$tmp/err"'
+# sharded checkpoint gives the same tokens
+"$MOESERVE" mkmodel --preset tiny-v3 --seed 2 --out "$tmp/sh" --shard-mb 2 2>/dev/null
+t "sharded checkpoint (index.json)" '[ -f "$tmp/sh/model.safetensors.index.json" ]'
+out2=$("$MOESERVE" generate --model "$tmp/sh" --prompt "Hello world" --max-new-tokens 5 --ids --ignore-eos 2>/dev/null)
+t "sharded = single file" '[ "$(echo "$out" | grep ^ids:)" = "$(echo "$out2" | grep ^ids:)" ]'
+# no tokenizer.json: ids in and out
+cp -r "$M" "$tmp/notok" && rm "$tmp/notok/tokenizer.json"
+out3=$("$MOESERVE" generate --model "$tmp/notok" --prompt-ids 0,5,6 --max-new-tokens 3 --ignore-eos 2>/dev/null)
+t "no tokenizer.json: --prompt-ids works" 'echo "$out3" | grep -qE "^ids:( [0-9]+){3}$"'
+err=$("$MOESERVE" generate --model "$tmp/notok" --prompt "hi" 2>&1)
+t "no tokenizer.json: --prompt says why" 'echo "$err" | grep -q "tokenizer.json"'
+# mkmodel --config round trip
+"$MOESERVE" mkmodel --config "$M/config.json" --seed 2 --out "$tmp/cfg" 2>/dev/null
+t "mkmodel --config FILE" 'cmp -s "$M/config.json" "$tmp/cfg/config.json"'
+# errors name the flag
+e() { # expected flag text, then args
+    want=$1; shift
+    msg=$("$MOESERVE" "$@" 2>&1); rc=$?
+    t "error names $want ($*)" '[ $rc -ne 0 ] && echo "$msg" | grep -q -- "$want"'
+}
+e "--max-new-tokens" generate --model "$M" --prompt x --max-new-tokens -3
+e "--temperature" generate --model "$M" --prompt x --temperature abc
+e "--dtype" generate --model "$M" --prompt x --dtype float8
+e "--model" generate --prompt x
+e "--prompt-ids" generate --model "$M" --prompt-ids 1,x
+e "--model" generate --model "$tmp/missing" --prompt x
+e "vocabulary" generate --model "$M" --prompt-ids 5,99999
+e "--preset" mkmodel --preset nope --out "$tmp/x"
+e "--dtype" mkmodel --preset tiny-v3 --dtype int3 --out "$tmp/x"
+e "unknown command" nosuchcommand
+# a corrupted checkpoint is rejected with the file and tensor named
+cp -r "$M" "$tmp/bad" && truncate -s 100000 "$tmp/bad/model.safetensors"
+msg=$("$MOESERVE" generate --model "$tmp/bad" --prompt-ids 1 2>&1); rc=$?
+t "truncated checkpoint rejected naming the file" '[ $rc -ne 0 ] && echo "$msg" | grep -q "model.safetensors"'
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
