@@ -15,6 +15,7 @@
 #include "base/threadpool.h"
 #include "base/util.h"
 #include "kernels/kernels.h"
+#include "kernels/probe.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -24,68 +25,14 @@
 
 static int quick;
 
-/* ---- DRAM read bandwidth ---- */
-
-struct rd_job {
-    const char *buf;
-    size_t bytes;
-    int avx512;
-    double sink[64];
-};
-
-__attribute__((target("avx512f"))) static double read512(const char *p, size_t n)
-{
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i + 256 <= n; i += 256) {
-        a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
-        a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
-        a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
-        a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
-    }
-    a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
-    return (double)_mm512_reduce_add_epi64(a0);
-}
-
-static double read256(const char *p, size_t n)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i + 128 <= n; i += 128) {
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-    }
-    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-    return (double)_mm256_extract_epi64(a0, 0);
-}
-
-static void rd_worker(void *arg, int tid, int nt)
-{
-    struct rd_job *j = arg;
-    int64_t b, e;
-    ms_pool_range((int64_t)j->bytes, tid, nt, 4096, &b, &e);
-    j->sink[tid & 63] +=
-        j->avx512 ? read512(j->buf + b, (size_t)(e - b)) : read256(j->buf + b, (size_t)(e - b));
-}
+/* ---- DRAM read bandwidth (the library's probe, src/kernels/probe.c) ---- */
 
 static void bench_dram(ms_pool *pool, int nt, int isa)
 {
     size_t bytes = (size_t)1 << 30;
-    char *buf = ms_alloc_aligned(bytes, 1);
-    if (!buf) return;
-    for (size_t i = 0; i < bytes; i += 4096) buf[i] = (char)i;
-    struct rd_job j = {buf, bytes, isa >= MS_ISA_AVX512, {0}};
-    ms_pool_run(pool, rd_worker, &j); /* warm-up: page faults */
-    double best = 0;
-    for (int rep = 0; rep < (quick ? 2 : 5); rep++) {
-        double t0 = ms_now_s();
-        ms_pool_run(pool, rd_worker, &j);
-        double gbs = (double)bytes / (ms_now_s() - t0) / 1e9;
-        if (gbs > best) best = gbs;
-    }
-    printf("dram threads=%d simd=%s bytes=%zu read_gbs=%.1f\n", nt, isa >= MS_ISA_AVX512 ? "avx512" : "avx2",
-           bytes, best);
-    ms_free_aligned(buf);
+    double best = ms_probe_read_gbps(pool, bytes, quick ? 2 : 5);
+    printf("dram threads=%d simd=%s bytes=%zu read_gbs=%.1f\n", nt,
+           isa >= MS_ISA_AVX512 ? "avx512" : "avx2", bytes, best);
 }
 
 /* ---- register-only peak ---- */

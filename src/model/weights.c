@@ -170,6 +170,20 @@ static int64_t ffn_bytes(const ms_ffn_w *f)
     return mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
 }
 
+/* Bytes of the weights a layer reads: attention, dense MLP, router, shared
+ * expert, and the routed experts [e0, e1) (or `topk` of them, all of average
+ * size, when topk > 0). */
+static int64_t layer_bytes(const ms_config *c, const ms_layer_w *lw, int e0, int e1, int topk)
+{
+    int64_t b = mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
+    b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
+    if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
+    b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+    if (topk > 0) return b + ffn_bytes(&lw->experts[e0]) * topk;
+    for (int e = e0; e < e1; e++) b += ffn_bytes(&lw->experts[e]);
+    return b;
+}
+
 /* Weight bytes streamed per decoded token: everything but the embedding table
  * and the non-selected experts (top-k of each MoE layer, taken as the average
  * expert size). */
@@ -177,17 +191,9 @@ static int64_t active_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
     int64_t b = mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
-    for (int l = 0; l < c->n_layers; l++) {
-        const ms_layer_w *lw = &m->layers[l];
-        b += mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
-        b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
-        if (!lw->is_moe) {
-            b += ffn_bytes(&lw->dense);
-            continue;
-        }
-        b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
-        b += ffn_bytes(&lw->experts[0]) * c->n_experts_per_tok;
-    }
+    int e0 = m->shard ? m->shard->first_expert : 0;
+    for (int l = 0; l < c->n_layers; l++)
+        b += layer_bytes(c, &m->layers[l], e0, e0, c->n_experts_per_tok);
     return b;
 }
 
@@ -281,17 +287,7 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
     int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
     int e0 = m->shard ? m->shard->first_expert : 0;
     int e1 = m->shard ? e0 + m->shard->n_local_experts : c->n_routed_experts;
-    for (int l = 0; l < c->n_layers; l++) {
-        const ms_layer_w *lw = &m->layers[l];
-        b += mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
-        b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
-        if (!lw->is_moe) {
-            b += ffn_bytes(&lw->dense);
-            continue;
-        }
-        b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
-        for (int e = e0; e < e1; e++) b += ffn_bytes(&lw->experts[e]);
-    }
+    for (int l = 0; l < c->n_layers; l++) b += layer_bytes(c, &m->layers[l], e0, e1, 0);
     return b;
 }
 

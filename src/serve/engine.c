@@ -194,6 +194,41 @@ static int build_shard(ms_engine *e, ms_errbuf *err)
     return 0;
 }
 
+int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeout_s, int argc,
+                    char **argv, ms_config *cfg, ms_layout *lay, int *world, int *rank)
+{
+    ms_errbuf err = {{0}};
+    char path[1200];
+    if (!ms_path_join(path, sizeof path, o->model_path, "config.json") ||
+        ms_config_load(cfg, path, &err)) {
+        fprintf(stderr, "%s: --model-path %s: %s\n", cmd, o->model_path, err.msg);
+        return 1;
+    }
+    ms_layout_model lm = {.n_heads = cfg->n_heads, .n_routed_experts = cfg->n_routed_experts,
+                          .n_layers = cfg->n_layers,
+                          .n_dense_layers = MS_MIN(cfg->first_k_dense_replace, cfg->n_layers)};
+    if (ms_layout_resolve(&o->launch, &lm, lay, &err) ||
+        ms_comm_maybe_relaunch(lay->world_size, argc, argv, &err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return 2;
+    }
+    *world = lay->world_size;
+    *rank = 0;
+    if (*world == 1) {
+        ms_log_init(0);
+        return 0;
+    }
+    ms_comm_opts co;
+    ms_comm_opts_default(&co);
+    co.timeout_s = comm_timeout_s;
+    if (ms_comm_init(NULL, NULL, &co, &err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    *rank = ms_comm_world_rank();
+    return 0;
+}
+
 int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
 {
     *out = NULL;

@@ -61,6 +61,15 @@ typedef struct ms_engine_step_stats {
 
 typedef struct ms_engine ms_engine;
 
+/* Start-up shared by the commands, before ms_engine_open: reads config.json,
+ * resolves the launch (every rank, same answer), re-launches this program
+ * under `mpirun -np W` when W > 1 ranks are needed and no launcher started
+ * it, then starts MPI (W > 1) or just logging (W = 1).  argc/argv are the
+ * program's own.  Returns 0, or the exit status to use (1, or 2 for a bad
+ * launch) after printing the reason prefixed by cmd. */
+int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeout_s, int argc,
+                    char **argv, ms_config *cfg, ms_layout *lay, int *world, int *rank);
+
 /* Collective over the world when W > 1 (ms_comm_init must have run).  Resolves
  * the layout, builds groups, loads this rank's shard, sizes the KV pool. */
 int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err);

@@ -420,38 +420,13 @@ int ms_cmd_serve(int argc, char **argv)
     }
     ms_errbuf err = {{0}};
     ms_config cfg;
-    char path[1200];
-    if (!ms_path_join(path, sizeof path, o.eo.model_path, "config.json") ||
-        ms_config_load(&cfg, path, &err)) {
-        fprintf(stderr, "serve: --model-path %s: %s\n", o.eo.model_path, err.msg);
-        return 1;
-    }
     ms_layout lay;
-    ms_layout_model lm = {.n_heads = cfg.n_heads, .n_routed_experts = cfg.n_routed_experts,
-                          .n_layers = cfg.n_layers,
-                          .n_dense_layers = MS_MIN(cfg.first_k_dense_replace, cfg.n_layers)};
-    if (ms_layout_resolve(&o.eo.launch, &lm, &lay, &err)) {
-        fprintf(stderr, "serve: %s\n", err.msg);
-        return 2;
-    }
+    int W, rank, rc;
     /* main.c passes argv + 1: argv - 1 is the program's own argument vector */
-    if (ms_comm_maybe_relaunch(lay.world_size, argc + 1, argv - 1, &err)) {
-        fprintf(stderr, "serve: %s\n", err.msg);
-        return 2;
-    }
-    int W = lay.world_size, rank = 0, rc = 1;
-    if (W > 1) {
-        ms_comm_opts co;
-        ms_comm_opts_default(&co);
-        co.timeout_s = o.comm_timeout_s;
-        if (ms_comm_init(NULL, NULL, &co, &err)) {
-            fprintf(stderr, "serve: %s\n", err.msg);
-            return 1;
-        }
-        rank = ms_comm_world_rank();
-    } else {
-        ms_log_init(0);
-    }
+    if ((rc = ms_engine_start("serve", &o.eo, o.comm_timeout_s, argc + 1, argv - 1, &cfg, &lay, &W,
+                              &rank)))
+        return rc;
+    rc = 1;
     ms_engine *e = NULL;
     if (ms_engine_open(&e, &o.eo, &err)) {
         MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
