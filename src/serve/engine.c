@@ -572,7 +572,8 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
         if (e->o.keep_logits && ev[i].logits)
             memcpy(p + sizeof ev[i], ev[i].logits, sizeof(float) * (size_t)V);
     }
-    uint64_t my = mine, *all = (uint64_t *)e->g_bytes; /* size_t == uint64_t here */
+    _Static_assert(sizeof(size_t) == sizeof(uint64_t), "byte counts travel as uint64");
+    uint64_t my = mine, *all = (uint64_t *)e->g_bytes;
     int rc = ms_comm_gather(e->gs.world, &my, sizeof my, all, 0, err);
     if (rc) return rc;
     size_t total = 0;
