@@ -181,6 +181,37 @@ check("disconnect mid-stream aborts and frees pages",
       and after[0]["num_running_reqs"] == 0 and after[0]["num_used_tokens"] <= before[0]["num_used_tokens"],
       (head[:300], before, mid, after))
 
+# ---- DP admission with --load-balance-method total_requests (2 DP ranks) ----
+if "--lb-total-requests" in sys.argv:
+    # two long requests pinned to DP rank 0, then two without a hint: total_requests must
+    # send both to rank 1 ([2, 2]); round robin would split them ([3, 1])
+    wait_idle()
+    socks = []
+    def busy():
+        return sum(d["num_running_reqs"] + d["num_waiting_reqs"] for d in load())
+    def long_req(hdr):
+        n0 = busy()
+        sk = socket.create_connection((U.hostname, U.port))
+        b = json.dumps({"model": "m", "prompt": "Go", "max_tokens": POOL // 4, "temperature": 0,
+                        "stream": True, "ignore_eos": True}).encode()
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + hdr
+                   + b"Content-Length: " + str(len(b)).encode() + b"\r\n\r\n" + b)
+        sk.recv(4096)
+        socks.append(sk)
+        for _ in range(200):  # until a step has reported it
+            if busy() > n0:
+                break
+            time.sleep(0.005)
+    long_req(b"X-Data-Parallel-Rank: 0\r\n")
+    long_req(b"X-Data-Parallel-Rank: 0\r\n")
+    long_req(b"")
+    long_req(b"")
+    per = [d["num_running_reqs"] + d["num_waiting_reqs"] for d in load()]
+    for sk in socks:
+        sk.close()
+    wait_idle(30)
+    check("total_requests sends new requests to the less loaded DP rank", per == [2, 2], per)
+
 # ---- capacity admission: 1x .. 16x the pool, outputs identical to running alone ----
 prompts = [f"Request number {i}: please describe item {i * 7 % 13} in detail" for i in range(8)]
 new_tokens = 24

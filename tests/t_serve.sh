@@ -63,8 +63,8 @@ else
     fail=$((fail + 1))
 fi
 
-if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024; then
-    run_e2e "2-rank DP-attention (mpirun)" $POOL --quick
+if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024 --load-balance-method total_requests; then
+    run_e2e "2-rank DP-attention (mpirun)" $POOL --quick --lb-total-requests
     kill -TERM "$PID"
     for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
     if ! kill -0 "$PID" 2>/dev/null; then echo "ok   2-rank server stopped on SIGTERM"; pass=$((pass + 1))

@@ -52,6 +52,7 @@ struct ms_engine {
     uint64_t *aborts;
     size_t cap_aborts;
     int rr_next;
+    int64_t *dp_pending_reqs, *dp_pending_tokens; /* submitted since the last load report */
     int64_t inflight;
     ms_engine_event *events;
     int n_events, cap_events;
@@ -70,6 +71,32 @@ struct ms_engine {
     size_t cap_mdata;
     ms_engine_step_stats last;
 };
+
+int ms_lb_parse(const char *name)
+{
+    if (!strcmp(name, "round_robin")) return MS_LB_ROUND_ROBIN;
+    if (!strcmp(name, "total_requests") || !strcmp(name, "shortest_queue")) return MS_LB_TOTAL_REQUESTS;
+    if (!strcmp(name, "total_tokens")) return MS_LB_TOTAL_TOKENS;
+    return -1;
+}
+
+/* The DP rank a new request goes to: the policy over the last reported loads
+ * plus what was sent since (so a burst does not all land on one rank). */
+static int pick_dp(ms_engine *e, int64_t n_tokens)
+{
+    if (e->o.load_balance == MS_LB_ROUND_ROBIN || e->n_dp == 1) return e->rr_next++ % e->n_dp;
+    int best = 0;
+    int64_t best_v = INT64_MAX;
+    for (int i = 0; i < e->n_dp; i++) {
+        const ms_sched_stats *st = &e->loads[i].st;
+        int64_t v = e->o.load_balance == MS_LB_TOTAL_REQUESTS
+                        ? st->n_running + st->n_waiting + e->dp_pending_reqs[i]
+                        : st->used_tokens + e->dp_pending_tokens[i];
+        if (v < best_v) best_v = v, best = i;
+    }
+    (void)n_tokens;
+    return best;
+}
 
 void ms_engine_opts_init(ms_engine_opts *o)
 {
@@ -289,8 +316,11 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     e->rows_world = calloc((size_t)e->W * 2, sizeof(int64_t));
     e->rows_tp = calloc((size_t)e->lay.tp, sizeof(int64_t));
     e->loads = calloc((size_t)e->n_dp, sizeof *e->loads);
+    e->dp_pending_reqs = calloc((size_t)e->n_dp, sizeof(int64_t));
+    e->dp_pending_tokens = calloc((size_t)e->n_dp, sizeof(int64_t));
     e->g_bytes = calloc((size_t)e->W * 2, sizeof(size_t));
-    if (!e->rows_world || !e->rows_tp || !e->loads || !e->g_bytes) {
+    if (!e->rows_world || !e->rows_tp || !e->loads || !e->g_bytes || !e->dp_pending_reqs ||
+        !e->dp_pending_tokens) {
         rc = ms_err(err, MS_ENOMEM, "out of memory");
         goto fail;
     }
@@ -319,6 +349,8 @@ void ms_engine_close(ms_engine *e)
     free(e->aborts);
     free(e->events);
     free(e->loads);
+    free(e->dp_pending_reqs);
+    free(e->dp_pending_tokens);
     free(e->gather_buf);
     free(e->g_bytes);
     free(e->rows_world);
@@ -361,7 +393,9 @@ int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_err
                       (long long)in->n_ids, (long long)in->max_new, (long long)need,
                       (long long)e->pool_tokens);
     if (in->n_stop_ids > MS_SCHED_MAX_STOP_IDS) return ms_err(err, MS_EINVAL, "too many stop ids");
-    if (dp_rank < 0 || dp_rank >= e->n_dp) dp_rank = e->rr_next++ % e->n_dp;
+    if (dp_rank < 0 || dp_rank >= e->n_dp) dp_rank = pick_dp(e, in->n_ids);
+    e->dp_pending_reqs[dp_rank]++;
+    e->dp_pending_tokens[dp_rank] += in->n_ids;
     if (e->ctrl_len == 0) e->ctrl_len = sizeof(struct ctrl_hdr);
     size_t add = sizeof(struct wire_req) + sizeof(int32_t) * (size_t)in->n_ids;
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + add))
@@ -655,6 +689,8 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     const ms_sched_event *ev = NULL;
     int n_ev = e->is_leader ? ms_sched_commit(e->sched, &ev) : 0;
     if ((rc = gather_events(e, ev, n_ev, err))) return rc;
+    if (e->rank == 0 && e->dp_pending_reqs)
+        for (int i = 0; i < e->n_dp; i++) e->dp_pending_reqs[i] = e->dp_pending_tokens[i] = 0;
     e->last.rows = all_rows;
     e->last.decode_rows = all_dec;
     e->last.seconds = ms_now_s() - t0;

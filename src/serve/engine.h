@@ -34,9 +34,16 @@ typedef struct ms_engine_opts {
     int schedule_policy;         /* enum ms_sched_policy */
     int dispatch_bf16;           /* --ep-dispatch-dtype bf16 */
     int keep_logits;             /* events carry the logits they were sampled from (rank 0) */
+    int load_balance;            /* enum ms_lb: --load-balance-method (DP admission) */
     int max_running_default;     /* global default when --max-running-requests is unset */
     int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
 } ms_engine_opts;
+
+/* --load-balance-method: how rank 0 picks a DP rank for a new request
+ * (SGLang's names; an X-Data-Parallel-Rank hint always wins). */
+enum ms_lb { MS_LB_ROUND_ROBIN = 0, MS_LB_TOTAL_REQUESTS, MS_LB_TOTAL_TOKENS };
+/* Parses a method name; -1 when unknown. */
+int ms_lb_parse(const char *name);
 
 void ms_engine_opts_init(ms_engine_opts *o);
 

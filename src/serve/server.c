@@ -45,6 +45,8 @@ static void usage(FILE *f)
             "                                    minus weights (default 0.3)\n"
             "  --context-length N                default: max_position_embeddings\n"
             "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
+            "  --load-balance-method round_robin|total_requests|total_tokens\n"
+            "                                    DP rank for a new request (default round_robin)\n"
             "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
             "  --comm-timeout-s S                deadline of one collective (default 60)\n"
             "launch flags (SGLang names):\n%s"
@@ -122,6 +124,10 @@ static int parse(struct serve_opts *o, int argc, char **argv)
             if (!strcmp(v, "fcfs")) o->eo.schedule_policy = MS_SCHED_FCFS;
             else if (!strcmp(v, "lpm")) o->eo.schedule_policy = MS_SCHED_LPM;
             else goto bad;
+        } else if (!strcmp(a, "--load-balance-method")) {
+            int lb = ms_lb_parse(v);
+            if (lb < 0) goto bad;
+            o->eo.load_balance = lb;
         } else if (!strcmp(a, "--ep-dispatch-dtype")) {
             if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
             else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
