@@ -181,9 +181,10 @@ static int on_object(req *q, const json_t *o)
             q->event_error = true;
             return ms_err(&q->perr, MS_EIO, "server %s: %.200s", ft, m ? m : "(no message)");
         }
-        const char *t = json_string_value(json_object_get(o, "text"));
-        if (!t || !t[0]) return 0;
-        size_t tl = strlen(t);
+        const json_t *tj = json_object_get(o, "text");
+        const char *t = json_string_value(tj);
+        size_t tl = t ? json_string_length(tj) : 0; /* generated text may hold NUL bytes */
+        if (tl == 0) return 0;
         const json_t *ct = json_object_get(meta, "completion_tokens");
         int64_t cum = json_is_integer(ct) ? json_integer_value(ct) : -1;
         q->res->n_text = 0; /* /generate sends the cumulative text */
@@ -206,16 +207,15 @@ static int on_object(req *q, const json_t *o)
     const json_t *src = ch;
     if (c->backend == MS_BENCH_OPENAI_CHAT)
         src = json_object_get(ch, c->stream ? "delta" : "message");
-    const char *t = json_string_value(
-        json_object_get(src, c->backend == MS_BENCH_OPENAI_CHAT ? "content" : "text"));
-    const char *rt = c->backend == MS_BENCH_OPENAI_CHAT
-                         ? json_string_value(json_object_get(src, "reasoning_content"))
-                         : NULL;
-    bool any = (t && t[0]) || (rt && rt[0]);
-    if (!any) return 0;
+    const json_t *tj = json_object_get(src, c->backend == MS_BENCH_OPENAI_CHAT ? "content" : "text");
+    const json_t *rj = c->backend == MS_BENCH_OPENAI_CHAT ? json_object_get(src, "reasoning_content")
+                                                          : NULL;
+    const char *t = json_string_value(tj), *rt = json_string_value(rj);
+    size_t tl = t ? json_string_length(tj) : 0, rl = rt ? json_string_length(rj) : 0;
+    if (tl == 0 && rl == 0) return 0;
     int rc = 0;
-    if (rt && rt[0]) rc = add_text(q, rt, strlen(rt));
-    if (!rc && t && t[0]) rc = add_text(q, t, strlen(t));
+    if (rl) rc = add_text(q, rt, rl);
+    if (!rc && tl) rc = add_text(q, t, tl);
     return rc ? rc : on_content(q, 0);
 }
 
@@ -225,7 +225,7 @@ static int on_event(void *ctx, const char *data, size_t n)
     q->res->e2e_s = q->now_s - q->res->start_s;
     if (n == 0 || (n == 6 && !memcmp(data, "[DONE]", 6))) return 0;
     json_error_t je;
-    json_t *o = json_loadb(data, n, 0, &je);
+    json_t *o = json_loadb(data, n, JSON_ALLOW_NUL, &je); /* \u0000 is valid JSON */
     if (!o) return ms_err(&q->perr, MS_EFORMAT, "bad JSON in the stream: %s", je.text);
     int rc = on_object(q, o);
     json_decref(o);
@@ -292,7 +292,7 @@ static int req_start(req *q, CURLM *multi, struct curl_slist *hdr, const ms_benc
 
 static void non200_message(req *q)
 {
-    json_t *o = q->raw ? json_loadb(q->raw, q->n_raw, 0, NULL) : NULL;
+    json_t *o = q->raw ? json_loadb(q->raw, q->n_raw, JSON_ALLOW_NUL, NULL) : NULL;
     const char *m = o ? error_message(o) : NULL;
     if (!m) m = json_string_value(json_object_get(o, "message"));
     if (!m) m = json_string_value(json_object_get(o, "detail"));
@@ -323,7 +323,7 @@ static void req_finish(req *q, CURLcode cc)
     } else {
         q->now_s = now;
         json_error_t je;
-        json_t *o = json_loadb(q->raw ? q->raw : "", q->n_raw, 0, &je);
+        json_t *o = json_loadb(q->raw ? q->raw : "", q->n_raw, JSON_ALLOW_NUL, &je);
         int rc = o ? on_object(q, o) : ms_err(&q->perr, MS_EFORMAT, "bad JSON reply: %s", je.text);
         json_decref(o);
         if (rc)
