@@ -59,3 +59,28 @@ bool ms_path_join(char *buf, size_t cap, const char *dir, const char *name)
     int n = snprintf(buf, cap, "%s/%s", dir, name);
     return n > 0 && (size_t)n < cap;
 }
+
+int ms_parse_double(const char *flag, const char *v, double lo, double hi, double *out,
+                    ms_errbuf *err)
+{
+    char *end = NULL;
+    errno = 0;
+    double d = v ? strtod(v, &end) : 0;
+    if (!v || errno || !v[0] || *end || !(d >= lo && d <= hi))
+        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "",
+                      lo, hi);
+    *out = d;
+    return 0;
+}
+
+int ms_parse_long(const char *flag, const char *v, long lo, long hi, long *out, ms_errbuf *err)
+{
+    char *end = NULL;
+    errno = 0;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || !v[0] || *end || n < lo || n > hi)
+        return ms_err(err, MS_EINVAL, "%s '%s': expected an integer in %ld..%ld", flag,
+                      v ? v : "", lo, hi);
+    *out = n;
+    return 0;
+}

@@ -35,6 +35,14 @@ int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len
 /* Joins dir and name into buf; returns false if it does not fit. */
 bool ms_path_join(char *buf, size_t cap, const char *dir, const char *name);
 
+/* Command-line values: a whole string that is a number in [lo, hi], else
+ * MS_EINVAL with "FLAG 'VALUE': expected ..." in err. */
+struct ms_errbuf;
+int ms_parse_double(const char *flag, const char *v, double lo, double hi, double *out,
+                    struct ms_errbuf *err);
+int ms_parse_long(const char *flag, const char *v, long lo, long hi, long *out,
+                  struct ms_errbuf *err);
+
 /* splitmix64: deterministic seeded random numbers (tests, mkmodel, sampler). */
 static inline uint64_t ms_rng_next(uint64_t *state)
 {

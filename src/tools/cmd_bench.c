@@ -86,36 +86,11 @@ static void usage(FILE *f)
            "  --disable-tqdm                 no progress bar\n");
 }
 
-static int parse_double(const char *flag, const char *v, double lo, double hi, double *out,
-                        ms_errbuf *err)
-{
-    char *end = NULL;
-    errno = 0;
-    double d = v ? strtod(v, &end) : 0;
-    if (!v || errno || !v[0] || *end || !(d >= lo && d <= hi))
-        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "", lo,
-                      hi);
-    *out = d;
-    return 0;
-}
-
-static int parse_long(const char *flag, const char *v, long lo, long hi, long *out, ms_errbuf *err)
-{
-    char *end = NULL;
-    errno = 0;
-    long n = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || !v[0] || *end || n < lo || n > hi)
-        return ms_err(err, MS_EINVAL, "%s '%s': expected an integer in %ld..%ld", flag, v ? v : "",
-                      lo, hi);
-    *out = n;
-    return 0;
-}
-
 static int parse_i64(const char *flag, const char *v, long lo, long hi, int64_t *out,
                      ms_errbuf *err)
 {
     long n;
-    int rc = parse_long(flag, v, lo, hi, &n, err);
+    int rc = ms_parse_long(flag, v, lo, hi, &n, err);
     if (!rc) *out = n;
     return rc;
 }
@@ -126,7 +101,7 @@ static int parse_rate(const char *flag, const char *v, double *out, ms_errbuf *e
         *out = INFINITY;
         return 0;
     }
-    if (parse_double(flag, v, 1e-6, 1e9, out, err))
+    if (ms_parse_double(flag, v, 1e-6, 1e9, out, err))
         return ms_err(err, MS_EINVAL, "%s '%s': expected requests per second > 0, or inf", flag,
                       v ? v : "");
     return 0;
@@ -152,7 +127,7 @@ static int parse_sweep(opts *o, const char *v, ms_errbuf *err)
         double d;
         if (conc) {
             long n;
-            if (parse_long("--sweep concurrency", t, 1, MS_BENCH_MAX_CONCURRENCY, &n, err))
+            if (ms_parse_long("--sweep concurrency", t, 1, MS_BENCH_MAX_CONCURRENCY, &n, err))
                 return MS_EINVAL;
             d = (double)n;
         } else if (parse_rate("--sweep rate", t, &d, err)) {
@@ -261,7 +236,7 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
         else if (!strcmp(a, "--host"))
             o->host = v;
         else if (!strcmp(a, "--port"))
-            rc = parse_long(a, v, 1, 65535, &o->port, err);
+            rc = ms_parse_long(a, v, 1, 65535, &o->port, err);
         else if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--dataset-name"))
@@ -275,7 +250,7 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
         else if (!strcmp(a, "--random-output-len") || !strcmp(a, "--random-output"))
             rc = parse_i64(a, v, 1, MS_BENCH_MAX_LEN, &d->random_output_len, err);
         else if (!strcmp(a, "--random-range-ratio"))
-            rc = parse_double(a, v, 0, 1, &d->random_range_ratio, err);
+            rc = ms_parse_double(a, v, 0, 1, &d->random_range_ratio, err);
         else if (!strcmp(a, "--gsp-num-groups"))
             rc = parse_i64(a, v, 1, MS_BENCH_MAX_PROMPTS, &d->gsp_num_groups, err);
         else if (!strcmp(a, "--gsp-prompts-per-group"))
@@ -293,13 +268,13 @@ static int parse_args(opts *o, int argc, char **argv, bool *help, ms_errbuf *err
         else if (!strcmp(a, "--request-rate"))
             rc = parse_rate(a, v, &o->request_rate, err);
         else if (!strcmp(a, "--max-concurrency"))
-            rc = parse_long(a, v, 1, MS_BENCH_MAX_CONCURRENCY, &o->max_concurrency, err);
+            rc = ms_parse_long(a, v, 1, MS_BENCH_MAX_CONCURRENCY, &o->max_concurrency, err);
         else if (!strcmp(a, "--warmup-requests"))
-            rc = parse_long(a, v, 0, MS_BENCH_MAX_CONCURRENCY, &o->warmup, err);
+            rc = ms_parse_long(a, v, 0, MS_BENCH_MAX_CONCURRENCY, &o->warmup, err);
         else if (!strcmp(a, "--seed"))
-            rc = parse_long(a, v, 0, 0x7fffffffL, &o->seed, err);
+            rc = ms_parse_long(a, v, 0, 0x7fffffffL, &o->seed, err);
         else if (!strcmp(a, "--request-timeout"))
-            rc = parse_double(a, v, 0.001, 1e7, &o->timeout_s, err);
+            rc = ms_parse_double(a, v, 0.001, 1e7, &o->timeout_s, err);
         else if (!strcmp(a, "--slo")) {
             o->slo_spec = v;
             rc = ms_bench_slo_parse(v, &o->slo, err);

@@ -66,28 +66,22 @@ static int bad(const char *flag, const char *v, const char *what)
 
 static int parse_long(const char *flag, const char *v, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "generate: %s must be an integer in [%ld, %ld], got '%s'\n", flag, lo, hi,
-                v);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    ms_errbuf err;
+    if (ms_parse_long(flag, v, lo, hi, out, &err) == 0) return 0;
+    fprintf(stderr, "generate: %s\n", err.msg);
+    return -1;
 }
 
 static int parse_float(const char *flag, const char *v, double lo, double hi, float *out)
 {
-    char *end;
-    double x = strtod(v, &end);
-    if (!*v || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "generate: %s must be a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
-        return -1;
+    ms_errbuf err;
+    double d;
+    if (ms_parse_double(flag, v, lo, hi, &d, &err) == 0) {
+        *out = (float)d;
+        return 0;
     }
-    *out = (float)x;
-    return 0;
+    fprintf(stderr, "generate: %s\n", err.msg);
+    return -1;
 }
 
 static int parse_opts(struct opts *o, int argc, char **argv)

@@ -2,6 +2,7 @@
  * shared parser in parallel/layout.h), runs ms_plan_run or a sweep, prints a table or
  * --json.  Owns the command line only.  Main thread.
  */
+#include "base/util.h"
 #include "plan/plan.h"
 #include "tools/commands.h"
 
@@ -39,31 +40,6 @@ static void usage(FILE *f)
             ms_plan_model_names(), ms_plan_gpu_names(), ms_launch_help());
 }
 
-static int parse_double(const char *flag, const char *v, double lo, double hi, double *out,
-                        ms_errbuf *err)
-{
-    char *end = NULL;
-    errno = 0;
-    double d = v ? strtod(v, &end) : 0;
-    if (!v || errno || !v[0] || *end || !(d >= lo && d <= hi))
-        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "",
-                      lo, hi);
-    *out = d;
-    return 0;
-}
-
-static int parse_long(const char *flag, const char *v, long lo, long hi, long *out, ms_errbuf *err)
-{
-    char *end = NULL;
-    errno = 0;
-    long n = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || !v[0] || *end || n < lo || n > hi)
-        return ms_err(err, MS_EINVAL, "%s '%s': expected an integer in %ld..%ld", flag, v ? v : "",
-                      lo, hi);
-    *out = n;
-    return 0;
-}
-
 static int parse_contexts(const char *v, ms_plan_sweep *s, ms_errbuf *err)
 {
     char buf[1024];
@@ -74,7 +50,7 @@ static int parse_contexts(const char *v, ms_plan_sweep *s, ms_errbuf *err)
         long n;
         if (s->n_contexts >= MS_PLAN_MAX_SWEEP)
             return ms_err(err, MS_EINVAL, "--sweep-contexts: at most %d values", MS_PLAN_MAX_SWEEP);
-        if (parse_long("--sweep-contexts", t, 1, 1L << 34, &n, err)) return MS_EINVAL;
+        if (ms_parse_long("--sweep-contexts", t, 1, 1L << 34, &n, err)) return MS_EINVAL;
         s->contexts[s->n_contexts++] = n;
     }
     if (!s->n_contexts) return ms_err(err, MS_EINVAL, "--sweep-contexts: no values");
@@ -117,23 +93,23 @@ int ms_cmd_plan(int argc, char **argv)
         else if (!strcmp(a, "--weights")) weights = v;
         else if (!strcmp(a, "--gpu")) gpu = v;
         else if (!strcmp(a, "--plot")) plot = v;
-        else if (!strcmp(a, "--gpu-mem-gb")) rc = parse_double(a, v, 0.001, 1e6, &gpu_mem, &err);
-        else if (!strcmp(a, "--reserve-gb")) rc = parse_double(a, v, 0, 1e6, &in.reserve_gb, &err);
+        else if (!strcmp(a, "--gpu-mem-gb")) rc = ms_parse_double(a, v, 0.001, 1e6, &gpu_mem, &err);
+        else if (!strcmp(a, "--reserve-gb")) rc = ms_parse_double(a, v, 0, 1e6, &in.reserve_gb, &err);
         else if (!strcmp(a, "--mem-fraction-static"))
-            rc = parse_double(a, v, 0.01, 1.0, &in.mem_fraction, &err);
-        else if (!strcmp(a, "--kv-pool-gib")) rc = parse_double(a, v, 0, 1e6, &in.kv_pool_gib, &err);
-        else if (!strcmp(a, "--link-gb-per-s")) rc = parse_double(a, v, 0.001, 1e6, &in.link_gb_s, &err);
-        else if (!strcmp(a, "--num-gpus")) rc = parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &num, &err);
-        else if (!strcmp(a, "--nnodes")) rc = parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &nnodes, &err);
+            rc = ms_parse_double(a, v, 0.01, 1.0, &in.mem_fraction, &err);
+        else if (!strcmp(a, "--kv-pool-gib")) rc = ms_parse_double(a, v, 0, 1e6, &in.kv_pool_gib, &err);
+        else if (!strcmp(a, "--link-gb-per-s")) rc = ms_parse_double(a, v, 0.001, 1e6, &in.link_gb_s, &err);
+        else if (!strcmp(a, "--num-gpus")) rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &num, &err);
+        else if (!strcmp(a, "--nnodes")) rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &nnodes, &err);
         else if (!strcmp(a, "--gpus-per-node"))
-            rc = parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &per_node, &err);
+            rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &per_node, &err);
         else if (!strcmp(a, "--context-len")) {
             long n;
-            rc = parse_long(a, v, 1, 1L << 34, &n, &err);
+            rc = ms_parse_long(a, v, 1, 1L << 34, &n, &err);
             in.context_len = n;
         } else if (!strcmp(a, "--tokens-per-step")) {
             long n;
-            rc = parse_long(a, v, 1, 1L << 34, &n, &err);
+            rc = ms_parse_long(a, v, 1, 1L << 34, &n, &err);
             in.tokens_per_step = n;
         } else if (!strcmp(a, "--sweep")) {
             if (v && !strcmp(v, "context")) sweep = MS_SWEEP_CONTEXT;
