@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
+static const char *rows = "decode,prefill,batch,fp8"; /* --rows: which rows to run */
 static const char *model_dir = "build/models";
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap)
@@ -139,11 +140,17 @@ static ms_engine *open_engine(const char *dir)
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--model-dir") && i + 1 < argc) model_dir = argv[++i];
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--model-dir") && i + 1 < argc)
+            model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
+            rows = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick]\n");
+            fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
+                            "[--rows decode,prefill,batch,fp8]\n");
             return 2;
         }
     }
@@ -162,6 +169,7 @@ int main(int argc, char **argv)
     printf("dram threads=%d read_gbps=%.2f\n", nt, bw);
     struct run r1, rp, rb;
     if (run(e, 1, 16, 8, &r1, 1)) return 1; /* warm-up + validation */
+    ms_model_profile_print();
     if (run(e, 1, 16, new_tokens, &r1, 2)) return 1;
     double bytes = (double)m->active_bytes_per_token;
     double t_tok = r1.step_median_s;
@@ -169,23 +177,34 @@ int main(int argc, char **argv)
            "active_bytes=%.0f roofline_ms=%.3f roofline_ratio=%.3f\n",
            nt, 1.0 / t_tok, t_tok * 1e3, bytes, bytes / (bw * 1e9) * 1e3,
            bytes / (bw * 1e9) / t_tok);
+    ms_model_profile_print();
     /* first prefill warms up: oneDNN reorders (prepacks) each expert once */
-    if (run(e, 1, 512, 2, &rp, 3) || run(e, 1, 512, 2, &rp, 4)) return 1;
-    /* active parameters per token ≈ active bytes / 2 (BF16); attention adds 2·S·H·(dn+dr+dv) */
-    const ms_config *c = &m->cfg;
-    double attn_flop = 2.0 * 512 / 2 * c->n_heads *
-                       (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) * c->n_layers;
-    double flop_tok = 2.0 * (bytes / 2) + attn_flop;
-    printf("prefill model=small-v3 dtype=bf16 tokens=%lld threads=%d tok_s=%.1f gflop_s=%.1f\n",
-           (long long)rp.prefill_tokens, nt, rp.prefill_tokens / rp.prefill_s,
-           flop_tok * rp.prefill_tokens / rp.prefill_s / 1e9);
-    if (run(e, 32, 16, quick ? 16 : 48, &rb, 5)) return 1;
-    printf("batch model=small-v3 dtype=bf16 seqs=32 threads=%d tok_s=%.1f x_batch1=%.2f\n", nt,
-           rb.decode_tok_s, rb.decode_tok_s * t_tok);
+    if (strstr(rows, "prefill")) {
+        if (run(e, 1, 512, 2, &rp, 3)) return 1;
+        ms_model_profile_print();
+        if (run(e, 1, 512, 2, &rp, 4)) return 1;
+        /* active parameters per token ≈ active bytes / 2 (BF16); attention adds 2·S·H·(dn+dr+dv) */
+        const ms_config *c = &m->cfg;
+        double attn_flop = 2.0 * 512 / 2 * c->n_heads *
+                           (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) *
+                           c->n_layers;
+        double flop_tok = 2.0 * (bytes / 2) + attn_flop;
+        printf("prefill model=small-v3 dtype=bf16 tokens=%lld threads=%d tok_s=%.1f gflop_s=%.1f\n",
+               (long long)rp.prefill_tokens, nt, rp.prefill_tokens / rp.prefill_s,
+               flop_tok * rp.prefill_tokens / rp.prefill_s / 1e9);
+        ms_model_profile_print();
+    }
+    if (strstr(rows, "batch")) {
+        if (run(e, 32, 16, quick ? 16 : 48, &rb, 5)) return 1;
+        printf("batch model=small-v3 dtype=bf16 seqs=32 threads=%d tok_s=%.1f x_batch1=%.2f\n", nt,
+               rb.decode_tok_s, rb.decode_tok_s * t_tok);
+        ms_model_profile_print();
+    }
     ms_engine_shutdown(e);
     ms_errbuf err;
     ms_engine_step(e, &err);
     ms_engine_close(e);
+    if (!strstr(rows, "fp8")) return 0;
 
     ms_engine *e8 = open_engine(fp8);
     if (!e8) return 1;

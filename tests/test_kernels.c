@@ -351,6 +351,56 @@ TEST(elementwise_vs_ref)
     }
 }
 
+/* ms_matmul_batch: a batch of mixed products (nt and nn, every dtype, several
+ * M, overwrite and accumulate, a TP-style column slice) gives bit for bit what
+ * the single calls give, at pool size 1 and 2, and in the exact mode. */
+TEST(matmul_batch_same_as_single)
+{
+    uint64_t rng = 17;
+    enum { NC = 12 };
+    static const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F16};
+    stored st[NC];
+    ms_mat views[NC];
+    ms_mm_call calls[NC];
+    float *x[NC], *y1[NC], *y2[NC];
+    int64_t ylen[NC];
+    for (int i = 0; i < NC; i++) {
+        int64_t R = 200 + 37 * i, C = 130 + 61 * (i % 5), M = i % 4 == 3 ? 5 : 1 + i % 3;
+        int nn = i % 3 == 2;
+        stored_make(&st[i], dts[i % 4], R, C, &rng);
+        views[i] = i == 4 ? ms_mat_slice(&st[i].whole, 3, R - 3, 40, C - 40) : st[i].whole;
+        int64_t K = nn ? views[i].rows : views[i].cols, N = nn ? views[i].cols : views[i].rows;
+        x[i] = malloc(sizeof(float) * (size_t)(M * K));
+        ylen[i] = M * (N + 3);
+        y1[i] = malloc(sizeof(float) * (size_t)ylen[i]);
+        y2[i] = malloc(sizeof(float) * (size_t)ylen[i]);
+        for (int64_t j = 0; j < M * K; j++) x[i][j] = frand(&rng);
+        calls[i] = (ms_mm_call){y1[i], N + 3, x[i], K, M, &views[i], i % 2, nn};
+    }
+    for (int exact = 0; exact <= 1; exact++)
+        for (int np = 1; np <= 2; np++) {
+            ms_pool *p = np == 1 ? ms_pool_new(1) : pool;
+            ms_kctx kc = {p, exact, best_isa};
+            for (int i = 0; i < NC; i++)
+                for (int64_t j = 0; j < ylen[i]; j++) y1[i][j] = y2[i][j] = (float)j;
+            ms_matmul_batch(&kc, calls, NC);
+            for (int i = 0; i < NC; i++) {
+                const ms_mm_call *c = &calls[i];
+                (c->nn ? ms_matmul_nn : ms_matmul)(&kc, y2[i], c->ldy, c->x, c->ldx, c->M, c->W,
+                                                   c->accumulate);
+                CHECKF(memcmp(y1[i], y2[i], sizeof(float) * (size_t)ylen[i]) == 0,
+                       "call %d (nn %d, exact %d, pool %d) differs", i, c->nn, exact, np);
+            }
+            if (np == 1) ms_pool_free(p);
+        }
+    for (int i = 0; i < NC; i++) {
+        stored_free(&st[i]);
+        free(x[i]);
+        free(y1[i]);
+        free(y2[i]);
+    }
+}
+
 /* The oneDNN path: prepacked once, used (bytes held), invalidated by
  * forget / by new contents under the same pointer, and switchable off. */
 TEST(matmul_dnnl_prepack)
@@ -399,6 +449,7 @@ int main(void)
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
     RUN(matmul_dnnl_prepack);
+    RUN(matmul_batch_same_as_single);
     RUN(matmul_same_bits_any_pool);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();

@@ -82,7 +82,8 @@ void ms_kernels_dnnl_forget(const void *data);
 void ms_kernels_dnnl_clear(void);
 size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
 
-/* One product of a batch: y[M][ldy] (=|+=) x[M][ldx] · Wᵀ. */
+/* One product of a batch: y[M][ldy] (=|+=) x[M][ldx] · Wᵀ, or x · W when nn
+ * (the ms_matmul_nn product). */
 typedef struct ms_mm_call {
     float *y;
     int64_t ldy;
@@ -90,12 +91,14 @@ typedef struct ms_mm_call {
     int64_t ldx, M;
     const ms_mat *W;
     int accumulate;
+    int nn;
 } ms_mm_call;
 
-/* Several independent ms_matmul products in one pool run (grouped expert
- * GEMMs): threads claim chunks of output columns across all of them, so many
- * small products cost one hand-off instead of one each.  Results are identical
- * to calling ms_matmul on each. */
+/* Several independent ms_matmul / ms_matmul_nn products in one pool run
+ * (grouped expert GEMMs, MLA's per-head absorption): threads claim chunks of
+ * output columns across all of them, so many small products cost one hand-off
+ * instead of one each.  Results are identical to calling ms_matmul (or
+ * ms_matmul_nn) on each. */
 void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n);
 
 /* y[M][W.cols] (=|+=) x[M][W.rows] · W   (no transpose; MLA absorption). */

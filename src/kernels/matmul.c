@@ -219,7 +219,8 @@ static void batch_worker(void *arg, int tid, int nt)
         if (item >= b->first[b->n]) break;
         while (b->first[j + 1] <= item) j++; /* items are claimed in increasing order */
         const struct mm_job *job = &b->jobs[j];
-        int64_t N = job->t.W->rows, s0 = (item - b->first[j]) * job->chunk;
+        int64_t N = job->nn ? job->t.W->cols : job->t.W->rows,
+                s0 = (item - b->first[j]) * job->chunk;
         run_range(job, s0, s0 + job->chunk < N ? s0 + job->chunk : N);
     }
 }
@@ -234,21 +235,24 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
     struct mm_batch *b = &batch;
     if (n > BATCH_MAX || nt == 1 || total_macs < MT_MIN_MACS) {
         for (int i = 0; i < n; i++)
-            ms_matmul(k, calls[i].y, calls[i].ldy, calls[i].x, calls[i].ldx, calls[i].M,
-                      calls[i].W, calls[i].accumulate);
+            (calls[i].nn ? ms_matmul_nn : ms_matmul)(k, calls[i].y, calls[i].ldy, calls[i].x,
+                                                     calls[i].ldx, calls[i].M, calls[i].W,
+                                                     calls[i].accumulate);
         return;
     }
     b->n = 0;
     b->first[0] = 0;
     for (int i = 0; i < n; i++) {
         const ms_mm_call *c = &calls[i];
-        if (c->M <= 0 || c->W->rows <= 0) continue;
+        if (c->M <= 0 || c->W->rows <= 0 || c->W->cols <= 0) continue;
         struct mm_job *j = &b->jobs[b->n];
         *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate},
-                             pick_path(k, c->W), 0, 0, 0};
-        if (j->path == P_BF16 && c->W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &j->t) == 0)
+                             pick_path(k, c->W), c->nn != 0, 0, 0};
+        if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 &&
+            ms_mm_dnnl_nt(k, &j->t) == 0)
             continue; /* large M: oneDNN did it on its own threads */
-        int64_t N = c->W->rows, align = j->path == P_BF16 && c->W->dtype == MS_DT_F8E4M3 ? 128 : 16;
+        int64_t N = c->nn ? c->W->cols : c->W->rows;
+        int64_t align = c->nn ? 64 : j->path == P_BF16 && c->W->dtype == MS_DT_F8E4M3 ? 128 : 16;
         int64_t ch = (N + 2 * nt - 1) / (2 * nt);
         j->chunk = (ch + align - 1) / align * align;
         b->first[b->n + 1] = b->first[b->n] + (N + j->chunk - 1) / j->chunk;

@@ -16,12 +16,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
-#ifndef MS_PF_BYTES
-#define MS_PF_BYTES 768
-#endif
 enum {
-    MC = 32,                 /* activation rows prepared (rounded to bf16) at once */
-    PF_BYTES = MS_PF_BYTES,  /* software prefetch distance along a weight row */
+    MC = 32, /* activation rows prepared (rounded to bf16) at once */
 };
 
 /* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and
@@ -107,11 +103,8 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
             const char *p = w0 + r * ldw + k * es;
             __m512i wa, wb;
             if (isf8) {
-                _mm_prefetch(p + PF_BYTES, _MM_HINT_T0);
                 f8_to_bf16(L, _mm512_loadu_si512(p), &wa, &wb);
             } else {
-                _mm_prefetch(p + 2 * PF_BYTES, _MM_HINT_T0);
-                _mm_prefetch(p + 2 * PF_BYTES + 64, _MM_HINT_T0);
                 wa = _mm512_loadu_si512(p);
                 wb = _mm512_loadu_si512(p + 64);
             }
@@ -150,6 +143,67 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+/* M = 1 (decode): weight rows one after another, each read once from start
+ * to end, so the weights are a single forward stream (rows are contiguous in
+ * the stored matrix) that the hardware prefetcher follows at full speed; two
+ * accumulators per row, one horizontal sum per row.  Measured on a 64 MiB
+ * BF16 matrix, 2 threads, one run: 76-93 GB/s against 55-60 GB/s for the
+ * 8-row tile (plain read 82 GB/s).  At M = 2..4 the 4-row tile stays faster
+ * (46 against 35 GB/s at M = 3): it loads each activation vector once for
+ * four weight rows.  No software prefetch anywhere: it only lowered the rate. */
+AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char *w, int64_t ldw,
+                  int64_t K, int64_t nr, float *out)
+{
+    const int64_t Kf = K & ~(int64_t)63;
+    for (int64_t n = 0; n < nr; n++) {
+        const char *p = w + n * ldw;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        int64_t k = 0;
+        __m512i wa, wb;
+        for (; k < Kf; k += 64) {
+            if (isf8) {
+                f8_to_bf16(L, _mm512_loadu_si512(p + k), &wa, &wb);
+            } else {
+                wa = _mm512_loadu_si512(p + 2 * k);
+                wb = _mm512_loadu_si512(p + 2 * k + 64);
+            }
+            a0 = dp(a0, _mm512_loadu_si512(xb + k), wa);
+            a1 = dp(a1, _mm512_loadu_si512(xb + k + 32), wb);
+        }
+        if (k < K) { /* tail: masked weight loads; the activations are zero padded */
+            int64_t rem = K - k;
+            if (isf8) {
+                f8_to_bf16(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p + k), &wa, &wb);
+            } else {
+                __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+                __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
+                wa = _mm512_maskz_loadu_epi16(m0, p + 2 * k);
+                wb = _mm512_maskz_loadu_epi16(m1, p + 2 * k + 64);
+            }
+            a0 = dp(a0, _mm512_loadu_si512(xb + k), wa);
+            a1 = dp(a1, _mm512_loadu_si512(xb + k + 32), wb);
+        }
+        out[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
+/* gemv_rows for weight rows [n0, n1) (row n0 at w) of an M = 1 product. */
+AI void block_gemv(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *xb, int64_t n0,
+                   int64_t n1, const char *w, int64_t ldw)
+{
+    enum { NB = 64 }; /* outputs staged per step */
+    float s[NB];
+    for (int64_t n = n0; n < n1; n += NB) {
+        int64_t nr = n1 - n < NB ? n1 - n : NB;
+        gemv_rows(isf8, L, xb, w + (n - n0) * ldw, ldw, t->W->cols, nr, s);
+        float *yo = t->y + n;
+        if (t->accumulate)
+            for (int64_t r = 0; r < nr; r++) yo[r] += s[r];
+        else
+            memcpy(yo, s, sizeof(float) * (size_t)nr);
+    }
 }
 
 /* Rounds rows x[mc][ldx] (times ks[k] when ks) to bf16 into xb[mc][Kp],
@@ -246,7 +300,10 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
             ne = (rb + 1) * 128 - W->r0;
             if (ne > n1) ne = n1;
             const float *srow = W->scale + rb * W->scale_ld;
-            for (int64_t k = 0; k < K; k++) ks[k] = srow[(W->c0 + k) / 128];
+            for (int64_t k = 0; k < K;) { /* runs of columns in one 128-column block */
+                int64_t cb = (W->c0 + k) / 128, ke = (cb + 1) * 128 - W->c0;
+                for (ke = ke < K ? ke : K; k < ke; k++) ks[k] = srow[cb];
+            }
         } else {
             ne = M <= MC ? n1 : (n + 128 < n1 ? n + 128 : n1);
         }
@@ -258,9 +315,16 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
             int64_t mc = M - m0 < MC ? M - m0 : MC;
             if (isf8 || !prepared) prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? ks : NULL, xb);
             prepared = M <= MC;
-            if (widen) block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
-            else if (isf8) block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
-            else block(0, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
+            if (widen)
+                block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
+            else if (M == 1 && isf8)
+                block_gemv(1, t, &L, xb, n, ne, w, ldw);
+            else if (M == 1)
+                block_gemv(0, t, &L, xb, n, ne, w, ldw);
+            else if (isf8)
+                block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
+            else
+                block(0, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
         }
         n = ne;
     }

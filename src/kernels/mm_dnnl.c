@@ -22,7 +22,8 @@
 /* M is rounded up to a multiple of M_BUCKET (padding rows computed into a
  * scratch) so the grouped expert GEMMs, whose row counts change every step,
  * reuse a few primitives instead of creating one per call (0.1-0.3 ms each). */
-enum { MIN_M = 48, N_PRIMS = 128, M_BUCKET = 32 };
+enum { N_PRIMS = 128, M_BUCKET = 32 };
+static int64_t MIN_M = 48;
 
 typedef struct pack_ent {
     const void *data; /* NULL: empty slot */
@@ -71,6 +72,8 @@ static int init(void)
     if (e && !strcmp(e, "0")) g.disabled = 1;
     e = getenv("MOESERVE_DNNL_MB");
     g.max_bytes = (size_t)(e ? atol(e) : 4096) << 20;
+    e = getenv("MOESERVE_DNNL_MIN_M");
+    if (e) MIN_M = atol(e);
     if (dnnl_engine_create(&g.eng, dnnl_cpu, 0) != dnnl_success) goto fail;
     if (dnnl_stream_create(&g.stream, g.eng, dnnl_stream_default_flags) != dnnl_success) goto fail;
     if (!getenv("OMP_WAIT_POLICY"))
@@ -278,8 +281,8 @@ out:
 int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
 {
     const ms_mat *W = t->W;
-    if (g.disabled || t->M < MIN_M || W->dtype != MS_DT_BF16 || !k || k->exact) return -1;
-    if (init() != 0 || g.disabled) return -1;
+    if (g.disabled || W->dtype != MS_DT_BF16 || !k || k->exact) return -1;
+    if (init() != 0 || g.disabled || t->M < MIN_M) return -1;
     int64_t M = t->M, K = W->cols, N = W->rows;
     int nt = ms_pool_size(k->pool);
     if (nt != g.threads) { /* oneDNN plans its threads when a primitive is made */

@@ -72,10 +72,16 @@ typedef struct ms_model {
     ms_model_ws *ws;
     int64_t n_params;    /* parameters loaded (main stack) */
     int64_t active_bytes_per_token; /* weight bytes read per decoded token (top-k experts) */
+    void *arena; /* this rank's weight matrices (2 MiB pages), NULL: views into the file */
+    size_t arena_bytes;
 } ms_model;
 
 int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);
 void ms_model_free(ms_model *m);
+
+/* MOESERVE_PROFILE=1: prints the forward's wall seconds per phase since the
+ * last print to stderr and starts counting again (also done by ms_model_free). */
+void ms_model_profile_print(void);
 
 /* MLP-layer communication choices so far on this rank: DP-gather steps that used
  * MAX_LEN / SUM_LEN, and rows dispatched to other ranks (Σ tokens × remote ranks). */

@@ -179,12 +179,12 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
         int64_t n = ws->offset[e + 1] - ws->offset[e], r0 = ws->offset[e];
         if (n == 0) continue;
         const ms_ffn_w *f = &lw->experts[e];
-        calls[nc++] = (ms_mm_call){ws->g + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->gate, 0};
-        calls[nc++] = (ms_mm_call){ws->u + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->up, 0};
+        calls[nc++] = (ms_mm_call){ws->g + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->gate, 0, 0};
+        calls[nc++] = (ms_mm_call){ws->u + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->up, 0, 0};
     }
     if (shared) {
-        calls[nc++] = (ms_mm_call){ws->g + sh_row * ld, ld, x, D, T, &shared->gate, 0};
-        calls[nc++] = (ms_mm_call){ws->u + sh_row * ld, ld, x, D, T, &shared->up, 0};
+        calls[nc++] = (ms_mm_call){ws->g + sh_row * ld, ld, x, D, T, &shared->gate, 0, 0};
+        calls[nc++] = (ms_mm_call){ws->u + sh_row * ld, ld, x, D, T, &shared->up, 0, 0};
     }
     ms_matmul_batch(k, calls, nc);
     int64_t ew = e_end > e_begin ? lw->experts[e_begin].gate.rows : 0; /* local (TP) width */
@@ -197,10 +197,13 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
     for (int64_t e = e_begin; e < e_end && nc < 256; e++) {
         int64_t n = ws->offset[e + 1] - ws->offset[e], r0 = ws->offset[e];
         if (n == 0) continue;
-        calls[nc++] = (ms_mm_call){ws->yg + r0 * D, D, ws->g + r0 * ld, ld, n, &lw->experts[e].down, 0};
+        calls[nc++] =
+            (ms_mm_call){ws->yg + r0 * D, D, ws->g + r0 * ld, ld, n, &lw->experts[e].down, 0, 0};
     }
-    if (shared) calls[nc++] = (ms_mm_call){y, D, ws->g + sh_row * ld, ld, T, &shared->down, accumulate};
-    else if (!accumulate) memset(y, 0, sizeof(float) * (size_t)(T * D));
+    if (shared)
+        calls[nc++] = (ms_mm_call){y, D, ws->g + sh_row * ld, ld, T, &shared->down, accumulate, 0};
+    else if (!accumulate)
+        memset(y, 0, sizeof(float) * (size_t)(T * D));
     ms_matmul_batch(k, calls, nc);
     /* combine: rows are expert-major, so each token sums its experts in id order */
     for (int64_t r = 0; r < rows; r++)
