@@ -2,6 +2,7 @@
 #include "kernels/attn.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,43 +18,66 @@ static const float *row_f32(const ms_attn_seq *a, int64_t s, float *buf, int isa
 
 struct job {
     const ms_kctx *k;
-    const ms_attn_seq *a;
+    const ms_attn_seq *seqs;
     const float *q;
-    int64_t H, vdim;
+    int64_t H, vdim, hb, S_max; /* hb: heads per item */
+    int n_items, items_per_seq;
     float scale;
-    float *scores, *ctx, *scratch;
+    float *ctx, *scratch;
+    _Atomic int next; /* first unclaimed item */
 };
 
-static void worker(void *arg, int tid, int nt)
+/* Heads [h0, h1) of one sequence: each cached row is read (and converted)
+ * once for all of them. */
+static void attend(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
+                   int64_t h0, int64_t h1, float *scores, float *buf)
 {
-    struct job *j = arg;
-    const ms_attn_seq *a = j->a;
-    int64_t h0, h1, S = a->S;
-    ms_pool_range(j->H, tid, nt, 1, &h0, &h1);
-    if (h0 >= h1) return;
-    float *buf = j->scratch + (int64_t)tid * (a->row + 16);
+    int64_t S = a->S, vdim = j->vdim;
     int isa = j->k ? j->k->isa : MS_ISA_SCALAR;
     for (int64_t s = 0; s < S; s++) {
         const float *r = row_f32(a, s, buf, isa);
         for (int64_t h = h0; h < h1; h++)
-            j->scores[h * S + s] = j->scale * ms_dot_f32(j->q + h * a->row, r, a->row);
+            scores[(h - h0) * S + s] = j->scale * ms_dot_f32(q + h * a->row, r, a->row);
     }
     for (int64_t h = h0; h < h1; h++) {
-        ms_softmax(j->scores + h * S, S);
-        memset(j->ctx + h * j->vdim, 0, sizeof(float) * (size_t)j->vdim);
+        ms_softmax(scores + (h - h0) * S, S);
+        memset(ctx + h * vdim, 0, sizeof(float) * (size_t)vdim);
     }
     for (int64_t s = 0; s < S; s++) {
         const float *r = row_f32(a, s, buf, isa);
         for (int64_t h = h0; h < h1; h++)
-            ms_axpy_f32(j->ctx + h * j->vdim, j->scores[h * S + s], r, j->vdim);
+            ms_axpy_f32(ctx + h * vdim, scores[(h - h0) * S + s], r, vdim);
     }
 }
 
-void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *a, const float *q, int64_t H,
-                    int64_t vdim, float scale, float *scores, float *ctx, float *scratch)
+static void worker(void *arg, int tid, int nt)
 {
-    struct job j = {k, a, q, H, vdim, scale, scores, ctx, scratch};
-    ms_pool_run(k ? k->pool : NULL, worker, &j);
+    struct job *j = arg;
+    (void)nt;
+    int64_t row = j->seqs[0].row;
+    float *buf = j->scratch + (int64_t)tid * (row + 16 + j->hb * j->S_max);
+    float *scores = buf + row + 16;
+    for (;;) {
+        int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (it >= j->n_items) break;
+        int i = it / j->items_per_seq;
+        int64_t h0 = (it % j->items_per_seq) * j->hb, h1 = h0 + j->hb < j->H ? h0 + j->hb : j->H;
+        attend(j, &j->seqs[i], j->q + (int64_t)i * j->H * row, j->ctx + (int64_t)i * j->H * j->vdim,
+               h0, h1, scores, buf);
+    }
+}
+
+void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const float *q, int64_t H,
+                    int64_t vdim, float scale, float *ctx, float *scratch)
+{
+    if (n <= 0 || H <= 0) return;
+    int nt = k ? ms_pool_size(k->pool) : 1;
+    int64_t hb = (H + nt - 1) / nt, S_max = 0;
+    for (int i = 0; i < n; i++) S_max = seqs[i].S > S_max ? seqs[i].S : S_max;
+    int per = (int)((H + hb - 1) / hb);
+    struct job j = {k, seqs, q, H, vdim, hb, S_max, n * per, per, scale, ctx, scratch, 0};
+    if (nt == 1 || !k) worker(&j, 0, 1);
+    else ms_pool_run_dynamic(k->pool, worker, &j);
 }
 
 void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t vdim, float scale,

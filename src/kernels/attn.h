@@ -2,8 +2,8 @@
  *
  * For one sequence: scores[h][s] = scale · q[h]·row[s] over the full cached
  * row (latent + rope key), softmax over s, ctx[h] = Σ_s p[h][s] · row[s][0:vdim].
- * Rows live in pages of page_size rows (F32 or BF16).  One pool run; threads
- * split the heads.  A scalar reference twin is kept for the tests.
+ * Rows live in pages of page_size rows (F32 or BF16).  A scalar reference
+ * twin (one sequence) is kept for the tests.
  * Main thread only (uses the pool).
  */
 #ifndef MS_KERNELS_ATTN_H
@@ -21,15 +21,21 @@ typedef struct ms_attn_seq {
     int64_t S;                /* cached rows to attend to */
 } ms_attn_seq;
 
-/* Scratch floats ms_attn_decode needs for a pool of n_threads (row buffers). */
-static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row)
+/* Scratch floats ms_attn_decode needs for a pool of n_threads, H heads and
+ * sequences of up to S_max cached rows: per thread a row buffer and the
+ * scores of one head block (ceil(H / n_threads) heads). */
+static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row, int64_t H, int64_t S_max)
 {
-    return (int64_t)n_threads * (row + 16);
+    int64_t hb = (H + n_threads - 1) / n_threads;
+    return (int64_t)n_threads * (row + 16 + hb * S_max);
 }
 
-/* q: [H][row]; scores: [H][S] scratch; ctx: [H][vdim] output. */
-void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *a, const float *q, int64_t H,
-                    int64_t vdim, float scale, float *scores, float *ctx, float *scratch);
+/* n sequences at once (a decode batch): q [n][H][row], ctx [n][H][vdim]
+ * output.  One pool run; threads claim (sequence, head block) items, so a
+ * batch of short sequences costs one hand-off, not one per sequence.
+ * scratch: ms_attn_scratch_floats(pool size, row, H, max S of the batch). */
+void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const float *q, int64_t H,
+                    int64_t vdim, float scale, float *ctx, float *scratch);
 void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t vdim, float scale,
                         float *ctx);
 

@@ -22,9 +22,9 @@
 
 /* Optional phase timing (MOESERVE_PROFILE=1): wall seconds per phase of the
  * forward, printed when the model is freed.  Costs two clock reads per phase. */
-enum { PH_QKV, PH_ATTN_DEC, PH_ATTN_PRE, PH_O, PH_MLP, PH_HEAD, PH_N };
-static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode", "attn prefill",
-                                          "o_proj", "mlp/moe", "lm_head"};
+enum { PH_QKV, PH_ATTN_DEC, PH_ATTN_PRE, PH_O, PH_MLP, PH_MOE, PH_HEAD, PH_N };
+static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode", "attn prefill", "o_proj",
+                                          "dense mlp",      "moe",         "lm_head"};
 static double ph_sec[PH_N];
 static int ph_on = -1;
 static double ph_t;
@@ -37,15 +37,16 @@ static void ph_mark(int phase)
     ph_t = now;
 }
 
-void ms_model_profile_print(void);
 void ms_model_profile_print(void)
 {
     if (ph_on <= 0) return;
+    if (ph_sec[PH_N - 1] + ph_sec[PH_MOE] + ph_sec[PH_MLP] == 0) return;
     double tot = 0;
     for (int i = 0; i < PH_N; i++) tot += ph_sec[i];
     for (int i = 0; i < PH_N; i++)
         fprintf(stderr, "profile %-16s %8.3f s %5.1f%%\n", ph_name[i], ph_sec[i],
                 tot > 0 ? 100 * ph_sec[i] / tot : 0);
+    memset(ph_sec, 0, sizeof ph_sec); /* each print covers the time since the last */
 }
 
 struct ms_model_ws {
@@ -68,8 +69,10 @@ struct ms_model_ws {
     float *dq;     /* [T][H][dn+dr] queries of the decode rows, packed */
     float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
     float *ascr;   /* attention kernel scratch */
-    const void **pptr; /* [S / page_size + 1] page pointers of one sequence */
+    const void **pptr; /* [cap_pptr] page pointers of the decode rows' sequences */
     int64_t cap_pptr;
+    ms_attn_seq *aseq; /* [cap_aseq] the decode rows' sequences */
+    int64_t cap_aseq;
     float *hn;     /* [T][D] final normed rows of the logit positions */
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
@@ -91,6 +94,7 @@ void ms_model_ws_free(ms_model_ws *ws)
     }
     ms_mlp_ws_free(&ws->mlp);
     free(ws->pptr);
+    free(ws->aseq);
     free(ws);
 }
 
@@ -147,11 +151,36 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         REALLOC_F(ws->kv, S * H * (dn + dv));
         REALLOC_F(ws->kh, S * (dn + dr));
         REALLOC_F(ws->sc, MS_MAX(ws->cap_T, H) * S);
-        REALLOC_F(ws->ascr, ms_attn_scratch_floats(ms_pool_size(m->pool), kvr + dr));
-        free(ws->pptr);
-        ws->pptr = malloc(sizeof(void *) * (size_t)(S + 1));
-        if (!ws->pptr) return MS_ENOMEM;
+        REALLOC_F(ws->ascr, ms_attn_scratch_floats(ms_pool_size(m->pool), kvr + dr, H, S));
         ws->cap_S = S;
+    }
+    return 0;
+}
+
+/* Page-table and sequence arrays for the decode rows of this batch (grown,
+ * never shrunk: steady decode allocates nothing). */
+static int ws_reserve_decode(ms_model *m, const ms_kv_pool *pool, const ms_batch_seq *seqs,
+                             int n_seqs)
+{
+    ms_model_ws *ws = m->ws;
+    int64_t rows = 0;
+    for (int i = 0; i < n_seqs; i++) rows += seqs[i].n_tokens == 1;
+    /* sized from the workspace's context capacity (which doubles), not from
+     * this step's lengths, so a context crossing a page boundary grows nothing */
+    int64_t pages = rows * (ws->cap_S / pool->page_size + 1);
+    if (pages > ws->cap_pptr) {
+        int64_t cap = MS_MAX(pages, 2 * ws->cap_pptr);
+        const void **p = realloc(ws->pptr, sizeof(void *) * (size_t)cap);
+        if (!p) return MS_ENOMEM;
+        ws->pptr = p;
+        ws->cap_pptr = cap;
+    }
+    if (rows > ws->cap_aseq) {
+        int64_t cap = MS_MAX(rows, 2 * ws->cap_aseq);
+        ms_attn_seq *a = realloc(ws->aseq, sizeof(ms_attn_seq) * (size_t)cap);
+        if (!a) return MS_ENOMEM;
+        ws->aseq = a;
+        ws->cap_aseq = cap;
     }
     return 0;
 }
@@ -218,9 +247,41 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     }
 }
 
+/* MLA absorption for n packed decode rows, all heads batched into pool runs
+ * of up to 128 heads: uv = 0: q̃[i][h][:kvr] = q_nope[i][h] · W_UK[h]
+ * (W_UK[h] = rows h·(dn+dv) .. +dn of kv_b, [dn][kvr]); uv = 1:
+ * dout[i][h] = ctx[i][h] · W_UV[h]ᵀ (W_UV[h] = the next dv rows, [dv][kvr]). */
+static void absorb_heads(ms_model *m, const ms_layer_w *lw, int uv, int64_t n)
+{
+    enum { HB = 128 };
+    const ms_config *c = &m->cfg;
+    ms_model_ws *ws = m->ws;
+    int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+            dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr, qd = dn + dr, kvd = dn + dv;
+    ms_mat w[HB];
+    ms_mm_call calls[HB];
+    for (int64_t h0 = 0; h0 < H; h0 += HB) {
+        int nb = (int)(H - h0 < HB ? H - h0 : HB);
+        for (int b = 0; b < nb; b++) {
+            int64_t h = h0 + b;
+            if (!uv) {
+                w[b] = ms_mat_slice(&lw->kv_b, h * kvd, dn, 0, kvr);
+                calls[b] = (ms_mm_call){
+                    ws->qabs + h * row, H * row, ws->dq + h * qd, H * qd, n, &w[b], 0, 1};
+            } else {
+                w[b] = ms_mat_slice(&lw->kv_b, h * kvd + dn, dv, 0, kvr);
+                calls[b] = (ms_mm_call){
+                    ws->dout + h * dv, H * dv, ws->ctx + h * kvr, H * kvr, n, &w[b], 0, 0};
+            }
+        }
+        ms_matmul_batch(&m->kctx, calls, nb);
+    }
+}
+
 /* Absorbed MLA for every single-token (decode) sequence of the batch at once:
  * q̃ = q_nope·W_UK and o = W_UV·ctx run as one GEMM per head over all decode
- * rows; the attention over each sequence's paged latents is one kernel call. */
+ * rows (all heads in one pool run); the attention over each sequence's paged latents is one kernel
+ * call. */
 static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
                         const ms_batch_seq *seqs, int n_seqs)
 {
@@ -228,36 +289,31 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
     ms_model_ws *ws = m->ws;
     int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
             dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr;
-    int64_t qd = dn + dr, kvd = dn + dv, n = 0, t = 0;
+    int64_t qd = dn + dr, n = 0, t = 0;
     for (int i = 0; i < n_seqs; i++) { /* pack the decode rows' queries */
         if (seqs[i].n_tokens == 1)
             memcpy(ws->dq + n++ * H * qd, ws->q + t * H * qd, sizeof(float) * (size_t)(H * qd));
         t += seqs[i].n_tokens;
     }
     if (n == 0) return;
-    for (int64_t h = 0; h < H; h++) {
-        ms_mat wuk = ms_mat_slice(&lw->kv_b, h * kvd, dn, 0, kvr);
-        ms_matmul_nn(&m->kctx, ws->qabs + h * row, H * row, ws->dq + h * qd, H * qd, n, &wuk, 0);
-        for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) /* the rope part of q̃ is q's own */
+        for (int64_t h = 0; h < H; h++)
             memcpy(ws->qabs + (i * H + h) * row + kvr, ws->dq + (i * H + h) * qd + dn,
                    sizeof(float) * (size_t)dr);
-    }
-    int64_t i = 0;
+    absorb_heads(m, lw, 0, n); /* q̃ = q_nope · W_UK, every head in one pool run */
+    int64_t i = 0, np = 0; /* every decode row's pages into one table, then one kernel call */
     for (int q = 0; q < n_seqs; q++) {
         const ms_batch_seq *sq = &seqs[q];
         if (sq->n_tokens != 1) continue;
         int64_t S = sq->start_pos + 1;
+        const void **pp = ws->pptr + np;
         for (int64_t p = 0; p * pool->page_size < S; p++)
-            ws->pptr[p] = ms_kv_pool_row(pool, layer, sq->page_table[p], 0);
-        ms_attn_seq a = {ws->pptr, pool->page_size, pool->dtype, row, S};
-        ms_attn_decode(&m->kctx, &a, ws->qabs + i * H * row, H, kvr, m->softmax_scale, ws->sc,
-                       ws->ctx + i * H * kvr, ws->ascr);
-        i++;
+            ws->pptr[np++] = ms_kv_pool_row(pool, layer, sq->page_table[p], 0);
+        ws->aseq[i++] = (ms_attn_seq){pp, pool->page_size, pool->dtype, row, S};
     }
-    for (int64_t h = 0; h < H; h++) {
-        ms_mat wuv = ms_mat_slice(&lw->kv_b, h * kvd + dn, dv, 0, kvr);
-        ms_matmul(&m->kctx, ws->dout + h * dv, H * dv, ws->ctx + h * kvr, H * kvr, n, &wuv, 0);
-    }
+    ms_attn_decode(&m->kctx, ws->aseq, (int)n, ws->qabs, H, kvr, m->softmax_scale, ws->ctx,
+                   ws->ascr);
+    absorb_heads(m, lw, 1, n); /* o = ctx · W_UVᵀ */
     i = t = 0;
     for (int q = 0; q < n_seqs; q++) { /* unpack into the batch's rows */
         if (seqs[q].n_tokens == 1)
@@ -299,7 +355,8 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         S = MS_MAX(S, sq->start_pos + sq->n_tokens);
     }
     if (T == 0 && !m->shard) return 0; /* distributed: an idle batch still joins the collectives */
-    if (ws_reserve(m, MS_MAX(T, 1), S)) return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
+    if (ws_reserve(m, MS_MAX(T, 1), S) || ws_reserve_decode(m, pool, seqs, n_seqs))
+        return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
     ms_model_ws *ws = m->ws;
     const ms_kctx *k = &m->kctx;
 
@@ -309,15 +366,19 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         /* --- attention --- */
         ph_mark(-1);
         ms_rmsnorm(ws->u, ws->x, lw->attn_norm, T, D, D, c->rms_norm_eps);
+        { /* the two projections of the normed input share one pool run */
+            ms_mm_call in[2] = {
+                {ws->kva, kvr + dr, ws->u, D, T, &lw->kv_a, 0, 0},
+                c->q_lora_rank > 0
+                    ? (ms_mm_call){ws->qa, c->q_lora_rank, ws->u, D, T, &lw->q_a, 0, 0}
+                    : (ms_mm_call){ws->q, H * qd, ws->u, D, T, &lw->q, 0, 0}};
+            ms_matmul_batch(k, in, 2);
+        }
         if (c->q_lora_rank > 0) {
-            ms_matmul(k, ws->qa, c->q_lora_rank, ws->u, D, T, &lw->q_a, 0);
             ms_rmsnorm(ws->qa, ws->qa, lw->q_a_norm, T, c->q_lora_rank, c->q_lora_rank,
                        c->rms_norm_eps);
             ms_matmul(k, ws->q, H * qd, ws->qa, c->q_lora_rank, T, &lw->q_b, 0);
-        } else {
-            ms_matmul(k, ws->q, H * qd, ws->u, D, T, &lw->q, 0);
         }
-        ms_matmul(k, ws->kva, kvr + dr, ws->u, D, T, &lw->kv_a, 0);
         ms_rmsnorm(ws->kva, ws->kva, lw->kv_a_norm, T, kvr, kvr + dr, c->rms_norm_eps);
         int64_t t = 0;
         for (int i = 0; i < n_seqs; i++) {
@@ -358,7 +419,7 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         ph_mark(PH_O);
         rc = ms_mlp_forward(m, lw, ws->u, T, ws->y, &ws->mlp, err);
         if (rc) return rc;
-        ph_mark(PH_MLP);
+        ph_mark(lw->is_moe ? PH_MOE : PH_MLP);
         for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
     }
     ms_comm_set_tag(MS_COMM_TAG_NONE);
