@@ -78,6 +78,20 @@ AI void f8_to_bf16(const f8lut *L, __m512i b, __m512i *wa, __m512i *wb)
     *wb = _mm512_permutex2var_epi8(lo, L->ib, hi);
 }
 
+/* The same conversion with in-lane byte interleaves instead of the two
+ * cross-lane ones: wa = codes {0-7, 16-23, 32-39, 48-55}, wb = {8-15, 24-31,
+ * 40-47, 56-63}.  The matmul kernels feed it activations prepared in that
+ * order (prep with perm = 1), which costs two word permutes per 64
+ * activations once, instead of two byte permutes per 64 weights. */
+AI void f8_to_bf16_lanes(const f8lut *L, __m512i b, __m512i *wa, __m512i *wb)
+{
+    __m512i hi = _mm512_permutex2var_epi8(L->th0, b, L->th1);
+    __m512i lo = _mm512_permutex2var_epi8(L->tl0, b, L->tl1);
+    hi = _mm512_ternarylogic_epi32(hi, b, L->sign, 0xF8); /* hi | (b & 0x80) */
+    *wa = _mm512_unpacklo_epi8(lo, hi);
+    *wb = _mm512_unpackhi_epi8(lo, hi);
+}
+
 AI __m512 dp(__m512 acc, __m512i x, __m512i w)
 {
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
@@ -102,9 +116,12 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
         for (int r = 0; r < R; r++) {
             const char *p = w0 + r * ldw + k * es;
             __m512i wa, wb;
+            /* the same place in the next tile's rows (one tile ahead) */
+            _mm_prefetch(p + R * ldw, _MM_HINT_T0);
             if (isf8) {
-                f8_to_bf16(L, _mm512_loadu_si512(p), &wa, &wb);
+                f8_to_bf16_lanes(L, _mm512_loadu_si512(p), &wa, &wb);
             } else {
+                _mm_prefetch(p + R * ldw + 64, _MM_HINT_T0);
                 wa = _mm512_loadu_si512(p);
                 wb = _mm512_loadu_si512(p + 64);
             }
@@ -124,7 +141,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
             __m512i wa, wb;
             if (isf8) {
                 __mmask64 mk = rem >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << rem) - 1);
-                f8_to_bf16(L, _mm512_maskz_loadu_epi8(mk, p), &wa, &wb);
+                f8_to_bf16_lanes(L, _mm512_maskz_loadu_epi8(mk, p), &wa, &wb);
             } else {
                 __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
                 __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
@@ -152,7 +169,10 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * BF16 matrix, 2 threads, one run: 76-93 GB/s against 55-60 GB/s for the
  * 8-row tile (plain read 82 GB/s).  At M = 2..4 the 4-row tile stays faster
  * (46 against 35 GB/s at M = 3): it loads each activation vector once for
- * four weight rows.  No software prefetch anywhere: it only lowered the rate. */
+ * four weight rows.  No software prefetch here: it only lowered the rate.
+ * The tiles (M >= 2) do more arithmetic per weight byte and do gain from
+ * prefetching the next tile (expert-sized 1 MiB matrices at 2 threads, one
+ * run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 -> 31). */
 AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char *w, int64_t ldw,
                   int64_t K, int64_t nr, float *out)
 {
@@ -164,7 +184,7 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
         __m512i wa, wb;
         for (; k < Kf; k += 64) {
             if (isf8) {
-                f8_to_bf16(L, _mm512_loadu_si512(p + k), &wa, &wb);
+                f8_to_bf16_lanes(L, _mm512_loadu_si512(p + k), &wa, &wb);
             } else {
                 wa = _mm512_loadu_si512(p + 2 * k);
                 wb = _mm512_loadu_si512(p + 2 * k + 64);
@@ -175,7 +195,8 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
         if (k < K) { /* tail: masked weight loads; the activations are zero padded */
             int64_t rem = K - k;
             if (isf8) {
-                f8_to_bf16(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p + k), &wa, &wb);
+                f8_to_bf16_lanes(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p + k), &wa,
+                                 &wb);
             } else {
                 __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
                 __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
@@ -207,10 +228,18 @@ AI void block_gemv(const int isf8, const mm_task *t, const f8lut *L, const uint1
 }
 
 /* Rounds rows x[mc][ldx] (times ks[k] when ks) to bf16 into xb[mc][Kp],
- * zero padding columns K..Kp. */
+ * zero padding columns K..Kp.  perm: each group of 64 in the order
+ * f8_to_bf16_lanes produces weights ({0-7, 16-23, 32-39, 48-55}, then
+ * {8-15, 24-31, 40-47, 56-63}). */
 static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp, const float *ks,
-                 uint16_t *xb)
+                 int perm, uint16_t *xb)
 {
+    uint16_t ia[32], ib[32];
+    for (int j = 0; j < 32; j++) {
+        ia[j] = (uint16_t)((j / 8) * 16 + j % 8);
+        ib[j] = (uint16_t)(ia[j] + 8);
+    }
+    const __m512i pa = _mm512_loadu_si512(ia), pb = _mm512_loadu_si512(ib);
     for (int64_t m = 0; m < mc; m++) {
         const float *xr = x + m * ldx;
         uint16_t *o = xb + m * Kp;
@@ -226,6 +255,12 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
             }
             _mm512_storeu_si512(o + k, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
         }
+        if (perm)
+            for (int64_t k = 0; k < Kp; k += 64) {
+                __m512i lo = _mm512_loadu_si512(o + k), hi = _mm512_loadu_si512(o + k + 32);
+                _mm512_storeu_si512(o + k, _mm512_permutex2var_epi16(lo, pa, hi));
+                _mm512_storeu_si512(o + k + 32, _mm512_permutex2var_epi16(lo, pb, hi));
+            }
     }
 }
 
@@ -313,7 +348,8 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
                 ms_mm_bf16_cvt_fp8((const uint8_t *)w + (r - n) * ldw, wb + (r - n) * Kp, K);
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
             int64_t mc = M - m0 < MC ? M - m0 : MC;
-            if (isf8 || !prepared) prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? ks : NULL, xb);
+            if (isf8 || !prepared)
+                prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? ks : NULL, isf8 && !widen, xb);
             prepared = M <= MC;
             if (widen)
                 block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);

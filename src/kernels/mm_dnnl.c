@@ -21,8 +21,11 @@
 
 /* M is rounded up to a multiple of M_BUCKET (padding rows computed into a
  * scratch) so the grouped expert GEMMs, whose row counts change every step,
- * reuse a few primitives instead of creating one per call (0.1-0.3 ms each). */
-enum { N_PRIMS = 128, M_BUCKET = 32 };
+ * reuse a few primitives instead of creating one per call (0.1-0.3 ms each).
+ * MOESERVE_DNNL_MIN_M and MOESERVE_DNNL_BUCKET override both for experiments
+ * (small-v3 prefill: bucket 8/16/32 within noise; MIN_M 32 slower end to end). */
+enum { N_PRIMS = 128 };
+static int64_t M_BUCKET = 32;
 static int64_t MIN_M = 48;
 
 typedef struct pack_ent {
@@ -74,6 +77,8 @@ static int init(void)
     g.max_bytes = (size_t)(e ? atol(e) : 4096) << 20;
     e = getenv("MOESERVE_DNNL_MIN_M");
     if (e) MIN_M = atol(e);
+    e = getenv("MOESERVE_DNNL_BUCKET");
+    if (e && atol(e) > 0) M_BUCKET = atol(e);
     if (dnnl_engine_create(&g.eng, dnnl_cpu, 0) != dnnl_success) goto fail;
     if (dnnl_stream_create(&g.stream, g.eng, dnnl_stream_default_flags) != dnnl_success) goto fail;
     if (!getenv("OMP_WAIT_POLICY"))

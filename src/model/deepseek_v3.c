@@ -62,13 +62,13 @@ struct ms_model_ws {
     /* attention scratch, sized by S (context) */
     float *lat;    /* [S][c+dr] cache rows as f32 */
     float *kv;     /* [S][H*(dn+dv)] expanded keys/values (naive form) */
-    float *kh;     /* [S][dn+dr] one head's keys */
-    float *sc;     /* [max(T,H)][S] scores */
+    float *sc;     /* [cap_sc] prefill scores of one query block [QB][H][S_b] */
     float *qabs;   /* [T][H][c+dr] absorbed queries of the decode rows */
     float *ctx;    /* [T][H][c] attention context of the decode rows */
     float *dq;     /* [T][H][dn+dr] queries of the decode rows, packed */
     float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
     float *ascr;   /* attention kernel scratch */
+    int64_t cap_sc;    /* floats in sc */
     const void **pptr; /* [cap_pptr] page pointers of the decode rows' sequences */
     int64_t cap_pptr;
     ms_attn_seq *aseq; /* [cap_aseq] the decode rows' sequences */
@@ -86,7 +86,7 @@ void ms_model_ws_free(ms_model_ws *ws)
 {
     if (!ws) return;
     float **bufs[] = {&ws->x,  &ws->u,   &ws->qa, &ws->q,  &ws->kva,  &ws->attn, &ws->y,
-                      &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->kh,  &ws->sc,   &ws->qabs,
+                      &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->sc,   &ws->qabs,
                       &ws->ctx, &ws->hn, &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) {
         ms_free_aligned(*bufs[i]);
@@ -149,8 +149,10 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         S = MS_MAX(S, 256);
         REALLOC_F(ws->lat, S * (kvr + dr));
         REALLOC_F(ws->kv, S * H * (dn + dv));
-        REALLOC_F(ws->kh, S * (dn + dr));
-        REALLOC_F(ws->sc, MS_MAX(ws->cap_T, H) * S);
+        /* prefill scores: a block of up to 128 queries × H heads × S keys,
+         * at most 16 M floats unless one query's H × S needs more */
+        ws->cap_sc = MS_MAX(H * S, MS_MIN(MS_MIN(ws->cap_T, 128) * H * S, (int64_t)1 << 24));
+        REALLOC_F(ws->sc, ws->cap_sc);
         REALLOC_F(ws->ascr, ms_attn_scratch_floats(ms_pool_size(m->pool), kvr + dr, H, S));
         ws->cap_S = S;
     }
@@ -215,7 +217,37 @@ static void load_rows(const ms_kv_pool *pool, int layer, const int32_t *pages, i
     }
 }
 
-/* Naive MLA for n new tokens of one sequence (positions p0..p0+n-1). */
+enum { MAX_BLOCK_HEADS = 128 }; /* heads per batched product call */
+
+/* Softmax rows of one prefill block: row r = (i - i0)·H + h of sc [rows][S_b]
+ * holds the scores of query i (position p0 + i) for head h; scaled, softmaxed
+ * over the causal prefix (p0 + i + 1 keys) and zeroed after it. */
+struct sm_job {
+    float *sc;
+    int64_t rows, H, S_b, p0, i0;
+    float scale;
+};
+
+static void softmax_rows(void *arg, int tid, int nt)
+{
+    struct sm_job *j = arg;
+    int64_t r0, r1;
+    ms_pool_range(j->rows, tid, nt, 1, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        float *sr = j->sc + r * j->S_b;
+        int64_t valid = j->p0 + j->i0 + r / j->H + 1;
+        for (int64_t s = 0; s < valid; s++) sr[s] *= j->scale;
+        ms_softmax(sr, valid);
+        memset(sr + valid, 0, sizeof(float) * (size_t)(j->S_b - valid));
+    }
+}
+
+/* Naive MLA for n new tokens of one sequence (positions p0..p0+n-1): keys and
+ * values expanded from the cached latents (kv = kv_b · c_kv), then causal
+ * attention in blocks of queries; block [i0, i1) reads only the first
+ * p0 + i1 keys.  Per block four pool runs cover every head: the nope scores
+ * (one product per head), the rope scores (one product for all heads: the
+ * rope key is shared), the softmax, and the context (one product per head). */
 static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
                        const int32_t *pages, int64_t p0, int64_t n, const float *q, float *out)
 {
@@ -225,25 +257,40 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
             dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p0 + n, row = kvr + dr;
     int64_t qd = dn + dr, kvd = dn + dv;
     load_rows(pool, layer, pages, S, ws->lat);
-    /* expand latents: kv[s] = kv_b · c_kv[s] for all heads */
     ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
-    for (int64_t h = 0; h < H; h++) {
-        for (int64_t s = 0; s < S; s++) {
-            memcpy(ws->kh + s * qd, ws->kv + s * H * kvd + h * kvd, sizeof(float) * (size_t)dn);
-            memcpy(ws->kh + s * qd + dn, ws->lat + s * row + kvr, sizeof(float) * (size_t)dr);
+    int64_t QB = ws->cap_sc / (H * S); /* queries per block: the block's scores fit sc */
+    QB = MS_MAX(1, MS_MIN(QB, 128));
+    ms_mat w[2 * MAX_BLOCK_HEADS];
+    ms_mm_call calls[MAX_BLOCK_HEADS];
+    for (int64_t i0 = 0; i0 < n; i0 += QB) {
+        int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
+        for (int64_t h0 = 0; h0 < H; h0 += MAX_BLOCK_HEADS) { /* scores = q_nope · k_nopeᵀ */
+            int hn = (int)MS_MIN(H - h0, MAX_BLOCK_HEADS);
+            for (int b = 0; b < hn; b++) {
+                int64_t h = h0 + b;
+                w[b] = ms_mat_whole(MS_DT_F32, S_b, dn, ws->kv + h * kvd, NULL);
+                w[b].ld = H * kvd;
+                calls[b] = (ms_mm_call){ws->sc + h * S_b, H * S_b, q + i0 * H * qd + h * qd,
+                                        H * qd, nb, &w[b], 0, 0};
+            }
+            ms_matmul_batch(&m->kctx, calls, hn);
         }
-        ms_mat K = ms_mat_whole(MS_DT_F32, S, qd, ws->kh, NULL);
-        ms_matmul(&m->kctx, ws->sc, S, q + h * qd, H * qd, n, &K, 0);
-        for (int64_t i = 0; i < n; i++) {
-            float *sr = ws->sc + i * S;
-            int64_t valid = p0 + i + 1;
-            for (int64_t s = 0; s < valid; s++) sr[s] *= m->softmax_scale;
-            ms_softmax(sr, valid);
-            for (int64_t s = valid; s < S; s++) sr[s] = 0;
+        ms_mat kr = ms_mat_whole(MS_DT_F32, S_b, dr, ws->lat + kvr, NULL); /* += q_rope · k_ropeᵀ */
+        kr.ld = row;
+        ms_matmul(&m->kctx, ws->sc, S_b, q + i0 * H * qd + dn, qd, nb * H, &kr, 1);
+        struct sm_job sj = {ws->sc, nb * H, H, S_b, p0, i0, m->softmax_scale};
+        ms_pool_run(m->pool, softmax_rows, &sj);
+        for (int64_t h0 = 0; h0 < H; h0 += MAX_BLOCK_HEADS) { /* ctx = p · v */
+            int hn = (int)MS_MIN(H - h0, MAX_BLOCK_HEADS);
+            for (int b = 0; b < hn; b++) {
+                int64_t h = h0 + b;
+                w[b] = ms_mat_whole(MS_DT_F32, S_b, dv, ws->kv + h * kvd + dn, NULL);
+                w[b].ld = H * kvd;
+                calls[b] = (ms_mm_call){out + i0 * H * dv + h * dv, H * dv, ws->sc + h * S_b,
+                                        H * S_b, nb, &w[b], 0, 1};
+            }
+            ms_matmul_batch(&m->kctx, calls, hn);
         }
-        ms_mat V = ms_mat_whole(MS_DT_F32, S, dv, ws->kv + h * kvd + dn, NULL);
-        V.ld = H * kvd;
-        ms_matmul_nn(&m->kctx, out + h * dv, H * dv, ws->sc, S, n, &V, 0);
     }
 }
 
