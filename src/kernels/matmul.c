@@ -8,6 +8,7 @@
  * the bulk conversions.  Call from the rank's main thread (kernels.h).
  */
 #include "base/log.h"
+#include "base/util.h"
 #include "kernels/mm_internal.h"
 
 #include <pthread.h>
@@ -200,6 +201,7 @@ void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t 
 /* ---- batches of products ---- */
 
 #define BATCH_MAX 512
+enum { ITEM_MIN_BYTES = 64 << 10 };
 
 struct mm_batch {
     struct mm_job jobs[BATCH_MAX];
@@ -254,6 +256,11 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         int64_t N = c->nn ? c->W->cols : c->W->rows;
         int64_t align = c->nn ? 64 : j->path == P_BF16 && c->W->dtype == MS_DT_F8E4M3 ? 128 : 16;
         int64_t ch = (N + 2 * nt - 1) / (2 * nt);
+        /* at least ITEM_MIN_BYTES of weights per item: small matrices (MLA's
+         * per-head absorption, 32 KiB each) go whole to one thread instead of
+         * in 8 KiB pieces that each restart the memory stream */
+        int64_t line = (c->nn ? c->W->rows : c->W->cols) * ms_dtype_size(c->W->dtype);
+        ch = MS_MAX(ch, (ITEM_MIN_BYTES + line - 1) / line);
         j->chunk = (ch + align - 1) / align * align;
         b->first[b->n + 1] = b->first[b->n] + (N + j->chunk - 1) / j->chunk;
         b->n++;

@@ -171,13 +171,13 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
     const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
     const int64_t ldw = W->ld * es;
     const float *x0 = t->x + m0 * t->ldx;
-    VF acc[4][NN_C];
-    VF sv[NN_C];
-#pragma GCC unroll 4
-    for (int c = 0; c < NN_C; c++) sv[c] = VZERO();
+    VF acc[4][2 * NN_C];
+    VF sv[2 * NN_C];
+#pragma GCC unroll 8
+    for (int c = 0; c < 2 * NN_C; c++) sv[c] = VZERO();
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[m][c] = VZERO();
     int64_t rb_cur = -1;
     for (int64_t k = 0; k < K; k++) {
@@ -185,16 +185,16 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
         if (dt == MS_DT_F8E4M3) {
             int64_t rb = (W->r0 + k) / 128;
             if (rb != rb_cur) { /* per-lane scales: columns may straddle a block */
-                float s[NN_C * VW];
+                float s[2 * NN_C * VW];
                 for (int j = 0; j < C * VW; j++)
                     s[j] = 256.0f * W->scale[rb * W->scale_ld + (W->c0 + n + j) / 128];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int c = 0; c < C; c++) sv[c] = VLOAD(s + c * VW);
                 rb_cur = rb;
             }
         }
-        VF w[NN_C];
-#pragma GCC unroll 4
+        VF w[2 * NN_C];
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             w[c] = FN(wload)(dt, wr + c * VW * es);
             if (dt == MS_DT_F8E4M3) w[c] = VMUL(w[c], sv[c]);
@@ -202,13 +202,13 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
 #pragma GCC unroll 4
         for (int m = 0; m < MB; m++) {
             VF xb = VSET1(x0[m * t->ldx + k]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int c = 0; c < C; c++) acc[m][c] = VFMA(xb, w[c], acc[m][c]);
         }
     }
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             float *yo = t->y + (m0 + m) * t->ldy + n + c * VW;
             if (t->accumulate) acc[m][c] = VADD(acc[m][c], VLOAD(yo));
@@ -220,6 +220,8 @@ AI void FN(nn_cols_mb)(const mm_task *t, const int dt, const int MB, int64_t m0,
                        int64_t n1)
 {
     int64_t n = n0;
+    if (MB == 1) /* one activation row: twice the columns per pass over W */
+        for (; n + 2 * NN_C * VW <= n1; n += 2 * NN_C * VW) FN(nn_tile)(t, dt, 1, 2 * NN_C, m0, n);
     for (; n + NN_C * VW <= n1; n += NN_C * VW) FN(nn_tile)(t, dt, MB, NN_C, m0, n);
     for (; n + VW <= n1; n += VW) FN(nn_tile)(t, dt, MB, 1, m0, n);
     const ms_mat *W = t->W;
