@@ -166,7 +166,9 @@ int main(int argc, char **argv)
     const ms_model *m = ms_engine_model(e);
     int nt = ms_pool_size(m->pool);
     double bw = ms_probe_read_gbps(m->pool, (size_t)1 << 30, quick ? 3 : 5);
+    double peak = ms_probe_bf16_gflops(m->pool, 3);
     printf("dram threads=%d read_gbps=%.2f\n", nt, bw);
+    printf("peak threads=%d bf16_dot_gflop_s=%.1f\n", nt, peak);
     struct run r1, rp, rb;
     if (run(e, 1, 16, 8, &r1, 1)) return 1; /* warm-up + validation */
     ms_model_profile_print();
@@ -189,9 +191,14 @@ int main(int argc, char **argv)
                            (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) *
                            c->n_layers;
         double flop_tok = 2.0 * (bytes / 2) + attn_flop;
-        printf("prefill model=small-v3 dtype=bf16 tokens=%lld threads=%d tok_s=%.1f gflop_s=%.1f\n",
+        /* gflop_s counts the LM head for every token (as in earlier rows); the
+         * prefill needs it for the last token only: needed_gflop_s, of_peak */
+        double head_flop = 2.0 * c->vocab_size * c->hidden_size;
+        double need = ((flop_tok - head_flop) * rp.prefill_tokens + head_flop) / rp.prefill_s / 1e9;
+        printf("prefill model=small-v3 dtype=bf16 tokens=%lld threads=%d tok_s=%.1f gflop_s=%.1f "
+               "needed_gflop_s=%.1f of_peak=%.2f\n",
                (long long)rp.prefill_tokens, nt, rp.prefill_tokens / rp.prefill_s,
-               flop_tok * rp.prefill_tokens / rp.prefill_s / 1e9);
+               flop_tok * rp.prefill_tokens / rp.prefill_s / 1e9, need, peak > 0 ? need / peak : 0);
         ms_model_profile_print();
     }
     if (strstr(rows, "batch")) {

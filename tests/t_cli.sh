@@ -24,6 +24,18 @@ t "MTP layer loaded and skipped" 'grep -q "(+1 MTP)" "$tmp/err"'
 t "sharded checkpoint (index.json)" '[ -f "$tmp/sh/model.safetensors.index.json" ]'
 out2=$("$MOESERVE" generate --model "$tmp/sh" --prompt "Hello world" --max-new-tokens 5 --ids --ignore-eos 2>/dev/null)
 t "sharded = single file" '[ "$(echo "$out" | grep ^ids:)" = "$(echo "$out2" | grep ^ids:)" ]'
+# weights copied into 2 MiB pages (default) and read from the file mapping
+# (MOESERVE_WEIGHTS=mmap) give the same logits, bit for bit, in both precisions
+for dt in float32 auto; do
+    "$MOESERVE" generate --model "$M" --prompt "Hello world" --max-new-tokens 4 --ignore-eos \
+        --dtype $dt --dump-logits "$tmp/l_copy_$dt.bin" >/dev/null 2>"$tmp/err_copy"
+    MOESERVE_WEIGHTS=mmap "$MOESERVE" generate --model "$M" --prompt "Hello world" \
+        --max-new-tokens 4 --ignore-eos --dtype $dt --dump-logits "$tmp/l_mmap_$dt.bin" \
+        >/dev/null 2>/dev/null
+    t "weights in 2 MiB pages = file mapping ($dt logits)" \
+        '[ -s "$tmp/l_copy_$dt.bin" ] && cmp -s "$tmp/l_copy_$dt.bin" "$tmp/l_mmap_$dt.bin"'
+done
+t "weights copy is logged" 'grep -q "copied into 2 MiB pages" "$tmp/err_copy"'
 # no tokenizer.json: ids in and out
 cp -r "$M" "$tmp/notok" && rm "$tmp/notok/tokenizer.json"
 out3=$("$MOESERVE" generate --model "$tmp/notok" --prompt-ids 0,5,6 --max-new-tokens 3 --ignore-eos 2>/dev/null)

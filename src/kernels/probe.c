@@ -69,3 +69,46 @@ double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps)
     free(buf);
     return best;
 }
+
+/* ---- BF16 dot-product peak ---- */
+
+enum { DP_CHAINS = 12, DP_ITERS = 2000000 };
+
+struct dp_job {
+    volatile float sink[64];
+};
+
+__attribute__((target("avx512f,avx512bf16"))) static void dp_worker(void *arg, int tid, int nt)
+{
+    struct dp_job *j = arg;
+    (void)nt;
+    __m512 a[DP_CHAINS];
+    for (int i = 0; i < DP_CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
+    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), w = (__m512bh)_mm512_set1_epi16(0x3c00);
+    for (int it = 0; it < DP_ITERS; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < DP_CHAINS; i++) a[i] = _mm512_dpbf16_ps(a[i], x, w);
+        __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]),
+                         "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]),
+                         "+v"(a[11]));
+    }
+    float s = 0;
+    for (int i = 0; i < DP_CHAINS; i++) s += _mm512_reduce_add_ps(a[i]);
+    j->sink[tid % 64] = s;
+}
+
+double ms_probe_bf16_gflops(ms_pool *pool, int reps)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    struct dp_job j;
+    double best = 0;
+    int nt = ms_pool_size(pool);
+    for (int r = 0; r < reps; r++) {
+        double t0 = ms_now_s();
+        ms_pool_run(pool, dp_worker, &j);
+        double g = (double)nt * DP_ITERS * DP_CHAINS * 64.0 / (ms_now_s() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    return best;
+}

@@ -1,6 +1,7 @@
 /* probe.h — machine probes for benchmarks: DRAM read bandwidth with the
  * pool's threads (streaming AVX-512 or AVX2 loads over a buffer much larger
- * than the caches).  Main thread only. */
+ * than the caches), and the peak rate of the BF16 dot-product instruction the
+ * matmul kernels use (register-only vdpbf16ps).  Main thread only. */
 #ifndef MS_KERNELS_PROBE_H
 #define MS_KERNELS_PROBE_H
 
@@ -11,5 +12,10 @@
 /* Best of `reps` passes reading `bytes` (rounded to 4 KiB) with every pool
  * thread; GB/s (1e9 bytes per second), or 0 when the buffer cannot be had. */
 double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps);
+
+/* Best of `reps` runs of independent vdpbf16ps chains (12 per thread, no
+ * memory traffic) on every pool thread: GFLOP/s (one instruction = 16 lanes
+ * x 2 products x 2 flops), or 0 on a CPU without AVX512_BF16. */
+double ms_probe_bf16_gflops(ms_pool *pool, int reps);
 
 #endif
