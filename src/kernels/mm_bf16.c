@@ -285,7 +285,7 @@ AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *
         tile(isf8, mb, r, L, xb, ldxb, w0, ldw, K, s);                                             \
         return;                                                                                    \
     }
-    T(1, 8) T(2, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4) T(1, 1) T(2, 1) T(3, 1) T(4, 1)
+    T(1, 8) T(2, 6) T(3, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4) T(1, 1) T(2, 1) T(3, 1) T(4, 1)
 #undef T
 }
 
@@ -295,7 +295,7 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
               int64_t m0, int64_t mc, int64_t n0, int64_t n1, const char *w, int64_t ldw)
 {
     const int64_t K = t->W->cols;
-    const int Rfull = mc == 1 ? 8 : mc == 2 ? 6 : 4;
+    const int Rfull = mc == 1 ? 8 : mc <= 3 ? 6 : 4;
     float s[32];
     for (int64_t n = n0; n < n1;) {
         int R = n1 - n >= Rfull ? Rfull : n1 - n >= 4 ? 4 : 1;
