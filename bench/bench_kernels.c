@@ -126,6 +126,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
                          int64_t K, int64_t N)
 {
     ms_kernels_set_dnnl(dnnl);
+    int64_t min_m = ms_kernels_set_dnnl_min_m(1); /* dnnl=1 rows: oneDNN at every M */
     uint64_t rng = 1234;
     int es = ms_dtype_size(dt);
     size_t wbytes = (size_t)(N * K * es), stride = (wbytes + 64 + 4095) & ~(size_t)4095;
@@ -191,6 +192,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
            flop / best / 1e9 / ref_gflops, err, status, dnnl, first_ms,
            (double)ms_kernels_dnnl_bytes() / 1048576.0);
     ms_kernels_set_dnnl(0); /* frees the prepacked copies of these weights */
+    ms_kernels_set_dnnl_min_m(min_m);
     fflush(stdout);
     free(W);
     free(x);

@@ -415,6 +415,7 @@ TEST(matmul_dnnl_prepack)
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     ms_kctx kc = {pool, 0, best_isa};
     ms_kernels_set_dnnl(1);
+    int64_t min_m = ms_kernels_set_dnnl_min_m(M); /* M = 64 is below the default */
     for (int round = 0; round < 3; round++) {
         emulate_bf16(emu, N, x, K, M, &st.whole, 0);
         ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
@@ -433,6 +434,7 @@ TEST(matmul_dnnl_prepack)
     CHECK(rel_err(y, emu, M, N, N) <= 1e-5);
     CHECK(ms_kernels_dnnl_bytes() == 0);
     ms_kernels_set_dnnl(1);
+    ms_kernels_set_dnnl_min_m(min_m);
     free(x);
     free(y);
     free(emu);

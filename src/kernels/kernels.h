@@ -59,7 +59,7 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * or AVX2; matches ms_matmul_ref to ~1e-6 relative, summation order only).
  * exact = 0 with BF16/FP8 weights on AVX512_BF16: activations rounded once to
  * bf16 (FP8: x·block scale rounded once), vdpbf16ps, FP32 sums (about 1e-3
- * relative to max|y|); BF16 weights at M >= 48 go through oneDNN (below).
+ * relative to max|y|); BF16 weights at M >= 128 go through oneDNN (below).
  * Results do not depend on the pool size.  No allocation per call (per-thread
  * scratch is grown on demand and kept).  Any data alignment.
  * Attention fits the same calls: scores[h][t] = q[h]·cache[t] is ms_matmul
@@ -70,7 +70,7 @@ void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t 
 void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M, const ms_mat *W,
                    int accumulate);
 
-/* oneDNN (auto mode, BF16 weights, M >= 48): each weight view is reordered
+/* oneDNN (auto mode, BF16 weights, M >= 128): each weight view is reordered
  * once into oneDNN's blocked layout and cached, keyed by its data pointer (a
  * second copy of those weights; MOESERVE_DNNL_MB caps it, default 4096 MiB).
  * MOESERVE_DNNL=0 or ms_kernels_set_dnnl(0) turns the path off (and frees the
@@ -78,6 +78,9 @@ void ms_matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M
  * weights that may have been prepacked (a sampled fingerprint also catches
  * most reuse).  Main thread only. */
 void ms_kernels_set_dnnl(int on);
+/* Smallest M sent to oneDNN (default 128, see mm_dnnl.c; MOESERVE_DNNL_MIN_M);
+ * returns the previous value.  Main thread only. */
+int64_t ms_kernels_set_dnnl_min_m(int64_t m);
 void ms_kernels_dnnl_forget(const void *data);
 void ms_kernels_dnnl_clear(void);
 size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */

@@ -22,11 +22,17 @@
 /* M is rounded up to a multiple of M_BUCKET (padding rows computed into a
  * scratch) so the grouped expert GEMMs, whose row counts change every step,
  * reuse a few primitives instead of creating one per call (0.1-0.3 ms each).
- * MOESERVE_DNNL_MIN_M and MOESERVE_DNNL_BUCKET override both for experiments
- * (small-v3 prefill: bucket 8/16/32 within noise; MIN_M 32 slower end to end). */
+ * MIN_M: below it the hand kernel runs.  Each oneDNN call here measured about
+ * as fast as the hand kernel at M = 48 in isolation (150-160 us for 48 x 1024
+ * x 512), but inside a forward, where oneDNN's OpenMP threads and the kernel
+ * pool's workers take turns on the same cores, the 512-token small-v3
+ * prefill ran 625 tok/s with MIN_M = 48 against 975 with oneDNN off and
+ * 1228-1368 with MIN_M = 128 (experts, ~48 rows each, on the hand kernel;
+ * the 512-row projections on oneDNN).  MOESERVE_DNNL_MIN_M and
+ * MOESERVE_DNNL_BUCKET override both for experiments. */
 enum { N_PRIMS = 128 };
 static int64_t M_BUCKET = 32;
-static int64_t MIN_M = 48;
+static int64_t MIN_M = 128;
 
 typedef struct pack_ent {
     const void *data; /* NULL: empty slot */
@@ -58,6 +64,16 @@ static struct {
     float *yb;          /* [M rounded up][N] output of a padded call */
     size_t yb_elems;
 } g;
+
+static int init(void);
+
+int64_t ms_kernels_set_dnnl_min_m(int64_t m)
+{
+    (void)init(); /* the environment is read once, before any override */
+    int64_t old = MIN_M;
+    MIN_M = m > 0 ? m : 1;
+    return old;
+}
 
 void ms_kernels_set_dnnl(int on)
 {

@@ -13,7 +13,7 @@
  * thread; GB/s (1e9 bytes per second), or 0 when the buffer cannot be had. */
 double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps);
 
-/* Best of `reps` runs of independent vdpbf16ps chains (12 per thread, no
+/* Best of `reps` runs of independent vdpbf16ps chains (24 per thread, no
  * memory traffic) on every pool thread: GFLOP/s (one instruction = 16 lanes
  * x 2 products x 2 flops), or 0 on a CPU without AVX512_BF16. */
 double ms_probe_bf16_gflops(ms_pool *pool, int reps);
