@@ -51,26 +51,38 @@ static void attend(const struct job *j, const ms_attn_seq *a, const float *q, fl
     }
 }
 
-/* AVX-512 form of attend (same math, FP32): each cached row is loaded once
- * for a group of up to 8 heads (scores: 8 FMA chains per row); the context
- * is built 16 columns at a time with the 8 heads' sums kept in registers
- * over all rows, so ctx is written once instead of read and written per row. */
+/* AVX-512 form of attend (same math, FP32): each cached row is loaded (and
+ * widened from BF16 in registers) once for a group of up to 8 heads; the
+ * context is built 16 columns at a time with the 8 heads' sums kept in
+ * registers over all rows, so ctx is written once instead of read and written
+ * per row.  Row addresses are computed once per call (rp, S entries). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512
+load_row16(const char *p, int bf, __mmask16 mk)
+{
+    return bf ? _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16))
+              : _mm512_maskz_loadu_ps(mk, p);
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
 attend512(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx, int64_t h0,
-          int64_t h1, float *scores, float *buf)
+          int64_t h1, float *scores, const char **rp)
 {
     enum { G = 8 };
     const int64_t S = a->S, R = a->row, V = j->vdim;
-    const int bf = a->dtype == MS_DT_BF16;
+    const int bf = a->dtype == MS_DT_BF16, es = bf ? 2 : 4;
+    for (int64_t s = 0, p = 0, o = 0; s < S; s++) { /* row addresses, no division per row */
+        rp[s] = (const char *)a->pages[p] + o * R * es;
+        if (++o == a->page_size) o = 0, p++;
+    }
     for (int64_t g0 = h0; g0 < h1; g0 += G) {
         int ng = (int)(h1 - g0 < G ? h1 - g0 : G);
         for (int64_t s = 0; s < S; s++) {
-            const float *r = row_f32(a, s, buf, MS_ISA_AVX512);
             __m512 acc[G];
             for (int h = 0; h < G; h++) acc[h] = _mm512_setzero_ps();
             for (int64_t c = 0; c < R; c += 16) {
                 __mmask16 mk = R - c >= 16 ? 0xffff : (__mmask16)((1u << (R - c)) - 1);
-                __m512 rv = _mm512_maskz_loadu_ps(mk, r + c);
+                __m512 rv = load_row16(rp[s] + c * es, bf, mk);
 #pragma GCC unroll 8
                 for (int h = 0; h < G; h++)
                     if (h < ng)
@@ -86,11 +98,7 @@ attend512(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
             __m512 acc[G];
             for (int h = 0; h < G; h++) acc[h] = _mm512_setzero_ps();
             for (int64_t s = 0; s < S; s++) {
-                const char *p = (const char *)a->pages[s / a->page_size] +
-                                (size_t)((s % a->page_size) * R + c) * (bf ? 2 : 4);
-                __m512 rv = bf ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16))
-                               : _mm512_maskz_loadu_ps(mk, p);
+                __m512 rv = load_row16(rp[s] + c * es, bf, mk);
 #pragma GCC unroll 8
                 for (int h = 0; h < G; h++)
                     if (h < ng)
@@ -106,19 +114,23 @@ static void worker(void *arg, int tid, int nt)
 {
     struct job *j = arg;
     (void)nt;
-    int64_t row = j->seqs[0].row;
-    float *buf = j->scratch + (int64_t)tid * (row + 16 + j->hb * j->S_max);
+    int64_t row = j->seqs[0].row, fl = ms_attn_thread_floats(row, j->hb, j->S_max);
+    float *buf = j->scratch + (int64_t)tid * fl;
     float *scores = buf + row + 16;
+    const char **rp = (const char **)(buf + fl - 2 * j->S_max); /* 8-byte aligned: fl is even */
+    int isa = j->k ? j->k->isa : MS_ISA_SCALAR;
     for (;;) {
         int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (it >= j->n_items) break;
         int i = it / j->items_per_seq;
         int64_t h0 = (it % j->items_per_seq) * j->hb, h1 = h0 + j->hb < j->H ? h0 + j->hb : j->H;
-        int isa = j->k ? j->k->isa : MS_ISA_SCALAR;
-        (isa >= MS_ISA_AVX512 && (j->seqs[i].dtype == MS_DT_BF16 || j->seqs[i].dtype == MS_DT_F32)
-             ? attend512
-             : attend)(j, &j->seqs[i], j->q + (int64_t)i * j->H * row, j->ctx + (int64_t)i * j->H * j->vdim,
-               h0, h1, scores, buf);
+        const ms_attn_seq *a = &j->seqs[i];
+        const float *q = j->q + (int64_t)i * j->H * row;
+        float *ctx = j->ctx + (int64_t)i * j->H * j->vdim;
+        if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32))
+            attend512(j, a, q, ctx, h0, h1, scores, rp);
+        else
+            attend(j, a, q, ctx, h0, h1, scores, buf);
     }
 }
 

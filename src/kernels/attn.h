@@ -21,13 +21,19 @@ typedef struct ms_attn_seq {
     int64_t S;                /* cached rows to attend to */
 } ms_attn_seq;
 
+/* Scratch floats one thread of ms_attn_decode uses: a row buffer, the scores
+ * of one head block (hb heads), and S_max row addresses; even, so that the
+ * next thread's block keeps the addresses 8-byte aligned. */
+static inline int64_t ms_attn_thread_floats(int64_t row, int64_t hb, int64_t S_max)
+{
+    return ((row + 16 + hb * S_max + 1) & ~(int64_t)1) + 2 * S_max;
+}
+
 /* Scratch floats ms_attn_decode needs for a pool of n_threads, H heads and
- * sequences of up to S_max cached rows: per thread a row buffer and the
- * scores of one head block (ceil(H / n_threads) heads). */
+ * sequences of up to S_max cached rows (head blocks of ceil(H / n_threads)). */
 static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row, int64_t H, int64_t S_max)
 {
-    int64_t hb = (H + n_threads - 1) / n_threads;
-    return (int64_t)n_threads * (row + 16 + hb * S_max);
+    return (int64_t)n_threads * ms_attn_thread_floats(row, (H + n_threads - 1) / n_threads, S_max);
 }
 
 /* n sequences at once (a decode batch): q [n][H][row], ctx [n][H][vdim]
