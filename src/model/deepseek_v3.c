@@ -69,6 +69,8 @@ struct ms_model_ws {
     float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
     float *ascr;   /* attention kernel scratch */
     int64_t cap_sc;    /* floats in sc */
+    float *kh;         /* [cap_kh] prefill keys of one head group [HG][S][dn+dr] */
+    int64_t cap_kh;
     const void **pptr; /* [cap_pptr] page pointers of the decode rows' sequences */
     int64_t cap_pptr;
     ms_attn_seq *aseq; /* [cap_aseq] the decode rows' sequences */
@@ -86,7 +88,7 @@ void ms_model_ws_free(ms_model_ws *ws)
 {
     if (!ws) return;
     float **bufs[] = {&ws->x,  &ws->u,   &ws->qa, &ws->q,  &ws->kva,  &ws->attn, &ws->y,
-                      &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->sc,   &ws->qabs,
+                      &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->kh, &ws->sc,   &ws->qabs,
                       &ws->ctx, &ws->hn, &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) {
         ms_free_aligned(*bufs[i]);
@@ -153,6 +155,9 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
          * at most 16 M floats unless one query's H × S needs more */
         ws->cap_sc = MS_MAX(H * S, MS_MIN(MS_MIN(ws->cap_T, 128) * H * S, (int64_t)1 << 24));
         REALLOC_F(ws->sc, ws->cap_sc);
+        /* prefill keys: every head at once up to 16 M floats, else fewer */
+        ws->cap_kh = MS_MAX(S * (dn + dr), MS_MIN(H * S * (dn + dr), (int64_t)1 << 24));
+        REALLOC_F(ws->kh, ws->cap_kh);
         REALLOC_F(ws->ascr, ms_attn_scratch_floats(ms_pool_size(m->pool), kvr + dr, H, S));
         ws->cap_S = S;
     }
@@ -224,7 +229,7 @@ enum { MAX_BLOCK_HEADS = 128 }; /* heads per batched product call */
  * over the causal prefix (p0 + i + 1 keys) and zeroed after it. */
 struct sm_job {
     float *sc;
-    int64_t rows, H, S_b, p0, i0;
+    int64_t rows, hg, S_b, p0, i0; /* row r: query i0 + r / hg */
     float scale;
 };
 
@@ -235,7 +240,7 @@ static void softmax_rows(void *arg, int tid, int nt)
     ms_pool_range(j->rows, tid, nt, 1, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
         float *sr = j->sc + r * j->S_b;
-        int64_t valid = j->p0 + j->i0 + r / j->H + 1;
+        int64_t valid = j->p0 + j->i0 + r / j->hg + 1;
         for (int64_t s = 0; s < valid; s++) sr[s] *= j->scale;
         ms_softmax(sr, valid);
         memset(sr + valid, 0, sizeof(float) * (size_t)(j->S_b - valid));
@@ -243,11 +248,11 @@ static void softmax_rows(void *arg, int tid, int nt)
 }
 
 /* Naive MLA for n new tokens of one sequence (positions p0..p0+n-1): keys and
- * values expanded from the cached latents (kv = kv_b · c_kv), then causal
- * attention in blocks of queries; block [i0, i1) reads only the first
- * p0 + i1 keys.  Per block four pool runs cover every head: the nope scores
- * (one product per head), the rope scores (one product for all heads: the
- * rope key is shared), the softmax, and the context (one product per head). */
+ * values expanded from the cached latents (kv = kv_b · c_kv); per group of
+ * heads the keys [k_nope | k_rope] are laid out contiguously (kh), then
+ * causal attention in blocks of queries: block [i0, i1) reads only the first
+ * p0 + i1 keys, and three pool runs cover the group's heads (scores, one
+ * product per head; softmax; context, one product per head). */
 static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
                        const int32_t *pages, int64_t p0, int64_t n, const float *q, float *out)
 {
@@ -258,38 +263,36 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     int64_t qd = dn + dr, kvd = dn + dv;
     load_rows(pool, layer, pages, S, ws->lat);
     ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
-    int64_t QB = ws->cap_sc / (H * S); /* queries per block: the block's scores fit sc */
-    QB = MS_MAX(1, MS_MIN(QB, 128));
-    ms_mat w[2 * MAX_BLOCK_HEADS];
+    int64_t HG = MS_MAX(1, MS_MIN(MS_MIN(H, MAX_BLOCK_HEADS), ws->cap_kh / (S * qd)));
+    int64_t QB = MS_MAX(1, MS_MIN(ws->cap_sc / (HG * S), 128)); /* block scores fit sc */
+    ms_mat w[MAX_BLOCK_HEADS];
     ms_mm_call calls[MAX_BLOCK_HEADS];
-    for (int64_t i0 = 0; i0 < n; i0 += QB) {
-        int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
-        for (int64_t h0 = 0; h0 < H; h0 += MAX_BLOCK_HEADS) { /* scores = q_nope · k_nopeᵀ */
-            int hn = (int)MS_MIN(H - h0, MAX_BLOCK_HEADS);
-            for (int b = 0; b < hn; b++) {
-                int64_t h = h0 + b;
-                w[b] = ms_mat_whole(MS_DT_F32, S_b, dn, ws->kv + h * kvd, NULL);
-                w[b].ld = H * kvd;
-                calls[b] = (ms_mm_call){ws->sc + h * S_b, H * S_b, q + i0 * H * qd + h * qd,
+    for (int64_t g0 = 0; g0 < H; g0 += HG) {
+        int hg = (int)MS_MIN(H - g0, HG);
+        for (int b = 0; b < hg; b++) /* kh[b][s] = [k_nope of head g0 + b | k_rope] */
+            for (int64_t s = 0; s < S; s++) {
+                float *k = ws->kh + (b * S + s) * qd;
+                memcpy(k, ws->kv + s * H * kvd + (g0 + b) * kvd, sizeof(float) * (size_t)dn);
+                memcpy(k + dn, ws->lat + s * row + kvr, sizeof(float) * (size_t)dr);
+            }
+        for (int64_t i0 = 0; i0 < n; i0 += QB) {
+            int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
+            for (int b = 0; b < hg; b++) { /* scores[i][b][s] = q[i][g0 + b] · kh[b][s] */
+                w[b] = ms_mat_whole(MS_DT_F32, S_b, qd, ws->kh + b * S * qd, NULL);
+                calls[b] = (ms_mm_call){ws->sc + b * S_b, hg * S_b, q + i0 * H * qd + (g0 + b) * qd,
                                         H * qd, nb, &w[b], 0, 0};
             }
-            ms_matmul_batch(&m->kctx, calls, hn);
-        }
-        ms_mat kr = ms_mat_whole(MS_DT_F32, S_b, dr, ws->lat + kvr, NULL); /* += q_rope · k_ropeᵀ */
-        kr.ld = row;
-        ms_matmul(&m->kctx, ws->sc, S_b, q + i0 * H * qd + dn, qd, nb * H, &kr, 1);
-        struct sm_job sj = {ws->sc, nb * H, H, S_b, p0, i0, m->softmax_scale};
-        ms_pool_run(m->pool, softmax_rows, &sj);
-        for (int64_t h0 = 0; h0 < H; h0 += MAX_BLOCK_HEADS) { /* ctx = p · v */
-            int hn = (int)MS_MIN(H - h0, MAX_BLOCK_HEADS);
-            for (int b = 0; b < hn; b++) {
-                int64_t h = h0 + b;
+            ms_matmul_batch(&m->kctx, calls, hg);
+            struct sm_job sj = {ws->sc, nb * hg, hg, S_b, p0, i0, m->softmax_scale};
+            ms_pool_run(m->pool, softmax_rows, &sj);
+            for (int b = 0; b < hg; b++) { /* ctx = p · v */
+                int64_t h = g0 + b;
                 w[b] = ms_mat_whole(MS_DT_F32, S_b, dv, ws->kv + h * kvd + dn, NULL);
                 w[b].ld = H * kvd;
-                calls[b] = (ms_mm_call){out + i0 * H * dv + h * dv, H * dv, ws->sc + h * S_b,
-                                        H * S_b, nb, &w[b], 0, 1};
+                calls[b] = (ms_mm_call){out + i0 * H * dv + h * dv, H * dv, ws->sc + b * S_b,
+                                        hg * S_b, nb, &w[b], 0, 1};
             }
-            ms_matmul_batch(&m->kctx, calls, hn);
+            ms_matmul_batch(&m->kctx, calls, hg);
         }
     }
 }
