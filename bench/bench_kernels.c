@@ -2,7 +2,7 @@
  *
  * Prints one machine-readable row per configuration (key=value fields):
  *   dram     AVX-512 (or AVX2) streaming read of a >= 1 GiB buffer, GB/s
- *   peak     register-only FP32 FMA and BF16 dot-product rates, GFLOP/s
+ *   peak     register-only BF16 dot-product rate, GFLOP/s
  *   pool     ms_pool_run round trip with an empty job, µs
  *   matmul   ms_matmul at decode (M = 1) and batch/prefill (M = 16, 64, 512)
  *            shapes; GFLOP/s, weight GB/s, and the reference twin's GFLOP/s
@@ -37,52 +37,12 @@ static void bench_dram(ms_pool *pool, int nt, int isa)
 
 /* ---- register-only peak ---- */
 
-struct peak_job {
-    int bf16;
-    long iters;
-    float sink[64];
-};
-
-__attribute__((target("avx512f,avx512bf16"))) static float peak_bf16(long iters)
-{
-    __m512 a[12];
-    __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), w = (__m512bh)_mm512_set1_epi16(0x3f80);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_setzero_ps();
-    for (long it = 0; it < iters; it++)
-        for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, w);
-    for (int i = 1; i < 12; i++) a[0] = _mm512_add_ps(a[0], a[i]);
-    return _mm512_reduce_add_ps(a[0]);
-}
-
-__attribute__((target("avx512f"))) static float peak_f32(long iters)
-{
-    __m512 a[12], x = _mm512_set1_ps(1e-7f), w = _mm512_set1_ps(1.0f);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_setzero_ps();
-    for (long it = 0; it < iters; it++)
-        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(x, w, a[i]);
-    for (int i = 1; i < 12; i++) a[0] = _mm512_add_ps(a[0], a[i]);
-    return _mm512_reduce_add_ps(a[0]);
-}
-
-static void peak_worker(void *arg, int tid, int nt)
-{
-    struct peak_job *j = arg;
-    (void)nt;
-    j->sink[tid & 63] += j->bf16 ? peak_bf16(j->iters) : peak_f32(j->iters);
-}
-
+/* The BF16 dot-product peak from kernels/probe.c (assembly: compiled
+ * intrinsics loops kept their accumulators in memory and read a third). */
 static void bench_peak(ms_pool *pool, int nt, int isa)
 {
-    if (isa < MS_ISA_AVX512) return;
-    for (int bf = 0; bf <= (isa >= MS_ISA_AVX512BF16); bf++) {
-        struct peak_job j = {bf, quick ? 2000000 : 10000000, {0}};
-        ms_pool_run(pool, peak_worker, &j);
-        double t0 = ms_now_s();
-        ms_pool_run(pool, peak_worker, &j);
-        double dt = ms_now_s() - t0;
-        double flops = (double)j.iters * 12 * (bf ? 64 : 32) * nt;
-        printf("peak threads=%d op=%s gflops=%.1f\n", nt, bf ? "vdpbf16ps" : "fma_f32", flops / dt / 1e9);
-    }
+    if (isa < MS_ISA_AVX512BF16) return;
+    printf("peak threads=%d op=vdpbf16ps gflops=%.1f\n", nt, ms_probe_bf16_gflops(pool, 3));
 }
 
 /* ---- pool overhead ---- */
