@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 TEST(error_table)
@@ -35,6 +36,22 @@ static void add_range(void *arg, int tid, int n)
     long s = 0;
     for (int64_t i = b; i < e; i++) s += i;
     atomic_fetch_add(&sum_hits, s);
+}
+
+TEST(grow_array)
+{
+    int32_t *a = NULL;
+    int64_t cap = 0;
+    void *p = a;
+    CHECK(ms_grow_array(&p, &cap, 0, sizeof *a) == 0 && cap == 0 && p == NULL);
+    CHECK(ms_grow_array(&p, &cap, 5, sizeof *a) == 0 && cap == 5 && p != NULL);
+    a = p;
+    for (int i = 0; i < 5; i++) a[i] = i * 7;
+    CHECK(ms_grow_array(&p, &cap, 6, sizeof *a) == 0 && cap == 10); /* doubles */
+    a = p;
+    for (int i = 0; i < 5; i++) CHECK(a[i] == i * 7); /* contents kept */
+    CHECK(ms_grow_array(&p, &cap, 3, sizeof *a) == 0 && cap == 10); /* never shrinks */
+    free(p);
 }
 
 TEST(pool_runs_every_item_once)
@@ -98,6 +115,7 @@ int main(void)
 {
     RUN(error_table);
     RUN(checked_math);
+    RUN(grow_array);
     RUN(pool_runs_every_item_once);
     RUN(pool_dynamic_runs_every_item_once);
     return TEST_REPORT();

@@ -84,3 +84,14 @@ int ms_parse_long(const char *flag, const char *v, long lo, long hi, long *out, 
     *out = n;
     return 0;
 }
+
+int ms_grow_array(void **p, int64_t *cap, int64_t n, size_t item_bytes)
+{
+    if (n <= *cap) return 0;
+    int64_t c = MS_MAX(n, 2 * *cap);
+    void *q = realloc(*p, item_bytes * (size_t)c);
+    if (!q) return MS_ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}

@@ -27,6 +27,10 @@ static inline bool ms_add_size(size_t a, size_t b, size_t *out)
 /* 64-byte aligned, zeroed allocation (NULL on failure or overflow); free with ms_free_aligned. */
 void *ms_alloc_aligned(size_t n_items, size_t item_bytes);
 void ms_free_aligned(void *p);
+/* Makes the heap array *p (items of item_bytes, capacity *cap items) hold at
+ * least n items: reallocates to max(n, 2 * *cap), never shrinks.  Returns 0,
+ * or MS_ENOMEM with *p and *cap unchanged. */
+int ms_grow_array(void **p, int64_t *cap, int64_t n, size_t item_bytes);
 
 /* Reads a whole file into a NUL-terminated heap buffer (owned by the caller).
  * Returns 0 or MS_ENOENT/MS_EIO/MS_ETOOBIG (max_bytes limit). */

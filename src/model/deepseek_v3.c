@@ -175,21 +175,12 @@ static int ws_reserve_decode(ms_model *m, const ms_kv_pool *pool, const ms_batch
     /* sized from the workspace's context capacity (which doubles), not from
      * this step's lengths, so a context crossing a page boundary grows nothing */
     int64_t pages = rows * (ws->cap_S / pool->page_size + 1);
-    if (pages > ws->cap_pptr) {
-        int64_t cap = MS_MAX(pages, 2 * ws->cap_pptr);
-        const void **p = realloc(ws->pptr, sizeof(void *) * (size_t)cap);
-        if (!p) return MS_ENOMEM;
-        ws->pptr = p;
-        ws->cap_pptr = cap;
-    }
-    if (rows > ws->cap_aseq) {
-        int64_t cap = MS_MAX(rows, 2 * ws->cap_aseq);
-        ms_attn_seq *a = realloc(ws->aseq, sizeof(ms_attn_seq) * (size_t)cap);
-        if (!a) return MS_ENOMEM;
-        ws->aseq = a;
-        ws->cap_aseq = cap;
-    }
-    return 0;
+    void *pp = ws->pptr, *as = ws->aseq;
+    int rc = ms_grow_array(&pp, &ws->cap_pptr, pages, sizeof(void *));
+    ws->pptr = pp;
+    if (!rc) rc = ms_grow_array(&as, &ws->cap_aseq, rows, sizeof(ms_attn_seq));
+    ws->aseq = as;
+    return rc;
 }
 
 static void store_row(const ms_kv_pool *pool, int layer, const int32_t *pages, int64_t pos,

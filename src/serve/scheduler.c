@@ -139,13 +139,10 @@ static int push_id(struct req *r, int32_t id)
 
 static int reserve_pages(struct req *r, int64_t n)
 {
-    if (n <= r->cap_pages) return 0;
-    int64_t cap = MS_MAX(n, 2 * r->cap_pages);
-    int32_t *p = realloc(r->pages, sizeof(int32_t) * (size_t)cap);
-    if (!p) return MS_ENOMEM;
+    void *p = r->pages;
+    int rc = ms_grow_array(&p, &r->cap_pages, n, sizeof(int32_t));
     r->pages = p;
-    r->cap_pages = cap;
-    return 0;
+    return rc;
 }
 
 int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
