@@ -86,8 +86,8 @@ attend512(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
 #pragma GCC unroll 8
                 for (int h = 0; h < G; h++)
                     if (h < ng)
-                        acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + (g0 + h) * R + c), rv,
-                                                 acc[h]);
+                        acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + (g0 + h) * R + c),
+                                                 rv, acc[h]);
             }
             for (int h = 0; h < ng; h++)
                 scores[(g0 + h - h0) * S + s] = j->scale * _mm512_reduce_add_ps(acc[h]);
@@ -143,8 +143,10 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
     for (int i = 0; i < n; i++) S_max = seqs[i].S > S_max ? seqs[i].S : S_max;
     int per = (int)((H + hb - 1) / hb);
     struct job j = {k, seqs, q, H, vdim, hb, S_max, n * per, per, scale, ctx, scratch, 0};
-    if (nt == 1 || !k) worker(&j, 0, 1);
-    else ms_pool_run_dynamic(k->pool, worker, &j);
+    if (nt == 1 || !k)
+        worker(&j, 0, 1);
+    else
+        ms_pool_run_dynamic(k->pool, worker, &j);
 }
 
 void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t vdim, float scale,
@@ -166,7 +168,8 @@ void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t
         for (int64_t s = 0; s < S; s++) sum += (p[s] = exp(p[s] - mx));
         for (int64_t i = 0; i < vdim; i++) {
             double acc = 0;
-            for (int64_t s = 0; s < S; s++) acc += p[s] / sum * row_f32(a, s, buf, MS_ISA_SCALAR)[i];
+            for (int64_t s = 0; s < S; s++)
+                acc += p[s] / sum * row_f32(a, s, buf, MS_ISA_SCALAR)[i];
             ctx[h * vdim + i] = (float)acc;
         }
     }

@@ -3,9 +3,10 @@
  * the config (errors name file and tensor), and builds ms_mat views into the
  * read-only mmap (norm vectors and the gate bias are copied to f32); then
  * places this rank's matrices in memory (place_weights: a copy into 2 MiB
- * pages by default, the file mapping with MOESERVE_WEIGHTS=mmap).  MTP layers
- * (num_nextn_predict_layers) are validated and kept as views for later use; the main forward skips
- * them. Called once at start-up on the main thread.
+ * pages by default, the file mapping with MOESERVE_WEIGHTS=mmap).  MTP
+ * layers (num_nextn_predict_layers) are validated and kept as views into the
+ * file for later use; the main forward skips them.  Called once at start-up
+ * on the main thread.
  */
 #include "base/log.h"
 #include "base/util.h"
@@ -332,7 +333,7 @@ static void place_weights(ms_model *m)
         each_view(m, place_count, &p);
         size_t huge = (size_t)2 << 20, len = (p.cap + huge - 1) & ~(huge - 1);
         char *raw = len ? mmap(NULL, len + huge, PROT_READ | PROT_WRITE,
-                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
                         : MAP_FAILED;
         if (raw != MAP_FAILED) {
             char *base = (char *)(((uintptr_t)raw + huge - 1) & ~(huge - 1));
