@@ -65,5 +65,11 @@ e "unknown command" nosuchcommand
 cp -r "$M" "$tmp/bad" && truncate -s 100000 "$tmp/bad/model.safetensors"
 msg=$("$MOESERVE" generate --model "$tmp/bad" --prompt-ids 1 2>&1); rc=$?
 t "truncated checkpoint rejected naming the file" '[ $rc -ne 0 ] && echo "$msg" | grep -q "model.safetensors"'
+# mkmodel creates missing parent directories, and says why when it cannot
+"$MOESERVE" mkmodel --preset tiny-v3 --out "$tmp/nested/a/b" >/dev/null 2>&1
+t "mkmodel creates parent directories" '[ -f "$tmp/nested/a/b/config.json" ]'
+touch "$tmp/plainfile"
+msg=$("$MOESERVE" mkmodel --preset tiny-v3 --out "$tmp/plainfile/x" 2>&1)
+t "mkmodel names the directory it cannot create" 'echo "$msg" | grep -q "plainfile/x: cannot create directory: Not a directory"'
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -287,6 +287,25 @@ static int write_tokenizer_config(const char *dir, ms_errbuf *err)
     return fclose(f) == 0 ? 0 : ms_err(err, MS_EIO, "%s: write failed", path);
 }
 
+/* mkdir -p: creates every missing directory of path (mode 0755). */
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 int ms_mkmodel_write(const ms_config *cfg_in, int dtype, uint64_t seed, const char *out_dir,
                      int64_t shard_bytes, ms_errbuf *err)
 {
@@ -295,8 +314,8 @@ int ms_mkmodel_write(const ms_config *cfg_in, int dtype, uint64_t seed, const ch
         cfg.fp8_block = true;
         cfg.weight_block[0] = cfg.weight_block[1] = 128;
     }
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
-        return ms_err(err, MS_EIO, "%s: cannot create directory", out_dir);
+    if (mkdir_p(out_dir) != 0)
+        return ms_err(err, MS_EIO, "%s: cannot create directory: %s", out_dir, strerror(errno));
     char path[1200];
     int rc;
     if (!ms_path_join(path, sizeof path, out_dir, "config.json"))
