@@ -92,6 +92,7 @@ check openai_concurrency 's["peak_active"] == 4 and r["max_concurrent_requests"]
 check openai_request_fields 'set(s["models"]) == {"double-model"} and all(s["ignore_eos"]) and all(s["streams"]) and s["max_tokens"][0] == 10 and set(s["paths"]) == {"/v1/completions"}'
 check openai_json_fields 'all(k in r for k in ["backend", "dataset_name", "request_rate", "max_concurrency", "completed", "total_input_tokens", "total_output_tokens", "request_throughput", "input_throughput", "output_throughput", "duration", "concurrency"] + [f"{a}_{m}_ms" for a in ("mean", "median", "p90", "p99") for m in ("ttft", "tpot", "itl", "e2e_latency")]) and r["request_rate"] == "inf" and r["max_concurrency"] == 4'
 check progress_lines '"8/8 requests done" in err'
+check summary_labels 'all(("%s %s (ms):" % (q, m)) in out for m in ("E2E Latency", "TTFT", "TPOT", "ITL") for q in ("Mean", "Median", "P90", "P99")) and "P95 ITL (ms):" in out and "Max ITL (ms):" in out and "P95 TTFT" not in out'
 
 # 2. chat: the role chunk with empty content arrives at once and must not count as TTFT
 config '{"ttft_ms": 100, "itl_ms": 20}'

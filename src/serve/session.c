@@ -159,6 +159,16 @@ static json_t *generate_meta(ms_session *s)
     return m;
 }
 
+/* The first chat chunk carries the assistant role (OpenAI's stream shape); once. */
+static void send_role(ms_session *s)
+{
+    if (s->sent_role) return;
+    s->sent_role = 1;
+    emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model,
+                                    json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
+                                    NULL, NULL));
+}
+
 /* Handles a text delta (after stop strings) for the stream and the totals. */
 static void on_text(ms_session *s, const char *d, size_t n, int last, json_t *lp)
 {
@@ -173,13 +183,7 @@ static void on_text(ms_session *s, const char *d, size_t n, int last, json_t *lp
         return;
     }
     if (s->api.kind == MS_API_CHAT) {
-        if (!s->sent_role) {
-            s->sent_role = 1;
-            emit_frame(s,
-                       ms_api_chat_chunk(s->id, s->created, s->model,
-                                         json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
-                                         NULL, NULL));
-        }
+        send_role(s);
         ms_chat_delta cd;
         ms_chat_parser_feed(&s->chat, d, n, last, &cd);
         if (cd.reasoning || cd.content || cd.tool_calls || lp) {
@@ -219,13 +223,7 @@ static void finish_stream(ms_session *s)
         }
         free(eb);
     } else if (s->api.kind == MS_API_CHAT) {
-        if (!s->sent_role) {
-            s->sent_role = 1;
-            emit_frame(s,
-                       ms_api_chat_chunk(s->id, s->created, s->model,
-                                         json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
-                                         NULL, NULL));
-        }
+        send_role(s);
         emit_frame(s, ms_api_chat_chunk(s->id, s->created, s->model, json_object(), fr, NULL));
     } else if (s->api.kind == MS_API_COMPLETION) {
         emit_frame(s, ms_api_completion_chunk(s->id, s->created, s->model, "", 0, fr, NULL));

@@ -12,6 +12,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* One latency block of the summary, as SGLang prints it (ITL adds P95 and Max). */
+static void print_stats(FILE *f, const char *what, const ms_bench_stats *st, bool p95_max)
+{
+    char label[64];
+    const char *name[] = {"Mean", "Median", "P90", "P95", "P99", "Max"};
+    const double v[] = {st->mean, st->median, st->p90, st->p95, st->p99, st->max};
+    for (int i = 0; i < 6; i++) {
+        if (!p95_max && (i == 3 || i == 5)) continue;
+        snprintf(label, sizeof label, "%s %s (ms):", name[i], what);
+        fprintf(f, "%-40s %.2f\n", label, v[i]);
+    }
+}
+
 void ms_bench_report_print(FILE *f, const ms_bench_run_info *in, const ms_bench_metrics *m)
 {
     const char *rule = "==================================================";
@@ -44,27 +57,13 @@ void ms_bench_report_print(FILE *f, const ms_bench_run_info *in, const ms_bench_
         fprintf(f, "%-40s %.2f\n", "Request goodput (req/s):", m->request_goodput);
     }
     fprintf(f, "---------------End-to-End Latency----------------\n");
-    fprintf(f, "%-40s %.2f\n", "Mean E2E Latency (ms):", m->e2e_ms.mean);
-    fprintf(f, "%-40s %.2f\n", "Median E2E Latency (ms):", m->e2e_ms.median);
-    fprintf(f, "%-40s %.2f\n", "P90 E2E Latency (ms):", m->e2e_ms.p90);
-    fprintf(f, "%-40s %.2f\n", "P99 E2E Latency (ms):", m->e2e_ms.p99);
+    print_stats(f, "E2E Latency", &m->e2e_ms, false);
     fprintf(f, "---------------Time to First Token----------------\n");
-    fprintf(f, "%-40s %.2f\n", "Mean TTFT (ms):", m->ttft_ms.mean);
-    fprintf(f, "%-40s %.2f\n", "Median TTFT (ms):", m->ttft_ms.median);
-    fprintf(f, "%-40s %.2f\n", "P90 TTFT (ms):", m->ttft_ms.p90);
-    fprintf(f, "%-40s %.2f\n", "P99 TTFT (ms):", m->ttft_ms.p99);
+    print_stats(f, "TTFT", &m->ttft_ms, false);
     fprintf(f, "-----Time per Output Token (excl. 1st token)------\n");
-    fprintf(f, "%-40s %.2f\n", "Mean TPOT (ms):", m->tpot_ms.mean);
-    fprintf(f, "%-40s %.2f\n", "Median TPOT (ms):", m->tpot_ms.median);
-    fprintf(f, "%-40s %.2f\n", "P90 TPOT (ms):", m->tpot_ms.p90);
-    fprintf(f, "%-40s %.2f\n", "P99 TPOT (ms):", m->tpot_ms.p99);
+    print_stats(f, "TPOT", &m->tpot_ms, false);
     fprintf(f, "---------------Inter-Token Latency----------------\n");
-    fprintf(f, "%-40s %.2f\n", "Mean ITL (ms):", m->itl_ms.mean);
-    fprintf(f, "%-40s %.2f\n", "Median ITL (ms):", m->itl_ms.median);
-    fprintf(f, "%-40s %.2f\n", "P90 ITL (ms):", m->itl_ms.p90);
-    fprintf(f, "%-40s %.2f\n", "P95 ITL (ms):", m->itl_ms.p95);
-    fprintf(f, "%-40s %.2f\n", "P99 ITL (ms):", m->itl_ms.p99);
-    fprintf(f, "%-40s %.2f\n", "Max ITL (ms):", m->itl_ms.max);
+    print_stats(f, "ITL", &m->itl_ms, true);
     fprintf(f, "%s\n", rule);
 }
 
