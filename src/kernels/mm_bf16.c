@@ -179,7 +179,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * prefetching the next tile (expert-sized 1 MiB matrices at 2 threads, one
  * run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 -> 31). */
 AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char *w, int64_t ldw,
-                  int64_t K, int64_t nr, float *out)
+                  int64_t K, int64_t nr, float *out, int accumulate)
 {
     const int64_t Kf = K & ~(int64_t)63;
     for (int64_t n = 0; n < nr; n++) {
@@ -212,24 +212,8 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
             a0 = dp(a0, _mm512_loadu_si512(xb + k), wa);
             a1 = dp(a1, _mm512_loadu_si512(xb + k + 32), wb);
         }
-        out[n] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    }
-}
-
-/* gemv_rows for weight rows [n0, n1) (row n0 at w) of an M = 1 product. */
-AI void block_gemv(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *xb, int64_t n0,
-                   int64_t n1, const char *w, int64_t ldw)
-{
-    enum { NB = 64 }; /* outputs staged per step */
-    float s[NB];
-    for (int64_t n = n0; n < n1; n += NB) {
-        int64_t nr = n1 - n < NB ? n1 - n : NB;
-        gemv_rows(isf8, L, xb, w + (n - n0) * ldw, ldw, t->W->cols, nr, s);
-        float *yo = t->y + n;
-        if (t->accumulate)
-            for (int64_t r = 0; r < nr; r++) yo[r] += s[r];
-        else
-            memcpy(yo, s, sizeof(float) * (size_t)nr);
+        float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        out[n] = accumulate ? out[n] + sum : sum;
     }
 }
 
@@ -360,9 +344,9 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
             if (widen)
                 block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
             else if (M == 1 && isf8)
-                block_gemv(1, t, &L, xb, n, ne, w, ldw);
+                gemv_rows(1, &L, xb, w, ldw, K, ne - n, t->y + n, t->accumulate);
             else if (M == 1)
-                block_gemv(0, t, &L, xb, n, ne, w, ldw);
+                gemv_rows(0, &L, xb, w, ldw, K, ne - n, t->y + n, t->accumulate);
             else if (isf8)
                 block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
             else

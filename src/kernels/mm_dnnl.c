@@ -28,10 +28,9 @@
  * pool's workers take turns on the same cores, the 512-token small-v3
  * prefill ran 625 tok/s with MIN_M = 48 against 975 with oneDNN off and
  * 1228-1368 with MIN_M = 128 (experts, ~48 rows each, on the hand kernel;
- * the 512-row projections on oneDNN).  MOESERVE_DNNL_MIN_M and
- * MOESERVE_DNNL_BUCKET override both for experiments. */
-enum { N_PRIMS = 128 };
-static int64_t M_BUCKET = 32;
+ * the 512-row projections on oneDNN).  MOESERVE_DNNL_MIN_M overrides it (and
+ * ms_kernels_set_dnnl_min_m); M buckets of 8 and 16 measured the same as 32. */
+enum { N_PRIMS = 128, M_BUCKET = 32 };
 static int64_t MIN_M = 128;
 
 typedef struct pack_ent {
@@ -93,8 +92,6 @@ static int init(void)
     g.max_bytes = (size_t)(e ? atol(e) : 4096) << 20;
     e = getenv("MOESERVE_DNNL_MIN_M");
     if (e) MIN_M = atol(e);
-    e = getenv("MOESERVE_DNNL_BUCKET");
-    if (e && atol(e) > 0) M_BUCKET = atol(e);
     if (dnnl_engine_create(&g.eng, dnnl_cpu, 0) != dnnl_success) goto fail;
     if (dnnl_stream_create(&g.stream, g.eng, dnnl_stream_default_flags) != dnnl_success) goto fail;
     if (!getenv("OMP_WAIT_POLICY"))

@@ -294,15 +294,14 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
  * dout[i][h] = ctx[i][h] · W_UV[h]ᵀ (W_UV[h] = the next dv rows, [dv][kvr]). */
 static void absorb_heads(ms_model *m, const ms_layer_w *lw, int uv, int64_t n)
 {
-    enum { HB = 128 };
     const ms_config *c = &m->cfg;
     ms_model_ws *ws = m->ws;
     int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
             dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr, qd = dn + dr, kvd = dn + dv;
-    ms_mat w[HB];
-    ms_mm_call calls[HB];
-    for (int64_t h0 = 0; h0 < H; h0 += HB) {
-        int nb = (int)(H - h0 < HB ? H - h0 : HB);
+    ms_mat w[MAX_BLOCK_HEADS];
+    ms_mm_call calls[MAX_BLOCK_HEADS];
+    for (int64_t h0 = 0; h0 < H; h0 += MAX_BLOCK_HEADS) {
+        int nb = (int)(H - h0 < MAX_BLOCK_HEADS ? H - h0 : MAX_BLOCK_HEADS);
         for (int b = 0; b < nb; b++) {
             int64_t h = h0 + b;
             if (!uv) {
