@@ -1,4 +1,5 @@
 /* test_kv_sampler.c — KV pool page accounting and the sampler. */
+#include "base/util.h"
 #include "cache/kv_pool.h"
 #include "harness.h"
 #include "model/sampler.h"
@@ -32,6 +33,25 @@ TEST(kv_pool_alloc_ref_free)
     ms_kv_pool_free(p);
     ms_kv_pool_free(NULL);
     CHECK(ms_kv_pool_new(&p, 0, 10, 4, 5, MS_DT_BF16, &e) == MS_EINVAL);
+}
+
+/* The blocked argmax equals the plain first-best scan, ties, NaNs and odd
+ * lengths included. */
+TEST(sampler_argmax_matches_scan)
+{
+    uint64_t rng = 7;
+    float lg[1000];
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(ms_rng_next(&rng) % 1000);
+        for (int i = 0; i < n; i++) lg[i] = (float)(ms_rng_next(&rng) % 50) - 25; /* many ties */
+        if (trial % 3 == 1) lg[ms_rng_next(&rng) % n] = NAN;
+        if (trial % 10 == 2) lg[0] = NAN;
+        int32_t best = 0;
+        for (int i = 1; i < n; i++)
+            if (lg[i] > lg[best]) best = i;
+        CHECKF(ms_sampler_argmax(lg, n) == best, "trial %d n %d: %d vs %d", trial, n,
+               ms_sampler_argmax(lg, n), best);
+    }
 }
 
 TEST(sampler_greedy_and_seeded)
@@ -78,6 +98,7 @@ TEST(sampler_logprobs)
 int main(void)
 {
     RUN(kv_pool_alloc_ref_free);
+    RUN(sampler_argmax_matches_scan);
     RUN(sampler_greedy_and_seeded);
     RUN(sampler_logprobs);
     return TEST_REPORT();

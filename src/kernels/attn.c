@@ -52,60 +52,111 @@ static void attend(const struct job *j, const ms_attn_seq *a, const float *q, fl
 }
 
 /* AVX-512 form of attend (same math, FP32): each cached row is loaded (and
- * widened from BF16 in registers) once for a group of up to 8 heads; the
- * context is built 16 columns at a time with the 8 heads' sums kept in
- * registers over all rows, so ctx is written once instead of read and written
- * per row.  Row addresses are computed once per call (rp, S entries). */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512
-load_row16(const char *p, int bf, __mmask16 mk)
+ * widened from BF16 in registers) once for a group of up to 8 heads.  Scores
+ * take two rows per step (each query vector loaded once for both); the
+ * context is built 32 columns at a time with the heads' sums kept in
+ * registers over all rows, so ctx is written once.  The group size is a
+ * compile-time constant (group() is instantiated for 1..8): with a runtime
+ * count gcc kept the sums on the stack (perf: every FMA's result stored).
+ * Row addresses are computed once per call (rp, S entries). */
+#define A512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define AI512 static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl")))
+
+AI512 __m512 load_row16(const char *p, int bf, __mmask16 mk)
 {
     return bf ? _mm512_castsi512_ps(
                     _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, p)), 16))
               : _mm512_maskz_loadu_ps(mk, p);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-attend512(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx, int64_t h0,
-          int64_t h1, float *scores, const char **rp)
+enum { PF_ROWS = 6 }; /* scores: rows prefetched this far ahead */
+
+AI512 __mmask16 tail_mask(int64_t left) { return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1); }
+
+/* Heads q[0..NG) (rows R floats apart) over rows rp[0..S): scores sc[NG][S]
+ * (softmaxed), then ctx[NG][V] (rows V apart). */
+AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int64_t V, int bf,
+                 float scale, const float *q, float *sc, float *ctx)
 {
-    enum { G = 8 };
+    const int es = bf ? 2 : 4;
+    int64_t s = 0;
+    for (; s + 2 <= S; s += 2) {
+        __m512 a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
+        if (s + PF_ROWS + 1 < S) /* the rows a few steps ahead: the cache is cold after the weights */
+            for (int64_t c = 0; c < R * es; c += 64) {
+                _mm_prefetch(rp[s + PF_ROWS] + c, _MM_HINT_T0);
+                _mm_prefetch(rp[s + PF_ROWS + 1] + c, _MM_HINT_T0);
+            }
+        for (int64_t c = 0; c < R; c += 16) {
+            __mmask16 mk = tail_mask(R - c);
+            __m512 r0 = load_row16(rp[s] + c * es, bf, mk), r1 = load_row16(rp[s + 1] + c * es, bf, mk);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++) {
+                __m512 qv = _mm512_maskz_loadu_ps(mk, q + h * R + c);
+                a0[h] = _mm512_fmadd_ps(qv, r0, a0[h]);
+                a1[h] = _mm512_fmadd_ps(qv, r1, a1[h]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) {
+            sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+            sc[h * S + s + 1] = scale * _mm512_reduce_add_ps(a1[h]);
+        }
+    }
+    if (s < S) {
+        __m512 a0[8];
+        for (int h = 0; h < NG; h++) a0[h] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < R; c += 16) {
+            __mmask16 mk = tail_mask(R - c);
+            __m512 r0 = load_row16(rp[s] + c * es, bf, mk);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++)
+                a0[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + h * R + c), r0, a0[h]);
+        }
+        for (int h = 0; h < NG; h++) sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+    }
+    for (int h = 0; h < NG; h++) ms_softmax(sc + h * S, S);
+    for (int64_t c = 0; c < V; c += 32) {
+        __mmask16 m0 = tail_mask(V - c), m1 = tail_mask(V - c - 16 > 0 ? V - c - 16 : 0);
+        __m512 a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < S; t++) {
+            __m512 r0 = load_row16(rp[t] + c * es, bf, m0), r1 = load_row16(rp[t] + (c + 16) * es, bf, m1);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++) {
+                __m512 p = _mm512_set1_ps(sc[h * S + t]);
+                a0[h] = _mm512_fmadd_ps(p, r0, a0[h]);
+                a1[h] = _mm512_fmadd_ps(p, r1, a1[h]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) {
+            _mm512_mask_storeu_ps(ctx + h * V + c, m0, a0[h]);
+            _mm512_mask_storeu_ps(ctx + h * V + c + 16, m1, a1[h]);
+        }
+    }
+}
+
+A512 static void attend512(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
+                           int64_t h0, int64_t h1, float *scores, const char **rp)
+{
     const int64_t S = a->S, R = a->row, V = j->vdim;
     const int bf = a->dtype == MS_DT_BF16, es = bf ? 2 : 4;
     for (int64_t s = 0, p = 0, o = 0; s < S; s++) { /* row addresses, no division per row */
         rp[s] = (const char *)a->pages[p] + o * R * es;
         if (++o == a->page_size) o = 0, p++;
     }
-    for (int64_t g0 = h0; g0 < h1; g0 += G) {
-        int ng = (int)(h1 - g0 < G ? h1 - g0 : G);
-        for (int64_t s = 0; s < S; s++) {
-            __m512 acc[G];
-            for (int h = 0; h < G; h++) acc[h] = _mm512_setzero_ps();
-            for (int64_t c = 0; c < R; c += 16) {
-                __mmask16 mk = R - c >= 16 ? 0xffff : (__mmask16)((1u << (R - c)) - 1);
-                __m512 rv = load_row16(rp[s] + c * es, bf, mk);
-#pragma GCC unroll 8
-                for (int h = 0; h < G; h++)
-                    if (h < ng)
-                        acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + (g0 + h) * R + c),
-                                                 rv, acc[h]);
-            }
-            for (int h = 0; h < ng; h++)
-                scores[(g0 + h - h0) * S + s] = j->scale * _mm512_reduce_add_ps(acc[h]);
-        }
-        for (int h = 0; h < ng; h++) ms_softmax(scores + (g0 + h - h0) * S, S);
-        for (int64_t c = 0; c < V; c += 16) {
-            __mmask16 mk = V - c >= 16 ? 0xffff : (__mmask16)((1u << (V - c)) - 1);
-            __m512 acc[G];
-            for (int h = 0; h < G; h++) acc[h] = _mm512_setzero_ps();
-            for (int64_t s = 0; s < S; s++) {
-                __m512 rv = load_row16(rp[s] + c * es, bf, mk);
-#pragma GCC unroll 8
-                for (int h = 0; h < G; h++)
-                    if (h < ng)
-                        acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(g0 + h - h0) * S + s]), rv,
-                                                 acc[h]);
-            }
-            for (int h = 0; h < ng; h++) _mm512_mask_storeu_ps(ctx + (g0 + h) * V + c, mk, acc[h]);
+    for (int64_t g0 = h0; g0 < h1; g0 += 8) {
+        const float *qg = q + g0 * R;
+        float *sg = scores + (g0 - h0) * S, *cg = ctx + g0 * V;
+        switch (h1 - g0 < 8 ? h1 - g0 : 8) {
+#define G(n)                                                                                       \
+    case n: group(n, rp, S, R, V, bf, j->scale, qg, sg, cg); break;
+            G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
         }
     }
 }

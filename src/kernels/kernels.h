@@ -98,10 +98,11 @@ typedef struct ms_mm_call {
 } ms_mm_call;
 
 /* Several independent ms_matmul / ms_matmul_nn products in one pool run
- * (grouped expert GEMMs, MLA's per-head absorption): threads claim chunks of
- * output columns across all of them, so many small products cost one hand-off
- * instead of one each.  Results are identical to calling ms_matmul (or
- * ms_matmul_nn) on each. */
+ * (grouped expert GEMMs, MLA's per-head absorption): each thread streams a
+ * contiguous share of their output columns and steals small slices from
+ * the others' at the end (matmul.c), so many small products cost one
+ * hand-off instead of one each.  Results are identical to calling ms_matmul
+ * (or ms_matmul_nn) on each. */
 void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n);
 
 /* y[M][W.cols] (=|+=) x[M][W.rows] · W   (no transpose; MLA absorption). */

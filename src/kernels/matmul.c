@@ -111,8 +111,6 @@ enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16 };
 struct mm_job {
     mm_task t;
     int path, nn;
-    int64_t chunk;        /* output columns claimed at a time */
-    _Atomic int64_t next; /* first unclaimed output column */
 };
 
 static void run_range(const struct mm_job *j, int64_t b, int64_t e)
@@ -138,23 +136,6 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
     }
 }
 
-/* Threads claim chunks of output columns until none are left, so a thread
- * that starts late (a busy or oversubscribed core) takes less work instead of
- * holding everyone up.  Each output element is computed the same way whoever
- * computes it: results do not depend on the split. */
-static void mm_worker(void *arg, int tid, int nt)
-{
-    struct mm_job *j = arg;
-    int64_t N = j->nn ? j->t.W->cols : j->t.W->rows;
-    (void)tid;
-    (void)nt;
-    for (;;) {
-        int64_t b = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (b >= N) break;
-        run_range(j, b, b + j->chunk < N ? b + j->chunk : N);
-    }
-}
-
 static int pick_path(const ms_kctx *k, const ms_mat *W)
 {
     int isa = k ? k->isa : MS_ISA_SCALAR;
@@ -169,113 +150,213 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
     return P_SCALAR;
 }
 
+/* ---- scheduling: one pool run for one or many products ----
+ *
+ * The products' output columns are cut into slices of about SLICE_BYTES of
+ * weights, listed in call order (for the weights of one product: memory
+ * order).  Each thread owns a contiguous share of the list, equal in cost,
+ * and works through it front to back, so it reads one long forward stream of
+ * weights; a thread whose share is done takes single slices from the back of
+ * the share with the most left.  The last thread to finish therefore waits
+ * for at most about one slice, and no thread restarts its stream at every
+ * claim.  (Measured against the earlier shared counter of 128-row chunks:
+ * bench/RESULTS.md.)  Each output element is computed the same way whoever
+ * computes it: results do not depend on the split. */
+
+#define BATCH_MAX 512
+enum {
+    SLICE_BYTES = 32 << 10, /* weights per slice (small matrices stay whole) */
+    MAX_SLICES = 4096,      /* slices grow beyond SLICE_BYTES to stay below half of it */
+    MAX_SHARES = 64,        /* threads beyond this share the last shares' work by stealing */
+    CLAIM_MAX = 8,          /* slices an owner claims at once, early in its share */
+};
+
+struct slice {
+    int32_t job;
+    int64_t n0, n1;
+};
+
+struct share {
+    _Alignas(64) _Atomic uint64_t fb; /* front << 32 | back: unclaimed slices [front, back) */
+};
+
+struct sched {
+    struct mm_job jobs[BATCH_MAX];
+    struct slice sl[MAX_SLICES];
+    struct share share[MAX_SHARES];
+    int n_jobs, n_sl, n_shares;
+};
+
+/* Claims slices from share s: the owner from the front (a few at a time while
+ * plenty are left), a thief one from the back.  Returns the count (0: empty). */
+static int claim(struct share *sh, int owner, int *first)
+{
+    uint64_t fb = atomic_load_explicit(&sh->fb, memory_order_relaxed);
+    for (;;) {
+        uint32_t f = (uint32_t)(fb >> 32), b = (uint32_t)fb;
+        if (f >= b) return 0;
+        uint32_t g = 1;
+        if (owner) {
+            g = (b - f) / 4;
+            g = g < 1 ? 1 : g > CLAIM_MAX ? CLAIM_MAX : g;
+        }
+        uint64_t want = owner ? (uint64_t)(f + g) << 32 | b : (uint64_t)f << 32 | (b - 1);
+        if (atomic_compare_exchange_weak_explicit(&sh->fb, &fb, want, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *first = owner ? (int)f : (int)(b - 1);
+            return (int)g;
+        }
+    }
+}
+
+/* Runs slices [i, i + n): consecutive slices of one product as one call. */
+static void run_slices(const struct sched *S, int i, int n)
+{
+    while (n > 0) {
+        const struct slice *a = &S->sl[i];
+        int64_t end = a->n1;
+        int used = 1;
+        while (used < n && S->sl[i + used].job == a->job) end = S->sl[i + used++].n1;
+        run_range(&S->jobs[a->job], a->n0, end);
+        i += used;
+        n -= used;
+    }
+}
+
+static void sched_worker(void *arg, int tid, int nt)
+{
+    struct sched *S = arg;
+    (void)nt;
+    int first, n;
+    if (tid < S->n_shares)
+        while ((n = claim(&S->share[tid], 1, &first)) > 0) run_slices(S, first, n);
+    for (;;) { /* own share done (or none): steal from the fullest */
+        int best = -1;
+        uint32_t most = 0;
+        for (int s = 0; s < S->n_shares; s++) {
+            uint64_t fb = atomic_load_explicit(&S->share[s].fb, memory_order_relaxed);
+            uint32_t f = (uint32_t)(fb >> 32), b = (uint32_t)fb;
+            if (b > f && b - f > most) most = b - f, best = s;
+        }
+        if (best < 0) return;
+        if ((n = claim(&S->share[best], 0, &first)) > 0) run_slices(S, first, n);
+    }
+}
+
 /* Below this many multiply-adds a call runs on the calling thread only: the
  * pool hand-off (>= 5 µs measured here) would cost more than it saves
  * (2^18 BF16 weights take about 15 µs on one core at 35 GB/s). */
 enum { MT_MIN_MACS = 1 << 18 };
 
-static void run(const ms_kctx *k, struct mm_job *j)
+/* Slices the n jobs in S->jobs and runs them on the pool (or here). */
+static void sched_run(const ms_kctx *k, struct sched *S)
 {
-    int64_t N = j->nn ? j->t.W->cols : j->t.W->rows;
-    int64_t K = j->nn ? j->t.W->rows : j->t.W->cols;
     int nt = k ? ms_pool_size(k->pool) : 1;
-    if (j->t.M * N * K < MT_MIN_MACS) nt = 1;
-    /* about 4 chunks per thread, whole 128-row blocks (FP8 scales) when big */
-    int64_t align = j->nn ? 64 : 16, c = (N + 4 * nt - 1) / (4 * nt);
-    if (c >= 128) align = 128;
-    j->chunk = nt == 1 ? N : (c + align - 1) / align * align;
-    atomic_init(&j->next, 0);
-    if (nt == 1) mm_worker(j, 0, 1);
-    else ms_pool_run_dynamic(k->pool, mm_worker, j);
+    int64_t total_bytes = 0, total_macs = 0;
+    for (int i = 0; i < S->n_jobs; i++) {
+        const struct mm_job *j = &S->jobs[i];
+        int64_t bytes = j->t.W->rows * j->t.W->cols * ms_dtype_size(j->t.W->dtype);
+        total_bytes += bytes;
+        total_macs += j->t.M * j->t.W->rows * j->t.W->cols;
+    }
+    if (S->n_jobs == 0) return;
+    if (nt == 1 || total_macs < MT_MIN_MACS) {
+        for (int i = 0; i < S->n_jobs; i++) {
+            const struct mm_job *j = &S->jobs[i];
+            run_range(j, 0, j->nn ? j->t.W->cols : j->t.W->rows);
+        }
+        return;
+    }
+    int64_t slice = MS_MAX((int64_t)SLICE_BYTES, 2 * total_bytes / MAX_SLICES);
+    double total_cost = 0;
+    S->n_sl = 0;
+    for (int i = 0; i < S->n_jobs; i++) {
+        const struct mm_job *j = &S->jobs[i];
+        const ms_mat *W = j->t.W;
+        int64_t N = j->nn ? W->cols : W->rows;
+        int64_t line = (j->nn ? W->rows : W->cols) * ms_dtype_size(W->dtype); /* bytes per column */
+        /* whole 128-row blocks for FP8 (one activation scaling per block) */
+        int64_t align = j->nn ? 64 : j->path == P_BF16 && W->dtype == MS_DT_F8E4M3 ? 128 : 16;
+        int64_t per = (slice + line - 1) / line;
+        per = (per + align - 1) / align * align;
+        /* at most total_bytes / slice + n_jobs <= MAX_SLICES / 2 + BATCH_MAX slices */
+        for (int64_t n = 0; n < N; n += per)
+            S->sl[S->n_sl++] = (struct slice){i, n, n + per < N ? n + per : N};
+        total_cost += (double)N * line * (double)(j->t.M + 3);
+    }
+    /* shares of equal cost (weight bytes × (rows + 3): memory plus arithmetic) */
+    int ns = nt < MAX_SHARES ? nt : MAX_SHARES, s = 0;
+    double acc = 0;
+    uint32_t start = 0;
+    for (int i = 0; i < S->n_sl && s < ns - 1; i++) {
+        const struct slice *a = &S->sl[i];
+        const struct mm_job *j = &S->jobs[a->job];
+        int64_t line = (j->nn ? j->t.W->rows : j->t.W->cols) * ms_dtype_size(j->t.W->dtype);
+        acc += (double)(a->n1 - a->n0) * line * (double)(j->t.M + 3);
+        if (acc >= total_cost * (s + 1) / ns) {
+            atomic_store_explicit(&S->share[s++].fb, (uint64_t)start << 32 | (uint32_t)(i + 1),
+                                  memory_order_relaxed);
+            start = (uint32_t)(i + 1);
+        }
+    }
+    for (; s < ns; s++) { /* the last share takes the rest; any others are empty */
+        atomic_store_explicit(&S->share[s].fb, (uint64_t)start << 32 | (uint32_t)S->n_sl,
+                              memory_order_relaxed);
+        start = (uint32_t)S->n_sl;
+    }
+    S->n_shares = ns;
+    ms_pool_run_dynamic(k->pool, sched_worker, S);
 }
+
+/* The schedule of the current call: kernels run on the rank's main thread
+ * only (kernels.h), so one is enough. */
+static struct sched sched_state;
 
 void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                const ms_mat *W, int accumulate)
 {
     if (M <= 0 || W->rows <= 0) return;
-    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 0, 0, 0};
-    if (j.path == P_BF16 && W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &j.t) == 0) return;
-    run(k, &j);
-}
-
-/* ---- batches of products ---- */
-
-#define BATCH_MAX 512
-enum { ITEM_MIN_BYTES = 64 << 10 };
-
-struct mm_batch {
-    struct mm_job jobs[BATCH_MAX];
-    int64_t first[BATCH_MAX + 1]; /* first work item of each job */
-    int n;
-    _Atomic int64_t next;         /* next unclaimed work item */
-};
-
-static void batch_worker(void *arg, int tid, int nt)
-{
-    struct mm_batch *b = arg;
-    (void)tid;
-    (void)nt;
-    int j = 0;
-    for (;;) {
-        int64_t item = atomic_fetch_add_explicit(&b->next, 1, memory_order_relaxed);
-        if (item >= b->first[b->n]) break;
-        while (b->first[j + 1] <= item) j++; /* items are claimed in increasing order */
-        const struct mm_job *job = &b->jobs[j];
-        int64_t N = job->nn ? job->t.W->cols : job->t.W->rows,
-                s0 = (item - b->first[j]) * job->chunk;
-        run_range(job, s0, s0 + job->chunk < N ? s0 + job->chunk : N);
-    }
+    struct sched *S = &sched_state;
+    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 0};
+    if (S->jobs[0].path == P_BF16 && W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &S->jobs[0].t) == 0)
+        return;
+    S->n_jobs = 1;
+    sched_run(k, S);
 }
 
 void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
 {
-    int nt = k ? ms_pool_size(k->pool) : 1;
-    int64_t total_macs = 0;
-    for (int i = 0; i < n; i++)
-        if (calls[i].M > 0) total_macs += calls[i].M * calls[i].W->rows * calls[i].W->cols;
-    static struct mm_batch batch; /* kernels run on the rank's main thread only */
-    struct mm_batch *b = &batch;
-    if (n > BATCH_MAX || nt == 1 || total_macs < MT_MIN_MACS) {
+    struct sched *S = &sched_state;
+    if (n > BATCH_MAX) {
         for (int i = 0; i < n; i++)
             (calls[i].nn ? ms_matmul_nn : ms_matmul)(k, calls[i].y, calls[i].ldy, calls[i].x,
                                                      calls[i].ldx, calls[i].M, calls[i].W,
                                                      calls[i].accumulate);
         return;
     }
-    b->n = 0;
-    b->first[0] = 0;
+    S->n_jobs = 0;
     for (int i = 0; i < n; i++) {
         const ms_mm_call *c = &calls[i];
         if (c->M <= 0 || c->W->rows <= 0 || c->W->cols <= 0) continue;
-        struct mm_job *j = &b->jobs[b->n];
+        struct mm_job *j = &S->jobs[S->n_jobs];
         *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate},
-                             pick_path(k, c->W), c->nn != 0, 0, 0};
+                             pick_path(k, c->W), c->nn != 0};
         if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 &&
             ms_mm_dnnl_nt(k, &j->t) == 0)
             continue; /* large M: oneDNN did it on its own threads */
-        int64_t N = c->nn ? c->W->cols : c->W->rows;
-        int64_t align = c->nn ? 64 : j->path == P_BF16 && c->W->dtype == MS_DT_F8E4M3 ? 128 : 16;
-        int64_t ch = (N + 2 * nt - 1) / (2 * nt);
-        /* at least ITEM_MIN_BYTES of weights per item: small matrices (MLA's
-         * per-head absorption, 32 KiB each) go whole to one thread instead of
-         * in 8 KiB pieces that each restart the memory stream */
-        int64_t line = (c->nn ? c->W->rows : c->W->cols) * ms_dtype_size(c->W->dtype);
-        ch = MS_MAX(ch, (ITEM_MIN_BYTES + line - 1) / line);
-        j->chunk = (ch + align - 1) / align * align;
-        b->first[b->n + 1] = b->first[b->n] + (N + j->chunk - 1) / j->chunk;
-        b->n++;
+        S->n_jobs++;
     }
-    if (b->n == 0) return;
-    atomic_init(&b->next, 0);
-    ms_pool_run_dynamic(k->pool, batch_worker, b);
+    sched_run(k, S);
 }
 
 void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                   const ms_mat *W, int accumulate)
 {
     if (M <= 0 || W->cols <= 0) return;
-    struct mm_job j = {{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 1, 0, 0};
-    run(k, &j);
+    struct sched *S = &sched_state;
+    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 1};
+    S->n_jobs = 1;
+    sched_run(k, S);
 }
 
 /* ---- bulk conversions ---- */

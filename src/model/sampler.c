@@ -6,12 +6,23 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* The first index of the largest value (NaNs are passed over; a NaN at 0
+ * gives 0).  Eight independent running maxima, then a search for the first
+ * match: the single dependent compare chain took ~0.1 ms per 32k-token step. */
 int32_t ms_sampler_argmax(const float *logits, int64_t vocab)
 {
-    int32_t best = 0;
-    for (int64_t i = 1; i < vocab; i++)
-        if (logits[i] > logits[best]) best = (int32_t)i;
-    return best;
+    if (vocab <= 0 || isnan(logits[0])) return 0;
+    float mx[8];
+    for (int j = 0; j < 8; j++) mx[j] = logits[0];
+    int64_t i = 0;
+    for (; i + 8 <= vocab; i += 8)
+        for (int j = 0; j < 8; j++) mx[j] = logits[i + j] > mx[j] ? logits[i + j] : mx[j];
+    for (; i < vocab; i++) mx[0] = logits[i] > mx[0] ? logits[i] : mx[0];
+    float m = mx[0];
+    for (int j = 1; j < 8; j++) m = mx[j] > m ? mx[j] : m;
+    for (i = 0; i < vocab; i++)
+        if (logits[i] == m) return (int32_t)i;
+    return 0;
 }
 
 static const float *g_sort_prob; /* qsort has no context argument; main thread only */
