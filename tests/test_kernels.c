@@ -302,6 +302,28 @@ TEST(matmul_same_bits_any_pool)
     free(y2);
 }
 
+/* The one-pass top-k gives the repeated scans' answer: ties, -inf, NaNs. */
+TEST(topk_vs_ref)
+{
+    uint64_t rng = 11;
+    float x[300];
+    int32_t a[16], b[16];
+    for (int trial = 0; trial < 2000; trial++) {
+        int n = 1 + (int)(ms_rng_next(&rng) % 300), k = 1 + (int)(ms_rng_next(&rng) % 16);
+        if (k > n) k = n;
+        for (int i = 0; i < n; i++) {
+            x[i] = (float)(ms_rng_next(&rng) % 20) - 10; /* many ties */
+            if (ms_rng_next(&rng) % 10 == 0) x[i] = -INFINITY;
+        }
+        if (trial % 50 == 7) x[ms_rng_next(&rng) % n] = NAN;
+        ms_topk(x, n, k, a);
+        ms_topk_ref(x, n, k, b);
+        int same = 1;
+        for (int j = 0; j < k; j++) same &= a[j] == b[j];
+        CHECKF(same, "trial %d n %d k %d", trial, n, k);
+    }
+}
+
 TEST(elementwise_vs_ref)
 {
     uint64_t rng = 5;
@@ -453,6 +475,7 @@ int main(void)
     RUN(matmul_dnnl_prepack);
     RUN(matmul_batch_same_as_single);
     RUN(matmul_same_bits_any_pool);
+    RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();
     ms_pool_free(pool);

@@ -132,8 +132,10 @@ void ms_silu_mul(float *out, const float *g, const float *u, int64_t n);
 void ms_silu_mul_ref(float *out, const float *g, const float *u, int64_t n);
 
 /* Indices of the k largest values of x[n] (ties: lower index first), written
- * in descending value order.  k <= n. */
+ * in descending value order.  k <= n.  The reference twin selects by repeated
+ * scans (its order with NaNs is what both give). */
 void ms_topk(const float *x, int64_t n, int k, int32_t *idx);
+void ms_topk_ref(const float *x, int64_t n, int k, int32_t *idx);
 
 /* Bulk conversions with the kernels' SIMD code (isa: MS_ISA_*, lower ISAs give
  * the same results).  ms_cvt_to_f32: F32/BF16/F16/F8E4M3 (FP8 unscaled) to

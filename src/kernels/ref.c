@@ -111,9 +111,9 @@ void ms_silu_mul_ref(float *out, const float *g, const float *u, int64_t n)
     for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-void ms_topk(const float *x, int64_t n, int k, int32_t *idx)
+void ms_topk_ref(const float *x, int64_t n, int k, int32_t *idx)
 {
-    /* selection by repeated scan: k is small (<= 16) and n modest (<= 512) */
+    /* selection by repeated scan */
     for (int j = 0; j < k; j++) {
         int64_t best = -1;
         for (int64_t i = 0; i < n; i++) {

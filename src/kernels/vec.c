@@ -1,5 +1,6 @@
 /* vec.c — the vectorised elementwise kernels: rmsnorm, softmax, silu·mul,
- * dot and axpy in FP32 with AVX2 + FMA (the build baseline, so no dispatch).
+ * dot and axpy in FP32 with AVX2 + FMA (the build baseline, so no dispatch),
+ * and the router's top-k selection.
  * Their scalar twins (*_ref in ref.c) are the test oracle.  Pure functions,
  * any thread.
  */
@@ -127,4 +128,28 @@ void ms_silu_mul(float *out, const float *g, const float *u, int64_t n)
         _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* One pass keeping the best k so far in order (value descending, index
+ * ascending on ties): the same answer as k repeated scans, in O(n·k) instead
+ * of O(n·k²) with an inner search.  A NaN makes the scans' answer depend on
+ * where it sits, so then the reference gives it. */
+void ms_topk(const float *x, int64_t n, int k, int32_t *idx)
+{
+    if (k <= 0) return;
+    int m = 0; /* entries kept in idx */
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (v != v) {
+            ms_topk_ref(x, n, k, idx);
+            return;
+        }
+        if (m == k && !(v > x[idx[k - 1]])) continue; /* ties keep the earlier index */
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && v > x[idx[j - 1]]) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = (int32_t)i;
+    }
 }
