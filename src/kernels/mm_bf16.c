@@ -234,12 +234,15 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
     }
 }
 
-/* Rounds rows x[mc][ldx] (times ks[k] when ks) to bf16 into xb[mc][Kp],
- * zero padding columns K..Kp.  perm: each group of 64 in the order
+/* Rounds rows x[mc][ldx] (times the FP8 column-block scale when srow: column
+ * k of the view takes srow[(c0 + k) / 128]) to bf16 into xb[mc][Kp], zero
+ * padding columns K..Kp, in one pass.  perm: each group of 64 in the order
  * f8_to_bf16_lanes produces weights ({0-7, 16-23, 32-39, 48-55}, then
- * {8-15, 24-31, 40-47, 56-63}). */
-static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp, const float *ks,
-                 int perm, uint16_t *xb)
+ * {8-15, 24-31, 40-47, 56-63}).  FP8 GEMVs redo this for every 128-row
+ * block; a per-column scale array and a second pass for the order took ~15 %
+ * of an L2-hot FP8 GEMV. */
+static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp, const float *srow,
+                 int64_t c0, int perm, uint16_t *xb)
 {
     uint16_t ia[32], ib[32];
     for (int j = 0; j < 32; j++) {
@@ -250,24 +253,33 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
     for (int64_t m = 0; m < mc; m++) {
         const float *xr = x + m * ldx;
         uint16_t *o = xb + m * Kp;
-        for (int64_t k = 0; k < Kp; k += 32) {
-            int64_t rem = K - k;
-            __mmask16 m0 = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
-            __mmask16 m1 = rem >= 32 ? 0xffff : rem <= 16 ? 0 : (__mmask16)((1u << (rem - 16)) - 1);
-            __m512 v0 = _mm512_maskz_loadu_ps(m0, xr + k);
-            __m512 v1 = _mm512_maskz_loadu_ps(m1, xr + k + 16);
-            if (ks) {
-                v0 = _mm512_mul_ps(v0, _mm512_maskz_loadu_ps(m0, ks + k));
-                v1 = _mm512_mul_ps(v1, _mm512_maskz_loadu_ps(m1, ks + k + 16));
+        for (int64_t k = 0; k < Kp; k += 64) {
+            __m512 v[4];
+            for (int q = 0; q < 4; q++) {
+                int64_t rem = K - k - 16 * q;
+                __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
+                v[q] = _mm512_maskz_loadu_ps(mk, xr + k + 16 * q);
+                if (srow && rem > 0) { /* 16 columns never straddle a 128-column block when c0 % 16 == 0 */
+                    if ((c0 & 15) == 0) {
+                        v[q] = _mm512_mul_ps(v[q], _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128]));
+                    } else {
+                        float s16[16];
+                        for (int e = 0; e < 16; e++)
+                            s16[e] = e < rem ? srow[(c0 + k + 16 * q + e) / 128] : 0.0f;
+                        v[q] = _mm512_mul_ps(v[q], _mm512_loadu_ps(s16));
+                    }
+                }
             }
-            _mm512_storeu_si512(o + k, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-        }
-        if (perm)
-            for (int64_t k = 0; k < Kp; k += 64) {
-                __m512i lo = _mm512_loadu_si512(o + k), hi = _mm512_loadu_si512(o + k + 32);
+            __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]);
+            __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+            if (perm) {
                 _mm512_storeu_si512(o + k, _mm512_permutex2var_epi16(lo, pa, hi));
                 _mm512_storeu_si512(o + k + 32, _mm512_permutex2var_epi16(lo, pb, hi));
+            } else {
+                _mm512_storeu_si512(o + k, lo);
+                _mm512_storeu_si512(o + k + 32, hi);
             }
+        }
     }
 }
 
@@ -329,10 +341,9 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
     const int64_t mcmax = M < MC ? M : MC;
     const int widen = isf8 && M >= MC;
     size_t wb_bytes = widen ? (size_t)(128 * Kp) * 2 : 0;
-    char *scr = ms_mm_scratch((size_t)Kp * 4 + (size_t)(mcmax * Kp) * 2 + wb_bytes);
+    char *scr = ms_mm_scratch((size_t)(mcmax * Kp) * 2 + wb_bytes);
     if (!scr) return -1;
-    float *ks = (float *)scr;                  /* [Kp] per-column scale of one row block */
-    uint16_t *xb = (uint16_t *)(scr + Kp * 4); /* [mcmax][Kp] bf16 activations */
+    uint16_t *xb = (uint16_t *)scr;            /* [mcmax][Kp] bf16 activations */
     uint16_t *wb = xb + mcmax * Kp;            /* [128][Kp] widened FP8 rows */
     const int64_t ldw = W->ld * (isf8 ? 1 : 2);
     f8lut L;
@@ -340,15 +351,12 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
     int prepared = 0;
     for (int64_t n = n0; n < n1;) {
         int64_t ne;
+        const float *srow = NULL; /* the block's column-block scales */
         if (isf8) { /* one 128-row scale block of the stored matrix */
             int64_t rb = (W->r0 + n) / 128;
             ne = (rb + 1) * 128 - W->r0;
             if (ne > n1) ne = n1;
-            const float *srow = W->scale + rb * W->scale_ld;
-            for (int64_t k = 0; k < K;) { /* runs of columns in one 128-column block */
-                int64_t cb = (W->c0 + k) / 128, ke = (cb + 1) * 128 - W->c0;
-                for (ke = ke < K ? ke : K; k < ke; k++) ks[k] = srow[cb];
-            }
+            srow = W->scale + rb * W->scale_ld;
         } else {
             ne = M <= MC ? n1 : (n + 128 < n1 ? n + 128 : n1);
         }
@@ -359,7 +367,8 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
             int64_t mc = M - m0 < MC ? M - m0 : MC;
             if (isf8 || !prepared)
-                prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? ks : NULL, isf8 && !widen, xb);
+                prep(t->x + m0 * t->ldx, t->ldx, mc, K, Kp, isf8 ? srow : NULL, W->c0,
+                     isf8 && !widen, xb);
             prepared = M <= MC;
             if (widen)
                 block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
