@@ -173,13 +173,13 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
     const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
     const int64_t ldw = W->ld * es;
     const float *x0 = t->x + m0 * t->ldx;
-    VF acc[4][2 * NN_C];
-    VF sv[2 * NN_C];
-#pragma GCC unroll 8
-    for (int c = 0; c < 2 * NN_C; c++) sv[c] = VZERO();
+    VF acc[4][4 * NN_C];
+    VF sv[4 * NN_C];
+#pragma GCC unroll 16
+    for (int c = 0; c < 4 * NN_C; c++) sv[c] = VZERO();
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int c = 0; c < C; c++) acc[m][c] = VZERO();
     int64_t rb_cur = -1;
     for (int64_t k = 0; k < K; k++) {
@@ -187,20 +187,20 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
         if (dt == MS_DT_F8E4M3) {
             int64_t rb = (W->r0 + k) / 128;
             if (rb != rb_cur) { /* per-lane scales: columns may straddle a block */
-                float s[2 * NN_C * VW];
+                float s[4 * NN_C * VW];
                 for (int j = 0; j < C * VW; j++)
                     s[j] = 256.0f * W->scale[rb * W->scale_ld + (W->c0 + n + j) / 128];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                 for (int c = 0; c < C; c++) sv[c] = VLOAD(s + c * VW);
                 rb_cur = rb;
             }
         }
-        VF w[2 * NN_C];
+        VF w[4 * NN_C];
         /* rows NN_PF ahead: strided rows of a cold matrix (MLA's absorption
          * reads W_UK once per token) are otherwise fetched at DRAM latency */
         if (k + NN_PF < K)
             for (int b = 0; b < C * VW * es; b += 64) _mm_prefetch(wr + NN_PF * ldw + b, _MM_HINT_T0);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             w[c] = FN(wload)(dt, wr + c * VW * es);
             if (dt == MS_DT_F8E4M3) w[c] = VMUL(w[c], sv[c]);
@@ -208,13 +208,13 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
 #pragma GCC unroll 4
         for (int m = 0; m < MB; m++) {
             VF xb = VSET1(x0[m * t->ldx + k]);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int c = 0; c < C; c++) acc[m][c] = VFMA(xb, w[c], acc[m][c]);
         }
     }
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             float *yo = t->y + (m0 + m) * t->ldy + n + c * VW;
             if (t->accumulate) acc[m][c] = VADD(acc[m][c], VLOAD(yo));
@@ -226,6 +226,9 @@ AI void FN(nn_cols_mb)(const mm_task *t, const int dt, const int MB, int64_t m0,
                        int64_t n1)
 {
     int64_t n = n0;
+    if (MB == 1 && dt != MS_DT_F8E4M3) /* one activation row: whole rows of MLA's W_UK (256
+                                           * columns) per pass, so W is read in order */
+        for (; n + 4 * NN_C * VW <= n1; n += 4 * NN_C * VW) FN(nn_tile)(t, dt, 1, 4 * NN_C, m0, n);
     if (MB == 1) /* one activation row: twice the columns per pass over W */
         for (; n + 2 * NN_C * VW <= n1; n += 2 * NN_C * VW) FN(nn_tile)(t, dt, 1, 2 * NN_C, m0, n);
     for (; n + NN_C * VW <= n1; n += NN_C * VW) FN(nn_tile)(t, dt, MB, NN_C, m0, n);
