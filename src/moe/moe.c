@@ -76,7 +76,41 @@ void ms_moe_ws_free(ms_moe_ws *ws)
     ms_free_aligned(ws->u);
     ms_free_aligned(ws->yg);
     free(ws->scratch);
+    free(ws->tok_first);
+    free(ws->tok_rows);
     memset(ws, 0, sizeof *ws);
+}
+
+/* ---- row-parallel helpers: the per-row work between the expert GEMMs ----
+ * From PAR_MIN_ROWS rows it is split over the pool in equal static ranges
+ * (a pool hand-off costs ~1.5 µs, more than these loops take for a few
+ * rows).  Each row is computed the same way on any thread. */
+enum { PAR_MIN_ROWS = 8 };
+
+struct par {
+    void (*fn)(void *arg, int64_t begin, int64_t end, int tid);
+    void *arg;
+    int64_t n;
+};
+
+static void par_job(void *a, int tid, int nt)
+{
+    struct par *p = a;
+    int64_t b, e;
+    ms_pool_range(p->n, tid, nt, 1, &b, &e);
+    if (b < e) p->fn(p->arg, b, e, tid);
+}
+
+static void par_for(const ms_kctx *k, int64_t n, void (*fn)(void *, int64_t, int64_t, int),
+                    void *arg)
+{
+    if (n <= 0) return;
+    if (!k || ms_pool_size(k->pool) == 1 || n < PAR_MIN_ROWS) {
+        fn(arg, 0, n, 0);
+        return;
+    }
+    struct par p = {fn, arg, n};
+    ms_pool_run(k->pool, par_job, &p);
 }
 
 static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_t E, int64_t K)
@@ -102,10 +136,11 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     ws->g = ms_alloc_aligned((rows + (size_t)T) * (size_t)inter, sizeof(float));
     ws->u = ms_alloc_aligned((rows + (size_t)T) * (size_t)inter, sizeof(float));
     ws->yg = ms_alloc_aligned(rows * (size_t)D, sizeof(float));
-    ws->scratch = malloc(sizeof(float) * (size_t)(2 * E));
+    ws->tok_first = malloc(sizeof(int32_t) * (size_t)(T + 1));
+    ws->tok_rows = malloc(sizeof(int32_t) * rows);
     if (!ws->logits || !ws->topk_idx || !ws->topk_w || !ws->count || !ws->offset ||
         !ws->row_token || !ws->row_weight || !ws->xg || !ws->g || !ws->u || !ws->yg ||
-        !ws->scratch) {
+        !ws->tok_first || !ws->tok_rows) {
         ms_moe_ws_free(ws);
         return MS_ENOMEM;
     }
@@ -131,6 +166,21 @@ void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t
     ms_matmul(k, y, D, g, inter, M, &f->down, accumulate);
 }
 
+struct route_job {
+    const ms_config *c;
+    const ms_layer_w *lw;
+    ms_moe_ws *ws;
+};
+
+static void route_rows(void *arg, int64_t t0, int64_t t1, int tid)
+{
+    struct route_job *j = arg;
+    int64_t E = j->c->n_routed_experts, K = j->c->n_experts_per_tok;
+    for (int64_t t = t0; t < t1; t++)
+        ms_moe_gate_route(j->c, j->ws->logits + t * E, j->lw->e_bias, j->ws->topk_idx + t * K,
+                          j->ws->topk_w + t * K, j->ws->scratch + (int64_t)tid * 2 * E);
+}
+
 int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
                  int64_t T, ms_moe_ws *ws)
 {
@@ -138,11 +188,52 @@ int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, con
     if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
         return MS_ENOMEM;
     if (T <= 0) return 0;
+    int nt = k ? ms_pool_size(k->pool) : 1;
+    if (ms_grow_array((void **)&ws->scratch, &ws->cap_scratch, 2 * E * nt, sizeof(float)))
+        return MS_ENOMEM;
     ms_matmul(k, ws->logits, E, x, D, T, &lw->router, 0);
-    for (int64_t t = 0; t < T; t++)
-        ms_moe_gate_route(c, ws->logits + t * E, lw->e_bias, ws->topk_idx + t * K,
-                          ws->topk_w + t * K, ws->scratch);
+    struct route_job j = {c, lw, ws};
+    par_for(k, T, route_rows, &j);
     return 0;
+}
+
+/* The per-row loops of ms_moe_experts_shared (run through par_for). */
+struct rows_job {
+    ms_moe_ws *ws;
+    const float *x;
+    float *y;
+    int64_t D, ld, rows;     /* ld: row stride of g/u; rows: routed rows (the shared FFN's follow) */
+    int64_t ew, sw;          /* SwiGLU widths: routed experts (local slice), shared FFN */
+};
+
+static void gather_rows(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    struct rows_job *j = arg;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(j->ws->xg + r * j->D, j->x + (int64_t)j->ws->row_token[r] * j->D,
+               sizeof(float) * (size_t)j->D);
+}
+
+static void silu_rows(void *arg, int64_t r0, int64_t r1, int tid)
+{
+    struct rows_job *j = arg;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++)
+        ms_silu_mul(j->ws->g + r * j->ld, j->ws->g + r * j->ld, j->ws->u + r * j->ld,
+                    r < j->rows ? j->ew : j->sw);
+}
+
+static void combine_rows(void *arg, int64_t t0, int64_t t1, int tid)
+{
+    struct rows_job *j = arg;
+    const ms_moe_ws *ws = j->ws;
+    (void)tid;
+    for (int64_t t = t0; t < t1; t++)
+        for (int32_t i = ws->tok_first[t]; i < ws->tok_first[t + 1]; i++) {
+            int32_t r = ws->tok_rows[i];
+            ms_axpy_f32(j->y + t * j->D, ws->row_weight[r], ws->yg + (int64_t)r * j->D, j->D);
+        }
 }
 
 int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw,
@@ -169,9 +260,12 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
             int32_t r = ws->offset[e] + ws->count[e]++;
             ws->row_token[r] = (int32_t)t;
             ws->row_weight[r] = w[t * K + j];
-            memcpy(ws->xg + (size_t)r * D, x + t * D, sizeof(float) * (size_t)D);
         }
     int64_t rows = ws->offset[E], sh_row = rows; /* the shared FFN's scratch rows follow */
+    struct rows_job rj = {ws, x, y, D, ld, rows,
+                          e_end > e_begin ? lw->experts[e_begin].gate.rows : 0, /* local (TP) width */
+                          shared ? shared->gate.rows : 0};
+    par_for(k, rows, gather_rows, &rj);
     /* gate and up of every active expert (and the shared FFN) in one batch */
     ms_mm_call calls[2 * 256 + 2];
     int nc = 0;
@@ -187,11 +281,7 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
         calls[nc++] = (ms_mm_call){ws->u + sh_row * ld, ld, x, D, T, &shared->up, 0, 0};
     }
     ms_matmul_batch(k, calls, nc);
-    int64_t ew = e_end > e_begin ? lw->experts[e_begin].gate.rows : 0; /* local (TP) width */
-    for (int64_t r = 0; r < rows + (shared ? T : 0); r++) {
-        int64_t width = r < rows ? ew : shared->gate.rows;
-        ms_silu_mul(ws->g + r * ld, ws->g + r * ld, ws->u + r * ld, width);
-    }
+    par_for(k, rows + (shared ? T : 0), silu_rows, &rj);
     /* down projections: experts into yg, the shared FFN straight into y */
     nc = 0;
     for (int64_t e = e_begin; e < e_end && nc < 256; e++) {
@@ -205,9 +295,21 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
     else if (!accumulate)
         memset(y, 0, sizeof(float) * (size_t)(T * D));
     ms_matmul_batch(k, calls, nc);
-    /* combine: rows are expert-major, so each token sums its experts in id order */
-    for (int64_t r = 0; r < rows; r++)
-        ms_axpy_f32(y + (int64_t)ws->row_token[r] * D, ws->row_weight[r], ws->yg + r * D, D);
+    /* combine: rows are expert-major, so each token's rows in row order are
+     * its experts in id order */
+    int32_t *tf = ws->tok_first, run = 0;
+    memset(tf, 0, sizeof(int32_t) * (size_t)(T + 1));
+    for (int64_t r = 0; r < rows; r++) tf[ws->row_token[r]]++; /* counts */
+    for (int64_t t = 0; t < T; t++) { /* starts */
+        int32_t cnt = tf[t];
+        tf[t] = run;
+        run += cnt;
+    }
+    tf[T] = run;
+    for (int64_t r = 0; r < rows; r++) ws->tok_rows[tf[ws->row_token[r]]++] = (int32_t)r;
+    for (int64_t t = T; t > 0; t--) tf[t] = tf[t - 1]; /* each held its end: shift back */
+    tf[0] = 0;
+    par_for(k, T, combine_rows, &rj);
     return 0;
 }
 

@@ -7,7 +7,10 @@
  * max); other groups masked at -inf; weights from unbiased scores,
  * renormalised when norm_topk_prob; times routed_scaling_factor.
  * Expert compute groups tokens by expert and runs each expert's SwiGLU as
- * GEMMs over its token rows.  Main thread only (kernels use the pool).
+ * GEMMs over its token rows; from 8 rows the routing, the grouping copy, the
+ * SiLU and the combine also run on the pool (split by rows, so the results
+ * do not depend on the thread count).  Main thread only (kernels use the
+ * pool).
  */
 #ifndef MS_MOE_MOE_H
 #define MS_MOE_MOE_H
@@ -37,7 +40,10 @@ typedef struct ms_moe_ws {
     float *xg;              /* [T*k][D] gathered inputs */
     float *g, *u;           /* [T*k][inter] */
     float *yg;              /* [T*k][D] */
-    float *scratch;         /* [2*E] */
+    float *scratch;         /* [threads][2*E] routing scratch */
+    int64_t cap_scratch;    /* floats in scratch */
+    int32_t *tok_first;     /* [T+1]: the grouped rows of token t are tok_rows[tok_first[t]..] */
+    int32_t *tok_rows;      /* [T*k], in grouped (expert) order */
     int64_t cap_inter, cap_D, cap_E, cap_k;
 } ms_moe_ws;
 
