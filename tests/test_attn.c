@@ -66,8 +66,8 @@ TEST(decode_attention_matches_reference)
                 CHECKF(err < 1e-5, "isa %d dtype %d S %lld: rel err %g", isa, dt,
                        (long long)lens[li], err);
                 /* 19 heads: full groups of 8 and a partial one per head block */
-                run_case(isa, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 19, 45, 37, 1 + (int)(li % 3),
-                         &err);
+                run_case(isa, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 19, 45, 37,
+                         1 + (int)(li % 3), &err);
                 CHECKF(err < 1e-5, "19 heads, isa %d dtype %d S %lld: rel err %g", isa, dt,
                        (long long)lens[li], err);
             }

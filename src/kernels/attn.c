@@ -59,7 +59,7 @@ static void attend(const struct job *j, const ms_attn_seq *a, const float *q, fl
  * compile-time constant (group() is instantiated for 1..8): with a runtime
  * count gcc kept the sums on the stack (perf: every FMA's result stored).
  * Row addresses are computed once per call (rp, S entries). */
-#define A512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define A512  __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define AI512 static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl")))
 
 AI512 __m512 load_row16(const char *p, int bf, __mmask16 mk)
@@ -71,7 +71,10 @@ AI512 __m512 load_row16(const char *p, int bf, __mmask16 mk)
 
 enum { PF_ROWS = 6 }; /* scores: rows prefetched this far ahead */
 
-AI512 __mmask16 tail_mask(int64_t left) { return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1); }
+AI512 __mmask16 tail_mask(int64_t left)
+{
+    return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+}
 
 /* Heads q[0..NG) (rows R floats apart) over rows rp[0..S): scores sc[NG][S]
  * (softmaxed), then ctx[NG][V] (rows V apart). */
@@ -84,14 +87,16 @@ AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int6
         __m512 a0[8], a1[8];
 #pragma GCC unroll 8
         for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
-        if (s + PF_ROWS + 1 < S) /* the rows a few steps ahead: the cache is cold after the weights */
+        /* the rows a few steps ahead: the cache is cold after the weights */
+        if (s + PF_ROWS + 1 < S)
             for (int64_t c = 0; c < R * es; c += 64) {
                 _mm_prefetch(rp[s + PF_ROWS] + c, _MM_HINT_T0);
                 _mm_prefetch(rp[s + PF_ROWS + 1] + c, _MM_HINT_T0);
             }
         for (int64_t c = 0; c < R; c += 16) {
             __mmask16 mk = tail_mask(R - c);
-            __m512 r0 = load_row16(rp[s] + c * es, bf, mk), r1 = load_row16(rp[s + 1] + c * es, bf, mk);
+            __m512 r0 = load_row16(rp[s] + c * es, bf, mk),
+                   r1 = load_row16(rp[s + 1] + c * es, bf, mk);
 #pragma GCC unroll 8
             for (int h = 0; h < NG; h++) {
                 __m512 qv = _mm512_maskz_loadu_ps(mk, q + h * R + c);
@@ -124,7 +129,8 @@ AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int6
 #pragma GCC unroll 8
         for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
         for (int64_t t = 0; t < S; t++) {
-            __m512 r0 = load_row16(rp[t] + c * es, bf, m0), r1 = load_row16(rp[t] + (c + 16) * es, bf, m1);
+            __m512 r0 = load_row16(rp[t] + c * es, bf, m0),
+                   r1 = load_row16(rp[t] + (c + 16) * es, bf, m1);
 #pragma GCC unroll 8
             for (int h = 0; h < NG; h++) {
                 __m512 p = _mm512_set1_ps(sc[h * S + t]);
@@ -154,7 +160,9 @@ A512 static void attend512(const struct job *j, const ms_attn_seq *a, const floa
         float *sg = scores + (g0 - h0) * S, *cg = ctx + g0 * V;
         switch (h1 - g0 < 8 ? h1 - g0 : 8) {
 #define G(n)                                                                                       \
-    case n: group(n, rp, S, R, V, bf, j->scale, qg, sg, cg); break;
+    case n:                                                                                        \
+        group(n, rp, S, R, V, bf, j->scale, qg, sg, cg);                                           \
+        break;
             G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
         }

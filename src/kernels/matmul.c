@@ -342,7 +342,8 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         if (c->M <= 0 || c->W->rows <= 0 || c->W->cols <= 0) continue;
         struct mm_job *j = &S->jobs[S->n_jobs];
         *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate},
-                             pick_path(k, c->W), c->nn != 0};
+                             pick_path(k, c->W),
+                             c->nn != 0};
         if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 &&
             ms_mm_dnnl_nt(k, &j->t) == 0)
             continue; /* large M: oneDNN did it on its own threads */

@@ -131,8 +131,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
                 _mm_prefetch(p + R * ldw, _MM_HINT_T0); /* the next tile's rows */
                 f8_to_bf16_lanes(L, _mm512_loadu_si512(p), &wa, &wb);
 #pragma GCC unroll 4
-                for (int m = 0; m < MB; m++)
-                    acc[m][r] = dp(dp(acc[m][r], xa[m], wa), xc[m], wb);
+                for (int m = 0; m < MB; m++) acc[m][r] = dp(dp(acc[m][r], xa[m], wa), xc[m], wb);
             }
         } else {
 #pragma GCC unroll 2
@@ -259,7 +258,8 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
                 int64_t rem = K - k - 16 * q;
                 __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
                 v[q] = _mm512_maskz_loadu_ps(mk, xr + k + 16 * q);
-                if (srow && rem > 0) { /* 16 columns never straddle a 128-column block when c0 % 16 == 0 */
+                /* 16 columns never straddle a 128-column block when c0 % 16 == 0 */
+                if (srow && rem > 0) {
                     if ((c0 & 15) == 0) {
                         v[q] = _mm512_mul_ps(v[q], _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128]));
                     } else {
@@ -343,8 +343,8 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
     size_t wb_bytes = widen ? (size_t)(128 * Kp) * 2 : 0;
     char *scr = ms_mm_scratch((size_t)(mcmax * Kp) * 2 + wb_bytes);
     if (!scr) return -1;
-    uint16_t *xb = (uint16_t *)scr;            /* [mcmax][Kp] bf16 activations */
-    uint16_t *wb = xb + mcmax * Kp;            /* [128][Kp] widened FP8 rows */
+    uint16_t *xb = (uint16_t *)scr; /* [mcmax][Kp] bf16 activations */
+    uint16_t *wb = xb + mcmax * Kp; /* [128][Kp] widened FP8 rows */
     const int64_t ldw = W->ld * (isf8 ? 1 : 2);
     f8lut L;
     f8lut_init(&L);
@@ -352,7 +352,7 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
     for (int64_t n = n0; n < n1;) {
         int64_t ne;
         const float *srow = NULL; /* the block's column-block scales */
-        if (isf8) { /* one 128-row scale block of the stored matrix */
+        if (isf8) {               /* one 128-row scale block of the stored matrix */
             int64_t rb = (W->r0 + n) / 128;
             ne = (rb + 1) * 128 - W->r0;
             if (ne > n1) ne = n1;

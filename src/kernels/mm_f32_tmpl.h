@@ -199,7 +199,8 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
         /* rows NN_PF ahead: strided rows of a cold matrix (MLA's absorption
          * reads W_UK once per token) are otherwise fetched at DRAM latency */
         if (k + NN_PF < K)
-            for (int b = 0; b < C * VW * es; b += 64) _mm_prefetch(wr + NN_PF * ldw + b, _MM_HINT_T0);
+            for (int b = 0; b < C * VW * es; b += 64)
+                _mm_prefetch(wr + NN_PF * ldw + b, _MM_HINT_T0);
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             w[c] = FN(wload)(dt, wr + c * VW * es);
@@ -226,8 +227,9 @@ AI void FN(nn_cols_mb)(const mm_task *t, const int dt, const int MB, int64_t m0,
                        int64_t n1)
 {
     int64_t n = n0;
-    if (MB == 1 && dt != MS_DT_F8E4M3) /* one activation row: whole rows of MLA's W_UK (256
-                                           * columns) per pass, so W is read in order */
+    /* one activation row: whole rows of MLA's W_UK (256 columns) per pass, so
+     * W is read in order */
+    if (MB == 1 && dt != MS_DT_F8E4M3)
         for (; n + 4 * NN_C * VW <= n1; n += 4 * NN_C * VW) FN(nn_tile)(t, dt, 1, 4 * NN_C, m0, n);
     if (MB == 1) /* one activation row: twice the columns per pass over W */
         for (; n + 2 * NN_C * VW <= n1; n += 2 * NN_C * VW) FN(nn_tile)(t, dt, 1, 2 * NN_C, m0, n);

@@ -202,8 +202,8 @@ struct rows_job {
     ms_moe_ws *ws;
     const float *x;
     float *y;
-    int64_t D, ld, rows;     /* ld: row stride of g/u; rows: routed rows (the shared FFN's follow) */
-    int64_t ew, sw;          /* SwiGLU widths: routed experts (local slice), shared FFN */
+    int64_t D, ld, rows; /* ld: row stride of g/u; rows: routed rows (the shared FFN's follow) */
+    int64_t ew, sw;      /* SwiGLU widths: routed experts (local slice), shared FFN */
 };
 
 static void gather_rows(void *arg, int64_t r0, int64_t r1, int tid)
@@ -262,9 +262,8 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
             ws->row_weight[r] = w[t * K + j];
         }
     int64_t rows = ws->offset[E], sh_row = rows; /* the shared FFN's scratch rows follow */
-    struct rows_job rj = {ws, x, y, D, ld, rows,
-                          e_end > e_begin ? lw->experts[e_begin].gate.rows : 0, /* local (TP) width */
-                          shared ? shared->gate.rows : 0};
+    int64_t ew = e_end > e_begin ? lw->experts[e_begin].gate.rows : 0; /* local (TP) width */
+    struct rows_job rj = {ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0};
     par_for(k, rows, gather_rows, &rj);
     /* gate and up of every active expert (and the shared FFN) in one batch */
     ms_mm_call calls[2 * 256 + 2];
@@ -299,8 +298,8 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
      * its experts in id order */
     int32_t *tf = ws->tok_first, run = 0;
     memset(tf, 0, sizeof(int32_t) * (size_t)(T + 1));
-    for (int64_t r = 0; r < rows; r++) tf[ws->row_token[r]]++; /* counts */
-    for (int64_t t = 0; t < T; t++) { /* starts */
+    for (int64_t r = 0; r < rows; r++) tf[ws->row_token[r]]++; /* counts, then starts */
+    for (int64_t t = 0; t < T; t++) {
         int32_t cnt = tf[t];
         tf[t] = run;
         run += cnt;
