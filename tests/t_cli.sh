@@ -36,6 +36,17 @@ for dt in float32 auto; do
         '[ -s "$tmp/l_copy_$dt.bin" ] && cmp -s "$tmp/l_copy_$dt.bin" "$tmp/l_mmap_$dt.bin"'
 done
 t "weights copy is logged" 'grep -q "copied into 2 MiB pages" "$tmp/err_copy"'
+# the thread count changes how work is split, never the result: a 30-token
+# prompt (batched expert rows, routing and combine on the pool) and decode
+ids30=$(seq -s, 3 32)
+for dt in auto float32; do
+    for th in 1 2 3; do
+        "$MOESERVE" generate --model "$M" --prompt-ids "$ids30" --max-new-tokens 4 --ignore-eos \
+            --dtype $dt --threads $th --dump-logits "$tmp/l_th${th}_$dt.bin" >/dev/null 2>/dev/null
+    done
+    t "same logits at 1, 2 and 3 threads ($dt)" \
+        '[ -s "$tmp/l_th1_$dt.bin" ] && cmp -s "$tmp/l_th1_$dt.bin" "$tmp/l_th2_$dt.bin" && cmp -s "$tmp/l_th1_$dt.bin" "$tmp/l_th3_$dt.bin"'
+done
 # no tokenizer.json: ids in and out
 cp -r "$M" "$tmp/notok" && rm "$tmp/notok/tokenizer.json"
 out3=$("$MOESERVE" generate --model "$tmp/notok" --prompt-ids 0,5,6 --max-new-tokens 3 --ignore-eos 2>/dev/null)
