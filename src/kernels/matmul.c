@@ -174,6 +174,7 @@ enum {
 struct slice {
     int32_t job;
     int64_t n0, n1;
+    double cost; /* weight bytes × (rows + 3): memory plus arithmetic */
 };
 
 struct share {
@@ -256,12 +257,10 @@ static void sched_run(const ms_kctx *k, struct sched *S)
     int nt = k ? ms_pool_size(k->pool) : 1;
     int64_t total_bytes = 0, total_macs = 0;
     for (int i = 0; i < S->n_jobs; i++) {
-        const struct mm_job *j = &S->jobs[i];
-        int64_t bytes = j->t.W->rows * j->t.W->cols * ms_dtype_size(j->t.W->dtype);
-        total_bytes += bytes;
-        total_macs += j->t.M * j->t.W->rows * j->t.W->cols;
+        const ms_mat *W = S->jobs[i].t.W;
+        total_bytes += W->rows * W->cols * ms_dtype_size(W->dtype);
+        total_macs += S->jobs[i].t.M * W->rows * W->cols;
     }
-    if (S->n_jobs == 0) return;
     if (nt == 1 || total_macs < MT_MIN_MACS) {
         for (int i = 0; i < S->n_jobs; i++) {
             const struct mm_job *j = &S->jobs[i];
@@ -282,19 +281,19 @@ static void sched_run(const ms_kctx *k, struct sched *S)
         int64_t per = (slice + line - 1) / line;
         per = (per + align - 1) / align * align;
         /* at most total_bytes / slice + n_jobs <= MAX_SLICES / 2 + BATCH_MAX slices */
-        for (int64_t n = 0; n < N; n += per)
-            S->sl[S->n_sl++] = (struct slice){i, n, n + per < N ? n + per : N};
-        total_cost += (double)N * line * (double)(j->t.M + 3);
+        for (int64_t n = 0; n < N; n += per) {
+            int64_t e = n + per < N ? n + per : N;
+            double cost = (double)(e - n) * line * (double)(j->t.M + 3);
+            S->sl[S->n_sl++] = (struct slice){i, n, e, cost};
+            total_cost += cost;
+        }
     }
-    /* shares of equal cost (weight bytes × (rows + 3): memory plus arithmetic) */
+    /* shares of equal cost */
     int ns = nt < MAX_SHARES ? nt : MAX_SHARES, s = 0;
     double acc = 0;
     uint32_t start = 0;
     for (int i = 0; i < S->n_sl && s < ns - 1; i++) {
-        const struct slice *a = &S->sl[i];
-        const struct mm_job *j = &S->jobs[a->job];
-        int64_t line = (j->nn ? j->t.W->rows : j->t.W->cols) * ms_dtype_size(j->t.W->dtype);
-        acc += (double)(a->n1 - a->n0) * line * (double)(j->t.M + 3);
+        acc += S->sl[i].cost;
         if (acc >= total_cost * (s + 1) / ns) {
             atomic_store_explicit(&S->share[s++].fb, (uint64_t)start << 32 | (uint32_t)(i + 1),
                                   memory_order_relaxed);

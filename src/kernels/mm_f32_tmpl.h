@@ -162,8 +162,6 @@ void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 
 /* ---- y = x·W (no transpose): W is [K = rows][N = cols] ---- */
 
-enum { NN_PF = 8 }; /* weight rows prefetched ahead */
-
 /* Activation rows [m0, m0+MB) × columns [n, n + C·VW), all K rows of W. */
 AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, int64_t m0,
                     int64_t n)
@@ -198,9 +196,6 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
         VF w[4 * NN_C];
         /* rows NN_PF ahead: strided rows of a cold matrix (MLA's absorption
          * reads W_UK once per token) are otherwise fetched at DRAM latency */
-        if (k + NN_PF < K)
-            for (int b = 0; b < C * VW * es; b += 64)
-                _mm_prefetch(wr + NN_PF * ldw + b, _MM_HINT_T0);
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             w[c] = FN(wload)(dt, wr + c * VW * es);

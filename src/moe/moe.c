@@ -76,40 +76,39 @@ void ms_moe_ws_free(ms_moe_ws *ws)
     ms_free_aligned(ws->u);
     ms_free_aligned(ws->yg);
     free(ws->scratch);
-    free(ws->tok_first);
-    free(ws->tok_rows);
     memset(ws, 0, sizeof *ws);
 }
 
 /* ---- row-parallel helpers: the per-row work between the expert GEMMs ----
- * From PAR_MIN_ROWS rows it is split over the pool in equal static ranges
- * (a pool hand-off costs ~1.5 µs, more than these loops take for a few
- * rows).  Each row is computed the same way on any thread. */
+ * From PAR_MIN_ROWS rows of work, [0, n) is split over the pool in equal
+ * static ranges of `align` items (a pool hand-off costs ~1.5 µs, more than
+ * these loops take for a few rows).  Each item is computed the same way on
+ * any thread. */
 enum { PAR_MIN_ROWS = 8 };
 
 struct par {
     void (*fn)(void *arg, int64_t begin, int64_t end, int tid);
     void *arg;
-    int64_t n;
+    int64_t n, align;
 };
 
 static void par_job(void *a, int tid, int nt)
 {
     struct par *p = a;
     int64_t b, e;
-    ms_pool_range(p->n, tid, nt, 1, &b, &e);
+    ms_pool_range(p->n, tid, nt, p->align, &b, &e);
     if (b < e) p->fn(p->arg, b, e, tid);
 }
 
-static void par_for(const ms_kctx *k, int64_t n, void (*fn)(void *, int64_t, int64_t, int),
-                    void *arg)
+static void par_for(const ms_kctx *k, int64_t rows, int64_t n, int64_t align,
+                    void (*fn)(void *, int64_t, int64_t, int), void *arg)
 {
     if (n <= 0) return;
-    if (!k || ms_pool_size(k->pool) == 1 || n < PAR_MIN_ROWS) {
+    if (!k || ms_pool_size(k->pool) == 1 || rows < PAR_MIN_ROWS) {
         fn(arg, 0, n, 0);
         return;
     }
-    struct par p = {fn, arg, n};
+    struct par p = {fn, arg, n, align};
     ms_pool_run(k->pool, par_job, &p);
 }
 
@@ -136,11 +135,8 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     ws->g = ms_alloc_aligned((rows + (size_t)T) * (size_t)inter, sizeof(float));
     ws->u = ms_alloc_aligned((rows + (size_t)T) * (size_t)inter, sizeof(float));
     ws->yg = ms_alloc_aligned(rows * (size_t)D, sizeof(float));
-    ws->tok_first = malloc(sizeof(int32_t) * (size_t)(T + 1));
-    ws->tok_rows = malloc(sizeof(int32_t) * rows);
     if (!ws->logits || !ws->topk_idx || !ws->topk_w || !ws->count || !ws->offset ||
-        !ws->row_token || !ws->row_weight || !ws->xg || !ws->g || !ws->u || !ws->yg ||
-        !ws->tok_first || !ws->tok_rows) {
+        !ws->row_token || !ws->row_weight || !ws->xg || !ws->g || !ws->u || !ws->yg) {
         ms_moe_ws_free(ws);
         return MS_ENOMEM;
     }
@@ -193,7 +189,7 @@ int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, con
         return MS_ENOMEM;
     ms_matmul(k, ws->logits, E, x, D, T, &lw->router, 0);
     struct route_job j = {c, lw, ws};
-    par_for(k, T, route_rows, &j);
+    par_for(k, T, T, 1, route_rows, &j);
     return 0;
 }
 
@@ -224,16 +220,16 @@ static void silu_rows(void *arg, int64_t r0, int64_t r1, int tid)
                     r < j->rows ? j->ew : j->sw);
 }
 
-static void combine_rows(void *arg, int64_t t0, int64_t t1, int tid)
+/* Columns [d0, d1) of every token's sum: rows in order, so each token adds
+ * its experts in id order (rows are expert-major), whichever thread runs. */
+static void combine_cols(void *arg, int64_t d0, int64_t d1, int tid)
 {
     struct rows_job *j = arg;
     const ms_moe_ws *ws = j->ws;
     (void)tid;
-    for (int64_t t = t0; t < t1; t++)
-        for (int32_t i = ws->tok_first[t]; i < ws->tok_first[t + 1]; i++) {
-            int32_t r = ws->tok_rows[i];
-            ms_axpy_f32(j->y + t * j->D, ws->row_weight[r], ws->yg + (int64_t)r * j->D, j->D);
-        }
+    for (int64_t r = 0; r < j->rows; r++)
+        ms_axpy_f32(j->y + (int64_t)ws->row_token[r] * j->D + d0, ws->row_weight[r],
+                    ws->yg + r * j->D + d0, d1 - d0);
 }
 
 int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw,
@@ -264,7 +260,7 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
     int64_t rows = ws->offset[E], sh_row = rows; /* the shared FFN's scratch rows follow */
     int64_t ew = e_end > e_begin ? lw->experts[e_begin].gate.rows : 0; /* local (TP) width */
     struct rows_job rj = {ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0};
-    par_for(k, rows, gather_rows, &rj);
+    par_for(k, rows, rows, 1, gather_rows, &rj);
     /* gate and up of every active expert (and the shared FFN) in one batch */
     ms_mm_call calls[2 * 256 + 2];
     int nc = 0;
@@ -280,7 +276,7 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
         calls[nc++] = (ms_mm_call){ws->u + sh_row * ld, ld, x, D, T, &shared->up, 0, 0};
     }
     ms_matmul_batch(k, calls, nc);
-    par_for(k, rows + (shared ? T : 0), silu_rows, &rj);
+    par_for(k, rows, rows + (shared ? T : 0), 1, silu_rows, &rj);
     /* down projections: experts into yg, the shared FFN straight into y */
     nc = 0;
     for (int64_t e = e_begin; e < e_end && nc < 256; e++) {
@@ -294,21 +290,7 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
     else if (!accumulate)
         memset(y, 0, sizeof(float) * (size_t)(T * D));
     ms_matmul_batch(k, calls, nc);
-    /* combine: rows are expert-major, so each token's rows in row order are
-     * its experts in id order */
-    int32_t *tf = ws->tok_first, run = 0;
-    memset(tf, 0, sizeof(int32_t) * (size_t)(T + 1));
-    for (int64_t r = 0; r < rows; r++) tf[ws->row_token[r]]++; /* counts, then starts */
-    for (int64_t t = 0; t < T; t++) {
-        int32_t cnt = tf[t];
-        tf[t] = run;
-        run += cnt;
-    }
-    tf[T] = run;
-    for (int64_t r = 0; r < rows; r++) ws->tok_rows[tf[ws->row_token[r]]++] = (int32_t)r;
-    for (int64_t t = T; t > 0; t--) tf[t] = tf[t - 1]; /* each held its end: shift back */
-    tf[0] = 0;
-    par_for(k, T, combine_rows, &rj);
+    par_for(k, rows, D, 16, combine_cols, &rj); /* combine, split by columns */
     return 0;
 }
 

@@ -8,8 +8,8 @@
  * renormalised when norm_topk_prob; times routed_scaling_factor.
  * Expert compute groups tokens by expert and runs each expert's SwiGLU as
  * GEMMs over its token rows; from 8 rows the routing, the grouping copy, the
- * SiLU and the combine also run on the pool (split by rows, so the results
- * do not depend on the thread count).  Main thread only (kernels use the
+ * SiLU and the combine also run on the pool (split by rows, the combine by
+ * columns, so the results do not depend on the thread count).  Main thread only (kernels use the
  * pool).
  */
 #ifndef MS_MOE_MOE_H
@@ -42,8 +42,6 @@ typedef struct ms_moe_ws {
     float *yg;              /* [T*k][D] */
     float *scratch;         /* [threads][2*E] routing scratch */
     int64_t cap_scratch;    /* floats in scratch */
-    int32_t *tok_first;     /* [T+1]: the grouped rows of token t are tok_rows[tok_first[t]..] */
-    int32_t *tok_rows;      /* [T*k], in grouped (expert) order */
     int64_t cap_inter, cap_D, cap_E, cap_k;
 } ms_moe_ws;
 
