@@ -49,24 +49,30 @@ const char *ms_isa_name(int isa)
 
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static _Thread_local void *scratch_ptr;
-static _Thread_local size_t scratch_bytes;
+static _Thread_local struct scratch {
+    void *p[MM_SCR_N];
+    size_t bytes[MM_SCR_N];
+} scratch;
 
-static void scratch_free(void *p) { free(p); }
+static void scratch_free(void *arg)
+{
+    struct scratch *s = arg;
+    for (int i = 0; i < MM_SCR_N; i++) free(s->p[i]);
+}
 static void scratch_key_init(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
 
-void *ms_mm_scratch(size_t bytes)
+void *ms_mm_scratch(int slot, size_t bytes)
 {
-    if (bytes <= scratch_bytes) return scratch_ptr;
+    if (bytes <= scratch.bytes[slot]) return scratch.p[slot];
     pthread_once(&scratch_once, scratch_key_init);
     size_t want = bytes + bytes / 4 + 4096;
     want = (want + 63) & ~(size_t)63;
     void *p = NULL;
     if (posix_memalign(&p, 64, want) != 0) return NULL;
-    free(scratch_ptr);
-    scratch_ptr = p;
-    scratch_bytes = want;
-    pthread_setspecific(scratch_key, p); /* freed at thread exit */
+    free(scratch.p[slot]);
+    scratch.p[slot] = p;
+    scratch.bytes[slot] = want;
+    pthread_setspecific(scratch_key, &scratch); /* freed at thread exit */
     return p;
 }
 
@@ -75,7 +81,7 @@ void *ms_mm_scratch(size_t bytes)
 static void scalar_nt(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
-    float *wrow = ms_mm_scratch(sizeof(float) * (size_t)(W->cols > 0 ? W->cols : 1));
+    float *wrow = ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)(W->cols > 0 ? W->cols : 1));
     for (int64_t n = n0; n < n1; n++) {
         const float *w = (const float *)W->data + n * W->ld;
         if (W->dtype != MS_DT_F32) {
@@ -254,10 +260,13 @@ enum { MT_MIN_MACS = 1 << 15 };
 /* Slices the n jobs in S->jobs and runs them on the pool (or here). */
 static void sched_run(const ms_kctx *k, struct sched *S)
 {
+    static uint64_t runs; /* main thread only */
     int nt = k ? ms_pool_size(k->pool) : 1;
     int64_t total_bytes = 0, total_macs = 0;
+    runs++;
     for (int i = 0; i < S->n_jobs; i++) {
         const ms_mat *W = S->jobs[i].t.W;
+        S->jobs[i].t.run = runs;
         total_bytes += W->rows * W->cols * ms_dtype_size(W->dtype);
         total_macs += S->jobs[i].t.M * W->rows * W->cols;
     }
@@ -318,7 +327,7 @@ void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t 
 {
     if (M <= 0 || W->rows <= 0) return;
     struct sched *S = &sched_state;
-    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 0};
+    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate, 0}, pick_path(k, W), 0};
     if (S->jobs[0].path == P_BF16 && W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &S->jobs[0].t) == 0)
         return;
     S->n_jobs = 1;
@@ -340,7 +349,7 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         const ms_mm_call *c = &calls[i];
         if (c->M <= 0 || c->W->rows <= 0 || c->W->cols <= 0) continue;
         struct mm_job *j = &S->jobs[S->n_jobs];
-        *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate},
+        *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate, 0},
                              pick_path(k, c->W),
                              c->nn != 0};
         if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 &&
@@ -356,7 +365,7 @@ void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64
 {
     if (M <= 0 || W->cols <= 0) return;
     struct sched *S = &sched_state;
-    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate}, pick_path(k, W), 1};
+    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate, 0}, pick_path(k, W), 1};
     S->n_jobs = 1;
     sched_run(k, S);
 }

@@ -21,12 +21,16 @@ typedef struct mm_task {
     int64_t ldx, M;
     const ms_mat *W;
     int accumulate;
+    uint64_t run; /* the pool run it belongs to: inputs do not change within one */
 } mm_task;
 
-/* Per-thread scratch, 64-byte aligned, at least `bytes`; grown (never shrunk)
- * when a call needs more, freed when the thread exits.  NULL when out of
- * memory (callers then fall back to a path that needs none). */
-void *ms_mm_scratch(size_t bytes);
+/* Per-thread scratch in separate slots, 64-byte aligned, at least `bytes`;
+ * grown (never shrunk, contents lost) when a call needs more, freed when the
+ * thread exits.  NULL when out of memory (callers then fall back to a path
+ * that needs none).  MM_SCR_X holds mm_bf16.c's prepared activations, which
+ * it reuses across calls of one run; nothing else writes it. */
+enum { MM_SCR_X, MM_SCR_W, MM_SCR_N };
+void *ms_mm_scratch(int slot, size_t bytes);
 
 /* Exact FP32 paths (dequantise weights to f32, FP32 FMA). */
 void ms_mm_avx2_nt(const mm_task *t, int64_t n0, int64_t n1);

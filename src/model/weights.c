@@ -289,8 +289,11 @@ static void prefault(ms_mat *w, void *arg)
  * measured on small-v3 (bench/RESULTS.md): decode streams many 1 MiB expert
  * matrices from scattered places, and with 4 KiB file pages each 512 KiB
  * piece ran at ~33 GB/s against ~55 GB/s from 2 MiB pages (a TLB miss and a
- * hardware-prefetch stop every 4 KiB).  MOESERVE_WEIGHTS=mmap keeps the
- * views in the file mapping (shared page cache, no copy). */
+ * hardware-prefetch stop every 4 KiB).  The embedding (untied) is copied
+ * too: from the file mapping a token's row cost ~100 µs of a ~5 ms decode
+ * step on this machine when its page was not yet mapped and still 15-35 µs
+ * when it was, against a few µs from the arena.  MOESERVE_WEIGHTS=mmap keeps
+ * the views in the file mapping (shared page cache, no copy), faulted in. */
 struct place {
     char *base;
     size_t used, cap;
@@ -331,6 +334,7 @@ static void place_weights(ms_model *m)
     if (!(mode && !strcmp(mode, "mmap"))) {
         struct place p = {0};
         each_view(m, place_count, &p);
+        if (!tied) place_count(&m->embed, &p);
         size_t huge = (size_t)2 << 20, len = (p.cap + huge - 1) & ~(huge - 1);
         char *raw = len ? mmap(NULL, len + huge, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
@@ -343,10 +347,13 @@ static void place_weights(ms_model *m)
             (void)madvise(base, len, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
             p.base = base;
             each_view(m, place_copy, &p);
+            if (tied)
+                m->embed = m->lm_head;
+            else
+                place_copy(&m->embed, &p);
             (void)mprotect(base, len, PROT_READ);
             m->arena = base;
             m->arena_bytes = len;
-            if (tied) m->embed = m->lm_head;
             MS_LOG(MS_INFO, "model", "weights: %.1f MB copied into 2 MiB pages",
                    (double)p.used / 1e6);
             return;
@@ -355,6 +362,7 @@ static void place_weights(ms_model *m)
                (double)p.cap / 1e6);
     }
     each_view(m, prefault, NULL);
+    if (!tied) prefault(&m->embed, NULL);
 }
 
 int64_t ms_model_local_weight_bytes(const ms_model *m)
