@@ -19,6 +19,7 @@
 enum {
     MC = 32,            /* activation rows prepared (rounded to bf16) at once */
     F8_PF_BYTES = 4096, /* FP8 GEMV: software prefetch distance along the stream */
+    PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
 };
 
 /* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and
@@ -256,6 +257,7 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
             __m512 v[4];
             for (int q = 0; q < 4; q++) {
                 int64_t rem = K - k - 16 * q;
+                _mm_prefetch((const char *)(xr + k + 16 * q + PREP_PF_FLOATS), _MM_HINT_T0);
                 __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
                 v[q] = _mm512_maskz_loadu_ps(mk, xr + k + 16 * q);
                 /* 16 columns never straddle a 128-column block when c0 % 16 == 0 */
