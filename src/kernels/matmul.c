@@ -124,8 +124,13 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
     const mm_task *t = &j->t;
     if (j->nn) {
         switch (j->path) {
+        case P_BF16:
+            if (ms_mm_bf16_nn(t, b, e) == 0) break;
+            ms_mm_avx512_nn(t, b, e); /* not a case it takes: the exact path */
+            break;
         case P_AVX512:
-        case P_BF16: ms_mm_avx512_nn(t, b, e); break;
+            ms_mm_avx512_nn(t, b, e);
+            break;
         case P_AVX2: ms_mm_avx2_nn(t, b, e); break;
         default: scalar_nn(t, b, e); break;
         }

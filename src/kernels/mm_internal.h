@@ -43,6 +43,7 @@ void ms_mm_avx512_cvt(ms_dtype dt, const void *in, float *out, int64_t n);
 /* BF16-activation path (vdpbf16ps) for BF16 and F8E4M3 weights.  Returns 0,
  * or -1 when its scratch could not be allocated (nothing written then). */
 int ms_mm_bf16_nt(const mm_task *t, int64_t n0, int64_t n1);
+int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1); /* FP8 W at c0 % 64 == 0 */
 void ms_mm_bf16_cvt_fp8(const uint8_t *in, uint16_t *out, int64_t n);
 void ms_mm_bf16_cvt_f32(const float *in, uint16_t *out, int64_t n);
 
