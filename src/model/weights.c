@@ -284,12 +284,14 @@ static void prefault(ms_mat *w, void *arg)
 
 /* Weight placement.  By default this rank's views are copied out of the file
  * mapping into one anonymous arena backed by 2 MiB pages (MADV_HUGEPAGE), each
- * view compacted to ld = cols (a TP column slice keeps only its columns; FP8
- * scales stay in the file and are found through r0/c0 as before).  Reason,
+ * view compacted to ld = cols (a TP column slice keeps only its columns), with
+ * its FP8 block scales (still found through r0/c0).  Reason,
  * measured on small-v3 (bench/RESULTS.md): decode streams many 1 MiB expert
  * matrices from scattered places, and with 4 KiB file pages each 512 KiB
  * piece ran at ~33 GB/s against ~55 GB/s from 2 MiB pages (a TLB miss and a
- * hardware-prefetch stop every 4 KiB).  The embedding (untied) is copied
+ * hardware-prefetch stop every 4 KiB); FP8 scales read from the file mapping
+ * made the activation scaling ~5 % of an FP8 decode step (a 4 KiB page miss
+ * per 128-row block).  The embedding (untied) is copied
  * too: from the file mapping a token's row cost ~100 µs of a ~5 ms decode
  * step on this machine when its page was not yet mapped and still 15-35 µs
  * when it was, against a few µs from the arena.  MOESERVE_WEIGHTS=mmap keeps
@@ -305,9 +307,17 @@ static size_t view_bytes(const ms_mat *w)
     return ((size_t)(w->rows * w->cols) * (size_t)ms_dtype_size(w->dtype) + 63) & ~(size_t)63;
 }
 
+/* FP8 block scales up to the view's last row block (indexed through r0/c0
+ * as in the file: the blocks above r0 are copied too). */
+static size_t scale_bytes(const ms_mat *w)
+{
+    if (w->dtype != MS_DT_F8E4M3 || !w->scale || !view_bytes(w)) return 0;
+    return (size_t)((w->r0 + w->rows - 1) / 128 + 1) * (size_t)w->scale_ld * sizeof(float);
+}
+
 static void place_count(ms_mat *w, void *arg)
 {
-    ((struct place *)arg)->cap += view_bytes(w);
+    ((struct place *)arg)->cap += view_bytes(w) + ((scale_bytes(w) + 63) & ~(size_t)63);
 }
 
 static void place_copy(ms_mat *w, void *arg)
@@ -325,6 +335,12 @@ static void place_copy(ms_mat *w, void *arg)
     w->data = dst;
     w->ld = w->cols;
     p->used += n;
+    size_t sb = scale_bytes(w), sb64 = (sb + 63) & ~(size_t)63;
+    if (sb && p->used + sb64 <= p->cap) {
+        memcpy(p->base + p->used, w->scale, sb);
+        w->scale = (const float *)(p->base + p->used);
+        p->used += sb64;
+    }
 }
 
 static void place_weights(ms_model *m)
