@@ -143,20 +143,23 @@ static double rel_err(const float *a, const float *b, int64_t M, int64_t N, int6
 }
 
 /* What the BF16-activation path computes, in double: activations rounded to
- * bf16 after multiplying by the FP8 block scale (BF16 weights: scale 1). */
+ * bf16 after multiplying by the FP8 block scale of the weight they meet
+ * (BF16 weights: scale 1).  nn: y = x·W (W[k][n]), else y = x·Wᵀ (W[n][k]). */
 static void emulate_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
-                         const ms_mat *W, int accumulate)
+                         const ms_mat *W, int accumulate, int nn)
 {
+    int64_t N = nn ? W->cols : W->rows, K = nn ? W->rows : W->cols;
     for (int64_t i = 0; i < M; i++)
-        for (int64_t n = 0; n < W->rows; n++) {
+        for (int64_t n = 0; n < N; n++) {
             double acc = 0;
-            for (int64_t k = 0; k < W->cols; k++) {
+            for (int64_t k = 0; k < K; k++) {
+                int64_t r = nn ? k : n, c = nn ? n : k;
                 float s = 1.0f, w;
                 if (W->dtype == MS_DT_F8E4M3) {
-                    s = W->scale[((W->r0 + n) / 128) * W->scale_ld + (W->c0 + k) / 128];
-                    w = ms_fp8e4m3_to_f32(((const uint8_t *)W->data)[n * W->ld + k]);
+                    s = W->scale[((W->r0 + r) / 128) * W->scale_ld + (W->c0 + c) / 128];
+                    w = ms_fp8e4m3_to_f32(((const uint8_t *)W->data)[r * W->ld + c]);
                 } else {
-                    w = ms_mat_get(W, n, k);
+                    w = ms_mat_get(W, r, c);
                 }
                 acc += (double)ms_round_bf16(x[i * ldx + k] * s) * (double)w;
             }
@@ -196,7 +199,7 @@ TEST(matmul_all_paths)
                     memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
                     ms_matmul_ref(ref, ldy, x, ldx, M, &W, acc);
                     memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
-                    emulate_bf16(emu, ldy, x, ldx, M, &W, acc);
+                    emulate_bf16(emu, ldy, x, ldx, M, &W, acc, 0);
                     for (int isa = 0; isa <= best_isa; isa++)
                         for (int exact = 0; exact <= 1; exact++) {
                             ms_kctx kc = {pool, exact, isa};
@@ -230,28 +233,6 @@ TEST(matmul_all_paths)
     CHECK(n_cases > 100);
 }
 
-/* emulate_bf16 for y = x·W (FP8 weights): activations rounded to bf16 after
- * multiplying by the block scale of (row k, column n). */
-static void emulate_bf16_nn(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
-                            const ms_mat *W, int accumulate)
-{
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t n = 0; n < W->cols; n++) {
-            double acc = 0;
-            for (int64_t k = 0; k < W->rows; k++) {
-                float s = 1.0f, w;
-                if (W->dtype == MS_DT_F8E4M3) {
-                    s = W->scale[((W->r0 + k) / 128) * W->scale_ld + (W->c0 + n) / 128];
-                    w = ms_fp8e4m3_to_f32(((const uint8_t *)W->data)[k * W->ld + n]);
-                } else {
-                    w = ms_mat_get(W, k, n);
-                }
-                acc += (double)ms_round_bf16(x[i * ldx + k] * s) * (double)w;
-            }
-            y[i * ldy + n] = accumulate ? y[i * ldy + n] + (float)acc : (float)acc;
-        }
-}
-
 TEST(matmul_nn_all_paths)
 {
     uint64_t rng = 7;
@@ -282,7 +263,7 @@ TEST(matmul_nn_all_paths)
                     memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
                     ms_matmul_nn_ref(ref, ldy, x, ldx, M, &W, acc);
                     memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
-                    emulate_bf16_nn(emu, ldy, x, ldx, M, &W, acc);
+                    emulate_bf16(emu, ldy, x, ldx, M, &W, acc, 1);
                     for (int isa = 0; isa <= best_isa; isa++)
                         for (int exact = 0; exact <= 1; exact++) {
                             ms_kctx kc = {pool, exact, isa};
@@ -481,7 +462,7 @@ TEST(matmul_dnnl_prepack)
     ms_kernels_set_dnnl(1);
     int64_t min_m = ms_kernels_set_dnnl_min_m(M); /* M = 64 is below the default */
     for (int round = 0; round < 3; round++) {
-        emulate_bf16(emu, N, x, K, M, &st.whole, 0);
+        emulate_bf16(emu, N, x, K, M, &st.whole, 0, 0);
         ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
         CHECKF(rel_err(y, emu, M, N, N) <= 1e-5, "round %d: %g", round, rel_err(y, emu, M, N, N));
         CHECK(ms_kernels_dnnl_bytes() >= (size_t)(N * K * 2));
@@ -493,7 +474,7 @@ TEST(matmul_dnnl_prepack)
     }
     ms_kernels_set_dnnl(0);
     CHECK(ms_kernels_dnnl_bytes() == 0);
-    emulate_bf16(emu, N, x, K, M, &st.whole, 0);
+    emulate_bf16(emu, N, x, K, M, &st.whole, 0, 0);
     ms_matmul(&kc, y, N, x, K, M, &st.whole, 0);
     CHECK(rel_err(y, emu, M, N, N) <= 1e-5);
     CHECK(ms_kernels_dnnl_bytes() == 0);
