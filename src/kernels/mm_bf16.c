@@ -450,7 +450,9 @@ AI void nn_unpermute(const __m512 *acc, __m512 *out)
 
 AI void nn_load(const int full, const f8lut *L, const char *p, int64_t rem, __m512i *a, __m512i *b)
 {
-    __mmask64 mk = full || rem >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << rem) - 1);
+    __mmask64 mk = full || rem >= 64 ? ~(__mmask64)0
+                   : rem <= 0           ? 0 /* a group past the last column: reads nothing */
+                                        : (((__mmask64)1 << rem) - 1);
     f8_to_bf16_lanes(L, full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mk, p), a, b);
 }
 
