@@ -4,6 +4,7 @@
  * vpermi2b), FP32 accumulation.  FP8 block scales are folded into the BF16
  * activations per 128-row block (x·s rounded once, the same error as rounding
  * x), so any view origin (r0, c0) works and the inner loop has no scale work.
+ * Products x·Wᵀ for both dtypes; x·W for FP8 weights (MLA's absorption).
  * Also the bulk conversions that use the same instructions (ms_cvt_*).
  * Compiled for AVX-512 BF16 + VBMI by the pragma; called on pool threads only
  * when kctx->isa == MS_ISA_AVX512BF16.
@@ -425,9 +426,9 @@ int ms_mm_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
  * unpacks leave them and are put back in order once at the end.  Each output
  * takes its products in k order whatever the split.  The exact FP32 kernel
  * widens FP8 one 16-weight vector at a time (~9 operations per vector): one
- * layer's W_UK at batch 1 took 20-22 µs there, 10.7-10.9 µs here; at 32 rows
- * 130 -> 87 µs.  BF16 weights stay on the FP32 kernel, whose widening is a
- * shift (batch 1: 13.1 µs there, 14.2-15.4 µs with this scheme). */
+ * layer's W_UK at batch 1 took 18-22 µs there, 8.9-10.9 µs here; at 32 rows
+ * 124-130 -> 74-87 µs.  BF16 weights stay on the FP32 kernel, whose widening
+ * is a shift (batch 1: 13.1 µs there, 14.2-15.4 µs with this scheme). */
 
 /* The four accumulators of a 64-column group back in column order: after
  * the word unpacks accumulator q holds, per 128-bit lane l, columns

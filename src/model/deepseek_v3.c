@@ -362,9 +362,8 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
     }
 }
 
-/* One embedding row per token: whole rows through the SIMD conversion (an
- * element-wise ms_mat_get took 15-35 µs per row); FP8 rows need their block
- * scales and keep the element-wise path. */
+/* One embedding row per token, converted whole with the SIMD conversion;
+ * FP8 rows need their block scales and keep the element-wise path. */
 static void embed_rows(const ms_model *m, const ms_batch_seq *seqs, int n_seqs, float *x)
 {
     const ms_mat *E = &m->embed;
