@@ -235,15 +235,17 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
     }
 }
 
-/* Rounds rows x[mc][ldx] (times the FP8 column-block scale when srow: column
- * k of the view takes srow[(c0 + k) / 128]) to bf16 into xb[mc][Kp], zero
- * padding columns K..Kp, in one pass.  perm: each group of 64 in the order
+/* Rounds rows x[mc][ldx] (times an FP8 block scale when srow: column k takes
+ * srow[((c0 + k) / 128) · sld]) to bf16 into xb[mc][Kp], zero padding
+ * columns K..Kp, in one pass.  x·Wᵀ passes the row block's scales (sld 1,
+ * c0 the view's column origin); x·W one column block's scales down the row
+ * blocks (sld the scale row length, c0 the view's row origin).  perm: each group of 64 in the order
  * f8_to_bf16_lanes produces weights ({0-7, 16-23, 32-39, 48-55}, then
  * {8-15, 24-31, 40-47, 56-63}).  FP8 GEMVs redo this for every 128-row
  * block; a per-column scale array and a second pass for the order took ~15 %
  * of an L2-hot FP8 GEMV. */
 static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp, const float *srow,
-                 int64_t c0, int perm, uint16_t *xb)
+                 int64_t c0, int64_t sld, int perm, uint16_t *xb)
 {
     uint16_t ia[32], ib[32];
     for (int j = 0; j < 32; j++) {
@@ -264,11 +266,12 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
                 /* 16 columns never straddle a 128-column block when c0 % 16 == 0 */
                 if (srow && rem > 0) {
                     if ((c0 & 15) == 0) {
-                        v[q] = _mm512_mul_ps(v[q], _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128]));
+                        v[q] = _mm512_mul_ps(v[q],
+                                             _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128 * sld]));
                     } else {
                         float s16[16];
                         for (int e = 0; e < 16; e++)
-                            s16[e] = e < rem ? srow[(c0 + k + 16 * q + e) / 128] : 0.0f;
+                            s16[e] = e < rem ? srow[(c0 + k + 16 * q + e) / 128 * sld] : 0.0f;
                         v[q] = _mm512_mul_ps(v[q], _mm512_loadu_ps(s16));
                     }
                 }
@@ -309,7 +312,7 @@ static void prep_once(const mm_task *t, int64_t m0, int64_t mc, int64_t K, int64
     if (t->run && p->run == t->run && p->x == x && p->xb == xb && p->srow == srow &&
         p->ldx == t->ldx && p->mc == mc && p->K == K && p->c0 == c0 && p->perm == perm)
         return;
-    prep(x, t->ldx, mc, K, Kp, srow, t->W->c0, perm, xb);
+    prep(x, t->ldx, mc, K, Kp, srow, t->W->c0, 1, perm, xb);
     prepped = (struct prep_key){x, xb, srow, t->ldx, mc, K, c0, t->run, perm};
 }
 
@@ -459,21 +462,20 @@ AI void nn_load(const int full, const f8lut *L, const char *p, int64_t rem, __m5
 
 /* Columns [n, n + 64·CW) (rem of them valid) for activation rows
  * [m0, m0 + MB); the bf16 activation pairs of row m0 + m for scale block
- * cb0 + b are xp[(m·nblk + b)·npair ...].  With one activation row a pass
- * covers 256 columns, whole rows of W_UK, so W is read in order. */
+ * cb0 + b are xp[(b·4 + m)·Kp/2 ...].  With one activation row a pass covers
+ * 256 columns, whole rows of W_UK, so W is read in order. */
 AI void nn_chunk(const int full, const int MB, const int CW, const mm_task *t, const f8lut *L,
-                 const uint32_t *xp, int64_t npair, int64_t nblk, int64_t cb0, int64_t m0,
-                 int64_t n, int64_t rem)
+                 const uint32_t *xp, int64_t Kp, int64_t cb0, int64_t m0, int64_t n, int64_t rem)
 {
     const ms_mat *W = t->W;
-    const int64_t K = W->rows, ldw = W->ld;
+    const int64_t K = W->rows, ldw = W->ld, npair = (K + 1) / 2;
     const char *w = (const char *)W->data + n;
     const uint32_t *xg[4][4];
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 4
         for (int g = 0; g < CW; g++)
-            xg[m][g] = xp + (m * nblk + (W->c0 + n + 64 * g) / 128 - cb0) * npair;
+            xg[m][g] = xp + (((W->c0 + n + 64 * g) / 128 - cb0) * 4 + m) * (Kp / 2);
     __m512 acc[4][16];
 #pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
@@ -518,40 +520,29 @@ AI void nn_chunk(const int full, const int MB, const int CW, const mm_task *t, c
 int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
-    const int64_t K = W->rows, npair = (K + 1) / 2, Kp = (2 * npair + 15) & ~(int64_t)15;
+    const int64_t K = W->rows, Kp = (K + 63) & ~(int64_t)63;
     if (W->dtype != MS_DT_F8E4M3 || W->c0 % 64) return -1; /* groups must not straddle blocks */
     if (n1 <= n0) return 0;
     const int64_t cb0 = (W->c0 + n0) / 128, nblk = (W->c0 + n1 - 1) / 128 - cb0 + 1;
-    uint32_t *xp = ms_mm_scratch(MM_SCR_W, sizeof(uint32_t) * (size_t)(4 * nblk * npair) +
-                                               sizeof(float) * (size_t)Kp);
-    if (!xp) return -1;
-    float *xs = (float *)(xp + 4 * nblk * npair); /* one row times its scales, zero padded */
+    /* [nblk][4][Kp] bf16: x·s of up to four rows for each column block */
+    uint16_t *xb = ms_mm_scratch(MM_SCR_W, sizeof(uint16_t) * (size_t)(4 * nblk * Kp));
+    if (!xb) return -1;
     f8lut L;
     f8lut_init(&L);
     for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
         const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4, cw = mb == 1 ? 4 : mb == 2 ? 2 : 1;
-        for (int m = 0; m < mb; m++) /* the activation pairs for each scale block */
-            for (int64_t b = 0; b < nblk; b++) {
-                const float *x = t->x + (m0 + m) * t->ldx;
-                for (int64_t k = 0; k < Kp; k++)
-                    xs[k] =
-                        k < K ? x[k] * W->scale[((W->r0 + k) / 128) * W->scale_ld + cb0 + b] : 0.0f;
-                uint16_t *d = (uint16_t *)(xp + (m * nblk + b) * npair);
-                for (int64_t k = 0; k < Kp; k += 16) {
-                    __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xs + k));
-                    int64_t left = 2 * npair - k;
-                    _mm256_mask_storeu_epi16(
-                        d + k, left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1), h);
-                }
-            }
+        for (int64_t b = 0; b < nblk; b++) /* consecutive bf16 values are the k pairs */
+            prep(t->x + m0 * t->ldx, t->ldx, mb, K, Kp, W->scale + cb0 + b, W->r0, W->scale_ld, 0,
+                 xb + b * 4 * Kp);
         for (int64_t n = n0; n < n1; n += 64 * cw) {
             int64_t rem = n1 - n < 64 * cw ? n1 - n : 64 * cw;
+            const uint32_t *xp = (const uint32_t *)xb;
 #define C(mb_, cw_)                                                                                \
     if (mb == mb_) {                                                                               \
         if (rem == 64 * cw_)                                                                       \
-            nn_chunk(1, mb_, cw_, t, &L, xp, npair, nblk, cb0, m0, n, rem);                        \
+            nn_chunk(1, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem);                                 \
         else                                                                                       \
-            nn_chunk(0, mb_, cw_, t, &L, xp, npair, nblk, cb0, m0, n, rem);                        \
+            nn_chunk(0, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem);                                 \
     }
             C(1, 4) C(2, 2) C(3, 1) C(4, 1)
 #undef C
