@@ -327,32 +327,17 @@ static void sched_run(const ms_kctx *k, struct sched *S)
  * only (kernels.h), so one is enough. */
 static struct sched sched_state;
 
-void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
-               const ms_mat *W, int accumulate)
-{
-    if (M <= 0 || W->rows <= 0) return;
-    struct sched *S = &sched_state;
-    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate, 0}, pick_path(k, W), 0};
-    if (S->jobs[0].path == P_BF16 && W->dtype == MS_DT_BF16 && ms_mm_dnnl_nt(k, &S->jobs[0].t) == 0)
-        return;
-    S->n_jobs = 1;
-    sched_run(k, S);
-}
-
 void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
 {
     struct sched *S = &sched_state;
     if (n > BATCH_MAX) {
-        for (int i = 0; i < n; i++)
-            (calls[i].nn ? ms_matmul_nn : ms_matmul)(k, calls[i].y, calls[i].ldy, calls[i].x,
-                                                     calls[i].ldx, calls[i].M, calls[i].W,
-                                                     calls[i].accumulate);
+        for (int i = 0; i < n; i++) ms_matmul_batch(k, calls + i, 1);
         return;
     }
     S->n_jobs = 0;
     for (int i = 0; i < n; i++) {
         const ms_mm_call *c = &calls[i];
-        if (c->M <= 0 || c->W->rows <= 0 || c->W->cols <= 0) continue;
+        if (c->M <= 0 || (c->nn ? c->W->cols : c->W->rows) <= 0) continue; /* no outputs */
         struct mm_job *j = &S->jobs[S->n_jobs];
         *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate, 0},
                              pick_path(k, c->W),
@@ -365,14 +350,16 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
     sched_run(k, S);
 }
 
+void ms_matmul(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
+               const ms_mat *W, int accumulate)
+{
+    ms_matmul_batch(k, &(ms_mm_call){y, ldy, x, ldx, M, W, accumulate, 0}, 1);
+}
+
 void ms_matmul_nn(const ms_kctx *k, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t M,
                   const ms_mat *W, int accumulate)
 {
-    if (M <= 0 || W->cols <= 0) return;
-    struct sched *S = &sched_state;
-    S->jobs[0] = (struct mm_job){{y, ldy, x, ldx, M, W, accumulate, 0}, pick_path(k, W), 1};
-    S->n_jobs = 1;
-    sched_run(k, S);
+    ms_matmul_batch(k, &(ms_mm_call){y, ldy, x, ldx, M, W, accumulate, 1}, 1);
 }
 
 /* ---- bulk conversions ---- */
