@@ -169,6 +169,54 @@ static void emulate_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int
 
 static const int64_t Ms[] = {1, 2, 3, 7, 16, 17, 33, 100};
 
+/* One product y = x·Wᵀ (nn: x·W) with M activation rows, on every ISA in
+ * exact and auto mode, against the double reference (1e-5; 1e-2 where auto
+ * mode takes the BF16-activation kernel, bf_auto, and then against its bf16
+ * emulation at 1e-5); columns past N untouched.  Adds the cases run to
+ * *n_cases; a failed check marks the running test failed. */
+static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint64_t *rng,
+                          int *n_cases)
+{
+    int64_t N = nn ? W->cols : W->rows, K = nn ? W->rows : W->cols, ldx = K + 3, ldy = N + 5;
+    float *x = malloc(sizeof(float) * (size_t)(M * ldx));
+    float *y0 = malloc(sizeof(float) * (size_t)(M * ldy));
+    float *ref = malloc(sizeof(float) * (size_t)(M * ldy));
+    float *emu = malloc(sizeof(float) * (size_t)(M * ldy));
+    float *y = malloc(sizeof(float) * (size_t)(M * ldy));
+    for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(rng);
+    for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(rng);
+    for (int acc = 0; acc <= 1; acc++) {
+        memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
+        (nn ? ms_matmul_nn_ref : ms_matmul_ref)(ref, ldy, x, ldx, M, W, acc);
+        memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
+        emulate_bf16(emu, ldy, x, ldx, M, W, acc, nn);
+        for (int isa = 0; isa <= best_isa; isa++)
+            for (int exact = 0; exact <= 1; exact++) {
+                ms_kctx kc = {pool, exact, isa};
+                memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
+                (nn ? ms_matmul_nn : ms_matmul)(&kc, y, ldy, x, ldx, M, W, acc);
+                int bf = !exact && isa >= MS_ISA_AVX512BF16 && bf_auto;
+                double e = rel_err(y, ref, M, N, ldy);
+                CHECKF(e <= (bf ? 1e-2 : 1e-5),
+                       "nn %d isa %d exact %d dt %d M %ld N %ld K %ld acc %d: rel %g", nn, isa,
+                       exact, W->dtype, (long)M, (long)N, (long)K, acc, e);
+                if (bf) {
+                    double e2 = rel_err(y, emu, M, N, ldy);
+                    CHECKF(e2 <= 1e-5, "nn %d bf16 emulation dt %d M %ld N %ld K %ld: rel %g", nn,
+                           W->dtype, (long)M, (long)N, (long)K, e2);
+                }
+                for (int64_t i = 0; i < M; i++) /* padding untouched */
+                    for (int64_t j = N; j < ldy; j++) CHECK(y[i * ldy + j] == y0[i * ldy + j]);
+                (*n_cases)++;
+            }
+    }
+    free(x);
+    free(y0);
+    free(ref);
+    free(emu);
+    free(y);
+}
+
 TEST(matmul_all_paths)
 {
     uint64_t rng = 42;
@@ -185,48 +233,10 @@ TEST(matmul_all_paths)
             stored_make(&st, dts[di], r0 + N + 9, c0 + K + 11, &rng);
             ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
             for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
-                int64_t M = Ms[mi];
-                if (M > 17 && si != 1 && si != 4) continue; /* keep the test fast */
-                int64_t ldx = K + 3, ldy = N + 5;
-                float *x = malloc(sizeof(float) * (size_t)(M * ldx));
-                float *y0 = malloc(sizeof(float) * (size_t)(M * ldy));
-                float *ref = malloc(sizeof(float) * (size_t)(M * ldy));
-                float *emu = malloc(sizeof(float) * (size_t)(M * ldy));
-                float *y = malloc(sizeof(float) * (size_t)(M * ldy));
-                for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(&rng);
-                for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(&rng);
-                for (int acc = 0; acc <= 1; acc++) {
-                    memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
-                    ms_matmul_ref(ref, ldy, x, ldx, M, &W, acc);
-                    memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
-                    emulate_bf16(emu, ldy, x, ldx, M, &W, acc, 0);
-                    for (int isa = 0; isa <= best_isa; isa++)
-                        for (int exact = 0; exact <= 1; exact++) {
-                            ms_kctx kc = {pool, exact, isa};
-                            memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
-                            ms_matmul(&kc, y, ldy, x, ldx, M, &W, acc);
-                            int bf = !exact && isa >= MS_ISA_AVX512BF16 &&
-                                     (dts[di] == MS_DT_BF16 || dts[di] == MS_DT_F8E4M3);
-                            double e = rel_err(y, ref, M, N, ldy);
-                            CHECKF(e <= (bf ? 1e-2 : 1e-5),
-                                   "isa %d exact %d dt %d M %ld N %ld K %ld acc %d: rel %g", isa,
-                                   exact, dts[di], (long)M, (long)N, (long)K, acc, e);
-                            if (bf) {
-                                double e2 = rel_err(y, emu, M, N, ldy);
-                                CHECKF(e2 <= 1e-5, "bf16 emulation M %ld N %ld K %ld: rel %g",
-                                       (long)M, (long)N, (long)K, e2);
-                            }
-                            for (int64_t i = 0; i < M; i++) /* padding untouched */
-                                for (int64_t j = N; j < ldy; j++)
-                                    CHECK(y[i * ldy + j] == y0[i * ldy + j]);
-                            n_cases++;
-                        }
-                }
-                free(x);
-                free(y0);
-                free(ref);
-                free(emu);
-                free(y);
+                if (Ms[mi] > 17 && si != 1 && si != 4) continue; /* keep the test fast */
+                check_product(&W, 0, Ms[mi], dts[di] == MS_DT_BF16 || dts[di] == MS_DT_F8E4M3,
+                              &rng, &n_cases);
+                if (th_cur_failed) return;
             }
             stored_free(&st);
         }
@@ -244,6 +254,7 @@ TEST(matmul_nn_all_paths)
                                         {64, 256, 128, 128},
                                         {65, 70, 3, 64}};
     const ms_dtype dts[] = {MS_DT_F32, MS_DT_BF16, MS_DT_F16, MS_DT_F8E4M3};
+    int n_cases = 0;
     for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++)
         for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
             int64_t K = shapes[si][0], N = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
@@ -251,49 +262,13 @@ TEST(matmul_nn_all_paths)
             stored_make(&st, dts[di], r0 + K + 3, c0 + N + 70, &rng);
             ms_mat W = ms_mat_slice(&st.whole, r0, K, c0, N);
             for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
-                int64_t M = Ms[mi], ldx = K + 1, ldy = N + 2;
-                float *x = malloc(sizeof(float) * (size_t)(M * ldx));
-                float *y0 = malloc(sizeof(float) * (size_t)(M * ldy));
-                float *ref = malloc(sizeof(float) * (size_t)(M * ldy));
-                float *emu = malloc(sizeof(float) * (size_t)(M * ldy));
-                float *y = malloc(sizeof(float) * (size_t)(M * ldy));
-                for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(&rng);
-                for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(&rng);
-                for (int acc = 0; acc <= 1; acc++) {
-                    memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
-                    ms_matmul_nn_ref(ref, ldy, x, ldx, M, &W, acc);
-                    memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
-                    emulate_bf16(emu, ldy, x, ldx, M, &W, acc, 1);
-                    for (int isa = 0; isa <= best_isa; isa++)
-                        for (int exact = 0; exact <= 1; exact++) {
-                            ms_kctx kc = {pool, exact, isa};
-                            memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
-                            ms_matmul_nn(&kc, y, ldy, x, ldx, M, &W, acc);
-                            int bf = !exact && isa >= MS_ISA_AVX512BF16 &&
-                                     dts[di] == MS_DT_F8E4M3 && c0 % 64 == 0;
-                            double e = rel_err(y, ref, M, N, ldy);
-                            CHECKF(e <= (bf ? 1e-2 : 1e-5),
-                                   "nn isa %d exact %d dt %d M %ld K %ld N %ld acc %d: rel %g", isa,
-                                   exact, dts[di], (long)M, (long)K, (long)N, acc, e);
-                            if (bf) {
-                                double e2 = rel_err(y, emu, M, N, ldy);
-                                CHECKF(e2 <= 1e-5,
-                                       "nn bf16 emulation dt %d M %ld K %ld N %ld: rel %g", dts[di],
-                                       (long)M, (long)K, (long)N, e2);
-                            }
-                            for (int64_t i = 0; i < M; i++)
-                                for (int64_t j = N; j < ldy; j++)
-                                    CHECK(y[i * ldy + j] == y0[i * ldy + j]);
-                        }
-                }
-                free(x);
-                free(y0);
-                free(ref);
-                free(emu);
-                free(y);
+                check_product(&W, 1, Ms[mi], dts[di] == MS_DT_F8E4M3 && c0 % 64 == 0, &rng,
+                              &n_cases);
+                if (th_cur_failed) return;
             }
             stored_free(&st);
         }
+    CHECK(n_cases > 100);
 }
 
 /* The split over threads must not change a single bit (layout invariance of
