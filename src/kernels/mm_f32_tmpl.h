@@ -194,8 +194,6 @@ AI void FN(nn_tile)(const mm_task *t, const int dt, const int MB, const int C, i
             }
         }
         VF w[4 * NN_C];
-        /* rows NN_PF ahead: strided rows of a cold matrix (MLA's absorption
-         * reads W_UK once per token) are otherwise fetched at DRAM latency */
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             w[c] = FN(wload)(dt, wr + c * VW * es);

@@ -9,8 +9,8 @@
  * Expert compute groups tokens by expert and runs each expert's SwiGLU as
  * GEMMs over its token rows; from 8 rows the routing, the grouping copy, the
  * SiLU and the combine also run on the pool (split by rows, the combine by
- * columns, so the results do not depend on the thread count).  Main thread only (kernels use the
- * pool).
+ * columns, so the results do not depend on the thread count).  Main thread
+ * only (kernels use the pool).
  */
 #ifndef MS_MOE_MOE_H
 #define MS_MOE_MOE_H
