@@ -18,9 +18,10 @@
 #define AI static inline __attribute__((always_inline))
 
 enum {
-    MC = 32,            /* activation rows prepared (rounded to bf16) at once */
-    F8_PF_BYTES = 4096, /* FP8 GEMV: software prefetch distance along the stream */
+    MC = 32,              /* activation rows prepared (rounded to bf16) at once */
+    F8_PF_BYTES = 4096,   /* FP8 GEMV: software prefetch distance along the stream */
     PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
+    MR_PF_BYTES = 4096,   /* BF16 rows at M = 2, 3: prefetch distance along the weights */
 };
 
 /* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and
@@ -186,23 +187,35 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * the stored matrix) that the hardware prefetcher follows at full speed; two
  * accumulators per row, one horizontal sum per row.  Measured on a 64 MiB
  * BF16 matrix, 2 threads, one run: 76-93 GB/s against 55-60 GB/s for the
- * 8-row tile (plain read 82 GB/s).  At M = 2..4 the 4-row tile stays faster
- * (46 against 35 GB/s at M = 3): it loads each activation vector once for
- * four weight rows.  No software prefetch for BF16 here: it only lowered the
- * rate (decode 157-172 -> 155-160 tok/s, three alternating runs).  FP8 rows
- * do more work per byte (the widening) and gain from a prefetch 4 KiB ahead:
- * FP8 decode 176-180 -> 196-211 tok/s (three alternating runs; 2 and 8 KiB
- * the same within noise).
- * The tiles (M >= 2) do more arithmetic per weight byte and do gain from
+ * 8-row tile (plain read 82 GB/s).  No software prefetch for BF16 at M = 1:
+ * it only lowered the rate (decode 157-172 -> 155-160 tok/s, three
+ * alternating runs).  FP8 rows do more work per byte (the widening) and gain
+ * from a prefetch 4 KiB ahead: FP8 decode 176-180 -> 196-211 tok/s (three
+ * alternating runs; 2 and 8 KiB the same within noise).
+ *
+ * BF16 at MB = 2 or 3 activation rows (most MoE experts of a batched decode:
+ * 32 tokens × top-6 over 64 experts is ~3 rows each) streams the same way,
+ * each row feeding MB sums, with a non-temporal prefetch 4 KiB ahead (2 and
+ * 8 KiB no better).  The tiles stream and compute in turn at these M: on one
+ * core, cold 1 MiB expert matrices, alternating, the tiles read 22.4 / 22.6
+ * GB/s at M = 2 and 21.2 / 22.5 at M = 3, this loop 27.9 / 27.0 and 24.6 /
+ * 26.9 (M = 1: ~30); at M = 4 it only matched the tile (24.5 against 24.8),
+ * so M >= 4 keeps the tiles.  A MoE layer at 32 rows (2 threads): 3.23 / 3.01
+ * / 3.19 -> 2.60 / 2.62 / 2.84 ms.
+ *
+ * The tiles (M >= 4) do more arithmetic per weight byte and do gain from
  * prefetching the next tile (expert-sized 1 MiB matrices at 2 threads, one
  * run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 -> 31). */
-AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char *w, int64_t ldw,
-                  int64_t K, int64_t nr, float *out, int accumulate)
+AI void gemv_rows(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
+                  const char *w, int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy,
+                  int accumulate)
 {
     const int64_t Kf = K & ~(int64_t)63;
     for (int64_t n = 0; n < nr; n++) {
         const char *p = w + n * ldw;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+        __m512 a[3][2];
+#pragma GCC unroll 3
+        for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm512_setzero_ps();
         int64_t k = 0;
         __m512i wa, wb;
         for (; k < Kf; k += 64) {
@@ -210,11 +223,19 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
                 _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);
                 f8_to_bf16_lanes(L, _mm512_loadu_si512(p + k), &wa, &wb);
             } else {
+                if (MB > 1) {
+                    _mm_prefetch(p + 2 * k + MR_PF_BYTES, _MM_HINT_NTA);
+                    _mm_prefetch(p + 2 * k + 64 + MR_PF_BYTES, _MM_HINT_NTA);
+                }
                 wa = _mm512_loadu_si512(p + 2 * k);
                 wb = _mm512_loadu_si512(p + 2 * k + 64);
+                if (MB > 1) __asm__("" : "+v"(wa), "+v"(wb)); /* else gcc reloads them per row */
             }
-            a0 = dp(a0, _mm512_loadu_si512(xb + k), wa);
-            a1 = dp(a1, _mm512_loadu_si512(xb + k + 32), wb);
+#pragma GCC unroll 3
+            for (int m = 0; m < MB; m++) {
+                a[m][0] = dp(a[m][0], _mm512_loadu_si512(xb + m * ldxb + k), wa);
+                a[m][1] = dp(a[m][1], _mm512_loadu_si512(xb + m * ldxb + k + 32), wb);
+            }
         }
         if (k < K) { /* tail: masked weight loads; the activations are zero padded */
             int64_t rem = K - k;
@@ -227,11 +248,17 @@ AI void gemv_rows(const int isf8, const f8lut *L, const uint16_t *xb, const char
                 wa = _mm512_maskz_loadu_epi16(m0, p + 2 * k);
                 wb = _mm512_maskz_loadu_epi16(m1, p + 2 * k + 64);
             }
-            a0 = dp(a0, _mm512_loadu_si512(xb + k), wa);
-            a1 = dp(a1, _mm512_loadu_si512(xb + k + 32), wb);
+#pragma GCC unroll 3
+            for (int m = 0; m < MB; m++) {
+                a[m][0] = dp(a[m][0], _mm512_loadu_si512(xb + m * ldxb + k), wa);
+                a[m][1] = dp(a[m][1], _mm512_loadu_si512(xb + m * ldxb + k + 32), wb);
+            }
         }
-        float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        out[n] = accumulate ? out[n] + sum : sum;
+#pragma GCC unroll 3
+        for (int m = 0; m < MB; m++) {
+            float sum = _mm512_reduce_add_ps(_mm512_add_ps(a[m][0], a[m][1]));
+            y[m * ldy + n] = accumulate ? y[m * ldy + n] + sum : sum;
+        }
     }
 }
 
@@ -400,9 +427,15 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
             if (widen)
                 block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
             else if (M == 1 && isf8)
-                gemv_rows(1, &L, xb, w, ldw, K, ne - n, t->y + n, t->accumulate);
+                gemv_rows(1, 1, &L, xb, Kp, w, ldw, K, ne - n, t->y + n, t->ldy, t->accumulate);
             else if (M == 1)
-                gemv_rows(0, &L, xb, w, ldw, K, ne - n, t->y + n, t->accumulate);
+                gemv_rows(0, 1, &L, xb, Kp, w, ldw, K, ne - n, t->y + n, t->ldy, t->accumulate);
+            else if (!isf8 && mc == 2)
+                gemv_rows(0, 2, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n, t->ldy,
+                          t->accumulate);
+            else if (!isf8 && mc == 3)
+                gemv_rows(0, 3, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n, t->ldy,
+                          t->accumulate);
             else if (isf8)
                 block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
             else
