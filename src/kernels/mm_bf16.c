@@ -203,9 +203,10 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * so M >= 4 keeps the tiles.  A MoE layer at 32 rows (2 threads): 3.23 / 3.01
  * / 3.19 -> 2.60 / 2.62 / 2.84 ms.
  *
- * The tiles (M >= 4) do more arithmetic per weight byte and do gain from
- * prefetching the next tile (expert-sized 1 MiB matrices at 2 threads, one
- * run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 -> 31). */
+ * The tiles (BF16 from M = 4, FP8 from M = 2) do more arithmetic per weight
+ * byte and gain from prefetching the next tile (expert-sized 1 MiB matrices
+ * at 2 threads, one run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 ->
+ * 31). */
 AI void gemv_rows(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
                   const char *w, int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy,
                   int accumulate)
