@@ -392,6 +392,20 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
     }
 }
 
+/* gemv_rows for the row counts it takes: FP8 1, BF16 1 to 3. */
+static void rows(int isf8, int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb, const char *w,
+                 int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy, int accumulate)
+{
+    if (isf8)
+        gemv_rows(1, 1, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+    else if (MB == 1)
+        gemv_rows(0, 1, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+    else if (MB == 2)
+        gemv_rows(0, 2, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+    else
+        gemv_rows(0, 3, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+}
+
 /* Columns [n0, n1) of y for all M rows.  FP8 weights at M >= MC are first
  * converted to bf16 one 128-row block at a time (into scratch), so the
  * conversion is not repeated for every group of activation rows. */
@@ -427,16 +441,9 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
             prep_once(t, m0, mc, K, Kp, isf8 ? srow : NULL, isf8 && !widen, xb);
             if (widen)
                 block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
-            else if (M == 1 && isf8)
-                gemv_rows(1, 1, &L, xb, Kp, w, ldw, K, ne - n, t->y + n, t->ldy, t->accumulate);
-            else if (M == 1)
-                gemv_rows(0, 1, &L, xb, Kp, w, ldw, K, ne - n, t->y + n, t->ldy, t->accumulate);
-            else if (!isf8 && mc == 2)
-                gemv_rows(0, 2, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n, t->ldy,
-                          t->accumulate);
-            else if (!isf8 && mc == 3)
-                gemv_rows(0, 3, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n, t->ldy,
-                          t->accumulate);
+            else if (mc <= (isf8 ? 1 : 3))
+                rows(isf8, (int)mc, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n,
+                     t->ldy, t->accumulate);
             else if (isf8)
                 block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
             else
