@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # t_serve.sh — the real server on loopback: tests/serve_e2e.py against a
 # single-rank server and against a 2-rank DP-attention server under mpirun
-# (self-relaunched), plus the official openai npm client, idle CPU, and SIGTERM
-# draining to a clean exit.
+# (self-relaunched), plus the official openai npm client, idle CPU, SIGTERM
+# draining to a clean exit, and DP admission (total_requests, cache_aware:
+# tests/serve_router.py).
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 tmp=$(mktemp -d)
@@ -38,6 +39,14 @@ run_e2e() { # $1 = label, $2 = pool tokens, rest = extra args to the script
     fi
 }
 
+run_router() { # $1 = the server's --load-balance-method
+    if /usr/bin/python3 tests/serve_router.py "http://127.0.0.1:$PORT" "$1" >"$tmp/router.out" 2>&1; then
+        echo "ok   DP admission, $1 ($(tail -1 "$tmp/router.out"))"; pass=$((pass + 1))
+    else
+        echo "FAIL DP admission, $1"; grep -E "FAIL|Traceback|Error" "$tmp/router.out" | head -10; fail=$((fail + 1))
+    fi
+}
+
 POOL=1024
 # --dtype float32: outputs must not depend on how requests are batched together
 if start one --max-total-tokens $POOL --threads 2 --max-running-requests 64 --dtype float32 --max-connections 1024; then
@@ -65,10 +74,19 @@ fi
 
 if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024 --load-balance-method total_requests; then
     run_e2e "2-rank DP-attention (mpirun)" $POOL --quick --lb-total-requests
+    run_router total_requests
     kill -TERM "$PID"
     for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
     if ! kill -0 "$PID" 2>/dev/null; then echo "ok   2-rank server stopped on SIGTERM"; pass=$((pass + 1))
     else echo "FAIL 2-rank server still running after SIGTERM"; fail=$((fail + 1)); fi
+else
+    fail=$((fail + 1))
+fi
+# cache-aware admission (sgl-router's policy) on the same 2-rank shape
+if start dpc --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --dtype float32 --load-balance-method cache_aware; then
+    run_router cache_aware
+    kill -TERM "$PID"
+    for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 else
     fail=$((fail + 1))
 fi

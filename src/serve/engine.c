@@ -51,8 +51,8 @@ struct ms_engine {
     uint32_t pend_new, pend_abort, pend_flags;
     uint64_t *aborts;
     size_t cap_aborts;
-    int rr_next;
-    int64_t *dp_pending_reqs, *dp_pending_tokens; /* submitted since the last load report */
+    ms_router *router;
+    ms_router_load *rloads; /* [n_dp] the loads as the router takes them */
     int64_t inflight;
     ms_engine_event *events;
     int n_events, cap_events;
@@ -72,36 +72,11 @@ struct ms_engine {
     ms_engine_step_stats last;
 };
 
-int ms_lb_parse(const char *name)
-{
-    if (!strcmp(name, "round_robin")) return MS_LB_ROUND_ROBIN;
-    if (!strcmp(name, "total_requests") || !strcmp(name, "shortest_queue")) return MS_LB_TOTAL_REQUESTS;
-    if (!strcmp(name, "total_tokens")) return MS_LB_TOTAL_TOKENS;
-    return -1;
-}
-
-/* The DP rank a new request goes to: the policy over the last reported loads
- * plus what was sent since (so a burst does not all land on one rank). */
-static int pick_dp(ms_engine *e, int64_t n_tokens)
-{
-    if (e->o.load_balance == MS_LB_ROUND_ROBIN || e->n_dp == 1) return e->rr_next++ % e->n_dp;
-    int best = 0;
-    int64_t best_v = INT64_MAX;
-    for (int i = 0; i < e->n_dp; i++) {
-        const ms_sched_stats *st = &e->loads[i].st;
-        int64_t v = e->o.load_balance == MS_LB_TOTAL_REQUESTS
-                        ? st->n_running + st->n_waiting + e->dp_pending_reqs[i]
-                        : st->used_tokens + e->dp_pending_tokens[i];
-        if (v < best_v) best_v = v, best = i;
-    }
-    (void)n_tokens;
-    return best;
-}
-
 void ms_engine_opts_init(ms_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
     ms_launch_init(&o->launch);
+    ms_router_opts_init(&o->router);
     o->page_size = 16;
     o->mem_fraction_static = 0.3;
     o->schedule_policy = MS_SCHED_FCFS;
@@ -316,12 +291,14 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     e->rows_world = calloc((size_t)e->W * 2, sizeof(int64_t));
     e->rows_tp = calloc((size_t)e->lay.tp, sizeof(int64_t));
     e->loads = calloc((size_t)e->n_dp, sizeof *e->loads);
-    e->dp_pending_reqs = calloc((size_t)e->n_dp, sizeof(int64_t));
-    e->dp_pending_tokens = calloc((size_t)e->n_dp, sizeof(int64_t));
+    e->rloads = calloc((size_t)e->n_dp, sizeof *e->rloads);
     e->g_bytes = calloc((size_t)e->W * 2, sizeof(size_t));
-    if (!e->rows_world || !e->rows_tp || !e->loads || !e->g_bytes || !e->dp_pending_reqs ||
-        !e->dp_pending_tokens) {
+    if (!e->rows_world || !e->rows_tp || !e->loads || !e->g_bytes || !e->rloads) {
         rc = ms_err(err, MS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (e->rank == 0 && (rc = ms_router_new(&e->router, e->n_dp, &o->router))) {
+        rc = ms_err(err, rc, "router: %d DP ranks, or a threshold out of range", e->n_dp);
         goto fail;
     }
     e->g_displs = e->g_bytes + e->W;
@@ -349,8 +326,8 @@ void ms_engine_close(ms_engine *e)
     free(e->aborts);
     free(e->events);
     free(e->loads);
-    free(e->dp_pending_reqs);
-    free(e->dp_pending_tokens);
+    ms_router_free(e->router);
+    free(e->rloads);
     free(e->gather_buf);
     free(e->g_bytes);
     free(e->rows_world);
@@ -393,22 +370,27 @@ int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_err
                       (long long)in->n_ids, (long long)in->max_new, (long long)need,
                       (long long)e->pool_tokens);
     if (in->n_stop_ids > MS_SCHED_MAX_STOP_IDS) return ms_err(err, MS_EINVAL, "too many stop ids");
-    if (dp_rank < 0 || dp_rank >= e->n_dp) dp_rank = pick_dp(e, in->n_ids);
-    e->dp_pending_reqs[dp_rank]++;
-    e->dp_pending_tokens[dp_rank] += in->n_ids;
     if (e->ctrl_len == 0) e->ctrl_len = sizeof(struct ctrl_hdr);
     size_t add = sizeof(struct wire_req) + sizeof(int32_t) * (size_t)in->n_ids;
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + add))
         return ms_err(err, MS_ENOMEM, "out of memory");
-    struct wire_req w = {.id = in->id, .seed = in->seed, .n_ids = in->n_ids,
-                         .max_new = in->max_new, .dp = dp_rank, .top_k = in->samp.top_k,
-                         .ignore_eos = in->ignore_eos, .top_logprobs = in->top_logprobs,
-                         .n_stop = in->n_stop_ids, .temperature = in->samp.temperature,
-                         .top_p = in->samp.top_p, .min_p = in->samp.min_p,
+    struct wire_req w = {.id = in->id,
+                         .seed = in->seed,
+                         .n_ids = in->n_ids,
+                         .max_new = in->max_new,
+                         .top_k = in->samp.top_k,
+                         .ignore_eos = in->ignore_eos,
+                         .top_logprobs = in->top_logprobs,
+                         .n_stop = in->n_stop_ids,
+                         .temperature = in->samp.temperature,
+                         .top_p = in->samp.top_p,
+                         .min_p = in->samp.min_p,
                          .frequency_penalty = in->samp.frequency_penalty,
                          .presence_penalty = in->samp.presence_penalty,
                          .repetition_penalty = in->samp.repetition_penalty};
     memcpy(w.stop_ids, in->stop_ids, sizeof w.stop_ids);
+    /* last, as it records the request: nothing fails after it */
+    w.dp = ms_router_pick(e->router, in->ids, in->n_ids, in->max_new, dp_rank);
     memcpy(e->ctrl + e->ctrl_len, &w, sizeof w);
     memcpy(e->ctrl + e->ctrl_len + sizeof w, in->ids, sizeof(int32_t) * (size_t)in->n_ids);
     e->ctrl_len += add;
@@ -581,7 +563,10 @@ static int push_event(ms_engine *e, const ms_sched_event *ev, int dp, const floa
     x->ev.logits = NULL;
     x->dp_rank = dp;
     x->logits = logits;
-    if (ev->finish != MS_FINISH_NONE) e->inflight--;
+    if (ev->finish != MS_FINISH_NONE) {
+        e->inflight--;
+        ms_router_finish(e->router, dp);
+    }
     return 0;
 }
 
@@ -689,8 +674,18 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     const ms_sched_event *ev = NULL;
     int n_ev = e->is_leader ? ms_sched_commit(e->sched, &ev) : 0;
     if ((rc = gather_events(e, ev, n_ev, err))) return rc;
-    if (e->rank == 0 && e->dp_pending_reqs)
-        for (int i = 0; i < e->n_dp; i++) e->dp_pending_reqs[i] = e->dp_pending_tokens[i] = 0;
+    if (e->rank == 0) { /* every DP rank reported as of this step */
+        for (int i = 0; i < e->n_dp; i++) {
+            const ms_sched_stats *st = &e->loads[i].st;
+            e->rloads[i] = (ms_router_load){st->n_running,
+                                            st->n_waiting,
+                                            st->used_tokens,
+                                            st->total_tokens,
+                                            st->queued_prefill_tokens,
+                                            st->decode_tokens_left};
+        }
+        ms_router_update(e->router, e->rloads);
+    }
     e->last.rows = all_rows;
     e->last.decode_rows = all_dec;
     e->last.seconds = ms_now_s() - t0;

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
+#include "serve/router.h"
 #include "serve/scheduler.h"
 
 #include <stdint.h>
@@ -34,16 +35,10 @@ typedef struct ms_engine_opts {
     int schedule_policy;         /* enum ms_sched_policy */
     int dispatch_bf16;           /* --ep-dispatch-dtype bf16 */
     int keep_logits;             /* events carry the logits they were sampled from (rank 0) */
-    int load_balance;            /* enum ms_lb: --load-balance-method (DP admission) */
+    ms_router_opts router;       /* --load-balance-method and its thresholds (DP admission) */
     int max_running_default;     /* global default when --max-running-requests is unset */
     int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
 } ms_engine_opts;
-
-/* --load-balance-method: how rank 0 picks a DP rank for a new request
- * (SGLang's names; an X-Data-Parallel-Rank hint always wins). */
-enum ms_lb { MS_LB_ROUND_ROBIN = 0, MS_LB_TOTAL_REQUESTS, MS_LB_TOTAL_TOKENS };
-/* Parses a method name; -1 when unknown. */
-int ms_lb_parse(const char *name);
 
 void ms_engine_opts_init(ms_engine_opts *o);
 
@@ -91,7 +86,7 @@ int ms_engine_max_running_per_rank(const ms_engine *e);
 int64_t ms_engine_chunk_per_rank(const ms_engine *e);
 int64_t ms_engine_context_length(const ms_engine *e);
 
-/* rank 0: queue a request for a DP rank (-1: round robin).  Checks the
+/* rank 0: queue a request for a DP rank (-1: the router's choice).  Checks the
  * context/pool limits now (MS_ECONTEXT with the token counts). */
 int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_errbuf *err);
 void ms_engine_abort(ms_engine *e, uint64_t id);

@@ -488,6 +488,12 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
                                 ms_radix_evictable_pages(s->radix)) *
                       s->p.page_size;
     st->cached_tokens = ms_radix_cached_pages(s->radix) * s->p.page_size;
+    st->queued_prefill_tokens = st->decode_tokens_left = 0;
+    for (int list = 0; list < 2; list++)
+        for (const struct req *r = list ? s->running : s->waiting; r; r = r->next) {
+            st->queued_prefill_tokens += MS_MAX(r->n_ids - r->n_kv - 1, 0);
+            st->decode_tokens_left += r->in.max_new - r->n_out;
+        }
 }
 
 int ms_sched_has_work(const ms_sched *s) { return s->n_running > 0 || s->n_waiting > 0; }

@@ -71,6 +71,8 @@ typedef struct ms_sched_stats {
     int64_t n_retracted;     /* cumulative */
     int64_t generated_tokens_total; /* cumulative */
     int64_t prompt_tokens_total, cached_prompt_tokens_total; /* for the cache hit rate */
+    int64_t queued_prefill_tokens; /* tokens whose KV is still to compute (not the next decode) */
+    int64_t decode_tokens_left;    /* max_new not generated yet, running and waiting */
 } ms_sched_stats;
 
 typedef struct ms_sched ms_sched;

@@ -34,24 +34,30 @@ struct serve_opts {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: moeserve serve --model-path DIR [flags]\n"
-            "engine:\n"
-            "  --model-path DIR (or --model)     Hugging Face checkpoint directory\n"
-            "  --dtype auto|float32|bfloat16     activation precision (float32: exact)\n"
-            "  --threads N                       worker threads per rank (default: all cores)\n"
-            "  --max-total-tokens N              KV pool tokens per DP rank\n"
-            "  --mem-fraction-static F           else: F x (MemAvailable / ranks on the host)\n"
-            "                                    minus weights (default 0.3)\n"
-            "  --context-length N                default: max_position_embeddings\n"
-            "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
-            "  --load-balance-method round_robin|total_requests|total_tokens\n"
-            "                                    DP rank for a new request (default round_robin)\n"
-            "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
-            "  --comm-timeout-s S                deadline of one collective (default 60)\n"
-            "launch flags (SGLang names):\n%s"
-            "front end:\n",
-            ms_launch_help());
+    fprintf(
+        f,
+        "usage: moeserve serve --model-path DIR [flags]\n"
+        "engine:\n"
+        "  --model-path DIR (or --model)     Hugging Face checkpoint directory\n"
+        "  --dtype auto|float32|bfloat16     activation precision (float32: exact)\n"
+        "  --threads N                       worker threads per rank (default: all cores)\n"
+        "  --max-total-tokens N              KV pool tokens per DP rank\n"
+        "  --mem-fraction-static F           else: F x (MemAvailable / ranks on the host)\n"
+        "                                    minus weights (default 0.3)\n"
+        "  --context-length N                default: max_position_embeddings\n"
+        "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
+        "  --load-balance-method M           DP rank of a new request: round_robin (default),\n"
+        "                                    total_requests, total_tokens, vllm, cache_aware,\n"
+        "                                    cost\n"
+        "  --cache-threshold F               cache_aware: prompt share a rank must hold (0.3)\n"
+        "  --balance-abs-threshold N         cache_aware: imbalanced if max - min in flight > N\n"
+        "  --balance-rel-threshold F         ... and max > min x F (64, 1.5)\n"
+        "  --max-tree-size N                 router prefix tree: tokens per DP rank (4194304)\n"
+        "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
+        "  --comm-timeout-s S                deadline of one collective (default 60)\n"
+        "launch flags (SGLang names):\n%s"
+        "front end:\n",
+        ms_launch_help());
     ms_frontend_print_flags(f);
 }
 
@@ -127,7 +133,23 @@ static int parse(struct serve_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--load-balance-method")) {
             int lb = ms_lb_parse(v);
             if (lb < 0) goto bad;
-            o->eo.load_balance = lb;
+            o->eo.router.policy = lb;
+        } else if (!strcmp(a, "--cache-threshold")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x >= 0 && x <= 1)) goto bad;
+            o->eo.router.cache_threshold = x;
+        } else if (!strcmp(a, "--balance-abs-threshold")) {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || errno || x < 0) goto bad;
+            o->eo.router.balance_abs_threshold = x;
+        } else if (!strcmp(a, "--balance-rel-threshold")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x >= 0 && x < 1e9)) goto bad;
+            o->eo.router.balance_rel_threshold = x;
+        } else if (!strcmp(a, "--max-tree-size")) {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || errno || x < 1) goto bad;
+            o->eo.router.max_tree_tokens = x;
         } else if (!strcmp(a, "--ep-dispatch-dtype")) {
             if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
             else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
