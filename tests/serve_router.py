@@ -68,6 +68,8 @@ def wait_idle(timeout=30):
 P = "System: you are a careful assistant who answers briefly. " * 6 + "Question: what is two plus two?"
 Q = "A different conversation about rivers, mountains and the weather in spring. " * 5
 
+s, info = req("GET", "/server_info")
+check("/server_info names the policy", info.get("load_balance_method") == POLICY, info.get("load_balance_method"))
 first = complete(P)
 check("first request served", first is not None, first)
 wait_idle()

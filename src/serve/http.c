@@ -403,7 +403,7 @@ static json_t *server_info(ms_frontend *fe)
     const char *rp[] = {NULL, "deepseek-r1", "deepseek-v3"};
     json_t *o = json_pack(
         "{s:s,s:s,s:I,s:i,s:s,s:{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:o,s:i,s:i,s:i,s:i,s:i,"
-        "s:b,s:i,s:i,s:s?,s:s?,s:b,s:i,s:s}",
+        "s:b,s:i,s:i,s:s?,s:s?,s:b,s:i,s:s,s:s}",
         "model_path", in->model_path, "served_model_name", fe->model_name, "context_length",
         (json_int_t)in->context_len, "page_size", in->page_size, "dtype", in->dtype, "layout",
         "description", in->layout, "tp_size", in->tp_size, "dp_size", in->dp_size, "ep_size",
@@ -417,7 +417,8 @@ static json_t *server_info(ms_frontend *fe)
         in->attn_dp_size, "attn_tp_size", in->attn_tp_size, "reasoning_parser",
         rp[fe->o.reasoning_parser], "tool_call_parser",
         fe->o.tool_call_parser ? "deepseekv31" : NULL, "enable_metrics", fe->o.enable_metrics,
-        "max_queued_requests", fe->o.max_queued_requests, "version", "moeserve");
+        "max_queued_requests", fe->o.max_queued_requests, "version", "moeserve",
+        "load_balance_method", in->load_balance_method);
     if (o) {
         /* the per-DP-rank capacity as SGLang's scalar (every DP rank has the same pool
          * size), next to the list; the topology fields above say what it means */

@@ -157,6 +157,7 @@ typedef struct ms_engine_info {
     int32_t chunked_prefill_size, chunked_prefill_size_per_rank;
     int32_t max_prefill_tokens;
     char dtype[16];
+    char load_balance_method[24]; /* DP admission policy (router.h) */
 } ms_engine_info;
 
 typedef struct ms_dp_load {

@@ -235,6 +235,8 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     info->chunked_prefill_size = info->chunked_prefill_size_per_rank * ms_engine_n_dp(e);
     info->max_prefill_tokens = info->chunked_prefill_size_per_rank;
     snprintf(info->dtype, sizeof info->dtype, "%s", o->eo.exact ? "float32" : "auto");
+    snprintf(info->load_balance_method, sizeof info->load_balance_method, "%s",
+             ms_lb_name(o->eo.router.policy));
 }
 
 static uint64_t random_seed(uint64_t id)
