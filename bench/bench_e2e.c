@@ -10,7 +10,8 @@
  *   prefill   512-token prompt: tokens/s and GFLOP/s (2 x active params per
  *             token + attention)
  *   batch     32 concurrent sequences: aggregate decode tokens/s, x a batch-1
- *             decode run just before it
+ *             decode run just before it (both as decode tokens over decode
+ *             time; also both as tokens per median step)
  *   fp8       the same model with FP8 projections: decode tokens/s, x BF16
  *             (BF16 and FP8 decodes alternate, two of each)
  * Usage: bench_e2e [--threads N] [--model-dir DIR] [--quick]
@@ -216,9 +217,16 @@ int main(int argc, char **argv)
     if (strstr(rows, "batch")) {
         struct run r1b;
         if (run(e, 1, 16, new_tokens, &r1b, 8) || run(e, 32, 16, quick ? 16 : 48, &rb, 5)) return 1;
+        /* both rates measured the same way: decode tokens over decode time
+         * (x_batch1), and one step's tokens over the median step (x_batch1_median).
+         * Rows before 2026-11-30 divided the batch's mean rate by batch 1's
+         * median-step rate, which read 4-6 % lower (bench/RESULTS.md). */
         printf("batch model=small-v3 dtype=bf16 seqs=32 threads=%d tok_s=%.1f batch1_tok_s=%.2f "
-               "x_batch1=%.2f (batch 1 decoded just before)\n",
-               nt, rb.decode_tok_s, 1.0 / r1b.step_median_s, rb.decode_tok_s * r1b.step_median_s);
+               "x_batch1=%.2f median_step_tok_s=%.1f batch1_median_step_tok_s=%.2f "
+               "x_batch1_median=%.2f (batch 1 decoded just before)\n",
+               nt, rb.decode_tok_s, r1b.decode_tok_s, rb.decode_tok_s / r1b.decode_tok_s,
+               32 / rb.step_median_s, 1.0 / r1b.step_median_s,
+               32 * r1b.step_median_s / rb.step_median_s);
         ms_model_profile_print();
     }
     ms_errbuf err;
