@@ -26,6 +26,8 @@ TEST(match_insert_split_evict)
     CHECK(ms_kv_pool_n_free(pool) == 28);                     /* tree keeps them */
     /* a prefix sharing 2 pages + half a page: matches 4 tokens */
     int32_t b[7] = {1, 2, 3, 4, 5, 9, 9};
+    CHECK(ms_radix_peek(r, b, 7) == 4); /* the same length, and the tree untouched: */
+    CHECK(ms_radix_cached_pages(r) == 4 && ms_radix_evictable_pages(r) == 4);
     CHECK(ms_radix_match(r, b, 7, out, &last) == 4);
     CHECK(out[0] == pa[0] && out[1] == pa[1]);
     ms_radix_lock(r, last);

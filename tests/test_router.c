@@ -244,6 +244,18 @@ TEST(cost_trades_queue_against_cache)
     CHECK(cost_pick(0, 0, 0, 1) == 0);   /* no hit anywhere: equal costs, first rank */
     /* cache pressure: rank 0's full pool would have to give back 216 tokens */
     CHECK(cost_pick(0, 0, 100000, 1) == 1);
+    /* repeats sent before the next report charge the holder only their uncached tokens */
+    ms_router *r = mk(2, MS_LB_COST);
+    CHECK(r);
+    ms_router_load L[2] = {{.total_tokens = 100000}, {.total_tokens = 100000}};
+    ms_router_update(r, L);
+    int32_t p[200];
+    for (int i = 0; i < 200; i++) p[i] = 3 + i;
+    CHECK(ms_router_pick(r, p, 200, 16, 1) == 1);
+    ms_router_update(r, L); /* rank 1 has computed it (nothing queued) */
+    CHECK(ms_router_pick(r, p, 200, 16, -1) == 1);
+    CHECK(ms_router_pick(r, p, 200, 16, -1) == 1); /* charged 0 + 16, not 200 + 16 > 200 */
+    ms_router_free(r);
 }
 
 TEST(many_ranks_and_big_tree)

@@ -108,6 +108,11 @@ TEST(batches_complete_with_chunking_and_sharing)
     /* a repeat of request 0 hits the cache */
     struct out again[1] = {0};
     add(s, 0, 1, 9, 6);
+    /* the load report counts only its uncached prompt tokens as queued, and its max_new */
+    ms_sched_get_stats(s, &st);
+    CHECK(st.n_waiting == 1 && st.decode_tokens_left == 6);
+    CHECKF(st.queued_prefill_tokens >= 0 && st.queued_prefill_tokens < 9 - 1, "%lld",
+           (long long)st.queued_prefill_tokens);
     CHECK(run(s, again, 1, 100, &steps) == 0);
     CHECK(check_out(&again[0], 1, 9, 6));
     CHECK(ms_sched_flush_cache(s) == 0);

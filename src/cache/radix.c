@@ -61,7 +61,7 @@ static int64_t common_pages(const int32_t *a, const int32_t *b, int64_t max_page
     return p;
 }
 
-static ms_radix_node *find_child(ms_radix_node *n, const int32_t *tokens, int ps)
+static ms_radix_node *find_child(const ms_radix_node *n, const int32_t *tokens, int ps)
 {
     for (ms_radix_node *c = n->child; c; c = c->next)
         if (!memcmp(c->tokens, tokens, sizeof(int32_t) * (size_t)ps)) return c;
@@ -124,6 +124,22 @@ int64_t ms_radix_match(ms_radix *r, const int32_t *tokens, int64_t n, int32_t *p
         if (k < c->n_pages) break;
     }
     *last = node;
+    return got * ps;
+}
+
+int64_t ms_radix_peek(const ms_radix *r, const int32_t *tokens, int64_t n)
+{
+    int ps = r->pool->page_size;
+    int64_t want = n / ps, got = 0;
+    const ms_radix_node *node = &r->root;
+    while (got < want) {
+        const ms_radix_node *c = find_child(node, tokens + got * ps, ps);
+        if (!c) break;
+        int64_t k = common_pages(c->tokens, tokens + got * ps, MS_MIN(c->n_pages, want - got), ps);
+        got += k;
+        if (k < c->n_pages) break;
+        node = c;
+    }
     return got * ps;
 }
 

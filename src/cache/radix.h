@@ -28,6 +28,10 @@ void ms_radix_free(ms_radix *r);
 int64_t ms_radix_match(ms_radix *r, const int32_t *tokens, int64_t n, int32_t *pages_out,
                        ms_radix_node **last);
 
+/* The length ms_radix_match would return, without touching the tree (no
+ * split, no LRU stamp): an estimate for load reports. */
+int64_t ms_radix_peek(const ms_radix *r, const int32_t *tokens, int64_t n);
+
 /* Inserts the whole pages of tokens[0..n) with their KV pages.  For the part
  * already cached, the tree keeps its own pages; for the new part it takes a
  * reference on pages[].  Returns the number of leading tokens that were

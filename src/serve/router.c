@@ -38,6 +38,7 @@ struct ms_router {
     ms_router_load *load;                           /* [n] last reports */
     int64_t *inflight;                              /* [n] routed and not finished */
     int64_t *sent_reqs, *sent_tokens, *sent_decode; /* [n] since the last report */
+    int64_t *sent_prefill; /* [n] of sent_tokens, those the rank did not hold (cost) */
     int64_t *tree_tokens;                           /* [n] tokens each rank owns in the tree */
     int64_t *hit;                                   /* [n] scratch: prefix each rank holds */
     rnode *root;
@@ -387,7 +388,7 @@ int ms_router_new(ms_router **out, int n_ranks, const ms_router_opts *o)
     r->n = n_ranks;
     r->words = (n_ranks + 63) / 64;
     r->load = calloc((size_t)n_ranks, sizeof *r->load);
-    int64_t *a = calloc((size_t)n_ranks * 6, sizeof(int64_t));
+    int64_t *a = calloc((size_t)n_ranks * 7, sizeof(int64_t));
     r->root = node_new(r, NULL, 0);
     if (!r->load || !a || !r->root) {
         free(a);
@@ -400,6 +401,7 @@ int ms_router_new(ms_router **out, int n_ranks, const ms_router_opts *o)
     r->sent_decode = a + 3 * n_ranks;
     r->tree_tokens = a + 4 * n_ranks;
     r->hit = a + 5 * n_ranks;
+    r->sent_prefill = a + 6 * n_ranks;
     *out = r;
     return 0;
 }
@@ -416,7 +418,8 @@ void ms_router_free(ms_router *r)
 void ms_router_update(ms_router *r, const ms_router_load *loads)
 {
     memcpy(r->load, loads, sizeof *loads * (size_t)r->n);
-    for (int i = 0; i < r->n; i++) r->sent_reqs[i] = r->sent_tokens[i] = r->sent_decode[i] = 0;
+    for (int i = 0; i < r->n; i++)
+        r->sent_reqs[i] = r->sent_tokens[i] = r->sent_decode[i] = r->sent_prefill[i] = 0;
 }
 
 /* The rank with the fewest in flight (first on ties). */
@@ -465,9 +468,9 @@ static int pick_cost(ms_router *r, const int32_t *ids, int64_t n, int64_t max_ne
     for (int i = 0; i < r->n; i++) {
         const ms_router_load *L = &r->load[i];
         int64_t uncached = n - r->hit[i];
-        double queue = (double)(L->queued_prefill_tokens + r->sent_tokens[i]);
+        double queue = (double)(L->queued_prefill_tokens + r->sent_prefill[i]);
         double decode = (double)(L->decode_tokens_left + r->sent_decode[i]);
-        int64_t need = L->used_tokens + r->sent_tokens[i] + uncached + max_new - L->total_tokens;
+        int64_t need = L->used_tokens + r->sent_prefill[i] + uncached + max_new - L->total_tokens;
         double c = queue + (double)uncached + decode + (double)(need > 0 ? need : 0);
         if (i == 0 || c < best_c) best = i, best_c = c;
     }
@@ -476,7 +479,7 @@ static int pick_cost(ms_router *r, const int32_t *ids, int64_t n, int64_t max_ne
 
 int ms_router_pick(ms_router *r, const int32_t *ids, int64_t n_ids, int64_t max_new, int forced)
 {
-    int t = 0;
+    int t = 0, matched = 0; /* matched: r->hit holds this prompt's prefix per rank */
     if (forced >= 0 && forced < r->n) {
         t = forced;
     } else if (r->n == 1) {
@@ -508,16 +511,22 @@ int ms_router_pick(ms_router *r, const int32_t *ids, int64_t n_ids, int64_t max_
             break;
         case MS_LB_COST:
             t = pick_cost(r, ids, n_ids, max_new);
+            matched = 1;
             break;
         default:
             t = (int)(r->rr++ % (uint64_t)r->n);
             break;
         }
     }
+    if (r->o.policy == MS_LB_COST && !matched) {
+        const rnode *deep;
+        tree_match(r, ids, n_ids, &deep);
+    }
     r->inflight[t]++;
     r->sent_reqs[t]++;
     r->sent_tokens[t] += n_ids;
     r->sent_decode[t] += max_new;
+    if (r->o.policy == MS_LB_COST) r->sent_prefill[t] += n_ids - r->hit[t];
     if (r->o.policy == MS_LB_CACHE_AWARE || r->o.policy == MS_LB_COST) {
         tree_insert(r, ids, n_ids, t);
         if (r->tree_tokens[t] > r->o.max_tree_tokens) tree_evict(r, t);

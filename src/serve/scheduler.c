@@ -17,6 +17,7 @@ struct req {
     int64_t n_out;           /* generated so far (kept across retractions) */
     int64_t n_kv;            /* tokens whose KV is in pages */
     int64_t n_cached;        /* prompt tokens served by the prefix cache at first admission */
+    int64_t n_peek;          /* prompt tokens the prefix cache held when it arrived (estimate) */
     int32_t *pages;
     int64_t n_pages, cap_pages;
     ms_radix_node *lock;
@@ -172,6 +173,7 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
     memcpy(r->ids, in->ids, sizeof(int32_t) * (size_t)in->n_ids);
     r->n_ids = r->n_prompt = in->n_ids;
     r->n_cached = -1;
+    r->n_peek = ms_radix_peek(s->radix, r->ids, r->n_ids);
     r->rng = ms_sampler_seed(in->seed);
     r->seq = s->arrivals++;
     struct req **pp = &s->waiting;
@@ -491,7 +493,9 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
     st->queued_prefill_tokens = st->decode_tokens_left = 0;
     for (int list = 0; list < 2; list++)
         for (const struct req *r = list ? s->running : s->waiting; r; r = r->next) {
-            st->queued_prefill_tokens += MS_MAX(r->n_ids - r->n_kv - 1, 0);
+            /* a waiting request's cached prefix: as when it arrived (not re-matched per step) */
+            int64_t done = list ? r->n_kv : MS_MAX(r->n_kv, r->n_peek);
+            st->queued_prefill_tokens += MS_MAX(r->n_ids - done - 1, 0);
             st->decode_tokens_left += r->in.max_new - r->n_out;
         }
 }
