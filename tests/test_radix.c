@@ -73,9 +73,43 @@ TEST(lru_order)
     ms_kv_pool_free(pool);
 }
 
+/* A node locked by a running request is split by another request's match:
+ * when the first request unlocks, every page it held must become evictable
+ * again (the deeper half used to keep the lock count forever). */
+TEST(split_of_a_locked_node_unlocks_whole)
+{
+    ms_errbuf e;
+    CHECK(ms_kv_pool_new(&pool, 1, 4, 2, 32, MS_DT_F32, &e) == 0); /* page_size 2 */
+    ms_radix *r;
+    CHECK(ms_radix_new(&r, pool) == 0);
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, pa[4], out[8];
+    take(4, pa);
+    ms_radix_node *x, *y, *z;
+    CHECK(ms_radix_insert(r, a, 8, pa, &x) == 0);
+    for (int i = 0; i < 4; i++) ms_kv_pool_unref(pool, pa[i]);
+    CHECK(ms_radix_match(r, a, 8, out, &x) == 8); /* request X holds all of a */
+    ms_radix_lock(r, x);
+    CHECK(ms_radix_evictable_pages(r) == 0);
+    int32_t b[8] = {1, 2, 3, 4, 9, 9, 9, 9};
+    CHECK(ms_radix_match(r, b, 8, out, &y) == 4); /* splits X's node after 2 pages */
+    ms_radix_lock(r, y);
+    int32_t c[6] = {1, 2, 3, 4, 5, 6};
+    CHECK(ms_radix_insert(r, c, 6, pa, &z) == 6); /* splits it again, inside X's prefix */
+    CHECK(ms_radix_evictable_pages(r) == 0);
+    ms_radix_unlock(r, x); /* X finishes: its last two pages are free to go, y's are not */
+    CHECK(ms_radix_evictable_pages(r) == 2);
+    ms_radix_unlock(r, y);
+    CHECK(ms_radix_evictable_pages(r) == 4 && ms_radix_cached_pages(r) == 4);
+    CHECK(ms_radix_evict(r, 100) == 4);
+    CHECK(ms_kv_pool_n_free(pool) == 32);
+    ms_radix_free(r);
+    ms_kv_pool_free(pool);
+}
+
 int main(void)
 {
     RUN(match_insert_split_evict);
     RUN(lru_order);
+    RUN(split_of_a_locked_node_unlocks_whole);
     return TEST_REPORT();
 }

@@ -68,38 +68,49 @@ static ms_radix_node *find_child(const ms_radix_node *n, const int32_t *tokens, 
     return NULL;
 }
 
-/* Splits node after k pages: node keeps the first k, a new child the rest. */
+/* Splits node after k pages: a new node with the first k pages takes node's
+ * place under its parent, and node keeps the rest below it.  node stays the
+ * deeper part because requests hold it (ms_radix_lock, *last): their unlock
+ * walks from node up through the new head, which therefore inherits node's
+ * lock count.  (The head used to be node itself, so the tail kept the lock
+ * count of requests that could never release it: those pages were never
+ * evictable again.)  Returns the head, or NULL without memory (nothing changed). */
 static ms_radix_node *split(ms_radix *r, ms_radix_node *node, int64_t k)
 {
     int ps = r->pool->page_size;
-    ms_radix_node *tail = calloc(1, sizeof *tail);
-    int32_t *ntok = malloc(sizeof(int32_t) * (size_t)(k * ps));
-    int32_t *npg = malloc(sizeof(int32_t) * (size_t)k);
-    int32_t *ttok = malloc(sizeof(int32_t) * (size_t)((node->n_pages - k) * ps));
-    int32_t *tpg = malloc(sizeof(int32_t) * (size_t)(node->n_pages - k));
-    if (!tail || !ntok || !npg || !ttok || !tpg) {
-        free(tail), free(ntok), free(npg), free(ttok), free(tpg);
+    int64_t rest = node->n_pages - k;
+    ms_radix_node *head = calloc(1, sizeof *head);
+    int32_t *htok = malloc(sizeof(int32_t) * (size_t)(k * ps));
+    int32_t *hpg = malloc(sizeof(int32_t) * (size_t)k);
+    int32_t *ttok = malloc(sizeof(int32_t) * (size_t)(rest * ps));
+    int32_t *tpg = malloc(sizeof(int32_t) * (size_t)rest);
+    if (!head || !htok || !hpg || !ttok || !tpg) {
+        free(head), free(htok), free(hpg), free(ttok), free(tpg);
         return NULL;
     }
-    memcpy(ntok, node->tokens, sizeof(int32_t) * (size_t)(k * ps));
-    memcpy(npg, node->pages, sizeof(int32_t) * (size_t)k);
-    memcpy(ttok, node->tokens + k * ps, sizeof(int32_t) * (size_t)((node->n_pages - k) * ps));
-    memcpy(tpg, node->pages + k, sizeof(int32_t) * (size_t)(node->n_pages - k));
-    tail->tokens = ttok;
-    tail->pages = tpg;
-    tail->n_pages = node->n_pages - k;
-    tail->lock_ref = node->lock_ref;
-    tail->last_used = node->last_used;
-    tail->child = node->child;
-    for (ms_radix_node *c = tail->child; c; c = c->next) c->parent = tail;
-    tail->parent = node;
+    memcpy(htok, node->tokens, sizeof(int32_t) * (size_t)(k * ps));
+    memcpy(hpg, node->pages, sizeof(int32_t) * (size_t)k);
+    memcpy(ttok, node->tokens + k * ps, sizeof(int32_t) * (size_t)(rest * ps));
+    memcpy(tpg, node->pages + k, sizeof(int32_t) * (size_t)rest);
+    head->tokens = htok;
+    head->pages = hpg;
+    head->n_pages = k;
+    head->lock_ref = node->lock_ref;
+    head->last_used = node->last_used;
+    ms_radix_node **pp = &node->parent->child; /* head takes node's place among its siblings */
+    while (*pp != node) pp = &(*pp)->next;
+    *pp = head;
+    head->parent = node->parent;
+    head->next = node->next;
+    head->child = node;
+    node->parent = head;
+    node->next = NULL;
     free(node->tokens);
     free(node->pages);
-    node->tokens = ntok;
-    node->pages = npg;
-    node->n_pages = k;
-    node->child = tail;
-    return node;
+    node->tokens = ttok;
+    node->pages = tpg;
+    node->n_pages = rest;
+    return head;
 }
 
 int64_t ms_radix_match(ms_radix *r, const int32_t *tokens, int64_t n, int32_t *pages_out,
@@ -115,7 +126,9 @@ int64_t ms_radix_match(ms_radix *r, const int32_t *tokens, int64_t n, int32_t *p
         if (!c) break;
         int64_t k = common_pages(c->tokens, tokens + got * ps, MS_MIN(c->n_pages, want - got), ps);
         if (k < c->n_pages) {
-            if (!split(r, c, k)) break; /* out of memory: use what matched so far */
+            ms_radix_node *h = split(r, c, k);
+            if (!h) break; /* out of memory: use what matched so far */
+            c = h;
         }
         memcpy(pages_out + got, c->pages, sizeof(int32_t) * (size_t)k);
         got += k;
@@ -154,7 +167,7 @@ int64_t ms_radix_insert(ms_radix *r, const int32_t *tokens, int64_t n, const int
         ms_radix_node *c = find_child(node, tokens + got * ps, ps);
         if (!c) break;
         int64_t k = common_pages(c->tokens, tokens + got * ps, MS_MIN(c->n_pages, want - got), ps);
-        if (k < c->n_pages && !split(r, c, k)) return MS_ENOMEM;
+        if (k < c->n_pages && !(c = split(r, c, k))) return MS_ENOMEM;
         got += k;
         c->last_used = now;
         node = c;
