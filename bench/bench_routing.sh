@@ -5,7 +5,8 @@
 # --load-balance-method.  Prefix-cache hits come from the server's /metrics
 # (cached / prompt tokens over the run); TTFT and throughput from the bench
 # client.  One row per policy, appended to bench/results/bench_routing.txt.
-# Usage: bench/bench_routing.sh [policy ...]   (default: round_robin cache_aware)
+# Usage: bench/bench_routing.sh [policy ...]   (default: round_robin cache_aware);
+# NGROUPS, PER, SYS, Q, OUT, CONC set the workload, LABEL tags the header.
 set -u
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -23,7 +24,7 @@ metric() { # $1 = metric name: the sum over DP ranks
 }
 out=bench/results/bench_routing.txt
 mkdir -p bench/results
-echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(git rev-parse --short HEAD 2>/dev/null) bench_routing groups=$NGROUPS per_group=$PER system_len=$SYS question_len=$Q output_len=$OUT concurrency=$CONC" >>"$out"
+echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(git rev-parse --short HEAD 2>/dev/null) bench_routing ${LABEL:+($LABEL) }groups=$NGROUPS per_group=$PER system_len=$SYS question_len=$Q output_len=$OUT concurrency=$CONC" >>"$out"
 for pol in "${policies[@]}"; do
     "$BUILD/moeserve" serve --model-path "$M" --port "$port" --tp 2 --dp 2 --enable-dp-attention \
         --threads 1 --max-total-tokens 16384 --enable-metrics --load-balance-method "$pol" \

@@ -429,6 +429,21 @@ static int is_stop(const ms_sched *s, const struct req *r, int32_t t)
     return 0;
 }
 
+/* A request whose prompt was just computed shares it with the requests
+ * after it at once, as SGLang caches unfinished requests: its whole pages go
+ * into the radix tree (the part already there keeps the tree's pages) and
+ * the request's lock moves to the node ending them.  Without memory the tree
+ * simply learns nothing now (finish_req tries again). */
+static void cache_prompt(ms_sched *s, struct req *r)
+{
+    int64_t full = (r->n_kv / s->p.page_size) * s->p.page_size;
+    ms_radix_node *last;
+    if (full == 0 || ms_radix_insert(s->radix, r->ids, full, r->pages, &last) < 0) return;
+    ms_radix_lock(s->radix, last);
+    if (r->lock) ms_radix_unlock(s->radix, r->lock);
+    r->lock = last;
+}
+
 int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
 {
     for (int b = 0; b < s->n_batch; b++) {
@@ -436,6 +451,7 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
         const ms_batch_seq *sq = &s->batch[b];
         r->n_kv += sq->n_tokens;
         if (!sq->logits) continue;
+        if (sq->n_tokens > 1 || r->n_out == 0) cache_prompt(s, r);
         if (r->n_out >= r->in.max_new) { /* max_new_tokens = 0 */
             new_event(s, r, -1, MS_FINISH_LENGTH);
             finish_req(s, r, MS_FINISH_LENGTH, 1);
