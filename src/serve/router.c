@@ -44,33 +44,21 @@ struct ms_router {
     rnode *root;
 };
 
+/* Indexed by enum ms_lb. */
+static const char *const lb_names[] = {"round_robin", "total_requests", "total_tokens",
+                                       "vllm",        "cache_aware",    "cost"};
+
 int ms_lb_parse(const char *name)
 {
-    static const char *const names[] = {"round_robin", "total_requests", "total_tokens",
-                                        "vllm",        "cache_aware",    "cost"};
     if (!strcmp(name, "shortest_queue")) return MS_LB_TOTAL_REQUESTS;
-    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
-        if (!strcmp(name, names[i])) return i;
+    for (int i = 0; i < (int)(sizeof lb_names / sizeof *lb_names); i++)
+        if (!strcmp(name, lb_names[i])) return i;
     return -1;
 }
 
 const char *ms_lb_name(int lb)
 {
-    switch (lb) {
-    case MS_LB_ROUND_ROBIN:
-        return "round_robin";
-    case MS_LB_TOTAL_REQUESTS:
-        return "total_requests";
-    case MS_LB_TOTAL_TOKENS:
-        return "total_tokens";
-    case MS_LB_VLLM:
-        return "vllm";
-    case MS_LB_CACHE_AWARE:
-        return "cache_aware";
-    case MS_LB_COST:
-        return "cost";
-    }
-    return "?";
+    return lb >= 0 && lb < (int)(sizeof lb_names / sizeof *lb_names) ? lb_names[lb] : "?";
 }
 
 void ms_router_opts_init(ms_router_opts *o)
