@@ -122,6 +122,45 @@ TEST(batches_complete_with_chunking_and_sharing)
     free(shadow);
 }
 
+/* A running request's prompt is in the prefix cache once its prefill is done:
+ * a request with the same prompt admitted while the first still decodes
+ * reuses its pages (SGLang caches unfinished requests the same way). */
+TEST(running_prompt_is_shared)
+{
+    ms_kv_pool *pool;
+    ms_sched *s = mk(&pool, 64, 8, 64);
+    CHECK(s);
+    struct out outs[2] = {0};
+    add(s, 0, 1, 13, 20); /* 13 tokens: 3 whole pages of 4 */
+    const ms_batch_seq *b;
+    const ms_sched_event *ev;
+    for (int step = 0; step < 3; step++) { /* the prefill, then two decode steps */
+        int n = ms_sched_build(s, &b);
+        CHECK(n == 1 && fake_forward(b, n, NULL) == 0);
+        int ne = ms_sched_commit(s, &ev);
+        for (int i = 0; i < ne; i++) outs[0].toks[outs[0].n++] = ev[i].token;
+    }
+    ms_sched_stats st;
+    ms_sched_get_stats(s, &st);
+    CHECK(st.n_running == 1 && st.cached_tokens == 12); /* its 3 prompt pages */
+    add(s, 1, 1, 13, 20);
+    int n = ms_sched_build(s, &b);
+    CHECK(n == 2 && fake_forward(b, n, NULL) == 0);
+    CHECK(b[1].start_pos == 12 && b[1].n_tokens == 1); /* only the last prompt token computed */
+    int ne = ms_sched_commit(s, &ev);
+    for (int i = 0; i < ne; i++) outs[ev[i].id].toks[outs[ev[i].id].n++] = ev[i].token;
+    int steps;
+    CHECK(run(s, outs, 2, 500, &steps) == 0);
+    CHECK(check_out(&outs[0], 1, 13, 20) && check_out(&outs[1], 1, 13, 20));
+    ms_sched_get_stats(s, &st);
+    CHECK(st.cached_prompt_tokens_total == 12);
+    CHECK(ms_sched_flush_cache(s) == 0);
+    CHECK(ms_kv_pool_n_free(pool) == 64);
+    ms_sched_free(s);
+    ms_kv_pool_free(pool);
+    free(shadow);
+}
+
 TEST(pressure_retracts_and_nothing_is_lost)
 {
     /* 10 requests of 8 + 24 tokens (8 pages each at most) in a 20-page pool */
@@ -172,6 +211,7 @@ TEST(abort_frees_pages_and_rejects_oversized)
 int main(void)
 {
     RUN(batches_complete_with_chunking_and_sharing);
+    RUN(running_prompt_is_shared);
     RUN(pressure_retracts_and_nothing_is_lost);
     RUN(abort_frees_pages_and_rejects_oversized);
     return TEST_REPORT();
