@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """serve_e2e.py — end-to-end checks of a real `moeserve serve` on loopback.
 
-Usage: serve_e2e.py BASE_URL POOL_TOKENS [--quick]
+Usage: serve_e2e.py BASE_URL POOL_TOKENS [--quick] [--lb-total-requests]
+       serve_e2e.py BASE_URL POOL_TOKENS --router POLICY   (DP admission only, 2 DP ranks)
 Talks plain HTTP (stdlib only).  Checks: non-stream and stream chat and
 completions with usage; /generate; /v1/models; /server_info fields; /get_load;
 prefix-cache hits on a repeated prefix; the capacity admission test
 (concurrent greedy requests totalling 1x..16x the KV pool all complete with the
 same output as when run alone); a client that disconnects mid-stream frees its
-pages; bad inputs get JSON errors with the right status.  Prints one line per
+pages; bad inputs get JSON errors with the right status.  With --router, only
+the DP admission checks of router_checks() for the server's policy.  Prints one line per
 check and `N passed, N failed`.
 """
 import http.client
@@ -86,6 +88,68 @@ def wait_idle(timeout=30):
         time.sleep(0.05)
     return load()
 
+
+def busy():
+    return [d["num_running_reqs"] + d["num_waiting_reqs"] for d in load()]
+
+
+def long_stream(hdr):
+    """Starts a long streamed completion (extra header lines hdr) and returns its socket
+    once a step has reported it in /get_load."""
+    n0 = sum(busy())
+    sk = socket.create_connection((U.hostname, U.port))
+    b = json.dumps({"model": "m", "prompt": "Go", "max_tokens": POOL // 4, "temperature": 0,
+                    "stream": True, "ignore_eos": True}).encode()
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + hdr
+               + b"Content-Length: " + str(len(b)).encode() + b"\r\n\r\n" + b)
+    sk.recv(4096)
+    for _ in range(200):
+        if sum(busy()) > n0:
+            break
+        time.sleep(0.005)
+    return sk
+
+
+def router_checks(policy):
+    """DP admission on 2 DP ranks: a prompt P is served, a long request is pinned
+    to P's rank with X-Data-Parallel-Rank, then P comes again without a hint.
+    cache_aware must send it back to the rank holding P although that rank is
+    busier (in flight 1 against 0 is within the imbalance thresholds), so the
+    repeat reports cached prompt tokens; other policies send it to the idle
+    rank.  A new prompt then goes to the idle rank under every policy."""
+    def complete(prompt):
+        s, j, _ = req("POST", "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 2,
+                                                  "temperature": 0})
+        return j["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) if s == 200 else None
+
+    p = "System: you are a careful assistant who answers briefly. " * 6 + "Question: what is two plus two?"
+    q = "A different conversation about rivers, mountains and the weather in spring. " * 5
+    s, info, _ = req("GET", "/server_info")
+    check("/server_info names the policy", info.get("load_balance_method") == policy,
+          info.get("load_balance_method"))
+    first = complete(p)
+    check("first request served", first is not None, first)
+    wait_idle()
+    # a long streamed request pinned to rank 0 (where p went: both ranks were idle, the first wins)
+    sk = long_stream(b"X-Data-Parallel-Rank: 0\r\n")
+    per = busy()
+    check("the pinned request runs on rank 0", per[0] >= 1 and per[1] == 0, per)
+    again = complete(p)
+    if policy == "cache_aware":
+        check(f"{policy}: the repeat goes to the busier rank holding its prefix (cached tokens)",
+              again is not None and again >= 32, again)
+    else:
+        check(f"{policy}: the repeat goes to the idle rank (no cached tokens)", again == 0, again)
+    fresh = complete(q)
+    check(f"{policy}: a new prompt goes to the idle rank (no cached tokens)", fresh == 0, fresh)
+    sk.close()
+    wait_idle()
+
+
+if "--router" in sys.argv:  # DP admission only
+    router_checks(sys.argv[sys.argv.index("--router") + 1])
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
 
 # ---- basics ----
 s, j, _ = req("GET", "/v1/models")
@@ -186,27 +250,8 @@ if "--lb-total-requests" in sys.argv:
     # two long requests pinned to DP rank 0, then two without a hint: total_requests must
     # send both to rank 1 ([2, 2]); round robin would split them ([3, 1])
     wait_idle()
-    socks = []
-    def busy():
-        return sum(d["num_running_reqs"] + d["num_waiting_reqs"] for d in load())
-    def long_req(hdr):
-        n0 = busy()
-        sk = socket.create_connection((U.hostname, U.port))
-        b = json.dumps({"model": "m", "prompt": "Go", "max_tokens": POOL // 4, "temperature": 0,
-                        "stream": True, "ignore_eos": True}).encode()
-        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + hdr
-                   + b"Content-Length: " + str(len(b)).encode() + b"\r\n\r\n" + b)
-        sk.recv(4096)
-        socks.append(sk)
-        for _ in range(200):  # until a step has reported it
-            if busy() > n0:
-                break
-            time.sleep(0.005)
-    long_req(b"X-Data-Parallel-Rank: 0\r\n")
-    long_req(b"X-Data-Parallel-Rank: 0\r\n")
-    long_req(b"")
-    long_req(b"")
-    per = [d["num_running_reqs"] + d["num_waiting_reqs"] for d in load()]
+    socks = [long_stream(h) for h in (b"X-Data-Parallel-Rank: 0\r\n", b"X-Data-Parallel-Rank: 0\r\n", b"", b"")]
+    per = busy()
     for sk in socks:
         sk.close()
     wait_idle(30)

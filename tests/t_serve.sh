@@ -3,7 +3,7 @@
 # single-rank server and against a 2-rank DP-attention server under mpirun
 # (self-relaunched), plus the official openai npm client, idle CPU, SIGTERM
 # draining to a clean exit, and DP admission (total_requests, cache_aware:
-# tests/serve_router.py).
+# tests/serve_e2e.py --router).
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 tmp=$(mktemp -d)
@@ -40,7 +40,7 @@ run_e2e() { # $1 = label, $2 = pool tokens, rest = extra args to the script
 }
 
 run_router() { # $1 = the server's --load-balance-method
-    if /usr/bin/python3 tests/serve_router.py "http://127.0.0.1:$PORT" "$1" >"$tmp/router.out" 2>&1; then
+    if /usr/bin/python3 tests/serve_e2e.py "http://127.0.0.1:$PORT" "$POOL" --router "$1" >"$tmp/router.out" 2>&1; then
         echo "ok   DP admission, $1 ($(tail -1 "$tmp/router.out"))"; pass=$((pass + 1))
     else
         echo "FAIL DP admission, $1"; grep -E "FAIL|Traceback|Error" "$tmp/router.out" | head -10; fail=$((fail + 1))

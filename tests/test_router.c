@@ -10,14 +10,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static ms_router *mk(int n, int policy)
+static ms_router_opts opts(int policy)
 {
     ms_router_opts o;
     ms_router_opts_init(&o);
     o.policy = policy;
+    return o;
+}
+
+static ms_router *mk_opts(int n, const ms_router_opts *o)
+{
     ms_router *r = NULL;
-    if (ms_router_new(&r, n, &o)) return NULL;
-    return r;
+    return ms_router_new(&r, n, o) ? NULL : r;
+}
+
+static ms_router *mk(int n, int policy)
+{
+    ms_router_opts o = opts(policy);
+    return mk_opts(n, &o);
 }
 
 /* Puts `count` requests in flight on rank (forced, so no policy runs). */
@@ -111,13 +121,11 @@ TEST(vllm_score)
  * rank 1) when rank 1 holds the whole prompt: 1 = affinity, 0 = least load. */
 static int affinity_kept(int lo, int hi, int64_t abs_t, double rel_t)
 {
-    ms_router_opts o;
-    ms_router_opts_init(&o);
-    o.policy = MS_LB_CACHE_AWARE;
+    ms_router_opts o = opts(MS_LB_CACHE_AWARE);
     o.balance_abs_threshold = abs_t;
     o.balance_rel_threshold = rel_t;
-    ms_router *r = NULL;
-    if (ms_router_new(&r, 2, &o)) return -1;
+    ms_router *r = mk_opts(2, &o);
+    if (!r) return -1;
     int32_t p[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     ms_router_pick(r, p, 8, 1, 1); /* rank 1 holds p */
     ms_router_finish(r, 1);
@@ -144,12 +152,10 @@ TEST(cache_aware_threshold_table)
 
 TEST(cache_aware_tree)
 {
-    ms_router_opts o;
-    ms_router_opts_init(&o);
-    o.policy = MS_LB_CACHE_AWARE;
+    ms_router_opts o = opts(MS_LB_CACHE_AWARE);
     o.cache_threshold = 0.5;
-    ms_router *r = NULL;
-    CHECK(ms_router_new(&r, 3, &o) == 0);
+    ms_router *r = mk_opts(3, &o);
+    CHECK(r);
     /* "hello world" as tokens under rank 2 */
     int32_t hw[11] = {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'};
     CHECK(ms_router_pick(r, hw, 11, 1, 2) == 2);
@@ -183,12 +189,10 @@ TEST(cache_aware_tree)
 
 TEST(tree_eviction_oldest_first)
 {
-    ms_router_opts o;
-    ms_router_opts_init(&o);
-    o.policy = MS_LB_CACHE_AWARE;
+    ms_router_opts o = opts(MS_LB_CACHE_AWARE);
     o.max_tree_tokens = 40;
-    ms_router *r = NULL;
-    CHECK(ms_router_new(&r, 2, &o) == 0);
+    ms_router *r = mk_opts(2, &o);
+    CHECK(r);
     int32_t p[5][10];
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 10; j++) p[i][j] = 100 * i + j;
@@ -261,13 +265,11 @@ TEST(cost_trades_queue_against_cache)
 TEST(many_ranks_and_big_tree)
 {
     /* 130 ranks (three bit-set words); 2000 prompts sharing 8-token stems */
-    ms_router_opts o;
-    ms_router_opts_init(&o);
-    o.policy = MS_LB_CACHE_AWARE;
+    ms_router_opts o = opts(MS_LB_CACHE_AWARE);
     o.cache_threshold = 0.99;
     o.max_tree_tokens = 100;
-    ms_router *r = NULL;
-    CHECK(ms_router_new(&r, 130, &o) == 0);
+    ms_router *r = mk_opts(130, &o);
+    CHECK(r);
     int32_t p[16];
     for (int i = 0; i < 2000; i++) {
         for (int j = 0; j < 16; j++) p[j] = j < 8 ? i % 17 : i * 31 + j;
@@ -287,12 +289,10 @@ TEST(deep_path_no_recursion)
 {
     /* prompts 1, 1 2, 1 2 3, ...: every request adds one node below the last */
     enum { N = 10000 };
-    ms_router_opts o;
-    ms_router_opts_init(&o);
-    o.policy = MS_LB_CACHE_AWARE;
+    ms_router_opts o = opts(MS_LB_CACHE_AWARE);
     o.max_tree_tokens = N - 100;
-    ms_router *r = NULL;
-    CHECK(ms_router_new(&r, 2, &o) == 0);
+    ms_router *r = mk_opts(2, &o);
+    CHECK(r);
     int32_t *p = malloc(sizeof(int32_t) * N);
     CHECK(p);
     for (int i = 0; i < N; i++) p[i] = i;

@@ -14,6 +14,7 @@
 #include "serve/router.h"
 
 #include "base/error.h"
+#include "base/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,8 @@ typedef struct rnode rnode;
 struct rnode {
     rnode *parent;
     rnode **kids; /* [n_kids] sorted by first token */
-    int n_kids, cap_kids;
+    int n_kids;
+    int64_t cap_kids;
     int32_t *tok; /* [len] the edge from the parent */
     int64_t len;
     uint64_t stamp; /* last insertion through this node */
@@ -102,13 +104,10 @@ typedef struct nodes {
 
 static int push(nodes *s, rnode *x)
 {
-    if (s->n == s->cap) {
-        int64_t c = s->cap ? 2 * s->cap : 64;
-        rnode **p = realloc(s->v, sizeof *p * (size_t)c);
-        if (!p) return MS_ENOMEM;
-        s->v = p;
-        s->cap = c;
-    }
+    void *p = s->v;
+    int rc = ms_grow_array(&p, &s->cap, s->n + 1, sizeof *s->v);
+    s->v = p;
+    if (rc) return rc;
     s->v[s->n++] = x;
     return 0;
 }
@@ -154,13 +153,10 @@ static int find_kid(const rnode *x, int32_t tok)
 
 static int add_kid(rnode *x, rnode *k, int at)
 {
-    if (x->n_kids == x->cap_kids) {
-        int cap = x->cap_kids ? 2 * x->cap_kids : 4;
-        rnode **p = realloc(x->kids, sizeof *p * (size_t)cap);
-        if (!p) return MS_ENOMEM;
-        x->kids = p;
-        x->cap_kids = cap;
-    }
+    void *p = x->kids;
+    int rc = ms_grow_array(&p, &x->cap_kids, x->n_kids + 1, sizeof *x->kids);
+    x->kids = p;
+    if (rc) return rc;
     memmove(x->kids + at + 1, x->kids + at, sizeof *x->kids * (size_t)(x->n_kids - at));
     x->kids[at] = k;
     x->n_kids++;

@@ -34,30 +34,30 @@ struct serve_opts {
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
-        "usage: moeserve serve --model-path DIR [flags]\n"
-        "engine:\n"
-        "  --model-path DIR (or --model)     Hugging Face checkpoint directory\n"
-        "  --dtype auto|float32|bfloat16     activation precision (float32: exact)\n"
-        "  --threads N                       worker threads per rank (default: all cores)\n"
-        "  --max-total-tokens N              KV pool tokens per DP rank\n"
-        "  --mem-fraction-static F           else: F x (MemAvailable / ranks on the host)\n"
-        "                                    minus weights (default 0.3)\n"
-        "  --context-length N                default: max_position_embeddings\n"
-        "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
-        "  --load-balance-method M           DP rank of a new request: round_robin (default),\n"
-        "                                    total_requests, total_tokens, vllm, cache_aware,\n"
-        "                                    cost\n"
-        "  --cache-threshold F               cache_aware: prompt share a rank must hold (0.3)\n"
-        "  --balance-abs-threshold N         cache_aware: imbalanced if max - min in flight > N\n"
-        "  --balance-rel-threshold F         ... and max > min x F (64, 1.5)\n"
-        "  --max-tree-size N                 router prefix tree: tokens per DP rank (4194304)\n"
-        "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
-        "  --comm-timeout-s S                deadline of one collective (default 60)\n"
-        "launch flags (SGLang names):\n%s"
-        "front end:\n",
-        ms_launch_help());
+    fprintf(f,
+            "usage: moeserve serve --model-path DIR [flags]\n"
+            "engine:\n"
+            "  --model-path DIR (or --model)     Hugging Face checkpoint directory\n"
+            "  --dtype auto|float32|bfloat16     activation precision (float32: exact)\n"
+            "  --threads N                       worker threads per rank (default: all cores)\n"
+            "  --max-total-tokens N              KV pool tokens per DP rank\n"
+            "  --mem-fraction-static F           else: F x (MemAvailable / ranks on the host)\n"
+            "                                    minus weights (default 0.3)\n"
+            "  --context-length N                default: max_position_embeddings\n"
+            "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
+            "  --load-balance-method M           DP rank of a new request: round_robin (default),\n"
+            "                                    total_requests, total_tokens, vllm, cache_aware,\n"
+            "                                    cost\n"
+            "  --cache-threshold F               cache_aware: prompt share a rank must hold (0.3)\n"
+            "  --balance-abs-threshold N         cache_aware: imbalanced if max - min in flight\n"
+            "                                    > N and max > min x F, F from\n"
+            "  --balance-rel-threshold F         (defaults 64 and 1.5)\n"
+            "  --max-tree-size N                 router prefix tree: tokens per DP rank (4194304)\n"
+            "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
+            "  --comm-timeout-s S                deadline of one collective (default 60)\n"
+            "launch flags (SGLang names):\n%s"
+            "front end:\n",
+            ms_launch_help());
     ms_frontend_print_flags(f);
 }
 
