@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 TEST(error_table)
 {
@@ -111,6 +112,60 @@ TEST(pool_dynamic_runs_every_item_once)
     }
 }
 
+static double cpu_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* CPU time the process uses while the main thread sleeps 20 ms. */
+static double idle_cpu_seconds(void)
+{
+    double c0 = cpu_seconds();
+    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    return cpu_seconds() - c0;
+}
+
+static void touch(void *arg, int tid, int nt)
+{
+    (void)nt;
+    atomic_fetch_or((_Atomic int *)arg, 1 << tid);
+}
+
+/* ms_pool_park ends a worker's spin at once: with a spin of ~2·10⁹ pauses
+ * (MOESERVE_POOL_SPIN) the idle worker keeps a core busy while the main
+ * thread sleeps 20 ms (at least 5 ms of CPU), and after ms_pool_park it
+ * sleeps (under 1 ms of CPU, the smallest of three); runs still reach every
+ * thread afterwards.  No-op for a NULL or one-thread pool. */
+TEST(pool_park_stops_the_spin)
+{
+    ms_pool_park(NULL);
+    ms_pool *one = ms_pool_new(1);
+    CHECK(one);
+    ms_pool_park(one);
+    ms_pool_free(one);
+    setenv("MOESERVE_POOL_SPIN", "2000000000", 1);
+    ms_pool *p = ms_pool_new(2);
+    unsetenv("MOESERVE_POOL_SPIN");
+    CHECK(p);
+    double spun = 0, parked = 1;
+    for (int rep = 0; rep < 3; rep++) {
+        _Atomic int seen = 0;
+        ms_pool_run(p, touch, (void *)&seen);
+        CHECK(atomic_load(&seen) == 3);
+        double s = idle_cpu_seconds();
+        spun = s > spun ? s : spun;
+        ms_pool_park(p);
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL); /* let the worker see it */
+        s = idle_cpu_seconds();
+        parked = s < parked ? s : parked;
+    }
+    ms_pool_free(p);
+    CHECKF(spun > 5e-3, "a spinning worker used only %.3f ms of CPU in 20 ms", spun * 1e3);
+    CHECKF(parked < 1e-3, "parked workers used %.3f ms of CPU in 20 ms", parked * 1e3);
+}
+
 int main(void)
 {
     RUN(error_table);
@@ -118,5 +173,6 @@ int main(void)
     RUN(grow_array);
     RUN(pool_runs_every_item_once);
     RUN(pool_dynamic_runs_every_item_once);
+    RUN(pool_park_stops_the_spin);
     return TEST_REPORT();
 }

@@ -3,7 +3,8 @@
  * ms_pool_run(pool, fn, arg) calls fn(arg, tid, n_threads) once on each of the
  * pool's n_threads threads (the caller is thread 0) and returns when all are
  * done: a parallel-for where fn splits the work by tid.  Workers spin briefly
- * after a job and then sleep on a futex, so an idle pool uses no CPU.
+ * after a job and then sleep on a futex, so an idle pool uses no CPU
+ * (MOESERVE_POOL_SPIN: pause iterations before sleeping, default 20000).
  * Only one thread (the rank's main thread) may call ms_pool_run at a time;
  * fn must not call ms_pool_run.  A NULL pool runs fn(arg, 0, 1) inline.
  */
@@ -26,6 +27,12 @@ void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg);
  * shared counter: a worker on a busy or oversubscribed core then delays
  * nothing.  Returns when every fn that started has returned. */
 void ms_pool_run_dynamic(ms_pool *pool, ms_pool_fn fn, void *arg);
+
+/* Lets idle workers skip the rest of their spin and sleep until the next
+ * run: for the caller to call before it hands the cores to other threads
+ * (oneDNN's OpenMP team), which a spinning worker would otherwise share a
+ * core with.  Caller thread only; a no-op for a NULL or one-thread pool. */
+void ms_pool_park(ms_pool *pool);
 
 /* Splits [0, n) into n_threads nearly equal chunks, aligned to `align` items;
  * writes thread tid's half-open range. */

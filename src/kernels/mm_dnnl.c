@@ -343,6 +343,7 @@ int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
     dnnl_memory_set_data_handle(pr->src, g.xb);
     dnnl_memory_set_data_handle(pr->dst, direct ? (void *)t->y : (void *)g.yb);
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, pr->src}, {DNNL_ARG_WEIGHTS, pk->mem}, {DNNL_ARG_DST, pr->dst}};
+    ms_pool_park(k->pool); /* its workers would spin on the cores oneDNN's threads need */
     if (dnnl_primitive_execute(pr->prim, g.stream, 3, args) != dnnl_success) return -1;
     dnnl_stream_wait(g.stream);
     if (!direct)
