@@ -14,17 +14,14 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/lib.sh"
 
 $PY "$HERE/bench_double.py" "$TMP/port" 2>/dev/null &
 DPID=$!
 for _ in $(seq 100); do [ -f "$TMP/port" ] && break; sleep 0.05; done
 if [ ! -f "$TMP/port" ]; then
     bad "test double did not start"
-    echo "$pass passed, $fail failed"
+    report
     exit 1
 fi
 URL=http://127.0.0.1:$(cat "$TMP/port")
@@ -272,5 +269,4 @@ run timeout --backend openai --num-prompts 2 --random-input-len 4 --random-outpu
     --warmup-requests 0 --request-timeout 0.3
 check timeout_failed 'rc != 0 and r["completed"] == 0 and r["failed"] == 2 and "timeout after 0.3 s" in r["errors"][0]["error"] and "no request completed" in err'
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

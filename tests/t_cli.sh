@@ -7,12 +7,7 @@ set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-t() { # name, then a shell condition
-    name=$1; shift
-    if eval "$@"; then echo "ok   $name"; pass=$((pass + 1)); else echo "FAIL $name"; fail=$((fail + 1)); fi
-}
+. "$(dirname "$0")/lib.sh"
 M=$tmp/m
 "$MOESERVE" mkmodel --preset tiny-v3 --seed 2 --out "$M" 2>/dev/null
 out=$("$MOESERVE" generate --model "$M" --prompt "Hello world" --max-new-tokens 5 --ids --ignore-eos 2>"$tmp/err")
@@ -82,5 +77,4 @@ t "mkmodel creates parent directories" '[ -f "$tmp/nested/a/b/config.json" ]'
 touch "$tmp/plainfile"
 msg=$("$MOESERVE" mkmodel --preset tiny-v3 --out "$tmp/plainfile/x" 2>&1)
 t "mkmodel names the directory it cannot create" 'echo "$msg" | grep -q "plainfile/x: cannot create directory: Not a directory"'
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

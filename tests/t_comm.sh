@@ -15,14 +15,7 @@ export MOESERVE_LOG=${MOESERVE_LOG:-warn}
 export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci}
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 IDLE_CPU_MAX=${IDLE_CPU_MAX:-5} # percent of one core per idle rank
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() {
-    fail=$((fail + 1))
-    echo "FAIL $1"
-    [ -n "${2:-}" ] && printf '%s\n' "$2" | tail -n 25 | sed 's/^/    /'
-}
+. "$(dirname "$0")/lib.sh"
 # run DEADLINE_S CMD... : sets out, rc, wall
 run() {
     local dl=$1
@@ -102,5 +95,4 @@ for np in 2 4; do
     if [ $rc -eq 0 ] && [ $n_lines -eq $((np - 1)) ] && [ $n_bad -eq 0 ]; then ok "idle np=$np: every waiting rank under the CPU limit, woke in < 100 ms"; else bad "idle np=$np rc=$rc lines=$n_lines bad=$n_bad" "$out"; fi
 done
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+report

@@ -11,8 +11,7 @@ set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
+. "$(dirname "$0")/lib.sh"
 for golden in tests/golden/*.json tests/golden/long/*.json; do
     [ -f "$golden" ] || continue
     base=$(basename "$golden" .json)
@@ -22,7 +21,7 @@ for golden in tests/golden/*.json tests/golden/long/*.json; do
     dir="$tmp/$base$long"
     seed=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('seed', 1))" "$golden")
     if ! "$MOESERVE" mkmodel --preset "$preset" --dtype "$dtype" --seed "$seed" --out "$dir" 2>"$tmp/mk.log"; then
-        echo "FAIL $base: mkmodel"; cat "$tmp/mk.log"; fail=$((fail + 1)); continue
+        bad "$base: mkmodel" "$(cat "$tmp/mk.log")"; continue
     fi
     args=$(/usr/bin/python3 - "$golden" <<'PY'
 import json, sys
@@ -34,14 +33,13 @@ PY
     # shellcheck disable=SC2086
     if ! "$MOESERVE" generate --model "$dir" --dtype float32 --ignore-eos --threads 2 $args \
         --dump-logits "$tmp/$base$long.jsonl" >"$tmp/gen.log" 2>&1; then
-        echo "FAIL $base: generate"; tail -5 "$tmp/gen.log"; fail=$((fail + 1)); continue
+        bad "$base: generate" "$(tail -5 "$tmp/gen.log")"; continue
     fi
     if /usr/bin/python3 tests/compare_logits.py "$golden" "$tmp/$base$long.jsonl" >"$tmp/cmp.log"; then
-        echo "ok   $base$long ($(grep 'max relative' "$tmp/cmp.log"))"; pass=$((pass + 1))
+        ok "$base$long ($(grep 'max relative' "$tmp/cmp.log"))"
     else
-        echo "FAIL $base$long"; cat "$tmp/cmp.log"; fail=$((fail + 1))
+        bad "$base$long" "$(cat "$tmp/cmp.log")"
     fi
 done
-[ $((pass + fail)) -gt 0 ] || { echo "no golden files"; fail=1; }
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+[ $((pass + fail)) -gt 0 ] || bad "no golden files"
+report

@@ -7,10 +7,7 @@
 set -u
 BUILD=${BUILD:-build}
 dir=$(mktemp -d)
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1" >&2; }
-bad() { fail=$((fail + 1)); echo "FAIL $1: $2" >&2; }
+. "$(dirname "$0")/lib.sh"
 ECHO_STEP_US=3000 "$BUILD/tests/test_http" --serve "$dir/port" --max-body-bytes 65536 2>"$dir/log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
@@ -71,5 +68,5 @@ wait $cpid
 wait $pid
 src=$?
 if [ $src = 0 ] && grep -q '"finish_reason":"length"' "$dir/drain" && tail -n 2 "$dir/drain" | grep -q "^data: \[DONE\]$"; then ok sigterm_drain; else bad sigterm_drain "rc=$src $(tail -c 200 "$dir/drain")"; fi
-echo "$pass passed, $fail failed"
+report
 [ $fail = 0 ]

@@ -14,10 +14,7 @@ MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; pkill -f "$tmp" 2>/dev/null' EXIT
-pass=0
-fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+. "$(dirname "$0")/lib.sh"
 
 M=$tmp/model
 "$MOESERVE" mkmodel --preset tiny-v3 --dtype bf16 --seed 3 --out "$M" 2>/dev/null || { echo "mkmodel failed"; echo "0 passed, 1 failed"; exit 1; }
@@ -115,5 +112,4 @@ if [ -n "$victim" ] && [ $took -le 15 ] && ! grep -q "rc=0" "$tmp/k.out"; then
     ok "killed rank 1: run ended in ${took}s with $(grep -o "rc=[0-9]*" "$tmp/k.out")"; grep -iE "error|exited|signal|rank" "$tmp/k.out" | head -3 | sed "s/^/     /"
 else bad "killed rank: victim=$victim took=${took}s"; tail -5 "$tmp/k.out"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

@@ -6,10 +6,7 @@ BIN=${MOESERVE:-$PWD/${BUILD:-build}/moeserve}
 PY=/usr/bin/python3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/lib.sh"
 
 # check NAME PYTHON-EXPR -- ARGS...: runs plan --json ARGS and evaluates EXPR on d (the JSON).
 check() {
@@ -120,5 +117,4 @@ if SGLANG_DSV4_COMPRESS_STATE_DTYPE=fp16 "$BIN" plan --model deepseek-v3 --tp 8 
     >/dev/null 2>"$TMP/err"; then bad bad_env; elif grep -q SGLANG_DSV4_COMPRESS_STATE_DTYPE "$TMP/err"; then
     ok bad_env
 else bad bad_env; fi
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

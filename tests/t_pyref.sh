@@ -8,17 +8,11 @@ PY=${PYREF_PYTHON:-/usr/bin/python3}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
+. "$(dirname "$0")/lib.sh"
 out=$("$PY" "$here/ref/selftest.py" --quick 2>&1)
 rc=$?
 printf '%s\n' "$out" | grep -v '^[0-9]* passed, [0-9]* failed$'
-line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
-if [ -n "$line" ]; then
-    pass=$((pass + $(echo "$line" | awk '{print $1}')))
-    fail=$((fail + $(echo "$line" | awk '{print $3}')))
-fi
-if [ "$rc" -ne 0 ] && [ -z "$line" ]; then fail=$((fail + 1)); fi
+add_counts "$out" || [ "$rc" -eq 0 ] || bad "selftest.py exited with $rc"
 # end to end through the command line, as make_golden.sh uses it
 if "$PY" "$here/ref/make_random_ckpt.py" --preset tiny-v3 --dtype fp8 --layers 2 --out "$tmp/m" &&
    "$PY" "$here/ref/deepseek_ref.py" --model "$tmp/m" --prompt-ids "0" --prompt-ids "3,1,4,1,5" \
@@ -27,9 +21,8 @@ if "$PY" "$here/ref/make_random_ckpt.py" --preset tiny-v3 --dtype fp8 --layers 2
 assert [len(x["steps"]) for x in r]==[3,3] and r[1]["prompt_ids"]==[3,1,4,1,5]
 assert all(len(s["logits"])==1024 and s["token"]==max(range(1024),key=lambda i:(s["logits"][i],-i)) for x in r for s in x["steps"])' "$tmp/g.json"
 then
-    echo "ok   cli_end_to_end"; pass=$((pass + 1))
+    ok cli_end_to_end
 else
-    echo "FAIL cli_end_to_end"; fail=$((fail + 1))
+    bad cli_end_to_end
 fi
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

