@@ -25,7 +25,17 @@ enum {
      * GEMMs at M = 48, 2 threads, 32 → 128: 457 / 473 → 524-545 GFLOP/s;
      * prefill's MoE phase 7 of 7 alternating pairs faster (−3 to −27 %) */
     MC = 128,
-    F8_WIDEN_M = 32,      /* FP8 weights at M >= this are widened to bf16 once per block */
+    F8_WIDEN_M = 32, /* FP8 weights at M >= this are widened to bf16 once per block */
+    /* columns per pass of the tiles (a multiple of 64): at K = 7168 a 6-row
+     * tile's weights (84 KiB) and 4 activation rows (56 KiB) overflow L1 and
+     * 128 prepared rows (1.8 MiB) L2, so every tile re-read its activations
+     * from L3; in passes of KC columns they stay in L2 and the tile in L1,
+     * each pass adding its sums to y.  K = 7168, N = 2048, 2 threads
+     * (bench_kernels --quick, one run): BF16 M = 64 402 -> 468, M = 512
+     * 297 -> 379 GFLOP/s; FP8 M = 64 389 -> 477, M = 512 318 -> 452.  KC =
+     * 512, 768 and 2048 were slower than 1024 at M = 16-127 (2048: the
+     * tile's 40 KiB nearly fill L1) */
+    KC = 1024,
     F8_PF_BYTES = 4096,   /* FP8 GEMV: software prefetch distance along the stream */
     PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
     MR_PF_BYTES = 4096,   /* BF16 rows at M = 2, 3: prefetch distance along the weights */
@@ -351,11 +361,11 @@ static void prep_once(const mm_task *t, int64_t m0, int64_t mc, int64_t K, int64
     prepped = (struct prep_key){x, xb, srow, t->ldx, mc, K, c0, t->run, perm};
 }
 
-static void store(const mm_task *t, int64_t m0, int MB, int64_t n0, int R, const float *s)
+static void store(const mm_task *t, int64_t m0, int MB, int64_t n0, int R, const float *s, int add)
 {
     for (int m = 0; m < MB; m++) {
         float *yo = t->y + (m0 + m) * t->ldy + n0;
-        if (t->accumulate)
+        if (add)
             for (int r = 0; r < R; r++) yo[r] += s[m * R + r];
         else
             for (int r = 0; r < R; r++) yo[r] = s[m * R + r];
@@ -378,11 +388,12 @@ AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *
 }
 
 /* Weight rows [n0, n1) (row n0 at w, rows ldw bytes apart) × prepared
- * activation rows [m0, m0 + mc). */
+ * activation rows [m0, m0 + mc), K columns from w and xb; add: add the sums
+ * to y instead of storing them. */
 AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *xb, int64_t Kp,
-              int64_t m0, int64_t mc, int64_t n0, int64_t n1, const char *w, int64_t ldw)
+              int64_t m0, int64_t mc, int64_t n0, int64_t n1, const char *w, int64_t ldw, int64_t K,
+              int add)
 {
-    const int64_t K = t->W->cols;
     /* rows per tile: as many as the registers hold (MB·R sums, MB activation
      * vectors; FP8 also holds two widened vectors and the tables) */
     const int Rfull = mc == 1 ? 8 : isf8 ? (mc <= 3 ? 6 : 4) : (mc <= 2 ? 8 : 6);
@@ -393,7 +404,7 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
         for (int64_t m = 0; m < mc; m += 4) {
             int mb = mc - m >= 4 ? 4 : (int)(mc - m);
             run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
-            store(t, m0 + m, mb, n, R, s);
+            store(t, m0 + m, mb, n, R, s, add);
         }
         n += R;
     }
@@ -446,15 +457,22 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
             int64_t mc = M - m0 < MC ? M - m0 : MC;
             prep_once(t, m0, mc, K, Kp, isf8 ? srow : NULL, isf8 && !widen, xb);
-            if (widen)
-                block(0, t, &L, xb, Kp, m0, mc, n, ne, (const char *)wb, Kp * 2);
-            else if (mc <= (isf8 ? 1 : 3))
+            if (!widen && mc <= (isf8 ? 1 : 3)) {
                 rows(isf8, (int)mc, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n,
                      t->ldy, t->accumulate);
-            else if (isf8)
-                block(1, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
-            else
-                block(0, t, &L, xb, Kp, m0, mc, n, ne, w, ldw);
+                continue;
+            }
+            for (int64_t k0 = 0; k0 < K; k0 += KC) { /* KC columns at a time, sums added */
+                int64_t kc = K - k0 < KC ? K - k0 : KC;
+                int add = k0 > 0 || t->accumulate;
+                if (widen)
+                    block(0, t, &L, xb + k0, Kp, m0, mc, n, ne, (const char *)(wb + k0), Kp * 2, kc,
+                          add);
+                else if (isf8)
+                    block(1, t, &L, xb + k0, Kp, m0, mc, n, ne, w + k0, ldw, kc, add);
+                else
+                    block(0, t, &L, xb + k0, Kp, m0, mc, n, ne, w + 2 * k0, ldw, kc, add);
+            }
         }
         n = ne;
     }
