@@ -69,7 +69,7 @@ struct ms_model_ws {
     float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
     float *ascr;   /* attention kernel scratch */
     int64_t cap_sc;    /* floats in sc */
-    float *kh;         /* [cap_kh] prefill keys of one head group [HG][S][dn+dr] */
+    float *kh;         /* [cap_kh] prefill keys of one head group, transposed [HG][dn+dr][S] */
     int64_t cap_kh;
     const void **pptr; /* [cap_pptr] page pointers of the decode rows' sequences */
     int64_t cap_pptr;
@@ -238,12 +238,45 @@ static void softmax_rows(void *arg, int tid, int nt)
     }
 }
 
+/* The keys of one head group transposed: kt[b][c][s] = component c of
+ * [k_nope | k_rope] of head g0 + b at position s.  Split by heads. */
+struct kt_job {
+    const float *kv, *lat; /* [S][H·kvd], [S][row] */
+    float *kt;             /* [hg][qd][S] */
+    int64_t S, H, g0, hg, dn, dr, kvd, kvr, row;
+};
+
+static void kt_heads(void *arg, int tid, int nt)
+{
+    const struct kt_job *j = arg;
+    int64_t b0, b1, qd = j->dn + j->dr;
+    ms_pool_range(j->hg, tid, nt, 1, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        float *kt = j->kt + b * qd * j->S;
+        for (int64_t s0 = 0; s0 < j->S; s0 += 16) { /* 16 positions: one line per c */
+            int64_t s1 = MS_MIN(j->S, s0 + 16);
+            for (int64_t c = 0; c < j->dn; c++)
+                for (int64_t s = s0; s < s1; s++)
+                    kt[c * j->S + s] = j->kv[s * j->H * j->kvd + (j->g0 + b) * j->kvd + c];
+            for (int64_t c = 0; c < j->dr; c++)
+                for (int64_t s = s0; s < s1; s++)
+                    kt[(j->dn + c) * j->S + s] = j->lat[s * j->row + j->kvr + c];
+        }
+    }
+}
+
 /* Naive MLA for n new tokens of one sequence (positions p0..p0+n-1): keys and
  * values expanded from the cached latents (kv = kv_b · c_kv); per group of
- * heads the keys [k_nope | k_rope] are laid out contiguously (kh), then
- * causal attention in blocks of queries: block [i0, i1) reads only the first
- * p0 + i1 keys, and three pool runs cover the group's heads (scores, one
- * product per head; softmax; context, one product per head). */
+ * heads the keys [k_nope | k_rope] are laid out transposed (kt, on the pool),
+ * then causal attention in blocks of queries: block [i0, i1) reads only the
+ * first p0 + i1 keys, and three pool runs cover the group's heads (scores,
+ * one x·W product per head; softmax; context, one product per head).  The
+ * scores as dot products of q with key rows (qd = 96 products, then a
+ * horizontal sum each) took 4.0-4.8 ms per layer of a 512-token prefill;
+ * as q · kt (each q value broadcast over 16 keys, no horizontal sums)
+ * 2.0-2.2 ms, plus 0.4 ms for the transposition.  FP32 throughout: rounding
+ * q and k to bf16 for the BF16 kernels gave 0.34 relative error in the
+ * 300-token golden prompt's first logits (auto against float32), 0.007 now. */
 static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
                        const int32_t *pages, int64_t p0, int64_t n, const float *q, float *out)
 {
@@ -260,18 +293,21 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     ms_mm_call calls[MAX_BLOCK_HEADS];
     for (int64_t g0 = 0; g0 < H; g0 += HG) {
         int hg = (int)MS_MIN(H - g0, HG);
-        for (int b = 0; b < hg; b++) /* kh[b][s] = [k_nope of head g0 + b | k_rope] */
-            for (int64_t s = 0; s < S; s++) {
-                float *k = ws->kh + (b * S + s) * qd;
-                memcpy(k, ws->kv + s * H * kvd + (g0 + b) * kvd, sizeof(float) * (size_t)dn);
-                memcpy(k + dn, ws->lat + s * row + kvr, sizeof(float) * (size_t)dr);
-            }
+        struct kt_job kj = {ws->kv, ws->lat, ws->kh, S, H, g0, hg, dn, dr, kvd, kvr, row};
+        ms_pool_run(m->pool, kt_heads, &kj);
         for (int64_t i0 = 0; i0 < n; i0 += QB) {
             int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
-            for (int b = 0; b < hg; b++) { /* scores[i][b][s] = q[i][g0 + b] · kh[b][s] */
-                w[b] = ms_mat_whole(MS_DT_F32, S_b, qd, ws->kh + b * S * qd, NULL);
-                calls[b] = (ms_mm_call){ws->sc + b * S_b, hg * S_b, q + i0 * H * qd + (g0 + b) * qd,
-                                        H * qd, nb, &w[b], 0, 0};
+            for (int b = 0; b < hg; b++) { /* scores[i][b][:] = q[i][g0 + b] · kt[b] */
+                w[b] = ms_mat_whole(MS_DT_F32, qd, S_b, ws->kh + b * qd * S, NULL);
+                w[b].ld = S;
+                calls[b] = (ms_mm_call){ws->sc + b * S_b,
+                                        hg * S_b,
+                                        q + i0 * H * qd + (g0 + b) * qd,
+                                        H * qd,
+                                        nb,
+                                        &w[b],
+                                        0,
+                                        1};
             }
             ms_matmul_batch(&m->kctx, calls, hg);
             struct sm_job sj = {ws->sc, nb * hg, hg, S_b, p0, i0, m->softmax_scale};
