@@ -24,7 +24,8 @@ static inline bool ms_add_size(size_t a, size_t b, size_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
-/* 64-byte aligned, zeroed allocation (NULL on failure or overflow); free with ms_free_aligned. */
+/* 64-byte aligned (2 MiB from 4 MiB up, in 2 MiB pages where the kernel gives them), zeroed
+ * allocation (NULL on failure or overflow); free with ms_free_aligned. */
 void *ms_alloc_aligned(size_t n_items, size_t item_bytes);
 void ms_free_aligned(void *p);
 /* Makes the heap array *p (items of item_bytes, capacity *cap items) hold at
