@@ -304,6 +304,35 @@ TEST(deep_path_no_recursion)
     ms_router_free(r); /* frees a path thousands of nodes deep */
 }
 
+/* The router's command-line flags, shared by serve and simulate: values in
+ * range set the option, bad ones are MS_EINVAL naming the flag, other flags
+ * are left alone. */
+TEST(parse_flags)
+{
+    ms_router_opts o;
+    ms_router_opts_init(&o);
+    ms_errbuf e = {{0}};
+    CHECK(ms_router_parse_flag(&o, "--load-balance-method", "shortest_queue", &e) == 1);
+    CHECK(o.policy == MS_LB_TOTAL_REQUESTS);
+    CHECK(ms_router_parse_flag(&o, "--cache-threshold", "0.5", &e) == 1 &&
+          o.cache_threshold == 0.5);
+    CHECK(ms_router_parse_flag(&o, "--balance-abs-threshold", "0", &e) == 1);
+    CHECK(o.balance_abs_threshold == 0);
+    CHECK(ms_router_parse_flag(&o, "--balance-rel-threshold", "2.5", &e) == 1);
+    CHECK(o.balance_rel_threshold == 2.5);
+    CHECK(ms_router_parse_flag(&o, "--max-tree-size", "4096", &e) == 1 &&
+          o.max_tree_tokens == 4096);
+    CHECK(ms_router_parse_flag(&o, "--dp", "2", &e) == 0);
+    const char *bad[][2] = {{"--load-balance-method", "fastest"}, {"--cache-threshold", "1.5"},
+                            {"--cache-threshold", "x"},           {"--balance-abs-threshold", "-1"},
+                            {"--balance-rel-threshold", ""},      {"--max-tree-size", "0"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK(ms_router_parse_flag(&o, bad[i][0], bad[i][1], &e) == MS_EINVAL);
+        CHECK(strstr(e.msg, bad[i][0]) != NULL);
+    }
+    CHECK(o.policy == MS_LB_TOTAL_REQUESTS && o.max_tree_tokens == 4096); /* unchanged */
+}
+
 int main(void)
 {
     RUN(parse_names);
@@ -316,5 +345,6 @@ int main(void)
     RUN(cost_trades_queue_against_cache);
     RUN(many_ranks_and_big_tree);
     RUN(deep_path_no_recursion);
+    RUN(parse_flags);
     return TEST_REPORT();
 }

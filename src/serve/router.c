@@ -73,6 +73,37 @@ void ms_router_opts_init(ms_router_opts *o)
                           .max_tree_tokens = (int64_t)1 << 22};
 }
 
+int ms_router_parse_flag(ms_router_opts *o, const char *flag, const char *value, ms_errbuf *err)
+{
+    long l;
+    int rc;
+    if (!strcmp(flag, "--load-balance-method")) {
+        int lb = ms_lb_parse(value);
+        if (lb < 0)
+            return ms_err(err, MS_EINVAL,
+                          "--load-balance-method '%s': expected round_robin, total_requests "
+                          "(or shortest_queue), total_tokens, vllm, cache_aware or cost",
+                          value);
+        o->policy = lb;
+        return 1;
+    }
+    if (!strcmp(flag, "--cache-threshold"))
+        return (rc = ms_parse_double(flag, value, 0, 1, &o->cache_threshold, err)) ? rc : 1;
+    if (!strcmp(flag, "--balance-rel-threshold"))
+        return (rc = ms_parse_double(flag, value, 0, 1e9, &o->balance_rel_threshold, err)) ? rc : 1;
+    if (!strcmp(flag, "--balance-abs-threshold")) {
+        if ((rc = ms_parse_long(flag, value, 0, 1L << 40, &l, err))) return rc;
+        o->balance_abs_threshold = l;
+        return 1;
+    }
+    if (!strcmp(flag, "--max-tree-size")) {
+        if ((rc = ms_parse_long(flag, value, 1, 1L << 40, &l, err))) return rc;
+        o->max_tree_tokens = l;
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- the tree ---- */
 
 static int owns(const rnode *x, int t)

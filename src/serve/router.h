@@ -36,6 +36,13 @@ typedef struct ms_router_opts {
                                     * least recently used leaves are dropped; 1 << 22 */
 } ms_router_opts;
 void ms_router_opts_init(ms_router_opts *o);
+/* If flag is one of the router's (--load-balance-method, --cache-threshold,
+ * --balance-abs-threshold, --balance-rel-threshold, --max-tree-size), parses
+ * value into o and returns 1; returns 0 for other flags and MS_EINVAL with a
+ * message naming the flag for a bad value.  Shared by serve and simulate. */
+struct ms_errbuf;
+int ms_router_parse_flag(ms_router_opts *o, const char *flag, const char *value,
+                         struct ms_errbuf *err);
 
 /* What a DP rank reported after the last step. */
 typedef struct ms_router_load {

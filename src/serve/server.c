@@ -102,6 +102,12 @@ static int parse(struct serve_opts *o, int argc, char **argv)
             return -1;
         }
         const char *v = argv[++i];
+        int rr = ms_router_parse_flag(&o->eo.router, a, v, &err);
+        if (rr < 0) {
+            fprintf(stderr, "serve: %s\n", err.msg);
+            return -1;
+        }
+        if (rr > 0) continue;
         char *end = NULL;
         errno = 0;
         if (!strcmp(a, "--model-path") || !strcmp(a, "--model")) {
@@ -129,27 +135,8 @@ static int parse(struct serve_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--schedule-policy")) {
             if (!strcmp(v, "fcfs")) o->eo.schedule_policy = MS_SCHED_FCFS;
             else if (!strcmp(v, "lpm")) o->eo.schedule_policy = MS_SCHED_LPM;
-            else goto bad;
-        } else if (!strcmp(a, "--load-balance-method")) {
-            int lb = ms_lb_parse(v);
-            if (lb < 0) goto bad;
-            o->eo.router.policy = lb;
-        } else if (!strcmp(a, "--cache-threshold")) {
-            double x = strtod(v, &end);
-            if (!*v || *end || !(x >= 0 && x <= 1)) goto bad;
-            o->eo.router.cache_threshold = x;
-        } else if (!strcmp(a, "--balance-abs-threshold")) {
-            long long x = strtoll(v, &end, 10);
-            if (!*v || *end || errno || x < 0) goto bad;
-            o->eo.router.balance_abs_threshold = x;
-        } else if (!strcmp(a, "--balance-rel-threshold")) {
-            double x = strtod(v, &end);
-            if (!*v || *end || !(x >= 0 && x < 1e9)) goto bad;
-            o->eo.router.balance_rel_threshold = x;
-        } else if (!strcmp(a, "--max-tree-size")) {
-            long long x = strtoll(v, &end, 10);
-            if (!*v || *end || errno || x < 1) goto bad;
-            o->eo.router.max_tree_tokens = x;
+            else
+                goto bad;
         } else if (!strcmp(a, "--ep-dispatch-dtype")) {
             if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
             else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;

@@ -28,7 +28,7 @@ enum { SIM_VOCAB = 256, SIM_MAX_DP = 256, SIM_MAX_REQS = 1000000 };
 
 typedef struct sim_opts {
     long dp, seed, page_size, max_running, groups, per_group, sys_len, q_len, out_len;
-    long num_prompts, in_len, rand_out_len, max_conc, pool_tokens, chunk, abs_threshold, tree;
+    long num_prompts, in_len, rand_out_len, max_conc, pool_tokens, chunk;
     double rate, range_ratio, step_ms, row_ms, prefill_ms;
     int gsp, compare, json, lpm;
     ms_router_opts router;
@@ -108,8 +108,6 @@ static int parse(sim_opts *o, int argc, char **argv, int *help, ms_errbuf *err)
                     .prefill_ms = 0.7,
                     .gsp = 1};
     ms_router_opts_init(&o->router);
-    o->abs_threshold = (long)o->router.balance_abs_threshold;
-    o->tree = (long)o->router.max_tree_tokens;
     const struct lflag lflags[] = {{"--dp", 1, SIM_MAX_DP, &o->dp},
                                    {"--seed", 0, 0x7fffffffL, &o->seed},
                                    {"--page-size", 1, 1024, &o->page_size},
@@ -125,17 +123,12 @@ static int parse(sim_opts *o, int argc, char **argv, int *help, ms_errbuf *err)
                                    {"--max-concurrency", 1, SIM_MAX_REQS, &o->max_conc},
                                    {"--random-input-len", 1, 1L << 20, &o->in_len},
                                    {"--random-output-len", 1, 1L << 20, &o->rand_out_len},
-                                   {"--balance-abs-threshold", 0, 1L << 40, &o->abs_threshold},
-                                   {"--max-tree-size", 1, 1L << 40, &o->tree},
                                    {NULL, 0, 0, NULL}};
-    const struct dflag dflags[] = {
-        {"--random-range-ratio", 0, 1, &o->range_ratio},
-        {"--cache-threshold", 0, 1, &o->router.cache_threshold},
-        {"--balance-rel-threshold", 0, 1e9, &o->router.balance_rel_threshold},
-        {"--step-ms", 0, 1e6, &o->step_ms},
-        {"--decode-row-ms", 0, 1e6, &o->row_ms},
-        {"--prefill-token-ms", 0, 1e6, &o->prefill_ms},
-        {NULL, 0, 0, NULL}};
+    const struct dflag dflags[] = {{"--random-range-ratio", 0, 1, &o->range_ratio},
+                                   {"--step-ms", 0, 1e6, &o->step_ms},
+                                   {"--decode-row-ms", 0, 1e6, &o->row_ms},
+                                   {"--prefill-token-ms", 0, 1e6, &o->prefill_ms},
+                                   {NULL, 0, 0, NULL}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -152,6 +145,9 @@ static int parse(sim_opts *o, int argc, char **argv, int *help, ms_errbuf *err)
         }
         if (i + 1 >= argc) return ms_err(err, MS_EINVAL, "%s needs a value", a);
         const char *v = argv[++i];
+        int rr = ms_router_parse_flag(&o->router, a, v, err);
+        if (rr < 0) return rr;
+        if (rr > 0) continue;
         const struct lflag *lf = find_flag(lflags, a, sizeof *lf);
         const struct dflag *df = find_flag(dflags, a, sizeof *df);
         int rc = 0;
@@ -159,13 +155,6 @@ static int parse(sim_opts *o, int argc, char **argv, int *help, ms_errbuf *err)
             rc = ms_parse_long(a, v, lf->lo, lf->hi, lf->dst, err);
         } else if (df) {
             rc = ms_parse_double(a, v, df->lo, df->hi, df->dst, err);
-        } else if (!strcmp(a, "--load-balance-method")) {
-            o->router.policy = ms_lb_parse(v);
-            if (o->router.policy < 0)
-                return ms_err(err, MS_EINVAL,
-                              "--load-balance-method '%s': expected round_robin, "
-                              "total_requests, total_tokens, vllm, cache_aware or cost",
-                              v);
         } else if (!strcmp(a, "--dataset-name")) {
             if (!strcmp(v, "random"))
                 o->gsp = 0;
@@ -193,8 +182,6 @@ static int parse(sim_opts *o, int argc, char **argv, int *help, ms_errbuf *err)
         }
         if (rc) return rc;
     }
-    o->router.balance_abs_threshold = o->abs_threshold;
-    o->router.max_tree_tokens = o->tree;
     int64_t n = o->gsp ? (int64_t)o->groups * o->per_group : o->num_prompts;
     int64_t len = o->gsp ? o->sys_len + o->q_len : o->in_len;
     if (n > SIM_MAX_REQS || n * len > SIM_MAX_TOKENS)
