@@ -80,6 +80,27 @@ if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-atte
 else
     bad "server did not start"
 fi
+# the warm-up: BF16 weights prepacked for oneDNN before "ready" (where the CPU
+# has AVX512-BF16, the only ISA that takes oneDNN), none with --skip-server-warmup
+gen() { curl -sf "http://127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' \
+    -d '{"input_ids":[5,6,7,8,9,10,11,12],"sampling_params":{"max_new_tokens":4,"temperature":0}}'; }
+stop() { kill -TERM "$PID"; for _ in $(seq 1 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done; }
+bf16=0; "$MOESERVE" version | grep -q "avx512bf16=1" && bf16=1
+if start warm --max-total-tokens 256 --threads 2; then
+    n=$(grep -c "warm-up: [0-9]* weight matrices prepacked" "$tmp/warm.log")
+    t "warm-up prepacks the BF16 weights (avx512bf16: $bf16, log lines: $n)" '[ "$n" = "$bf16" ]'
+    t "a request after the warm-up" '[ -n "$(gen)" ]'
+    stop
+else
+    bad "server did not start"
+fi
+if start nowarm --max-total-tokens 256 --threads 2 --skip-server-warmup; then
+    t "--skip-server-warmup: no warm-up" '! grep -q "warm-up:" "$tmp/nowarm.log"'
+    t "--skip-server-warmup: serves" '[ -n "$(gen)" ]'
+    stop
+else
+    bad "server with --skip-server-warmup did not start"
+fi
 # cache-aware admission (sgl-router's policy) on the same 2-rank shape
 if start dpc --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --dtype float32 --load-balance-method cache_aware; then
     run_router cache_aware

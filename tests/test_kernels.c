@@ -423,6 +423,55 @@ TEST(matmul_batch_same_as_single)
     }
 }
 
+/* ms_kernels_dnnl_prepack: the copy made ahead is the one a large-M call
+ * uses (held bytes do not grow, results match), it is made once, matrices
+ * that never take oneDNN are refused, and clearing frees the chunks. */
+TEST(matmul_dnnl_prepack_ahead)
+{
+    if (best_isa < MS_ISA_AVX512BF16) return;
+    uint64_t rng = 7;
+    int64_t M = 160, N = 72, K = 136; /* M: a padded call (not a multiple of 32) */
+    stored a, b, f8;
+    stored_make(&a, MS_DT_BF16, N, K, &rng);
+    stored_make(&b, MS_DT_BF16, 2 * N, K, &rng);
+    stored_make(&f8, MS_DT_F8E4M3, N, K, &rng);
+    float *x = malloc(sizeof(float) * (size_t)(M * K)),
+          *y = malloc(sizeof(float) * (size_t)(M * 2 * N));
+    float *emu = malloc(sizeof(float) * (size_t)(M * 2 * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+    ms_kctx kc = {pool, 0, best_isa}, exact = {pool, 1, best_isa};
+    ms_kernels_dnnl_clear();
+    ms_kernels_set_dnnl(1);
+    CHECK(ms_kernels_dnnl_prepack(&kc, &a.whole) == 0);
+    size_t held = ms_kernels_dnnl_bytes();
+    CHECK(held >= (size_t)(N * K * 2));
+    CHECK(ms_kernels_dnnl_prepack(&kc, &a.whole) == 0); /* held already: no second copy */
+    CHECK(ms_kernels_dnnl_bytes() == held);
+    CHECK(ms_kernels_dnnl_prepack(&kc, &b.whole) == 0);
+    held = ms_kernels_dnnl_bytes();
+    CHECK(held >= (size_t)(3 * N * K * 2));
+    CHECK(ms_kernels_dnnl_prepack(&kc, &f8.whole) == -1);   /* FP8: hand kernels only */
+    CHECK(ms_kernels_dnnl_prepack(&exact, &a.whole) == -1); /* exact mode: no oneDNN */
+    const ms_mat *w[2] = {&a.whole, &b.whole};
+    for (int i = 0; i < 2; i++) {
+        int64_t n = w[i]->rows;
+        emulate_bf16(emu, n, x, K, M, w[i], 0, 0);
+        ms_matmul(&kc, y, n, x, K, M, w[i], 0);
+        CHECKF(rel_err(y, emu, M, n, n) <= 1e-5, "matrix %d: %g", i, rel_err(y, emu, M, n, n));
+    }
+    CHECK(ms_kernels_dnnl_bytes() == held); /* the calls used the copies made ahead */
+    ms_kernels_dnnl_clear();
+    CHECK(ms_kernels_dnnl_bytes() == 0);
+    CHECK(ms_kernels_dnnl_prepack(&kc, &a.whole) == 0); /* usable again after a clear */
+    ms_kernels_dnnl_clear();
+    free(x);
+    free(y);
+    free(emu);
+    stored_free(&a);
+    stored_free(&b);
+    stored_free(&f8);
+}
+
 /* The oneDNN path: prepacked once, used (bytes held), invalidated by
  * forget / by new contents under the same pointer, and switchable off. */
 TEST(matmul_dnnl_prepack)
@@ -473,6 +522,7 @@ int main(void)
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
     RUN(matmul_dnnl_prepack);
+    RUN(matmul_dnnl_prepack_ahead);
     RUN(matmul_batch_same_as_single);
     RUN(matmul_same_bits_any_pool);
     RUN(topk_vs_ref);

@@ -84,6 +84,11 @@ int64_t ms_kernels_set_dnnl_min_m(int64_t m);
 void ms_kernels_dnnl_forget(const void *data);
 void ms_kernels_dnnl_clear(void);
 size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
+/* Reorders W now into the layout its large-M calls will use (what the first
+ * such call would do), so that call does not pay for it.  0: held (now or
+ * before); -1: W does not take oneDNN (dtype, exact mode, oneDNN off) or the
+ * MOESERVE_DNNL_MB cap is reached. */
+int ms_kernels_dnnl_prepack(const ms_kctx *k, const ms_mat *W);
 
 /* One product of a batch: y[M][ldy] (=|+=) x[M][ldx] · Wᵀ, or x · W when nn
  * (the ms_matmul_nn product). */

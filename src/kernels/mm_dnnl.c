@@ -2,9 +2,11 @@
  *
  * Owns the prepack cache (each weight view reordered once into oneDNN's
  * blocked bf16 layout, keyed by data pointer and shape, checked by a sampled
- * fingerprint), the primitive cache (one matmul per M, K, N, ldy, accumulate)
- * and the bf16 copy of the activations.  Prepacked copies double the memory of
- * the weights that take this path, so it is opt-out (MOESERVE_DNNL=0 or
+ * fingerprint; at its first large-M call or ahead, ms_kernels_dnnl_prepack,
+ * into chunks of 2 MiB pages), the reorder and matmul primitive caches (one
+ * matmul per M, K, N, ldy, accumulate) and the bf16 copy of the activations.
+ * Prepacked copies double the memory of the weights that take this path, so
+ * it is opt-out (MOESERVE_DNNL=0 or
  * ms_kernels_set_dnnl(0)) and capped (MOESERVE_DNNL_MB, default 4096 MiB);
  * past the cap, matrices use the hand kernel.  oneDNN runs its own OpenMP
  * team, sized to the kernel pool; run with OMP_WAIT_POLICY=passive so its
@@ -12,6 +14,7 @@
  * unsynchronised globals).
  */
 #include "base/log.h"
+#include "base/util.h"
 #include "kernels/mm_internal.h"
 
 #include <dlfcn.h>
@@ -30,7 +33,7 @@
  * 1228-1368 with MIN_M = 128 (experts, ~48 rows each, on the hand kernel;
  * the 512-row projections on oneDNN).  MOESERVE_DNNL_MIN_M overrides it (and
  * ms_kernels_set_dnnl_min_m); M buckets of 8 and 16 measured the same as 32. */
-enum { N_PRIMS = 128, M_BUCKET = 32 };
+enum { N_PRIMS = 128, M_BUCKET = 32, N_REORDERS = 16 };
 static int64_t MIN_M = 128;
 
 typedef struct pack_ent {
@@ -42,6 +45,11 @@ typedef struct pack_ent {
     size_t bytes;
 } pack_ent;
 
+typedef struct reorder_ent {
+    dnnl_memory_desc_t plain, wmd;
+    dnnl_primitive_t prim; /* NULL: empty slot */
+} reorder_ent;
+
 typedef struct prim_ent {
     int64_t m, k, n, ldy;
     int acc;
@@ -50,14 +58,25 @@ typedef struct prim_ent {
     dnnl_memory_t src, dst;
 } prim_ent;
 
+/* Prepacked copies are carved from chunks of CHUNK_BYTES in 2 MiB pages: one
+ * oneDNN allocation per matrix faulted its memory in 4 KiB pages, which in
+ * this guest cost most of a reorder (1415 small-v3 matrices, 1426 MiB: 4.95 s).
+ * Space of a copy dropped by ms_kernels_dnnl_forget is not reused before
+ * ms_kernels_dnnl_clear. */
+enum { CHUNK_BYTES = 64 << 20 };
+
 static struct {
     int init, disabled, threads;
+    char **chunks; /* [n_chunks] */
+    size_t n_chunks, chunk_used, chunk_cap;
     dnnl_engine_t eng;
     dnnl_stream_t stream;
     pack_ent *packs;
     size_t n_packs, cap_packs, bytes, max_bytes;
     prim_ent prims[N_PRIMS];
     int next_prim;
+    reorder_ent reorders[N_REORDERS];
+    int next_reorder;
     uint16_t *xb;
     size_t xb_elems;
     float *yb;          /* [M rounded up][N] output of a padded call */
@@ -120,6 +139,25 @@ static void pack_drop(pack_ent *p)
     memset(p, 0, sizeof *p);
 }
 
+/* 64-byte aligned space for a prepacked copy (NULL: out of memory). */
+static void *chunk_take(size_t bytes)
+{
+    bytes = (bytes + 63) & ~(size_t)63;
+    if (!g.n_chunks || g.chunk_used + bytes > g.chunk_cap) {
+        size_t cap = bytes > CHUNK_BYTES ? bytes : CHUNK_BYTES;
+        char **nc = realloc(g.chunks, sizeof *nc * (g.n_chunks + 1));
+        if (!nc) return NULL;
+        g.chunks = nc;
+        if (!(nc[g.n_chunks] = ms_alloc_aligned(1, cap))) return NULL;
+        g.n_chunks++;
+        g.chunk_used = 0;
+        g.chunk_cap = cap;
+    }
+    void *p = g.chunks[g.n_chunks - 1] + g.chunk_used;
+    g.chunk_used += bytes;
+    return p;
+}
+
 void ms_kernels_dnnl_clear(void)
 {
     for (size_t i = 0; i < g.cap_packs; i++)
@@ -127,6 +165,13 @@ void ms_kernels_dnnl_clear(void)
     free(g.packs);
     g.packs = NULL;
     g.n_packs = g.cap_packs = 0;
+    for (int i = 0; i < N_REORDERS; i++)
+        if (g.reorders[i].prim) dnnl_primitive_destroy(g.reorders[i].prim);
+    memset(g.reorders, 0, sizeof g.reorders);
+    for (size_t i = 0; i < g.n_chunks; i++) ms_free_aligned(g.chunks[i]);
+    free(g.chunks);
+    g.chunks = NULL;
+    g.n_chunks = g.chunk_used = g.chunk_cap = 0;
     for (int i = 0; i < N_PRIMS; i++) {
         prim_ent *p = &g.prims[i];
         if (!p->prim) continue;
@@ -198,6 +243,30 @@ static pack_ent *pack_find(const ms_mat *W, uint64_t fp)
     return NULL;
 }
 
+/* The reorder primitive from a plain view of this shape to wmd, made once per
+ * shape (making one took ~3 ms, most of a 1 MiB matrix's reorder). */
+static dnnl_primitive_t reorder_get(const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *wmd)
+{
+    for (int i = 0; i < N_REORDERS; i++) {
+        reorder_ent *r = &g.reorders[i];
+        if (r->prim && dnnl_memory_desc_equal(&r->plain, plain) &&
+            dnnl_memory_desc_equal(&r->wmd, wmd))
+            return r->prim;
+    }
+    reorder_ent *r = &g.reorders[g.next_reorder];
+    g.next_reorder = (g.next_reorder + 1) % N_REORDERS;
+    if (r->prim) dnnl_primitive_destroy(r->prim);
+    memset(r, 0, sizeof *r);
+    dnnl_primitive_desc_t rpd = NULL;
+    if (dnnl_reorder_primitive_desc_create(&rpd, plain, g.eng, wmd, g.eng, NULL) != dnnl_success)
+        return NULL;
+    if (dnnl_primitive_create(&r->prim, rpd) != dnnl_success) r->prim = NULL;
+    dnnl_primitive_desc_destroy(rpd);
+    r->plain = *plain;
+    r->wmd = *wmd;
+    return r->prim;
+}
+
 static pack_ent *pack_insert(const ms_mat *W, uint64_t fp, const dnnl_memory_desc_t *wmd)
 {
     size_t bytes = dnnl_memory_desc_get_size(wmd);
@@ -220,14 +289,14 @@ static pack_ent *pack_insert(const ms_mat *W, uint64_t fp, const dnnl_memory_des
     dnnl_memory_desc_t plain;
     dnnl_dims_t dims = {W->cols, W->rows}, strides = {1, W->ld};
     dnnl_memory_t src = NULL, dst = NULL;
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t reorder = NULL;
+    dnnl_primitive_t reorder;
     pack_ent *ret = NULL;
+    void *space;
     if (dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) != dnnl_success) goto out;
     if (dnnl_memory_create(&src, &plain, g.eng, (void *)W->data) != dnnl_success) goto out;
-    if (dnnl_memory_create(&dst, wmd, g.eng, DNNL_MEMORY_ALLOCATE) != dnnl_success) goto out;
-    if (dnnl_reorder_primitive_desc_create(&rpd, &plain, g.eng, wmd, g.eng, NULL) != dnnl_success) goto out;
-    if (dnnl_primitive_create(&reorder, rpd) != dnnl_success) goto out;
+    if (!(space = chunk_take(bytes)) || dnnl_memory_create(&dst, wmd, g.eng, space) != dnnl_success)
+        goto out;
+    if (!(reorder = reorder_get(&plain, wmd))) goto out;
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
     if (dnnl_primitive_execute(reorder, g.stream, 2, args) != dnnl_success) goto out;
     dnnl_stream_wait(g.stream);
@@ -239,8 +308,6 @@ static pack_ent *pack_insert(const ms_mat *W, uint64_t fp, const dnnl_memory_des
     g.n_packs++;
     g.bytes += bytes;
 out:
-    if (reorder) dnnl_primitive_destroy(reorder);
-    if (rpd) dnnl_primitive_desc_destroy(rpd);
     if (src) dnnl_memory_destroy(src);
     if (dst) dnnl_memory_destroy(dst);
     return ret;
@@ -296,24 +363,49 @@ out:
     return ret;
 }
 
+/* oneDNN plans its threads when a primitive is made: primitives made for
+ * another pool size are dropped. */
+static void match_threads(const ms_kctx *k)
+{
+    int nt = ms_pool_size(k->pool);
+    if (nt == g.threads) return;
+    for (int i = 0; i < N_PRIMS; i++) {
+        prim_ent *p = &g.prims[i];
+        if (!p->prim) continue;
+        dnnl_primitive_destroy(p->prim);
+        dnnl_memory_destroy(p->src);
+        dnnl_memory_destroy(p->dst);
+        memset(p, 0, sizeof *p);
+    }
+    set_threads(nt);
+}
+
+static int usable(const ms_kctx *k, const ms_mat *W)
+{
+    if (g.disabled || W->dtype != MS_DT_BF16 || !k || k->exact) return 0;
+    return init() == 0 && !g.disabled;
+}
+
+int ms_kernels_dnnl_prepack(const ms_kctx *k, const ms_mat *W)
+{
+    if (!usable(k, W) || W->rows <= 0 || W->cols <= 0) return -1;
+    match_threads(k);
+    int64_t Mb = (MIN_M + M_BUCKET - 1) / M_BUCKET * M_BUCKET;
+    prim_ent *pr = prim_get(Mb, W->cols, W->rows, W->rows, 0); /* a padded call's primitive */
+    if (!pr) return -1;
+    uint64_t fp = fingerprint(W);
+    pack_ent *pk = pack_find(W, fp);
+    if (pk) return dnnl_memory_desc_equal(&pk->md, &pr->wmd) ? 0 : -1;
+    ms_pool_park(k->pool); /* the reorder runs on oneDNN's threads */
+    return pack_insert(W, fp, &pr->wmd) ? 0 : -1;
+}
+
 int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
 {
     const ms_mat *W = t->W;
-    if (g.disabled || W->dtype != MS_DT_BF16 || !k || k->exact) return -1;
-    if (init() != 0 || g.disabled || t->M < MIN_M) return -1;
+    if (!usable(k, W) || t->M < MIN_M) return -1;
     int64_t M = t->M, K = W->cols, N = W->rows;
-    int nt = ms_pool_size(k->pool);
-    if (nt != g.threads) { /* oneDNN plans its threads when a primitive is made */
-        for (int i = 0; i < N_PRIMS; i++) {
-            prim_ent *p = &g.prims[i];
-            if (!p->prim) continue;
-            dnnl_primitive_destroy(p->prim);
-            dnnl_memory_destroy(p->src);
-            dnnl_memory_destroy(p->dst);
-            memset(p, 0, sizeof *p);
-        }
-        set_threads(nt);
-    }
+    match_threads(k);
     int64_t Mb = (M + M_BUCKET - 1) / M_BUCKET * M_BUCKET;
     int direct = Mb == M;
     prim_ent *pr = direct ? prim_get(M, K, N, t->ldy, t->accumulate) : prim_get(Mb, K, N, N, 0);

@@ -88,6 +88,12 @@ void ms_model_profile_print(void);
 void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
                            int64_t *dispatch_rows);
 
+/* Prepacks every BF16 weight view of this rank for oneDNN now (all but the
+ * LM head), instead of at its first prefill of >= 128 rows (ms_kernels_dnnl_
+ * prepack; the copies count against MOESERVE_DNNL_MB).  Returns the views
+ * held.  Main thread only. */
+int64_t ms_model_prepack(ms_model *m);
+
 /* Bytes of the weight views this rank reads (its shard; embeddings and head included). */
 int64_t ms_model_local_weight_bytes(const ms_model *m);
 

@@ -381,6 +381,27 @@ static void place_weights(ms_model *m)
     if (!tied) prefault(&m->embed, NULL);
 }
 
+struct prepack {
+    const ms_kctx *k;
+    ms_model *m;
+    int64_t n;
+};
+
+static void prepack_view(ms_mat *w, void *arg)
+{
+    struct prepack *p = arg;
+    /* the LM head sees as many rows as sequences wanting logits, rarely 128 */
+    if (w == &p->m->lm_head || !w->data || w->rows <= 0) return;
+    if (ms_kernels_dnnl_prepack(p->k, w) == 0) p->n++;
+}
+
+int64_t ms_model_prepack(ms_model *m)
+{
+    struct prepack p = {&m->kctx, m, 0};
+    each_view(m, prepack_view, &p);
+    return p.n;
+}
+
 int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;

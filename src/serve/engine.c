@@ -339,6 +339,10 @@ void ms_engine_close(ms_engine *e)
 }
 
 const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
+int64_t ms_engine_prepack(ms_engine *e)
+{
+    return ms_model_prepack(e->m);
+}
 const ms_layout *ms_engine_layout(const ms_engine *e) { return &e->lay; }
 int ms_engine_is_rank0(const ms_engine *e) { return e->rank == 0; }
 int ms_engine_n_dp(const ms_engine *e) { return e->n_dp; }

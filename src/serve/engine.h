@@ -78,6 +78,9 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err);
 void ms_engine_close(ms_engine *e);
 
 const ms_model *ms_engine_model(const ms_engine *e);
+/* This rank's BF16 weights prepacked for oneDNN now (ms_model_prepack): the
+ * server's warm-up, so no request pays for the reorders.  Returns the count. */
+int64_t ms_engine_prepack(ms_engine *e);
 const ms_layout *ms_engine_layout(const ms_engine *e);
 int ms_engine_is_rank0(const ms_engine *e);
 int ms_engine_n_dp(const ms_engine *e);            /* DP ranks: replicas × attn_dp */

@@ -30,6 +30,7 @@ struct serve_opts {
     ms_frontend_opts fo;
     double comm_timeout_s;
     double drain_timeout_s;
+    int skip_warmup; /* --skip-server-warmup */
 };
 
 static void usage(FILE *f)
@@ -55,6 +56,9 @@ static void usage(FILE *f)
             "  --max-tree-size N                 router prefix tree: tokens per DP rank (4194304)\n"
             "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
             "  --comm-timeout-s S                deadline of one collective (default 60)\n"
+            "  --skip-server-warmup              start without the warm-up (prepacking the\n"
+            "                                    BF16 weights for prefill GEMMs, else done by\n"
+            "                                    the first long prompts)\n"
             "launch flags (SGLang names):\n%s"
             "front end:\n",
             ms_launch_help());
@@ -96,6 +100,10 @@ static int parse(struct serve_opts *o, int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
+        }
+        if (!strcmp(a, "--skip-server-warmup")) {
+            o->skip_warmup = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "serve: %s needs a value (or is unknown)\n", a);
@@ -449,6 +457,16 @@ int ms_cmd_serve(int argc, char **argv)
         MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
         if (W > 1) ms_comm_abort(1);
         return 1;
+    }
+    if (!o.skip_warmup) { /* every rank: its own shard */
+        double t0 = ms_now_s();
+        size_t b0 = ms_kernels_dnnl_bytes();
+        int64_t n = ms_engine_prepack(e);
+        if (n > 0)
+            MS_LOG(MS_INFO, "serve",
+                   "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s",
+                   (long long)n, (double)(ms_kernels_dnnl_bytes() - b0) / (1 << 20),
+                   ms_now_s() - t0);
     }
     if (rank == 0) {
         char table[2048];
