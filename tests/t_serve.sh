@@ -80,15 +80,20 @@ if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-atte
 else
     bad "server did not start"
 fi
-# the warm-up: BF16 weights prepacked for oneDNN before "ready" (where the CPU
-# has AVX512-BF16, the only ISA that takes oneDNN), none with --skip-server-warmup
+# the warm-up before "ready": BF16 weights prepacked for oneDNN (where the CPU
+# has AVX512-BF16, the only ISA that takes oneDNN) and one prompt through the
+# model (as long as the 256-token pool allows); none with --skip-server-warmup
 gen() { curl -sf "http://127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' \
     -d '{"input_ids":[5,6,7,8,9,10,11,12],"sampling_params":{"max_new_tokens":4,"temperature":0}}'; }
 stop() { kill -TERM "$PID"; for _ in $(seq 1 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done; }
 bf16=0; "$MOESERVE" version | grep -q "avx512bf16=1" && bf16=1
 if start warm --max-total-tokens 256 --threads 2; then
-    n=$(grep -c "warm-up: [0-9]* weight matrices prepacked" "$tmp/warm.log")
-    t "warm-up prepacks the BF16 weights (avx512bf16: $bf16, log lines: $n)" '[ "$n" = "$bf16" ]'
+    line=$(grep -o "warm-up: .*" "$tmp/warm.log")
+    n=$(echo "$line" | sed -n 's/warm-up: \([0-9]*\) weight matrices.*/\1/p')
+    toks=$(echo "$line" | sed -n 's/.* a \([0-9]*\)-token prompt.*/\1/p')
+    t "warm-up prepacks the BF16 weights (avx512bf16: $bf16): $line" \
+        '[ -n "$n" ] && if [ "$bf16" = 1 ]; then [ "$n" -gt 0 ]; else [ "$n" = 0 ]; fi'
+    t "warm-up prompt fits the pool: $toks tokens" '[ -n "$toks" ] && [ "$toks" -gt 0 ] && [ "$toks" -le 240 ]'
     t "a request after the warm-up" '[ -n "$(gen)" ]'
     stop
 else

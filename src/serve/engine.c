@@ -339,10 +339,50 @@ void ms_engine_close(ms_engine *e)
 }
 
 const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
-int64_t ms_engine_prepack(ms_engine *e)
+
+int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *st, ms_errbuf *err)
 {
-    return ms_model_prepack(e->m);
+    memset(st, 0, sizeof *st);
+    double t0 = ms_now_s();
+    size_t b0 = ms_kernels_dnnl_bytes();
+    st->prepacked = ms_model_prepack(e->m);
+    st->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
+    st->prepack_s = ms_now_s() - t0;
+    /* one prompt of up to a prefill chunk through the model, its KV in pages
+     * taken from the pool and given back; ranks of a larger world would have
+     * to step together (ms_engine_step), so only a single rank does it */
+    int64_t P = e->o.page_size;
+    int64_t n = MS_MIN(MS_MIN(max_tokens, e->chunk_rank), e->pool_tokens - P);
+    if (e->W > 1 || n < 1) return 0;
+    int32_t np = (int32_t)((n + P - 1) / P);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n),
+            *pages = malloc(sizeof(int32_t) * (size_t)np);
+    float *logits = malloc(sizeof(float) * (size_t)e->m->cfg.vocab_size);
+    int rc = MS_ENOMEM;
+    if (!ids || !pages || !logits) {
+        ms_err(err, rc, "out of memory (warm-up)");
+        goto out;
+    }
+    if ((rc = ms_kv_pool_alloc(e->pool, np, pages))) {
+        ms_err(err, rc, "warm-up: no room for %lld tokens in the KV pool", (long long)n);
+        goto out;
+    }
+    uint64_t rng = 1;
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (int32_t)(ms_rng_next(&rng) % (uint64_t)e->m->cfg.vocab_size);
+    ms_batch_seq seq = {ids, (int32_t)n, 0, pages, logits};
+    t0 = ms_now_s();
+    rc = ms_model_forward(e->m, e->pool, &seq, 1, err);
+    st->forward_s = ms_now_s() - t0;
+    if (!rc) st->forward_tokens = n;
+    for (int32_t i = 0; i < np; i++) ms_kv_pool_unref(e->pool, pages[i]);
+out:
+    free(ids);
+    free(pages);
+    free(logits);
+    return rc;
 }
+
 const ms_layout *ms_engine_layout(const ms_engine *e) { return &e->lay; }
 int ms_engine_is_rank0(const ms_engine *e) { return e->rank == 0; }
 int ms_engine_n_dp(const ms_engine *e) { return e->n_dp; }

@@ -78,9 +78,20 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err);
 void ms_engine_close(ms_engine *e);
 
 const ms_model *ms_engine_model(const ms_engine *e);
-/* This rank's BF16 weights prepacked for oneDNN now (ms_model_prepack): the
- * server's warm-up, so no request pays for the reorders.  Returns the count. */
-int64_t ms_engine_prepack(ms_engine *e);
+/* The server's warm-up, on every rank before any request: this rank's BF16
+ * weights prepacked for oneDNN (ms_model_prepack), then, on a single rank, one
+ * prompt of min(max_tokens, the prefill chunk) tokens through the model
+ * (pages lent by the KV pool, no scheduler, router or metrics involved), so
+ * the first real prompt of that size finds the workspaces faulted in and the
+ * kernels' buffers and primitives made.  Returns 0 or a negative MS_E*. */
+typedef struct ms_engine_warmup_stats {
+    int64_t prepacked; /* weight views held prepacked */
+    size_t prepacked_bytes;
+    double prepack_s;
+    int64_t forward_tokens; /* 0: no forward (several ranks) */
+    double forward_s;
+} ms_engine_warmup_stats;
+int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *st, ms_errbuf *err);
 const ms_layout *ms_engine_layout(const ms_engine *e);
 int ms_engine_is_rank0(const ms_engine *e);
 int ms_engine_n_dp(const ms_engine *e);            /* DP ranks: replicas × attn_dp */

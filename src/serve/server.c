@@ -57,8 +57,9 @@ static void usage(FILE *f)
             "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
             "  --comm-timeout-s S                deadline of one collective (default 60)\n"
             "  --skip-server-warmup              start without the warm-up (prepacking the\n"
-            "                                    BF16 weights for prefill GEMMs, else done by\n"
-            "                                    the first long prompts)\n"
+            "                                    BF16 weights for prefill GEMMs and one\n"
+            "                                    2048-token prompt, else paid by the first\n"
+            "                                    long prompts)\n"
             "launch flags (SGLang names):\n%s"
             "front end:\n",
             ms_launch_help());
@@ -435,6 +436,10 @@ out:
     return rc;
 }
 
+/* The warm-up prompt (ms_engine_warmup): longer prompts still grow the
+ * workspaces on first use; this covers the default prefill chunk. */
+enum { WARMUP_TOKENS = 2048 };
+
 int ms_cmd_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -458,15 +463,25 @@ int ms_cmd_serve(int argc, char **argv)
         if (W > 1) ms_comm_abort(1);
         return 1;
     }
-    if (!o.skip_warmup) { /* every rank: its own shard */
-        double t0 = ms_now_s();
-        size_t b0 = ms_kernels_dnnl_bytes();
-        int64_t n = ms_engine_prepack(e);
-        if (n > 0)
+    if (!o.skip_warmup) { /* every rank (its own shard) */
+        ms_engine_warmup_stats ws;
+        if (ms_engine_warmup(e, WARMUP_TOKENS, &ws, &err)) {
+            MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
+            if (W > 1) ms_comm_abort(1);
+            ms_engine_close(e);
+            return 1;
+        }
+        char fwd[96];
+        if (ws.forward_tokens > 0)
+            snprintf(fwd, sizeof fwd, "a %lld-token prompt in %.2f s", (long long)ws.forward_tokens,
+                     ws.forward_s);
+        else
+            snprintf(fwd, sizeof fwd, "no prompt (%d ranks would have to step together)", W);
+        if (rank == 0)
             MS_LOG(MS_INFO, "serve",
-                   "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s",
-                   (long long)n, (double)(ms_kernels_dnnl_bytes() - b0) / (1 << 20),
-                   ms_now_s() - t0);
+                   "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s; %s",
+                   (long long)ws.prepacked, (double)ws.prepacked_bytes / (1 << 20), ws.prepack_s,
+                   fwd);
     }
     if (rank == 0) {
         char table[2048];
