@@ -139,6 +139,18 @@ static void pack_drop(pack_ent *p)
     memset(p, 0, sizeof *p);
 }
 
+static void drop_prims(void)
+{
+    for (int i = 0; i < N_PRIMS; i++) {
+        prim_ent *p = &g.prims[i];
+        if (!p->prim) continue;
+        dnnl_primitive_destroy(p->prim);
+        dnnl_memory_destroy(p->src);
+        dnnl_memory_destroy(p->dst);
+        memset(p, 0, sizeof *p);
+    }
+}
+
 /* 64-byte aligned space for a prepacked copy (NULL: out of memory). */
 static void *chunk_take(size_t bytes)
 {
@@ -172,14 +184,7 @@ void ms_kernels_dnnl_clear(void)
     free(g.chunks);
     g.chunks = NULL;
     g.n_chunks = g.chunk_used = g.chunk_cap = 0;
-    for (int i = 0; i < N_PRIMS; i++) {
-        prim_ent *p = &g.prims[i];
-        if (!p->prim) continue;
-        dnnl_primitive_destroy(p->prim);
-        dnnl_memory_destroy(p->src);
-        dnnl_memory_destroy(p->dst);
-        memset(p, 0, sizeof *p);
-    }
+    drop_prims();
     free(g.xb);
     g.xb = NULL;
     g.xb_elems = 0;
@@ -369,14 +374,7 @@ static void match_threads(const ms_kctx *k)
 {
     int nt = ms_pool_size(k->pool);
     if (nt == g.threads) return;
-    for (int i = 0; i < N_PRIMS; i++) {
-        prim_ent *p = &g.prims[i];
-        if (!p->prim) continue;
-        dnnl_primitive_destroy(p->prim);
-        dnnl_memory_destroy(p->src);
-        dnnl_memory_destroy(p->dst);
-        memset(p, 0, sizeof *p);
-    }
+    drop_prims();
     set_threads(nt);
 }
 
