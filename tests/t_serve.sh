@@ -72,6 +72,8 @@ fi
 
 if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024 --load-balance-method total_requests; then
     run_e2e "2-rank DP-attention (mpirun)" $POOL --quick --lb-total-requests
+    t "2-rank warm-up ran a prompt on both ranks: $(grep -o 'a [0-9]*-token prompt' "$tmp/dpa.log")" \
+        'grep -q "warm-up: .* a [0-9]*-token prompt" "$tmp/dpa.log"'
     run_router total_requests
     kill -TERM "$PID"
     for _ in $(seq 1 150); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done

@@ -349,11 +349,17 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     st->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
     st->prepack_s = ms_now_s() - t0;
     /* one prompt of up to a prefill chunk through the model, its KV in pages
-     * taken from the pool and given back; ranks of a larger world would have
-     * to step together (ms_engine_step), so only a single rank does it */
+     * taken from the pool and given back.  Every rank runs the same prompt
+     * (n is the same everywhere: the pool size is agreed, the chunk is the
+     * launch's), so each attention group has n rows, as ms_engine_step would
+     * tell the MLP layers. */
     int64_t P = e->o.page_size;
     int64_t n = MS_MIN(MS_MIN(max_tokens, e->chunk_rank), e->pool_tokens - P);
-    if (e->W > 1 || n < 1) return 0;
+    if (n < 1) return 0;
+    if (e->W > 1) {
+        for (int i = 0; i < e->lay.tp; i++) e->rows_tp[i] = n;
+        e->shard.rows_per_rank = e->rows_tp;
+    }
     int32_t np = (int32_t)((n + P - 1) / P);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n),
             *pages = malloc(sizeof(int32_t) * (size_t)np);

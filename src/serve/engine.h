@@ -79,16 +79,17 @@ void ms_engine_close(ms_engine *e);
 
 const ms_model *ms_engine_model(const ms_engine *e);
 /* The server's warm-up, on every rank before any request: this rank's BF16
- * weights prepacked for oneDNN (ms_model_prepack), then, on a single rank, one
- * prompt of min(max_tokens, the prefill chunk) tokens through the model
- * (pages lent by the KV pool, no scheduler, router or metrics involved), so
+ * weights prepacked for oneDNN (ms_model_prepack), then one prompt of
+ * min(max_tokens, the prefill chunk, the pool) tokens through the model on
+ * every rank at once (pages lent by the KV pool; no scheduler, router or
+ * metrics involved; all ranks must call it together), so
  * the first real prompt of that size finds the workspaces faulted in and the
  * kernels' buffers and primitives made.  Returns 0 or a negative MS_E*. */
 typedef struct ms_engine_warmup_stats {
     int64_t prepacked; /* weight views held prepacked */
     size_t prepacked_bytes;
     double prepack_s;
-    int64_t forward_tokens; /* 0: no forward (several ranks) */
+    int64_t forward_tokens; /* 0: no prompt (the pool is too small) */
     double forward_s;
 } ms_engine_warmup_stats;
 int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *st, ms_errbuf *err);

@@ -476,7 +476,7 @@ int ms_cmd_serve(int argc, char **argv)
             snprintf(fwd, sizeof fwd, "a %lld-token prompt in %.2f s", (long long)ws.forward_tokens,
                      ws.forward_s);
         else
-            snprintf(fwd, sizeof fwd, "no prompt (%d ranks would have to step together)", W);
+            snprintf(fwd, sizeof fwd, "no prompt (the KV pool is too small)");
         if (rank == 0)
             MS_LOG(MS_INFO, "serve",
                    "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s; %s",
