@@ -6,9 +6,9 @@
  * into chunks of 2 MiB pages), the reorder and matmul primitive caches (one
  * matmul per M, K, N, ldy, accumulate) and the bf16 copy of the activations.
  * Prepacked copies double the memory of the weights that take this path, so
- * it is opt-out (MOESERVE_DNNL=0 or
- * ms_kernels_set_dnnl(0)) and capped (MOESERVE_DNNL_MB, default 4096 MiB);
- * past the cap, matrices use the hand kernel.  oneDNN runs its own OpenMP
+ * it is opt-out (MOESERVE_DNNL=0 or ms_kernels_set_dnnl(0)) and capped
+ * (MOESERVE_DNNL_MB, default 4096 MiB); past the cap, matrices use the hand
+ * kernel.  oneDNN runs its own OpenMP
  * team, sized to the kernel pool; run with OMP_WAIT_POLICY=passive so its
  * threads do not spin against the pool's.  Main thread only (all state is
  * unsynchronised globals).

@@ -354,7 +354,7 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
      * launch's), so each attention group has n rows, as ms_engine_step would
      * tell the MLP layers. */
     int64_t P = e->o.page_size;
-    int64_t n = MS_MIN(MS_MIN(max_tokens, e->chunk_rank), e->pool_tokens - P);
+    int64_t n = MS_MIN(MS_MIN(max_tokens, e->chunk_rank), MS_MIN(e->pool_tokens - P, e->ctx_len));
     if (n < 1) return 0;
     if (e->W > 1) {
         for (int i = 0; i < e->lay.tp; i++) e->rows_tp[i] = n;

@@ -80,7 +80,7 @@ void ms_engine_close(ms_engine *e);
 const ms_model *ms_engine_model(const ms_engine *e);
 /* The server's warm-up, on every rank before any request: this rank's BF16
  * weights prepacked for oneDNN (ms_model_prepack), then one prompt of
- * min(max_tokens, the prefill chunk, the pool) tokens through the model on
+ * min(max_tokens, the prefill chunk, the pool, the context length) tokens through the model on
  * every rank at once (pages lent by the KV pool; no scheduler, router or
  * metrics involved; all ranks must call it together), so
  * the first real prompt of that size finds the workspaces faulted in and the

@@ -471,17 +471,12 @@ int ms_cmd_serve(int argc, char **argv)
             ms_engine_close(e);
             return 1;
         }
-        char fwd[96];
-        if (ws.forward_tokens > 0)
-            snprintf(fwd, sizeof fwd, "a %lld-token prompt in %.2f s", (long long)ws.forward_tokens,
-                     ws.forward_s);
-        else
-            snprintf(fwd, sizeof fwd, "no prompt (the KV pool is too small)");
         if (rank == 0)
             MS_LOG(MS_INFO, "serve",
-                   "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s; %s",
+                   "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s; "
+                   "a %lld-token prompt in %.2f s",
                    (long long)ws.prepacked, (double)ws.prepacked_bytes / (1 << 20), ws.prepack_s,
-                   fwd);
+                   (long long)ws.forward_tokens, ws.forward_s);
     }
     if (rank == 0) {
         char table[2048];
