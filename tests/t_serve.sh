@@ -97,6 +97,10 @@ if start warm --max-total-tokens 256 --threads 2; then
         '[ -n "$n" ] && if [ "$bf16" = 1 ]; then [ "$n" -gt 0 ]; else [ "$n" = 0 ]; fi'
     t "warm-up prompt fits the pool: $toks tokens" '[ -n "$toks" ] && [ "$toks" -gt 0 ] && [ "$toks" -le 240 ]'
     t "a request after the warm-up" '[ -n "$(gen)" ]'
+    # the copies are made before the KV pool is sized, out of the same budget
+    mib=$(sed -n 's/.*KV pool: .*(+ \([0-9.]*\) MiB prepacked for oneDNN).*/\1/p' "$tmp/warm.log")
+    t "KV pool line counts the prepacked copies: $mib MiB" \
+        '[ -n "$mib" ] && if [ "$bf16" = 1 ]; then [ "$mib" != 0.0 ]; else [ "$mib" = 0.0 ]; fi'
     stop
 else
     bad "server did not start"
@@ -104,6 +108,7 @@ fi
 if start nowarm --max-total-tokens 256 --threads 2 --skip-server-warmup; then
     t "--skip-server-warmup: no warm-up" '! grep -q "warm-up:" "$tmp/nowarm.log"'
     t "--skip-server-warmup: serves" '[ -n "$(gen)" ]'
+    t "--skip-server-warmup: nothing prepacked" 'grep -q "KV pool: .*(+ 0.0 MiB prepacked" "$tmp/nowarm.log"'
     stop
 else
     bad "server with --skip-server-warmup did not start"

@@ -45,6 +45,10 @@ struct ms_engine {
     int is_leader, dp_index, n_dp;
     int max_running_rank;
     int64_t chunk_rank, ctx_len, pool_tokens;
+    int64_t avail0;    /* MemAvailable / ranks on the host before the load, bytes */
+    int64_t prepacked; /* weight views prepacked for oneDNN at open */
+    size_t prepacked_bytes;
+    double prepack_s;
     /* rank 0 */
     uint8_t *ctrl;
     size_t ctrl_len, ctrl_cap;
@@ -122,17 +126,18 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     ms_dtype dt = e->o.exact ? MS_DT_F32 : MS_DT_BF16;
     int64_t per_tok = (int64_t)ms_kv_bytes_per_token(c->n_layers, row, dt);
     int64_t tokens = e->o.max_total_tokens;
-    int64_t weights = ms_model_local_weight_bytes(e->m);
-    if (tokens <= 0) {
-        int64_t avail = mem_available() / ranks_on_host(e->W);
-        int64_t budget = (int64_t)(e->o.mem_fraction_static * (double)avail) - weights;
+    int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
+    if (tokens <= 0) { /* SGLang's static share: weights (+ their copies) and the KV pool */
+        int64_t budget = (int64_t)(e->o.mem_fraction_static * (double)e->avail0) - weights - packed;
         tokens = budget > 0 ? budget / per_tok : 0;
         if (tokens < e->o.page_size)
             return ms_err(err, MS_ENOMEM,
                           "no memory left for the KV cache: %.2f GB available to this rank × "
-                          "--mem-fraction-static %.2f minus %.2f GB of weights; use "
-                          "--max-total-tokens or raise --mem-fraction-static",
-                          (double)avail / 1e9, e->o.mem_fraction_static, (double)weights / 1e9);
+                          "--mem-fraction-static %.2f minus %.2f GB of weights and %.2f GB of "
+                          "their oneDNN copies; use --max-total-tokens or raise "
+                          "--mem-fraction-static",
+                          (double)e->avail0 / 1e9, e->o.mem_fraction_static, (double)weights / 1e9,
+                          (double)packed / 1e9);
     }
     /* every rank must agree (members mirror their leader's page ids): take the minimum */
     if (e->W > 1) {
@@ -150,10 +155,10 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     if (rc) return rc;
     MS_LOG(MS_INFO, "engine",
            "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
-           "weights %.2f GB on this rank",
+           "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN)",
            (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
-           (long long)per_tok, (double)weights / 1e9);
+           (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20));
     return 0;
 }
 
@@ -270,7 +275,15 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     } else {
         e->is_leader = 1;
     }
+    e->avail0 = mem_available() / ranks_on_host(e->W);
     if ((rc = ms_model_open(&e->m, o->model_path, &mo, err))) goto fail;
+    if (o->prepack) { /* before the pool: its copies come out of the same budget */
+        double t0 = ms_now_s();
+        size_t b0 = ms_kernels_dnnl_bytes();
+        e->prepacked = ms_model_prepack(e->m);
+        e->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
+        e->prepack_s = ms_now_s() - t0;
+    }
     e->ctx_len = o->context_length > 0 ? MS_MIN(o->context_length, e->m->cfg.max_position_embeddings)
                                        : e->m->cfg.max_position_embeddings;
     int max_running = e->lay.max_running_per_rank > 0
@@ -343,11 +356,9 @@ const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *st, ms_errbuf *err)
 {
     memset(st, 0, sizeof *st);
-    double t0 = ms_now_s();
-    size_t b0 = ms_kernels_dnnl_bytes();
-    st->prepacked = ms_model_prepack(e->m);
-    st->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
-    st->prepack_s = ms_now_s() - t0;
+    st->prepacked = e->prepacked;
+    st->prepacked_bytes = e->prepacked_bytes;
+    st->prepack_s = e->prepack_s;
     /* one prompt of up to a prefill chunk through the model, its KV in pages
      * taken from the pool and given back.  Every rank runs the same prompt
      * (n is the same everywhere: the pool size is agreed, the chunk is the
@@ -377,7 +388,7 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     for (int64_t i = 0; i < n; i++)
         ids[i] = (int32_t)(ms_rng_next(&rng) % (uint64_t)e->m->cfg.vocab_size);
     ms_batch_seq seq = {ids, (int32_t)n, 0, pages, logits};
-    t0 = ms_now_s();
+    double t0 = ms_now_s();
     rc = ms_model_forward(e->m, e->pool, &seq, 1, err);
     st->forward_s = ms_now_s() - t0;
     if (!rc) st->forward_tokens = n;

@@ -38,6 +38,7 @@ typedef struct ms_engine_opts {
     ms_router_opts router;       /* --load-balance-method and its thresholds (DP admission) */
     int max_running_default;     /* global default when --max-running-requests is unset */
     int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
+    int prepack;                 /* prepack BF16 weights for oneDNN before sizing the KV pool */
 } ms_engine_opts;
 
 void ms_engine_opts_init(ms_engine_opts *o);
@@ -73,13 +74,16 @@ int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeou
                     char **argv, ms_config *cfg, ms_layout *lay, int *world, int *rank);
 
 /* Collective over the world when W > 1 (ms_comm_init must have run).  Resolves
- * the layout, builds groups, loads this rank's shard, sizes the KV pool. */
+ * the layout, builds groups, loads this rank's shard, with o->prepack
+ * prepacks its BF16 weights for oneDNN (ms_model_prepack), sizes the KV pool
+ * (--mem-fraction-static: F x MemAvailable before the load, per rank on the
+ * host, minus the weights and their prepacked copies). */
 int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err);
 void ms_engine_close(ms_engine *e);
 
 const ms_model *ms_engine_model(const ms_engine *e);
-/* The server's warm-up, on every rank before any request: this rank's BF16
- * weights prepacked for oneDNN (ms_model_prepack), then one prompt of
+/* The server's warm-up, on every rank before any request (after an open with
+ * o->prepack, whose figures st repeats): one prompt of
  * min(max_tokens, the prefill chunk, the pool, the context length) tokens through the model on
  * every rank at once (pages lent by the KV pool; no scheduler, router or
  * metrics involved; all ranks must call it together), so

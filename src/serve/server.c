@@ -42,8 +42,9 @@ static void usage(FILE *f)
             "  --dtype auto|float32|bfloat16     activation precision (float32: exact)\n"
             "  --threads N                       worker threads per rank (default: all cores)\n"
             "  --max-total-tokens N              KV pool tokens per DP rank\n"
-            "  --mem-fraction-static F           else: F x (MemAvailable / ranks on the host)\n"
-            "                                    minus weights (default 0.3)\n"
+            "  --mem-fraction-static F           else: F x (MemAvailable before the load / ranks\n"
+            "                                    on the host) minus weights and their oneDNN\n"
+            "                                    copies (default 0.3)\n"
             "  --context-length N                default: max_position_embeddings\n"
             "  --schedule-policy fcfs|lpm        waiting-queue order (default fcfs)\n"
             "  --load-balance-method M           DP rank of a new request: round_robin (default),\n"
@@ -458,6 +459,7 @@ int ms_cmd_serve(int argc, char **argv)
         return rc;
     rc = 1;
     ms_engine *e = NULL;
+    o.eo.prepack = !o.skip_warmup;
     if (ms_engine_open(&e, &o.eo, &err)) {
         MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
         if (W > 1) ms_comm_abort(1);
