@@ -45,10 +45,10 @@ enum {
      * 14 MiB of expert matrices at random places of small-v3's 1.3 GiB of
      * experts ran at 56-60 GB/s against 64-79 for the same bytes in a 98 MiB
      * buffer (2 MiB guest pages both; this guest's page walks are the
-     * likely cost), and 70-74 GB/s with this prefetch.  In-process A/B over
-     * the engine's decode steps (small-v3, 2 threads, alternating per step):
-     * batch 1 BF16 0.834-0.865 of the time, FP8 0.82-0.90, batch 32 0.906-0.908.
-     * 32 KiB was worse than 16 at batch 1 (0.93-0.95). */
+     * likely cost), and 70-74 GB/s with this prefetch.  small-v3 decode,
+     * alternating processes: batch 1 0.72-0.86 -> 0.93-0.99 of the roofline
+     * (32 KiB 0.90-1.00, 8 KiB 0.85-0.92); batch 32 ~3 % less time (random
+     * per-step A/B, medians).  bench/RESULTS.md, ninth pass. */
     PAGE_PF_BYTES = 16384,
 };
 
