@@ -36,7 +36,7 @@ enum {
      * 512, 768 and 2048 were slower than 1024 at M = 16-127 (2048: the
      * tile's 40 KiB nearly fill L1) */
     KC = 1024,
-    F8_PF_BYTES = 4096,   /* FP8 GEMV: software prefetch distance along the stream */
+    F8_PF_BYTES = 8192,   /* FP8 GEMV: software prefetch distance along the stream */
     PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
     MR_PF_BYTES = 4096,   /* BF16 rows at M = 2, 3: prefetch distance along the weights */
     /* One line per weight row (per tile row in the tiles) prefetched this
@@ -217,9 +217,13 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * BF16 matrix, 2 threads, one run: 76-93 GB/s against 55-60 GB/s for the
  * 8-row tile (plain read 82 GB/s).  No line-by-line software prefetch for
  * BF16 at M = 1: it only lowered the rate (decode 157-172 -> 155-160 tok/s,
- * three alternating runs); one line per row PAGE_PF_BYTES ahead does help.  FP8 rows do more work
- * per byte (the widening) and gain from a prefetch 4 KiB ahead: FP8 decode 176-180 -> 196-211 tok/s
- * (three alternating runs; 2 and 8 KiB the same within noise).
+ * three alternating runs); one line per row PAGE_PF_BYTES ahead does help.
+ * FP8 rows do more work per byte (the widening) and gain from a prefetch
+ * along the stream: FP8 decode 176-180 -> 196-211 tok/s at 4 KiB (three
+ * alternating runs).  With the page-ahead line as well, 8 KiB beat 4: 14 + 7
+ * FP8 expert matrices at random places of a 1.3 GiB arena, 2 threads, random
+ * order, three runs: gate/up 51.7-52.5 -> 54.5-55.0 GB/s, down 47.9-48.4 ->
+ * 51.3-52.5 (6 KiB between).
  *
  * BF16 at MB = 2 or 3 activation rows (most MoE experts of a batched decode:
  * 32 tokens × top-6 over 64 experts is ~3 rows each) streams the same way,
