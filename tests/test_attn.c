@@ -19,8 +19,8 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return mx / (ref > 0 ? ref : 1);
 }
 
-static void run_case(int isa, ms_dtype dt, int page_size, int64_t S, int64_t H, int64_t row,
-                     int64_t vdim, int threads, double *err)
+static void run_case(int isa, int exact, ms_dtype dt, int page_size, int64_t S, int64_t H,
+                     int64_t row, int64_t vdim, int threads, double *err)
 {
     uint64_t rng = 42 + (uint64_t)S;
     int64_t n_pages = (S + page_size - 1) / page_size;
@@ -43,7 +43,7 @@ static void run_case(int isa, ms_dtype dt, int page_size, int64_t S, int64_t H, 
     }
     for (int64_t i = 0; i < H * row; i++) q[i] = (float)(2 * ms_rng_uniform(&rng) - 1);
     ms_pool *pool = ms_pool_new(threads);
-    ms_kctx k = {pool, 1, isa};
+    ms_kctx k = {pool, exact, isa};
     ms_attn_seq a = {pages, page_size, dt, row, S};
     ms_attn_decode(&k, &a, 1, q, H, vdim, 0.3f, ctx, scratch);
     ms_attn_decode_ref(&a, q, H, vdim, 0.3f, ref);
@@ -61,16 +61,45 @@ TEST(decode_attention_matches_reference)
             for (size_t li = 0; li < MS_ARRAY_LEN(lens); li++) {
                 double err;
                 int ps = li % 2 ? 16 : 7;
-                run_case(isa, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 5, 37, 29, 1 + (int)(li % 3),
-                         &err);
+                run_case(isa, 1, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 5, 37, 29,
+                         1 + (int)(li % 3), &err);
                 CHECKF(err < 1e-5, "isa %d dtype %d S %lld: rel err %g", isa, dt,
                        (long long)lens[li], err);
                 /* 19 heads: full groups of 8 and a partial one per head block */
-                run_case(isa, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 19, 45, 37,
+                run_case(isa, 1, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 19, 45, 37,
                          1 + (int)(li % 3), &err);
                 CHECKF(err < 1e-5, "19 heads, isa %d dtype %d S %lld: rel err %g", isa, dt,
                        (long long)lens[li], err);
             }
+}
+
+/* exact = 0 with a BF16 cache and row, vdim multiples of 32 (MLA's shapes):
+ * BF16 dot products where the CPU has them, within bf16 rounding of the
+ * reference (q and the probabilities rounded once: up to ~6e-3 of max|ctx|
+ * with these random rows, whose contexts are small averages);
+ * other shapes, F32 caches and CPUs without AVX512_BF16 keep the FP32 path. */
+TEST(decode_attention_bf16_auto_mode)
+{
+    int best = ms_kernels_detect();
+    static const int64_t lens[] = {1, 2, 15, 16, 17, 100, 333};
+    double worst = 0;
+    for (size_t li = 0; li < MS_ARRAY_LEN(lens); li++) {
+        double err;
+        int ps = li % 2 ? 16 : 7, threads = 1 + (int)(li % 3);
+        run_case(best, 0, MS_DT_BF16, ps, lens[li], 16, 288, 256, threads, &err); /* small-v3 */
+        CHECKF(err < 2e-2, "H 16 row 288 S %lld: rel err %g", (long long)lens[li], err);
+        worst = fmax(worst, err);
+        run_case(best, 0, MS_DT_BF16, ps, lens[li], 19, 64, 32, threads, &err); /* partial groups */
+        CHECKF(err < 2e-2, "H 19 row 64 S %lld: rel err %g", (long long)lens[li], err);
+        worst = fmax(worst, err);
+        /* not a multiple of 32, or an F32 cache: the FP32 path, as exact */
+        run_case(best, 0, MS_DT_BF16, ps, lens[li], 5, 37, 29, threads, &err);
+        CHECKF(err < 1e-5, "row 37 S %lld: rel err %g", (long long)lens[li], err);
+        run_case(best, 0, MS_DT_F32, ps, lens[li], 16, 288, 256, threads, &err);
+        CHECKF(err < 1e-5, "F32 cache S %lld: rel err %g", (long long)lens[li], err);
+    }
+    /* the BF16 path does round: if it ran, the error is above FP32's */
+    if (best >= MS_ISA_AVX512BF16) CHECKF(worst > 1e-5, "bf16 path not taken (rel err %g)", worst);
 }
 
 /* A batch of sequences of different lengths in one call: each sequence's
@@ -118,6 +147,7 @@ TEST(decode_attention_batch)
 int main(void)
 {
     RUN(decode_attention_matches_reference);
+    RUN(decode_attention_bf16_auto_mode);
     RUN(decode_attention_batch);
     return TEST_REPORT();
 }

@@ -169,6 +169,139 @@ A512 static void attend512(const struct job *j, const ms_attn_seq *a, const floa
     }
 }
 
+/* ---- BF16 dot products (exact = 0, BF16 cache, row and vdim multiples of 32) ---- */
+
+#define ABF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define AIBF                                                                                       \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+AIBF __m512 dpbf(__m512 acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* group() with BF16 dot products: heads qb[0..NG) (bf16, rows ldq apart)
+ * over rows rp[0..S): scores sc[NG][S], softmaxed and rounded into pb[NG][ldp]
+ * (bf16, zero past S), then ctx[NG][V].  Scores take two rows per step, 32
+ * values at a time.  The context interleaves two rows (unpacklo/hi_epi16)
+ * so that one vdpbf16ps adds p[t]·r[t] + p[t+1]·r[t+1]; that interleave
+ * orders the columns by 128-bit lane ({0-3, 8-11, ...} and {4-7, 12-15, ...}),
+ * put back with one two-source permute per 16 columns at the store.  Against
+ * the FP32 group() this halves the multiply-adds and drops the widening
+ * (estimated ~1,000 -> ~590 instructions per pair of rows at 8 heads, R =
+ * 288, V = 256).  Measured, 16 heads, 2 threads, in one process: S = 300
+ * 20.9-22.3 -> 12.1-14.3 µs; 32 sequences of 130 rows 279-284 -> 176-201 µs;
+ * S = 4000 296 -> 153 µs.  small-v3 decode steps (random per-step A/B,
+ * medians): batch 1 after a 64-token prompt 0.99-1.00 of the time, after a
+ * 2048-token prompt 0.94-0.95, batch 32 0.97-0.98. */
+AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, int64_t V,
+                   float scale, const uint16_t *qb, int64_t ldq, float *sc, uint16_t *pb,
+                   int64_t ldp, float *ctx)
+{
+    int64_t s = 0;
+    for (; s + 2 <= S; s += 2) {
+        __m512 a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
+        if (s + PF_ROWS + 1 < S)
+            for (int64_t c = 0; c < 2 * R; c += 64) {
+                _mm_prefetch(rp[s + PF_ROWS] + c, _MM_HINT_T0);
+                _mm_prefetch(rp[s + PF_ROWS + 1] + c, _MM_HINT_T0);
+            }
+        for (int64_t c = 0; c < R; c += 32) {
+            __m512i r0 = _mm512_loadu_si512(rp[s] + 2 * c),
+                    r1 = _mm512_loadu_si512(rp[s + 1] + 2 * c);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++) {
+                __m512i qv = _mm512_loadu_si512(qb + h * ldq + c);
+                a0[h] = dpbf(a0[h], qv, r0);
+                a1[h] = dpbf(a1[h], qv, r1);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) {
+            sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+            sc[h * S + s + 1] = scale * _mm512_reduce_add_ps(a1[h]);
+        }
+    }
+    if (s < S) {
+        __m512 a0[8];
+        for (int h = 0; h < NG; h++) a0[h] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < R; c += 32) {
+            __m512i r0 = _mm512_loadu_si512(rp[s] + 2 * c);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++)
+                a0[h] = dpbf(a0[h], _mm512_loadu_si512(qb + h * ldq + c), r0);
+        }
+        for (int h = 0; h < NG; h++) sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+    }
+    for (int h = 0; h < NG; h++) { /* probabilities as bf16, pairs (t, t + 1) in one dword */
+        ms_softmax(sc + h * S, S);
+        for (int64_t t = 0; t < S; t += 32) {
+            __m512 lo = _mm512_maskz_loadu_ps(tail_mask(S - t), sc + h * S + t);
+            __m512 hi = _mm512_maskz_loadu_ps(tail_mask(S - t - 16 > 0 ? S - t - 16 : 0),
+                                              sc + h * S + t + 16);
+            _mm512_storeu_si512(pb + h * ldp + t, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t c = 0; c < V; c += 32) {
+        __m512 lo[8], hi[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) lo[h] = hi[h] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < S; t += 2) {
+            __m512i r0 = _mm512_loadu_si512(rp[t] + 2 * c);
+            __m512i r1 = t + 1 < S ? _mm512_loadu_si512(rp[t + 1] + 2 * c) : _mm512_setzero_si512();
+            __m512i ul = _mm512_unpacklo_epi16(r0, r1), uh = _mm512_unpackhi_epi16(r0, r1);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++) {
+                int32_t pair;
+                memcpy(&pair, pb + h * ldp + t, sizeof pair);
+                __m512i pp = _mm512_set1_epi32(pair);
+                lo[h] = dpbf(lo[h], pp, ul);
+                hi[h] = dpbf(hi[h], pp, uh);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) {
+            _mm512_storeu_ps(ctx + h * V + c, _mm512_permutex2var_ps(lo[h], i0, hi[h]));
+            _mm512_storeu_ps(ctx + h * V + c + 16, _mm512_permutex2var_ps(lo[h], i1, hi[h]));
+        }
+    }
+}
+
+ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
+                          int64_t h0, int64_t h1, float *scores, uint16_t *qb, uint16_t *pb,
+                          const char **rp)
+{
+    const int64_t S = a->S, R = a->row, V = j->vdim, ldq = ms_attn_ldq(R),
+                  ldp = ms_attn_ldp(j->S_max);
+    for (int64_t s = 0, p = 0, o = 0; s < S; s++) {
+        rp[s] = (const char *)a->pages[p] + o * R * 2;
+        if (++o == a->page_size) o = 0, p++;
+    }
+    for (int64_t h = h0; h < h1; h++) /* the block's queries rounded to bf16 once */
+        for (int64_t c = 0; c < R; c += 32)
+            _mm512_storeu_si512(qb + (h - h0) * ldq + c,
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + h * R + c + 16),
+                                                             _mm512_loadu_ps(q + h * R + c)));
+    for (int64_t g0 = h0; g0 < h1; g0 += 8) {
+        const uint16_t *qg = qb + (g0 - h0) * ldq;
+        float *sg = scores + (g0 - h0) * S, *cg = ctx + g0 * V;
+        uint16_t *pg = pb + (g0 - h0) * ldp;
+        switch (h1 - g0 < 8 ? h1 - g0 : 8) {
+#define G(n)                                                                                       \
+    case n:                                                                                        \
+        group_bf(n, rp, S, R, V, j->scale, qg, ldq, sg, pg, ldp, cg);                              \
+        break;
+            G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
+        }
+    }
+}
+
 static void worker(void *arg, int tid, int nt)
 {
     struct job *j = arg;
@@ -176,8 +309,11 @@ static void worker(void *arg, int tid, int nt)
     int64_t row = j->seqs[0].row, fl = ms_attn_thread_floats(row, j->hb, j->S_max);
     float *buf = j->scratch + (int64_t)tid * fl;
     float *scores = buf + row + 16;
+    uint16_t *qb = (uint16_t *)(scores + j->hb * j->S_max), *pb = qb + j->hb * ms_attn_ldq(row);
     const char **rp = (const char **)(buf + fl - 2 * j->S_max); /* 8-byte aligned: fl is even */
     int isa = j->k ? j->k->isa : MS_ISA_SCALAR;
+    int bf = j->k && !j->k->exact && isa >= MS_ISA_AVX512BF16 && row % 32 == 0 &&
+             j->vdim % 32 == 0 && j->vdim <= row;
     for (;;) {
         int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (it >= j->n_items) break;
@@ -186,7 +322,9 @@ static void worker(void *arg, int tid, int nt)
         const ms_attn_seq *a = &j->seqs[i];
         const float *q = j->q + (int64_t)i * j->H * row;
         float *ctx = j->ctx + (int64_t)i * j->H * j->vdim;
-        if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32))
+        if (bf && a->dtype == MS_DT_BF16)
+            attend_bf(j, a, q, ctx, h0, h1, scores, qb, pb, rp);
+        else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32))
             attend512(j, a, q, ctx, h0, h1, scores, rp);
         else
             attend(j, a, q, ctx, h0, h1, scores, buf);
