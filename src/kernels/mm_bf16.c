@@ -47,8 +47,8 @@ enum {
      * buffer (2 MiB guest pages both; this guest's page walks are the
      * likely cost), and 70-74 GB/s with this prefetch.  small-v3 decode,
      * alternating processes: batch 1 0.72-0.86 -> 0.93-0.99 of the roofline
-     * (32 KiB 0.90-1.00, 8 KiB 0.85-0.92); batch 32 ~3 % less time (random
-     * per-step A/B, medians).  bench/RESULTS.md, ninth pass. */
+     * (32 KiB 0.90-1.00, 8 KiB 0.85-0.92); batch 32 ~5 % less time (ABBA
+     * per-step A/B, medians, against a control).  bench/RESULTS.md, ninth pass. */
     PAGE_PF_BYTES = 16384,
 };
 
