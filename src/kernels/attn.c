@@ -76,6 +76,37 @@ AI512 __mmask16 tail_mask(int64_t left)
     return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
 }
 
+/* Row addresses of a sequence, es bytes per value: no division per row. */
+static void row_addrs(const ms_attn_seq *a, int es, const char **rp)
+{
+    for (int64_t s = 0, p = 0, o = 0; s < a->S; s++) {
+        rp[s] = (const char *)a->pages[p] + o * a->row * es;
+        if (++o == a->page_size) o = 0, p++;
+    }
+}
+
+/* Rows s + PF_ROWS and s + PF_ROWS + 1 (`bytes` each) towards L1: the cache
+ * is cold after the weights. */
+AI512 void prefetch_rows(const char *const *rp, int64_t s, int64_t S, int64_t bytes)
+{
+    if (s + PF_ROWS + 1 < S)
+        for (int64_t c = 0; c < bytes; c += 64) {
+            _mm_prefetch(rp[s + PF_ROWS] + c, _MM_HINT_T0);
+            _mm_prefetch(rp[s + PF_ROWS + 1] + c, _MM_HINT_T0);
+        }
+}
+
+/* Scores of rows s and s + 1 (or s alone when a1 is NULL) for NG heads. */
+AI512 void store_scores(const int NG, const __m512 *a0, const __m512 *a1, float scale, float *sc,
+                        int64_t S, int64_t s)
+{
+#pragma GCC unroll 8
+    for (int h = 0; h < NG; h++) {
+        sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+        if (a1) sc[h * S + s + 1] = scale * _mm512_reduce_add_ps(a1[h]);
+    }
+}
+
 /* Heads q[0..NG) (rows R floats apart) over rows rp[0..S): scores sc[NG][S]
  * (softmaxed), then ctx[NG][V] (rows V apart). */
 AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int64_t V, int bf,
@@ -87,12 +118,7 @@ AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int6
         __m512 a0[8], a1[8];
 #pragma GCC unroll 8
         for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
-        /* the rows a few steps ahead: the cache is cold after the weights */
-        if (s + PF_ROWS + 1 < S)
-            for (int64_t c = 0; c < R * es; c += 64) {
-                _mm_prefetch(rp[s + PF_ROWS] + c, _MM_HINT_T0);
-                _mm_prefetch(rp[s + PF_ROWS + 1] + c, _MM_HINT_T0);
-            }
+        prefetch_rows(rp, s, S, R * es);
         for (int64_t c = 0; c < R; c += 16) {
             __mmask16 mk = tail_mask(R - c);
             __m512 r0 = load_row16(rp[s] + c * es, bf, mk),
@@ -104,11 +130,7 @@ AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int6
                 a1[h] = _mm512_fmadd_ps(qv, r1, a1[h]);
             }
         }
-#pragma GCC unroll 8
-        for (int h = 0; h < NG; h++) {
-            sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
-            sc[h * S + s + 1] = scale * _mm512_reduce_add_ps(a1[h]);
-        }
+        store_scores(NG, a0, a1, scale, sc, S, s);
     }
     if (s < S) {
         __m512 a0[8];
@@ -120,7 +142,7 @@ AI512 void group(const int NG, const char *const *rp, int64_t S, int64_t R, int6
             for (int h = 0; h < NG; h++)
                 a0[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + h * R + c), r0, a0[h]);
         }
-        for (int h = 0; h < NG; h++) sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+        store_scores(NG, a0, NULL, scale, sc, S, s);
     }
     for (int h = 0; h < NG; h++) ms_softmax(sc + h * S, S);
     for (int64_t c = 0; c < V; c += 32) {
@@ -151,10 +173,7 @@ A512 static void attend512(const struct job *j, const ms_attn_seq *a, const floa
 {
     const int64_t S = a->S, R = a->row, V = j->vdim;
     const int bf = a->dtype == MS_DT_BF16, es = bf ? 2 : 4;
-    for (int64_t s = 0, p = 0, o = 0; s < S; s++) { /* row addresses, no division per row */
-        rp[s] = (const char *)a->pages[p] + o * R * es;
-        if (++o == a->page_size) o = 0, p++;
-    }
+    row_addrs(a, es, rp);
     for (int64_t g0 = h0; g0 < h1; g0 += 8) {
         const float *qg = q + g0 * R;
         float *sg = scores + (g0 - h0) * S, *cg = ctx + g0 * V;
@@ -203,11 +222,7 @@ AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, in
         __m512 a0[8], a1[8];
 #pragma GCC unroll 8
         for (int h = 0; h < NG; h++) a0[h] = a1[h] = _mm512_setzero_ps();
-        if (s + PF_ROWS + 1 < S)
-            for (int64_t c = 0; c < 2 * R; c += 64) {
-                _mm_prefetch(rp[s + PF_ROWS] + c, _MM_HINT_T0);
-                _mm_prefetch(rp[s + PF_ROWS + 1] + c, _MM_HINT_T0);
-            }
+        prefetch_rows(rp, s, S, 2 * R);
         for (int64_t c = 0; c < R; c += 32) {
             __m512i r0 = _mm512_loadu_si512(rp[s] + 2 * c),
                     r1 = _mm512_loadu_si512(rp[s + 1] + 2 * c);
@@ -218,11 +233,7 @@ AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, in
                 a1[h] = dpbf(a1[h], qv, r1);
             }
         }
-#pragma GCC unroll 8
-        for (int h = 0; h < NG; h++) {
-            sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
-            sc[h * S + s + 1] = scale * _mm512_reduce_add_ps(a1[h]);
-        }
+        store_scores(NG, a0, a1, scale, sc, S, s);
     }
     if (s < S) {
         __m512 a0[8];
@@ -233,7 +244,7 @@ AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, in
             for (int h = 0; h < NG; h++)
                 a0[h] = dpbf(a0[h], _mm512_loadu_si512(qb + h * ldq + c), r0);
         }
-        for (int h = 0; h < NG; h++) sc[h * S + s] = scale * _mm512_reduce_add_ps(a0[h]);
+        store_scores(NG, a0, NULL, scale, sc, S, s);
     }
     for (int h = 0; h < NG; h++) { /* probabilities as bf16, pairs (t, t + 1) in one dword */
         ms_softmax(sc + h * S, S);
@@ -278,10 +289,7 @@ ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float
 {
     const int64_t S = a->S, R = a->row, V = j->vdim, ldq = ms_attn_ldq(R),
                   ldp = ms_attn_ldp(j->S_max);
-    for (int64_t s = 0, p = 0, o = 0; s < S; s++) {
-        rp[s] = (const char *)a->pages[p] + o * R * 2;
-        if (++o == a->page_size) o = 0, p++;
-    }
+    row_addrs(a, 2, rp);
     for (int64_t h = h0; h < h1; h++) /* the block's queries rounded to bf16 once */
         for (int64_t c = 0; c < R; c += 32)
             _mm512_storeu_si512(qb + (h - h0) * ldq + c,
