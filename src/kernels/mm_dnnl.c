@@ -384,18 +384,24 @@ static int usable(const ms_kctx *k, const ms_mat *W)
     return init() == 0 && !g.disabled;
 }
 
+/* W's prepacked copy in layout wmd, made now if there is none (NULL: held in
+ * another layout, or it could not be made). */
+static pack_ent *pack_get(const ms_kctx *k, const ms_mat *W, const dnnl_memory_desc_t *wmd)
+{
+    uint64_t fp = fingerprint(W);
+    pack_ent *pk = pack_find(W, fp);
+    if (pk) return dnnl_memory_desc_equal(&pk->md, wmd) ? pk : NULL; /* layout differs for this M */
+    ms_pool_park(k->pool); /* the reorder runs on oneDNN's threads */
+    return pack_insert(W, fp, wmd);
+}
+
 int ms_kernels_dnnl_prepack(const ms_kctx *k, const ms_mat *W)
 {
     if (!usable(k, W) || W->rows <= 0 || W->cols <= 0) return -1;
     match_threads(k);
     int64_t Mb = (MIN_M + M_BUCKET - 1) / M_BUCKET * M_BUCKET;
     prim_ent *pr = prim_get(Mb, W->cols, W->rows, W->rows, 0); /* a padded call's primitive */
-    if (!pr) return -1;
-    uint64_t fp = fingerprint(W);
-    pack_ent *pk = pack_find(W, fp);
-    if (pk) return dnnl_memory_desc_equal(&pk->md, &pr->wmd) ? 0 : -1;
-    ms_pool_park(k->pool); /* the reorder runs on oneDNN's threads */
-    return pack_insert(W, fp, &pr->wmd) ? 0 : -1;
+    return pr && pack_get(k, W, &pr->wmd) ? 0 : -1;
 }
 
 int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
@@ -408,10 +414,7 @@ int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
     int direct = Mb == M;
     prim_ent *pr = direct ? prim_get(M, K, N, t->ldy, t->accumulate) : prim_get(Mb, K, N, N, 0);
     if (!pr) return -1;
-    uint64_t fp = fingerprint(W);
-    pack_ent *pk = pack_find(W, fp);
-    if (pk && !dnnl_memory_desc_equal(&pk->md, &pr->wmd)) return -1; /* layout differs for this M */
-    if (!pk) pk = pack_insert(W, fp, &pr->wmd);
+    pack_ent *pk = pack_get(k, W, &pr->wmd);
     if (!pk) return -1;
     size_t need = (size_t)(Mb * K);
     if (need > g.xb_elems) {
