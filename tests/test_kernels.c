@@ -428,8 +428,18 @@ TEST(matmul_batch_same_as_single)
  * that never take oneDNN are refused, and clearing frees the chunks. */
 TEST(matmul_dnnl_prepack_ahead)
 {
-    if (best_isa < MS_ISA_AVX512BF16) return;
     uint64_t rng = 7;
+    { /* below AVX512_BF16 ms_matmul never takes oneDNN: nothing is prepacked */
+        stored w;
+        stored_make(&w, MS_DT_BF16, 8, 64, &rng);
+        for (int isa = MS_ISA_SCALAR; isa <= MS_ISA_AVX512; isa++) {
+            ms_kctx below = {pool, 0, isa};
+            CHECKF(ms_kernels_dnnl_prepack(&below, &w.whole) == -1, "isa %d", isa);
+        }
+        CHECK(ms_kernels_dnnl_bytes() == 0);
+        stored_free(&w);
+    }
+    if (best_isa < MS_ISA_AVX512BF16) return;
     int64_t M = 160, N = 72, K = 136; /* M: a padded call (not a multiple of 32) */
     stored a, b, f8;
     stored_make(&a, MS_DT_BF16, N, K, &rng);

@@ -378,9 +378,15 @@ static void match_threads(const ms_kctx *k)
     set_threads(nt);
 }
 
+/* Only on AVX512_BF16 CPUs, where ms_matmul sends large-M BF16 products here
+ * (matmul.c): without it oneDNN 2.6 emulates bf16 and measured 58-61 GFLOP/s
+ * against the hand kernels' 160-203 (M = 512, K x N = 1024 x 2816, 2816 x 1024,
+ * 7168 x 2048, 2 threads, Xeon guest without AVX512_BF16), so copies made
+ * there would only cost memory (and KV pool). */
 static int usable(const ms_kctx *k, const ms_mat *W)
 {
-    if (g.disabled || W->dtype != MS_DT_BF16 || !k || k->exact) return 0;
+    if (g.disabled || W->dtype != MS_DT_BF16 || !k || k->exact || k->isa < MS_ISA_AVX512BF16)
+        return 0;
     return init() == 0 && !g.disabled;
 }
 
