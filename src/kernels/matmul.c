@@ -3,7 +3,8 @@
  * Picks the back end from the kernel context (exact mode, ISA) and the weight
  * dtype, splits the output columns over the pool and runs it: mm_bf16.c
  * (auto mode, BF16/FP8 weights, AVX512_BF16), mm_dnnl.c (auto mode, BF16
- * weights, large M), mm_avx512.c / mm_avx2.c (exact FP32), or the portable
+ * weights, large M), mm_widen.c (auto mode, BF16/FP8 weights, AVX-512
+ * without AVX512_BF16), mm_avx512.c / mm_avx2.c (exact FP32), or the portable
  * scalar path here.  Also CPU feature detection, the per-thread scratch and
  * the bulk conversions.  Call from the rank's main thread (kernels.h).
  */
@@ -112,7 +113,7 @@ static void scalar_nn(const mm_task *t, int64_t n0, int64_t n1)
 
 /* ---- dispatch ---- */
 
-enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16 };
+enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16, P_WIDEN };
 
 struct mm_job {
     mm_task t;
@@ -129,6 +130,7 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
             ms_mm_avx512_nn(t, b, e); /* not a case it takes: the exact path */
             break;
         case P_AVX512:
+        case P_WIDEN: /* MLA's absorption: the exact FP32 kernel */
             ms_mm_avx512_nn(t, b, e);
             break;
         case P_AVX2: ms_mm_avx2_nn(t, b, e); break;
@@ -140,6 +142,10 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
     case P_BF16:
         if (ms_mm_bf16_nt(t, b, e) == 0) break;
         ms_mm_avx512_nt(t, b, e); /* no scratch: the exact path needs none */
+        break;
+    case P_WIDEN:
+        if (ms_mm_widen_nt(t, b, e) == 0) break;
+        ms_mm_avx512_nt(t, b, e);
         break;
     case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
     case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
@@ -156,6 +162,10 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
     if (isa >= MS_ISA_AVX512BF16 && !k->exact &&
         (W->dtype == MS_DT_BF16 || W->dtype == MS_DT_F8E4M3))
         return P_BF16;
+    if (isa == MS_ISA_AVX512 && !k->exact &&
+        (W->dtype == MS_DT_BF16 ||
+         (W->dtype == MS_DT_F8E4M3 && __builtin_cpu_supports("avx512vbmi"))))
+        return P_WIDEN;
     if (isa >= MS_ISA_AVX512) return P_AVX512;
     if (isa >= MS_ISA_AVX2) return P_AVX2;
     return P_SCALAR;
@@ -291,7 +301,9 @@ static void sched_run(const ms_kctx *k, struct sched *S)
         int64_t N = j->nn ? W->cols : W->rows;
         int64_t line = (j->nn ? W->rows : W->cols) * ms_dtype_size(W->dtype); /* bytes per column */
         /* whole 128-row blocks for FP8 (one activation scaling per block) */
-        int64_t align = j->nn ? 64 : j->path == P_BF16 && W->dtype == MS_DT_F8E4M3 ? 128 : 16;
+        int64_t align = j->nn                                                           ? 64
+                        : (j->path == P_BF16 || j->path == P_WIDEN) && W->dtype == MS_DT_F8E4M3 ? 128
+                                                                                                : 16;
         int64_t per = (slice + line - 1) / line;
         per = (per + align - 1) / align * align;
         /* at most total_bytes / slice + n_jobs <= MAX_SLICES / 2 + BATCH_MAX slices */

@@ -28,8 +28,9 @@ typedef struct mm_task {
  * grown (never shrunk, contents lost) when a call needs more, freed when the
  * thread exits.  NULL when out of memory (callers then fall back to a path
  * that needs none).  MM_SCR_X holds mm_bf16.c's prepared activations, which
- * it reuses across calls of one run; nothing else writes it. */
-enum { MM_SCR_X, MM_SCR_W, MM_SCR_N };
+ * it reuses across calls of one run, MM_SCR_XW mm_widen.c's (likewise); nothing
+ * else writes them. */
+enum { MM_SCR_X, MM_SCR_XW, MM_SCR_W, MM_SCR_N };
 void *ms_mm_scratch(int slot, size_t bytes);
 
 /* Exact FP32 paths (dequantise weights to f32, FP32 FMA). */
@@ -46,6 +47,15 @@ int ms_mm_bf16_nt(const mm_task *t, int64_t n0, int64_t n1);
 int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1); /* FP8 W at c0 % 64 == 0 */
 void ms_mm_bf16_cvt_fp8(const uint8_t *in, uint16_t *out, int64_t n);
 void ms_mm_bf16_cvt_f32(const float *in, uint16_t *out, int64_t n);
+
+/* The exact e4m3 -> bf16 table (mm_bf16.c): high and low byte of code c < 128
+ * (the sign is OR-ed in). */
+extern const uint8_t ms_f8_bf16_hi[128], ms_f8_bf16_lo[128];
+
+/* Widening path (mm_widen.c) for BF16 and FP8 weights on AVX-512 without
+ * AVX512_BF16, auto mode (FP8 needs AVX512_VBMI).  Returns 0, or -1 when its
+ * scratch could not be allocated (nothing written then). */
+int ms_mm_widen_nt(const mm_task *t, int64_t n0, int64_t n1);
 
 /* oneDNN path for BF16 weights at large M (mm_dnnl.c).  Returns 0 when it
  * computed the whole product, -1 when it declined (caller uses a hand

@@ -1,0 +1,269 @@
+/* mm_widen.c — the auto-mode (exact = 0) matmul y = x·Wᵀ for BF16 and FP8
+ * weights on AVX-512 CPUs without AVX512_BF16 (Skylake-SP to Ice Lake, and
+ * guests that hide it): FP32 activations, weights widened to f32, FP32 FMA.
+ * A group of 64 BF16 weights (two vectors of 32 words) widens with one shift
+ * and one AND per vector — even words to the top half of a lane, odd words
+ * kept in place — so the f32 lanes come out permuted; FP8 codes first go
+ * through the exact e4m3 -> bf16 byte tables (vpermi2b, AVX512_VBMI).  The
+ * activations are permuted once to match (FP8: times the block scale), so
+ * the inner loops have no shuffles.  Small M streams the weight rows; larger
+ * M widens each block of rows to f32 scratch once per pass of WD_KC columns
+ * and runs FMA-only register tiles over it.  Each output is summed in a fixed
+ * order, so results do not depend on the split; ~1e-7 relative to
+ * ms_matmul_ref, like the exact kernels.  Runs on pool threads (matmul.c);
+ * the FP8 half only where the CPU has AVX512_VBMI.
+ */
+#include <immintrin.h>
+
+#include "base/util.h"
+#include "kernels/mm_internal.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+#define AI static inline __attribute__((always_inline))
+
+enum {
+    WD_GEMV_M = 6, /* up to this many activation rows: the streaming gemv */
+    WD_MC = 128,   /* activation rows prepared at once */
+    WD_NB = 128,   /* BF16 weight rows widened per block (FP8: its scale blocks) */
+    /* columns per widened pass: a 4-row tile (16 KiB) and 6 prepared rows
+     * (24 KiB) stay in L1 while the block (512 KiB) stays in L2 */
+    WD_KC = 1024,
+    /* one line per weight row this far ahead, as mm_bf16.c does: it starts
+     * the address translation of the pages the stream reaches next */
+    WD_PAGE_PF_BYTES = 16384,
+    /* and every line of the stream this far ahead: the hardware prefetcher
+     * alone left one stream per core at 10-11 GB/s.  1 MiB BF16 (512 KiB
+     * FP8) expert matrices from DRAM, M = 1, one run: 1 thread BF16 10.0 ->
+     * 14.3 GB/s, FP8 7.4 -> 12.3; 2 threads 20.2 -> 26.4, 13.0 -> 22.1 (plain
+     * read 32); 2048 and 8192 bytes within 10 % of that, T2 hints no better */
+    WD_PF_BYTES = 4096,
+};
+
+/* The prepared activations on this thread (MM_SCR_XW): prep's arguments and
+ * the pool run, shared by the BF16 and FP8 instantiations. */
+static _Thread_local struct wd_key {
+    const float *x, *xp, *srow;
+    int64_t ldx, mc, K, c0;
+    uint64_t run;
+    int fp8;
+} wd_prepped;
+
+/* Four sums as one __m128: the lanes of each vector added in the same tree
+ * as wd_red1 (halves, quarters, then pairs), so a row's sum has the same
+ * bits whichever of the two computes it. */
+AI __m128 wd_red4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 e = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    __m512 t = _mm512_add_ps(e, _mm512_permute_ps(e, 0x4E));  /* (0+2, 1+3) in each lane */
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));         /* (0+2) + (1+3) */
+    __m512 s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                       0, 0, 0),
+                                     t);
+    return _mm512_castps512_ps128(s);
+}
+
+AI float wd_red1(__m512 a)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(q) + _mm_cvtss_f32(_mm_shuffle_ps(q, q, 1));
+}
+
+/* One tile over widened weights: prepared rows xp[MB][ldx] × widened rows
+ * wf[R][ldw], kcp columns (a multiple of 16, zero padded); sums to out[m][4]. */
+AI void wd_tile(const int MB, const int R, const float *xp, int64_t ldx, const float *wf,
+                int64_t ldw, int64_t kcp, float *out)
+{
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kcp; k += 16) {
+        __m512 xv[6];
+#pragma GCC unroll 6
+        for (int m = 0; m < MB; m++) xv[m] = _mm512_load_ps(xp + m * ldx + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_load_ps(wf + r * ldw + k);
+#pragma GCC unroll 6
+            for (int m = 0; m < MB; m++) acc[m][r] = _mm512_fmadd_ps(xv[m], w, acc[m][r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int m = 0; m < MB; m++) {
+        if (R == 4)
+            _mm_storeu_ps(out + 4 * m, wd_red4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]));
+        else
+            out[4 * m] = wd_red1(acc[m][0]);
+    }
+}
+
+static void wd_tile_mb(int MB, int R, const float *xp, int64_t ldx, const float *wf, int64_t ldw,
+                       int64_t kcp, float *out)
+{
+#define T(mb)                                                                                      \
+    case mb:                                                                                       \
+        if (R == 4)                                                                                \
+            wd_tile(mb, 4, xp, ldx, wf, ldw, kcp, out);                                            \
+        else                                                                                       \
+            wd_tile(mb, 1, xp, ldx, wf, ldw, kcp, out);                                            \
+        break;
+    switch (MB) { T(1) T(2) T(3) T(4) T(5) default: T(6) }
+#undef T
+}
+
+/* Prepared rows xp[mc][ldx] × widened rows wf[nr][kcp] into y[mc][ldy]
+ * (add: added to y).  Six activation rows stay in L1 while the block's rows
+ * go past four at a time. */
+static void wd_block(const float *xp, int64_t ldx, int64_t mc, const float *wf, int64_t kcp,
+                     int64_t nr, float *y, int64_t ldy, int add)
+{
+    float s[6 * 4];
+    for (int64_t m = 0; m < mc; m += 6) {
+        int mb = (int)MS_MIN(mc - m, 6);
+        for (int64_t r = 0; r < nr;) {
+            int R = nr - r >= 4 ? 4 : 1;
+            wd_tile_mb(mb, R, xp + m * ldx, ldx, wf + r * kcp, kcp, kcp, s);
+            for (int i = 0; i < mb; i++) {
+                float *yo = y + (m + i) * ldy + r;
+                for (int j = 0; j < R; j++) yo[j] = add ? yo[j] + s[4 * i + j] : s[4 * i + j];
+            }
+            r += R;
+        }
+    }
+}
+
+/* ---- BF16 weights ---- */
+
+typedef struct wd_nolut {
+    int unused;
+} wd_nolut;
+
+static inline void wd_bf16_lut_init(wd_nolut *L) { L->unused = 0; }
+
+/* Two vectors of 32 words -> f32: v[0] = words 0, 2, ..., 30 (shifted to the
+ * top half), v[1] = words 1, 3, ..., 31 (the low word masked off), v[2], v[3]
+ * the same for words 32..63. */
+AI void wd_bf16_split(__m512i a, __m512i b, __m512 *v)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+    v[1] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
+    v[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+    v[3] = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
+}
+
+AI void wd_bf16_load64(const wd_nolut *L, const char *p, __m512 *v)
+{
+    (void)L;
+    wd_bf16_split(_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64), v);
+}
+
+AI void wd_bf16_load64_tail(const wd_nolut *L, const char *p, int64_t rem, __m512 *v)
+{
+    (void)L;
+    __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+    __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
+    wd_bf16_split(_mm512_maskz_loadu_epi16(m0, p), _mm512_maskz_loadu_epi16(m1, p + 64), v);
+}
+
+/* x[0..63] as v[4] -> the order of wd_bf16_split (evens, odds, per half). */
+AI void wd_bf16_permute(const __m512 *v, float *o)
+{
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    _mm512_store_ps(o, _mm512_permutex2var_ps(v[0], ev, v[1]));
+    _mm512_store_ps(o + 16, _mm512_permutex2var_ps(v[0], od, v[1]));
+    _mm512_store_ps(o + 32, _mm512_permutex2var_ps(v[2], ev, v[3]));
+    _mm512_store_ps(o + 48, _mm512_permutex2var_ps(v[2], od, v[3]));
+}
+
+#define WD_FP8 0
+#define WD_LUT wd_nolut
+#define WD_FN(name) wd_bf16_##name
+#define wd_permute(v, o) wd_bf16_permute(v, o)
+#include "kernels/mm_widen_tmpl.h"
+#undef WD_FP8
+#undef WD_LUT
+#undef WD_FN
+#undef wd_permute
+
+#pragma GCC pop_options
+
+/* ---- FP8 (e4m3) weights: needs AVX512_VBMI for the byte tables ---- */
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
+
+typedef struct wd_f8lut {
+    __m512i th0, th1, tl0, tl1; /* ms_f8_bf16_hi[0..63], [64..127], ms_f8_bf16_lo likewise */
+    __m512i sign;
+} wd_f8lut;
+
+static inline void wd_fp8_lut_init(wd_f8lut *L)
+{
+    L->th0 = _mm512_loadu_si512(ms_f8_bf16_hi);
+    L->th1 = _mm512_loadu_si512(ms_f8_bf16_hi + 64);
+    L->tl0 = _mm512_loadu_si512(ms_f8_bf16_lo);
+    L->tl1 = _mm512_loadu_si512(ms_f8_bf16_lo + 64);
+    L->sign = _mm512_set1_epi8((char)0x80);
+}
+
+/* 64 codes -> bf16 words in lane order (wa: codes 16l + 0..7 of each 128-bit
+ * lane l, wb: 16l + 8..15), exact, then widened as BF16 weights are. */
+AI void wd_fp8_split(const wd_f8lut *L, __m512i c, __m512 *v)
+{
+    __m512i hi = _mm512_permutex2var_epi8(L->th0, c, L->th1);
+    __m512i lo = _mm512_permutex2var_epi8(L->tl0, c, L->tl1);
+    hi = _mm512_ternarylogic_epi32(hi, c, L->sign, 0xF8); /* hi | (c & 0x80) */
+    wd_bf16_split(_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi), v);
+}
+
+AI void wd_fp8_load64(const wd_f8lut *L, const char *p, __m512 *v)
+{
+    wd_fp8_split(L, _mm512_loadu_si512(p), v);
+}
+
+AI void wd_fp8_load64_tail(const wd_f8lut *L, const char *p, int64_t rem, __m512 *v)
+{
+    wd_fp8_split(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p), v);
+}
+
+/* x[0..63] as v[4] -> the order of wd_fp8_split: output q, lane j takes code
+ * 16·(j / 4) + 2·(j % 4) + {0, 1, 8, 9}[q]. */
+AI void wd_fp8_permute(const __m512 *v, float *o)
+{
+    const __m512i base = _mm512_setr_epi32(0, 2, 4, 6, 16, 18, 20, 22, 0, 2, 4, 6, 16, 18, 20, 22);
+    static const int add[4] = {0, 1, 8, 9};
+    for (int q = 0; q < 4; q++) {
+        __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(add[q]));
+        __m512 a = _mm512_permutex2var_ps(v[0], idx, v[1]); /* codes 0..31 */
+        __m512 b = _mm512_permutex2var_ps(v[2], idx, v[3]); /* codes 32..63 */
+        _mm512_store_ps(o + 16 * q, _mm512_shuffle_f32x4(a, b, 0x44));
+    }
+}
+
+#define WD_FP8 1
+#define WD_LUT wd_f8lut
+#define WD_FN(name) wd_fp8_##name
+#define wd_permute(v, o) wd_fp8_permute(v, o)
+#include "kernels/mm_widen_tmpl.h"
+#undef WD_FP8
+#undef WD_LUT
+#undef WD_FN
+#undef wd_permute
+
+#pragma GCC pop_options
+
+int ms_mm_widen_nt(const mm_task *t, int64_t n0, int64_t n1)
+{
+    if (t->W->dtype == MS_DT_BF16) return wd_bf16_nt(t, n0, n1);
+    if (t->W->dtype == MS_DT_F8E4M3) return wd_fp8_nt(t, n0, n1); /* the caller checked VBMI */
+    return -1;
+}

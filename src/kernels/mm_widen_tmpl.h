@@ -1,0 +1,205 @@
+/* mm_widen_tmpl.h — the body of mm_widen.c's kernels for one weight dtype,
+ * included once for BF16 and once for FP8 (under its own target pragma).
+ * Before including, mm_widen.c defines WD_FP8 (0 or 1), WD_FN(name) and, for
+ * both, WD_LUT, lut_init, load64 / load64_tail (64 weights -> four f32
+ * vectors in a permuted order) and wd_permute (activations into that order);
+ * wd_block, wd_red1 and the prepared-activation key are shared.
+ * Not a header of its own: only mm_widen.c includes it.
+ */
+
+#if WD_FP8
+#define WD_ES 1 /* bytes per stored weight */
+#else
+#define WD_ES 2
+#endif
+
+/* Prepares rows x[mc][ldx] for the kernels: each group of 64 columns permuted
+ * into the order load64 leaves the weights in, columns K..Kp zero,
+ * FP8: times the block scale of the column (srow[(c0 + k) / 128]), rounded
+ * once to f32 (the exact kernels round w·s instead; both are one rounding). */
+static void WD_FN(prep)(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
+                        const float *srow, int64_t c0, float *xp)
+{
+    for (int64_t m = 0; m < mc; m++) {
+        const float *xr = x + m * ldx;
+        float *o = xp + m * Kp;
+        for (int64_t k = 0; k < Kp; k += 64) {
+            __m512 v[4];
+            for (int q = 0; q < 4; q++) {
+                int64_t rem = K - k - 16 * q;
+                __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
+                v[q] = _mm512_maskz_loadu_ps(mk, xr + k + 16 * q);
+#if WD_FP8
+                if (rem > 0) {
+                    if ((c0 & 15) == 0) { /* 16 columns never straddle a 128-column block */
+                        v[q] = _mm512_mul_ps(v[q], _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128]));
+                    } else {
+                        float s16[16];
+                        for (int e = 0; e < 16; e++)
+                            s16[e] = e < rem ? srow[(c0 + k + 16 * q + e) / 128] : 0.0f;
+                        v[q] = _mm512_mul_ps(v[q], _mm512_loadu_ps(s16));
+                    }
+                }
+#else
+                (void)srow;
+                (void)c0;
+#endif
+            }
+            wd_permute(v, o + k);
+        }
+    }
+}
+
+/* Activation rows [m0, m0 + mc) of t prepared into xp, unless this thread
+ * already did so in this pool run (slices of one product, gate and up of
+ * one expert: re-preparing them per call cost 7 % of a batch-32 step on
+ * the BF16 kernels, mm_bf16.c). */
+static void WD_FN(prep_once)(const mm_task *t, int64_t m0, int64_t mc, int64_t K, int64_t Kp,
+                             const float *srow, float *xp)
+{
+    const struct wd_key *p = &wd_prepped;
+    const float *x = t->x + m0 * t->ldx;
+    int64_t c0 = srow ? t->W->c0 : 0;
+    if (t->run && p->run == t->run && p->x == x && p->xp == xp && p->srow == srow &&
+        p->ldx == t->ldx && p->mc == mc && p->K == K && p->c0 == c0 && p->fp8 == WD_FP8)
+        return;
+    WD_FN(prep)(x, t->ldx, mc, K, Kp, srow, c0, xp);
+    wd_prepped = (struct wd_key){x, xp, srow, t->ldx, mc, K, c0, t->run, WD_FP8};
+}
+
+/* Small M: weight rows one after another (one forward stream), each 64-weight
+ * group widened in registers and fed to MB ≤ WD_GEMV_M prepared rows, four
+ * sums per row and activation row; the sums of a row are added in one fixed
+ * order (wd_red4), so results do not depend on the split. */
+AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
+                    int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy, int accumulate)
+{
+    const int64_t Kf = K & ~(int64_t)63;
+    for (int64_t n = 0; n < nr; n++) {
+        const char *p = w + n * ldw;
+        _mm_prefetch(p + WD_PAGE_PF_BYTES, _MM_HINT_T0);
+        __m512 a[WD_GEMV_M][4];
+#pragma GCC unroll 6
+        for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) a[m][q] = _mm512_setzero_ps();
+        __m512 v[4];
+        int64_t k = 0;
+        for (; k < Kf; k += 64) {
+            _mm_prefetch(p + k * WD_ES + WD_PF_BYTES, _MM_HINT_T0);
+            if (WD_ES == 2) _mm_prefetch(p + k * WD_ES + 64 + WD_PF_BYTES, _MM_HINT_T0);
+            WD_FN(load64)(L, p + k * WD_ES, v);
+#pragma GCC unroll 6
+            for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++)
+                    a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q),
+                                              a[m][q]);
+        }
+        if (k < K) { /* tail: masked weights; the activations are zero padded */
+            WD_FN(load64_tail)(L, p + k * WD_ES, K - k, v);
+#pragma GCC unroll 6
+            for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++)
+                    a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q),
+                                              a[m][q]);
+        }
+#pragma GCC unroll 6
+        for (int m = 0; m < MB; m++) {
+            float s = wd_red1(_mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]),
+                                            _mm512_add_ps(a[m][2], a[m][3])));
+            y[m * ldy + n] = accumulate ? y[m * ldy + n] + s : s;
+        }
+    }
+}
+
+static void WD_FN(gemv_mb)(int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
+                           int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy, int acc)
+{
+    switch (MB) {
+    case 1: WD_FN(gemv)(1, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    case 2: WD_FN(gemv)(2, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    case 3: WD_FN(gemv)(3, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    case 4: WD_FN(gemv)(4, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    case 5: WD_FN(gemv)(5, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    default: WD_FN(gemv)(6, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    }
+}
+
+/* Weight rows [0, nr) at w, columns [k0, k0 + kc) (k0 a multiple of 64),
+ * widened to f32 in load64's order into out[nr][kcp], zero past K. */
+static void WD_FN(widen)(const WD_LUT *L, const char *w, int64_t ldw, int64_t nr, int64_t k0,
+                         int64_t kcp, int64_t K, float *out)
+{
+    for (int64_t r = 0; r < nr; r++) {
+        const char *p = w + r * ldw;
+        float *o = out + r * kcp;
+        _mm_prefetch(p + (k0 + kcp) * WD_ES + WD_PAGE_PF_BYTES, _MM_HINT_T0);
+        for (int64_t k = 0; k < kcp; k += 64) {
+            __m512 v[4];
+            int64_t rem = K - k0 - k;
+            _mm_prefetch(p + (k0 + k) * WD_ES + WD_PF_BYTES, _MM_HINT_T0);
+            if (WD_ES == 2) _mm_prefetch(p + (k0 + k) * WD_ES + 64 + WD_PF_BYTES, _MM_HINT_T0);
+            if (rem >= 64)
+                WD_FN(load64)(L, p + (k0 + k) * WD_ES, v);
+            else if (rem > 0)
+                WD_FN(load64_tail)(L, p + (k0 + k) * WD_ES, rem, v);
+            else
+                v[0] = v[1] = v[2] = v[3] = _mm512_setzero_ps();
+            for (int q = 0; q < 4; q++) _mm512_store_ps(o + k + 16 * q, v[q]);
+        }
+    }
+}
+
+/* Columns [n0, n1) of y for all M rows (ms_mm_widen_nt's work).
+ * FP8 rows go in their 128-row scale blocks (one activation scaling each;
+ * matmul.c aligns FP8 slices to them); BF16 in blocks of WD_NB rows for the
+ * widened tiles.  M ≤ WD_GEMV_M streams the weights (gemv); larger M widens
+ * each block once per WD_KC columns and runs FMA-only tiles over it. */
+static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
+    const int64_t mcmax = M < WD_MC ? M : WD_MC;
+    const int tiles = M > WD_GEMV_M;
+    const int64_t kcp_max = Kp < WD_KC ? Kp : WD_KC;
+    float *xp = ms_mm_scratch(MM_SCR_XW, sizeof(float) * (size_t)(mcmax * Kp)); /* [mc][Kp] */
+    float *wf = tiles ? ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)(WD_NB * kcp_max)) : NULL;
+    if (!xp || (tiles && !wf)) return -1;
+    const int64_t ldw = W->ld * WD_ES;
+    WD_LUT L;
+    WD_FN(lut_init)(&L);
+    for (int64_t n = n0; n < n1;) {
+        int64_t ne;
+        const float *srow = NULL;
+#if WD_FP8
+        int64_t rb = (W->r0 + n) / 128; /* one 128-row scale block of the stored matrix */
+        ne = MS_MIN((rb + 1) * 128 - W->r0, n1);
+        srow = W->scale + rb * W->scale_ld;
+#else
+        ne = tiles ? MS_MIN(n + WD_NB, n1) : n1;
+#endif
+        const char *w = (const char *)W->data + n * ldw;
+        for (int64_t m0 = 0; m0 < M; m0 += WD_MC) {
+            int64_t mc = MS_MIN(M - m0, (int64_t)WD_MC);
+            WD_FN(prep_once)(t, m0, mc, K, Kp, srow, xp);
+            float *y0 = t->y + m0 * t->ldy;
+            if (!tiles) {
+                WD_FN(gemv_mb)((int)mc, &L, xp, Kp, w, ldw, K, ne - n, y0 + n, t->ldy,
+                               t->accumulate);
+                continue;
+            }
+            for (int64_t k0 = 0; k0 < Kp; k0 += WD_KC) {
+                int64_t kcp = MS_MIN(Kp - k0, (int64_t)WD_KC);
+                int add = k0 > 0 || t->accumulate;
+                WD_FN(widen)(&L, w, ldw, ne - n, k0, kcp, K, wf);
+                wd_block(xp + k0, Kp, mc, wf, kcp, ne - n, y0 + n, t->ldy, add);
+            }
+        }
+        n = ne;
+    }
+    return 0;
+}
+
+#undef WD_ES
