@@ -147,6 +147,7 @@ static void WD_FN(widen)(const WD_LUT *L, const char *w, int64_t ldw, int64_t nr
                 WD_FN(load64_tail)(L, p + (k0 + k) * WD_ES, rem, v);
             else
                 v[0] = v[1] = v[2] = v[3] = _mm512_setzero_ps();
+#pragma GCC unroll 4
             for (int q = 0; q < 4; q++) _mm512_store_ps(o + k + 16 * q, v[q]);
         }
     }
@@ -155,14 +156,15 @@ static void WD_FN(widen)(const WD_LUT *L, const char *w, int64_t ldw, int64_t nr
 /* Columns [n0, n1) of y for all M rows (ms_mm_widen_nt's work).
  * FP8 rows go in their 128-row scale blocks (one activation scaling each;
  * matmul.c aligns FP8 slices to them); BF16 in blocks of WD_NB rows for the
- * widened tiles.  M ≤ WD_GEMV_M streams the weights (gemv); larger M widens
+ * widened tiles.  M ≤ WD_GEMV_MAX_M streams the weights (gemv, up to six
+ * activation rows per pass over 8 weight rows in L1); larger M widens
  * each block once per WD_KC columns and runs FMA-only tiles over it. */
 static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
     const int64_t mcmax = M < WD_MC ? M : WD_MC;
-    const int tiles = M > WD_GEMV_M;
+    const int tiles = M > WD_GEMV_MAX_M;
     const int64_t kcp_max = Kp < WD_KC ? Kp : WD_KC;
     float *xp = ms_mm_scratch(MM_SCR_XW, sizeof(float) * (size_t)(mcmax * Kp)); /* [mc][Kp] */
     float *wf = tiles ? ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)(WD_NB * kcp_max)) : NULL;
@@ -185,9 +187,17 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
             int64_t mc = MS_MIN(M - m0, (int64_t)WD_MC);
             WD_FN(prep_once)(t, m0, mc, K, Kp, srow, xp);
             float *y0 = t->y + m0 * t->ldy;
-            if (!tiles) {
-                WD_FN(gemv_mb)((int)mc, &L, xp, Kp, w, ldw, K, ne - n, y0 + n, t->ldy,
-                               t->accumulate);
+            if (!tiles) { /* activation rows in chunks of up to six, rows in L1 between them */
+                for (int64_t r = n; r < ne; r += WD_GEMV_NB) {
+                    int64_t nr = MS_MIN(ne - r, (int64_t)WD_GEMV_NB);
+                    for (int64_t m = 0; m < mc;) {
+                        int64_t chunks = (mc - m + WD_GEMV_M - 1) / WD_GEMV_M;
+                        int mb = (int)((mc - m + chunks - 1) / chunks);
+                        WD_FN(gemv_mb)(mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, K, nr,
+                                       y0 + m * t->ldy + r, t->ldy, t->accumulate);
+                        m += mb;
+                    }
+                }
                 continue;
             }
             for (int64_t k0 = 0; k0 < Kp; k0 += WD_KC) {
