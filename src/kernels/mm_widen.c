@@ -39,12 +39,16 @@ enum {
     /* one line per weight row this far ahead, as mm_bf16.c does: it starts
      * the address translation of the pages the stream reaches next */
     WD_PAGE_PF_BYTES = 16384,
-    /* and every line of the stream this far ahead: the hardware prefetcher
-     * alone left one stream per core at 10-11 GB/s.  1 MiB BF16 (512 KiB
-     * FP8) expert matrices from DRAM, M = 1, one run: 1 thread BF16 10.0 ->
-     * 14.3 GB/s, FP8 7.4 -> 12.3; 2 threads 20.2 -> 26.4, 13.0 -> 22.1 (plain
-     * read 32); 2048 and 8192 bytes within 10 % of that, T2 hints no better */
-    WD_PF_BYTES = 4096,
+    /* and every line of the stream this far ahead into L1, and WD_PF_L2_BYTES
+     * ahead into L2: the hardware prefetcher alone left one stream per core
+     * at 10-11 GB/s.  1 MiB BF16 (512 KiB FP8) expert matrices from DRAM,
+     * M = 1, 2 threads, one run: no prefetch BF16 20.2 GB/s, FP8 13.0; 4 KiB
+     * into L1 26.4 / 22.1 (2 and 8 KiB within 10 %, T2 hints no better); 2
+     * KiB into L1 + 8 KiB into L2 29.9-30.4 / 21.7-23.5 against 25.0-27.4 /
+     * 22.8-22.9 for 4 KiB alone (two alternating runs; a 65 MB LM head
+     * 28.5-28.7 -> 30.1-32.0; plain read 32-33) */
+    WD_PF_BYTES = 2048,
+    WD_PF_L2_BYTES = 8192,
 };
 
 /* The prepared activations on this thread (MM_SCR_XW): prep's arguments and

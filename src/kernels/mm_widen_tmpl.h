@@ -13,6 +13,15 @@
 #define WD_ES 2
 #endif
 
+/* The prefetches for the 64 weights at p: each line into L1 and into L2. */
+AI void WD_FN(prefetch)(const char *p)
+{
+    for (int i = 0; i < WD_ES; i++) {
+        _mm_prefetch(p + 64 * i + WD_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch(p + 64 * i + WD_PF_L2_BYTES, _MM_HINT_T1);
+    }
+}
+
 /* Prepares rows x[mc][ldx] for the kernels: each group of 64 columns permuted
  * into the order load64 leaves the weights in, columns K..Kp zero,
  * FP8: times the block scale of the column (srow[(c0 + k) / 128]), rounded
@@ -86,8 +95,7 @@ AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, 
         __m512 v[4];
         int64_t k = 0;
         for (; k < Kf; k += 64) {
-            _mm_prefetch(p + k * WD_ES + WD_PF_BYTES, _MM_HINT_T0);
-            if (WD_ES == 2) _mm_prefetch(p + k * WD_ES + 64 + WD_PF_BYTES, _MM_HINT_T0);
+            WD_FN(prefetch)(p + k * WD_ES);
             WD_FN(load64)(L, p + k * WD_ES, v);
 #pragma GCC unroll 6
             for (int m = 0; m < MB; m++)
@@ -139,8 +147,7 @@ static void WD_FN(widen)(const WD_LUT *L, const char *w, int64_t ldw, int64_t nr
         for (int64_t k = 0; k < kcp; k += 64) {
             __m512 v[4];
             int64_t rem = K - k0 - k;
-            _mm_prefetch(p + (k0 + k) * WD_ES + WD_PF_BYTES, _MM_HINT_T0);
-            if (WD_ES == 2) _mm_prefetch(p + (k0 + k) * WD_ES + 64 + WD_PF_BYTES, _MM_HINT_T0);
+            WD_FN(prefetch)(p + (k0 + k) * WD_ES);
             if (rem >= 64)
                 WD_FN(load64)(L, p + (k0 + k) * WD_ES, v);
             else if (rem > 0)
