@@ -97,11 +97,13 @@ TEST(convert_e4m3_all_codes)
 
 static float frand(uint64_t *s) { return (float)(ms_rng_uniform(s) * 2.0 - 1.0); }
 
-/* A stored [R][C] matrix of dtype dt with random values (and FP8 scales). */
+/* A stored [R][C] matrix of dtype dt with random values (and FP8 scales and
+ * plain-row flags, as the model loader gives them). */
 typedef struct stored {
     ms_mat whole;
     void *data;
     float *scale;
+    uint8_t *plain;
 } stored;
 
 static void stored_make(stored *st, ms_dtype dt, int64_t R, int64_t C, uint64_t *rng)
@@ -121,6 +123,12 @@ static void stored_make(stored *st, ms_dtype dt, int64_t R, int64_t C, uint64_t 
         }
     }
     st->whole = ms_mat_whole(dt, R, C, st->data, dt == MS_DT_F8E4M3 ? st->scale : NULL);
+    st->plain = NULL;
+    if (dt == MS_DT_F8E4M3) {
+        st->plain = malloc((size_t)R);
+        ms_mat_f8_scan(&st->whole, st->plain);
+        st->whole.f8_plain = st->plain;
+    }
 }
 
 static void stored_free(stored *st)
@@ -128,6 +136,7 @@ static void stored_free(stored *st)
     ms_kernels_dnnl_forget(st->data);
     free(st->data);
     free(st->scale);
+    free(st->plain);
 }
 
 static double rel_err(const float *a, const float *b, int64_t M, int64_t N, int64_t ld)
@@ -271,6 +280,60 @@ TEST(matmul_nn_all_paths)
             stored_free(&st);
         }
     CHECK(n_cases > 100);
+}
+
+/* FP8 rows with and without zero, subnormal and NaN codes: the plain-row
+ * scan matches its reference twin; with the flags set, rows that are plain
+ * take the integer conversion on AVX-512 without BF16 and the others the
+ * tables, and both match the reference (a NaN code gives NaN in its column
+ * only); views sliced from the middle of the matrix index the flags through
+ * r0. */
+TEST(matmul_fp8_plain_rows)
+{
+    uint64_t rng = 99;
+    const int64_t R = 40, C = 300; /* C: a tail past the 64-code groups */
+    stored st;
+    stored_make(&st, MS_DT_F8E4M3, R, C, &rng);
+    uint8_t *codes = st.data;
+    static const uint8_t special[] = {0x00, 0x80, 0x01, 0x87, 0x7f, 0xff, 0x7e, 0xfe, 0x08};
+    for (int64_t r = 0; r < R; r += 3) /* every third row one special code */
+        codes[r * C + (r * 37) % C] = special[(r / 3) % MS_ARRAY_LEN(special)];
+    uint8_t plain[40], ref[40];
+    ms_mat_f8_scan(&st.whole, plain);
+    ms_mat_f8_scan_ref(&st.whole, ref);
+    int n_plain = 0;
+    for (int64_t r = 0; r < R; r++) {
+        CHECKF(plain[r] == ref[r], "row %ld: %d vs %d", (long)r, plain[r], ref[r]);
+        n_plain += plain[r];
+    }
+    CHECK(n_plain > 10 && n_plain < R); /* both kinds present (0x7e, 0xfe, 0x08 are plain) */
+    memcpy(st.plain, plain, sizeof plain);
+    int64_t rs[][2] = {{0, R}, {5, 30}}; /* whole, and rows 5..34 */
+    for (size_t vi = 0; vi < MS_ARRAY_LEN(rs); vi++) {
+        ms_mat W = ms_mat_slice(&st.whole, rs[vi][0], rs[vi][1], 0, C);
+        for (int64_t M = 1; M <= 20; M += 19) { /* the gemv and the widened tiles */
+            float *x = malloc(sizeof(float) * (size_t)(M * C));
+            float *y = malloc(sizeof(float) * (size_t)(M * W.rows));
+            float *yr = malloc(sizeof(float) * (size_t)(M * W.rows));
+            for (int64_t i = 0; i < M * C; i++) x[i] = frand(&rng);
+            ms_kctx kc = {pool, 0, MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa};
+            ms_matmul(&kc, y, W.rows, x, C, M, &W, 0);
+            ms_matmul_ref(yr, W.rows, x, C, M, &W, 0);
+            double mref = 0, mx = 0;
+            for (int64_t i = 0; i < M * W.rows; i++)
+                if (!isnan(yr[i]) && fabs(yr[i]) > mref) mref = fabs(yr[i]);
+            for (int64_t i = 0; i < M * W.rows; i++) {
+                CHECKF(isnan(y[i]) == isnan(yr[i]), "view %zu M %ld out %ld: %g vs %g", vi,
+                       (long)M, (long)i, y[i], yr[i]);
+                if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
+            }
+            CHECKF(mx <= 1e-5 * mref, "view %zu M %ld: rel %g", vi, (long)M, mx / mref);
+            free(x);
+            free(y);
+            free(yr);
+        }
+    }
+    stored_free(&st);
 }
 
 /* The split over threads must not change a single bit (layout invariance of
@@ -534,6 +597,7 @@ int main(void)
     RUN(matmul_dnnl_prepack);
     RUN(matmul_dnnl_prepack_ahead);
     RUN(matmul_batch_same_as_single);
+    RUN(matmul_fp8_plain_rows);
     RUN(matmul_same_bits_any_pool);
     RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);

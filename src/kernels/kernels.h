@@ -31,6 +31,12 @@ typedef struct ms_mat {
     const float *scale; /* F8E4M3: [ceil(R/128)][scale_ld] f32 multipliers of the stored matrix */
     int64_t scale_ld;
     int64_t r0, c0;     /* view origin in the stored matrix */
+    /* F8E4M3, optional (NULL: not known): f8_plain[r0 + r - f8_plain_r0] != 0
+     * when row r has no zero, subnormal or NaN code in these columns, so the
+     * AVX-512 widening kernel may convert it with integer operations
+     * (ms_mat_f8_scan fills it; slices keep it) */
+    const uint8_t *f8_plain;
+    int64_t f8_plain_r0;
 } ms_mat;
 
 /* Kernel context: the pool and the precision mode. */
@@ -50,6 +56,12 @@ const char *ms_isa_name(int isa);
 ms_mat ms_mat_whole(ms_dtype dt, int64_t rows, int64_t cols, const void *data, const float *scale);
 /* Sub-view rows [r, r+nr) x cols [c, c+nc) of a view. */
 ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t nc);
+/* plain[r] for the rows of an FP8 view: 1 when row r holds no zero,
+ * subnormal or NaN e4m3 code (exponent field 0, or 0x7f / 0xff), else 0.
+ * A view then points f8_plain at plain with f8_plain_r0 = its r0.  AVX2
+ * (vec.c); the _ref twin is scalar. */
+void ms_mat_f8_scan(const ms_mat *W, uint8_t *plain);
+void ms_mat_f8_scan_ref(const ms_mat *W, uint8_t *plain);
 /* Weight element (r, c) of a view as f32 (exact dequantisation). */
 float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
 

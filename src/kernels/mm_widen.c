@@ -31,8 +31,8 @@ enum {
      * threads, gemv / tiles: M = 7 58 / 90 us, 9 67 / 83, 12 79 / 93, 16 99 /
      * 107, 24 140 / 137, 32 182 / 162 */
     WD_GEMV_MAX_M = 16,
-    WD_MC = 128,   /* activation rows prepared at once */
-    WD_NB = 128,   /* BF16 weight rows widened per block (FP8: its scale blocks) */
+    WD_MC = 128, /* activation rows prepared at once */
+    WD_NB = 128, /* BF16 weight rows widened per block (FP8: its scale blocks) */
     /* columns per widened pass: a 4-row tile (16 KiB) and 6 prepared rows
      * (24 KiB) stay in L1 while the block (512 KiB) stays in L2 */
     WD_KC = 1024,
@@ -67,12 +67,12 @@ AI __m128 wd_red4(__m512 a, __m512 b, __m512 c, __m512 d)
 {
     __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
     __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-    __m512 e = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-    __m512 t = _mm512_add_ps(e, _mm512_permute_ps(e, 0x4E));  /* (0+2, 1+3) in each lane */
-    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));         /* (0+2) + (1+3) */
-    __m512 s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                       0, 0, 0),
-                                     t);
+    __m512 e =
+        _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    __m512 t = _mm512_add_ps(e, _mm512_permute_ps(e, 0x4E)); /* (0+2, 1+3) in each lane */
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));        /* (0+2) + (1+3) */
+    __m512 s = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), t);
     return _mm512_castps512_ps128(s);
 }
 
@@ -124,7 +124,9 @@ static void wd_tile_mb(int MB, int R, const float *xp, int64_t ldx, const float 
         else                                                                                       \
             wd_tile(mb, 1, xp, ldx, wf, ldw, kcp, out);                                            \
         break;
-    switch (MB) { T(1) T(2) T(3) T(4) T(5) default: T(6) }
+    switch (MB) {
+        T(1) T(2) T(3) T(4) T(5) default : T(6)
+    }
 #undef T
 }
 
@@ -160,7 +162,10 @@ typedef struct wd_nolut {
     int unused;
 } wd_nolut;
 
-static inline void wd_bf16_lut_init(wd_nolut *L) { L->unused = 0; }
+static inline void wd_bf16_lut_init(wd_nolut *L)
+{
+    L->unused = 0;
+}
 
 /* Two vectors of 32 words -> f32: v[0] = words 0, 2, ..., 30 (shifted to the
  * top half), v[1] = words 1, 3, ..., 31 (the low word masked off), v[2], v[3]
@@ -188,6 +193,11 @@ AI void wd_bf16_load64_tail(const wd_nolut *L, const char *p, int64_t rem, __m51
     wd_bf16_split(_mm512_maskz_loadu_epi16(m0, p), _mm512_maskz_loadu_epi16(m1, p + 64), v);
 }
 
+AI void wd_bf16_load64_plain(const char *p, __m512 *v)
+{
+    wd_bf16_load64(NULL, p, v);
+}
+
 /* x[0..63] as v[4] -> the order of wd_bf16_split (evens, odds, per half). */
 AI void wd_bf16_permute(const __m512 *v, float *o)
 {
@@ -199,9 +209,9 @@ AI void wd_bf16_permute(const __m512 *v, float *o)
     _mm512_store_ps(o + 48, _mm512_permutex2var_ps(v[2], od, v[3]));
 }
 
-#define WD_FP8 0
-#define WD_LUT wd_nolut
-#define WD_FN(name) wd_bf16_##name
+#define WD_FP8           0
+#define WD_LUT           wd_nolut
+#define WD_FN(name)      wd_bf16_##name
 #define wd_permute(v, o) wd_bf16_permute(v, o)
 #include "kernels/mm_widen_tmpl.h"
 #undef WD_FP8
@@ -217,27 +227,41 @@ AI void wd_bf16_permute(const __m512 *v, float *o)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
 
 typedef struct wd_f8lut {
-    __m512i th0, th1, tl0, tl1; /* ms_f8_bf16_hi[0..63], [64..127], ms_f8_bf16_lo likewise */
+    __m512i th0, th1, tl0, tl1; /* high and low bytes of bf16(code × 2^-8), codes 0..63, 64..127 */
     __m512i sign;
 } wd_f8lut;
 
+/* The exact tables of ms_f8_bf16_hi / _lo for code × 2^-8 (the high byte 4
+ * less, an exponent 8 less; zero and NaN kept): the scale the integer
+ * conversion below gives, undone by the activations' factor 256 (prep). */
 static inline void wd_fp8_lut_init(wd_f8lut *L)
 {
-    L->th0 = _mm512_loadu_si512(ms_f8_bf16_hi);
-    L->th1 = _mm512_loadu_si512(ms_f8_bf16_hi + 64);
+    const __m512i four = _mm512_set1_epi8(4), nan = _mm512_set1_epi8(0x7f);
+    __m512i t[2];
+    for (int h = 0; h < 2; h++) {
+        t[h] = _mm512_loadu_si512(ms_f8_bf16_hi + 64 * h);
+        __mmask64 k = _mm512_test_epi8_mask(t[h], t[h]) & _mm512_cmpneq_epi8_mask(t[h], nan);
+        t[h] = _mm512_mask_sub_epi8(t[h], k, t[h], four);
+    }
+    L->th0 = t[0];
+    L->th1 = t[1];
     L->tl0 = _mm512_loadu_si512(ms_f8_bf16_lo);
     L->tl1 = _mm512_loadu_si512(ms_f8_bf16_lo + 64);
     L->sign = _mm512_set1_epi8((char)0x80);
 }
 
-/* 64 codes -> bf16 words in lane order (wa: codes 16l + 0..7 of each 128-bit
- * lane l, wb: 16l + 8..15), exact, then widened as BF16 weights are. */
+/* 64 codes -> bf16 words of code × 2^-8, exact for every code: e holds the
+ * even codes (word p: code 2p), o the odd ones, as wd_fp8_plain_split
+ * leaves them, then widened as BF16 weights are. */
 AI void wd_fp8_split(const wd_f8lut *L, __m512i c, __m512 *v)
 {
+    const __m512i lo8 = _mm512_set1_epi16(0x00ff);
     __m512i hi = _mm512_permutex2var_epi8(L->th0, c, L->th1);
     __m512i lo = _mm512_permutex2var_epi8(L->tl0, c, L->tl1);
     hi = _mm512_ternarylogic_epi32(hi, c, L->sign, 0xF8); /* hi | (c & 0x80) */
-    wd_bf16_split(_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi), v);
+    __m512i e = _mm512_ternarylogic_epi32(lo8, lo, _mm512_slli_epi16(hi, 8), 0xCA); /* A ? B : C */
+    __m512i o = _mm512_ternarylogic_epi32(lo8, _mm512_srli_epi16(lo, 8), hi, 0xCA);
+    wd_bf16_split(e, o, v);
 }
 
 AI void wd_fp8_load64(const wd_f8lut *L, const char *p, __m512 *v)
@@ -250,12 +274,39 @@ AI void wd_fp8_load64_tail(const wd_f8lut *L, const char *p, int64_t rem, __m512
     wd_fp8_split(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p), v);
 }
 
-/* x[0..63] as v[4] -> the order of wd_fp8_split: output q, lane j takes code
- * 16·(j / 4) + 2·(j % 4) + {0, 1, 8, 9}[q]. */
+/* The same for plain codes (exponent field 1..15, not NaN) with integer
+ * operations only: s eeee mmm -> bf16 s 0111eeee mmm0000 = code × 2^-8 (the
+ * exponent offset 112 has no bit in common with eeee, so it is OR-ed in).
+ * Each 16-bit word holds two codes: the high one moves right by 4, the low
+ * one left by 4 with its sign from a shift by 8; then widened as BF16 weights
+ * are (even words: the low codes).  11 operations against the tables' 9, but
+ * no shuffle: on the Xeon guest the tables' vpermi2b (2 cycles each) and
+ * unpacks share one port, and 1 MiB FP8 matrices from DRAM (2 threads)
+ * streamed 24.2-24.8 GB/s through the tables, 26.5-27.4 this way. */
+AI void wd_fp8_plain_split(__m512i w, __m512 *v)
+{
+    const __m512i m7f0 = _mm512_set1_epi16(0x07f0), c38 = _mm512_set1_epi16(0x3800),
+                  s15 = _mm512_set1_epi16((short)0x8000);
+    __m512i o = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), m7f0, c38, 0xEA); /* A&B | C */
+    o = _mm512_ternarylogic_epi32(s15, w, o, 0xCA);                                  /* A ? B : C */
+    __m512i e = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), m7f0, c38, 0xEA);
+    e = _mm512_ternarylogic_epi32(s15, _mm512_slli_epi16(w, 8), e, 0xCA);
+    wd_bf16_split(e, o, v);
+}
+
+AI void wd_fp8_load64_plain(const char *p, __m512 *v)
+{
+    wd_fp8_plain_split(_mm512_loadu_si512(p), v);
+}
+
+/* x[0..63] as v[4] -> the order of wd_fp8_split / wd_fp8_plain_split
+ * (wd_bf16_split of the even and the odd codes): output q, lane j takes code
+ * 4·j + {0, 2, 1, 3}[q]. */
 AI void wd_fp8_permute(const __m512 *v, float *o)
 {
-    const __m512i base = _mm512_setr_epi32(0, 2, 4, 6, 16, 18, 20, 22, 0, 2, 4, 6, 16, 18, 20, 22);
-    static const int add[4] = {0, 1, 8, 9};
+    const __m512i base =
+        _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    static const int add[4] = {0, 2, 1, 3};
     for (int q = 0; q < 4; q++) {
         __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(add[q]));
         __m512 a = _mm512_permutex2var_ps(v[0], idx, v[1]); /* codes 0..31 */
@@ -264,9 +315,9 @@ AI void wd_fp8_permute(const __m512 *v, float *o)
     }
 }
 
-#define WD_FP8 1
-#define WD_LUT wd_f8lut
-#define WD_FN(name) wd_fp8_##name
+#define WD_FP8           1
+#define WD_LUT           wd_f8lut
+#define WD_FN(name)      wd_fp8_##name
 #define wd_permute(v, o) wd_fp8_permute(v, o)
 #include "kernels/mm_widen_tmpl.h"
 #undef WD_FP8

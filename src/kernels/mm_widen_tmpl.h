@@ -24,8 +24,9 @@ AI void WD_FN(prefetch)(const char *p)
 
 /* Prepares rows x[mc][ldx] for the kernels: each group of 64 columns permuted
  * into the order load64 leaves the weights in, columns K..Kp zero,
- * FP8: times the block scale of the column (srow[(c0 + k) / 128]), rounded
- * once to f32 (the exact kernels round w·s instead; both are one rounding). */
+ * FP8: times 256 × the block scale of the column (srow[(c0 + k) / 128]),
+ * rounded once to f32 (the exact kernels round w·s instead; both are one
+ * rounding), as the FP8 conversions give code × 2^-8. */
 static void WD_FN(prep)(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
                         const float *srow, int64_t c0, float *xp)
 {
@@ -41,11 +42,12 @@ static void WD_FN(prep)(const float *x, int64_t ldx, int64_t mc, int64_t K, int6
 #if WD_FP8
                 if (rem > 0) {
                     if ((c0 & 15) == 0) { /* 16 columns never straddle a 128-column block */
-                        v[q] = _mm512_mul_ps(v[q], _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128]));
+                        v[q] = _mm512_mul_ps(
+                            v[q], _mm512_set1_ps(256.0f * srow[(c0 + k + 16 * q) / 128]));
                     } else {
                         float s16[16];
                         for (int e = 0; e < 16; e++)
-                            s16[e] = e < rem ? srow[(c0 + k + 16 * q + e) / 128] : 0.0f;
+                            s16[e] = e < rem ? 256.0f * srow[(c0 + k + 16 * q + e) / 128] : 0.0f;
                         v[q] = _mm512_mul_ps(v[q], _mm512_loadu_ps(s16));
                     }
                 }
@@ -76,14 +78,45 @@ static void WD_FN(prep_once)(const mm_task *t, int64_t m0, int64_t mc, int64_t K
     wd_prepped = (struct wd_key){x, xp, srow, t->ldx, mc, K, c0, t->run, WD_FP8};
 }
 
+/* One row of the gemv: a[m][q] += the row's 64-weight groups × prepared
+ * rows m (plain: FP8 codes converted by wd_fp8_plain_split). */
+AI void WD_FN(gemv_row)(const int MB, const int plain, const WD_LUT *L, const float *xp, int64_t Kp,
+                        const char *p, int64_t K, __m512 (*a)[4])
+{
+    const int64_t Kf = K & ~(int64_t)63;
+    __m512 v[4];
+    int64_t k = 0;
+    for (; k < Kf; k += 64) {
+        WD_FN(prefetch)(p + k * WD_ES);
+        if (plain)
+            WD_FN(load64_plain)(p + k * WD_ES, v);
+        else
+            WD_FN(load64)(L, p + k * WD_ES, v);
+#pragma GCC unroll 6
+        for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+                a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q), a[m][q]);
+    }
+    if (k < K) { /* tail: masked weights (the tables' path); the activations are zero padded */
+        WD_FN(load64_tail)(L, p + k * WD_ES, K - k, v);
+#pragma GCC unroll 6
+        for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+                a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q), a[m][q]);
+    }
+}
+
 /* Small M: weight rows one after another (one forward stream), each 64-weight
  * group widened in registers and fed to MB ≤ WD_GEMV_M prepared rows, four
  * sums per row and activation row; the sums of a row are added in one fixed
- * order (wd_red4), so results do not depend on the split. */
+ * order (wd_red1), so results do not depend on the split.  FP8 rows marked
+ * in plain[] (ms_mat.f8_plain) take the integer conversion. */
 AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
-                    int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy, int accumulate)
+                    int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y, int64_t ldy,
+                    int accumulate)
 {
-    const int64_t Kf = K & ~(int64_t)63;
     for (int64_t n = 0; n < nr; n++) {
         const char *p = w + n * ldw;
         _mm_prefetch(p + WD_PAGE_PF_BYTES, _MM_HINT_T0);
@@ -92,47 +125,45 @@ AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, 
         for (int m = 0; m < MB; m++)
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) a[m][q] = _mm512_setzero_ps();
-        __m512 v[4];
-        int64_t k = 0;
-        for (; k < Kf; k += 64) {
-            WD_FN(prefetch)(p + k * WD_ES);
-            WD_FN(load64)(L, p + k * WD_ES, v);
-#pragma GCC unroll 6
-            for (int m = 0; m < MB; m++)
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++)
-                    a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q),
-                                              a[m][q]);
-        }
-        if (k < K) { /* tail: masked weights; the activations are zero padded */
-            WD_FN(load64_tail)(L, p + k * WD_ES, K - k, v);
-#pragma GCC unroll 6
-            for (int m = 0; m < MB; m++)
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++)
-                    a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q),
-                                              a[m][q]);
-        }
+        if (WD_FP8 && plain && plain[n])
+            WD_FN(gemv_row)(MB, 1, L, xp, Kp, p, K, a);
+        else
+            WD_FN(gemv_row)(MB, 0, L, xp, Kp, p, K, a);
 #pragma GCC unroll 6
         for (int m = 0; m < MB; m++) {
-            float s = wd_red1(_mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]),
-                                            _mm512_add_ps(a[m][2], a[m][3])));
+            float s = wd_red1(
+                _mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]), _mm512_add_ps(a[m][2], a[m][3])));
             y[m * ldy + n] = accumulate ? y[m * ldy + n] + s : s;
         }
     }
 }
 
 static void WD_FN(gemv_mb)(int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
-                           int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy, int acc)
+                           int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y,
+                           int64_t ldy, int acc)
 {
+#define G(mb) WD_FN(gemv)(mb, L, xp, Kp, w, ldw, K, nr, plain, y, ldy, acc)
     switch (MB) {
-    case 1: WD_FN(gemv)(1, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
-    case 2: WD_FN(gemv)(2, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
-    case 3: WD_FN(gemv)(3, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
-    case 4: WD_FN(gemv)(4, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
-    case 5: WD_FN(gemv)(5, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
-    default: WD_FN(gemv)(6, L, xp, Kp, w, ldw, K, nr, y, ldy, acc); break;
+    case 1:
+        G(1);
+        break;
+    case 2:
+        G(2);
+        break;
+    case 3:
+        G(3);
+        break;
+    case 4:
+        G(4);
+        break;
+    case 5:
+        G(5);
+        break;
+    default:
+        G(6);
+        break;
     }
+#undef G
 }
 
 /* Weight rows [0, nr) at w, columns [k0, k0 + kc) (k0 a multiple of 64),
@@ -190,6 +221,10 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
         ne = tiles ? MS_MIN(n + WD_NB, n1) : n1;
 #endif
         const char *w = (const char *)W->data + n * ldw;
+        const uint8_t *plain = NULL; /* rows [n, ne) */
+#if WD_FP8
+        if (W->f8_plain) plain = W->f8_plain + (W->r0 + n - W->f8_plain_r0);
+#endif
         for (int64_t m0 = 0; m0 < M; m0 += WD_MC) {
             int64_t mc = MS_MIN(M - m0, (int64_t)WD_MC);
             WD_FN(prep_once)(t, m0, mc, K, Kp, srow, xp);
@@ -200,8 +235,10 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
                     for (int64_t m = 0; m < mc;) {
                         int64_t chunks = (mc - m + WD_GEMV_M - 1) / WD_GEMV_M;
                         int mb = (int)((mc - m + chunks - 1) / chunks);
-                        WD_FN(gemv_mb)(mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, K, nr,
-                                       y0 + m * t->ldy + r, t->ldy, t->accumulate);
+                        WD_FN(gemv_mb)
+                        (mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, K, nr,
+                         plain ? plain + (r - n) : NULL, y0 + m * t->ldy + r, t->ldy,
+                         t->accumulate);
                         m += mb;
                     }
                 }

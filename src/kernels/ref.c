@@ -25,6 +25,16 @@ ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t n
     return s;
 }
 
+void ms_mat_f8_scan_ref(const ms_mat *W, uint8_t *plain)
+{
+    for (int64_t r = 0; r < W->rows; r++) {
+        const uint8_t *p = (const uint8_t *)W->data + r * W->ld;
+        plain[r] = 1;
+        for (int64_t c = 0; c < W->cols; c++)
+            if ((p[c] & 0x78) == 0 || (p[c] & 0x7f) == 0x7f) plain[r] = 0;
+    }
+}
+
 float ms_mat_get(const ms_mat *m, int64_t r, int64_t c)
 {
     int64_t off = r * m->ld + c;

@@ -1,6 +1,6 @@
 /* vec.c — the vectorised elementwise kernels: rmsnorm, softmax, silu·mul,
  * dot and axpy in FP32 with AVX2 + FMA (the build baseline, so no dispatch),
- * and the router's top-k selection.
+ * the router's top-k selection and the FP8 plain-row scan.
  * Their scalar twins (*_ref in ref.c) are the test oracle.  Pure functions,
  * any thread.
  */
@@ -151,5 +151,26 @@ void ms_topk(const float *x, int64_t n, int k, int32_t *idx)
             j--;
         }
         idx[j] = (int32_t)i;
+    }
+}
+
+void ms_mat_f8_scan(const ms_mat *W, uint8_t *plain)
+{
+    const __m256i m78 = _mm256_set1_epi8(0x78), m7f = _mm256_set1_epi8(0x7f);
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t r = 0; r < W->rows; r++) {
+        const uint8_t *p = (const uint8_t *)W->data + r * W->ld;
+        __m256i bad = zero; /* lanes that met exponent field 0 or the NaN code */
+        int64_t c = 0;
+        for (; c + 32 <= W->cols; c += 32) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(p + c));
+            __m256i e0 = _mm256_cmpeq_epi8(_mm256_and_si256(v, m78), zero);
+            __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(v, m7f), m7f);
+            bad = _mm256_or_si256(bad, _mm256_or_si256(e0, nan));
+        }
+        int ok = _mm256_testz_si256(bad, bad);
+        for (; c < W->cols; c++)
+            if ((p[c] & 0x78) == 0 || (p[c] & 0x7f) == 0x7f) ok = 0;
+        plain[r] = (uint8_t)ok;
     }
 }

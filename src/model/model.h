@@ -74,6 +74,7 @@ typedef struct ms_model {
     int64_t active_bytes_per_token; /* weight bytes read per decoded token (top-k experts) */
     void *arena; /* this rank's weight matrices (2 MiB pages), NULL: views into the file */
     size_t arena_bytes;
+    uint8_t *f8_plain; /* FP8 views' plain-row flags (ms_mat.f8_plain), NULL: none */
 } ms_model;
 
 int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);

@@ -381,6 +381,46 @@ static void place_weights(ms_model *m)
     if (!tied) prefault(&m->embed, NULL);
 }
 
+/* Plain-row flags of the FP8 views (ms_mat.f8_plain), one byte per row in
+ * one block the model owns, for the widening kernel (mm_widen.c) that runs
+ * where the CPU has AVX-512 but not AVX512_BF16: its integer conversion of
+ * FP8 codes streamed expert matrices ~10 % faster than the table lookups,
+ * which the rows with a zero, subnormal or NaN code keep. */
+struct plainer {
+    uint8_t *buf;
+    size_t used, cap;
+};
+
+static void plain_count(ms_mat *w, void *arg)
+{
+    if (w->dtype == MS_DT_F8E4M3 && w->data && w->rows > 0)
+        ((struct plainer *)arg)->cap += (size_t)w->rows;
+}
+
+static void plain_scan(ms_mat *w, void *arg)
+{
+    struct plainer *p = arg;
+    if (w->dtype != MS_DT_F8E4M3 || !w->data || w->rows <= 0 || p->used + (size_t)w->rows > p->cap)
+        return;
+    ms_mat_f8_scan(w, p->buf + p->used);
+    w->f8_plain = p->buf + p->used;
+    w->f8_plain_r0 = w->r0;
+    p->used += (size_t)w->rows;
+}
+
+static void mark_plain_rows(ms_model *m)
+{
+    if (m->kctx.isa != MS_ISA_AVX512) return; /* only mm_widen.c reads them */
+    struct plainer p = {0};
+    each_view(m, plain_count, &p);
+    if (!p.cap || !(p.buf = malloc(p.cap))) return; /* without them: the tables, same results */
+    each_view(m, plain_scan, &p);
+    m->f8_plain = p.buf;
+    size_t n = 0;
+    for (size_t i = 0; i < p.used; i++) n += p.buf[i];
+    MS_LOG(MS_DEBUG, "model", "FP8: %zu of %zu rows plain", n, p.used);
+}
+
 struct prepack {
     const ms_kctx *k;
     ms_model *m;
@@ -490,6 +530,7 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
     if (rc) goto fail;
     double t_pf = ms_now_s();
     place_weights(m);
+    mark_plain_rows(m);
     MS_LOG(MS_DEBUG, "model", "weights placed in %.2f s", ms_now_s() - t_pf);
     MS_LOG(MS_INFO, "model",
            "loaded %s: %d layers (+%d MTP), %lld params, %.1f MB active per token, isa %s, "
@@ -517,6 +558,7 @@ void ms_model_free(ms_model *m)
     ms_model_ws_free(m->ws);
     ms_pool_free(m->pool);
     if (m->arena) munmap(m->arena, m->arena_bytes);
+    free(m->f8_plain);
     ms_st_close(m->st);
     free(m);
 }
