@@ -2,7 +2,7 @@
  *
  * Prints one machine-readable row per configuration (key=value fields):
  *   dram     AVX-512 (or AVX2) streaming read of a >= 1 GiB buffer, GB/s
- *   peak     register-only BF16 dot-product rate, GFLOP/s
+ *   peak     register-only BF16 dot-product and FP32 FMA rates, GFLOP/s
  *   pool     ms_pool_run round trip with an empty job, µs
  *   matmul   ms_matmul at decode (M = 1) and batch/prefill (M = 16, 64, 512)
  *            shapes; GFLOP/s, weight GB/s, and the reference twin's GFLOP/s
@@ -37,12 +37,14 @@ static void bench_dram(ms_pool *pool, int nt, int isa)
 
 /* ---- register-only peak ---- */
 
-/* The BF16 dot-product peak from kernels/probe.c (assembly: compiled
+/* The BF16 dot-product and FP32 FMA peaks from kernels/probe.c (assembly: compiled
  * intrinsics loops kept their accumulators in memory and read a third). */
 static void bench_peak(ms_pool *pool, int nt, int isa)
 {
-    if (isa < MS_ISA_AVX512BF16) return;
-    printf("peak threads=%d op=vdpbf16ps gflops=%.1f\n", nt, ms_probe_bf16_gflops(pool, 3));
+    if (isa >= MS_ISA_AVX512BF16)
+        printf("peak threads=%d op=vdpbf16ps gflops=%.1f\n", nt, ms_probe_bf16_gflops(pool, 3));
+    if (isa >= MS_ISA_AVX512)
+        printf("peak threads=%d op=vfmadd231ps gflops=%.1f\n", nt, ms_probe_fma_gflops(pool, 3));
 }
 
 /* ---- pool overhead ---- */

@@ -1,7 +1,8 @@
 /* probe.h — machine probes for benchmarks: DRAM read bandwidth with the
  * pool's threads (streaming AVX-512 or AVX2 loads over a buffer much larger
- * than the caches), and the peak rate of the BF16 dot-product instruction the
- * matmul kernels use (register-only vdpbf16ps).  Main thread only. */
+ * than the caches), and the peak rates of the instructions the matmul
+ * kernels use (register-only vdpbf16ps, and vfmadd231ps for CPUs without
+ * AVX512_BF16).  Main thread only. */
 #ifndef MS_KERNELS_PROBE_H
 #define MS_KERNELS_PROBE_H
 
@@ -17,5 +18,9 @@ double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps);
  * memory traffic) on every pool thread: GFLOP/s (one instruction = 16 lanes
  * x 2 products x 2 flops), or 0 on a CPU without AVX512_BF16. */
 double ms_probe_bf16_gflops(ms_pool *pool, int reps);
+
+/* The same for 512-bit FP32 FMA (vfmadd231ps: 16 lanes x 2 flops), or 0 on a
+ * CPU without AVX-512. */
+double ms_probe_fma_gflops(ms_pool *pool, int reps);
 
 #endif
