@@ -66,12 +66,15 @@ void ms_mat_f8_scan_ref(const ms_mat *W, uint8_t *plain);
 float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
 
 /* y[M][ldy] (=|+=) x[M][ldx] · Wᵀ.  accumulate: 0 overwrite, 1 add.
- * Paths (matmul.c): exact = 1, or a CPU without AVX512_BF16, or F32/F16
- * weights: weights dequantised exactly to f32 in registers, FP32 FMA (AVX-512
- * or AVX2; matches ms_matmul_ref to ~1e-6 relative, summation order only).
+ * Paths (matmul.c): exact = 1, or AVX2 only, or F32/F16 weights: weights
+ * dequantised exactly to f32 in registers, FP32 FMA (AVX-512 or AVX2;
+ * matches ms_matmul_ref to ~1e-6 relative, summation order only).
  * exact = 0 with BF16/FP8 weights on AVX512_BF16: activations rounded once to
  * bf16 (FP8: x·block scale rounded once), vdpbf16ps, FP32 sums (about 1e-3
  * relative to max|y|); BF16 weights at M >= 128 go through oneDNN (below).
+ * exact = 0 with BF16 (or, with AVX512_VBMI, FP8) weights on AVX-512 without
+ * AVX512_BF16: FP32 activations and FMA over weights widened exactly
+ * (mm_widen.c; ~1e-7 relative, like the exact path).
  * Results do not depend on the pool size.  No allocation per call (per-thread
  * scratch is grown on demand and kept).  Any data alignment.
  * Attention fits the same calls: scores[h][t] = q[h]·cache[t] is ms_matmul
