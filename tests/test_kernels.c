@@ -285,9 +285,9 @@ TEST(matmul_nn_all_paths)
 /* FP8 rows with and without zero, subnormal and NaN codes: the plain-row
  * scan matches its reference twin; with the flags set, rows that are plain
  * take the integer conversion on AVX-512 without BF16 and the others the
- * tables, and both match the reference (a NaN code gives NaN in its column
- * only); views sliced from the middle of the matrix index the flags through
- * r0. */
+ * tables, in x·Wᵀ and in x·W, and both match the reference (a NaN code gives
+ * NaN where it is used only); views sliced from the middle of the matrix
+ * index the flags through r0. */
 TEST(matmul_fp8_plain_rows)
 {
     uint64_t rng = 99;
@@ -328,6 +328,27 @@ TEST(matmul_fp8_plain_rows)
                 if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
             }
             CHECKF(mx <= 1e-5 * mref, "view %zu M %ld: rel %g", vi, (long)M, mx / mref);
+            free(x);
+            free(y);
+            free(yr);
+        }
+        for (int64_t M = 1; M <= 5; M += 4) { /* x·W: the rows are W's K */
+            float *x = malloc(sizeof(float) * (size_t)(M * W.rows));
+            float *y = malloc(sizeof(float) * (size_t)(M * C));
+            float *yr = malloc(sizeof(float) * (size_t)(M * C));
+            for (int64_t i = 0; i < M * W.rows; i++) x[i] = frand(&rng);
+            ms_kctx kc = {pool, 0, MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa};
+            ms_matmul_nn(&kc, y, C, x, W.rows, M, &W, 0);
+            ms_matmul_nn_ref(yr, C, x, W.rows, M, &W, 0);
+            double mref = 0, mx = 0;
+            for (int64_t i = 0; i < M * C; i++)
+                if (!isnan(yr[i]) && fabs(yr[i]) > mref) mref = fabs(yr[i]);
+            for (int64_t i = 0; i < M * C; i++) {
+                CHECKF(isnan(y[i]) == isnan(yr[i]), "nn view %zu M %ld out %ld: %g vs %g", vi,
+                       (long)M, (long)i, y[i], yr[i]);
+                if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
+            }
+            CHECKF(mx <= 1e-5 * mref, "nn view %zu M %ld: rel %g", vi, (long)M, mx / mref);
             free(x);
             free(y);
             free(yr);

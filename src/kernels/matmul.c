@@ -129,8 +129,11 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
             if (ms_mm_bf16_nn(t, b, e) == 0) break;
             ms_mm_avx512_nn(t, b, e); /* not a case it takes: the exact path */
             break;
+        case P_WIDEN:
+            if (ms_mm_widen_nn(t, b, e) == 0) break;
+            ms_mm_avx512_nn(t, b, e); /* BF16, or a case it does not take: the exact path */
+            break;
         case P_AVX512:
-        case P_WIDEN: /* MLA's absorption: the exact FP32 kernel */
             ms_mm_avx512_nn(t, b, e);
             break;
         case P_AVX2: ms_mm_avx2_nn(t, b, e); break;

@@ -56,6 +56,7 @@ extern const uint8_t ms_f8_bf16_hi[128], ms_f8_bf16_lo[128];
  * AVX512_BF16, auto mode (FP8 needs AVX512_VBMI).  Returns 0, or -1 when its
  * scratch could not be allocated (nothing written then). */
 int ms_mm_widen_nt(const mm_task *t, int64_t n0, int64_t n1);
+int ms_mm_widen_nn(const mm_task *t, int64_t n0, int64_t n1); /* FP8 W at c0 % 64 == 0 */
 
 /* oneDNN path for BF16 weights at large M (mm_dnnl.c).  Returns 0 when it
  * computed the whole product, -1 when it declined (caller uses a hand

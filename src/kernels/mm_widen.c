@@ -315,6 +315,126 @@ AI void wd_fp8_permute(const __m512 *v, float *o)
     }
 }
 
+/* ---- y = x·W (nn) for FP8 weights: W is [K = rows][N = cols] ----
+ * MLA's absorption (q_nope · W_UK: K = 64 rows of 512 codes, one view per
+ * head).  Each row's 64-code groups are converted as in x·Wᵀ (plain rows with
+ * integer operations) and multiplied by the activation x[m][k] · 256 · the
+ * block scale of that row and of the columns, broadcast; the sums come out in
+ * the conversion's column order and are put back in order once at the end.
+ * Each output takes its products in k order whatever the split.  The exact
+ * kernel converts FP8 one 16-weight vector at a time (~11 operations). */
+
+/* acc[0..3] in wd_fp8_split's order (cols 4j, 4j + 2, 4j + 1, 4j + 3) -> the
+ * 64 columns in order. */
+AI void wd_fp8_nn_unpermute(const __m512 *acc, __m512 *out)
+{
+    const __m512i ia = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ib = _mm512_setr_epi32(0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (int h = 0; h < 2; h++) { /* columns 32h .. 32h + 31 */
+        __m512i i = _mm512_add_epi32(ia, _mm512_set1_epi32(8 * h));
+        __m512 t0 = _mm512_permutex2var_ps(acc[0], i, acc[2]); /* 4j, 4j + 1 */
+        __m512 t1 = _mm512_permutex2var_ps(acc[1], i, acc[3]); /* 4j + 2, 4j + 3 */
+        out[2 * h] = _mm512_permutex2var_ps(t0, ib, t1);
+        out[2 * h + 1] = _mm512_permutex2var_ps(t0, _mm512_add_epi32(ib, eight), t1);
+    }
+}
+
+/* Columns [n, n + 64·CW) (rem of them valid) for activation rows
+ * [m0, m0 + MB); xs[(b·4 + m)·K + k] = x[m0 + m][k] · 256 · scale for column
+ * block cb0 + b. */
+AI void wd_fp8_nn_chunk(const int full, const int MB, const int CW, const mm_task *t,
+                        const wd_f8lut *L, const float *xs, int64_t cb0, int64_t m0, int64_t n,
+                        int64_t rem, const uint8_t *plain)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->rows, ldw = W->ld;
+    const float *xg[4][4];
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int g = 0; g < CW; g++)
+            xg[m][g] = xs + (((W->c0 + n + 64 * g) / 128 - cb0) * 4 + m) * K;
+    __m512 acc[4][16];
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 16
+        for (int q = 0; q < 4 * CW; q++) acc[m][q] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const char *row = (const char *)W->data + k * ldw + n;
+        const int fast = full && plain && plain[k];
+#pragma GCC unroll 4
+        for (int g = 0; g < CW; g++) {
+            __m512 v[4];
+            int64_t rg = rem - 64 * g;
+            if (fast)
+                wd_fp8_load64_plain(row + 64 * g, v);
+            else if (full || rg >= 64)
+                wd_fp8_load64(L, row + 64 * g, v);
+            else /* masked codes read as 0: the tables give 0.0 for them */
+                wd_fp8_load64_tail(L, row + 64 * g, rg > 0 ? rg : 0, v);
+#pragma GCC unroll 4
+            for (int m = 0; m < MB; m++) {
+                __m512 xb = _mm512_set1_ps(xg[m][g][k]);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++)
+                    acc[m][4 * g + q] = _mm512_fmadd_ps(v[q], xb, acc[m][4 * g + q]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+        for (int g = 0; g < CW; g++) {
+            __m512 o[4];
+            wd_fp8_nn_unpermute(&acc[m][4 * g], o);
+            float *yo = t->y + (m0 + m) * t->ldy + n + 64 * g;
+            for (int v = 0; v < 4; v++) {
+                int64_t rv = rem - 64 * g - 16 * v;
+                __mmask16 mk = rv >= 16 ? 0xffff : rv <= 0 ? 0 : (__mmask16)((1u << rv) - 1);
+                __m512 r = t->accumulate
+                               ? _mm512_add_ps(o[v], _mm512_maskz_loadu_ps(mk, yo + 16 * v))
+                               : o[v];
+                _mm512_mask_storeu_ps(yo + 16 * v, mk, r);
+            }
+        }
+}
+
+static int wd_fp8_nn(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->rows;
+    if (W->c0 % 64) return -1; /* 64-column groups must not straddle scale blocks */
+    if (n1 <= n0) return 0;
+    const int64_t cb0 = (W->c0 + n0) / 128, nblk = (W->c0 + n1 - 1) / 128 - cb0 + 1;
+    float *xs = ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)(4 * nblk * K)); /* [nblk][4][K] */
+    if (!xs) return -1;
+    wd_f8lut L;
+    wd_fp8_lut_init(&L);
+    const uint8_t *plain = W->f8_plain ? W->f8_plain + (W->r0 - W->f8_plain_r0) : NULL;
+    for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
+        const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4, cw = mb == 1 ? 4 : mb == 2 ? 2 : 1;
+        for (int64_t b = 0; b < nblk; b++)
+            for (int m = 0; m < mb; m++)
+                for (int64_t k = 0; k < K; k++)
+                    xs[(b * 4 + m) * K + k] = t->x[(m0 + m) * t->ldx + k] * 256.0f *
+                                              W->scale[((W->r0 + k) / 128) * W->scale_ld + cb0 + b];
+        for (int64_t n = n0; n < n1; n += 64 * cw) {
+            int64_t rem = n1 - n < 64 * cw ? n1 - n : 64 * cw;
+#define C(mb_, cw_)                                                                                \
+    if (mb == mb_) {                                                                               \
+        if (rem == 64 * cw_)                                                                       \
+            wd_fp8_nn_chunk(1, mb_, cw_, t, &L, xs, cb0, m0, n, rem, plain);                       \
+        else                                                                                       \
+            wd_fp8_nn_chunk(0, mb_, cw_, t, &L, xs, cb0, m0, n, rem, plain);                       \
+    }
+            C(1, 4) C(2, 2) C(3, 1) C(4, 1)
+#undef C
+        }
+    }
+    return 0;
+}
+
 #define WD_FP8           1
 #define WD_LUT           wd_f8lut
 #define WD_FN(name)      wd_fp8_##name
@@ -326,6 +446,12 @@ AI void wd_fp8_permute(const __m512 *v, float *o)
 #undef wd_permute
 
 #pragma GCC pop_options
+
+int ms_mm_widen_nn(const mm_task *t, int64_t n0, int64_t n1)
+{
+    if (t->W->dtype == MS_DT_F8E4M3) return wd_fp8_nn(t, n0, n1); /* the caller checked VBMI */
+    return -1;
+}
 
 int ms_mm_widen_nt(const mm_task *t, int64_t n0, int64_t n1)
 {
