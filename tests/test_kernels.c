@@ -311,44 +311,27 @@ TEST(matmul_fp8_plain_rows)
     int64_t rs[][2] = {{0, R}, {5, 30}}; /* whole, and rows 5..34 */
     for (size_t vi = 0; vi < MS_ARRAY_LEN(rs); vi++) {
         ms_mat W = ms_mat_slice(&st.whole, rs[vi][0], rs[vi][1], 0, C);
-        for (int64_t M = 1; M <= 20; M += 19) { /* the gemv and the widened tiles */
-            float *x = malloc(sizeof(float) * (size_t)(M * C));
-            float *y = malloc(sizeof(float) * (size_t)(M * W.rows));
-            float *yr = malloc(sizeof(float) * (size_t)(M * W.rows));
-            for (int64_t i = 0; i < M * C; i++) x[i] = frand(&rng);
+        /* x·Wᵀ at M = 1 and 20 (the gemv and the widened tiles), x·W at 1 and 5 */
+        static const int64_t cases[][2] = {{0, 1}, {0, 20}, {1, 1}, {1, 5}};
+        for (size_t ci = 0; ci < MS_ARRAY_LEN(cases); ci++) {
+            int nn = (int)cases[ci][0];
+            int64_t M = cases[ci][1], K = nn ? W.rows : C, N = nn ? C : W.rows;
+            float *x = malloc(sizeof(float) * (size_t)(M * K));
+            float *y = malloc(sizeof(float) * (size_t)(M * N));
+            float *yr = malloc(sizeof(float) * (size_t)(M * N));
+            for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
             ms_kctx kc = {pool, 0, MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa};
-            ms_matmul(&kc, y, W.rows, x, C, M, &W, 0);
-            ms_matmul_ref(yr, W.rows, x, C, M, &W, 0);
+            (nn ? ms_matmul_nn : ms_matmul)(&kc, y, N, x, K, M, &W, 0);
+            (nn ? ms_matmul_nn_ref : ms_matmul_ref)(yr, N, x, K, M, &W, 0);
             double mref = 0, mx = 0;
-            for (int64_t i = 0; i < M * W.rows; i++)
+            for (int64_t i = 0; i < M * N; i++)
                 if (!isnan(yr[i]) && fabs(yr[i]) > mref) mref = fabs(yr[i]);
-            for (int64_t i = 0; i < M * W.rows; i++) {
-                CHECKF(isnan(y[i]) == isnan(yr[i]), "view %zu M %ld out %ld: %g vs %g", vi,
-                       (long)M, (long)i, y[i], yr[i]);
+            for (int64_t i = 0; i < M * N; i++) {
+                CHECKF(isnan(y[i]) == isnan(yr[i]), "view %zu nn %d M %ld out %ld: %g vs %g", vi,
+                       nn, (long)M, (long)i, y[i], yr[i]);
                 if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
             }
-            CHECKF(mx <= 1e-5 * mref, "view %zu M %ld: rel %g", vi, (long)M, mx / mref);
-            free(x);
-            free(y);
-            free(yr);
-        }
-        for (int64_t M = 1; M <= 5; M += 4) { /* x·W: the rows are W's K */
-            float *x = malloc(sizeof(float) * (size_t)(M * W.rows));
-            float *y = malloc(sizeof(float) * (size_t)(M * C));
-            float *yr = malloc(sizeof(float) * (size_t)(M * C));
-            for (int64_t i = 0; i < M * W.rows; i++) x[i] = frand(&rng);
-            ms_kctx kc = {pool, 0, MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa};
-            ms_matmul_nn(&kc, y, C, x, W.rows, M, &W, 0);
-            ms_matmul_nn_ref(yr, C, x, W.rows, M, &W, 0);
-            double mref = 0, mx = 0;
-            for (int64_t i = 0; i < M * C; i++)
-                if (!isnan(yr[i]) && fabs(yr[i]) > mref) mref = fabs(yr[i]);
-            for (int64_t i = 0; i < M * C; i++) {
-                CHECKF(isnan(y[i]) == isnan(yr[i]), "nn view %zu M %ld out %ld: %g vs %g", vi,
-                       (long)M, (long)i, y[i], yr[i]);
-                if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
-            }
-            CHECKF(mx <= 1e-5 * mref, "nn view %zu M %ld: rel %g", vi, (long)M, mx / mref);
+            CHECKF(mx <= 1e-5 * mref, "view %zu nn %d M %ld: rel %g", vi, nn, (long)M, mx / mref);
             free(x);
             free(y);
             free(yr);

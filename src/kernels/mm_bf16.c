@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/mm_avx512_inl.h"
 #include "kernels/mm_internal.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -320,22 +321,8 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
         for (int64_t k = 0; k < Kp; k += 64) {
             __m512 v[4];
             for (int q = 0; q < 4; q++) {
-                int64_t rem = K - k - 16 * q;
                 _mm_prefetch((const char *)(xr + k + 16 * q + PREP_PF_FLOATS), _MM_HINT_T0);
-                __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
-                v[q] = _mm512_maskz_loadu_ps(mk, xr + k + 16 * q);
-                /* 16 columns never straddle a 128-column block when c0 % 16 == 0 */
-                if (srow && rem > 0) {
-                    if ((c0 & 15) == 0) {
-                        v[q] = _mm512_mul_ps(v[q],
-                                             _mm512_set1_ps(srow[(c0 + k + 16 * q) / 128 * sld]));
-                    } else {
-                        float s16[16];
-                        for (int e = 0; e < 16; e++)
-                            s16[e] = e < rem ? srow[(c0 + k + 16 * q + e) / 128 * sld] : 0.0f;
-                        v[q] = _mm512_mul_ps(v[q], _mm512_loadu_ps(s16));
-                    }
-                }
+                v[q] = mm_x16(xr, k + 16 * q, K, srow, c0, sld, 1.0f);
             }
             __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]);
             __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
@@ -588,15 +575,7 @@ AI void nn_chunk(const int full, const int MB, const int CW, const mm_task *t, c
         for (int g = 0; g < CW; g++) {
             __m512 o[4];
             nn_unpermute(&acc[m][4 * g], o);
-            float *yo = t->y + (m0 + m) * t->ldy + n + 64 * g;
-            for (int v = 0; v < 4; v++) {
-                int64_t rv = rem - 64 * g - 16 * v;
-                __mmask16 mk = rv >= 16 ? 0xffff : rv <= 0 ? 0 : (__mmask16)((1u << rv) - 1);
-                __m512 r = t->accumulate
-                               ? _mm512_add_ps(o[v], _mm512_maskz_loadu_ps(mk, yo + 16 * v))
-                               : o[v];
-                _mm512_mask_storeu_ps(yo + 16 * v, mk, r);
-            }
+            mm_store64(t, t->y + (m0 + m) * t->ldy + n + 64 * g, o, rem - 64 * g);
         }
 }
 

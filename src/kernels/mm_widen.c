@@ -20,6 +20,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "kernels/mm_avx512_inl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -388,15 +389,7 @@ AI void wd_fp8_nn_chunk(const int full, const int MB, const int CW, const mm_tas
         for (int g = 0; g < CW; g++) {
             __m512 o[4];
             wd_fp8_nn_unpermute(&acc[m][4 * g], o);
-            float *yo = t->y + (m0 + m) * t->ldy + n + 64 * g;
-            for (int v = 0; v < 4; v++) {
-                int64_t rv = rem - 64 * g - 16 * v;
-                __mmask16 mk = rv >= 16 ? 0xffff : rv <= 0 ? 0 : (__mmask16)((1u << rv) - 1);
-                __m512 r = t->accumulate
-                               ? _mm512_add_ps(o[v], _mm512_maskz_loadu_ps(mk, yo + 16 * v))
-                               : o[v];
-                _mm512_mask_storeu_ps(yo + 16 * v, mk, r);
-            }
+            mm_store64(t, t->y + (m0 + m) * t->ldy + n + 64 * g, o, rem - 64 * g);
         }
 }
 

@@ -35,27 +35,8 @@ static void WD_FN(prep)(const float *x, int64_t ldx, int64_t mc, int64_t K, int6
         float *o = xp + m * Kp;
         for (int64_t k = 0; k < Kp; k += 64) {
             __m512 v[4];
-            for (int q = 0; q < 4; q++) {
-                int64_t rem = K - k - 16 * q;
-                __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
-                v[q] = _mm512_maskz_loadu_ps(mk, xr + k + 16 * q);
-#if WD_FP8
-                if (rem > 0) {
-                    if ((c0 & 15) == 0) { /* 16 columns never straddle a 128-column block */
-                        v[q] = _mm512_mul_ps(
-                            v[q], _mm512_set1_ps(256.0f * srow[(c0 + k + 16 * q) / 128]));
-                    } else {
-                        float s16[16];
-                        for (int e = 0; e < 16; e++)
-                            s16[e] = e < rem ? 256.0f * srow[(c0 + k + 16 * q + e) / 128] : 0.0f;
-                        v[q] = _mm512_mul_ps(v[q], _mm512_loadu_ps(s16));
-                    }
-                }
-#else
-                (void)srow;
-                (void)c0;
-#endif
-            }
+            for (int q = 0; q < 4; q++) /* FP8: the activations carry 256 · scale */
+                v[q] = mm_x16(xr, k + 16 * q, K, WD_FP8 ? srow : NULL, c0, 1, 256.0f);
             wd_permute(v, o + k);
         }
     }

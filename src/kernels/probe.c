@@ -75,6 +75,7 @@ double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps)
 enum { DP_ITERS = 4000000 };
 
 struct dp_job {
+    int fma;
     volatile double sink[64];
 };
 
@@ -95,35 +96,30 @@ struct dp_job {
 #define DP1(i) "vdpbf16ps %%zmm31, %%zmm30, %%zmm" #i "\n\t"
 #define FMA1(i) "vfmadd231ps %%zmm31, %%zmm30, %%zmm" #i "\n\t"
 
-__attribute__((target("avx512f"))) static void dp_worker(void *arg, int tid, int nt)
+/* The chains of vdpbf16ps (j->fma = 0) or vfmadd231ps (1). */
+__attribute__((target("avx512f"))) static void chains_worker(void *arg, int tid, int nt)
 {
     struct dp_job *j = arg;
     (void)nt;
     long it = DP_ITERS;
-    __asm__ volatile(CHAINS(DP1) : "+r"(it) : : CLOBBERS);
+    if (j->fma)
+        __asm__ volatile(CHAINS(FMA1) : "+r"(it) : : CLOBBERS);
+    else
+        __asm__ volatile(CHAINS(DP1) : "+r"(it) : : CLOBBERS);
     j->sink[tid % 64] = (double)it;
 }
 
-__attribute__((target("avx512f"))) static void fma_worker(void *arg, int tid, int nt)
+/* Best of reps runs of the chains on every pool thread, GFLOP/s with
+ * flops_per_insn per instruction (vdpbf16ps: 16 lanes x 2 products x 2 = 64;
+ * vfmadd231ps: 16 lanes x 2 = 32). */
+static double chains_gflops(ms_pool *pool, int reps, int fma, double flops_per_insn)
 {
-    struct dp_job *j = arg;
-    (void)nt;
-    long it = DP_ITERS;
-    __asm__ volatile(CHAINS(FMA1) : "+r"(it) : : CLOBBERS);
-    j->sink[tid % 64] = (double)it;
-}
-
-/* Best of reps runs of fn on every pool thread, GFLOP/s with flops_per_insn
- * per instruction (vdpbf16ps: 16 lanes x 2 products x 2 = 64; vfmadd231ps:
- * 16 lanes x 2 = 32). */
-static double chains_gflops(ms_pool *pool, int reps, ms_pool_fn fn, double flops_per_insn)
-{
-    struct dp_job j;
+    struct dp_job j = {.fma = fma};
     double best = 0;
     int nt = ms_pool_size(pool);
     for (int r = 0; r < reps; r++) {
         double t0 = ms_now_s();
-        ms_pool_run(pool, fn, &j);
+        ms_pool_run(pool, chains_worker, &j);
         double g = (double)nt * DP_ITERS * 24 * flops_per_insn / (ms_now_s() - t0) / 1e9;
         if (g > best) best = g;
     }
@@ -134,12 +130,12 @@ double ms_probe_bf16_gflops(ms_pool *pool, int reps)
 {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512bf16")) return 0;
-    return chains_gflops(pool, reps, dp_worker, 64.0);
+    return chains_gflops(pool, reps, 0, 64.0);
 }
 
 double ms_probe_fma_gflops(ms_pool *pool, int reps)
 {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512f")) return 0;
-    return chains_gflops(pool, reps, fma_worker, 32.0);
+    return chains_gflops(pool, reps, 1, 32.0);
 }

@@ -1,0 +1,45 @@
+/* mm_avx512_inl.h — small AVX-512 helpers that the auto-mode matmul kernels
+ * mm_bf16.c and mm_widen.c share: loading 16 activations with their FP8 block
+ * scales, and storing 64 output columns.  Include after the file's target
+ * pragma (AVX-512 F/BW/VL/DQ at least); only those two files include it. */
+#ifndef MS_KERNELS_MM_AVX512_INL_H
+#define MS_KERNELS_MM_AVX512_INL_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/mm_internal.h"
+
+/* x[k .. k + 15] of one activation row (zero at and past K), when srow is
+ * given times f · the FP8 block scale of each column, srow[((c0 + k + e) /
+ * 128) · sld] (c0: the view's origin along x; 16 columns at a 16-aligned
+ * position never straddle a 128-column block). */
+static inline __attribute__((always_inline)) __m512
+mm_x16(const float *x, int64_t k, int64_t K, const float *srow, int64_t c0, int64_t sld, float f)
+{
+    int64_t rem = K - k;
+    __mmask16 mk = rem >= 16 ? 0xffff : rem <= 0 ? 0 : (__mmask16)((1u << rem) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(mk, x + k);
+    if (!srow || rem <= 0) return v;
+    if (((c0 + k) & 15) == 0)
+        return _mm512_mul_ps(v, _mm512_set1_ps(f * srow[(c0 + k) / 128 * sld]));
+    float s16[16];
+    for (int e = 0; e < 16; e++) s16[e] = e < rem ? f * srow[(c0 + k + e) / 128 * sld] : 0.0f;
+    return _mm512_mul_ps(v, _mm512_loadu_ps(s16));
+}
+
+/* o[0..3] as the 64 columns at yo, the first rem of them (all from 64 on),
+ * added to what is there when t->accumulate. */
+static inline __attribute__((always_inline)) void mm_store64(const mm_task *t, float *yo,
+                                                             const __m512 *o, int64_t rem)
+{
+    for (int v = 0; v < 4; v++) {
+        int64_t rv = rem - 16 * v;
+        __mmask16 mk = rv >= 16 ? 0xffff : rv <= 0 ? 0 : (__mmask16)((1u << rv) - 1);
+        __m512 r =
+            t->accumulate ? _mm512_add_ps(o[v], _mm512_maskz_loadu_ps(mk, yo + 16 * v)) : o[v];
+        _mm512_mask_storeu_ps(yo + 16 * v, mk, r);
+    }
+}
+
+#endif
