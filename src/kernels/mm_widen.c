@@ -1,15 +1,17 @@
 /* mm_widen.c — the auto-mode (exact = 0) matmul y = x·Wᵀ for BF16 and FP8
- * weights on AVX-512 CPUs without AVX512_BF16 (Skylake-SP to Ice Lake, and
- * guests that hide it): FP32 activations, weights widened to f32, FP32 FMA.
- * A group of 64 BF16 weights (two vectors of 32 words) widens with one shift
- * and one AND per vector — even words to the top half of a lane, odd words
- * kept in place — so the f32 lanes come out permuted; FP8 codes first go
- * through the exact e4m3 -> bf16 byte tables (vpermi2b, AVX512_VBMI).  The
- * activations are permuted once to match (FP8: times the block scale), so
- * the inner loops have no shuffles.  Small M streams the weight rows; larger
- * M widens each block of rows to f32 scratch once per pass of WD_KC columns
- * and runs FMA-only register tiles over it.  Each output is summed in a fixed
- * order, so results do not depend on the split; ~1e-7 relative to
+ * weights, and y = x·W for FP8 (MLA's absorption), on AVX-512 CPUs without
+ * AVX512_BF16 (Skylake-SP to Ice Lake, and guests that hide it): FP32
+ * activations, weights widened to f32, FP32 FMA.  A group of 64 BF16 weights
+ * (two vectors of 32 words) widens with one shift and one AND per vector —
+ * even words to the top half of a lane, odd words kept in place — so the f32
+ * lanes come out permuted; FP8 codes first become bf16 words, through the
+ * exact e4m3 -> bf16 byte tables (vpermi2b, AVX512_VBMI), or with integer
+ * operations in rows the model marked plain (ms_mat.f8_plain).  The
+ * activations are permuted once to match (FP8: times 256 · the block scale),
+ * so the inner loops have no shuffles.  Small M streams the weight rows;
+ * larger M widens each block of rows to f32 scratch once per pass of WD_KC
+ * columns and runs FMA-only register tiles over it.  Each output is summed in
+ * a fixed order, so results do not depend on the split; ~1e-7 relative to
  * ms_matmul_ref, like the exact kernels.  Runs on pool threads (matmul.c);
  * the FP8 half only where the CPU has AVX512_VBMI.
  */
@@ -32,8 +34,9 @@ enum {
      * threads, gemv / tiles: M = 7 58 / 90 us, 9 67 / 83, 12 79 / 93, 16 99 /
      * 107, 24 140 / 137, 32 182 / 162 */
     WD_GEMV_MAX_M = 16,
-    WD_MC = 128, /* activation rows prepared at once */
-    WD_NB = 128, /* BF16 weight rows widened per block (FP8: its scale blocks) */
+    WD_MC = 128,              /* activation rows prepared at once, at least */
+    WD_XP_BYTES = 2048 << 10, /* and up to this many bytes of them (per thread) */
+    WD_NB = 128,              /* BF16 weight rows widened per block (FP8: its scale blocks) */
     /* columns per widened pass: a 4-row tile (16 KiB) and 6 prepared rows
      * (24 KiB) stay in L1 while the block (512 KiB) stays in L2 */
     WD_KC = 1024,
@@ -280,10 +283,10 @@ AI void wd_fp8_load64_tail(const wd_f8lut *L, const char *p, int64_t rem, __m512
  * exponent offset 112 has no bit in common with eeee, so it is OR-ed in).
  * Each 16-bit word holds two codes: the high one moves right by 4, the low
  * one left by 4 with its sign from a shift by 8; then widened as BF16 weights
- * are (even words: the low codes).  11 operations against the tables' 9, but
- * no shuffle: on the Xeon guest the tables' vpermi2b (2 cycles each) and
- * unpacks share one port, and 1 MiB FP8 matrices from DRAM (2 threads)
- * streamed 24.2-24.8 GB/s through the tables, 26.5-27.4 this way. */
+ * are (even words: the low codes).  As many operations as the tables' path
+ * but no vpermi2b, which takes 2 cycles on the Xeon guest's shuffle port:
+ * L2-hot FP8 gemv 16.5-16.7 -> 19.0-20.1 GB/s on one thread; from DRAM
+ * (2 threads) ~1 %; small-v3 FP8 decode ~4 % (alternating processes). */
 AI void wd_fp8_plain_split(__m512i w, __m512 *v)
 {
     const __m512i m7f0 = _mm512_set1_epi16(0x07f0), c38 = _mm512_set1_epi16(0x3800),

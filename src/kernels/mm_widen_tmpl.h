@@ -182,7 +182,15 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
-    const int64_t mcmax = M < WD_MC ? M : WD_MC;
+    /* activation rows prepared at once.  BF16: all of them up to WD_XP_BYTES,
+     * so each block is widened once per pass however many rows use it, not
+     * once per WD_MC of them (2 threads, three alternating runs, GFLOP/s: M
+     * = 512 K = 1024 N = 2816 235-239 -> 264-269, M = 256 K = 1024 N = 2048
+     * 231-233 -> 267-284, M = 512 K = 2816 N = 1024 158-179 -> 165-171; a 4
+     * MiB cap lost at K = 2816).  FP8 prepares them again for every 128-row
+     * block (its scales), and 128 at a time measured faster there. */
+    const int64_t mcmax =
+        MS_MIN(M, WD_FP8 ? (int64_t)WD_MC : MS_MAX((int64_t)WD_MC, WD_XP_BYTES / (Kp * 4)));
     const int tiles = M > WD_GEMV_MAX_M;
     const int64_t kcp_max = Kp < WD_KC ? Kp : WD_KC;
     float *xp = ms_mm_scratch(MM_SCR_XW, sizeof(float) * (size_t)(mcmax * Kp)); /* [mc][Kp] */
@@ -206,8 +214,8 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 #if WD_FP8
         if (W->f8_plain) plain = W->f8_plain + (W->r0 + n - W->f8_plain_r0);
 #endif
-        for (int64_t m0 = 0; m0 < M; m0 += WD_MC) {
-            int64_t mc = MS_MIN(M - m0, (int64_t)WD_MC);
+        for (int64_t m0 = 0; m0 < M; m0 += mcmax) {
+            int64_t mc = MS_MIN(M - m0, mcmax);
             WD_FN(prep_once)(t, m0, mc, K, Kp, srow, xp);
             float *y0 = t->y + m0 * t->ldy;
             if (!tiles) { /* activation rows in chunks of up to six, rows in L1 between them */

@@ -384,8 +384,8 @@ static void place_weights(ms_model *m)
 /* Plain-row flags of the FP8 views (ms_mat.f8_plain), one byte per row in
  * one block the model owns, for the widening kernel (mm_widen.c) that runs
  * where the CPU has AVX-512 but not AVX512_BF16: its integer conversion of
- * FP8 codes streamed expert matrices ~10 % faster than the table lookups,
- * which the rows with a zero, subnormal or NaN code keep. */
+ * FP8 codes, which the rows with a zero, subnormal or NaN code cannot take,
+ * made small-v3's FP8 decode ~4 % faster than the table lookups alone. */
 struct plainer {
     uint8_t *buf;
     size_t used, cap;
