@@ -72,7 +72,7 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * exact = 0 with BF16/FP8 weights on AVX512_BF16: activations rounded once to
  * bf16 (FP8: x·block scale rounded once), vdpbf16ps, FP32 sums (about 1e-3
  * relative to max|y|); BF16 weights at M >= 128 go through oneDNN (below).
- * exact = 0 with BF16 (or, with AVX512_VBMI, FP8) weights on AVX-512 without
+ * exact = 0 with BF16 (or, with AVX512_VBMI and GFNI, FP8) weights on AVX-512 without
  * AVX512_BF16: FP32 activations and FMA over weights widened exactly
  * (mm_widen.c; ~1e-7 relative, like the exact path).
  * Results do not depend on the pool size.  No allocation per call (per-thread

@@ -167,7 +167,8 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
         return P_BF16;
     if (isa == MS_ISA_AVX512 && !k->exact &&
         (W->dtype == MS_DT_BF16 ||
-         (W->dtype == MS_DT_F8E4M3 && __builtin_cpu_supports("avx512vbmi"))))
+         (W->dtype == MS_DT_F8E4M3 && __builtin_cpu_supports("avx512vbmi") &&
+          __builtin_cpu_supports("gfni"))))
         return P_WIDEN;
     if (isa >= MS_ISA_AVX512) return P_AVX512;
     if (isa >= MS_ISA_AVX2) return P_AVX2;

@@ -53,7 +53,7 @@ void ms_mm_bf16_cvt_f32(const float *in, uint16_t *out, int64_t n);
 extern const uint8_t ms_f8_bf16_hi[128], ms_f8_bf16_lo[128];
 
 /* Widening path (mm_widen.c) for BF16 and FP8 weights on AVX-512 without
- * AVX512_BF16, auto mode (FP8 needs AVX512_VBMI).  Returns 0, or -1 when its
+ * AVX512_BF16, auto mode (FP8 needs AVX512_VBMI, GFNI).  Returns 0, or -1 when its
  * scratch could not be allocated (nothing written then). */
 int ms_mm_widen_nt(const mm_task *t, int64_t n0, int64_t n1);
 int ms_mm_widen_nn(const mm_task *t, int64_t n0, int64_t n1); /* FP8 W at c0 % 64 == 0 */

@@ -93,7 +93,7 @@ AI void WD_FN(gemv_row)(const int MB, const int plain, const WD_LUT *L, const fl
  * group widened in registers and fed to MB ≤ WD_GEMV_M prepared rows, four
  * sums per row and activation row; the sums of a row are added in one fixed
  * order (wd_red1), so results do not depend on the split.  FP8 rows marked
- * in plain[] (ms_mat.f8_plain) take the integer conversion. */
+ * in plain[] (ms_mat.f8_plain) take the GFNI conversion. */
 AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
                     int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y, int64_t ldy,
                     int accumulate)
