@@ -42,4 +42,28 @@ static inline __attribute__((always_inline)) void mm_store64(const mm_task *t, f
     }
 }
 
+/* The x·W drivers' column loop (mm_bf16.c, mm_widen.c): activation rows in
+ * groups of mb ≤ 4, columns [n0, n1) in chunks of 64·cw (cw = 4, 2, 1 for mb
+ * = 1, 2, 3..4, so the sums fit the registers); CHUNK(full, mb, cw, n, rem)
+ * runs one chunk, full when it has all 64·cw columns (rem of them valid). */
+static inline int mm_nn_cw(int mb)
+{
+    return mb == 1 ? 4 : mb == 2 ? 2 : 1;
+}
+#define MM_NN_CHUNK_1(CHUNK, mb, mb_, cw_, n, rem)                                                 \
+    if ((mb) == mb_) {                                                                             \
+        if ((rem) == 64 * cw_)                                                                     \
+            CHUNK(1, mb_, cw_, n, rem);                                                            \
+        else                                                                                       \
+            CHUNK(0, mb_, cw_, n, rem);                                                            \
+    }
+#define MM_NN_COLUMNS(CHUNK, mb, n0, n1)                                                           \
+    for (int64_t n_ = (n0); n_ < (n1); n_ += 64 * mm_nn_cw(mb)) {                                  \
+        int64_t rem_ = (n1) - n_ < 64 * mm_nn_cw(mb) ? (n1) - n_ : 64 * mm_nn_cw(mb);              \
+        MM_NN_CHUNK_1(CHUNK, mb, 1, 4, n_, rem_)                                                   \
+        MM_NN_CHUNK_1(CHUNK, mb, 2, 2, n_, rem_)                                                   \
+        MM_NN_CHUNK_1(CHUNK, mb, 3, 1, n_, rem_)                                                   \
+        MM_NN_CHUNK_1(CHUNK, mb, 4, 1, n_, rem_)                                                   \
+    }
+
 #endif

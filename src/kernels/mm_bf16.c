@@ -592,23 +592,14 @@ int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1)
     f8lut L;
     f8lut_init(&L);
     for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
-        const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4, cw = mb == 1 ? 4 : mb == 2 ? 2 : 1;
+        const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4;
         for (int64_t b = 0; b < nblk; b++) /* consecutive bf16 values are the k pairs */
             prep(t->x + m0 * t->ldx, t->ldx, mb, K, Kp, W->scale + cb0 + b, W->r0, W->scale_ld, 0,
                  xb + b * 4 * Kp);
-        for (int64_t n = n0; n < n1; n += 64 * cw) {
-            int64_t rem = n1 - n < 64 * cw ? n1 - n : 64 * cw;
-            const uint32_t *xp = (const uint32_t *)xb;
-#define C(mb_, cw_)                                                                                \
-    if (mb == mb_) {                                                                               \
-        if (rem == 64 * cw_)                                                                       \
-            nn_chunk(1, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem);                                 \
-        else                                                                                       \
-            nn_chunk(0, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem);                                 \
-    }
-            C(1, 4) C(2, 2) C(3, 1) C(4, 1)
+        const uint32_t *xp = (const uint32_t *)xb;
+#define C(full, mb_, cw_, n, rem) nn_chunk(full, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem)
+        MM_NN_COLUMNS(C, mb, n0, n1)
 #undef C
-        }
     }
     return 0;
 }

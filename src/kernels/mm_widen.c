@@ -410,24 +410,15 @@ static int wd_fp8_nn(const mm_task *t, int64_t n0, int64_t n1)
     wd_fp8_lut_init(&L);
     const uint8_t *plain = W->f8_plain ? W->f8_plain + (W->r0 - W->f8_plain_r0) : NULL;
     for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
-        const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4, cw = mb == 1 ? 4 : mb == 2 ? 2 : 1;
+        const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4;
         for (int64_t b = 0; b < nblk; b++)
             for (int m = 0; m < mb; m++)
                 for (int64_t k = 0; k < K; k++)
                     xs[(b * 4 + m) * K + k] = t->x[(m0 + m) * t->ldx + k] * 256.0f *
                                               W->scale[((W->r0 + k) / 128) * W->scale_ld + cb0 + b];
-        for (int64_t n = n0; n < n1; n += 64 * cw) {
-            int64_t rem = n1 - n < 64 * cw ? n1 - n : 64 * cw;
-#define C(mb_, cw_)                                                                                \
-    if (mb == mb_) {                                                                               \
-        if (rem == 64 * cw_)                                                                       \
-            wd_fp8_nn_chunk(1, mb_, cw_, t, &L, xs, cb0, m0, n, rem, plain);                       \
-        else                                                                                       \
-            wd_fp8_nn_chunk(0, mb_, cw_, t, &L, xs, cb0, m0, n, rem, plain);                       \
-    }
-            C(1, 4) C(2, 2) C(3, 1) C(4, 1)
+#define C(full, mb_, cw_, n, rem) wd_fp8_nn_chunk(full, mb_, cw_, t, &L, xs, cb0, m0, n, rem, plain)
+        MM_NN_COLUMNS(C, mb, n0, n1)
 #undef C
-        }
     }
     return 0;
 }
