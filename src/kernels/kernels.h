@@ -48,7 +48,8 @@ typedef struct ms_kctx {
 
 enum { MS_ISA_SCALAR = 0, MS_ISA_AVX2 = 1, MS_ISA_AVX512 = 2, MS_ISA_AVX512BF16 = 3 };
 
-/* Best ISA of this CPU (honours MOESERVE_ISA=scalar|avx2|avx512|avx512bf16). */
+/* Best ISA of this CPU (honours MOESERVE_ISA=scalar|avx2|avx512|avx512bf16; the
+ * last also where CPUID hides AVX512_BF16 but a probe executes it). */
 int ms_kernels_detect(void);
 const char *ms_isa_name(int isa);
 
@@ -99,6 +100,9 @@ int64_t ms_kernels_set_dnnl_min_m(int64_t m);
 void ms_kernels_dnnl_forget(const void *data);
 void ms_kernels_dnnl_clear(void);
 size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
+/* 1 when oneDNN runs BF16 here (its own CPUID reading lists AVX512_BF16 and
+ * its engine starts), whether or not the path is switched on. */
+int ms_kernels_dnnl_available(void);
 /* Reorders W now into the layout its large-M calls will use (what the first
  * such call would do), so that call does not pay for it.  0: held (now or
  * before); -1: W does not take oneDNN (dtype, exact mode, oneDNN off) or the

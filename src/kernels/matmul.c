@@ -12,10 +12,46 @@
 #include "base/util.h"
 #include "kernels/mm_internal.h"
 
+#include <immintrin.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* AVX512_BF16 that CPUID does not list (VMs that hide it from the guest while
+ * the host core executes it): run vcvtne2ps2bf16 and vdpbf16ps once under a
+ * SIGILL handler and check their results.  Only when MOESERVE_ISA=avx512bf16
+ * asks for it: a guest that migrates to a host without the instructions
+ * would then die of SIGILL, which is why the hypervisor hides them. */
+static sigjmp_buf probe_jmp;
+static void probe_sigill(int sig)
+{
+    (void)sig;
+    siglongjmp(probe_jmp, 1);
+}
+
+__attribute__((target("avx512f,avx512bf16"), noinline)) static float probe_dpbf16(float a, float b)
+{
+    __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    __m512bh pa = _mm512_cvtne2ps_pbh(va, va), pb = _mm512_cvtne2ps_pbh(vb, vb);
+    __m512 acc = _mm512_dpbf16_ps(_mm512_set1_ps(1.0f), pa, pb);
+    return _mm512_reduce_add_ps(acc);
+}
+
+static int probe_bf16(void)
+{
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = probe_sigill;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGILL, &sa, &old) != 0) return 0;
+    volatile int ok = 0; /* set between sigsetjmp and a possible siglongjmp */
+    if (sigsetjmp(probe_jmp, 1) == 0) /* exact in bf16: 16 lanes x (1 + 2 x 1.5 x -2.25) */
+        ok = probe_dpbf16(1.5f, -2.25f) == 16.0f * (1.0f + 2.0f * 1.5f * -2.25f);
+    sigaction(SIGILL, &old, NULL);
+    return ok;
+}
 
 int ms_kernels_detect(void)
 {
@@ -27,8 +63,8 @@ int ms_kernels_detect(void)
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
         best = MS_ISA_AVX512;
-    if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") &&
-        __builtin_cpu_supports("avx512vbmi"))
+    int vbmi = __builtin_cpu_supports("avx512vbmi");
+    if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") && vbmi)
         best = MS_ISA_AVX512BF16;
     if (env) {
         int want = !strcmp(env, "scalar") ? MS_ISA_SCALAR
@@ -36,6 +72,22 @@ int ms_kernels_detect(void)
                    : !strcmp(env, "avx512") ? MS_ISA_AVX512
                                             : MS_ISA_AVX512BF16;
         if (want < best) best = want;
+        static int probed = -1; /* the load calls this once per model */
+        if (want == MS_ISA_AVX512BF16 && best == MS_ISA_AVX512 && vbmi) {
+            if (probed < 0) {
+                probed = probe_bf16();
+                if (probed)
+                    MS_LOG(MS_WARN, "kernels",
+                           "MOESERVE_ISA=avx512bf16: CPUID does not list AVX512_BF16 but this "
+                           "core executes it (probed); using it (SIGILL if the VM migrates to a "
+                           "host without it)");
+                else
+                    MS_LOG(MS_WARN, "kernels",
+                           "MOESERVE_ISA=avx512bf16: this CPU does not execute AVX512_BF16; "
+                           "using avx512");
+            }
+            if (probed) best = MS_ISA_AVX512BF16;
+        }
     }
     return best;
 }

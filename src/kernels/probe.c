@@ -2,6 +2,7 @@
 #include "kernels/probe.h"
 
 #include "base/util.h"
+#include "kernels/kernels.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -128,8 +129,7 @@ static double chains_gflops(ms_pool *pool, int reps, int fma, double flops_per_i
 
 double ms_probe_bf16_gflops(ms_pool *pool, int reps)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    if (ms_kernels_detect() < MS_ISA_AVX512BF16) return 0; /* honours a probed MOESERVE_ISA */
     return chains_gflops(pool, reps, 0, 64.0);
 }
 

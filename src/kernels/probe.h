@@ -16,7 +16,8 @@ double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps);
 
 /* Best of `reps` runs of independent vdpbf16ps chains (24 per thread, no
  * memory traffic) on every pool thread: GFLOP/s (one instruction = 16 lanes
- * x 2 products x 2 flops), or 0 on a CPU without AVX512_BF16. */
+ * x 2 products x 2 flops), or 0 where the kernels do not use AVX512_BF16
+ * (ms_kernels_detect). */
 double ms_probe_bf16_gflops(ms_pool *pool, int reps);
 
 /* The same for 512-bit FP32 FMA (vfmadd231ps: 16 lanes x 2 flops), or 0 on a
