@@ -369,6 +369,39 @@ TEST(matmul_same_bits_any_pool)
     free(y2);
 }
 
+/* The widening gemv (auto mode, AVX-512 without AVX512_BF16) sums each row
+ * the same way whatever M is: a row of an M = 6 or 16 product, whose long K
+ * goes in several column passes, has the bits of the M = 1 product. */
+TEST(matmul_gemv_rows_same_bits)
+{
+    if (best_isa < MS_ISA_AVX512) return;
+    __builtin_cpu_init();
+    int fp8 = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+    uint64_t rng = 23;
+    int64_t N = 43, K = 2200, Ms2[] = {6, 16};
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3};
+    float *x = malloc(sizeof(float) * (size_t)(16 * K));
+    float *y = malloc(sizeof(float) * (size_t)(16 * N)), *y1 = malloc(sizeof(float) * (size_t)N);
+    for (int64_t i = 0; i < 16 * K; i++) x[i] = frand(&rng);
+    ms_kctx kc = {pool, 0, MS_ISA_AVX512};
+    for (size_t di = 0; di < MS_ARRAY_LEN(dts) - !fp8; di++) {
+        stored st;
+        stored_make(&st, dts[di], N, K, &rng);
+        for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms2); mi++) {
+            ms_matmul(&kc, y, N, x, K, Ms2[mi], &st.whole, 0);
+            for (int64_t m = 0; m < Ms2[mi]; m++) {
+                ms_matmul(&kc, y1, N, x + m * K, K, 1, &st.whole, 0);
+                CHECKF(memcmp(y1, y + m * N, sizeof(float) * (size_t)N) == 0, "dt %d M %ld row %ld",
+                       dts[di], (long)Ms2[mi], (long)m);
+            }
+        }
+        stored_free(&st);
+    }
+    free(x);
+    free(y);
+    free(y1);
+}
+
 /* The one-pass top-k gives the repeated scans' answer: ties, -inf, NaNs. */
 TEST(topk_vs_ref)
 {
@@ -608,6 +641,7 @@ int main(void)
     RUN(matmul_batch_same_as_single);
     RUN(matmul_fp8_plain_rows);
     RUN(matmul_same_bits_any_pool);
+    RUN(matmul_gemv_rows_same_bits);
     RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();

@@ -35,6 +35,12 @@ enum {
      * threads, gemv / tiles: M = 7 58 / 90 us, 9 67 / 83, 12 79 / 93, 16 99 /
      * 107, 24 140 / 137, 32 182 / 162 */
     WD_GEMV_MAX_M = 16,
+    /* prepared rows of one gemv pass over more than this many bytes go in
+     * passes of WD_GEMV_KC columns, which stay in L1 while the 8 weight rows
+     * go past (at K = 7168 six rows are 172 KiB: every FMA's operand came
+     * from L2) */
+    WD_GEMV_XP_L1 = 32768,
+    WD_GEMV_KC = 1024,
     WD_MC = 128,              /* activation rows prepared at once, at least */
     WD_XP_BYTES = 2048 << 10, /* and up to this many bytes of them (per thread) */
     WD_NB = 128,              /* BF16 weight rows widened per block (FP8: its scale blocks) */
@@ -87,6 +93,13 @@ AI float wd_red1(__m512 a)
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(q) + _mm_cvtss_f32(_mm_shuffle_ps(q, q, 1));
+}
+
+/* Columns per gemv pass for mb prepared rows of Kp floats (all of them, or
+ * WD_GEMV_KC). */
+static inline int64_t wd_gemv_kc(int mb, int64_t Kp)
+{
+    return (int64_t)mb * Kp * 4 <= WD_GEMV_XP_L1 ? Kp : WD_GEMV_KC;
 }
 
 /* One tile over widened weights: prepared rows xp[MB][ldx] × widened rows

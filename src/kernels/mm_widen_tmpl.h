@@ -59,14 +59,15 @@ static void WD_FN(prep_once)(const mm_task *t, int64_t m0, int64_t mc, int64_t K
     wd_prepped = (struct wd_key){x, xp, srow, t->ldx, mc, K, c0, t->run, WD_FP8};
 }
 
-/* One row of the gemv: a[m][q] += the row's 64-weight groups × prepared
- * rows m (plain: FP8 codes converted by wd_fp8_plain_split). */
+/* One row of the gemv, columns [k0, k1) (k0 a multiple of 64; k1 too, or
+ * K): a[m][q] += the row's 64-weight groups × prepared rows m (plain: FP8
+ * codes converted by wd_fp8_plain_split). */
 AI void WD_FN(gemv_row)(const int MB, const int plain, const WD_LUT *L, const float *xp, int64_t Kp,
-                        const char *p, int64_t K, __m512 (*a)[4])
+                        const char *p, int64_t k0, int64_t k1, int64_t K, __m512 (*a)[4])
 {
-    const int64_t Kf = K & ~(int64_t)63;
+    const int64_t Kf = MS_MIN(k1, K & ~(int64_t)63);
     __m512 v[4];
-    int64_t k = 0;
+    int64_t k = k0;
     for (; k < Kf; k += 64) {
         WD_FN(prefetch)(p + k * WD_ES);
         if (plain)
@@ -79,7 +80,7 @@ AI void WD_FN(gemv_row)(const int MB, const int plain, const WD_LUT *L, const fl
             for (int q = 0; q < 4; q++)
                 a[m][q] = _mm512_fmadd_ps(v[q], _mm512_loadu_ps(xp + m * Kp + k + 16 * q), a[m][q]);
     }
-    if (k < K) { /* tail: masked weights (the tables' path); the activations are zero padded */
+    if (k < k1) { /* tail: masked weights (the tables' path); the activations are zero padded */
         WD_FN(load64_tail)(L, p + k * WD_ES, K - k, v);
 #pragma GCC unroll 6
         for (int m = 0; m < MB; m++)
@@ -93,23 +94,34 @@ AI void WD_FN(gemv_row)(const int MB, const int plain, const WD_LUT *L, const fl
  * group widened in registers and fed to MB ≤ WD_GEMV_M prepared rows, four
  * sums per row and activation row; the sums of a row are added in one fixed
  * order (wd_red1), so results do not depend on the split.  FP8 rows marked
- * in plain[] (ms_mat.f8_plain) take the GFNI conversion. */
+ * in plain[] (ms_mat.f8_plain) take the GFNI conversion.  Columns [k0, k1):
+ * where a row is summed in several such passes (wd_gemv_kc), the sums wait in
+ * part[nr][MB][4] between them, so every lane adds the same products in the
+ * same order as in one pass; the last pass (k1 == K) stores y. */
 AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
-                    int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y, int64_t ldy,
-                    int accumulate)
+                    int64_t ldw, int64_t k0, int64_t k1, int64_t K, int64_t nr,
+                    const uint8_t *plain, __m512 *part, float *y, int64_t ldy, int accumulate)
 {
     for (int64_t n = 0; n < nr; n++) {
         const char *p = w + n * ldw;
-        _mm_prefetch(p + WD_PAGE_PF_BYTES, _MM_HINT_T0);
+        _mm_prefetch(p + k0 * WD_ES + WD_PAGE_PF_BYTES, _MM_HINT_T0);
         __m512 a[WD_GEMV_M][4];
+        __m512 *pn = part + n * MB * 4;
 #pragma GCC unroll 6
         for (int m = 0; m < MB; m++)
 #pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) a[m][q] = _mm512_setzero_ps();
+            for (int q = 0; q < 4; q++) a[m][q] = k0 ? pn[4 * m + q] : _mm512_setzero_ps();
         if (WD_FP8 && plain && plain[n])
-            WD_FN(gemv_row)(MB, 1, L, xp, Kp, p, K, a);
+            WD_FN(gemv_row)(MB, 1, L, xp, Kp, p, k0, k1, K, a);
         else
-            WD_FN(gemv_row)(MB, 0, L, xp, Kp, p, K, a);
+            WD_FN(gemv_row)(MB, 0, L, xp, Kp, p, k0, k1, K, a);
+        if (k1 < K) {
+#pragma GCC unroll 6
+            for (int m = 0; m < MB; m++)
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) pn[4 * m + q] = a[m][q];
+            continue;
+        }
 #pragma GCC unroll 6
         for (int m = 0; m < MB; m++) {
             float s = wd_red1(
@@ -120,10 +132,10 @@ AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, 
 }
 
 static void WD_FN(gemv_mb)(int MB, const WD_LUT *L, const float *xp, int64_t Kp, const char *w,
-                           int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y,
-                           int64_t ldy, int acc)
+                           int64_t ldw, int64_t k0, int64_t k1, int64_t K, int64_t nr,
+                           const uint8_t *plain, __m512 *part, float *y, int64_t ldy, int acc)
 {
-#define G(mb) WD_FN(gemv)(mb, L, xp, Kp, w, ldw, K, nr, plain, y, ldy, acc)
+#define G(mb) WD_FN(gemv)(mb, L, xp, Kp, w, ldw, k0, k1, K, nr, plain, part, y, ldy, acc)
     switch (MB) {
     case 1:
         G(1);
@@ -195,7 +207,9 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
     const int64_t kcp_max = Kp < WD_KC ? Kp : WD_KC;
     float *xp = ms_mm_scratch(MM_SCR_XW, sizeof(float) * (size_t)(mcmax * Kp)); /* [mc][Kp] */
     float *wf = tiles ? ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)(WD_NB * kcp_max)) : NULL;
-    if (!xp || (tiles && !wf)) return -1;
+    __m512 *part = tiles ? NULL /* the gemv's sums between column passes, [WD_GEMV_NB][mb][4] */
+                         : ms_mm_scratch(MM_SCR_W, sizeof(__m512) * WD_GEMV_NB * WD_GEMV_M * 4);
+    if (!xp || (tiles && !wf) || (!tiles && !part)) return -1;
     const int64_t ldw = W->ld * WD_ES;
     WD_LUT L;
     WD_FN(lut_init)(&L);
@@ -224,10 +238,12 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
                     for (int64_t m = 0; m < mc;) {
                         int64_t chunks = (mc - m + WD_GEMV_M - 1) / WD_GEMV_M;
                         int mb = (int)((mc - m + chunks - 1) / chunks);
-                        WD_FN(gemv_mb)
-                        (mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, K, nr,
-                         plain ? plain + (r - n) : NULL, y0 + m * t->ldy + r, t->ldy,
-                         t->accumulate);
+                        const int64_t kc = wd_gemv_kc(mb, Kp);
+                        for (int64_t k0 = 0; k0 < K; k0 += kc)
+                            WD_FN(gemv_mb)
+                        (mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, k0, MS_MIN(k0 + kc, K),
+                         K, nr, plain ? plain + (r - n) : NULL, part, y0 + m * t->ldy + r,
+                         t->ldy, t->accumulate);
                         m += mb;
                     }
                 }
