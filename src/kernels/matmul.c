@@ -73,7 +73,7 @@ int ms_kernels_detect(void)
                                             : MS_ISA_AVX512BF16;
         if (want < best) best = want;
         static int probed = -1; /* the load calls this once per model */
-        if (want == MS_ISA_AVX512BF16 && best == MS_ISA_AVX512 && vbmi) {
+        if (!strcmp(env, "avx512bf16") && best == MS_ISA_AVX512 && vbmi) {
             if (probed < 0) {
                 probed = probe_bf16();
                 if (probed)
