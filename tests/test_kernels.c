@@ -284,10 +284,12 @@ TEST(matmul_nn_all_paths)
 
 /* FP8 rows with and without zero, subnormal and NaN codes: the plain-row
  * scan matches its reference twin; with the flags set, rows that are plain
- * take the integer conversion on AVX-512 without BF16 and the others the
+ * take the conversion without tables (AVX-512 without BF16: into f32; with
+ * AVX512_BF16: into bf16, in the GEMV and the tiles) and the others the
  * tables, in x·Wᵀ and in x·W, and both match the reference (a NaN code gives
- * NaN where it is used only); views sliced from the middle of the matrix
- * index the flags through r0. */
+ * NaN where it is used only) and give the same bits as with no flags (every
+ * row through the tables); views sliced from the middle of the matrix index
+ * the flags through r0. */
 TEST(matmul_fp8_plain_rows)
 {
     uint64_t rng = 99;
@@ -308,35 +310,49 @@ TEST(matmul_fp8_plain_rows)
     }
     CHECK(n_plain > 10 && n_plain < R); /* both kinds present (0x7e, 0xfe, 0x08 are plain) */
     memcpy(st.plain, plain, sizeof plain);
+    int isas[2] = {MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa, best_isa};
+    int n_isa = best_isa >= MS_ISA_AVX512BF16 ? 2 : 1;
     int64_t rs[][2] = {{0, R}, {5, 30}}; /* whole, and rows 5..34 */
-    for (size_t vi = 0; vi < MS_ARRAY_LEN(rs); vi++) {
-        ms_mat W = ms_mat_slice(&st.whole, rs[vi][0], rs[vi][1], 0, C);
-        /* x·Wᵀ at M = 1 and 20 (the gemv and the widened tiles), x·W at 1 and 5 */
-        static const int64_t cases[][2] = {{0, 1}, {0, 20}, {1, 1}, {1, 5}};
-        for (size_t ci = 0; ci < MS_ARRAY_LEN(cases); ci++) {
-            int nn = (int)cases[ci][0];
-            int64_t M = cases[ci][1], K = nn ? W.rows : C, N = nn ? C : W.rows;
-            float *x = malloc(sizeof(float) * (size_t)(M * K));
-            float *y = malloc(sizeof(float) * (size_t)(M * N));
-            float *yr = malloc(sizeof(float) * (size_t)(M * N));
-            for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
-            ms_kctx kc = {pool, 0, MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa};
-            (nn ? ms_matmul_nn : ms_matmul)(&kc, y, N, x, K, M, &W, 0);
-            (nn ? ms_matmul_nn_ref : ms_matmul_ref)(yr, N, x, K, M, &W, 0);
-            double mref = 0, mx = 0;
-            for (int64_t i = 0; i < M * N; i++)
-                if (!isnan(yr[i]) && fabs(yr[i]) > mref) mref = fabs(yr[i]);
-            for (int64_t i = 0; i < M * N; i++) {
-                CHECKF(isnan(y[i]) == isnan(yr[i]), "view %zu nn %d M %ld out %ld: %g vs %g", vi,
-                       nn, (long)M, (long)i, y[i], yr[i]);
-                if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
+    for (int ii = 0; ii < n_isa; ii++)
+        for (size_t vi = 0; vi < MS_ARRAY_LEN(rs); vi++) {
+            ms_mat W = ms_mat_slice(&st.whole, rs[vi][0], rs[vi][1], 0, C);
+            ms_mat Wt = W; /* the same rows without flags: all through the tables */
+            Wt.f8_plain = NULL;
+            /* x·Wᵀ at M = 1, 3 and 20 (the gemvs and the tiles), x·W at 1 and 5 */
+            static const int64_t cases[][2] = {{0, 1}, {0, 3}, {0, 20}, {1, 1}, {1, 5}};
+            const int bf = isas[ii] >= MS_ISA_AVX512BF16; /* bf16 activations */
+            for (size_t ci = 0; ci < MS_ARRAY_LEN(cases); ci++) {
+                int nn = (int)cases[ci][0];
+                int64_t M = cases[ci][1], K = nn ? W.rows : C, N = nn ? C : W.rows;
+                float *x = malloc(sizeof(float) * (size_t)(M * K));
+                float *y = malloc(sizeof(float) * (size_t)(M * N));
+                float *yt = malloc(sizeof(float) * (size_t)(M * N));
+                float *yr = malloc(sizeof(float) * (size_t)(M * N));
+                for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+                ms_kctx kc = {pool, 0, isas[ii]};
+                (nn ? ms_matmul_nn : ms_matmul)(&kc, y, N, x, K, M, &W, 0);
+                (nn ? ms_matmul_nn : ms_matmul)(&kc, yt, N, x, K, M, &Wt, 0);
+                (nn ? ms_matmul_nn_ref : ms_matmul_ref)(yr, N, x, K, M, &W, 0);
+                double mref = 0, mx = 0;
+                for (int64_t i = 0; i < M * N; i++)
+                    if (!isnan(yr[i]) && fabs(yr[i]) > mref) mref = fabs(yr[i]);
+                int same = 1;
+                for (int64_t i = 0; i < M * N; i++) {
+                    CHECKF(isnan(y[i]) == isnan(yr[i]), "isa %d view %zu nn %d M %ld out %ld: %g vs %g",
+                           isas[ii], vi, nn, (long)M, (long)i, y[i], yr[i]);
+                    if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
+                    same &= memcmp(&y[i], &yt[i], sizeof(float)) == 0;
+                }
+                CHECKF(mx <= (bf ? 1e-2 : 1e-5) * mref, "isa %d view %zu nn %d M %ld: rel %g",
+                       isas[ii], vi, nn, (long)M, mx / mref);
+                CHECKF(same, "isa %d view %zu nn %d M %ld: flags changed the bits", isas[ii], vi,
+                       nn, (long)M);
+                free(x);
+                free(y);
+                free(yt);
+                free(yr);
             }
-            CHECKF(mx <= 1e-5 * mref, "view %zu nn %d M %ld: rel %g", vi, nn, (long)M, mx / mref);
-            free(x);
-            free(y);
-            free(yr);
         }
-    }
     stored_free(&st);
 }
 

@@ -70,7 +70,8 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * Paths (matmul.c): exact = 1, or AVX2 only, or F32/F16 weights: weights
  * dequantised exactly to f32 in registers, FP32 FMA (AVX-512 or AVX2;
  * matches ms_matmul_ref to ~1e-6 relative, summation order only).
- * exact = 0 with BF16/FP8 weights on AVX512_BF16: activations rounded once to
+ * exact = 0 with BF16/FP8 weights on AVX512_BF16 (with VBMI and GFNI, which
+ * MS_ISA_AVX512BF16 requires): activations rounded once to
  * bf16 (FP8: x·block scale rounded once), vdpbf16ps, FP32 sums (about 1e-3
  * relative to max|y|); BF16 weights at M >= 128 go through oneDNN (below).
  * exact = 0 with BF16 (or, with AVX512_VBMI and GFNI, FP8) weights on AVX-512 without

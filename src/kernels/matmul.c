@@ -63,8 +63,11 @@ int ms_kernels_detect(void)
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
         best = MS_ISA_AVX512;
-    int vbmi = __builtin_cpu_supports("avx512vbmi");
-    if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") && vbmi)
+    /* the AVX512_BF16 kernels also need VBMI (FP8 tables) and GFNI (plain FP8
+     * rows): every CPU with AVX512_BF16 and VBMI so far (Sapphire Rapids on,
+     * Zen 4 on) has GFNI */
+    int vbmi_gfni = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+    if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") && vbmi_gfni)
         best = MS_ISA_AVX512BF16;
     if (env) {
         int want = !strcmp(env, "scalar") ? MS_ISA_SCALAR
@@ -73,7 +76,7 @@ int ms_kernels_detect(void)
                                             : MS_ISA_AVX512BF16;
         if (want < best) best = want;
         static int probed = -1; /* the load calls this once per model */
-        if (!strcmp(env, "avx512bf16") && best == MS_ISA_AVX512 && vbmi) {
+        if (!strcmp(env, "avx512bf16") && best == MS_ISA_AVX512 && vbmi_gfni) {
             if (probed < 0) {
                 probed = probe_bf16();
                 if (probed)

@@ -42,6 +42,34 @@ static inline __attribute__((always_inline)) void mm_store64(const mm_task *t, f
     }
 }
 
+/* FP8 codes as bf16(code × 2^-8), the form both files' x·Wᵀ kernels convert
+ * to (the activations carry the 256): the high-byte table ms_f8_bf16_hi[64h
+ * .. 64h + 63] with 4 taken from every entry but zero and NaN (an exponent 8
+ * less); the low bytes are ms_f8_bf16_lo's. */
+static inline __attribute__((always_inline)) __m512i mm_f8_hi_scaled(int h)
+{
+    const __m512i four = _mm512_set1_epi8(4), nan = _mm512_set1_epi8(0x7f);
+    __m512i t = _mm512_loadu_si512(ms_f8_bf16_hi + 64 * h);
+    __mmask64 k = _mm512_test_epi8_mask(t, t) & _mm512_cmpneq_epi8_mask(t, nan);
+    return _mm512_mask_sub_epi8(t, k, t, four);
+}
+
+/* The same for 64 plain codes (exponent field 1..15, not NaN) without the
+ * tables: s eeee mmm -> bf16 s 0111eeee mmm0000 = code × 2^-8 (the exponent
+ * offset 112 has no bit in common with eeee).  Both bytes are bit
+ * permutations of the code, one GF(2) affine transform each (GFNI; the high
+ * byte's 0111 is the transform's constant): high = s 0111 e3 e2 e1, low = e0
+ * m2 m1 m0 0000.  The caller's target must include GFNI. */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,gfni"))) void
+mm_f8_plain_bytes(__m512i c, __m512i *lo, __m512i *hi)
+{
+    /* gf2p8affine: result bit i = parity(A.byte[7 - i] & x) ^ imm.bit[i] */
+    const __m512i ahi = _mm512_set1_epi64(0x1020400000000080ll); /* bits 7, 2, 1, 0 <- 7, 6, 5, 4 */
+    const __m512i alo = _mm512_set1_epi64(0x0000000001020408ll); /* bits 7..4 <- 3..0 */
+    *lo = _mm512_gf2p8affine_epi64_epi8(c, alo, 0x00);
+    *hi = _mm512_gf2p8affine_epi64_epi8(c, ahi, 0x38);
+}
+
 /* The x·W drivers' column loop (mm_bf16.c, mm_widen.c): activation rows in
  * groups of mb ≤ 4, columns [n0, n1) in chunks of 64·cw (cw = 4, 2, 1 for mb
  * = 1, 2, 3..4, so the sums fit the registers); CHUNK(full, mb, cw, n, rem)

@@ -1,15 +1,17 @@
 /* mm_bf16.c — the auto-mode (exact = 0) matmul for BF16 and F8E4M3 weights on
  * AVX512_BF16 CPUs: activations rounded once to BF16 into per-thread scratch,
  * weights fed to vdpbf16ps (FP8 through an exact e4m3 -> bf16 table lookup with
- * vpermi2b), FP32 accumulation.  FP8 block scales are folded into the BF16
+ * vpermi2b, or in the x·Wᵀ GEMV and tiles bf16(code × 2^-8) with one GF(2)
+ * affine transform per byte for rows the model marked plain), FP32
+ * accumulation.  FP8 block scales are folded into the BF16
  * activations per 128-row block (x·s rounded once, the same error as rounding
  * x), so any view origin (r0, c0) works and the inner loop has no scale work.
  * Products x·Wᵀ for both dtypes; x·W for FP8 weights (MLA's absorption).
  * Also the bulk conversions that use the same instructions (ms_cvt_*).
- * Compiled for AVX-512 BF16 + VBMI by the pragma; called on pool threads only
- * when kctx->isa == MS_ISA_AVX512BF16.
+ * Compiled for AVX-512 BF16 + VBMI + GFNI by the pragma; called on pool
+ * threads only when kctx->isa == MS_ISA_AVX512BF16 (which needs all three).
  */
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,gfni")
 #include <immintrin.h>
 #include <string.h>
 
@@ -78,12 +80,14 @@ const uint8_t ms_f8_bf16_lo[128] = {
 };
 
 typedef struct f8lut {
-    __m512i th0, th1, tl0, tl1; /* ms_f8_bf16_hi[0..63], [64..127], _lo likewise */
+    __m512i th0, th1, tl0, tl1; /* ms_f8_bf16_hi[0..63], [64..127] (or scaled), _lo likewise */
     __m512i ia, ib;             /* byte interleaves lo/hi -> words 0..31, 32..63 */
     __m512i sign;
 } f8lut;
 
-static void f8lut_init(f8lut *L)
+/* scaled: the high bytes of bf16(code × 2^-8) (mm_f8_hi_scaled), the form
+ * of the plain rows' conversion; the activations then carry 256. */
+static void f8lut_init(f8lut *L, int scaled)
 {
     uint8_t ia[64], ib[64];
     for (int j = 0; j < 32; j++) {
@@ -92,8 +96,8 @@ static void f8lut_init(f8lut *L)
         ib[2 * j] = (uint8_t)(32 + j);
         ib[2 * j + 1] = (uint8_t)(96 + j);
     }
-    L->th0 = _mm512_loadu_si512(ms_f8_bf16_hi);
-    L->th1 = _mm512_loadu_si512(ms_f8_bf16_hi + 64);
+    L->th0 = scaled ? mm_f8_hi_scaled(0) : _mm512_loadu_si512(ms_f8_bf16_hi);
+    L->th1 = scaled ? mm_f8_hi_scaled(1) : _mm512_loadu_si512(ms_f8_bf16_hi + 64);
     L->tl0 = _mm512_loadu_si512(ms_f8_bf16_lo);
     L->tl1 = _mm512_loadu_si512(ms_f8_bf16_lo + 64);
     L->ia = _mm512_loadu_si512(ia);
@@ -125,6 +129,26 @@ AI void f8_to_bf16_lanes(const f8lut *L, __m512i b, __m512i *wa, __m512i *wb)
     *wb = _mm512_unpackhi_epi8(lo, hi);
 }
 
+/* f8_to_bf16_lanes for plain codes (ms_mat.f8_plain): bf16(code × 2^-8)
+ * without the tables, the same bits as the scaled tables give.  4
+ * operations per 64 codes against 5, two of them vpermi2b. */
+AI void f8_to_bf16_lanes_plain(__m512i b, __m512i *wa, __m512i *wb)
+{
+    __m512i lo, hi;
+    mm_f8_plain_bytes(b, &lo, &hi);
+    *wa = _mm512_unpacklo_epi8(lo, hi);
+    *wb = _mm512_unpackhi_epi8(lo, hi);
+}
+
+/* 64 FP8 codes for the x·Wᵀ kernels: f8 = 1 through the tables, 2 plain. */
+AI void f8_lanes(const int f8, const f8lut *L, __m512i b, __m512i *wa, __m512i *wb)
+{
+    if (f8 == 2)
+        f8_to_bf16_lanes_plain(b, wa, wb);
+    else
+        f8_to_bf16_lanes(L, b, wa, wb);
+}
+
 AI __m512 dp(__m512 acc, __m512i x, __m512i w)
 {
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
@@ -136,7 +160,8 @@ AI __m512 dp(__m512 acc, __m512i x, __m512i w)
  * and each weight vector is loaded once and feeds MB·R products (loading both
  * operands for every product made the loop load-bound: 105-112 GFLOP/s on
  * one core at M >= 4, against a ~420 peak).  Each sum takes its products in
- * k order, so the result does not depend on MB, R or the split. */
+ * k order, so the result does not depend on MB, R or the split.  isf8: 0
+ * BF16, 1 FP8 through the tables, 2 FP8 rows that are all plain. */
 AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const uint16_t *xb,
              int64_t ldxb, const char *w0, int64_t ldw, int64_t K, float *out)
 {
@@ -161,7 +186,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
                 const char *p = w0 + r * ldw + k;
                 __m512i wa, wb;
                 _mm_prefetch(p + R * ldw, _MM_HINT_T0); /* the next tile's rows */
-                f8_to_bf16_lanes(L, _mm512_loadu_si512(p), &wa, &wb);
+                f8_lanes(isf8, L, _mm512_loadu_si512(p), &wa, &wb);
 #pragma GCC unroll 4
                 for (int m = 0; m < MB; m++) acc[m][r] = dp(dp(acc[m][r], xa[m], wa), xc[m], wb);
             }
@@ -240,60 +265,70 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * byte and gain from prefetching the next tile (expert-sized 1 MiB matrices
  * at 2 threads, one run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 ->
  * 31). */
-AI void gemv_rows(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
-                  const char *w, int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy,
-                  int accumulate)
+AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
+                 const char *p, int64_t K, float *y, int64_t ldy, int accumulate)
 {
     const int64_t Kf = K & ~(int64_t)63;
-    for (int64_t n = 0; n < nr; n++) {
-        const char *p = w + n * ldw;
-        _mm_prefetch(p + PAGE_PF_BYTES, _MM_HINT_T0);
-        __m512 a[3][2];
+    _mm_prefetch(p + PAGE_PF_BYTES, _MM_HINT_T0);
+    __m512 a[3][2];
 #pragma GCC unroll 3
-        for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm512_setzero_ps();
-        int64_t k = 0;
-        __m512i wa, wb;
-        for (; k < Kf; k += 64) {
-            if (isf8) {
-                _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);
-                f8_to_bf16_lanes(L, _mm512_loadu_si512(p + k), &wa, &wb);
-            } else {
-                if (MB > 1) {
-                    _mm_prefetch(p + 2 * k + MR_PF_BYTES, _MM_HINT_NTA);
-                    _mm_prefetch(p + 2 * k + 64 + MR_PF_BYTES, _MM_HINT_NTA);
-                }
-                wa = _mm512_loadu_si512(p + 2 * k);
-                wb = _mm512_loadu_si512(p + 2 * k + 64);
-                if (MB > 1) __asm__("" : "+v"(wa), "+v"(wb)); /* else gcc reloads them per row */
+    for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm512_setzero_ps();
+    int64_t k = 0;
+    __m512i wa, wb;
+    for (; k < Kf; k += 64) {
+        if (isf8) {
+            _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);
+            f8_lanes(isf8, L, _mm512_loadu_si512(p + k), &wa, &wb);
+        } else {
+            if (MB > 1) {
+                _mm_prefetch(p + 2 * k + MR_PF_BYTES, _MM_HINT_NTA);
+                _mm_prefetch(p + 2 * k + 64 + MR_PF_BYTES, _MM_HINT_NTA);
             }
-#pragma GCC unroll 3
-            for (int m = 0; m < MB; m++) {
-                a[m][0] = dp(a[m][0], _mm512_loadu_si512(xb + m * ldxb + k), wa);
-                a[m][1] = dp(a[m][1], _mm512_loadu_si512(xb + m * ldxb + k + 32), wb);
-            }
-        }
-        if (k < K) { /* tail: masked weight loads; the activations are zero padded */
-            int64_t rem = K - k;
-            if (isf8) {
-                f8_to_bf16_lanes(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p + k), &wa,
-                                 &wb);
-            } else {
-                __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
-                __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
-                wa = _mm512_maskz_loadu_epi16(m0, p + 2 * k);
-                wb = _mm512_maskz_loadu_epi16(m1, p + 2 * k + 64);
-            }
-#pragma GCC unroll 3
-            for (int m = 0; m < MB; m++) {
-                a[m][0] = dp(a[m][0], _mm512_loadu_si512(xb + m * ldxb + k), wa);
-                a[m][1] = dp(a[m][1], _mm512_loadu_si512(xb + m * ldxb + k + 32), wb);
-            }
+            wa = _mm512_loadu_si512(p + 2 * k);
+            wb = _mm512_loadu_si512(p + 2 * k + 64);
+            if (MB > 1) __asm__("" : "+v"(wa), "+v"(wb)); /* else gcc reloads them per row */
         }
 #pragma GCC unroll 3
         for (int m = 0; m < MB; m++) {
-            float sum = _mm512_reduce_add_ps(_mm512_add_ps(a[m][0], a[m][1]));
-            y[m * ldy + n] = accumulate ? y[m * ldy + n] + sum : sum;
+            a[m][0] = dp(a[m][0], _mm512_loadu_si512(xb + m * ldxb + k), wa);
+            a[m][1] = dp(a[m][1], _mm512_loadu_si512(xb + m * ldxb + k + 32), wb);
         }
+    }
+    if (k < K) { /* tail: masked weight loads; the activations are zero padded */
+        int64_t rem = K - k;
+        if (isf8) {
+            f8_to_bf16_lanes(L, _mm512_maskz_loadu_epi8(((__mmask64)1 << rem) - 1, p + k), &wa,
+                             &wb);
+        } else {
+            __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+            __mmask32 m1 = rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
+            wa = _mm512_maskz_loadu_epi16(m0, p + 2 * k);
+            wb = _mm512_maskz_loadu_epi16(m1, p + 2 * k + 64);
+        }
+#pragma GCC unroll 3
+        for (int m = 0; m < MB; m++) {
+            a[m][0] = dp(a[m][0], _mm512_loadu_si512(xb + m * ldxb + k), wa);
+            a[m][1] = dp(a[m][1], _mm512_loadu_si512(xb + m * ldxb + k + 32), wb);
+        }
+    }
+#pragma GCC unroll 3
+    for (int m = 0; m < MB; m++) {
+        float sum = _mm512_reduce_add_ps(_mm512_add_ps(a[m][0], a[m][1]));
+        y[m * ldy] = accumulate ? y[m * ldy] + sum : sum;
+    }
+}
+
+/* Rows [0, nr) of the GEMV; FP8 rows marked in plain[] (when given) take the
+ * conversion without tables (isf8 = 1 only). */
+AI void gemv_rows(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
+                  const char *w, int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y,
+                  int64_t ldy, int accumulate)
+{
+    for (int64_t n = 0; n < nr; n++) {
+        if (isf8 && plain && plain[n])
+            gemv_row(2, MB, L, xb, ldxb, w + n * ldw, K, y + n, ldy, accumulate);
+        else
+            gemv_row(isf8, MB, L, xb, ldxb, w + n * ldw, K, y + n, ldy, accumulate);
     }
 }
 
@@ -303,11 +338,13 @@ AI void gemv_rows(const int isf8, const int MB, const f8lut *L, const uint16_t *
  * c0 the view's column origin); x·W one column block's scales down the row
  * blocks (sld the scale row length, c0 the view's row origin).  perm: each group of 64 in the order
  * f8_to_bf16_lanes produces weights ({0-7, 16-23, 32-39, 48-55}, then
- * {8-15, 24-31, 40-47, 56-63}).  FP8 GEMVs redo this for every 128-row
- * block; a per-column scale array and a second pass for the order took ~15 %
- * of an L2-hot FP8 GEMV. */
+ * {8-15, 24-31, 40-47, 56-63}).  f: the scales times f (256 where the
+ * weights convert to code × 2^-8; a power of two, so bf16(x·s·f) =
+ * bf16(x·s)·f).  FP8 GEMVs redo this for every 128-row block; a per-column
+ * scale array and a second pass for the order took ~15 % of an L2-hot FP8
+ * GEMV. */
 static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp, const float *srow,
-                 int64_t c0, int64_t sld, int perm, uint16_t *xb)
+                 int64_t c0, int64_t sld, float f, int perm, uint16_t *xb)
 {
     uint16_t ia[32], ib[32];
     for (int j = 0; j < 32; j++) {
@@ -322,7 +359,7 @@ static void prep(const float *x, int64_t ldx, int64_t mc, int64_t K, int64_t Kp,
             __m512 v[4];
             for (int q = 0; q < 4; q++) {
                 _mm_prefetch((const char *)(xr + k + 16 * q + PREP_PF_FLOATS), _MM_HINT_T0);
-                v[q] = mm_x16(xr, k + 16 * q, K, srow, c0, sld, 1.0f);
+                v[q] = mm_x16(xr, k + 16 * q, K, srow, c0, sld, f);
             }
             __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]);
             __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
@@ -348,20 +385,22 @@ static _Thread_local struct prep_key {
     const float *srow;
     int64_t ldx, mc, K, c0;
     uint64_t run;
+    float f;
     int perm;
 } prepped;
 
 static void prep_once(const mm_task *t, int64_t m0, int64_t mc, int64_t K, int64_t Kp,
-                      const float *srow, int perm, uint16_t *xb)
+                      const float *srow, float f, int perm, uint16_t *xb)
 {
     const struct prep_key *p = &prepped;
     const float *x = t->x + m0 * t->ldx;
     int64_t c0 = srow ? t->W->c0 : 0; /* c0 matters only through the scales */
     if (t->run && p->run == t->run && p->x == x && p->xb == xb && p->srow == srow &&
-        p->ldx == t->ldx && p->mc == mc && p->K == K && p->c0 == c0 && p->perm == perm)
+        p->ldx == t->ldx && p->mc == mc && p->K == K && p->c0 == c0 && p->f == f &&
+        p->perm == perm)
         return;
-    prep(x, t->ldx, mc, K, Kp, srow, t->W->c0, 1, perm, xb);
-    prepped = (struct prep_key){x, xb, srow, t->ldx, mc, K, c0, t->run, perm};
+    prep(x, t->ldx, mc, K, Kp, srow, t->W->c0, 1, f, perm, xb);
+    prepped = (struct prep_key){x, xb, srow, t->ldx, mc, K, c0, t->run, f, perm};
 }
 
 static void store(const mm_task *t, int64_t m0, int MB, int64_t n0, int R, const float *s, int add)
@@ -392,10 +431,11 @@ AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *
 
 /* Weight rows [n0, n1) (row n0 at w, rows ldw bytes apart) × prepared
  * activation rows [m0, m0 + mc), K columns from w and xb; add: add the sums
- * to y instead of storing them. */
+ * to y instead of storing them.  FP8: a tile whose rows are all marked in
+ * plain[] (rows from n0, when given) converts them without the tables. */
 AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *xb, int64_t Kp,
               int64_t m0, int64_t mc, int64_t n0, int64_t n1, const char *w, int64_t ldw, int64_t K,
-              int add)
+              const uint8_t *plain, int add)
 {
     /* rows per tile: as many as the registers hold (MB·R sums, MB activation
      * vectors; FP8 also holds two widened vectors and the tables) */
@@ -404,10 +444,17 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
     for (int64_t n = n0; n < n1;) {
         int R = n1 - n >= Rfull ? Rfull : n1 - n >= 4 ? 4 : 1;
         const char *w0 = w + (n - n0) * ldw;
-        for (int r = 0; r < R; r++) _mm_prefetch(w0 + r * ldw + PAGE_PF_BYTES, _MM_HINT_T0);
+        int pl = isf8 && plain;
+        for (int r = 0; r < R; r++) {
+            _mm_prefetch(w0 + r * ldw + PAGE_PF_BYTES, _MM_HINT_T0);
+            pl = pl && plain[n - n0 + r];
+        }
         for (int64_t m = 0; m < mc; m += 4) {
             int mb = mc - m >= 4 ? 4 : (int)(mc - m);
-            run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
+            if (pl)
+                run_tile(2, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
+            else
+                run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
             store(t, m0 + m, mb, n, R, s, add);
         }
         n += R;
@@ -416,21 +463,24 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
 
 /* gemv_rows for the row counts it takes: FP8 1, BF16 1 to 3. */
 static void rows(int isf8, int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb, const char *w,
-                 int64_t ldw, int64_t K, int64_t nr, float *y, int64_t ldy, int accumulate)
+                 int64_t ldw, int64_t K, int64_t nr, const uint8_t *plain, float *y, int64_t ldy,
+                 int accumulate)
 {
     if (isf8)
-        gemv_rows(1, 1, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+        gemv_rows(1, 1, L, xb, ldxb, w, ldw, K, nr, plain, y, ldy, accumulate);
     else if (MB == 1)
-        gemv_rows(0, 1, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+        gemv_rows(0, 1, L, xb, ldxb, w, ldw, K, nr, NULL, y, ldy, accumulate);
     else if (MB == 2)
-        gemv_rows(0, 2, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+        gemv_rows(0, 2, L, xb, ldxb, w, ldw, K, nr, NULL, y, ldy, accumulate);
     else
-        gemv_rows(0, 3, L, xb, ldxb, w, ldw, K, nr, y, ldy, accumulate);
+        gemv_rows(0, 3, L, xb, ldxb, w, ldw, K, nr, NULL, y, ldy, accumulate);
 }
 
 /* Columns [n0, n1) of y for all M rows.  FP8 weights at M >= F8_WIDEN_M are first
  * converted to bf16 one 128-row block at a time (into scratch), so the
- * conversion is not repeated for every group of activation rows. */
+ * conversion is not repeated for every group of activation rows.  Below
+ * that the GEMV and the tiles convert them to bf16(code × 2^-8) as they go
+ * (plain rows without the tables), against activations times 256. */
 static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
@@ -442,7 +492,8 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
     if (!xb || (widen && !wb)) return -1;
     const int64_t ldw = W->ld * (isf8 ? 1 : 2);
     f8lut L;
-    f8lut_init(&L);
+    f8lut_init(&L, isf8 && !widen);
+    const float f = isf8 && !widen ? 256.0f : 1.0f; /* the activations' factor */
     for (int64_t n = n0; n < n1;) {
         int64_t ne;
         const float *srow = NULL; /* the block's column-block scales */
@@ -455,14 +506,16 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
             ne = M <= MC ? n1 : (n + 128 < n1 ? n + 128 : n1);
         }
         const char *w = (const char *)W->data + n * ldw;
+        const uint8_t *plain = /* rows [n, ne) */
+            isf8 && !widen && W->f8_plain ? W->f8_plain + (W->r0 + n - W->f8_plain_r0) : NULL;
         if (widen)
             for (int64_t r = n; r < ne; r++)
                 ms_mm_bf16_cvt_fp8((const uint8_t *)w + (r - n) * ldw, wb + (r - n) * Kp, K);
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
             int64_t mc = M - m0 < MC ? M - m0 : MC;
-            prep_once(t, m0, mc, K, Kp, isf8 ? srow : NULL, isf8 && !widen, xb);
+            prep_once(t, m0, mc, K, Kp, isf8 ? srow : NULL, f, isf8 && !widen, xb);
             if (!widen && mc <= (isf8 ? 1 : 3)) {
-                rows(isf8, (int)mc, &L, xb, Kp, w, ldw, K, ne - n, t->y + m0 * t->ldy + n,
+                rows(isf8, (int)mc, &L, xb, Kp, w, ldw, K, ne - n, plain, t->y + m0 * t->ldy + n,
                      t->ldy, t->accumulate);
                 continue;
             }
@@ -471,11 +524,11 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
                 int add = k0 > 0 || t->accumulate;
                 if (widen)
                     block(0, t, &L, xb + k0, Kp, m0, mc, n, ne, (const char *)(wb + k0), Kp * 2, kc,
-                          add);
+                          NULL, add);
                 else if (isf8)
-                    block(1, t, &L, xb + k0, Kp, m0, mc, n, ne, w + k0, ldw, kc, add);
+                    block(1, t, &L, xb + k0, Kp, m0, mc, n, ne, w + k0, ldw, kc, plain, add);
                 else
-                    block(0, t, &L, xb + k0, Kp, m0, mc, n, ne, w + 2 * k0, ldw, kc, add);
+                    block(0, t, &L, xb + k0, Kp, m0, mc, n, ne, w + 2 * k0, ldw, kc, NULL, add);
             }
         }
         n = ne;
@@ -590,11 +643,11 @@ int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1)
     uint16_t *xb = ms_mm_scratch(MM_SCR_W, sizeof(uint16_t) * (size_t)(4 * nblk * Kp));
     if (!xb) return -1;
     f8lut L;
-    f8lut_init(&L);
+    f8lut_init(&L, 0);
     for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
         const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4;
         for (int64_t b = 0; b < nblk; b++) /* consecutive bf16 values are the k pairs */
-            prep(t->x + m0 * t->ldx, t->ldx, mb, K, Kp, W->scale + cb0 + b, W->r0, W->scale_ld, 0,
+            prep(t->x + m0 * t->ldx, t->ldx, mb, K, Kp, W->scale + cb0 + b, W->r0, W->scale_ld, 1, 0,
                  xb + b * 4 * Kp);
         const uint32_t *xp = (const uint32_t *)xb;
 #define C(full, mb_, cw_, n, rem) nn_chunk(full, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem)
@@ -609,7 +662,7 @@ int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1)
 void ms_mm_bf16_cvt_fp8(const uint8_t *in, uint16_t *out, int64_t n)
 {
     f8lut L;
-    f8lut_init(&L);
+    f8lut_init(&L, 0);
     for (int64_t i = 0; i < n; i += 64) {
         int64_t rem = n - i;
         __mmask64 mk = rem >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << rem) - 1);

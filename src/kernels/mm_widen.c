@@ -249,20 +249,13 @@ typedef struct wd_f8lut {
     __m512i sign;
 } wd_f8lut;
 
-/* The exact tables of ms_f8_bf16_hi / _lo for code × 2^-8 (the high byte 4
- * less, an exponent 8 less; zero and NaN kept): the scale the integer
- * conversion below gives, undone by the activations' factor 256 (prep). */
+/* The exact tables for code × 2^-8 (mm_f8_hi_scaled): the scale the
+ * integer conversion below gives, undone by the activations' factor 256
+ * (prep). */
 static inline void wd_fp8_lut_init(wd_f8lut *L)
 {
-    const __m512i four = _mm512_set1_epi8(4), nan = _mm512_set1_epi8(0x7f);
-    __m512i t[2];
-    for (int h = 0; h < 2; h++) {
-        t[h] = _mm512_loadu_si512(ms_f8_bf16_hi + 64 * h);
-        __mmask64 k = _mm512_test_epi8_mask(t[h], t[h]) & _mm512_cmpneq_epi8_mask(t[h], nan);
-        t[h] = _mm512_mask_sub_epi8(t[h], k, t[h], four);
-    }
-    L->th0 = t[0];
-    L->th1 = t[1];
+    L->th0 = mm_f8_hi_scaled(0);
+    L->th1 = mm_f8_hi_scaled(1);
     L->tl0 = _mm512_loadu_si512(ms_f8_bf16_lo);
     L->tl1 = _mm512_loadu_si512(ms_f8_bf16_lo + 64);
     L->sign = _mm512_set1_epi8((char)0x80);
@@ -298,22 +291,17 @@ AI void wd_fp8_load64_tail(const wd_f8lut *L, const char *p, int64_t rem, __m512
 }
 
 /* The same for plain codes (exponent field 1..15, not NaN) without the
- * tables: s eeee mmm -> bf16 s 0111eeee mmm0000 = code × 2^-8 (the exponent
- * offset 112 has no bit in common with eeee).  Both bytes are bit
- * permutations of the code, one GF(2) affine transform each (GFNI; the
- * high byte's 0111 is the transform's constant): high = s 0111 e3 e2 e1,
- * low = e0 m2 m1 m0 0000.  8 operations per 64 codes with the unpacks and
- * the widening, against 11 for the integer shifts and masks this replaced:
- * L2-hot FP8 gemv (N = 256, K = 1024, one thread) 20.5 -> 24.8 GB/s, 4 MiB
- * matrices from DRAM (2 threads) 26.7-28.5 -> 30.8-31.0 GB/s, small-v3 FP8
- * decode ÷ BF16 1.36 / 1.44 -> 1.57 / 1.55 (alternating processes). */
+ * tables (mm_f8_plain_bytes: one GF(2) affine transform per byte).  8
+ * operations per 64 codes with the unpacks and the widening, against 11 for
+ * the integer shifts and masks this replaced: L2-hot FP8 gemv (N = 256, K =
+ * 1024, one thread) 20.5 -> 24.8 GB/s, 4 MiB matrices from DRAM (2 threads)
+ * 26.7-28.5 -> 30.8-31.0 GB/s, small-v3 FP8 decode ÷ BF16 1.36 / 1.44 ->
+ * 1.57 / 1.55 (alternating processes). */
 AI void wd_fp8_plain_split(__m512i c, __m512 *v)
 {
-    /* gf2p8affine: result bit i = parity(A.byte[7 - i] & x) ^ imm.bit[i] */
-    const __m512i ahi = _mm512_set1_epi64(0x1020400000000080ll); /* bits 7, 2, 1, 0 <- 7, 6, 5, 4 */
-    const __m512i alo = _mm512_set1_epi64(0x0000000001020408ll); /* bits 7..4 <- 3..0 */
-    wd_fp8_bytes(_mm512_gf2p8affine_epi64_epi8(c, alo, 0x00),
-                 _mm512_gf2p8affine_epi64_epi8(c, ahi, 0x38), v);
+    __m512i lo, hi;
+    mm_f8_plain_bytes(c, &lo, &hi);
+    wd_fp8_bytes(lo, hi, v);
 }
 
 AI void wd_fp8_load64_plain(const char *p, __m512 *v)
