@@ -382,14 +382,34 @@ static void place_weights(ms_model *m)
 }
 
 /* Plain-row flags of the FP8 views (ms_mat.f8_plain), one byte per row in
- * one block the model owns, for the widening kernel (mm_widen.c) that runs
- * where the CPU has AVX-512 but not AVX512_BF16: its integer conversion of
- * FP8 codes, which the rows with a zero, subnormal or NaN code cannot take,
- * made small-v3's FP8 decode ~4 % faster than the table lookups alone. */
+ * one block the model owns, for the auto-mode AVX-512 kernels (mm_widen.c,
+ * and mm_bf16.c's GEMV and tiles): their conversion of FP8 codes without
+ * tables, which the rows with a zero, subnormal or NaN code cannot take,
+ * made small-v3's FP8 decode ~4 % faster than the table lookups alone (on
+ * mm_widen.c's integer conversion, before GFNI).  The scan reads every FP8
+ * byte once, so the pool's threads share each view's rows. */
 struct plainer {
     uint8_t *buf;
     size_t used, cap;
+    ms_pool *pool;
 };
+
+struct scan_job {
+    const ms_mat *w;
+    uint8_t *out;
+};
+
+static void scan_rows(void *arg, int tid, int nt)
+{
+    const struct scan_job *j = arg;
+    int64_t b, e;
+    ms_pool_range(j->w->rows, tid, nt, 1, &b, &e);
+    if (b >= e) return;
+    ms_mat part = *j->w;
+    part.rows = e - b;
+    part.data = (const uint8_t *)j->w->data + b * j->w->ld;
+    ms_mat_f8_scan(&part, j->out + b);
+}
 
 static void plain_count(ms_mat *w, void *arg)
 {
@@ -402,7 +422,8 @@ static void plain_scan(ms_mat *w, void *arg)
     struct plainer *p = arg;
     if (w->dtype != MS_DT_F8E4M3 || !w->data || w->rows <= 0 || p->used + (size_t)w->rows > p->cap)
         return;
-    ms_mat_f8_scan(w, p->buf + p->used);
+    struct scan_job j = {w, p->buf + p->used};
+    ms_pool_run(p->pool, scan_rows, &j);
     w->f8_plain = p->buf + p->used;
     w->f8_plain_r0 = w->r0;
     p->used += (size_t)w->rows;
@@ -410,15 +431,17 @@ static void plain_scan(ms_mat *w, void *arg)
 
 static void mark_plain_rows(ms_model *m)
 {
-    if (m->kctx.isa != MS_ISA_AVX512) return; /* only mm_widen.c reads them */
-    struct plainer p = {0};
+    if (m->kctx.isa < MS_ISA_AVX512 || m->kctx.exact) return; /* only those kernels read them */
+    struct plainer p = {.pool = m->pool};
+    double t0 = ms_now_s();
     each_view(m, plain_count, &p);
     if (!p.cap || !(p.buf = malloc(p.cap))) return; /* without them: the tables, same results */
     each_view(m, plain_scan, &p);
     m->f8_plain = p.buf;
     size_t n = 0;
     for (size_t i = 0; i < p.used; i++) n += p.buf[i];
-    MS_LOG(MS_DEBUG, "model", "FP8: %zu of %zu rows plain", n, p.used);
+    MS_LOG(MS_DEBUG, "model", "FP8: %zu of %zu rows plain (scanned in %.3f s)", n, p.used,
+           ms_now_s() - t0);
 }
 
 struct prepack {
