@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # t_cli.sh — the command line: generate's output contract (timing line, ids,
 # text), a checkpoint without tokenizer.json (ids in and out), a checkpoint with
-# MTP layers, sharded checkpoints, --config for mkmodel, and clear errors naming
-# the flag for bad input.
+# MTP layers, sharded checkpoints, --config for mkmodel, clear errors naming
+# the flag for bad input, and which FP8 rows the loader marks plain.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 tmp=$(mktemp -d)
@@ -77,4 +77,21 @@ t "mkmodel creates parent directories" '[ -f "$tmp/nested/a/b/config.json" ]'
 touch "$tmp/plainfile"
 msg=$("$MOESERVE" mkmodel --preset tiny-v3 --out "$tmp/plainfile/x" 2>&1)
 t "mkmodel names the directory it cannot create" 'echo "$msg" | grep -q "plainfile/x: cannot create directory: Not a directory"'
+# FP8 weights: the loader marks the rows the AVX-512 kernels may convert
+# without tables wherever those kernels run (also with the ISA forced to
+# AVX512_BF16 where this CPU executes it), and not for --dtype float32
+if "$MOESERVE" version 2>/dev/null | grep -qE "kernels: avx512"; then
+    "$MOESERVE" mkmodel --preset tiny-v3 --seed 2 --dtype fp8 --out "$tmp/f8" 2>/dev/null
+    isas=avx512
+    MOESERVE_ISA=avx512bf16 "$MOESERVE" version 2>/dev/null | grep -q "kernels: avx512bf16" &&
+        isas="avx512 avx512bf16"
+    for isa in $isas; do
+        MOESERVE_ISA=$isa MOESERVE_LOG=debug "$MOESERVE" generate --model "$tmp/f8" --prompt-ids 1,2 \
+            --max-new-tokens 1 >/dev/null 2>"$tmp/f8err"
+        t "FP8 plain rows marked ($isa)" 'grep -qE "FP8: [0-9]+ of [0-9]+ rows plain" "$tmp/f8err"'
+    done
+    MOESERVE_LOG=debug "$MOESERVE" generate --model "$tmp/f8" --prompt-ids 1,2 --max-new-tokens 1 \
+        --dtype float32 >/dev/null 2>"$tmp/f8err"
+    t "FP8 plain rows not scanned for float32" '! grep -q "rows plain" "$tmp/f8err"'
+fi
 report
