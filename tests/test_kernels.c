@@ -391,15 +391,14 @@ TEST(matmul_same_bits_any_pool)
 TEST(matmul_gemv_rows_same_bits)
 {
     if (best_isa < MS_ISA_AVX512) return;
-    __builtin_cpu_init();
-    int fp8 = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+    ms_kctx kc = {pool, 0, MS_ISA_AVX512};
+    int fp8 = ms_kernels_f8_plain_used(&kc); /* FP8 takes the widening path too */
     uint64_t rng = 23;
     int64_t N = 43, K = 2200, Ms2[] = {6, 16};
     const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3};
     float *x = malloc(sizeof(float) * (size_t)(16 * K));
     float *y = malloc(sizeof(float) * (size_t)(16 * N)), *y1 = malloc(sizeof(float) * (size_t)N);
     for (int64_t i = 0; i < 16 * K; i++) x[i] = frand(&rng);
-    ms_kctx kc = {pool, 0, MS_ISA_AVX512};
     for (size_t di = 0; di < MS_ARRAY_LEN(dts) - !fp8; di++) {
         stored st;
         stored_make(&st, dts[di], N, K, &rng);

@@ -104,6 +104,10 @@ size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
 /* 1 when oneDNN runs BF16 here (its own CPUID reading lists AVX512_BF16 and
  * its engine starts), whether or not the path is switched on. */
 int ms_kernels_dnnl_available(void);
+/* 1 when FP8 x·Wᵀ products under k take a kernel that reads ms_mat.f8_plain
+ * (auto mode: mm_widen.c, or mm_bf16.c's GEMV and tiles); the loader marks
+ * the rows only then. */
+int ms_kernels_f8_plain_used(const ms_kctx *k);
 /* Reorders W now into the layout its large-M calls will use (what the first
  * such call would do), so that call does not pay for it.  0: held (now or
  * before); -1: W does not take oneDNN (dtype, exact mode, oneDNN off) or the

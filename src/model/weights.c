@@ -431,7 +431,7 @@ static void plain_scan(ms_mat *w, void *arg)
 
 static void mark_plain_rows(ms_model *m)
 {
-    if (m->kctx.isa < MS_ISA_AVX512 || m->kctx.exact) return; /* only those kernels read them */
+    if (!ms_kernels_f8_plain_used(&m->kctx)) return; /* no kernel here reads them */
     struct plainer p = {.pool = m->pool};
     double t0 = ms_now_s();
     each_view(m, plain_count, &p);
