@@ -20,7 +20,7 @@ void ms_launch_init(ms_launch *l)
     l->attn_cp_size = 1;
     l->deepep_max_dispatch_tokens = 128; /* SGLang's env default */
     snprintf(l->kv_cache_dtype, sizeof l->kv_cache_dtype, "auto");
-    l->page_size = 1;
+    l->page_size = 1; /* SGLang's; serve/generate use 16 unless page_size_set */
     l->compress_state_bytes = 4; /* SGLANG_DSV4_COMPRESS_STATE_DTYPE default float32 */
     l->hicache_ratio = 2.0;      /* SGLang's --hicache-ratio default */
 }
@@ -114,7 +114,7 @@ static const struct {
     {"--dp", F_INT, O_DP, 1, MS_LAUNCH_MAX_WIDTH, "N   data-parallel size (alias --dp-size)"},
     {"--dp-size", F_INT, O_DP, 1, MS_LAUNCH_MAX_WIDTH, NULL},
     {"--data-parallel-size", F_INT, O_DP, 1, MS_LAUNCH_MAX_WIDTH, NULL},
-    {"--pp-size", F_INT, O_PP, 1, MS_LAUNCH_MAX_WIDTH, "N   pipeline stages (alias --pp)"},
+    {"--pp-size", F_INT, O_PP, 1, MS_LAUNCH_MAX_WIDTH, "N   pipeline stages (alias --pp; plan only: serve refuses > 1)"},
     {"--pp", F_INT, O_PP, 1, MS_LAUNCH_MAX_WIDTH, NULL},
     {"--pipeline-parallel-size", F_INT, O_PP, 1, MS_LAUNCH_MAX_WIDTH, NULL},
     {"--enable-dp-attention", F_SWITCH, O_DPA, 0, 0, "    attention data-parallel (dp groups inside tp)"},
@@ -126,31 +126,32 @@ static const struct {
     {"--moe-dense-tp-size", F_INT, O_DENSE_TP, 1, MS_LAUNCH_MAX_WIDTH,
      "N   1 = replicate dense/shared MLPs per rank (only 1 is supported)"},
     {"--moe-dp-size", F_INT, O_MOE_DP, 1, MS_LAUNCH_MAX_WIDTH, "N   MoE data-parallel size (default 1)"},
-    {"--attn-cp-size", F_INT, O_CP, 1, MS_LAUNCH_MAX_WIDTH, "N   attention context-parallel size"},
+    {"--attn-cp-size", F_INT, O_CP, 1, MS_LAUNCH_MAX_WIDTH, "N   attention context-parallel size (plan only: serve refuses > 1)"},
     {"--max-running-requests", F_INT, O_RUNNING, 1, MS_LAUNCH_MAX_RUNNING,
      "N   global running-request ceiling (divided by attn_dp)"},
     {"--chunked-prefill-size", F_INT, O_CHUNK, -1, MS_LAUNCH_MAX_CHUNK,
      "N   global prefill chunk budget (divided by attn_dp; -1 off)"},
-    {"--speculative-algorithm", F_STR, O_SPEC_ALG, 0, 0, "A   EAGLE|NEXTN|MTP|DSPARK|none"},
+    {"--speculative-algorithm", F_STR, O_SPEC_ALG, 0, 0, "A   EAGLE|NEXTN|MTP|DSPARK|none (plan only: serve refuses all but none)"},
     {"--speculative-num-draft-tokens", F_INT, O_DRAFT, 0, MS_LAUNCH_MAX_DRAFT,
-     "N   draft tokens verified per step"},
+     "N   draft tokens verified per step (plan only)"},
     {"--ep-num-redundant-experts", F_INT, O_REDUNDANT, 0, MS_LAUNCH_MAX_REDUNDANT,
      "N   redundant physical expert slots (EPLB)"},
     {"--deepep-max-dispatch-tokens-per-rank", F_INT, O_DISPATCH, 1, MS_LAUNCH_MAX_DISPATCH,
      "N   dispatch capacity per rank (env SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, 128)"},
     {"--enforce-shared-experts-fusion", F_SWITCH, O_ENFORCE_FUSION, 0, 0,
-     "    route the shared expert as one more routed expert"},
-    {"--disable-shared-experts-fusion", F_SWITCH, O_DISABLE_FUSION, 0, 0, "    never fuse it"},
-    {"--enable-dp-lm-head", F_SWITCH, O_DP_LM_HEAD, 0, 0, "    LM head split over attn_tp only"},
-    {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32"},
-    {"--page-size", F_INT, O_PAGE, 1, MS_LAUNCH_MAX_PAGE, "N   KV page size in tokens (default 1)"},
+     "    route the shared expert as one more routed expert (plan only)"},
+    {"--disable-shared-experts-fusion", F_SWITCH, O_DISABLE_FUSION, 0, 0, "    never fuse it (moeserve never fuses: accepted as is)"},
+    {"--enable-dp-lm-head", F_SWITCH, O_DP_LM_HEAD, 0, 0, "    DP ranks compute their own LM head: always so in serve (its LM head is\n"
+     "                                               whole on every rank); plan: split over attn_tp"},
+    {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32 (serve: the activation dtype only)"},
+    {"--page-size", F_INT, O_PAGE, 1, MS_LAUNCH_MAX_PAGE, "N   KV page size in tokens, any N (serve/generate default 16; plan: SGLang's 1)"},
     {"--compress-state-dtype", F_STR, O_STATE_DTYPE, 0, 0,
-     "T   V4 compressor state fp32|bf16 (env SGLANG_DSV4_COMPRESS_STATE_DTYPE)"},
-    {"--enable-hierarchical-cache", F_SWITCH, O_HICACHE, 0, 0, "    HiCache host tier"},
-    {"--hicache-ratio", F_STR, O_HICACHE_RATIO, 0, 0, "R   host/device token ratio (default 2)"},
-    {"--enable-unified-cache-external-linker", F_SWITCH, O_UMBP, 0, 0, "    UMBP external KV store"},
-    {"--enable-w4a4-mxfp4-megamoe", F_SWITCH, O_W4A4, 0, 0, "    MegaMoE W4A4 kernel"},
-    {"--disaggregation-mode", F_STR, O_DISAGG, 0, 0, "M   null|prefill|decode"},
+     "T   V4 compressor state fp32|bf16 (env SGLANG_DSV4_COMPRESS_STATE_DTYPE; plan only)"},
+    {"--enable-hierarchical-cache", F_SWITCH, O_HICACHE, 0, 0, "    HiCache host tier (plan only)"},
+    {"--hicache-ratio", F_STR, O_HICACHE_RATIO, 0, 0, "R   host/device token ratio (default 2; plan only)"},
+    {"--enable-unified-cache-external-linker", F_SWITCH, O_UMBP, 0, 0, "    UMBP external KV store (plan only)"},
+    {"--enable-w4a4-mxfp4-megamoe", F_SWITCH, O_W4A4, 0, 0, "    MegaMoE W4A4 kernel (plan only)"},
+    {"--disaggregation-mode", F_STR, O_DISAGG, 0, 0, "M   null|prefill|decode (plan only: serve refuses all but null)"},
 };
 
 const char *ms_launch_help(void)
@@ -182,8 +183,12 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
                       flag, v);
     case O_SPEC_ALG:
         if (!strcasecmp(v, "none")) l->spec = MS_SPEC_NONE;
-        else if (!strcasecmp(v, "EAGLE") || !strcasecmp(v, "EAGLE3") || !strcasecmp(v, "NEXTN") ||
-                 !strcasecmp(v, "MTP"))
+        else if (!strcasecmp(v, "EAGLE3"))
+            return ms_err(err, MS_EINVAL,
+                          "%s EAGLE3: not implemented (EAGLE3 needs a separate draft model, "
+                          "--speculative-draft-model-path; EAGLE, NEXTN and MTP use the "
+                          "checkpoint's own MTP layer)", flag);
+        else if (!strcasecmp(v, "EAGLE") || !strcasecmp(v, "NEXTN") || !strcasecmp(v, "MTP"))
             l->spec = MS_SPEC_EAGLE;
         else if (!strcasecmp(v, "DSPARK")) l->spec = MS_SPEC_DSPARK;
         else return ms_err(err, MS_EINVAL, "%s '%s': expected EAGLE|NEXTN|MTP|DSPARK|none", flag, v);
@@ -237,7 +242,7 @@ static void set_int(ms_launch *l, int id, int v)
     case O_DRAFT: l->speculative_num_draft_tokens = v; break;
     case O_REDUNDANT: l->ep_num_redundant_experts = v; break;
     case O_DISPATCH: l->deepep_max_dispatch_tokens = v; break;
-    case O_PAGE: l->page_size = v; break;
+    case O_PAGE: l->page_size = v, l->page_size_set = true; break;
     }
 }
 

@@ -60,7 +60,8 @@ typedef struct ms_launch {
     bool enable_dp_lm_head;          /* --enable-dp-lm-head */
     int kv_cache_bytes;              /* --kv-cache-dtype: 0 = auto (model dtype), else bytes */
     char kv_cache_dtype[16];         /* as given ("auto" by default) */
-    int page_size;                   /* --page-size (default 1) */
+    int page_size;                   /* --page-size (default 1, SGLang's) */
+    bool page_size_set;              /* --page-size given (serve/generate default to 16) */
     int compress_state_bytes;        /* --compress-state-dtype / SGLANG_DSV4_COMPRESS_STATE_DTYPE:
                                       * 4 (fp32, default) or 2 (bf16) */
     bool enable_hierarchical_cache;  /* --enable-hierarchical-cache (HiCache) */

@@ -303,6 +303,7 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         rc = ms_err(&e, MS_ENOMEM, "out of memory");
         goto fail;
     }
+    c->sess->stream_interval = fe->o.stream_interval;
     live_add(fe, c);
     if ((rc = ms_serve_hub_submit(fe->hub, r, fe->o.max_queued_requests, &e))) {
         live_remove(fe, c);

@@ -36,6 +36,7 @@ typedef struct ms_frontend_opts {
     int header_timeout_s;      /* --http-header-timeout: a request's headers must arrive
                                   within (30 s) of connect or of the previous response */
     int health_timeout_s;      /* /health_generate deadline (20 s) */
+    int stream_interval;       /* --stream-interval: SSE chunk every N tokens (1) */
 } ms_frontend_opts;
 
 void ms_frontend_opts_init(ms_frontend_opts *o);

@@ -21,6 +21,7 @@ void ms_frontend_opts_init(ms_frontend_opts *o)
     o->body_timeout_s = 30;
     o->header_timeout_s = 30;
     o->health_timeout_s = 20;
+    o->stream_interval = 1;
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out, ms_errbuf *e)
@@ -58,7 +59,9 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
                                   "--http-idle-timeout",
                                   "--http-body-timeout",
                                   "--health-timeout",
-                                  "--http-header-timeout"};
+                                  "--http-header-timeout",
+                                  "--stream-interval",
+                                  "--enable-cache-report"};
     const char *a = argv[i], *val = NULL;
     char name[64];
     const char *eq = strchr(a, '=');
@@ -71,8 +74,10 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
         if (!strcmp(name, flags[j])) k = j;
     if (k < 0) return 0;
     int used = 1;
-    if (k == 7) { /* --enable-metrics takes no value */
-        o->enable_metrics = 1;
+    if (k == 7 || k == 16) { /* switches */
+        if (eq) return ms_err(e, MS_EINVAL, "%s takes no value", name);
+        if (k == 7) o->enable_metrics = 1;
+        /* --enable-cache-report: usage always carries prompt_tokens_details.cached_tokens */
         return 1;
     }
     if (eq)
@@ -140,6 +145,13 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
     case 14:
         if (!(rc = num(name, val, 1, 3600, &d, e))) o->header_timeout_s = (int)d;
         break;
+    case 15:
+        if (!(rc = num(name, val, 1, 1e6, &d, e))) {
+            if (d != (int)d)
+                return ms_err(e, MS_EINVAL, "%s: expected an integer, got '%s'", name, val);
+            o->stream_interval = (int)d;
+        }
+        break;
     default:
         break;
     }
@@ -164,5 +176,8 @@ void ms_frontend_print_flags(FILE *f)
            "  --http-idle-timeout S      close idle connections after S s (10)\n"
            "  --http-body-timeout S      a request body must arrive within S s (30)\n"
            "  --http-header-timeout S    request headers must arrive within S s (30)\n"
-           "  --health-timeout S         /health_generate deadline (20)\n");
+           "  --health-timeout S         /health_generate deadline (20)\n"
+           "  --stream-interval N        SSE: the first token, then one chunk per N tokens (1)\n"
+           "  --enable-cache-report      accepted: usage always reports\n"
+           "                             prompt_tokens_details.cached_tokens\n");
 }

@@ -113,11 +113,18 @@ void ms_serve_req_unref(ms_serve_req *r)
 size_t ms_serve_req_take(ms_serve_req *r, size_t from, ms_serve_tok *out, size_t cap,
                          int timeout_ms, int *finished)
 {
+    return ms_serve_req_take_min(r, from, 1, out, cap, timeout_ms, finished);
+}
+
+size_t ms_serve_req_take_min(ms_serve_req *r, size_t from, size_t min, ms_serve_tok *out,
+                             size_t cap, int timeout_ms, int *finished)
+{
     struct ms_serve_req_priv *p = r->priv;
     pthread_mutex_lock(&p->mu);
-    if (p->n <= from && !p->finish && timeout_ms != 0) {
+    size_t until = from + (min ? min : 1) - 1; /* wait while p->n <= until */
+    if (p->n <= until && !p->finish && timeout_ms != 0) {
         if (timeout_ms < 0) {
-            while (p->n <= from && !p->finish) pthread_cond_wait(&p->cv, &p->mu);
+            while (p->n <= until && !p->finish) pthread_cond_wait(&p->cv, &p->mu);
         } else {
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -127,7 +134,7 @@ size_t ms_serve_req_take(ms_serve_req *r, size_t from, ms_serve_tok *out, size_t
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000L;
             }
-            while (p->n <= from && !p->finish)
+            while (p->n <= until && !p->finish)
                 if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT) break;
         }
     }

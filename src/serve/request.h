@@ -112,6 +112,10 @@ void ms_serve_req_unref(ms_serve_req *r); /* accepts NULL; frees at zero */
  * token has been read (MS_SERVE_FINISH_NONE otherwise). */
 size_t ms_serve_req_take(ms_serve_req *r, size_t from, ms_serve_tok *out, size_t cap,
                          int timeout_ms, int *finished);
+/* The same, waiting while fewer than min tokens are available (--stream-interval);
+ * on timeout it copies what there is. */
+size_t ms_serve_req_take_min(ms_serve_req *r, size_t from, size_t min, ms_serve_tok *out,
+                             size_t cap, int timeout_ms, int *finished);
 /* After the finish: the engine's matched stop id (-1 none) and message (borrowed,
  * valid while r lives). */
 int32_t ms_serve_req_matched_stop(const ms_serve_req *r);

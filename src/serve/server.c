@@ -15,6 +15,7 @@
 #include "parallel/comm.h"
 #include "serve/detok.h"
 #include "serve/engine.h"
+#include "serve/flag_kinds.h"
 #include "serve/http.h"
 #include "serve/request.h"
 #include "tools/commands.h"
@@ -26,6 +27,7 @@
 #include <time.h>
 
 struct serve_opts {
+    ms_flag_screen screen; /* GPU-only flags to warn about (argv borrowed) */
     ms_engine_opts eo;
     ms_frontend_opts fo;
     double comm_timeout_s;
@@ -65,11 +67,13 @@ static void usage(FILE *f)
             "front end:\n",
             ms_launch_help());
     ms_frontend_print_flags(f);
+    ms_flag_kinds_print_help(f);
 }
 
-static int parse(struct serve_opts *o, int argc, char **argv)
+/* argv without the GPU-only, refused and multi-node flags (flag_kinds.h) */
+static int parse_kept(void *ctx, int argc, char **argv)
 {
-    memset(o, 0, sizeof *o);
+    struct serve_opts *o = ctx;
     ms_engine_opts_init(&o->eo);
     ms_frontend_opts_init(&o->fo);
     o->comm_timeout_s = 60;
@@ -168,8 +172,17 @@ static int parse(struct serve_opts *o, int argc, char **argv)
         fprintf(stderr, "serve: --model-path DIR is required\n");
         return -1;
     }
-    o->eo.page_size = o->eo.launch.page_size > 1 ? o->eo.launch.page_size : 16;
+    if (ms_flag_screen_check(&o->screen, &o->eo.launch, o->eo.exact, o->eo.model_path, "serve",
+                             stderr))
+        return -1;
+    o->eo.page_size = o->eo.launch.page_size_set ? o->eo.launch.page_size : 16;
     return 0;
+}
+
+static int parse(struct serve_opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    return ms_flag_screen_then(&o->screen, argc, argv, parse_kept, o);
 }
 
 /* ---- rank 0: requests in flight, by engine id ---- */
@@ -457,6 +470,7 @@ int ms_cmd_serve(int argc, char **argv)
     if ((rc = ms_engine_start("serve", &o.eo, o.comm_timeout_s, argc + 1, argv - 1, &cfg, &lay, &W,
                               &rank)))
         return rc;
+    if (rank == 0) ms_flag_screen_warn(&o.screen, "serve");
     rc = 1;
     ms_engine *e = NULL;
     o.eo.prepack = !o.skip_warmup;

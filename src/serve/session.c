@@ -87,6 +87,7 @@ void ms_session_deinit(ms_session *s)
     ms_detok_deinit(&s->detok);
     ms_chat_parser_deinit(&s->chat);
     free(s->text);
+    free(s->chunk);
     free(s->out);
     json_decref(s->lp);
     json_decref(s->out_ids);
@@ -267,7 +268,13 @@ int ms_session_step(ms_session *s, int timeout_ms)
     if (s->finish) return 1;
     ms_serve_tok toks[TAKE_BATCH];
     int fin = 0;
-    size_t k = ms_serve_req_take(s->req, s->n_taken, toks, TAKE_BATCH, timeout_ms, &fin);
+    /* --stream-interval N: the first token alone, then one chunk per N tokens */
+    size_t group = !s->api.stream || s->stream_interval <= 1 ? 0
+                   : s->n_taken == 0                         ? 1
+                                     : (size_t)MS_MIN(s->stream_interval, TAKE_BATCH);
+    size_t k = ms_serve_req_take_min(s->req, s->n_taken, group ? group : 1, toks,
+                                     group ? group : TAKE_BATCH, timeout_ms, &fin);
+    if (group && k < group && !fin) return 0; /* timed out short of a chunk: wait on */
     if (k) {
         double now = ms_now_s();
         if (s->n_taken > 0 && s->t_prev > 0)
@@ -290,10 +297,17 @@ int ms_session_step(ms_session *s, int timeout_ms)
             return 1;
         }
         stopped = rc == 1;
-        on_text(s, d, n, 0, NULL);
+        if (group)
+            buf_add(&s->chunk, &s->n_chunk, &s->cap_chunk, d, n, &s->oom);
+        else
+            on_text(s, d, n, 0, NULL);
     }
     s->n_taken += used;
-    if (used) {
+    if (group) { /* one frame: the chunk's text with its logprobs */
+        on_text(s, s->chunk ? s->chunk : "", s->n_chunk, 0,
+                used ? lp_piece(s, toks, used, off0) : NULL);
+        s->n_chunk = 0;
+    } else if (used) {
         json_t *lp = lp_piece(s, toks, used, off0);
         if (lp && s->api.stream)
             on_text(s, "", 0, 0, lp);

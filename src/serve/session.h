@@ -34,6 +34,9 @@ typedef struct ms_session {
     size_t n_text, cap_text;
     json_t *lp;      /* chat: [entries]; completions: {tokens,...}; generate: [[lp,id,null]] */
     json_t *out_ids; /* /generate output_ids */
+    int stream_interval; /* --stream-interval: tokens per SSE chunk after the first (1) */
+    char *chunk;         /* text of the chunk being gathered */
+    size_t n_chunk, cap_chunk;
     /* pending SSE bytes */
     char *out;
     size_t n_out, cap_out, out_pos;

@@ -14,6 +14,7 @@
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "serve/engine.h"
+#include "serve/flag_kinds.h"
 #include "tools/commands.h"
 
 #include <errno.h>
@@ -34,6 +35,7 @@ struct opts {
     int print_ids, ignore_eos, comm_stats;
     double comm_timeout_s;
     ms_engine_opts eo;
+    ms_flag_screen screen; /* GPU-only flags to warn about (argv borrowed) */
 };
 
 struct seq {
@@ -51,11 +53,12 @@ static void usage(FILE *f)
             "  --max-new-tokens N   (default 32)      --temperature T (0 = greedy, default 0)\n"
             "  --top-p P  --top-k K  --min-p P  --seed N  --threads N\n"
             "  --dtype auto|float32|bfloat16          --dump-logits FILE (JSON lines)\n"
-            "  --ids (print token ids)  --ignore-eos  --page-size N (default 16)\n"
+            "  --ids (print token ids)  --ignore-eos\n"
             "  --max-total-tokens N (KV pool per DP rank; default: what the prompts need)\n"
             "  --ep-dispatch-dtype fp32|bf16  --comm-stats  --comm-timeout-s S\n"
             "launch flags (SGLang names):\n%s",
             ms_launch_help());
+    ms_flag_kinds_print_help(f);
 }
 
 static int bad(const char *flag, const char *v, const char *what)
@@ -84,9 +87,10 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
     return -1;
 }
 
-static int parse_opts(struct opts *o, int argc, char **argv)
+/* argv without the GPU-only, refused and multi-node flags (flag_kinds.h) */
+static int parse_kept(void *ctx, int argc, char **argv)
 {
-    memset(o, 0, sizeof *o);
+    struct opts *o = ctx;
     ms_engine_opts_init(&o->eo);
     o->max_new = 32;
     o->samp.top_p = 1.0f;
@@ -176,9 +180,17 @@ static int parse_opts(struct opts *o, int argc, char **argv)
         return -1;
     }
     o->eo.model_path = o->model;
-    o->eo.page_size = o->eo.launch.page_size > 1 ? o->eo.launch.page_size : 16;
+    if (ms_flag_screen_check(&o->screen, &o->eo.launch, o->eo.exact, o->model, "generate", stderr))
+        return -1;
+    o->eo.page_size = o->eo.launch.page_size_set ? o->eo.launch.page_size : 16;
     o->eo.keep_logits = o->dump != NULL;
     return 0;
+}
+
+static int parse_opts(struct opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    return ms_flag_screen_then(&o->screen, argc, argv, parse_kept, o);
 }
 
 static int seq_push(struct seq *s, int32_t id)
@@ -362,6 +374,7 @@ int ms_cmd_generate(int argc, char **argv)
     if ((rc = ms_engine_start("generate", &o.eo, o.comm_timeout_s, argc + 1, argv - 1, &cfg, &lay,
                               &W, &rank)))
         return rc;
+    if (rank == 0) ms_flag_screen_warn(&o.screen, "generate");
     rc = 1;
     struct seq *seqs = NULL;
     int n_seqs = 0;

@@ -1,0 +1,303 @@
+/* flag_kinds.c — the table of SGLang launch flags that `serve` and `generate` do not
+ * parse themselves (GPU-only tuning, features not built, another model family,
+ * multi-node), the screening of argv against it, the start-up warnings and refusals.
+ * Implemented flags are not listed here: their parsers own them.  Main thread only.
+ */
+#include "serve/flag_kinds.h"
+
+#include "base/log.h"
+#include "base/util.h"
+#include "model/config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum kind { GPU_ONLY = 1, NOT_BUILT, V4_ONLY, MULTINODE };
+
+/* name: the flag, or a prefix ending in '-' (matching every flag that starts with it);
+ * the first match wins, so exceptions to a prefix come before it. */
+static const struct {
+    const char *name;
+    enum kind kind;
+    const char *why; /* NOT_BUILT: the feature that is missing */
+} table[] = {
+    /* GPU-only tuning: kernels, graphs and runners a CPU engine does not have */
+    {"--cuda-graph-max-bs", GPU_ONLY, NULL},
+    {"--cuda-graph-bs", GPU_ONLY, NULL},
+    {"--cuda-graph-bs-decode", GPU_ONLY, NULL},
+    {"--disable-cuda-graph", GPU_ONLY, NULL},
+    {"--disable-cuda-graph-padding", GPU_ONLY, NULL},
+    {"--enable-torch-compile", GPU_ONLY, NULL},
+    {"--torch-compile-max-bs", GPU_ONLY, NULL},
+    {"--moe-runner-backend", GPU_ONLY, NULL},
+    {"--attention-backend", GPU_ONLY, NULL},
+    {"--prefill-attention-backend", GPU_ONLY, NULL},
+    {"--decode-attention-backend", GPU_ONLY, NULL},
+    {"--sampling-backend", GPU_ONLY, NULL},
+    {"--disable-flashinfer-autotune", GPU_ONLY, NULL},
+    {"--flashinfer-mxfp4-moe-precision", GPU_ONLY, NULL},
+    {"--trust-remote-code", GPU_ONLY, NULL}, /* no Python model code is ever run */
+    {"--deepep-mode", GPU_ONLY, NULL},
+    {"--enable-dp-attention-local-control-broadcast", GPU_ONLY, NULL},
+    {"--disable-custom-all-reduce", GPU_ONLY, NULL},
+    {"--enable-nccl-nvls", GPU_ONLY, NULL},
+    {"--speculative-draft-attention-backend", GPU_ONLY, NULL},
+    {"--speculative-moe-runner-backend", GPU_ONLY, NULL},
+    {"--disaggregation-ib-device", GPU_ONLY, NULL},
+    /* features not built */
+    {"--speculative-algorithm", NOT_BUILT, "speculative decoding"}, /* value "none": ok */
+    {"--speculative-", NOT_BUILT, "speculative decoding"},
+    {"--enable-hierarchical-cache", NOT_BUILT, "the HiCache host tier"},
+    {"--hicache-", NOT_BUILT, "the HiCache host tier"},
+    {"--disaggregation-mode", NOT_BUILT, "prefill/decode disaggregation"}, /* "null": ok */
+    {"--disaggregation-", NOT_BUILT, "prefill/decode disaggregation"},
+    {"--kv-cache-dtype", NOT_BUILT, "a KV cache in another dtype than the activations'"},
+    {"--swa-full-tokens-ratio", NOT_BUILT, "a separate sliding-window KV pool"},
+    {"--enable-eplb", NOT_BUILT, "EPLB rebalancing"},
+    {"--eplb-", NOT_BUILT, "EPLB rebalancing"},
+    {"--init-expert-location", NOT_BUILT, "EPLB expert placement"},
+    {"--enable-waterfill", NOT_BUILT, "Waterfill expert placement"},
+    {"--expert-distribution-recorder-mode", NOT_BUILT, "the expert distribution recorder"},
+    {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
+    {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
+    {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},
+    {"--enable-w4a4-mxfp4-megamoe", NOT_BUILT, "MXFP4 activations (W4A4 MegaMoE)"},
+    {"--enforce-shared-experts-fusion", NOT_BUILT, "shared-expert fusion"},
+    {"--enable-unified-cache-external-linker", NOT_BUILT, "the UMBP external KV store"},
+    {"--unified-cache-external-linker-", NOT_BUILT, "the UMBP external KV store"},
+    {"--tokenizer-worker-num", NOT_BUILT,
+     "tokenizer workers (requests are tokenized on their connection threads)"},
+    /* another model family (refused naming the model) */
+    {"--enable-deepseek-v4-fp4-indexer", V4_ONLY, NULL},
+    {"--compress-state-dtype", V4_ONLY, NULL},
+    /* multi-node: mpirun spans machines */
+    {"--nnodes", MULTINODE, NULL},
+    {"--node-rank", MULTINODE, NULL},
+    {"--dist-init-addr", MULTINODE, NULL},
+};
+#define N_TABLE (sizeof table / sizeof table[0])
+
+/* SGLANG_* environment variables this engine reads. */
+static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"};
+
+static int lookup(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_TABLE; i++) {
+        size_t n = strlen(table[i].name);
+        int prefix = table[i].name[n - 1] == '-';
+        if (prefix ? (len > n && !strncmp(name, table[i].name, n))
+                   : (len == n && !strncmp(name, table[i].name, n)))
+            return (int)i;
+    }
+    return -1;
+}
+
+/* Values of implemented flags that belong to the table's kinds after all. */
+static int value_is_fine(const char *flag, const char *v)
+{
+    if (!strcmp(flag, "--speculative-algorithm")) return v && !strcasecmp(v, "none");
+    if (!strcmp(flag, "--disaggregation-mode"))
+        return v && (!strcasecmp(v, "null") || !strcasecmp(v, "none"));
+    if (!strcmp(flag, "--kv-cache-dtype")) /* the cache stores the activations' dtype */
+        return v &&
+               (!strcasecmp(v, "auto") || !strcasecmp(v, "bf16") || !strcasecmp(v, "bfloat16") ||
+                !strcasecmp(v, "fp32") || !strcasecmp(v, "float32"));
+    return 0;
+}
+
+static int v4_value(const char *flag, const char *v)
+{
+    if (!v) return 0;
+    if (!strcmp(flag, "--tool-call-parser")) return !strcmp(v, "deepseekv4");
+    if (!strcmp(flag, "--reasoning-parser")) return !strcmp(v, "deepseek-v4");
+    return 0;
+}
+
+int ms_flag_screen_argv(ms_flag_screen *s, int argc, char **argv, char **kept)
+{
+    memset(s, 0, sizeof *s);
+    int n = 0;
+    if (argc > 0) kept[n++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2)) {
+            kept[n++] = argv[i];
+            continue;
+        }
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        /* the first value (--flag=v or the next argument that is not a flag) */
+        const char *v =
+            eq ? eq + 1 : (i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[i + 1] : NULL);
+        int k = lookup(a, len);
+        int v4 = k < 0 && v4_value(a, v);
+        if ((k < 0 && !v4) || (k >= 0 && value_is_fine(table[k].name, v))) {
+            kept[n++] = argv[i];
+            continue;
+        }
+        /* screened: skip its values (every following argument that is not a flag) */
+        int j = i + 1;
+        if (!eq)
+            while (j < argc && strncmp(argv[j], "--", 2)) j++;
+        enum kind kd = v4 ? V4_ONLY : table[k].kind;
+        if (kd == GPU_ONLY && s->n_gpu_only < MS_FLAG_SCREEN_MAX) {
+            s->gpu_only[s->n_gpu_only++] = a;
+        } else if (kd == NOT_BUILT && s->n_refused < MS_FLAG_SCREEN_MAX) {
+            s->refused[s->n_refused] = a;
+            s->refused_val[s->n_refused] = j > i + 1 ? argv[i + 1] : NULL;
+            s->why[s->n_refused++] = table[k].why;
+        } else if (kd == V4_ONLY && s->n_family < MS_FLAG_SCREEN_MAX) {
+            s->family_val[s->n_family] = j > i + 1 ? argv[i + 1] : NULL;
+            s->family_flags[s->n_family++] = a;
+        } else if (kd == MULTINODE) {
+            s->n_multinode++;
+            if (len == 8 && !strncmp(a, "--nnodes", len) && v) s->nnodes = atoi(v);
+        } else {
+            s->overflow = 1; /* more than MS_FLAG_SCREEN_MAX of one kind: refused */
+        }
+        i = j - 1;
+    }
+    kept[n] = NULL;
+    return n;
+}
+
+int ms_flag_screen_then(ms_flag_screen *s, int argc, char **argv,
+                        int (*parse)(void *ctx, int argc, char **argv), void *ctx)
+{
+    char **kept = calloc((size_t)argc + 1, sizeof *kept);
+    if (!kept) return -1;
+    int rc = parse(ctx, ms_flag_screen_argv(s, argc, argv, kept), kept);
+    free(kept);
+    return rc;
+}
+
+int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
+                         const char *model_path, const char *cmd, FILE *out)
+{
+    int bad = 0;
+    ms_config cfg;
+    char path[1200];
+    ms_errbuf e;
+    const char *model_type = "a model it cannot read";
+    if (s->n_family && model_path && ms_path_join(path, sizeof path, model_path, "config.json") &&
+        !ms_config_load(&cfg, path, &e))
+        model_type = cfg.model_type;
+    char f[256];
+    for (int i = 0; i < s->n_refused; i++, bad++) {
+        snprintf(f, sizeof f, "%s%s%s", s->refused[i], s->refused_val[i] ? " " : "",
+                 s->refused_val[i] ? s->refused_val[i] : "");
+        if (!strncmp(s->refused[i], "--speculative-algorithm", 23) && strcasestr(f, "EAGLE3"))
+            fprintf(out,
+                    "%s: %s: not implemented (EAGLE3 needs a separate draft model, and "
+                    "moeserve has no speculative decoding yet)\n",
+                    cmd, f);
+        else
+            fprintf(out, "%s: %s: not implemented (%s is not built in moeserve)\n", cmd, f,
+                    s->why[i]);
+    }
+    for (int i = 0; i < s->n_family; i++, bad++)
+        fprintf(out,
+                "%s: %s%s%s: not implemented for this model: a DeepSeek-V4 flag, and %s is %s\n",
+                cmd, s->family_flags[i], s->family_val[i] ? " " : "",
+                s->family_val[i] ? s->family_val[i] : "", model_path ? model_path : "--model-path",
+                model_type);
+    if (s->n_multinode) {
+        int w = l ? l->tp * (l->enable_dp_attention ? 1 : l->dp) * l->pp : 0;
+        int per = s->nnodes > 0 && w % s->nnodes == 0 ? w / s->nnodes : 0;
+        fprintf(out,
+                "%s: --nnodes, --node-rank and --dist-init-addr are not implemented: moeserve "
+                "spans machines with MPI; start all %d ranks at once with\n"
+                "    mpirun -np %d --hostfile HOSTS",
+                cmd, w, w);
+        if (per) fprintf(out, " --map-by ppr:%d:node", per);
+        fprintf(out,
+                " moeserve %s <the same flags without --nnodes, --node-rank and "
+                "--dist-init-addr>\n",
+                cmd);
+        bad++;
+    }
+    if (s->overflow) {
+        fprintf(out, "%s: more than %d GPU-only, refused or DeepSeek-V4 flags of one kind\n", cmd,
+                MS_FLAG_SCREEN_MAX);
+        bad++;
+    }
+    if (l && (l->pp > 1 || l->attn_cp_size > 1)) {
+        fprintf(out, "%s: %s %d: not implemented (%s are not built in the CPU engine)\n", cmd,
+                l->pp > 1 ? "--pp-size" : "--attn-cp-size", l->pp > 1 ? l->pp : l->attn_cp_size,
+                l->pp > 1 ? "pipeline stages" : "attention context-parallel groups");
+        bad++;
+    }
+    if (l && l->kv_cache_bytes && l->kv_cache_bytes != (exact ? 4 : 2)) {
+        fprintf(out,
+                "%s: --kv-cache-dtype %s: not implemented (the KV cache stores the activation "
+                "dtype: %s with --dtype %s)\n",
+                cmd, l->kv_cache_dtype, exact ? "fp32" : "bf16", exact ? "float32" : "auto");
+        bad++;
+    }
+    return bad ? MS_EINVAL : 0;
+}
+
+void ms_flag_screen_warn(const ms_flag_screen *s, const char *cmd)
+{
+    char line[2048];
+    size_t off = 0;
+    for (int i = 0; i < s->n_gpu_only && off < sizeof line; i++) {
+        const char *a = s->gpu_only[i];
+        const char *eq = strchr(a, '=');
+        int len = eq ? (int)(eq - a) : (int)strlen(a);
+        int w = snprintf(line + off, sizeof line - off, "%s%.*s", i ? ", " : "", len, a);
+        if (w < 0) break;
+        off += (size_t)w;
+    }
+    if (s->n_gpu_only)
+        MS_LOG(MS_WARN, cmd, "GPU-only tuning, without effect on this engine: %s", line);
+    off = 0;
+    line[0] = 0;
+    int n = 0;
+    extern char **environ;
+    for (char **e = environ; e && *e && off < sizeof line; e++) {
+        if (strncmp(*e, "SGLANG_", 7)) continue;
+        const char *eq = strchr(*e, '=');
+        int len = eq ? (int)(eq - *e) : (int)strlen(*e);
+        if (eq && !eq[1]) continue; /* set to "": not set */
+        int read = 0;
+        for (size_t k = 0; k < sizeof env_read / sizeof env_read[0]; k++)
+            if ((int)strlen(env_read[k]) == len && !strncmp(*e, env_read[k], (size_t)len)) read = 1;
+        if (read) continue;
+        int w = snprintf(line + off, sizeof line - off, "%s%.*s", n++ ? ", " : "", len, *e);
+        if (w < 0) break;
+        off += (size_t)w;
+    }
+    if (n)
+        MS_LOG(MS_WARN, cmd, "environment variables this engine does not read (ignored): %s", line);
+}
+
+void ms_flag_kinds_print_help(FILE *f)
+{
+    fprintf(f, "SGLang flags without effect on a CPU (accepted; named in a start-up warning):\n");
+    int col = 0;
+    for (size_t i = 0; i < N_TABLE; i++) {
+        if (table[i].kind != GPU_ONLY) continue;
+        int w = (int)strlen(table[i].name) + 1;
+        if (col + w > 88) fprintf(f, "\n"), col = 0;
+        col += fprintf(f, "%s%s", col ? " " : "  ", table[i].name);
+    }
+    fprintf(f, "\nSGLang flags of features not built (refused at start-up; '-' ends a prefix):\n");
+    for (size_t i = 0; i < N_TABLE; i++) {
+        if (table[i].kind != NOT_BUILT) continue;
+        fprintf(f, "  %-44s %s\n", table[i].name, table[i].why);
+    }
+    fprintf(
+        f,
+        "  ('plan only' above: moeserve plan models the flag; serve and generate refuse it.)\n"
+        "  --speculative-algorithm none, --disaggregation-mode null and --kv-cache-dtype\n"
+        "  auto (or the activation dtype: bf16, fp32 with --dtype float32) are accepted.\n"
+        "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
+        "  --compress-state-dtype, --tool-call-parser deepseekv4, --reasoning-parser deepseek-v4\n"
+        "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
+        "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
+        "  --enable-dp-attention)\n"
+        "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK;\n"
+        "  any other one set is named in a start-up warning as ignored.\n");
+}

@@ -1,0 +1,92 @@
+"""flag_table.py — the tests' own table of SGLang launch flags by kind (issue 23), kept
+apart from the code's table (src/serve/flag_kinds.c) so that the tests check the code
+against an independent statement of what each flag is.  Used by tests/flags_test.py
+(every flag here, one by one) and tests/recipes_test.py (the seed recipes).
+
+Kinds:
+  IMPL      implemented: the server starts, and the flag is named in no warning
+  GPU       GPU-only tuning: accepted, named in the one start-up warning line
+  NOT_BUILT the feature is not built: refused, naming the flag, "not implemented"
+  V4        a DeepSeek-V4 flag: refused on a V3 model, naming the flag and the model
+  MULTI     multi-node: refused with the mpirun command that does the same
+Each entry: flag -> a sample value (None: a switch; a list: several values).
+"""
+
+IMPL = {
+    "--tp": "1", "--dp": "1", "--enable-dp-attention": None, "--enable-dp-lm-head": None,
+    "--ep-size": "1", "--moe-a2a-backend": "none", "--moe-dense-tp-size": "1",
+    "--disable-shared-experts-fusion": None, "--mem-fraction-static": "0.3",
+    "--chunked-prefill-size": "4096", "--max-running-requests": "16", "--page-size": "16",
+    "--watchdog-timeout": "3600", "--stream-interval": "2", "--enable-cache-report": None,
+    "--kv-cache-dtype": "auto", "--speculative-algorithm": "none",
+    "--disaggregation-mode": "null", "--tool-call-parser": "deepseekv31",
+    "--reasoning-parser": "deepseek-r1", "--deepep-max-dispatch-tokens-per-rank": "256",
+    "--served-model-name": "m", "--enable-metrics": None,
+}
+
+GPU = {
+    "--cuda-graph-max-bs": "256", "--cuda-graph-bs": ["1", "2", "4"],
+    "--cuda-graph-bs-decode": ["1", "2", "3", "4", "5", "6", "7", "8"],
+    "--disable-cuda-graph": None, "--moe-runner-backend": "flashinfer_mxfp4",
+    "--attention-backend": "dsv4", "--disable-flashinfer-autotune": None,
+    "--flashinfer-mxfp4-moe-precision": "fp8", "--trust-remote-code": None,
+    "--deepep-mode": "auto", "--enable-dp-attention-local-control-broadcast": None,
+    "--speculative-draft-attention-backend": "fa3",
+    "--speculative-moe-runner-backend": "triton",
+    "--disaggregation-ib-device": "mlx5_0,mlx5_1",
+}
+
+NOT_BUILT = {
+    "--speculative-algorithm": "DSPARK", "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4",
+    "--speculative-dspark-block-size": "6", "--speculative-draft-model-path": "/nonexistent",
+    "--kv-cache-dtype": "fp8_e4m3", "--enable-hierarchical-cache": None,
+    "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
+    "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
+    "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
+    "--swa-full-tokens-ratio": "0.1", "--enable-eplb": None,
+    "--init-expert-location": "/nonexistent.pt", "--enable-waterfill": None,
+    "--eplb-algorithm": "deepseek", "--enable-prefill-delayer": None,
+    "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
+    "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,
+    "--enable-unified-cache-external-linker": None,
+    "--unified-cache-external-linker-backend": "mori", "--tokenizer-worker-num": "8",
+}
+# values of a NOT_BUILT flag that are refused too (the flag-class test tries each)
+NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE", "EAGLE3", "NEXTN", "MTP"],
+                    "--kv-cache-dtype": ["fp8_e5m2", "fp16"],
+                    "--disaggregation-mode": ["decode"]}
+
+V4 = {"--enable-deepseek-v4-fp4-indexer": None, "--compress-state-dtype": "bf16"}
+V4_VALUES = {"--tool-call-parser": "deepseekv4", "--reasoning-parser": "deepseek-v4"}
+
+MULTI = {"--nnodes": "2", "--node-rank": "0", "--dist-init-addr": "10.0.0.1:5000"}
+
+# SGLANG_* environment variables: read by the engine, or ignored with a warning
+ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"}
+
+
+def kind_of(flag, values):
+    """The kind of one flag with its values (a list) as a recipe gives them, or None
+    when the table does not know the flag."""
+    v = values[0] if values else None
+    if flag in V4_VALUES and v == V4_VALUES[flag]:
+        return "V4"
+    if flag in NOT_BUILT:
+        if flag in IMPL and v == IMPL[flag]:
+            return "IMPL"
+        if flag == "--kv-cache-dtype" and v in ("auto", "bf16", "bfloat16"):
+            return "IMPL"
+        return "NOT_BUILT"
+    for name, table in (("IMPL", IMPL), ("GPU", GPU), ("V4", V4), ("MULTI", MULTI)):
+        if flag in table:
+            return name
+    return None
+
+
+def args_of(flag, value):
+    if value is None:
+        return [flag]
+    if isinstance(value, list):
+        return [flag] + value
+    return [flag, value]
