@@ -225,7 +225,7 @@ int main(int argc, char **argv)
         /* both rates measured the same way: decode tokens over decode time
          * (x_batch1), and one step's tokens over the median step (x_batch1_median).
          * Rows before 2026-11-30 divided the batch's mean rate by batch 1's
-         * median-step rate, which read 4-6 % lower (bench/RESULTS.md). */
+         * median-step rate, which read 4-6 % lower (bench/HISTORY.md). */
         printf("batch model=small-v3 dtype=bf16 seqs=32 threads=%d tok_s=%.1f batch1_tok_s=%.2f "
                "x_batch1=%.2f median_step_tok_s=%.1f batch1_median_step_tok_s=%.2f "
                "x_batch1_median=%.2f (batch 1 decoded just before)\n",

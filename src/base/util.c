@@ -19,10 +19,9 @@ double ms_now_s(void)
 }
 
 /* Buffers of 4 MiB and more (the forward's workspaces) start on a 2 MiB
- * boundary and ask for 2 MiB pages: the zeroing touches every page, and a
- * first touch of 4 KiB pages cost ~3 ms per MiB on the development machine
- * (256 MiB: 773-787 ms, against 22-288 ms in 2 MiB pages), which a fresh
- * server paid inside its first long prompt. */
+ * boundary and ask for 2 MiB pages: the zeroing touches every page, and first
+ * touches of 4 KiB pages are far slower, a cost a fresh server would pay
+ * inside its first long prompt (measured: bench/RESULTS.md, "Why the code is so"). */
 enum { HUGE_PAGE = 2 << 20 };
 
 void *ms_alloc_aligned(size_t n_items, size_t item_bytes)

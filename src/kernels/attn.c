@@ -207,12 +207,7 @@ AIBF __m512 dpbf(__m512 acc, __m512i a, __m512i b)
  * orders the columns by 128-bit lane ({0-3, 8-11, ...} and {4-7, 12-15, ...}),
  * put back with one two-source permute per 16 columns at the store.  Against
  * the FP32 group() this halves the multiply-adds and drops the widening
- * (estimated ~1,000 -> ~590 instructions per pair of rows at 8 heads, R =
- * 288, V = 256).  Measured, 16 heads, 2 threads, in one process: S = 300
- * 20.9-22.3 -> 12.1-14.3 µs; 32 sequences of 130 rows 279-284 -> 176-201 µs;
- * S = 4000 296 -> 153 µs.  small-v3 decode steps (ABBA A/B in one engine,
- * medians): batch 1 after a 64-token prompt no change, after a 2048-token
- * prompt 0.91-0.92 of the time, batch 32 0.97-0.99. */
+ * (measured: bench/RESULTS.md, "Why the code is so"). */
 AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, int64_t V,
                    float scale, const uint16_t *qb, int64_t ldq, float *sc, uint16_t *pb,
                    int64_t ldp, float *ctx)

@@ -246,7 +246,7 @@ int ms_kernels_f8_plain_used(const ms_kctx *k)
  * the share with the most left.  The last thread to finish therefore waits
  * for at most about one slice, and no thread restarts its stream at every
  * claim.  (Measured against the earlier shared counter of 128-row chunks:
- * bench/RESULTS.md.)  Each output element is computed the same way whoever
+ * bench/HISTORY.md.)  Each output element is computed the same way whoever
  * computes it: results do not depend on the split. */
 
 #define BATCH_MAX 512
@@ -331,10 +331,9 @@ static void sched_worker(void *arg, int tid, int nt)
 }
 
 /* Below this many multiply-adds a call runs on the calling thread only: the
- * pool hand-off (~1.5 µs for a run both threads join, measured here) would
- * cost more than it saves.  2^15 lets the MoE router (64 x 1024 BF16, read
- * cold once per token) use both threads: MoE layers at batch 1 3.50 -> 3.35
- * ms per token against 2^18 (three alternating runs). */
+ * pool hand-off would cost more than it saves.  2^15 lets the MoE router
+ * (64 x 1024 BF16, read cold once per token) use both threads (measured:
+ * bench/RESULTS.md, "Why the code is so"). */
 enum { MT_MIN_MACS = 1 << 15 };
 
 /* Slices the n jobs in S->jobs and runs them on the pool (or here). */

@@ -21,37 +21,22 @@
 #define AI static inline __attribute__((always_inline))
 
 enum {
-    /* activation rows prepared (rounded to bf16) at once: a prefill's
-     * experts have ~48 rows each (512 tokens × top-6 over 64), and at 32 the
-     * two row blocks of such an expert re-prepared their activations for
-     * every 128 weight rows (the per-thread cache holds one block): expert
-     * GEMMs at M = 48, 2 threads, 32 → 128: 457 / 473 → 524-545 GFLOP/s;
-     * prefill's MoE phase 7 of 7 alternating pairs faster (−3 to −27 %) */
+    /* activation rows prepared (rounded to bf16) at once: a prefill expert's
+     * ~48 rows (512 tokens × top-6 over 64) in one block, prepared once
+     * (measured: bench/RESULTS.md, "Why the code is so") */
     MC = 128,
     F8_WIDEN_M = 32, /* FP8 weights at M >= this are widened to bf16 once per block */
-    /* columns per pass of the tiles (a multiple of 64): at K = 7168 a 6-row
-     * tile's weights (84 KiB) and 4 activation rows (56 KiB) overflow L1 and
-     * 128 prepared rows (1.8 MiB) L2, so every tile re-read its activations
-     * from L3; in passes of KC columns they stay in L2 and the tile in L1,
-     * each pass adding its sums to y.  K = 7168, N = 2048, 2 threads
-     * (bench_kernels --quick, one run): BF16 M = 64 402 -> 468, M = 512
-     * 297 -> 379 GFLOP/s; FP8 M = 64 389 -> 477, M = 512 318 -> 452.  KC =
-     * 512, 768 and 2048 were slower than 1024 at M = 16-127 (2048: the
-     * tile's 40 KiB nearly fill L1) */
+    /* columns per pass of the tiles (a multiple of 64): in passes of KC
+     * columns the prepared rows stay in L2 and the tile in L1, each pass
+     * adding its sums to y (measured: bench/RESULTS.md, "Why the code is so") */
     KC = 1024,
     F8_PF_BYTES = 8192,   /* FP8 GEMV: software prefetch distance along the stream */
     PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
     MR_PF_BYTES = 4096,   /* BF16 rows at M = 2, 3: prefetch distance along the weights */
     /* One line per weight row (per tile row in the tiles) prefetched this
      * far ahead, on top of the streams' own prefetching: it starts the
-     * address translation of the pages the stream reaches next.  Reading
-     * 14 MiB of expert matrices at random places of small-v3's 1.3 GiB of
-     * experts ran at 56-60 GB/s against 64-79 for the same bytes in a 98 MiB
-     * buffer (2 MiB guest pages both; this guest's page walks are the
-     * likely cost), and 70-74 GB/s with this prefetch.  small-v3 decode,
-     * alternating processes: batch 1 0.72-0.86 -> 0.93-0.99 of the roofline
-     * (32 KiB 0.90-1.00, 8 KiB 0.85-0.92); batch 32 ~5 % less time (ABBA
-     * per-step A/B, medians, against a control).  bench/RESULTS.md, ninth pass. */
+     * address translation of the pages the stream reaches next (page walks
+     * slowed scattered expert reads; measured: bench/RESULTS.md, "Why the code is so") */
     PAGE_PF_BYTES = 16384,
 };
 
@@ -158,8 +143,7 @@ AI __m512 dp(__m512 acc, __m512i x, __m512i w)
  * multiple of 64) × weight rows w0 + r·ldw (bytes), r < R; writes the sums to
  * out[m * R + r].  Register blocked: per 32 columns each activation vector
  * and each weight vector is loaded once and feeds MB·R products (loading both
- * operands for every product made the loop load-bound: 105-112 GFLOP/s on
- * one core at M >= 4, against a ~420 peak).  Each sum takes its products in
+ * operands for every product made the loop load-bound).  Each sum takes its products in
  * k order, so the result does not depend on MB, R or the split.  isf8: 0
  * BF16, 1 FP8 through the tables, 2 FP8 rows that are all plain. */
 AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const uint16_t *xb,
@@ -239,32 +223,19 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
 /* M = 1 (decode): weight rows one after another, each read once from start
  * to end, so the weights are a single forward stream (rows are contiguous in
  * the stored matrix) that the hardware prefetcher follows at full speed; two
- * accumulators per row, one horizontal sum per row.  Measured on a 64 MiB
- * BF16 matrix, 2 threads, one run: 76-93 GB/s against 55-60 GB/s for the
- * 8-row tile (plain read 82 GB/s).  No line-by-line software prefetch for
- * BF16 at M = 1: it only lowered the rate (decode 157-172 -> 155-160 tok/s,
- * three alternating runs); one line per row PAGE_PF_BYTES ahead does help.
- * FP8 rows do more work per byte (the widening) and gain from a prefetch
- * along the stream: FP8 decode 176-180 -> 196-211 tok/s at 4 KiB (three
- * alternating runs).  With the page-ahead line as well, 8 KiB beat 4: 14 + 7
- * FP8 expert matrices at random places of a 1.3 GiB arena, 2 threads, random
- * order, three runs: gate/up 51.7-52.5 -> 54.5-55.0 GB/s, down 47.9-48.4 ->
- * 51.3-52.5 (6 KiB between).
+ * accumulators per row, one horizontal sum per row.  BF16 rows get no
+ * line-by-line software prefetch (it only lowered the rate), only the
+ * page-ahead line; FP8 rows, which do more work per byte, also prefetch
+ * F8_PF_BYTES along the stream.
  *
  * BF16 at MB = 2 or 3 activation rows (most MoE experts of a batched decode:
  * 32 tokens × top-6 over 64 experts is ~3 rows each) streams the same way,
- * each row feeding MB sums, with a non-temporal prefetch 4 KiB ahead (2 and
- * 8 KiB no better).  The tiles stream and compute in turn at these M: on one
- * core, cold 1 MiB expert matrices, alternating, the tiles read 22.4 / 22.6
- * GB/s at M = 2 and 21.2 / 22.5 at M = 3, this loop 27.9 / 27.0 and 24.6 /
- * 26.9 (M = 1: ~30); at M = 4 it only matched the tile (24.5 against 24.8),
- * so M >= 4 keeps the tiles.  A MoE layer at 32 rows (2 threads): 3.23 / 3.01
- * / 3.19 -> 2.60 / 2.62 / 2.84 ms.
+ * each row feeding MB sums, with a non-temporal prefetch MR_PF_BYTES ahead;
+ * from M = 4 the tiles are as fast, so they take over.
  *
  * The tiles (BF16 from M = 4, FP8 from M = 2) do more arithmetic per weight
- * byte and gain from prefetching the next tile (expert-sized 1 MiB matrices
- * at 2 threads, one run: M = 3 29 -> 39 GB/s, M = 4 30 -> 37, M = 8 23 ->
- * 31). */
+ * byte and prefetch the next tile.  (Why these choices, measured:
+ * bench/RESULTS.md, "Why the code is so".) */
 AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
                  const char *p, int64_t K, float *y, int64_t ldy, int accumulate)
 {
@@ -551,10 +522,9 @@ int ms_mm_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
  * activation rows; the accumulators hold the columns in the order the
  * unpacks leave them and are put back in order once at the end.  Each output
  * takes its products in k order whatever the split.  The exact FP32 kernel
- * widens FP8 one 16-weight vector at a time (~9 operations per vector): one
- * layer's W_UK at batch 1 took 18-22 µs there, 8.9-10.9 µs here; at 32 rows
- * 124-130 -> 74-87 µs.  BF16 weights stay on the FP32 kernel, whose widening
- * is a shift (batch 1: 13.1 µs there, 14.2-15.4 µs with this scheme). */
+ * widens FP8 one 16-weight vector at a time (~9 operations per vector), so
+ * FP8 W_UK is faster here; BF16 weights stay on the FP32 kernel, whose
+ * widening is a shift (measured: bench/RESULTS.md, "Why the code is so"). */
 
 /* The four accumulators of a 64-column group back in column order: after
  * the word unpacks accumulator q holds, per 128-bit lane l, columns

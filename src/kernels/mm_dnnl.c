@@ -24,15 +24,11 @@
 
 /* M is rounded up to a multiple of M_BUCKET (padding rows computed into a
  * scratch) so the grouped expert GEMMs, whose row counts change every step,
- * reuse a few primitives instead of creating one per call (0.1-0.3 ms each).
- * MIN_M: below it the hand kernel runs.  Each oneDNN call here measured about
- * as fast as the hand kernel at M = 48 in isolation (150-160 us for 48 x 1024
- * x 512), but inside a forward, where oneDNN's OpenMP threads and the kernel
- * pool's workers take turns on the same cores, the 512-token small-v3
- * prefill ran 625 tok/s with MIN_M = 48 against 975 with oneDNN off and
- * 1228-1368 with MIN_M = 128 (experts, ~48 rows each, on the hand kernel;
- * the 512-row projections on oneDNN).  MOESERVE_DNNL_MIN_M overrides it (and
- * ms_kernels_set_dnnl_min_m); M buckets of 8 and 16 measured the same as 32. */
+ * reuse a few primitives instead of creating one per call.  MIN_M: below it
+ * the hand kernel runs, so a prefill's experts (~48 rows each) stay off
+ * oneDNN, whose OpenMP threads take turns with the kernel pool's workers on
+ * the same cores (measured: bench/RESULTS.md, "Why the code is so").
+ * MOESERVE_DNNL_MIN_M overrides it (and ms_kernels_set_dnnl_min_m). */
 enum { N_PRIMS = 128, M_BUCKET = 32, N_REORDERS = 16 };
 static int64_t MIN_M = 128;
 
@@ -114,9 +110,8 @@ static int init(void)
     e = getenv("MOESERVE_DNNL_MIN_M");
     if (e) MIN_M = atol(e);
     /* oneDNN reads CPUID itself: where AVX512_BF16 is hidden and the kernels
-     * use it anyway (MOESERVE_ISA=avx512bf16, probed), it would emulate bf16
-     * (see usable(); 512-token small-v3 prefill 314 tok/s against 412 on the
-     * hand kernel). */
+     * use it anyway (MOESERVE_ISA=avx512bf16, probed), it would emulate bf16,
+     * slower than the hand kernel (see usable()). */
     if ((dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_bf16) !=
         dnnl_cpu_isa_avx512_core_bf16) {
         MS_LOG(MS_INFO, "kernels", "oneDNN sees no AVX512_BF16; BF16 prefill uses the hand kernel");
@@ -260,7 +255,7 @@ static pack_ent *pack_find(const ms_mat *W, uint64_t fp)
 }
 
 /* The reorder primitive from a plain view of this shape to wmd, made once per
- * shape (making one took ~3 ms, most of a 1 MiB matrix's reorder). */
+ * shape (making one costs most of a small matrix's reorder). */
 static dnnl_primitive_t reorder_get(const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *wmd)
 {
     for (int i = 0; i < N_REORDERS; i++) {
@@ -390,10 +385,9 @@ static void match_threads(const ms_kctx *k)
 }
 
 /* Only on AVX512_BF16 CPUs, where ms_matmul sends large-M BF16 products here
- * (matmul.c): without it oneDNN 2.6 emulates bf16 and measured 58-61 GFLOP/s
- * against the hand kernels' 160-203 (M = 512, K x N = 1024 x 2816, 2816 x 1024,
- * 7168 x 2048, 2 threads, Xeon guest without AVX512_BF16), so copies made
- * there would only cost memory (and KV pool). */
+ * (matmul.c): without it oneDNN 2.6 emulates bf16, slower than the hand
+ * kernels (measured: bench/RESULTS.md, "Why the code is so"), so copies made there would only cost
+ * memory (and KV pool). */
 static int usable(const ms_kctx *k, const ms_mat *W)
 {
     if (g.disabled || W->dtype != MS_DT_BF16 || !k || k->exact || k->isa < MS_ISA_AVX512BF16)

@@ -51,13 +51,8 @@ enum {
      * the address translation of the pages the stream reaches next */
     WD_PAGE_PF_BYTES = 16384,
     /* and every line of the stream this far ahead into L1, and WD_PF_L2_BYTES
-     * ahead into L2: the hardware prefetcher alone left one stream per core
-     * at 10-11 GB/s.  1 MiB BF16 (512 KiB FP8) expert matrices from DRAM,
-     * M = 1, 2 threads, one run: no prefetch BF16 20.2 GB/s, FP8 13.0; 4 KiB
-     * into L1 26.4 / 22.1 (2 and 8 KiB within 10 %, T2 hints no better); 2
-     * KiB into L1 + 8 KiB into L2 29.9-30.4 / 21.7-23.5 against 25.0-27.4 /
-     * 22.8-22.9 for 4 KiB alone (two alternating runs; a 65 MB LM head
-     * 28.5-28.7 -> 30.1-32.0; plain read 32-33) */
+     * ahead into L2: the hardware prefetcher alone leaves one stream per core
+     * well below the read rate (measured: bench/RESULTS.md, "Why the code is so") */
     WD_PF_BYTES = 2048,
     WD_PF_L2_BYTES = 8192,
 };
@@ -151,9 +146,8 @@ static void wd_tile_mb(int MB, int R, const float *xp, int64_t ldx, const float 
 /* Prepared rows xp[mc][ldx] × widened rows wf[nr][kcp] into y[mc][ldy]
  * (add: added to y).  The activation rows go in groups of at most six, as
  * equal as they come (32 = 6 + 6 + 5 + 5 + 5 + 5), each staying in L1 while
- * the block's rows go past four at a time.  (Prefetching the next block's
- * weights into L2 from here, a few lines per tile, measured 5 % slower at
- * M = 32.) */
+ * the block's rows go past four at a time.  (No prefetch of the next
+ * block from here: it was slower; bench/RESULTS.md, "Why the code is so".) */
 static void wd_block(const float *xp, int64_t ldx, int64_t mc, const float *wf, int64_t kcp,
                      int64_t nr, float *y, int64_t ldy, int add)
 {
@@ -293,10 +287,7 @@ AI void wd_fp8_load64_tail(const wd_f8lut *L, const char *p, int64_t rem, __m512
 /* The same for plain codes (exponent field 1..15, not NaN) without the
  * tables (mm_f8_plain_bytes: one GF(2) affine transform per byte).  8
  * operations per 64 codes with the unpacks and the widening, against 11 for
- * the integer shifts and masks this replaced: L2-hot FP8 gemv (N = 256, K =
- * 1024, one thread) 20.5 -> 24.8 GB/s, 4 MiB matrices from DRAM (2 threads)
- * 26.7-28.5 -> 30.8-31.0 GB/s, small-v3 FP8 decode ÷ BF16 1.36 / 1.44 ->
- * 1.57 / 1.55 (alternating processes). */
+ * the integer shifts and masks this replaced (measured: bench/RESULTS.md, "Why the code is so"). */
 AI void wd_fp8_plain_split(__m512i c, __m512 *v)
 {
     __m512i lo, hi;

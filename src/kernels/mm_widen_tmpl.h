@@ -196,11 +196,8 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
     const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
     /* activation rows prepared at once.  BF16: all of them up to WD_XP_BYTES,
      * so each block is widened once per pass however many rows use it, not
-     * once per WD_MC of them (2 threads, three alternating runs, GFLOP/s: M
-     * = 512 K = 1024 N = 2816 235-239 -> 264-269, M = 256 K = 1024 N = 2048
-     * 231-233 -> 267-284, M = 512 K = 2816 N = 1024 158-179 -> 165-171; a 4
-     * MiB cap lost at K = 2816).  FP8 prepares them again for every 128-row
-     * block (its scales), and 128 at a time measured faster there. */
+     * once per WD_MC of them.  FP8 prepares them again for every 128-row
+     * block (its scales), WD_MC at a time (measured: bench/RESULTS.md, "Why the code is so"). */
     const int64_t mcmax =
         MS_MIN(M, WD_FP8 ? (int64_t)WD_MC : MS_MAX((int64_t)WD_MC, WD_XP_BYTES / (Kp * 4)));
     const int tiles = M > WD_GEMV_MAX_M;

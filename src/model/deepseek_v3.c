@@ -243,9 +243,8 @@ static void softmax_rows(void *arg, int tid, int nt)
 /* The keys of one head group transposed: kt[b][c][s] = component c of
  * [k_nope | k_rope] of head g0 + b at position s; and its values packed,
  * vt[b][s] = v of head g0 + b at position s (in kv they are H·kvd floats
- * apart, 8 KiB in small-v3, so the context product read rows that fell in
- * a few cache sets: 16 heads, 128 queries × 512 positions, 2 threads, 99-106
- * GFLOP/s in place against 171-194 packed).  Split by heads. */
+ * apart, so the context product would read rows that fall in a few cache
+ * sets; measured: bench/RESULTS.md, "Why the code is so").  Split by heads. */
 struct kt_job {
     const float *kv, *lat; /* [S][H·kvd], [S][row] */
     float *kt;             /* [hg][qd][S] */
@@ -283,12 +282,10 @@ static void kt_heads(void *arg, int tid, int nt)
  * then causal attention in blocks of queries: block [i0, i1) reads only the
  * first p0 + i1 keys, and three pool runs cover the group's heads (scores,
  * one x·W product per head; softmax; context, one product per head).  The
- * scores as dot products of q with key rows (qd = 96 products, then a
- * horizontal sum each) took 4.0-4.8 ms per layer of a 512-token prefill;
- * as q · kt (each q value broadcast over 16 keys, no horizontal sums)
- * 2.0-2.2 ms, plus 0.4 ms for the transposition.  FP32 throughout: rounding
- * q and k to bf16 for the BF16 kernels gave 0.34 relative error in the
- * 300-token golden prompt's first logits (auto against float32), 0.007 now. */
+ * scores are q · kt (each q value broadcast over 16 keys, no horizontal
+ * sums), faster than dot products with key rows even with the transposition.
+ * FP32 throughout: rounding q and k to bf16 costs too much accuracy in the
+ * golden prompt's logits (measured: bench/RESULTS.md, "Why the code is so"). */
 static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
                        const int32_t *pages, int64_t p0, int64_t n, const float *q, float *out)
 {

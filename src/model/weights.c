@@ -285,17 +285,11 @@ static void prefault(ms_mat *w, void *arg)
 /* Weight placement.  By default this rank's views are copied out of the file
  * mapping into one anonymous arena backed by 2 MiB pages (MADV_HUGEPAGE), each
  * view compacted to ld = cols (a TP column slice keeps only its columns), with
- * its FP8 block scales (still found through r0/c0).  Reason,
- * measured on small-v3 (bench/RESULTS.md): decode streams many 1 MiB expert
- * matrices from scattered places, and with 4 KiB file pages each 512 KiB
- * piece ran at ~33 GB/s against ~55 GB/s from 2 MiB pages (a TLB miss and a
- * hardware-prefetch stop every 4 KiB); FP8 scales read from the file mapping
- * made the activation scaling ~5 % of an FP8 decode step (a 4 KiB page miss
- * per 128-row block).  The embedding (untied) is copied too: from the file
- * mapping a token's row cost ~100 µs of a ~5 ms decode step when its page was
- * not mapped yet, 15-35 µs when it was, 12-19 µs from the arena (a 16-token
- * prompt's rows 1,158 -> 172 µs).  MOESERVE_WEIGHTS=mmap keeps the views in
- * the file mapping (shared page cache, no copy), faulted in. */
+ * its FP8 block scales (still found through r0/c0), and the (untied)
+ * embedding too.  Why: decode streams many expert matrices from scattered
+ * places, and 4 KiB file pages stop the TLB and the hardware prefetcher every
+ * 4 KiB (measured: bench/RESULTS.md, "Why the code is so").  MOESERVE_WEIGHTS=mmap keeps the views
+ * in the file mapping (shared page cache, no copy), faulted in. */
 struct place {
     char *base;
     size_t used, cap;
@@ -384,9 +378,8 @@ static void place_weights(ms_model *m)
 /* Plain-row flags of the FP8 views (ms_mat.f8_plain), one byte per row in
  * one block the model owns, for the auto-mode AVX-512 kernels (mm_widen.c,
  * and mm_bf16.c's GEMV and tiles): their conversion of FP8 codes without
- * tables, which the rows with a zero, subnormal or NaN code cannot take,
- * made small-v3's FP8 decode ~4 % faster than the table lookups alone (on
- * mm_widen.c's integer conversion, before GFNI).  The scan reads every FP8
+ * tables, which the rows with a zero, subnormal or NaN code cannot take, is
+ * faster than the table lookups alone (measured: bench/RESULTS.md, "Why the code is so").  The scan reads every FP8
  * byte once, so the pool's threads share each view's rows. */
 struct plainer {
     uint8_t *buf;

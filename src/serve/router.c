@@ -473,7 +473,7 @@ static int pick_cache_aware(ms_router *r, const int32_t *ids, int64_t n)
  * not hold, decode tokens its requests may still generate (max_new, an upper
  * bound), and the tokens the pool would have to give back to admit this
  * request.  A decode token is charged like a prompt token: on this engine a
- * batched decode row costs about as much as a prefill token (bench/RESULTS.md). */
+ * batched decode row costs about as much as a prefill token (bench/HISTORY.md). */
 static int pick_cost(ms_router *r, const int32_t *ids, int64_t n, int64_t max_new)
 {
     const rnode *deep;
