@@ -136,6 +136,13 @@ w = warning_lines(out)
 check("generate: GPU-only flags accepted and named in one warning line",
       p.stop() == 0 and len(w) == 1 and all(f in w[0] for f in GPU), out)
 
+p = Proc(["plan", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8"] + gpu_args,
+         deadline_s=60, wait_health=False)
+out = p.output()
+w = warning_lines(out)
+check("plan: GPU-only flags accepted and named in one warning line",
+      p.stop() == 0 and len(w) == 1 and all(f in w[0] for f in GPU), out)
+
 # ---- kind (a): a server with the implemented flags starts, none named as without effect
 impl_args = []
 for flag, v in IMPL.items():

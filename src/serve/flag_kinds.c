@@ -114,7 +114,19 @@ static int v4_value(const char *flag, const char *v)
     return 0;
 }
 
+static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu_only);
+
 int ms_flag_screen_argv(ms_flag_screen *s, int argc, char **argv, char **kept)
+{
+    return screen(s, argc, argv, kept, 0);
+}
+
+int ms_flag_screen_gpu_argv(ms_flag_screen *s, int argc, char **argv, char **kept)
+{
+    return screen(s, argc, argv, kept, 1);
+}
+
+static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu_only)
 {
     memset(s, 0, sizeof *s);
     int n = 0;
@@ -131,7 +143,8 @@ int ms_flag_screen_argv(ms_flag_screen *s, int argc, char **argv, char **kept)
         const char *v =
             eq ? eq + 1 : (i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[i + 1] : NULL);
         int k = lookup(a, len);
-        int v4 = k < 0 && v4_value(a, v);
+        if (gpu_only && k >= 0 && table[k].kind != GPU_ONLY) k = -1;
+        int v4 = !gpu_only && k < 0 && v4_value(a, v);
         if ((k < 0 && !v4) || (k >= 0 && value_is_fine(table[k].name, v))) {
             kept[n++] = argv[i];
             continue;
@@ -162,14 +175,26 @@ int ms_flag_screen_argv(ms_flag_screen *s, int argc, char **argv, char **kept)
     return n;
 }
 
-int ms_flag_screen_then(ms_flag_screen *s, int argc, char **argv,
-                        int (*parse)(void *ctx, int argc, char **argv), void *ctx)
+static int then(ms_flag_screen *s, int argc, char **argv, int gpu_only,
+                int (*parse)(void *ctx, int argc, char **argv), void *ctx)
 {
     char **kept = calloc((size_t)argc + 1, sizeof *kept);
     if (!kept) return -1;
-    int rc = parse(ctx, ms_flag_screen_argv(s, argc, argv, kept), kept);
+    int rc = parse(ctx, screen(s, argc, argv, kept, gpu_only), kept);
     free(kept);
     return rc;
+}
+
+int ms_flag_screen_then(ms_flag_screen *s, int argc, char **argv,
+                        int (*parse)(void *ctx, int argc, char **argv), void *ctx)
+{
+    return then(s, argc, argv, 0, parse, ctx);
+}
+
+int ms_flag_screen_gpu_then(ms_flag_screen *s, int argc, char **argv,
+                            int (*parse)(void *ctx, int argc, char **argv), void *ctx)
+{
+    return then(s, argc, argv, 1, parse, ctx);
 }
 
 int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
@@ -238,7 +263,7 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
     return bad ? MS_EINVAL : 0;
 }
 
-void ms_flag_screen_warn(const ms_flag_screen *s, const char *cmd)
+void ms_flag_screen_warn_flags(const ms_flag_screen *s, const char *cmd)
 {
     char line[2048];
     size_t off = 0;
@@ -251,8 +276,21 @@ void ms_flag_screen_warn(const ms_flag_screen *s, const char *cmd)
         off += (size_t)w;
     }
     if (s->n_gpu_only)
-        MS_LOG(MS_WARN, cmd, "GPU-only tuning, without effect on this engine: %s", line);
-    off = 0;
+        MS_LOG(MS_WARN, cmd, "GPU-only tuning, %s: %s",
+               strcmp(cmd, "plan") ? "without effect on this engine" : "not modelled by the plan",
+               line);
+}
+
+void ms_flag_screen_warn(const ms_flag_screen *s, const char *cmd)
+{
+    ms_flag_screen_warn_flags(s, cmd);
+    ms_flag_screen_warn_env(cmd);
+}
+
+void ms_flag_screen_warn_env(const char *cmd)
+{
+    char line[2048];
+    size_t off = 0;
     line[0] = 0;
     int n = 0;
     extern char **environ;

@@ -36,11 +36,17 @@ typedef struct ms_flag_screen {
  * kept (capacity argc; kept[0] = argv[0]), for the command's own parser, which still
  * rejects unknown flags.  Returns the number of kept entries. */
 int ms_flag_screen_argv(ms_flag_screen *s, int argc, char **argv, char **kept);
+/* For `moeserve plan`, which models the features not built and has its own --nnodes:
+ * the same with only the GPU-only flags screened out. */
+int ms_flag_screen_gpu_argv(ms_flag_screen *s, int argc, char **argv, char **kept);
 
 /* The same into a temporary copy of argv, then returns parse(ctx, kept argc, kept argv)
  * (-1 when out of memory): the commands' parsers see only the kept arguments. */
 int ms_flag_screen_then(ms_flag_screen *s, int argc, char **argv,
                         int (*parse)(void *ctx, int argc, char **argv), void *ctx);
+/* The same with ms_flag_screen_gpu_argv. */
+int ms_flag_screen_gpu_then(ms_flag_screen *s, int argc, char **argv,
+                            int (*parse)(void *ctx, int argc, char **argv), void *ctx);
 
 /* After the command parsed the kept flags: refuses (returns MS_EINVAL after printing
  * one line per refused flag to out, each naming it, prefixed by cmd) when the screen
@@ -51,9 +57,11 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                          const char *model_path, const char *cmd, FILE *out);
 
 /* The start-up warnings, on rank 0 after start-up: one line naming every GPU-only flag
- * given as without effect, one naming the SGLANG_* environment variables set that this
- * engine does not read. */
+ * given as without effect (_flags), one naming the SGLANG_* environment variables set
+ * that this engine does not read (_env); ms_flag_screen_warn gives both. */
 void ms_flag_screen_warn(const ms_flag_screen *s, const char *cmd);
+void ms_flag_screen_warn_flags(const ms_flag_screen *s, const char *cmd);
+void ms_flag_screen_warn_env(const char *cmd);
 
 /* --help: the GPU-only and the refused flags, and how to span machines. */
 void ms_flag_kinds_print_help(FILE *f);

@@ -4,6 +4,7 @@
  */
 #include "base/util.h"
 #include "plan/plan.h"
+#include "serve/flag_kinds.h"
 #include "tools/commands.h"
 
 #include <errno.h>
@@ -36,7 +37,10 @@ static void usage(FILE *f)
             "  --sweep-contexts N,N,...                 context lengths of the sweep\n"
             "  --plot FILE                              plot file (.svg or .png; default "
             "plan-sweep.svg)\n"
-            "SGLang launch flags:\n%s",
+            "SGLang launch flags ('plan only': modelled here, refused by serve):\n%s"
+            "GPU-only SGLang tuning flags (--moe-runner-backend, --attention-backend,\n"
+            "--cuda-graph-*, --trust-remote-code, ...: moeserve serve --help lists them) are\n"
+            "accepted and named in one warning as not modelled.\n",
             ms_plan_model_names(), ms_plan_gpu_names(), ms_launch_help());
 }
 
@@ -57,8 +61,10 @@ static int parse_contexts(const char *v, ms_plan_sweep *s, ms_errbuf *err)
     return 0;
 }
 
-int ms_cmd_plan(int argc, char **argv)
+/* argv without the GPU-only flags (serve/flag_kinds.h) */
+static int plan_main(void *ctx, int argc, char **argv)
 {
+    const ms_flag_screen *scr = ctx;
     ms_plan_input in;
     ms_plan_input_init(&in);
     ms_errbuf err = {{0}};
@@ -128,6 +134,7 @@ int ms_cmd_plan(int argc, char **argv)
         }
         i += 2;
     }
+    ms_flag_screen_warn_flags(scr, "plan");
     if (in.reserve_gb >= 0 && in.mem_fraction >= 0) {
         rc = ms_err(&err, MS_EINVAL, "give --reserve-gb or --mem-fraction-static, not both");
         goto fail;
@@ -212,4 +219,10 @@ int ms_cmd_plan(int argc, char **argv)
 fail:
     fprintf(stderr, "moeserve plan: %s\n", err.msg[0] ? err.msg : ms_strerror(rc));
     return 2;
+}
+
+int ms_cmd_plan(int argc, char **argv)
+{
+    ms_flag_screen scr;
+    return ms_flag_screen_gpu_then(&scr, argc, argv, plan_main, &scr);
 }
