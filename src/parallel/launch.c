@@ -122,7 +122,8 @@ static const struct {
     {"--ep", F_INT, O_EP, 1, MS_LAUNCH_MAX_WIDTH, NULL},
     {"--expert-parallel-size", F_INT, O_EP, 1, MS_LAUNCH_MAX_WIDTH, NULL},
     {"--moe-a2a-backend", F_STR, O_A2A, 0, 0,
-     "B   none|mpi|deepep|megamoe|mooncake|nixl|mori|flashinfer (any a2a forces ep = tp)"},
+     "B   none|mpi|deepep|megamoe|mooncake|nixl|mori|flashinfer: each name but none\n"
+     "                                               runs moeserve's MPI all-to-all (forces ep = tp)"},
     {"--moe-dense-tp-size", F_INT, O_DENSE_TP, 1, MS_LAUNCH_MAX_WIDTH,
      "N   1 = replicate dense/shared MLPs per rank (only 1 is supported)"},
     {"--moe-dp-size", F_INT, O_MOE_DP, 1, MS_LAUNCH_MAX_WIDTH, "N   MoE data-parallel size (default 1)"},
