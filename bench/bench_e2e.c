@@ -170,13 +170,13 @@ int main(int argc, char **argv)
     ms_engine *e = open_engine(bf16);
     if (!e) return 1;
     const ms_model *m = ms_engine_model(e);
-    int nt = ms_pool_size(m->pool);
-    double bw = ms_probe_read_gbps(m->pool, (size_t)1 << 30, quick ? 3 : 5);
+    int nt = ms_pool_size(ms_model_threads(m));
+    double bw = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, quick ? 3 : 5);
     /* the peak of the instruction the kernels compute with: vdpbf16ps, or
      * FP32 FMA on a CPU without AVX512_BF16 */
-    double peak = ms_probe_bf16_gflops(m->pool, 3);
+    double peak = ms_probe_bf16_gflops(ms_model_threads(m), 3);
     const char *peak_op = "vdpbf16ps";
-    if (peak <= 0) peak = ms_probe_fma_gflops(m->pool, 3), peak_op = "vfmadd231ps";
+    if (peak <= 0) peak = ms_probe_fma_gflops(ms_model_threads(m), 3), peak_op = "vfmadd231ps";
     printf("dram threads=%d read_gbps=%.2f\n", nt, bw);
     printf("peak threads=%d op=%s gflop_s=%.1f\n", nt, peak_op, peak);
     struct run r1, rp, rb;
@@ -185,10 +185,10 @@ int main(int argc, char **argv)
     if (run(e, 1, 16, new_tokens, &r1, 2)) return 1;
     /* the machine's bandwidth drifts: probe again right after the decode and
      * take the better reading as the peak of this run */
-    double bw2 = ms_probe_read_gbps(m->pool, (size_t)1 << 30, quick ? 3 : 5);
+    double bw2 = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, quick ? 3 : 5);
     if (bw2 > bw) bw = bw2;
     printf("dram threads=%d read_gbps=%.2f (after decode; the roofline uses the higher)\n", nt, bw2);
-    double bytes = (double)m->active_bytes_per_token;
+    double bytes = (double)ms_model_active_bytes_per_token(m);
     double t_tok = r1.step_median_s;
     printf("decode model=small-v3 dtype=bf16 batch=1 threads=%d tok_s=%.2f ms_per_token=%.3f "
            "active_bytes=%.0f roofline_ms=%.3f roofline_ratio=%.3f\n",
@@ -201,14 +201,13 @@ int main(int argc, char **argv)
         ms_model_profile_print();
         if (run(e, 1, 512, 2, &rp, 4)) return 1;
         /* active parameters per token ≈ active bytes / 2 (BF16); attention adds 2·S·H·(dn+dr+dv) */
-        const ms_config *c = &m->cfg;
-        double attn_flop = 2.0 * 512 / 2 * c->n_heads *
-                           (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) *
+        const ms_model_shape *c = ms_model_shape_of(m);
+        double attn_flop = 2.0 * 512 / 2 * c->n_heads * (c->qk_nope + c->qk_rope + c->v_head_dim) *
                            c->n_layers;
         double flop_tok = 2.0 * (bytes / 2) + attn_flop;
         /* gflop_s counts the LM head for every token (as in earlier rows); the
          * prefill needs it for the last token only: needed_gflop_s, of_peak */
-        double head_flop = 2.0 * c->vocab_size * c->hidden_size;
+        double head_flop = 2.0 * c->vocab * c->hidden;
         double need = ((flop_tok - head_flop) * rp.prefill_tokens + head_flop) / rp.prefill_s / 1e9;
         printf("prefill model=small-v3 dtype=bf16 tokens=%lld threads=%d tok_s=%.1f gflop_s=%.1f "
                "needed_gflop_s=%.1f of_peak=%.2f\n",
@@ -249,7 +248,7 @@ int main(int argc, char **argv)
             tb += rbf.step_median_s;
             t8 += r8.step_median_s;
         }
-        double bytes8 = (double)m8->active_bytes_per_token;
+        double bytes8 = (double)ms_model_active_bytes_per_token(m8);
         printf("fp8 model=small-v3 dtype=fp8 batch=1 threads=%d tok_s=%.2f bf16_tok_s=%.2f "
                "x_bf16=%.2f (alternating, two each) active_bytes=%.0f bandwidth_cap_x=%.2f "
                "roofline_ratio=%.3f\n",

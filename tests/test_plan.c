@@ -398,7 +398,7 @@ TEST(config_json_matches_preset)
     ms_errbuf err;
     ms_plan_model m;
     CHECK(ms_plan_model_parse(v3_config, &m, &err) == 0);
-    CHECK(m.attn == MS_PLAN_MLA && m.n_kv_heads == 0 && m.published == MS_WEIGHTS_FP8);
+    CHECK(m.attn == MS_ATTN_MLA && m.n_kv_heads == 0 && m.published == MS_WEIGHTS_FP8);
     CHECK(setup("deepseek-v3", "b200", "--tp 8") == 0);
     CHECK(run() == 0);
     double preset_w = res.weights_bytes_per_rank, preset_kv = res.kv_bytes_per_token;
@@ -421,7 +421,7 @@ TEST(config_json_matches_preset)
     for (int i = 0; i < 20; i++) n += snprintf(v4 + n, sizeof v4 - (size_t)n, ",4,128");
     snprintf(v4 + n, sizeof v4 - (size_t)n, ",4,0]}");
     CHECK(ms_plan_model_parse(v4, &m, &err) == 0);
-    CHECK(m.attn == MS_PLAN_V4 && m.published == MS_WEIGHTS_FP4_EXPERTS && m.fp8_scale_bytes == 1);
+    CHECK(m.attn == MS_ATTN_V4 && m.published == MS_WEIGHTS_FP4_EXPERTS && m.fp8_scale_bytes == 1);
     CHECK(setup("deepseek-v4-flash", "b200", "--tp 4") == 0);
     CHECK(run() == 0);
     preset_w = res.weights_bytes_per_rank, preset_kv = res.kv_bytes_per_token;

@@ -9,6 +9,7 @@
  * functions; any thread.
  */
 #include "model/config.h"
+#include "model/config_json.h"
 
 #include "base/util.h"
 
@@ -18,13 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct jget {
-    const json_t *obj;
-    const char *prefix; /* "" or "rope_scaling." ... for messages */
-    ms_errbuf *err;
-} jget;
-
-static const char *type_name(const json_t *v)
+const char *ms_json_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
@@ -46,14 +41,14 @@ static const char *type_name(const json_t *v)
 }
 
 /* Absent or null fields keep *out = def.  Integers must be JSON integers. */
-static int get_int(jget *g, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out)
+int ms_jget_int(ms_jget *g, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out)
 {
     const json_t *v = json_object_get(g->obj, key);
     *out = def;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_integer(v))
         return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be an integer, not %s", g->prefix,
-                      key, type_name(v));
+                      key, ms_json_type_name(v));
     int64_t x = json_integer_value(v);
     if (x < lo || x > hi)
         return ms_err(g->err, MS_ERANGE, "config: '%s%s' is %lld, must be between %lld and %lld",
@@ -62,23 +57,23 @@ static int get_int(jget *g, const char *key, int64_t def, int64_t lo, int64_t hi
     return 0;
 }
 
-static int get_i32(jget *g, const char *key, int def, int lo, int hi, int *out)
+int ms_jget_i32(ms_jget *g, const char *key, int def, int lo, int hi, int *out)
 {
     int64_t v;
-    int rc = get_int(g, key, def, lo, hi, &v);
+    int rc = ms_jget_int(g, key, def, lo, hi, &v);
     *out = (int)v;
     return rc;
 }
 
 /* A finite number in [lo, hi] (integers accepted). */
-static int get_num(jget *g, const char *key, double def, double lo, double hi, float *out)
+int ms_jget_num(ms_jget *g, const char *key, double def, double lo, double hi, float *out)
 {
     const json_t *v = json_object_get(g->obj, key);
     *out = (float)def;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v))
         return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a number, not %s", g->prefix, key,
-                      type_name(v));
+                      ms_json_type_name(v));
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi)) /* before the cast: a double beyond float range is UB */
         return ms_err(g->err, MS_ERANGE, "config: '%s%s' is %g, must be between %g and %g",
@@ -87,27 +82,27 @@ static int get_num(jget *g, const char *key, double def, double lo, double hi, f
     return 0;
 }
 
-static int get_bool(jget *g, const char *key, bool def, bool *out)
+int ms_jget_bool(ms_jget *g, const char *key, bool def, bool *out)
 {
     const json_t *v = json_object_get(g->obj, key);
     *out = def;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_boolean(v))
         return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be true or false, not %s", g->prefix,
-                      key, type_name(v));
+                      key, ms_json_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
 
 /* *out = NULL when absent or null. */
-static int get_str(jget *g, const char *key, const char **out)
+int ms_jget_str(ms_jget *g, const char *key, const char **out)
 {
     const json_t *v = json_object_get(g->obj, key);
     *out = NULL;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_string(v))
         return ms_err(g->err, MS_EFORMAT, "config: '%s%s' must be a string, not %s", g->prefix, key,
-                      type_name(v));
+                      ms_json_type_name(v));
     *out = json_string_value(v);
     return 0;
 }
@@ -116,8 +111,8 @@ static int parse_arch(const json_t *root, ms_config *c, ms_errbuf *err)
 {
     const json_t *a = json_object_get(root, "architectures");
     const char *mt = NULL;
-    jget g = {root, "", err};
-    int rc = get_str(&g, "model_type", &mt);
+    ms_jget g = {root, "", err};
+    int rc = ms_jget_str(&g, "model_type", &mt);
     if (rc) return rc;
     if (mt && strlen(mt) >= sizeof c->model_type)
         return ms_err(err, MS_EFORMAT, "config: 'model_type' is too long");
@@ -172,14 +167,14 @@ static int parse_rope(const json_t *root, ms_config *c, ms_errbuf *err)
     snprintf(prefix, sizeof prefix, "%s.", field);
     if (!json_is_object(rs))
         return ms_err(err, MS_EFORMAT, "config: '%s' must be an object or null, not %s", field,
-                      type_name(rs));
-    jget g = {rs, prefix, err};
+                      ms_json_type_name(rs));
+    ms_jget g = {rs, prefix, err};
     const char *type = NULL;
-    int rc = get_str(&g, "type", &type);
-    if (!rc && !type) rc = get_str(&g, "rope_type", &type);
+    int rc = ms_jget_str(&g, "type", &type);
+    if (!rc && !type) rc = ms_jget_str(&g, "rope_type", &type);
     if (rc) return rc;
     if (json_object_get(rs, "rope_theta")) {
-        rc = get_num(&g, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c->rope_theta);
+        rc = ms_jget_num(&g, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c->rope_theta);
         if (rc) return rc;
     }
     if (!type || !strcmp(type, "default")) {
@@ -195,13 +190,13 @@ static int parse_rope(const json_t *root, ms_config *c, ms_errbuf *err)
         return ms_err(err, MS_EFORMAT, "config: '%sfactor' is required for yarn", prefix);
     /* defaults as HF's yarn code: original length = max_position_embeddings,
      * beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 0 */
-    if ((rc = get_num(&g, "factor", 1.0, 1.0, 1e6, &c->rope_factor)) ||
-        (rc = get_int(&g, "original_max_position_embeddings", c->max_position_embeddings, 1,
+    if ((rc = ms_jget_num(&g, "factor", 1.0, 1.0, 1e6, &c->rope_factor)) ||
+        (rc = ms_jget_int(&g, "original_max_position_embeddings", c->max_position_embeddings, 1,
                       MS_CONFIG_MAX_POSITIONS, &c->rope_original_max_pos)) ||
-        (rc = get_num(&g, "beta_fast", 32.0, 1e-6, 1e6, &c->rope_beta_fast)) ||
-        (rc = get_num(&g, "beta_slow", 1.0, 1e-6, 1e6, &c->rope_beta_slow)) ||
-        (rc = get_num(&g, "mscale", 1.0, 0.0, 1e3, &c->rope_mscale)) ||
-        (rc = get_num(&g, "mscale_all_dim", 0.0, 0.0, 1e3, &c->rope_mscale_all_dim)))
+        (rc = ms_jget_num(&g, "beta_fast", 32.0, 1e-6, 1e6, &c->rope_beta_fast)) ||
+        (rc = ms_jget_num(&g, "beta_slow", 1.0, 1e-6, 1e6, &c->rope_beta_slow)) ||
+        (rc = ms_jget_num(&g, "mscale", 1.0, 0.0, 1e3, &c->rope_mscale)) ||
+        (rc = ms_jget_num(&g, "mscale_all_dim", 0.0, 0.0, 1e3, &c->rope_mscale_all_dim)))
         return rc;
     return 0;
 }
@@ -210,16 +205,21 @@ static int parse_quant(const json_t *root, ms_config *c, ms_errbuf *err)
 {
     const json_t *q = json_object_get(root, "quantization_config");
     c->fp8_block = false;
+    c->fp8_scale_ue8m0 = false;
     c->weight_block[0] = c->weight_block[1] = 0;
     if (!q || json_is_null(q)) return 0;
     if (!json_is_object(q))
         return ms_err(err, MS_EFORMAT, "config: 'quantization_config' must be an object");
-    jget g = {q, "quantization_config.", err};
-    const char *method, *fmt, *act;
+    ms_jget g = {q, "quantization_config.", err};
+    const char *method, *fmt, *act, *scale_fmt;
     int rc;
-    if ((rc = get_str(&g, "quant_method", &method)) || (rc = get_str(&g, "fmt", &fmt)) ||
-        (rc = get_str(&g, "activation_scheme", &act)))
+    if ((rc = ms_jget_str(&g, "quant_method", &method)) || (rc = ms_jget_str(&g, "fmt", &fmt)) ||
+        (rc = ms_jget_str(&g, "activation_scheme", &act)) ||
+        (rc = ms_jget_str(&g, "scale_fmt", &scale_fmt)))
         return rc;
+    /* scale_fmt ue8m0 (DeepSeek-V3.1): the F32 scales hold powers of two; the
+     * planner counts them as one byte each, as the deployed format stores them */
+    c->fp8_scale_ue8m0 = scale_fmt && !strcmp(scale_fmt, "ue8m0");
     if (!method || strcmp(method, "fp8"))
         return ms_err(err, MS_EUNSUPPORTED,
                       "config: 'quantization_config.quant_method' is \"%.40s\"; only fp8 is "
@@ -256,12 +256,12 @@ static int parse_quant(const json_t *root, ms_config *c, ms_errbuf *err)
 }
 
 /* Enum-valued string fields. */
-static int parse_enums(jget *g, bool v3, ms_config *c)
+static int parse_enums(ms_jget *g, bool v3, ms_config *c)
 {
     const char *sf, *tm, *act;
     int rc;
-    if ((rc = get_str(g, "scoring_func", &sf)) || (rc = get_str(g, "topk_method", &tm)) ||
-        (rc = get_str(g, "hidden_act", &act)))
+    if ((rc = ms_jget_str(g, "scoring_func", &sf)) || (rc = ms_jget_str(g, "topk_method", &tm)) ||
+        (rc = ms_jget_str(g, "hidden_act", &act)))
         return rc;
     /* scoring_func, topk_method: not DeepseekV3Config fields; DeepSeek's V3
      * configuration defaults sigmoid / noaux_tc, V2's softmax / greedy */
@@ -293,19 +293,19 @@ static int parse_enums(jget *g, bool v3, ms_config *c)
 }
 
 /* Token ids: absent or null -> -1 (config.h); a list (HF allows one for eos) -> its first. */
-static int parse_token_id(jget *g, const char *key, int64_t *out)
+static int parse_token_id(ms_jget *g, const char *key, int64_t *out)
 {
     const json_t *v = json_object_get(g->obj, key);
     if (json_is_array(v)) {
         if (json_array_size(v) == 0)
             return ms_err(g->err, MS_EFORMAT, "config: '%s' is an empty list", key);
-        jget one = {json_pack("{s:O}", key, json_array_get(v, 0)), "", g->err};
+        ms_jget one = {json_pack("{s:O}", key, json_array_get(v, 0)), "", g->err};
         if (!one.obj) return ms_err(g->err, MS_ENOMEM, "config: out of memory");
-        int rc = get_int(&one, key, -1, 0, MS_CONFIG_MAX_VOCAB, out);
+        int rc = ms_jget_int(&one, key, -1, 0, MS_CONFIG_MAX_VOCAB, out);
         json_decref((json_t *)one.obj);
         return rc;
     }
-    return get_int(g, key, -1, 0, MS_CONFIG_MAX_VOCAB, out);
+    return ms_jget_int(g, key, -1, 0, MS_CONFIG_MAX_VOCAB, out);
 }
 
 /* Cross-field consistency. */
@@ -349,90 +349,93 @@ static int check(const ms_config *c, ms_errbuf *err)
 
 int ms_config_parse(ms_config *cfg, const char *json_text, ms_errbuf *err)
 {
-    ms_config c;
-    memset(&c, 0, sizeof c);
     if (!cfg || !json_text) return ms_err(err, MS_EINVAL, "config: NULL argument");
     json_error_t je;
     json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return ms_err(err, MS_EFORMAT, "config: not valid JSON: %s (line %d, column %d)", je.text,
                       je.line, je.column);
+    int rc = ms_config_parse_json(cfg, root, err);
+    json_decref(root);
+    return rc;
+}
+
+int ms_config_parse_json(ms_config *cfg, const json_t *root, ms_errbuf *err)
+{
+    ms_config c;
+    memset(&c, 0, sizeof c);
     int rc = 0;
-    if (!json_is_object(root)) {
-        rc = ms_err(err, MS_EFORMAT, "config: not a JSON object");
-        goto out;
-    }
+    if (!json_is_object(root)) return ms_err(err, MS_EFORMAT, "config: not a JSON object");
     if ((rc = parse_arch(root, &c, err))) goto out;
     bool v3 = strstr(c.architecture, "V3") != NULL;
-    jget g = {root, "", err};
+    ms_jget g = {root, "", err};
     const int64_t W = MS_CONFIG_MAX_WIDTH;
     int64_t q_lora;
     const json_t *ql = json_object_get(root, "q_lora_rank");
     /* Defaults: V3 = transformers DeepseekV3Config, V2 = DeepseekV2Config. */
-    if ((rc = get_int(&g, "vocab_size", v3 ? 129280 : 32000, 1, MS_CONFIG_MAX_VOCAB,
+    if ((rc = ms_jget_int(&g, "vocab_size", v3 ? 129280 : 32000, 1, MS_CONFIG_MAX_VOCAB,
                       &c.vocab_size)) ||
-        (rc = get_int(&g, "hidden_size", v3 ? 7168 : 4096, 1, W, &c.hidden_size)) ||
-        (rc = get_int(&g, "intermediate_size", v3 ? 18432 : 11008, 1, W, &c.intermediate_size)) ||
-        (rc = get_int(&g, "moe_intermediate_size", v3 ? 2048 : 1407, 1, W,
+        (rc = ms_jget_int(&g, "hidden_size", v3 ? 7168 : 4096, 1, W, &c.hidden_size)) ||
+        (rc = ms_jget_int(&g, "intermediate_size", v3 ? 18432 : 11008, 1, W, &c.intermediate_size)) ||
+        (rc = ms_jget_int(&g, "moe_intermediate_size", v3 ? 2048 : 1407, 1, W,
                       &c.moe_intermediate_size)) ||
-        (rc = get_i32(&g, "num_hidden_layers", v3 ? 61 : 32, 1, MS_CONFIG_MAX_LAYERS,
+        (rc = ms_jget_i32(&g, "num_hidden_layers", v3 ? 61 : 32, 1, MS_CONFIG_MAX_LAYERS,
                       &c.n_layers)) ||
-        (rc = get_i32(&g, "first_k_dense_replace", v3 ? 3 : 0, 0, MS_CONFIG_MAX_LAYERS,
+        (rc = ms_jget_i32(&g, "first_k_dense_replace", v3 ? 3 : 0, 0, MS_CONFIG_MAX_LAYERS,
                       &c.first_k_dense_replace)) ||
         /* moe_layer_freq: DeepSeek's configuration default 1 (not a transformers field) */
-        (rc = get_i32(&g, "moe_layer_freq", 1, 1, MS_CONFIG_MAX_LAYERS, &c.moe_layer_freq)) ||
-        (rc = get_i32(&g, "num_attention_heads", v3 ? 128 : 32, 1, MS_CONFIG_MAX_HEADS,
+        (rc = ms_jget_i32(&g, "moe_layer_freq", 1, 1, MS_CONFIG_MAX_LAYERS, &c.moe_layer_freq)) ||
+        (rc = ms_jget_i32(&g, "num_attention_heads", v3 ? 128 : 32, 1, MS_CONFIG_MAX_HEADS,
                       &c.n_heads)) ||
         /* num_key_value_heads: absent or null -> num_attention_heads (both) */
-        (rc = get_i32(&g, "num_key_value_heads", c.n_heads, 1, MS_CONFIG_MAX_HEADS,
+        (rc = ms_jget_i32(&g, "num_key_value_heads", c.n_heads, 1, MS_CONFIG_MAX_HEADS,
                       &c.n_kv_heads)) ||
         /* null n_routed_experts / n_shared_experts: a dense model (0) */
-        (rc = get_i32(&g, "n_routed_experts",
+        (rc = ms_jget_i32(&g, "n_routed_experts",
                       json_is_null(json_object_get(root, "n_routed_experts")) ? 0
                       : v3                                                    ? 256
                                                                               : 64,
                       0, MS_CONFIG_MAX_EXPERTS, &c.n_routed_experts)) ||
-        (rc = get_i32(&g, "n_shared_experts",
+        (rc = ms_jget_i32(&g, "n_shared_experts",
                       json_is_null(json_object_get(root, "n_shared_experts")) ? 0
                       : v3                                                    ? 1
                                                                               : 2,
                       0, MS_CONFIG_MAX_EXPERTS, &c.n_shared_experts)) ||
         /* V2: num_experts_per_tok, n_group, topk_group default None: 0 (error
          * below if there are experts), 1, 1 */
-        (rc = get_i32(&g, "num_experts_per_tok", v3 ? 8 : 0, 0, MS_CONFIG_MAX_EXPERTS,
+        (rc = ms_jget_i32(&g, "num_experts_per_tok", v3 ? 8 : 0, 0, MS_CONFIG_MAX_EXPERTS,
                       &c.n_experts_per_tok)) ||
-        (rc = get_i32(&g, "n_group", v3 ? 8 : 1, 1, MS_CONFIG_MAX_EXPERTS, &c.n_group)) ||
-        (rc = get_i32(&g, "topk_group", v3 ? 4 : 1, 1, MS_CONFIG_MAX_EXPERTS, &c.topk_group)) ||
-        (rc = get_bool(&g, "norm_topk_prob", v3, &c.norm_topk_prob)) ||
-        (rc = get_num(&g, "routed_scaling_factor", v3 ? 2.5 : 1.0, 1e-6, 1e6,
+        (rc = ms_jget_i32(&g, "n_group", v3 ? 8 : 1, 1, MS_CONFIG_MAX_EXPERTS, &c.n_group)) ||
+        (rc = ms_jget_i32(&g, "topk_group", v3 ? 4 : 1, 1, MS_CONFIG_MAX_EXPERTS, &c.topk_group)) ||
+        (rc = ms_jget_bool(&g, "norm_topk_prob", v3, &c.norm_topk_prob)) ||
+        (rc = ms_jget_num(&g, "routed_scaling_factor", v3 ? 2.5 : 1.0, 1e-6, 1e6,
                       &c.routed_scaling_factor)) ||
         /* q_lora_rank: absent -> 1536 (both); null -> 0 (direct q_proj) */
-        (rc = get_int(&g, "q_lora_rank", json_is_null(ql) ? 0 : 1536, 0, W, &q_lora)) ||
-        (rc = get_i32(&g, "kv_lora_rank", 512, 1, (int)W, &c.kv_lora_rank)) ||
-        (rc = get_i32(&g, "qk_nope_head_dim", 128, 0, MS_CONFIG_MAX_HEAD_DIM,
+        (rc = ms_jget_int(&g, "q_lora_rank", json_is_null(ql) ? 0 : 1536, 0, W, &q_lora)) ||
+        (rc = ms_jget_i32(&g, "kv_lora_rank", 512, 1, (int)W, &c.kv_lora_rank)) ||
+        (rc = ms_jget_i32(&g, "qk_nope_head_dim", 128, 0, MS_CONFIG_MAX_HEAD_DIM,
                       &c.qk_nope_head_dim)) ||
         (rc =
-             get_i32(&g, "qk_rope_head_dim", 64, 2, MS_CONFIG_MAX_HEAD_DIM, &c.qk_rope_head_dim)) ||
-        (rc = get_i32(&g, "v_head_dim", 128, 1, MS_CONFIG_MAX_HEAD_DIM, &c.v_head_dim)) ||
-        (rc = get_num(&g, "rms_norm_eps", 1e-6, 1e-30, 1.0, &c.rms_norm_eps)) ||
-        (rc = get_num(&g, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c.rope_theta)) ||
-        (rc = get_int(&g, "max_position_embeddings", v3 ? 4096 : 2048, 1, MS_CONFIG_MAX_POSITIONS,
+             ms_jget_i32(&g, "qk_rope_head_dim", 64, 2, MS_CONFIG_MAX_HEAD_DIM, &c.qk_rope_head_dim)) ||
+        (rc = ms_jget_i32(&g, "v_head_dim", 128, 1, MS_CONFIG_MAX_HEAD_DIM, &c.v_head_dim)) ||
+        (rc = ms_jget_num(&g, "rms_norm_eps", 1e-6, 1e-30, 1.0, &c.rms_norm_eps)) ||
+        (rc = ms_jget_num(&g, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c.rope_theta)) ||
+        (rc = ms_jget_int(&g, "max_position_embeddings", v3 ? 4096 : 2048, 1, MS_CONFIG_MAX_POSITIONS,
                       &c.max_position_embeddings)) ||
         /* num_nextn_predict_layers: not a transformers field (it ignores MTP);
          * absent -> 0 so no MTP tensors are expected (DeepSeek's own V3 default is 1) */
-        (rc = get_i32(&g, "num_nextn_predict_layers", 0, 0, MS_CONFIG_MAX_LAYERS,
+        (rc = ms_jget_i32(&g, "num_nextn_predict_layers", 0, 0, MS_CONFIG_MAX_LAYERS,
                       &c.num_nextn_predict_layers)) ||
         /* bos/eos: -1 when absent (config.h), not transformers' 0/1 (V3) or 1/2 (V2) */
         (rc = parse_token_id(&g, "bos_token_id", &c.bos_token_id)) ||
         (rc = parse_token_id(&g, "eos_token_id", &c.eos_token_id)) ||
-        (rc = get_bool(&g, "tie_word_embeddings", false, &c.tie_word_embeddings)) ||
+        (rc = ms_jget_bool(&g, "tie_word_embeddings", false, &c.tie_word_embeddings)) ||
         (rc = parse_enums(&g, v3, &c)) || (rc = parse_rope(root, &c, err)) ||
         (rc = parse_quant(root, &c, err)) || (rc = check(&c, err)))
         goto out;
     c.q_lora_rank = (int)q_lora;
     *cfg = c;
 out:
-    json_decref(root);
     return rc;
 }
 
@@ -508,12 +511,13 @@ char *ms_config_to_json(const ms_config *c, ms_errbuf *err)
                 : json_null();
         bad |= json_object_set_new(o, "rope_scaling", rs);
     }
-    if (!bad && c->fp8_block)
-        bad |= json_object_set_new(o, "quantization_config",
-                                   json_pack("{s:s, s:s, s:s, s:[i, i]}", "activation_scheme",
-                                             "dynamic", "fmt", "e4m3", "quant_method", "fp8",
-                                             "weight_block_size", c->weight_block[0],
-                                             c->weight_block[1]));
+    if (!bad && c->fp8_block) {
+        json_t *q = json_pack("{s:s, s:s, s:s, s:[i, i]}", "activation_scheme", "dynamic", "fmt",
+                              "e4m3", "quant_method", "fp8", "weight_block_size",
+                              c->weight_block[0], c->weight_block[1]);
+        if (q && c->fp8_scale_ue8m0) bad |= json_object_set_new(q, "scale_fmt", json_string("ue8m0"));
+        bad |= json_object_set_new(o, "quantization_config", q);
+    }
     char *s = bad ? NULL : json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
     json_decref(o);
     if (!s) ms_err(err, MS_ENOMEM, "config: cannot serialize");

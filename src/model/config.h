@@ -61,6 +61,7 @@ typedef struct ms_config {
     bool tie_word_embeddings;
     /* quantization_config (fp8 block) */
     bool fp8_block;                /* quant_method fp8 with weight_block_size [128,128] */
+    bool fp8_scale_ue8m0;          /* scale_fmt "ue8m0" */
     int weight_block[2];
 } ms_config;
 

@@ -9,6 +9,7 @@
  * Main thread only.
  */
 #include "base/util.h"
+#include "model/config_json.h"
 #include "model/model.h"
 #include "kernels/attn.h"
 #include "moe/mlp_layer.h"
@@ -424,14 +425,20 @@ static void embed_rows(const ms_model *m, const ms_batch_seq *seqs, int n_seqs, 
         }
 }
 
-int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
-                     ms_errbuf *err)
+/* Sequence i's logit rows: its last n_logits positions (logits set, n_logits 0: 1). */
+static int32_t n_logit_rows(const ms_batch_seq *sq)
+{
+    if (!sq->logits || sq->n_tokens <= 0) return 0;
+    int32_t n = sq->n_logits > 0 ? sq->n_logits : 1;
+    return n < sq->n_tokens ? n : sq->n_tokens;
+}
+
+/* Validates the batch, sizes the workspace and fills the residual rows with
+ * the tokens' embeddings. */
+static int dsv3_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
-    int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
-            dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
-    int64_t qd = dn + dr, T = 0, S = 0;
-    int rc;
+    int64_t T = 0, S = 0;
     for (int i = 0; i < n_seqs; i++) {
         const ms_batch_seq *sq = &seqs[i];
         if (sq->n_tokens <= 0) continue;
@@ -439,6 +446,9 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
             return ms_err(err, MS_ECONTEXT, "sequence %d: positions %lld..%lld exceed %lld", i,
                           (long long)sq->start_pos, (long long)(sq->start_pos + sq->n_tokens),
                           (long long)c->max_position_embeddings);
+        if (sq->logits && sq->n_logits > sq->n_tokens)
+            return ms_err(err, MS_EINVAL, "sequence %d wants logits of %d positions, has %d", i,
+                          sq->n_logits, sq->n_tokens);
         for (int32_t j = 0; j < sq->n_tokens; j++)
             if (sq->tokens[j] < 0 || sq->tokens[j] >= c->vocab_size)
                 return ms_err(err, MS_ERANGE, "token id %d out of range [0, %lld)", sq->tokens[j],
@@ -446,14 +456,34 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         T += sq->n_tokens;
         S = MS_MAX(S, sq->start_pos + sq->n_tokens);
     }
+    m->fwd_T = T;
+    m->fwd_S = S;
     if (T == 0 && !m->shard) return 0; /* distributed: an idle batch still joins the collectives */
-    if (ws_reserve(m, MS_MAX(T, 1), S) || ws_reserve_decode(m, pool, seqs, n_seqs))
+    if (ws_reserve(m, MS_MAX(T, 1), S))
+        return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
+    embed_rows(m, seqs, n_seqs, m->ws->x);
+    return 0;
+}
+
+/* Layers [first, last) over the residual rows embed (or the previous range) left. */
+static int dsv3_run_layers(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
+                           int first, int last, ms_errbuf *err)
+{
+    const ms_config *c = &m->cfg;
+    int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
+            dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    int64_t qd = dn + dr, T = m->fwd_T;
+    int rc;
+    if (first < 0 || last > c->n_layers || first > last)
+        return ms_err(err, MS_EINVAL, "layers [%d, %d) outside the model's %d", first, last,
+                      c->n_layers);
+    if (T == 0 && !m->shard) return 0;
+    if (ws_reserve_decode(m, pool, seqs, n_seqs))
         return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
     ms_model_ws *ws = m->ws;
     const ms_kctx *k = &m->kctx;
 
-    embed_rows(m, seqs, n_seqs, ws->x);
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = first; l < last; l++) {
         const ms_layer_w *lw = &m->layers[l];
         /* --- attention --- */
         ph_mark(-1);
@@ -515,14 +545,26 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
         for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];
     }
     ms_comm_set_tag(MS_COMM_TAG_NONE);
+    return 0;
+}
 
-    /* --- head: the rows whose logits are wanted, as one GEMM --- */
-    int64_t t = 0, n_want = 0;
+/* The rows whose logits are wanted, final-normed, as one GEMM through the LM
+ * head; their normed rows go to the sequences' hidden buffers too. */
+static int dsv3_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
+{
+    const ms_config *c = &m->cfg;
+    int64_t D = c->hidden_size, t = 0, n_want = 0;
+    ms_model_ws *ws = m->ws;
+    if (m->fwd_T == 0) return 0;
     for (int i = 0; i < n_seqs; i++) {
-        t += seqs[i].n_tokens;
-        if (!seqs[i].logits || seqs[i].n_tokens <= 0) continue;
-        memcpy(ws->hn + n_want * D, ws->x + (t - 1) * D, sizeof(float) * (size_t)D);
-        n_want++;
+        int32_t nl = n_logit_rows(&seqs[i]);
+        t += MS_MAX(seqs[i].n_tokens, 0);
+        if (nl == 0) continue;
+        if (n_want + nl > ws->cap_T)
+            return ms_err(err, MS_EINTERNAL, "head: %lld logit rows over %lld computed",
+                          (long long)(n_want + nl), (long long)ws->cap_T);
+        memcpy(ws->hn + n_want * D, ws->x + (t - nl) * D, sizeof(float) * (size_t)(nl * D));
+        n_want += nl;
     }
     if (n_want == 0) return 0;
     if (n_want > ws->cap_logits_rows) {
@@ -537,14 +579,97 @@ int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, in
     }
     ph_mark(-1);
     ms_rmsnorm(ws->hn, ws->hn, m->final_norm, n_want, D, D, c->rms_norm_eps);
-    ms_matmul(k, ws->logits, c->vocab_size, ws->hn, D, n_want, &m->lm_head, 0);
+    ms_matmul(&m->kctx, ws->logits, c->vocab_size, ws->hn, D, n_want, &m->lm_head, 0);
     ph_mark(PH_HEAD);
     n_want = 0;
     for (int i = 0; i < n_seqs; i++) {
-        if (!seqs[i].logits || seqs[i].n_tokens <= 0) continue;
+        int32_t nl = n_logit_rows(&seqs[i]);
+        if (nl == 0) continue;
         memcpy(seqs[i].logits, ws->logits + n_want * c->vocab_size,
-               sizeof(float) * (size_t)c->vocab_size);
-        n_want++;
+               sizeof(float) * (size_t)(nl * c->vocab_size));
+        if (seqs[i].hidden)
+            memcpy(seqs[i].hidden, ws->hn + n_want * D, sizeof(float) * (size_t)(nl * D));
+        n_want += nl;
     }
     return 0;
 }
+
+/* ---- the family ---- */
+
+static int dsv3_match(const json_t *root)
+{
+    const json_t *a = json_object_get(root, "architectures");
+    for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
+        const char *s = json_string_value(json_array_get(a, i));
+        if (s && (!strcmp(s, "DeepseekV2ForCausalLM") || !strcmp(s, "DeepseekV3ForCausalLM")))
+            return 1;
+    }
+    const char *t = json_string_value(json_object_get(root, "model_type"));
+    if (t && (!strcmp(t, "deepseek_v2") || !strcmp(t, "deepseek_v3"))) return 1;
+    /* an MLA config without a known name: ours, and ms_config_parse says what is missing */
+    const json_t *kv = json_object_get(root, "kv_lora_rank");
+    return kv && !json_is_null(kv);
+}
+
+int ms_dsv3_parse_config(const ms_config *c, ms_model_shape *m)
+{
+    snprintf(m->name, sizeof m->name, "%s", c->model_type);
+    m->attn = MS_ATTN_MLA;
+    m->vocab = c->vocab_size, m->hidden = c->hidden_size;
+    m->intermediate = c->intermediate_size, m->moe_intermediate = c->moe_intermediate_size;
+    m->n_layers = c->n_layers, m->first_k_dense = c->first_k_dense_replace;
+    m->moe_layer_freq = c->moe_layer_freq;
+    m->n_heads = c->n_heads, m->n_kv_heads = 0; /* one shared latent */
+    m->head_dim = 0; /* MLA: qk_nope + qk_rope per query head, no single head_dim */
+    m->q_lora_rank = c->q_lora_rank, m->kv_lora_rank = c->kv_lora_rank;
+    m->qk_nope = c->qk_nope_head_dim, m->qk_rope = c->qk_rope_head_dim;
+    m->v_head_dim = c->v_head_dim;
+    m->n_routed = c->n_routed_experts, m->n_shared = c->n_shared_experts;
+    m->topk = c->n_experts_per_tok;
+    m->tie_embeddings = c->tie_word_embeddings;
+    m->router_bias = c->topk_method == MS_TOPK_NOAUX_TC;
+    m->n_mtp_layers = c->num_nextn_predict_layers;
+    m->max_context = c->max_position_embeddings;
+    m->bos_token_id = c->bos_token_id, m->eos_token_id = c->eos_token_id;
+    m->published = c->fp8_block ? MS_WEIGHTS_FP8 : MS_WEIGHTS_BF16;
+    m->fp8_scale_bytes = c->fp8_scale_ue8m0 ? 1 : 4;
+    return 0;
+}
+
+static int dsv3_parse(const json_t *root, ms_model_shape *out, ms_errbuf *err)
+{
+    ms_config c;
+    int rc = ms_config_parse_json(&c, root, err);
+    if (!rc) rc = ms_dsv3_parse_config(&c, out);
+    return rc;
+}
+
+/* One stream: the latent c_kv and the roped k_pe of every token in every
+ * layer of the main stack (seed 002: L·(r_kv + d_rope)·b), replicated on
+ * every attention-TP rank. */
+static int dsv3_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_spec *out,
+                        ms_errbuf *err)
+{
+    int b = o->elem_bytes > 0 ? o->elem_bytes : 2;
+    int64_t row = (int64_t)s->kv_lora_rank + s->qk_rope;
+    ms_kv_spec_init(out, s->n_layers);
+    ms_kv_stream *st =
+        ms_kv_spec_add(out, "latent", (double)(row * b), row,
+                       b == 4 ? MS_DT_F32 : b == 2 ? MS_DT_BF16 : MS_DT_F8E4M3, 1, 0, 0);
+    for (int l = 0; l < s->n_layers; l++) ms_kv_stream_cover(st, l);
+    return 0;
+}
+
+const ms_family ms_family_deepseek_v3 = {
+    .name = "deepseek_v3",
+    .models = "DeepSeek-V2/V3/R1, Moonlight, Kimi-K2",
+    .match = dsv3_match,
+    .parse = dsv3_parse,
+    .kv_spec = dsv3_kv_spec,
+    .open = ms_dsv3_open,
+    .embed = dsv3_embed,
+    .run_layers = dsv3_run_layers,
+    .head = dsv3_head,
+    .each_view = ms_dsv3_each_view,
+    .free = ms_dsv3_free,
+};

@@ -437,25 +437,22 @@ static void mark_plain_rows(ms_model *m)
            ms_now_s() - t0);
 }
 
-struct prepack {
-    const ms_kctx *k;
+struct view_adapter {
     ms_model *m;
-    int64_t n;
+    ms_view_fn fn;
+    void *arg;
 };
 
-static void prepack_view(ms_mat *w, void *arg)
+static void adapt_view(ms_mat *w, void *arg)
 {
-    struct prepack *p = arg;
-    /* the LM head sees as many rows as sequences wanting logits, rarely 128 */
-    if (w == &p->m->lm_head || !w->data || w->rows <= 0) return;
-    if (ms_kernels_dnnl_prepack(p->k, w) == 0) p->n++;
+    struct view_adapter *a = arg;
+    a->fn(w, w == &a->m->lm_head ? MS_VIEW_LM_HEAD : 0, a->arg);
 }
 
-int64_t ms_model_prepack(ms_model *m)
+void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg)
 {
-    struct prepack p = {&m->kctx, m, 0};
-    each_view(m, prepack_view, &p);
-    return p.n;
+    struct view_adapter a = {m, fn, arg};
+    each_view(m, adapt_view, &a);
 }
 
 int64_t ms_model_local_weight_bytes(const ms_model *m)
@@ -468,7 +465,7 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
     return b;
 }
 
-int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
+int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
 {
     *out = NULL;
     ms_model *m = calloc(1, sizeof *m);
@@ -482,6 +479,9 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
     }
     rc = ms_config_load(&m->cfg, path, err);
     if (rc) goto fail;
+    m->family = &ms_family_deepseek_v3;
+    ms_dsv3_parse_config(&m->cfg, &m->shape);
+    m->shape.family = m->family;
     rc = ms_st_open_dir(&m->st, dir, err);
     if (rc) goto fail;
 
@@ -557,11 +557,11 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
     *out = m;
     return 0;
 fail:
-    ms_model_free(m);
+    ms_dsv3_free(m);
     return rc;
 }
 
-void ms_model_free(ms_model *m)
+void ms_dsv3_free(ms_model *m)
 {
     if (!m) return;
     ms_model_profile_print();

@@ -1,6 +1,7 @@
 /* plan.h — `moeserve plan`: what a launch shape resolves to on a fleet, without hardware.
  *
- * Owns the model and device presets, config.json reading for the planner, and the
+ * Owns the model and device presets (config.json text read by the family table,
+ * model/family.h), and the
  * arithmetic of seeds 000/002/003: weights per rank, KV bytes per token and per request,
  * pools and tokens per rank, cluster distinct tokens, DP-gather vs EP dispatch/combine
  * bytes, expert bytes streamed per step, the attention intensity trend, and the
@@ -12,6 +13,7 @@
 #define MS_PLAN_PLAN_H
 
 #include "base/error.h"
+#include "model/family.h"
 #include "parallel/layout.h"
 
 #include <stdbool.h>
@@ -22,28 +24,10 @@
 #define MS_PLAN_MAX_CONFIG_BYTES (1u << 20)   /* config.json size limit */
 #define MS_PLAN_MAX_SWEEP 64                  /* context points or layouts in a sweep */
 
-typedef enum { MS_PLAN_MLA = 0, MS_PLAN_V4, MS_PLAN_GQA } ms_plan_attn;
-typedef enum { MS_WEIGHTS_FP8 = 0, MS_WEIGHTS_BF16, MS_WEIGHTS_FP4_EXPERTS } ms_plan_weights;
-
-typedef struct ms_plan_model {
-    char name[64];
-    ms_plan_attn attn;
-    int64_t vocab, hidden, intermediate, moe_intermediate;
-    int n_layers, first_k_dense, moe_layer_freq;
-    int n_heads, n_kv_heads, head_dim;          /* GQA (and V4 head_dim 512) */
-    int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim; /* MLA */
-    int n_routed, n_shared, topk;
-    bool tie_embeddings, qk_norm, router_bias;
-    /* V4 */
-    int o_groups, o_lora_rank, window, index_n_heads, index_head_dim, n_hash_layers, hc_mult;
-    int n_ratios;
-    int16_t compress_ratios[MS_PLAN_MAX_LAYERS]; /* per layer: 0 window-only, 4 CSA, 128 HCA */
-    int n_mtp_layers;
-    int64_t max_context;
-    int fp8_scale_bytes;                        /* 4: F32 per 128×128 block; 1: UE8M0 (V4) */
-    ms_plan_weights published;                 /* the official checkpoint's format */
-    double recipe_min_weight_gb;                /* a recipe's declared minimum, 0 if none */
-} ms_plan_model;
+/* The planner's model is the family's read-only shape (model/family.h): presets
+ * and config.json files go through the same family parser the engine uses. */
+typedef ms_model_shape ms_plan_model;
+typedef ms_weights_format ms_plan_weights;
 
 typedef enum {
     MS_GPU_BLACKWELL = 0, MS_GPU_BLACKWELL_DESKTOP, MS_GPU_HOPPER, MS_GPU_CDNA, MS_GPU_CPU
@@ -61,7 +45,8 @@ int ms_plan_model_preset(const char *name, ms_plan_model *out, ms_errbuf *err);
 int ms_plan_gpu_preset(const char *name, ms_plan_gpu *out, ms_errbuf *err);
 const char *ms_plan_model_names(void);
 const char *ms_plan_gpu_names(void);
-/* Reads an HF config.json (DeepSeek V2/V3/V4, Qwen3-MoE, Llama-style GQA). */
+/* Reads an HF config.json through the family table (ms_family_parse): DeepSeek
+ * V2/V3/V4, Qwen3-MoE, Llama-style GQA. */
 int ms_plan_model_load(const char *path, ms_plan_model *out, ms_errbuf *err);
 int ms_plan_model_parse(const char *json_text, ms_plan_model *out, ms_errbuf *err);
 bool ms_plan_layer_is_moe(const ms_plan_model *m, int layer);
@@ -158,6 +143,7 @@ void ms_plan_stage_layers(int n_layers, int pp, int stage, int *first, int *end)
 double ms_plan_stage_weight_bytes(const ms_plan_input *in, const ms_layout *lay, int stage);
 /* One routed expert's weight-element and scale bytes in the chosen format. */
 void ms_plan_expert_bytes(const ms_plan_input *in, double *elem, double *scale);
+/* KV and state bytes of one request over layers [first, end), from the family's kv_spec. */
 double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int attn_tp,
                                 int first_layer, int end_layer, int64_t context_len);
 double ms_plan_state_request_bytes(const ms_plan_model *m, int state_bytes, int first_layer,

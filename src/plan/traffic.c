@@ -8,10 +8,9 @@
 #include <math.h>
 #include <string.h>
 
-/* V4 deployed entry formats (arch.md §2.11; seed 000 §7.2): a 584-byte main entry (448 FP8
- * + 64 BF16 rope + 7 UE8M0 + 1 pad) and a 68-byte MXFP4 index key (64 B + 4 UE8M0). */
+/* V4's deployed main entry (arch.md §2.11; seed 000 §7.2), for the attention intensity;
+ * the cache streams themselves come from the family's kv_spec. */
 #define V4_MAIN_ENTRY 584.0
-#define V4_INDEX_KEY 68.0
 /* DeepEP's FP8 dispatch: one byte per element plus an FP32 scale per 128 (seed 002). */
 #define FP8_DISPATCH_BYTES (1.0 + 4.0 / 128.0)
 #define ACT_BYTES 2.0 /* BF16 activations (combine, gathers) */
@@ -23,42 +22,31 @@ static double gqa_kv_heads_per_rank(const ms_plan_model *m, int attn_tp)
     return h < 1 ? 1 : h;
 }
 
+/* The family's cache streams for this rank (model/family.h kv_spec): kv_bytes is
+ * --kv-cache-dtype's bytes (0 = the model's BF16), state_bytes the compressor
+ * state's. */
+static void spec_of(const ms_plan_model *m, int kv_bytes, int state_bytes, int attn_tp,
+                    ms_kv_spec *spec)
+{
+    ms_kv_spec_opts o = {.elem_bytes = kv_bytes, .state_bytes = state_bytes, .page_size = 1,
+                         .attn_tp = attn_tp, .draft_tokens = 0};
+    ms_errbuf err;
+    if (ms_family_kv_spec(m, &o, spec, &err)) ms_kv_spec_init(spec, m->n_layers);
+}
+
 double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int attn_tp, int first,
                                 int end, int64_t L)
 {
-    double b = kv_bytes > 0 ? kv_bytes : 2; /* auto: the model's BF16 */
-    double sum = 0;
-    for (int l = first; l < end; l++) {
-        if (m->attn == MS_PLAN_V4) {
-            int ratio = l < m->n_ratios ? m->compress_ratios[l] : 0;
-            /* every compressed layer of ratio m: one main entry per m tokens; CSA layers
-             * also one index key per 4 tokens; every layer a window of main entries */
-            if (ratio) sum += (double)(L / ratio) * V4_MAIN_ENTRY;
-            if (ratio == 4) sum += (double)(L / 4) * V4_INDEX_KEY;
-            sum += (double)(L < m->window ? L : m->window) * V4_MAIN_ENTRY;
-        } else if (m->attn == MS_PLAN_MLA) {
-            /* seed 002: L·(r_kv + d_rope)·b, replicated on every attention-TP rank */
-            sum += (double)L * (m->kv_lora_rank + m->qk_rope) * b;
-        } else {
-            sum += (double)L * 2 * gqa_kv_heads_per_rank(m, attn_tp) * m->head_dim * b;
-        }
-    }
-    return sum;
+    ms_kv_spec spec; /* ~37 KiB */
+    spec_of(m, kv_bytes, 0, attn_tp, &spec);
+    return ms_kv_spec_request_bytes(&spec, first, end, L);
 }
 
 double ms_plan_state_request_bytes(const ms_plan_model *m, int state_bytes, int first, int end)
 {
-    if (m->attn != MS_PLAN_V4) return 0;
-    double sum = 0;
-    for (int l = first; l < end; l++) {
-        int ratio = l < m->n_ratios ? m->compress_ratios[l] : 0;
-        if (!ratio) continue;
-        double c = ratio == 4 ? 2 : 1;
-        /* kv_state + score_state, each [c'·m, c'·d] (arch.md §2.7) */
-        sum += 2 * (c * ratio) * (c * m->head_dim);
-        if (ratio == 4) sum += 2 * (2.0 * 4) * (2.0 * m->index_head_dim);
-    }
-    return sum * state_bytes;
+    ms_kv_spec spec;
+    spec_of(m, 0, state_bytes, 1, &spec);
+    return ms_kv_spec_state_bytes(&spec, first, end);
 }
 
 double ms_plan_expected_distinct_ranks(int E, int k, int N)
@@ -154,10 +142,10 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
     /* Attention intensity trend, seed 000 §5.2: AI ≈ 4·(n_h/attn_tp)·c / entry bytes for one
      * shared latent; GQA keeps K/V heads with their query heads until tp > kv heads. */
     double b = in->launch.kv_cache_bytes > 0 ? in->launch.kv_cache_bytes : 2;
-    if (m->attn == MS_PLAN_V4) {
+    if (m->attn == MS_ATTN_V4) {
         r->ai.flop_per_byte_tp1 = 4.0 * m->n_heads * m->head_dim / V4_MAIN_ENTRY;
         r->ai.flop_per_byte_this_layout = r->ai.flop_per_byte_tp1 / A;
-    } else if (m->attn == MS_PLAN_MLA) {
+    } else if (m->attn == MS_ATTN_MLA) {
         double entry = (m->kv_lora_rank + m->qk_rope) * b;
         r->ai.flop_per_byte_tp1 = 4.0 * m->n_heads * m->kv_lora_rank / entry;
         r->ai.flop_per_byte_this_layout = r->ai.flop_per_byte_tp1 / A;

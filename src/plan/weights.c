@@ -135,13 +135,13 @@ static void layer_weights(comp_set *s, const ms_plan_model *m, ms_plan_weights w
 {
     const double D = (double)m->hidden;
     int ratio = 0;
-    if (m->attn == MS_PLAN_V4) {
+    if (m->attn == MS_ATTN_V4) {
         ratio = mtp ? 0 : (layer < m->n_ratios ? m->compress_ratios[layer] : 0);
         attention_v4(s, m, w, ratio);
         const double hc = m->hc_mult, mix = (2 + hc) * hc;
         add(s, m, w, MS_WC_OTHER, C_F32, 2 * mix, hc * D); /* hc_attn_fn, hc_ffn_fn */
         add(s, m, w, MS_WC_OTHER, C_F32, 2 * (mix + 3), 1);
-    } else if (m->attn == MS_PLAN_MLA) {
+    } else if (m->attn == MS_ATTN_MLA) {
         attention_mla(s, m, w);
     } else {
         attention_gqa(s, m, w);
@@ -154,7 +154,7 @@ static void layer_weights(comp_set *s, const ms_plan_model *m, ms_plan_weights w
     }
     const double E = m->n_routed;
     add(s, m, w, MS_WC_ROUTER, C_BF16, E, D);
-    bool hash = m->attn == MS_PLAN_V4 && !mtp && layer < m->n_hash_layers;
+    bool hash = m->attn == MS_ATTN_V4 && !mtp && layer < m->n_hash_layers;
     if (hash) add(s, m, w, MS_WC_ROUTER, C_I64, (double)m->vocab, m->topk);
     else if (m->router_bias) add(s, m, w, MS_WC_ROUTER, C_F32, E, 1);
     if (m->n_shared > 0)
@@ -170,7 +170,7 @@ static void layer_weights(comp_set *s, const ms_plan_model *m, ms_plan_weights w
 static void mtp_extras(comp_set *s, const ms_plan_model *m, ms_plan_weights w)
 {
     const double D = (double)m->hidden;
-    if (m->attn == MS_PLAN_V4) {
+    if (m->attn == MS_ATTN_V4) {
         add(s, m, w, MS_WC_OTHER, C_LIN, D, D); /* e_proj */
         add(s, m, w, MS_WC_OTHER, C_LIN, D, D); /* h_proj */
         add(s, m, w, MS_WC_OTHER, C_BF16, 3 * D, 1);
@@ -219,7 +219,7 @@ static void stage_totals(const ms_plan_input *in, int pp, int stage, comp_set *s
     if (stage == pp - 1) {
         if (!m->tie_embeddings || pp > 1) add(s, m, w, MS_WC_LM_HEAD, C_BF16, V, D);
         add(s, m, w, MS_WC_OTHER, C_BF16, D, 1);
-        if (m->attn == MS_PLAN_V4)
+        if (m->attn == MS_ATTN_V4)
             add(s, m, w, MS_WC_OTHER, C_F32, m->hc_mult * (m->hc_mult * D + 1) + 1, 1);
         if (mtp_loaded(in))
             for (int k = 0; k < m->n_mtp_layers; k++) {

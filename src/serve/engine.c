@@ -5,6 +5,7 @@
 
 #include "base/log.h"
 #include "base/util.h"
+#include "cache/kv_budget.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,51 +100,31 @@ static int grow(void **p, size_t *cap, size_t n)
     return 0;
 }
 
-/* MemAvailable of this host in bytes (0 when unknown). */
-static int64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    fclose(f);
-    return (int64_t)kb * 1024;
-}
-
-static int ranks_on_host(int W)
-{
-    const char *s = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int n = s ? atoi(s) : W;
-    return n > 0 ? n : 1;
-}
-
 static int size_pool(ms_engine *e, ms_errbuf *err)
 {
-    const ms_config *c = &e->m->cfg;
-    int64_t row = ms_model_kv_row_elems(e->m);
+    const ms_model_shape *c = ms_model_shape_of(e->m);
     ms_dtype dt = e->o.exact ? MS_DT_F32 : MS_DT_BF16;
-    int64_t per_tok = (int64_t)ms_kv_bytes_per_token(c->n_layers, row, dt);
-    int64_t tokens = e->o.max_total_tokens;
+    ms_kv_spec spec;
+    ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .page_size = e->o.page_size,
+                          .attn_tp = e->lay.attn_tp};
+    int rc = ms_model_kv_spec(e->m, &so, &spec, err);
+    if (rc) return rc;
+    if (spec.n_streams != 1 || spec.streams[0].tokens_per_entry != 1 || spec.streams[0].window)
+        return ms_err(err, MS_EUNSUPPORTED, "%s: the KV pool holds one per-token stream only",
+                      c->name);
+    int64_t row = spec.streams[0].entry_elems, per_tok = ms_kv_spec_token_bytes(&spec);
     int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
-    if (tokens <= 0) { /* SGLang's static share: weights (+ their copies) and the KV pool */
-        int64_t budget = (int64_t)(e->o.mem_fraction_static * (double)e->avail0) - weights - packed;
-        tokens = budget > 0 ? budget / per_tok : 0;
-        if (tokens < e->o.page_size)
-            return ms_err(err, MS_ENOMEM,
-                          "no memory left for the KV cache: %.2f GB available to this rank × "
-                          "--mem-fraction-static %.2f minus %.2f GB of weights and %.2f GB of "
-                          "their oneDNN copies; use --max-total-tokens or raise "
-                          "--mem-fraction-static",
-                          (double)e->avail0 / 1e9, e->o.mem_fraction_static, (double)weights / 1e9,
-                          (double)packed / 1e9);
-    }
+    ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
+                          .mem_fraction_static = e->o.mem_fraction_static,
+                          .avail_bytes = e->avail0, .weight_bytes = weights,
+                          .copy_bytes = packed, .page_size = e->o.page_size};
+    int64_t tokens;
+    if ((rc = ms_kv_budget_tokens(&spec, &bi, &tokens, err))) return rc;
     /* every rank must agree (members mirror their leader's page ids): take the minimum */
     if (e->W > 1) {
         int64_t *all = calloc((size_t)e->W, sizeof *all);
         if (!all) return ms_err(err, MS_ENOMEM, "out of memory");
-        int rc = ms_comm_allgather(e->gs.world, &tokens, sizeof tokens, all, err);
+        rc = ms_comm_allgather(e->gs.world, &tokens, sizeof tokens, all, err);
         if (!rc)
             for (int i = 0; i < e->W; i++) tokens = MS_MIN(tokens, all[i]);
         free(all);
@@ -151,8 +132,8 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     }
     int32_t pages = (int32_t)MS_MIN(tokens / e->o.page_size, (int64_t)INT32_MAX - 1);
     e->pool_tokens = (int64_t)pages * e->o.page_size;
-    int rc = ms_kv_pool_new(&e->pool, c->n_layers, row, e->o.page_size, pages, dt, err);
-    if (rc) return rc;
+    if ((rc = ms_kv_pool_new(&e->pool, c->n_layers, row, e->o.page_size, pages, dt, err)))
+        return rc;
     MS_LOG(MS_INFO, "engine",
            "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
            "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN)",
@@ -202,18 +183,15 @@ static int build_shard(ms_engine *e, ms_errbuf *err)
 }
 
 int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeout_s, int argc,
-                    char **argv, ms_config *cfg, ms_layout *lay, int *world, int *rank)
+                    char **argv, ms_model_shape *shape, ms_layout *lay, int *world, int *rank)
 {
     ms_errbuf err = {{0}};
-    char path[1200];
-    if (!ms_path_join(path, sizeof path, o->model_path, "config.json") ||
-        ms_config_load(cfg, path, &err)) {
+    if (ms_family_load(o->model_path, 1, NULL, shape, &err)) {
         fprintf(stderr, "%s: --model-path %s: %s\n", cmd, o->model_path, err.msg);
         return 1;
     }
-    ms_layout_model lm = {.n_heads = cfg->n_heads, .n_routed_experts = cfg->n_routed_experts,
-                          .n_layers = cfg->n_layers,
-                          .n_dense_layers = MS_MIN(cfg->first_k_dense_replace, cfg->n_layers)};
+    ms_layout_model lm;
+    ms_shape_layout_model(shape, &lm);
     if (ms_layout_resolve(&o->launch, &lm, lay, &err) ||
         ms_comm_maybe_relaunch(lay->world_size, argc, argv, &err)) {
         fprintf(stderr, "%s: %s\n", cmd, err.msg);
@@ -246,16 +224,10 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     e->rank = ms_comm_is_init() ? ms_comm_world_rank() : 0;
     int rc;
     /* the model's shape decides the layout: read config.json first */
-    ms_config cfg;
-    char path[1200];
-    if (!ms_path_join(path, sizeof path, o->model_path, "config.json")) {
-        rc = ms_err(err, MS_EINVAL, "--model-path too long");
-        goto fail;
-    }
-    if ((rc = ms_config_load(&cfg, path, err))) goto fail;
-    ms_layout_model lm = {.n_heads = cfg.n_heads, .n_kv_heads = 0,
-                          .n_routed_experts = cfg.n_routed_experts, .n_layers = cfg.n_layers,
-                          .n_dense_layers = MS_MIN(cfg.first_k_dense_replace, cfg.n_layers)};
+    ms_model_shape shape;
+    if ((rc = ms_family_load(o->model_path, 1, NULL, &shape, err))) goto fail;
+    ms_layout_model lm;
+    ms_shape_layout_model(&shape, &lm);
     if ((rc = ms_layout_resolve(&o->launch, &lm, &e->lay, err))) goto fail;
     if (e->lay.pp > 1 || e->lay.attn_cp > 1) {
         rc = ms_err(err, MS_EUNSUPPORTED, "%s is not supported by the CPU engine yet",
@@ -275,7 +247,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     } else {
         e->is_leader = 1;
     }
-    e->avail0 = mem_available() / ranks_on_host(e->W);
+    e->avail0 = ms_kv_mem_available() / ms_kv_ranks_on_host(e->W);
     if ((rc = ms_model_open(&e->m, o->model_path, &mo, err))) goto fail;
     if (o->prepack) { /* before the pool: its copies come out of the same budget */
         double t0 = ms_now_s();
@@ -284,8 +256,9 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         e->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
         e->prepack_s = ms_now_s() - t0;
     }
-    e->ctx_len = o->context_length > 0 ? MS_MIN(o->context_length, e->m->cfg.max_position_embeddings)
-                                       : e->m->cfg.max_position_embeddings;
+    const ms_model_shape *ms = ms_model_shape_of(e->m);
+    e->ctx_len = o->context_length > 0 ? MS_MIN(o->context_length, ms->max_context)
+                                       : ms->max_context;
     int max_running = e->lay.max_running_per_rank > 0
                           ? e->lay.max_running_per_rank
                           : MS_MAX(1, o->max_running_default / MS_MAX(e->lay.attn_dp, 1));
@@ -298,7 +271,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     if ((rc = size_pool(e, err))) goto fail;
     if (e->is_leader) {
         ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
-                              e->m->cfg.vocab_size, e->m->cfg.eos_token_id};
+                              ms->vocab, ms->eos_token_id};
         if ((rc = ms_sched_new(&e->sched, &sp, e->pool, err))) goto fail;
     }
     e->rows_world = calloc((size_t)e->W * 2, sizeof(int64_t));
@@ -374,7 +347,7 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     int32_t np = (int32_t)((n + P - 1) / P);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n),
             *pages = malloc(sizeof(int32_t) * (size_t)np);
-    float *logits = malloc(sizeof(float) * (size_t)e->m->cfg.vocab_size);
+    float *logits = malloc(sizeof(float) * (size_t)ms_model_shape_of(e->m)->vocab);
     int rc = MS_ENOMEM;
     if (!ids || !pages || !logits) {
         ms_err(err, rc, "out of memory (warm-up)");
@@ -386,8 +359,9 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     }
     uint64_t rng = 1;
     for (int64_t i = 0; i < n; i++)
-        ids[i] = (int32_t)(ms_rng_next(&rng) % (uint64_t)e->m->cfg.vocab_size);
-    ms_batch_seq seq = {ids, (int32_t)n, 0, pages, logits};
+        ids[i] = (int32_t)(ms_rng_next(&rng) % (uint64_t)ms_model_shape_of(e->m)->vocab);
+    ms_batch_seq seq = {.tokens = ids, .n_tokens = (int32_t)n, .start_pos = 0,
+                        .page_table = pages, .logits = logits, .n_logits = 1};
     double t0 = ms_now_s();
     rc = ms_model_forward(e->m, e->pool, &seq, 1, err);
     st->forward_s = ms_now_s() - t0;
@@ -633,7 +607,7 @@ static int push_event(ms_engine *e, const ms_sched_event *ev, int dp, const floa
 
 static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_errbuf *err)
 {
-    int64_t V = e->m->cfg.vocab_size;
+    int64_t V = ms_model_shape_of(e->m)->vocab;
     size_t per = sizeof(ms_sched_event) + (e->o.keep_logits ? sizeof(float) * (size_t)V : 0);
     struct wire_ev_hdr h = {.n_events = n_ev, .is_leader = e->is_leader, .dp = e->dp_index};
     if (e->is_leader) ms_sched_get_stats(e->sched, &h.st);

@@ -16,7 +16,7 @@
 #ifndef MS_SERVE_ENGINE_H
 #define MS_SERVE_ENGINE_H
 
-#include "model/model.h"
+#include "model/family.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "serve/router.h"
@@ -64,14 +64,15 @@ typedef struct ms_engine_step_stats {
 
 typedef struct ms_engine ms_engine;
 
-/* Start-up shared by the commands, before ms_engine_open: reads config.json,
+/* Start-up shared by the commands, before ms_engine_open: reads config.json
+ * (the family table's shape),
  * resolves the launch (every rank, same answer), re-launches this program
  * under `mpirun -np W` when W > 1 ranks are needed and no launcher started
  * it, then starts MPI (W > 1) or just logging (W = 1).  argc/argv are the
  * program's own.  Returns 0, or the exit status to use (1, or 2 for a bad
  * launch) after printing the reason prefixed by cmd. */
 int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeout_s, int argc,
-                    char **argv, ms_config *cfg, ms_layout *lay, int *world, int *rank);
+                    char **argv, ms_model_shape *shape, ms_layout *lay, int *world, int *rank);
 
 /* Collective over the world when W > 1 (ms_comm_init must have run).  Resolves
  * the layout, builds groups, loads this rank's shard, with o->prepack

@@ -15,7 +15,7 @@
 
 #include "cache/kv_pool.h"
 #include "cache/radix.h"
-#include "model/model.h"
+#include "model/family.h"
 #include "model/sampler.h"
 #include "serve/finish.h"
 

@@ -227,7 +227,7 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     snprintf(info->model_path, sizeof info->model_path, "%s", o->eo.model_path);
     info->context_len = ms_engine_context_length(e);
     info->page_size = o->eo.page_size;
-    info->vocab_size = (int32_t)m->cfg.vocab_size;
+    info->vocab_size = (int32_t)ms_model_shape_of(m)->vocab;
     ms_layout_describe(lay, info->layout, sizeof info->layout);
     info->tp_size = lay->tp;
     info->dp_size = o->eo.launch.dp;
@@ -463,7 +463,7 @@ int ms_cmd_serve(int argc, char **argv)
         return prc > 0 ? 0 : 2;
     }
     ms_errbuf err = {{0}};
-    ms_config cfg;
+    ms_model_shape cfg;
     ms_layout lay;
     int W, rank, rc;
     /* main.c passes argv + 1: argv - 1 is the program's own argument vector */

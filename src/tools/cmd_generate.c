@@ -263,7 +263,7 @@ static void dump_line(FILE *f, int seq, int64_t step, int32_t tok, const float *
 }
 
 /* Reads prompts (rank 0). */
-static int load_prompts(struct opts *o, const ms_config *c, struct seq **out, int *n_out,
+static int load_prompts(struct opts *o, const ms_model_shape *c, struct seq **out, int *n_out,
                         char **file_text)
 {
     ms_tokenizer *tok = NULL;
@@ -313,9 +313,9 @@ static int load_prompts(struct opts *o, const ms_config *c, struct seq **out, in
     for (int i = 0; i < n; i++) {
         seqs[i].n_prompt = seqs[i].n_ids;
         for (int64_t j = 0; j < seqs[i].n_ids; j++)
-            if (seqs[i].ids[j] >= c->vocab_size) {
+            if (seqs[i].ids[j] >= c->vocab) {
                 fprintf(stderr, "generate: prompt %d: token id %d outside the vocabulary (%lld)\n",
-                        i, seqs[i].ids[j], (long long)c->vocab_size);
+                        i, seqs[i].ids[j], (long long)c->vocab);
                 goto out;
             }
     }
@@ -367,7 +367,7 @@ int ms_cmd_generate(int argc, char **argv)
         return prc > 0 ? 0 : 2;
     }
     ms_errbuf err = {{0}};
-    ms_config cfg;
+    ms_model_shape cfg;
     ms_layout lay;
     int W, rank, rc;
     /* main.c passes argv + 1: argv - 1 is the program's own argument vector */
@@ -429,7 +429,7 @@ int ms_cmd_generate(int argc, char **argv)
     }
     double t_prefill = 0, t_decode = 0;
     int64_t n_prefill = 0, n_decode = 0, n_decode_timed = 0;
-    int64_t V = cfg.vocab_size;
+    int64_t V = cfg.vocab;
     while (ms_engine_busy(e)) {
         if (ms_engine_step(e, &err)) goto comm_fail;
         ms_engine_step_stats st;

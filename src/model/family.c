@@ -1,0 +1,172 @@
+/* family.c — the family registry and the one config.json reader
+ * (family.h): decodes the JSON once, asks each family in turn whether it is
+ * its own, and lets that family parse the shape; plus what every model
+ * answers the same way whatever its family (shape, threads, the whole
+ * forward as embed + run_layers + head, prepacking through each_view).
+ * Tables: any thread; models: the rank's main thread.
+ */
+#include "model/family.h"
+
+#include "base/util.h"
+#include "model/model.h"
+#include "model/planner_families.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const ms_family *const families[] = {
+    &ms_family_deepseek_v4, /* before V3: a V4 config also carries MLA-like fields */
+    &ms_family_deepseek_v3,
+    &ms_family_qwen3_moe,
+    &ms_family_llama, /* Llama-style GQA: the fallback for any other decoder */
+    NULL,
+};
+
+const ms_family *const *ms_families(void) { return families; }
+
+const ms_family *ms_family_by_name(const char *name)
+{
+    for (int i = 0; families[i]; i++)
+        if (!strcmp(families[i]->name, name)) return families[i];
+    return NULL;
+}
+
+bool ms_shape_layer_is_moe(const ms_model_shape *s, int layer)
+{
+    int freq = s->moe_layer_freq > 0 ? s->moe_layer_freq : 1;
+    return s->n_routed > 0 && layer >= s->first_k_dense && layer % freq == 0;
+}
+
+int ms_shape_n_moe_layers(const ms_model_shape *s)
+{
+    int n = 0;
+    for (int l = 0; l < s->n_layers; l++) n += ms_shape_layer_is_moe(s, l);
+    return n;
+}
+
+void ms_shape_layout_model(const ms_model_shape *s, ms_layout_model *out)
+{
+    memset(out, 0, sizeof *out);
+    out->n_heads = s->n_heads;
+    out->n_kv_heads = s->attn == MS_ATTN_GQA ? s->n_kv_heads : 0;
+    out->n_routed_experts = s->n_routed;
+    out->n_layers = s->n_layers;
+    out->n_dense_layers = s->n_layers - ms_shape_n_moe_layers(s);
+}
+
+int ms_family_parse(const char *text, const ms_family **fam, ms_model_shape *out, ms_errbuf *err)
+{
+    memset(out, 0, sizeof *out);
+    if (fam) *fam = NULL;
+    json_error_t je;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!root || !json_is_object(root)) {
+        if (root) json_decref(root);
+        return ms_err(err, MS_EFORMAT, "config.json: %s (line %d)", root ? "not an object" : je.text,
+                      je.line);
+    }
+    const ms_family *f = NULL;
+    for (int i = 0; families[i] && !f; i++)
+        if (families[i]->match(root)) f = families[i];
+    int rc;
+    if (!f) {
+        rc = ms_err(err, MS_EUNSUPPORTED, "config.json: no model family matches it");
+    } else {
+        out->bos_token_id = out->eos_token_id = -1;
+        out->fp8_scale_bytes = 4;
+        out->published = MS_WEIGHTS_BF16;
+        rc = f->parse(root, out, err);
+        out->family = f;
+        if (!rc && fam) *fam = f;
+    }
+    json_decref(root);
+    return rc;
+}
+
+int ms_family_load(const char *path, int is_dir, const ms_family **fam, ms_model_shape *out,
+                   ms_errbuf *err)
+{
+    char file[1200];
+    if (is_dir && !ms_path_join(file, sizeof file, path, "config.json"))
+        return ms_err(err, MS_EINVAL, "model path too long: %s", path);
+    const char *p = is_dir ? file : path;
+    char *text = NULL;
+    int rc = ms_read_file(p, MS_CONFIG_MAX_BYTES, &text, NULL);
+    if (rc) return ms_err(err, rc, "%s: cannot read: %s", p, ms_strerror(rc));
+    rc = ms_family_parse(text, fam, out, err);
+    free(text);
+    return rc;
+}
+
+int ms_family_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_spec *out,
+                      ms_errbuf *err)
+{
+    if (!s->family) return ms_err(err, MS_EINVAL, "model shape without a family");
+    return s->family->kv_spec(s, o, out, err);
+}
+
+int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
+{
+    *out = NULL;
+    const ms_family *f;
+    ms_model_shape shape;
+    int rc = ms_family_load(dir, 1, &f, &shape, err);
+    if (rc) return rc;
+    if (!f->open)
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "%s: the %s family (%s) is known to `moeserve plan` only; this engine "
+                      "cannot load its weights yet",
+                      dir, f->name, f->models);
+    if ((rc = f->open(out, dir, opts, err))) return rc;
+    (*out)->family = f;
+    (*out)->shape = shape;
+    return 0;
+}
+
+void ms_model_free(ms_model *m)
+{
+    if (m && m->family) m->family->free(m);
+}
+
+const ms_family *ms_model_family(const ms_model *m) { return m->family; }
+const ms_model_shape *ms_model_shape_of(const ms_model *m) { return &m->shape; }
+ms_pool *ms_model_threads(const ms_model *m) { return m->pool; }
+int64_t ms_model_active_bytes_per_token(const ms_model *m) { return m->active_bytes_per_token; }
+int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }
+int ms_model_n_mtp_layers(const ms_model *m) { return m->n_mtp_layers; }
+
+int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *out, ms_errbuf *err)
+{
+    return m->family->kv_spec(&m->shape, o, out, err);
+}
+
+int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
+                     ms_errbuf *err)
+{
+    const ms_family *f = m->family;
+    int rc = f->embed(m, seqs, n_seqs, err);
+    if (!rc) rc = f->run_layers(m, pool, seqs, n_seqs, 0, m->shape.n_layers, err);
+    if (!rc) rc = f->head(m, seqs, n_seqs, err);
+    return rc;
+}
+
+struct prepack {
+    const ms_kctx *k;
+    int64_t n;
+};
+
+static void prepack_view(ms_mat *w, unsigned flags, void *arg)
+{
+    struct prepack *p = arg;
+    /* the LM head sees as many rows as sequences wanting logits, rarely 128 */
+    if ((flags & MS_VIEW_LM_HEAD) || !w->data || w->rows <= 0) return;
+    if (ms_kernels_dnnl_prepack(p->k, w) == 0) p->n++;
+}
+
+int64_t ms_model_prepack(ms_model *m)
+{
+    struct prepack p = {&m->kctx, 0};
+    m->family->each_view(m, prepack_view, &p);
+    return p.n;
+}

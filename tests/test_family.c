@@ -1,0 +1,319 @@
+/* test_family.c — the model-family seam: config.json matched to its family
+ * and parsed into one shape, each family's cache streams (kv_spec), planner-
+ * only families refused by open, and the forward through the family table
+ * under --dtype float32 on a tiny random model: a prefill of N tokens equals
+ * N decode steps, a verify of k+1 positions equals k+1 decode steps (logits
+ * and hidden states), and run_layers(0, m) + run_layers(m, L) equals
+ * run_layers(0, L); each to 1e-4 relative with the same greedy tokens. */
+#include "harness.h"
+#include "model/family.h"
+#include "tools/mkmodel.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *v3_json =
+    "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"model_type\":\"deepseek_v3\","
+    "\"num_hidden_layers\":61,\"num_nextn_predict_layers\":1,\"eos_token_id\":1,"
+    "\"max_position_embeddings\":163840}";
+static const char *qwen3_json =
+    "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"model_type\":\"qwen3_moe\","
+    "\"vocab_size\":151936,\"hidden_size\":4096,\"moe_intermediate_size\":1536,"
+    "\"num_hidden_layers\":94,\"num_attention_heads\":64,\"num_key_value_heads\":4,"
+    "\"head_dim\":128,\"num_experts\":128,\"num_experts_per_tok\":8}";
+
+static int count_covered(const ms_kv_stream *st, int n_layers)
+{
+    int n = 0;
+    for (int l = 0; l < n_layers; l++) n += ms_kv_stream_covers(st, l);
+    return n;
+}
+
+TEST(match_and_shape)
+{
+    ms_errbuf err;
+    ms_model_shape s;
+    const ms_family *f;
+    CHECKF(ms_family_parse(v3_json, &f, &s, &err) == 0, "%s", err.msg);
+    CHECK(f == ms_family_by_name("deepseek_v3") && s.family == f && f->open != NULL);
+    CHECK(s.attn == MS_ATTN_MLA && s.n_layers == 61 && s.kv_lora_rank == 512 && s.qk_rope == 64);
+    CHECK(s.vocab == 129280 && s.eos_token_id == 1 && s.n_mtp_layers == 1 && s.n_kv_heads == 0);
+    CHECKF(ms_family_parse(qwen3_json, &f, &s, &err) == 0, "%s", err.msg);
+    CHECK(f == ms_family_by_name("qwen3_moe") && f->open == NULL && s.attn == MS_ATTN_GQA);
+    CHECK(s.qk_norm && s.n_routed == 128 && s.n_kv_heads == 4 && s.first_k_dense == 0);
+    CHECK(ms_family_parse("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":64,"
+                          "\"num_hidden_layers\":2,\"num_attention_heads\":4}",
+                          &f, &s, &err) == 0 &&
+          f == ms_family_by_name("llama") && s.first_k_dense == 2 && s.head_dim == 16);
+    /* the V3 family's parser is the engine's: its checks reach the planner too */
+    CHECK(ms_family_parse("{\"model_type\":\"deepseek_v3\",\"n_group\":3}", &f, &s, &err) != 0 &&
+          strstr(err.msg, "n_group"));
+    CHECK(ms_family_parse("[]", &f, &s, &err) == MS_EFORMAT);
+}
+
+TEST(kv_spec_streams)
+{
+    ms_errbuf err;
+    ms_model_shape s;
+    ms_kv_spec spec;
+    ms_kv_spec_opts o = {.elem_bytes = 2, .state_bytes = 4, .page_size = 16, .attn_tp = 1};
+    CHECK(ms_family_parse(v3_json, NULL, &s, &err) == 0);
+    CHECK(ms_family_kv_spec(&s, &o, &spec, &err) == 0);
+    CHECK(spec.n_streams == 1 && !strcmp(spec.streams[0].name, "latent"));
+    CHECK(spec.streams[0].entry_elems == 576 && spec.streams[0].entry_bytes == 1152);
+    CHECK(count_covered(&spec.streams[0], 61) == 61 && spec.streams[0].n_layers == 61);
+    /* seed 002: 61 × 576 × 2 = 70,272 B per token */
+    CHECK(ms_kv_spec_request_bytes(&spec, 0, 61, 1000) == 70272.0 * 1000);
+    CHECK(ms_kv_spec_state_bytes(&spec, 0, 61) == 0);
+    /* GQA: K and V of the rank's heads, replicated once attn_tp exceeds them */
+    CHECK(ms_family_parse(qwen3_json, NULL, &s, &err) == 0);
+    o.attn_tp = 2;
+    CHECK(ms_family_kv_spec(&s, &o, &spec, &err) == 0);
+    CHECK(spec.streams[0].entry_bytes == 2 * 2 * 128 * 2);
+    o.attn_tp = 8;
+    CHECK(ms_family_kv_spec(&s, &o, &spec, &err) == 0);
+    CHECK(spec.streams[0].entry_bytes == 2 * 1 * 128 * 2);
+    /* V4 Flash: [0,0] + [4,128]×20 + [4]: window on all 43, c4/index on 21, c128 on 20 */
+    char v4[2048];
+    int n = snprintf(v4, sizeof v4,
+                     "{\"model_type\":\"deepseek_v4\",\"vocab_size\":129280,\"hidden_size\":4096,"
+                     "\"num_hidden_layers\":43,\"num_attention_heads\":64,\"head_dim\":512,"
+                     "\"sliding_window\":128,\"index_head_dim\":128,\"n_routed_experts\":256,"
+                     "\"num_experts_per_tok\":6,\"compress_ratios\":[0,0");
+    for (int i = 0; i < 20; i++) n += snprintf(v4 + n, sizeof v4 - (size_t)n, ",4,128");
+    snprintf(v4 + n, sizeof v4 - (size_t)n, ",4]}");
+    const ms_family *f;
+    CHECKF(ms_family_parse(v4, &f, &s, &err) == 0, "%s", err.msg);
+    CHECK(f == ms_family_by_name("deepseek_v4") && f->open == NULL);
+    o.attn_tp = 1;
+    o.draft_tokens = 3;
+    CHECK(ms_family_kv_spec(&s, &o, &spec, &err) == 0);
+    CHECK(spec.n_streams == 4);
+    const ms_kv_stream *w = &spec.streams[0], *c4 = &spec.streams[1], *c128 = &spec.streams[2],
+                       *ix = &spec.streams[3];
+    CHECK(!strcmp(w->name, "window") && w->window == 128 && w->window_slack == 3 &&
+          w->tokens_per_entry == 1 && w->n_layers == 43);
+    CHECK(!strcmp(c4->name, "c4") && c4->tokens_per_entry == 4 && c4->n_layers == 21);
+    CHECK(!strcmp(c128->name, "c128") && c128->tokens_per_entry == 128 && c128->n_layers == 20);
+    CHECK(!strcmp(ix->name, "index") && ix->tokens_per_entry == 4 && ix->n_layers == 21 &&
+          ix->entry_bytes == 68);
+    CHECK(ms_kv_stream_entries(w, 1000) == 131 && ms_kv_stream_entries(c4, 1001) == 250 &&
+          ms_kv_stream_entries(c128, 1000) == 7);
+    /* per layer 2: window 2 + c4 + index; layer 3: window + c128 */
+    CHECK(ms_kv_spec_request_bytes(&spec, 2, 3, 1000) == 131 * 584.0 + 250 * 584.0 + 250 * 68.0);
+    CHECK(ms_kv_spec_request_bytes(&spec, 3, 4, 1000) == 131 * 584.0 + 7 * 584.0);
+    CHECK(ms_kv_spec_state_bytes(&spec, 0, 2) == 0 && ms_kv_spec_state_bytes(&spec, 2, 3) > 0);
+}
+
+static char model_dir[64];
+
+TEST(planner_only_open_refuses)
+{
+    char dir[] = "/tmp/ms_family_XXXXXX";
+    CHECK(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(qwen3_json, f) >= 0 && fclose(f) == 0);
+    ms_model *m = NULL;
+    ms_errbuf err;
+    ms_model_opts mo = {.threads = 1, .exact = 1};
+    int rc = ms_model_open(&m, dir, &mo, &err);
+    unlink(path);
+    rmdir(dir);
+    CHECK(rc == MS_EUNSUPPORTED && m == NULL);
+    CHECKF(strstr(err.msg, "qwen3_moe") && strstr(err.msg, "plan"), "%s", err.msg);
+}
+
+/* ---- the forward through the family table ---- */
+
+static ms_model *model;
+static int64_t V, D;
+
+static int open_model(void)
+{
+    ms_config cfg;
+    ms_errbuf err;
+    snprintf(model_dir, sizeof model_dir, "/tmp/ms_family_model_XXXXXX");
+    if (!mkdtemp(model_dir) || ms_mkmodel_preset("tiny-v3", &cfg)) return -1;
+    if (ms_mkmodel_write(&cfg, MS_MK_FP32, 7, model_dir, 0, &err)) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return -1;
+    }
+    ms_model_opts mo = {.threads = 2, .exact = 1};
+    if (ms_model_open(&model, model_dir, &mo, &err)) {
+        fprintf(stderr, "open: %s\n", err.msg);
+        return -1;
+    }
+    V = ms_model_shape_of(model)->vocab;
+    D = ms_model_shape_of(model)->hidden;
+    return 0;
+}
+
+#define PS 4
+#define MAXP 64
+
+static ms_kv_pool *new_pool(void)
+{
+    ms_kv_spec spec;
+    ms_errbuf err;
+    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = PS, .attn_tp = 1};
+    ms_kv_pool *p = NULL;
+    if (ms_model_kv_spec(model, &o, &spec, &err) ||
+        ms_kv_pool_new(&p, ms_model_shape_of(model)->n_layers, spec.streams[0].entry_elems, PS,
+                       MAXP, MS_DT_F32, &err))
+        return NULL;
+    return p;
+}
+
+/* max |a - b| / max |b| over n values */
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]), y = fabs((double)b[i]);
+        if (x > d) d = x;
+        if (y > m) m = y;
+    }
+    return m > 0 ? d / m : d;
+}
+
+static int32_t argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int32_t)i;
+    return best;
+}
+
+/* One sequence through the whole forward. */
+static int forward1(ms_kv_pool *pool, const int32_t *pages, const int32_t *toks, int n,
+                    int64_t pos, int kind, int n_logits, float *logits, float *hidden)
+{
+    ms_batch_seq sq = {.tokens = toks, .n_tokens = n, .start_pos = pos, .page_table = pages,
+                       .logits = logits, .n_logits = n_logits, .kind = kind, .hidden = hidden};
+    ms_errbuf err;
+    int rc = ms_model_forward(model, pool, &sq, 1, &err);
+    if (rc) fprintf(stderr, "forward: %s\n", err.msg);
+    return rc;
+}
+
+enum { N = 12, K = 3 };
+static const int32_t toks[N + K + 1] = {3, 17, 250, 9, 1000, 44, 5, 77, 512, 8, 130, 61, 2, 99, 400, 7};
+
+TEST(prefill_equals_decode_steps)
+{
+    CHECK(model != NULL);
+    ms_kv_pool *a = new_pool(), *b = new_pool();
+    CHECK(a && b);
+    int32_t pa[MAXP], pb[MAXP];
+    CHECK(ms_kv_pool_alloc(a, 8, pa) == 0 && ms_kv_pool_alloc(b, 8, pb) == 0);
+    float *lp = malloc(sizeof(float) * (size_t)(N * V)), *hp = malloc(sizeof(float) * (size_t)(N * D));
+    float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
+    CHECK(lp && hp && ld && hd);
+    /* one prefill chunk wanting the logits of all N positions */
+    CHECK(forward1(a, pa, toks, N, 0, MS_SEQ_PREFILL, N, lp, hp) == 0);
+    double worst = 0, worst_h = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(forward1(b, pb, toks + i, 1, i, MS_SEQ_DECODE, 1, ld, hd) == 0);
+        double e = rel_err(lp + (int64_t)i * V, ld, V), eh = rel_err(hp + (int64_t)i * D, hd, D);
+        worst = e > worst ? e : worst;
+        worst_h = eh > worst_h ? eh : worst_h;
+        CHECKF(argmax(lp + (int64_t)i * V, V) == argmax(ld, V), "greedy token differs at %d", i);
+    }
+    CHECKF(worst <= 1e-4 && worst_h <= 1e-4, "logits %.3g hidden %.3g", worst, worst_h);
+    /* a prefill wanting only its last position's logits writes those */
+    float *l1 = malloc(sizeof(float) * (size_t)V);
+    CHECK(l1 && forward1(a, pa, toks, N, 0, MS_SEQ_PREFILL, 0, l1, NULL) == 0);
+    CHECK(rel_err(l1, lp + (int64_t)(N - 1) * V, V) <= 1e-6);
+    free(l1);
+    free(lp), free(hp), free(ld), free(hd);
+    ms_kv_pool_free(a);
+    ms_kv_pool_free(b);
+}
+
+TEST(verify_equals_decode_steps)
+{
+    CHECK(model != NULL);
+    ms_kv_pool *a = new_pool(), *b = new_pool();
+    CHECK(a && b);
+    int32_t pa[MAXP], pb[MAXP];
+    CHECK(ms_kv_pool_alloc(a, 8, pa) == 0 && ms_kv_pool_alloc(b, 8, pb) == 0);
+    float *lv = malloc(sizeof(float) * (size_t)((K + 1) * V)),
+          *hv = malloc(sizeof(float) * (size_t)((K + 1) * D));
+    float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
+    CHECK(lv && hv && ld && hd);
+    /* the same prompt in both caches, then: a verify of the last accepted token
+     * plus K drafts against K+1 single decode steps */
+    CHECK(forward1(a, pa, toks, N, 0, MS_SEQ_PREFILL, 1, ld, NULL) == 0);
+    CHECK(forward1(b, pb, toks, N, 0, MS_SEQ_PREFILL, 1, ld, NULL) == 0);
+    CHECK(forward1(a, pa, toks + N, K + 1, N, MS_SEQ_VERIFY, K + 1, lv, hv) == 0);
+    double worst = 0, worst_h = 0;
+    for (int i = 0; i <= K; i++) {
+        CHECK(forward1(b, pb, toks + N + i, 1, N + i, MS_SEQ_DECODE, 1, ld, hd) == 0);
+        double e = rel_err(lv + (int64_t)i * V, ld, V), eh = rel_err(hv + (int64_t)i * D, hd, D);
+        worst = e > worst ? e : worst;
+        worst_h = eh > worst_h ? eh : worst_h;
+        CHECKF(argmax(lv + (int64_t)i * V, V) == argmax(ld, V), "greedy token differs at %d", i);
+    }
+    CHECKF(worst <= 1e-4 && worst_h <= 1e-4, "logits %.3g hidden %.3g", worst, worst_h);
+    free(lv), free(hv), free(ld), free(hd);
+    ms_kv_pool_free(a);
+    ms_kv_pool_free(b);
+}
+
+TEST(run_layers_split_equals_whole)
+{
+    CHECK(model != NULL);
+    const ms_family *f = ms_model_family(model);
+    int L = ms_model_shape_of(model)->n_layers;
+    CHECK(L >= 2);
+    ms_kv_pool *a = new_pool(), *b = new_pool();
+    CHECK(a && b);
+    int32_t pa[MAXP], pb[MAXP];
+    CHECK(ms_kv_pool_alloc(a, 8, pa) == 0 && ms_kv_pool_alloc(b, 8, pb) == 0);
+    float *l0 = malloc(sizeof(float) * (size_t)(2 * V)), *l1 = malloc(sizeof(float) * (size_t)(2 * V));
+    CHECK(l0 && l1);
+    /* a batch of a prefill chunk and a decode row */
+    ms_batch_seq s0[2] = {
+        {.tokens = toks, .n_tokens = 6, .start_pos = 0, .page_table = pa, .logits = l0,
+         .n_logits = 1},
+        {.tokens = toks + 6, .n_tokens = 1, .start_pos = 0, .page_table = pa + 4, .logits = l0 + V,
+         .n_logits = 1, .kind = MS_SEQ_DECODE}};
+    ms_batch_seq s1[2] = {s0[0], s0[1]};
+    s1[0].page_table = pb, s1[1].page_table = pb + 4;
+    s1[0].logits = l1, s1[1].logits = l1 + V;
+    ms_errbuf err;
+    CHECKF(ms_model_forward(model, a, s0, 2, &err) == 0, "%s", err.msg);
+    for (int m = 1; m < L; m++) {
+        CHECK(f->embed(model, s1, 2, &err) == 0);
+        CHECK(f->run_layers(model, b, s1, 2, 0, m, &err) == 0);
+        CHECK(f->run_layers(model, b, s1, 2, m, L, &err) == 0);
+        CHECK(f->head(model, s1, 2, &err) == 0);
+        CHECKF(rel_err(l1, l0, 2 * V) <= 1e-4, "split at %d: %.3g", m, rel_err(l1, l0, 2 * V));
+        CHECK(argmax(l1, V) == argmax(l0, V) && argmax(l1 + V, V) == argmax(l0 + V, V));
+    }
+    CHECK(f->run_layers(model, b, s1, 2, 1, L + 1, &err) == MS_EINVAL);
+    free(l0), free(l1);
+    ms_kv_pool_free(a);
+    ms_kv_pool_free(b);
+}
+
+int main(void)
+{
+    RUN(match_and_shape);
+    RUN(kv_spec_streams);
+    RUN(planner_only_open_refuses);
+    if (open_model()) fprintf(stderr, "cannot build the tiny model\n");
+    RUN(prefill_equals_decode_steps);
+    RUN(verify_equals_decode_steps);
+    RUN(run_layers_split_equals_whole);
+    ms_model_free(model);
+    if (model_dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", model_dir);
+        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", model_dir);
+    }
+    return TEST_REPORT();
+}
