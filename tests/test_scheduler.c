@@ -35,6 +35,20 @@ static int fake_forward(const ms_batch_seq *b, int n, int32_t *const *hist)
     return 0;
 }
 
+/* What the engine does after a forward: serve/sample.c picks, the scheduler commits. */
+static int commit(ms_sched *s, const ms_sched_event **ev)
+{
+    static ms_sample *sm;
+    static ms_sample_pick picks[64];
+    ms_errbuf err;
+    if (!sm && ms_sample_new(&sm, VOCAB, &err)) return -1;
+    const ms_sample_seq *ss;
+    int n = ms_sched_to_sample(s, &ss);
+    if (n > 64) return -1;
+    ms_sample_batch(sm, ss, n, picks);
+    return ms_sched_commit(s, picks, ev);
+}
+
 struct out {
     int32_t toks[256];
     int n, finish;
@@ -48,7 +62,7 @@ static int run(ms_sched *s, struct out *outs, int n_req, int max_steps, int *ste
         const ms_sched_event *ev;
         int ne;
         if (n > 0 && fake_forward(b, n, NULL)) return -1;
-        ne = ms_sched_commit(s, &ev);
+        ne = commit(s, &ev);
         for (int i = 0; i < ne; i++) {
             struct out *o = &outs[ev[i].id];
             if ((int)ev[i].id >= n_req) return -2;
@@ -137,7 +151,7 @@ TEST(running_prompt_is_shared)
     for (int step = 0; step < 3; step++) { /* the prefill, then two decode steps */
         int n = ms_sched_build(s, &b);
         CHECK(n == 1 && fake_forward(b, n, NULL) == 0);
-        int ne = ms_sched_commit(s, &ev);
+        int ne = commit(s, &ev);
         for (int i = 0; i < ne; i++) outs[0].toks[outs[0].n++] = ev[i].token;
     }
     ms_sched_stats st;
@@ -147,7 +161,7 @@ TEST(running_prompt_is_shared)
     int n = ms_sched_build(s, &b);
     CHECK(n == 2 && fake_forward(b, n, NULL) == 0);
     CHECK(b[1].start_pos == 12 && b[1].n_tokens == 1); /* only the last prompt token computed */
-    int ne = ms_sched_commit(s, &ev);
+    int ne = commit(s, &ev);
     for (int i = 0; i < ne; i++) outs[ev[i].id].toks[outs[ev[i].id].n++] = ev[i].token;
     int steps;
     CHECK(run(s, outs, 2, 500, &steps) == 0);
@@ -192,7 +206,7 @@ TEST(abort_frees_pages_and_rejects_oversized)
     int n = ms_sched_build(s, &b);
     CHECK(n == 2 && fake_forward(b, n, NULL) == 0);
     const ms_sched_event *ev;
-    CHECK(ms_sched_commit(s, &ev) == 2);
+    CHECK(commit(s, &ev) == 2);
     CHECK(ms_sched_abort(s, 0) == 0);
     CHECK(ms_sched_abort(s, 7) == MS_ENOENT);
     CHECK(ms_sched_take_pending(s, &ev) == 1 && ev[0].finish == MS_FINISH_ABORT);

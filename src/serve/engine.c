@@ -43,6 +43,8 @@ struct ms_engine {
     ms_model *m;
     ms_kv_pool *pool;
     ms_sched *sched;       /* DP-group leaders only */
+    ms_sample *sampler;    /* DP-group leaders only */
+    ms_sample_pick *picks; /* [max_running + 1] */
     int is_leader, dp_index, n_dp;
     int max_running_rank;
     int64_t chunk_rank, ctx_len, pool_tokens;
@@ -272,7 +274,13 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     if (e->is_leader) {
         ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
                               ms->vocab, ms->eos_token_id};
-        if ((rc = ms_sched_new(&e->sched, &sp, e->pool, err))) goto fail;
+        if ((rc = ms_sched_new(&e->sched, &sp, e->pool, err)) ||
+            (rc = ms_sample_new(&e->sampler, ms->vocab, err)))
+            goto fail;
+        if (!(e->picks = calloc((size_t)max_running + 1, sizeof *e->picks))) {
+            rc = ms_err(err, MS_ENOMEM, "out of memory");
+            goto fail;
+        }
     }
     e->rows_world = calloc((size_t)e->W * 2, sizeof(int64_t));
     e->rows_tp = calloc((size_t)e->lay.tp, sizeof(int64_t));
@@ -305,6 +313,8 @@ void ms_engine_close(ms_engine *e)
 {
     if (!e) return;
     ms_sched_free(e->sched);
+    ms_sample_free(e->sampler);
+    free(e->picks);
     ms_kv_pool_free(e->pool);
     ms_model_free(e->m);
     if (e->have_groups) ms_comm_groups_deinit(&e->gs);
@@ -707,7 +717,13 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->pool, batch, n, err))) return rc;
     /* 5. sample and report */
     const ms_sched_event *ev = NULL;
-    int n_ev = e->is_leader ? ms_sched_commit(e->sched, &ev) : 0;
+    int n_ev = 0;
+    if (e->is_leader) {
+        const ms_sample_seq *ss;
+        int ns = ms_sched_to_sample(e->sched, &ss);
+        ms_sample_batch(e->sampler, ss, ns, e->picks);
+        n_ev = ms_sched_commit(e->sched, e->picks, &ev);
+    }
     if ((rc = gather_events(e, ev, n_ev, err))) return rc;
     if (e->rank == 0) { /* every DP rank reported as of this step */
         for (int i = 0; i < e->n_dp; i++) {

@@ -42,9 +42,7 @@ struct ms_sched {
     float *logits;           /* [max_running][vocab] */
     ms_sched_event *events;
     int n_events, cap_events;
-    ms_sampler_scratch sc;
-    float *pen_logits;       /* [vocab] logits after penalties */
-    int32_t *pen_mark;       /* [vocab] */
+    ms_sample_seq *to_sample; /* [cap_batch] what each batch sequence samples from */
     int32_t *match_pages;
     int64_t cap_match;
     double new_token_ratio;  /* share of their remaining max_new running requests are
@@ -74,12 +72,9 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
     s->batch_req = calloc((size_t)s->cap_batch, sizeof *s->batch_req);
     s->logits = ms_alloc_aligned((size_t)p->max_running * (size_t)p->vocab, sizeof(float));
     s->events = calloc((size_t)s->cap_events, sizeof *s->events);
-    s->sc.prob = malloc(sizeof(float) * (size_t)p->vocab);
-    s->sc.idx = malloc(sizeof(int32_t) * (size_t)p->vocab);
-    s->pen_logits = malloc(sizeof(float) * (size_t)p->vocab);
-    s->pen_mark = malloc(sizeof(int32_t) * (size_t)p->vocab);
+    s->to_sample = calloc((size_t)s->cap_batch, sizeof *s->to_sample);
     if (ms_radix_new(&s->radix, pool) || !s->batch || !s->batch_req || !s->logits ||
-        !s->events || !s->sc.prob || !s->sc.idx || !s->pen_logits || !s->pen_mark) {
+        !s->events || !s->to_sample) {
         ms_sched_free(s);
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
     }
@@ -117,10 +112,7 @@ void ms_sched_free(ms_sched *s)
     free(s->batch_req);
     ms_free_aligned(s->logits);
     free(s->events);
-    free(s->sc.prob);
-    free(s->sc.idx);
-    free(s->pen_logits);
-    free(s->pen_mark);
+    free(s->to_sample);
     free(s->match_pages);
     free(s);
 }
@@ -174,7 +166,7 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
     r->n_ids = r->n_prompt = in->n_ids;
     r->n_cached = -1;
     r->n_peek = ms_radix_peek(s->radix, r->ids, r->n_ids);
-    r->rng = ms_sampler_seed(in->seed);
+    r->rng = ms_sample_seed(in->seed);
     r->seq = s->arrivals++;
     struct req **pp = &s->waiting;
     while (*pp) pp = &(*pp)->next;
@@ -444,7 +436,26 @@ static void cache_prompt(ms_sched *s, struct req *r)
     r->lock = last;
 }
 
-int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
+int ms_sched_to_sample(ms_sched *s, const ms_sample_seq **seqs)
+{
+    for (int b = 0; b < s->n_batch; b++) {
+        struct req *r = s->batch_req[b];
+        const ms_batch_seq *sq = &s->batch[b];
+        ms_sample_seq *q = &s->to_sample[b];
+        /* a request with max_new_tokens = 0 finishes without a pick */
+        q->logits = sq->logits && r->n_out < r->in.max_new ? sq->logits : NULL;
+        q->params = &r->in.samp;
+        q->rng = &r->rng;
+        q->ids = r->ids;
+        q->n_prompt = r->n_prompt;
+        q->n_ids = r->n_ids;
+        q->top_logprobs = r->in.top_logprobs;
+    }
+    *seqs = s->to_sample;
+    return s->n_batch;
+}
+
+int ms_sched_commit(ms_sched *s, const ms_sample_pick *picks, const ms_sched_event **events)
 {
     for (int b = 0; b < s->n_batch; b++) {
         struct req *r = s->batch_req[b];
@@ -457,14 +468,13 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
             finish_req(s, r, MS_FINISH_LENGTH, 1);
             continue;
         }
-        const float *lg = sq->logits;
-        if (ms_sampler_has_penalties(&r->in.samp)) {
-            memcpy(s->pen_logits, lg, sizeof(float) * (size_t)s->p.vocab);
-            ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids, r->n_prompt,
-                                       r->n_ids, s->pen_mark);
-            lg = s->pen_logits;
+        if (!picks || picks[b].token < 0 || picks[b].token >= s->p.vocab) { /* caller's bug */
+            new_event(s, r, -1, MS_FINISH_ERROR);
+            finish_req(s, r, MS_FINISH_ERROR, 0);
+            continue;
         }
-        int32_t t = ms_sampler_pick(lg, s->p.vocab, &r->in.samp, &r->rng, &s->sc);
+        const ms_sample_pick *pk = &picks[b];
+        int32_t t = pk->token;
         int fin = MS_FINISH_NONE;
         r->n_out++;
         s->st.generated_tokens_total++;
@@ -474,10 +484,10 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
         ms_sched_event *e = new_event(s, r, t, fin);
         if (e) e->logits = sq->logits;
         if (e && r->in.top_logprobs >= 0) {
-            e->logprob = ms_sampler_logprob(sq->logits, s->p.vocab, t);
-            int n = MS_MIN(r->in.top_logprobs, MS_SCHED_MAX_TOP_LOGPROBS);
-            if (n > 0) ms_sampler_top_logprobs(sq->logits, s->p.vocab, n, e->top_ids, e->top_lps);
-            e->n_top = n;
+            e->logprob = pk->logprob;
+            e->n_top = MS_MIN(pk->n_top, MS_SCHED_MAX_TOP_LOGPROBS);
+            memcpy(e->top_ids, pk->top_ids, sizeof(int32_t) * (size_t)e->n_top);
+            memcpy(e->top_lps, pk->top_lps, sizeof(float) * (size_t)e->n_top);
         }
         if (fin != MS_FINISH_NONE) finish_req(s, r, fin, 1);
     }

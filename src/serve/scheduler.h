@@ -6,8 +6,9 @@
  * budget (mixed batches), admits requests only when pages are available
  * (after evicting unused cached prefixes), and when a decode step cannot get
  * a page it retracts running requests (fewest generated tokens first) back to
- * the waiting queue instead of failing them.  After the forward it samples
- * (per-request seeded RNG), checks stop conditions and emits events.
+ * the waiting queue instead of failing them.  After the forward it lists what
+ * each request samples from (its logits, parameters, RNG state, history);
+ * serve/sample.c picks; the commit checks stop conditions and emits events.
  * Owns requests while they are inside; owns no I/O.  Main thread only.
  */
 #ifndef MS_SERVE_SCHEDULER_H
@@ -18,11 +19,12 @@
 #include "model/family.h"
 #include "model/sampler.h"
 #include "serve/finish.h"
+#include "serve/sample.h"
 
 #include <stdint.h>
 
 #define MS_SCHED_MAX_STOP_IDS 16
-#define MS_SCHED_MAX_TOP_LOGPROBS 20
+#define MS_SCHED_MAX_TOP_LOGPROBS MS_SAMPLE_MAX_TOP
 
 enum ms_sched_policy { MS_SCHED_FCFS = 0, MS_SCHED_LPM = 1 };
 
@@ -90,9 +92,14 @@ int ms_sched_abort(ms_sched *s, uint64_t id);
 /* Builds the next batch (borrowed views, valid until ms_sched_commit).
  * Returns the number of sequences (0 = nothing to run). */
 int ms_sched_build(ms_sched *s, const ms_batch_seq **batch);
-/* After the forward: samples, advances and finishes requests; returns the
- * events of this step (borrowed until the next build). */
-int ms_sched_commit(ms_sched *s, const ms_sched_event **events);
+/* After the forward: for each sequence of the batch, what to sample from
+ * (logits NULL: nothing this step); borrowed until ms_sched_commit.  The
+ * scheduler itself never samples (serve/sample.h picks). */
+int ms_sched_to_sample(ms_sched *s, const ms_sample_seq **seqs);
+/* Takes the picks (one per batch sequence, as ms_sched_to_sample listed
+ * them; NULL when nothing was sampled), advances and finishes requests;
+ * returns the events of this step (borrowed until the next build). */
+int ms_sched_commit(ms_sched *s, const ms_sample_pick *picks, const ms_sched_event **events);
 /* Events produced outside a step (aborts); drained by the same commit call
  * or by this function when no step runs. */
 int ms_sched_take_pending(ms_sched *s, const ms_sched_event **events);

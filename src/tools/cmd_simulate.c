@@ -269,10 +269,13 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
     int64_t *computed = calloc((size_t)n_dp, sizeof *computed);
     double *ttft = malloc(sizeof(double) * (size_t)n_req);
     ms_router *router = NULL;
+    ms_sample *sampler = NULL;
+    ms_sample_pick *picks = calloc((size_t)o->max_running + 1, sizeof *picks);
     ms_router_opts ro = o->router;
     ro.policy = policy;
     memset(res, 0, sizeof *res);
-    if (!pool || !sch || !load || !computed || !ttft) {
+    if (!pool || !sch || !load || !computed || !ttft || !picks ||
+        ms_sample_new(&sampler, SIM_VOCAB, err)) {
         rc = ms_err(err, MS_ENOMEM, "out of memory");
         goto out;
     }
@@ -334,7 +337,7 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
             if (cost[r] > dt) dt = cost[r];
         }
         if (!any) { /* nothing runs: jump to the next arrival */
-            for (int r = 0; r < n_dp; r++) ms_sched_commit(sch[r], &(const ms_sched_event *){0});
+            for (int r = 0; r < n_dp; r++) ms_sched_commit(sch[r], NULL, &(const ms_sched_event *){0});
             if (next >= n_req || inflight >= maxc) break; /* stuck: counted as failed */
             t = MS_MAX(t, req[next].arrival_s);
             continue;
@@ -344,7 +347,10 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
             idle += dt - cost[r];
             busy += dt;
             const ms_sched_event *ev;
-            int ne = ms_sched_commit(sch[r], &ev);
+            const ms_sample_seq *ss;
+            int ns = ms_sched_to_sample(sch[r], &ss);
+            ms_sample_batch(sampler, ss, ns, picks);
+            int ne = ms_sched_commit(sch[r], picks, &ev);
             for (int i = 0; i < ne; i++) {
                 sim_req *q = &req[ev[i].id];
                 if (ev[i].token >= 0) res->out_tokens++;
@@ -397,6 +403,8 @@ out:
         ms_kv_pool_free(pool[r]);
     }
     ms_router_free(router);
+    ms_sample_free(sampler);
+    free(picks);
     free(pool);
     free(sch);
     free(load);
