@@ -83,6 +83,33 @@ EOF
 check model_config 'd["kv_bytes_per_token"] == 27 * 576 * 2 and d["weights"] == "bf16" and d["fits"] is True' -- \
     --model-config "$TMP/config.json" --gpu h100 --tp 2
 
+# every preset through the family table gives the figures the planner gave before it did
+# (kv bytes per token and per request, state bytes, tokens and weight bytes per rank, as
+# printed by 36a8bd1, the last commit with the planner's own config reader), now from the
+# family's kv_spec
+same_figures() {
+    local name=$1 want=$2
+    shift 2
+    local got
+    got=$("$BIN" plan --json --gpu b200 "$@" 2>"$TMP/err" | $PY -c "import json,sys; d=json.load(sys.stdin); print(d['kv_bytes_per_token'], d['kv_bytes_per_request'], d['state_bytes_per_request'], d['tokens_per_rank'], d['weights_bytes_per_rank'])")
+    if [ "$got" = "$want" ]; then ok "$name"; else bad "$name"; echo "  got  $got"; echo "  want $want"; fi
+}
+same_figures v3_tp8 '70272.0 4605345792.0 0.0 1209121 83992632620.0' --model deepseek-v3 --tp 8 --context-len 65536
+same_figures v3_dpa8 '70272.0 4605345792.0 0.0 1055430 94792774560.0' --model deepseek-r1 --tp 8 --dp 8 --enable-dp-attention --context-len 65536
+same_figures v3_pp2 '35712.0 2340421632.0 0.0 4161105 21691373348.0' --model deepseek-v3 --tp 16 --pp-size 2 --nnodes 2 --gpus-per-node 16 --context-len 65536
+same_figures v3_fp8kv '35136.0 5756682240.0 0.0 30796 167877938264.0' --model deepseek-v3 --tp 4 --kv-cache-dtype fp8_e4m3
+same_figures flash_tp8 '3563.296875 233524224.0 12206080.0 41883568 19716411884.0' --model deepseek-v4-flash --tp 8 --context-len 65536
+same_figures flash_pp2 '1862.578125 122065920.0 6144000.0 88099164 5112325280.0' --model deepseek-v4-flash --tp 16 --pp-size 2 --nnodes 2 --gpus-per-node 16 --context-len 65536
+same_figures flash_short '6719.096 6719096.0 12206080.0 19313946 39187738492.0' --model deepseek-v4-flash --tp 4 --context-len 1000
+same_figures pro_dpa8 '5101.015625 334300160.0 18710528.0 8362474 126302887716.0' --model deepseek-v4-pro --tp 8 --dp 8 --enable-dp-attention --context-len 65536
+same_figures v2lite_tp8 '31104.0 2038431744.0 0.0 5305659 3932781952.0' --model deepseek-v2-lite --tp 8 --context-len 65536
+same_figures moonlight_dpa8 '31104.0 2038431744.0 0.0 5263834 5233702400.0' --model moonlight-16b-a3b --tp 8 --dp 8 --enable-dp-attention --context-len 65536
+same_figures qwen3_tp8 '48128.0 3154116608.0 0.0 2287628 58861008768.0' --model qwen3-235b-a22b --tp 8 --context-len 65536
+same_figures qwen3_dpa8 '192512.0 12616466432.0 0.0 505321 71679499264.0' --model qwen3-235b-a22b --tp 8 --dp 8 --enable-dp-attention --context-len 65536
+same_figures qwen3_fp8kv '24064.0 985661440.0 0.0 2133398 117621903104.0' --model qwen3-235b-a22b --tp 4 --kv-cache-dtype fp8_e4m3
+same_figures llama_tp8 '40960.0 2684354560.0 0.0 3694318 17640734720.0' --model llama-3-70b --tp 8 --context-len 65536
+same_figures llama_dpa8 '327680.0 21474836480.0 0.0 391666 40618704896.0' --model llama-3-70b --tp 8 --dp 8 --enable-dp-attention --context-len 65536
+
 # readable output and --help
 if "$BIN" plan --model deepseek-v3 --gpu h100 --tp 8 >"$TMP/table" 2>&1 && grep -q '^layout' "$TMP/table" &&
     grep -q 'DO NOT FIT' "$TMP/table"; then ok table; else bad table; fi

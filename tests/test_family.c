@@ -7,6 +7,7 @@
  * run_layers(0, L); each to 1e-4 relative with the same greedy tokens. */
 #include "harness.h"
 #include "model/family.h"
+#include "plan/plan.h"
 #include "tools/mkmodel.h"
 
 #include <stdlib.h>
@@ -74,17 +75,10 @@ TEST(kv_spec_streams)
     o.attn_tp = 8;
     CHECK(ms_family_kv_spec(&s, &o, &spec, &err) == 0);
     CHECK(spec.streams[0].entry_bytes == 2 * 1 * 128 * 2);
-    /* V4 Flash: [0,0] + [4,128]×20 + [4]: window on all 43, c4/index on 21, c128 on 20 */
-    char v4[2048];
-    int n = snprintf(v4, sizeof v4,
-                     "{\"model_type\":\"deepseek_v4\",\"vocab_size\":129280,\"hidden_size\":4096,"
-                     "\"num_hidden_layers\":43,\"num_attention_heads\":64,\"head_dim\":512,"
-                     "\"sliding_window\":128,\"index_head_dim\":128,\"n_routed_experts\":256,"
-                     "\"num_experts_per_tok\":6,\"compress_ratios\":[0,0");
-    for (int i = 0; i < 20; i++) n += snprintf(v4 + n, sizeof v4 - (size_t)n, ",4,128");
-    snprintf(v4 + n, sizeof v4 - (size_t)n, ",4]}");
-    const ms_family *f;
-    CHECKF(ms_family_parse(v4, &f, &s, &err) == 0, "%s", err.msg);
+    /* V4 Flash (the planner's preset, config text through the same parser):
+     * [0,0] + [4,128]×20 + [4]: window on all 43 layers, c4/index on 21, c128 on 20 */
+    CHECKF(ms_plan_model_preset("deepseek-v4-flash", &s, &err) == 0, "%s", err.msg);
+    const ms_family *f = s.family;
     CHECK(f == ms_family_by_name("deepseek_v4") && f->open == NULL);
     o.attn_tp = 1;
     o.draft_tokens = 3;
@@ -154,17 +148,30 @@ static int open_model(void)
 #define PS 4
 #define MAXP 64
 
-static ms_kv_pool *new_pool(void)
+/* A cache of the model's streams with two sequences holding 32 tokens each. */
+static ms_kv_cache *new_cache(ms_kv_seq *q0, ms_kv_seq *q1)
 {
-    ms_kv_spec spec;
+    static ms_kv_spec spec;
     ms_errbuf err;
     ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = PS, .attn_tp = 1};
-    ms_kv_pool *p = NULL;
+    ms_kv_cache *c = NULL;
+    int32_t pages[MS_KV_MAX_STREAMS] = {MAXP};
     if (ms_model_kv_spec(model, &o, &spec, &err) ||
-        ms_kv_pool_new(&p, ms_model_shape_of(model)->n_layers, spec.streams[0].entry_elems, PS,
-                       MAXP, MS_DT_F32, &err))
+        ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_F32, 0, &err))
         return NULL;
-    return p;
+    ms_kv_seq_init(q0), ms_kv_seq_init(q1);
+    if (ms_kv_cache_reserve(c, q0, 32) || ms_kv_cache_reserve(c, q1, 32)) {
+        ms_kv_cache_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void free_cache(ms_kv_cache *c, ms_kv_seq *q0, ms_kv_seq *q1)
+{
+    ms_kv_cache_release(c, q0), ms_kv_cache_release(c, q1);
+    ms_kv_seq_deinit(q0), ms_kv_seq_deinit(q1);
+    ms_kv_cache_free(c);
 }
 
 /* max |a - b| / max |b| over n values */
@@ -188,13 +195,13 @@ static int32_t argmax(const float *x, int64_t n)
 }
 
 /* One sequence through the whole forward. */
-static int forward1(ms_kv_pool *pool, const int32_t *pages, const int32_t *toks, int n,
+static int forward1(const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *toks, int n,
                     int64_t pos, int kind, int n_logits, float *logits, float *hidden)
 {
-    ms_batch_seq sq = {.tokens = toks, .n_tokens = n, .start_pos = pos, .page_table = pages,
+    ms_batch_seq sq = {.tokens = toks, .n_tokens = n, .start_pos = pos, .kv = kv,
                        .logits = logits, .n_logits = n_logits, .kind = kind, .hidden = hidden};
     ms_errbuf err;
-    int rc = ms_model_forward(model, pool, &sq, 1, &err);
+    int rc = ms_model_forward(model, c, &sq, 1, &err);
     if (rc) fprintf(stderr, "forward: %s\n", err.msg);
     return rc;
 }
@@ -205,18 +212,17 @@ static const int32_t toks[N + K + 1] = {3, 17, 250, 9, 1000, 44, 5, 77, 512, 8, 
 TEST(prefill_equals_decode_steps)
 {
     CHECK(model != NULL);
-    ms_kv_pool *a = new_pool(), *b = new_pool();
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(&pa, &pa2), *b = new_cache(&pb, &pb2);
     CHECK(a && b);
-    int32_t pa[MAXP], pb[MAXP];
-    CHECK(ms_kv_pool_alloc(a, 8, pa) == 0 && ms_kv_pool_alloc(b, 8, pb) == 0);
     float *lp = malloc(sizeof(float) * (size_t)(N * V)), *hp = malloc(sizeof(float) * (size_t)(N * D));
     float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
     CHECK(lp && hp && ld && hd);
     /* one prefill chunk wanting the logits of all N positions */
-    CHECK(forward1(a, pa, toks, N, 0, MS_SEQ_PREFILL, N, lp, hp) == 0);
+    CHECK(forward1(a, &pa, toks, N, 0, MS_SEQ_PREFILL, N, lp, hp) == 0);
     double worst = 0, worst_h = 0;
     for (int i = 0; i < N; i++) {
-        CHECK(forward1(b, pb, toks + i, 1, i, MS_SEQ_DECODE, 1, ld, hd) == 0);
+        CHECK(forward1(b, &pb, toks + i, 1, i, MS_SEQ_DECODE, 1, ld, hd) == 0);
         double e = rel_err(lp + (int64_t)i * V, ld, V), eh = rel_err(hp + (int64_t)i * D, hd, D);
         worst = e > worst ? e : worst;
         worst_h = eh > worst_h ? eh : worst_h;
@@ -225,33 +231,32 @@ TEST(prefill_equals_decode_steps)
     CHECKF(worst <= 1e-4 && worst_h <= 1e-4, "logits %.3g hidden %.3g", worst, worst_h);
     /* a prefill wanting only its last position's logits writes those */
     float *l1 = malloc(sizeof(float) * (size_t)V);
-    CHECK(l1 && forward1(a, pa, toks, N, 0, MS_SEQ_PREFILL, 0, l1, NULL) == 0);
+    CHECK(l1 && forward1(a, &pa, toks, N, 0, MS_SEQ_PREFILL, 0, l1, NULL) == 0);
     CHECK(rel_err(l1, lp + (int64_t)(N - 1) * V, V) <= 1e-6);
     free(l1);
     free(lp), free(hp), free(ld), free(hd);
-    ms_kv_pool_free(a);
-    ms_kv_pool_free(b);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
 }
 
 TEST(verify_equals_decode_steps)
 {
     CHECK(model != NULL);
-    ms_kv_pool *a = new_pool(), *b = new_pool();
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(&pa, &pa2), *b = new_cache(&pb, &pb2);
     CHECK(a && b);
-    int32_t pa[MAXP], pb[MAXP];
-    CHECK(ms_kv_pool_alloc(a, 8, pa) == 0 && ms_kv_pool_alloc(b, 8, pb) == 0);
     float *lv = malloc(sizeof(float) * (size_t)((K + 1) * V)),
           *hv = malloc(sizeof(float) * (size_t)((K + 1) * D));
     float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
     CHECK(lv && hv && ld && hd);
     /* the same prompt in both caches, then: a verify of the last accepted token
      * plus K drafts against K+1 single decode steps */
-    CHECK(forward1(a, pa, toks, N, 0, MS_SEQ_PREFILL, 1, ld, NULL) == 0);
-    CHECK(forward1(b, pb, toks, N, 0, MS_SEQ_PREFILL, 1, ld, NULL) == 0);
-    CHECK(forward1(a, pa, toks + N, K + 1, N, MS_SEQ_VERIFY, K + 1, lv, hv) == 0);
+    CHECK(forward1(a, &pa, toks, N, 0, MS_SEQ_PREFILL, 1, ld, NULL) == 0);
+    CHECK(forward1(b, &pb, toks, N, 0, MS_SEQ_PREFILL, 1, ld, NULL) == 0);
+    CHECK(forward1(a, &pa, toks + N, K + 1, N, MS_SEQ_VERIFY, K + 1, lv, hv) == 0);
     double worst = 0, worst_h = 0;
     for (int i = 0; i <= K; i++) {
-        CHECK(forward1(b, pb, toks + N + i, 1, N + i, MS_SEQ_DECODE, 1, ld, hd) == 0);
+        CHECK(forward1(b, &pb, toks + N + i, 1, N + i, MS_SEQ_DECODE, 1, ld, hd) == 0);
         double e = rel_err(lv + (int64_t)i * V, ld, V), eh = rel_err(hv + (int64_t)i * D, hd, D);
         worst = e > worst ? e : worst;
         worst_h = eh > worst_h ? eh : worst_h;
@@ -259,8 +264,8 @@ TEST(verify_equals_decode_steps)
     }
     CHECKF(worst <= 1e-4 && worst_h <= 1e-4, "logits %.3g hidden %.3g", worst, worst_h);
     free(lv), free(hv), free(ld), free(hd);
-    ms_kv_pool_free(a);
-    ms_kv_pool_free(b);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
 }
 
 TEST(run_layers_split_equals_whole)
@@ -269,20 +274,18 @@ TEST(run_layers_split_equals_whole)
     const ms_family *f = ms_model_family(model);
     int L = ms_model_shape_of(model)->n_layers;
     CHECK(L >= 2);
-    ms_kv_pool *a = new_pool(), *b = new_pool();
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(&pa, &pa2), *b = new_cache(&pb, &pb2);
     CHECK(a && b);
-    int32_t pa[MAXP], pb[MAXP];
-    CHECK(ms_kv_pool_alloc(a, 8, pa) == 0 && ms_kv_pool_alloc(b, 8, pb) == 0);
     float *l0 = malloc(sizeof(float) * (size_t)(2 * V)), *l1 = malloc(sizeof(float) * (size_t)(2 * V));
     CHECK(l0 && l1);
     /* a batch of a prefill chunk and a decode row */
     ms_batch_seq s0[2] = {
-        {.tokens = toks, .n_tokens = 6, .start_pos = 0, .page_table = pa, .logits = l0,
-         .n_logits = 1},
-        {.tokens = toks + 6, .n_tokens = 1, .start_pos = 0, .page_table = pa + 4, .logits = l0 + V,
+        {.tokens = toks, .n_tokens = 6, .start_pos = 0, .kv = &pa, .logits = l0, .n_logits = 1},
+        {.tokens = toks + 6, .n_tokens = 1, .start_pos = 0, .kv = &pa2, .logits = l0 + V,
          .n_logits = 1, .kind = MS_SEQ_DECODE}};
     ms_batch_seq s1[2] = {s0[0], s0[1]};
-    s1[0].page_table = pb, s1[1].page_table = pb + 4;
+    s1[0].kv = &pb, s1[1].kv = &pb2;
     s1[0].logits = l1, s1[1].logits = l1 + V;
     ms_errbuf err;
     CHECKF(ms_model_forward(model, a, s0, 2, &err) == 0, "%s", err.msg);
@@ -296,8 +299,8 @@ TEST(run_layers_split_equals_whole)
     }
     CHECK(f->run_layers(model, b, s1, 2, 1, L + 1, &err) == MS_EINVAL);
     free(l0), free(l1);
-    ms_kv_pool_free(a);
-    ms_kv_pool_free(b);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
 }
 
 int main(void)

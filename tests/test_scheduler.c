@@ -20,11 +20,11 @@ static int fake_forward(const ms_batch_seq *b, int n, int32_t *const *hist)
     for (int i = 0; i < n; i++) {
         for (int32_t j = 0; j < b[i].n_tokens; j++) {
             int64_t pos = b[i].start_pos + j;
-            shadow[b[i].page_table[pos / PS] * PS + pos % PS] = b[i].tokens[j];
+            shadow[b[i].kv->pages[0][pos / PS] * PS + pos % PS] = b[i].tokens[j];
         }
         int64_t end = b[i].start_pos + b[i].n_tokens;
         for (int64_t pos = 0; pos < end; pos++)
-            if (shadow[b[i].page_table[pos / PS] * PS + pos % PS] != b[i].tokens[pos - b[i].start_pos])
+            if (shadow[b[i].kv->pages[0][pos / PS] * PS + pos % PS] != b[i].tokens[pos - b[i].start_pos])
                 return -1; /* history mismatch */
         if (b[i].logits) {
             memset(b[i].logits, 0, sizeof(float) * VOCAB);
@@ -75,10 +75,14 @@ static int run(ms_sched *s, struct out *outs, int n_req, int max_steps, int *ste
     return -3;
 }
 
-static ms_sched *mk(ms_kv_pool **pool, int pages, int max_running, int chunk)
+static ms_sched *mk(ms_kv_cache **pool, int pages, int max_running, int chunk)
 {
     ms_errbuf e;
-    if (ms_kv_pool_new(pool, 1, 1, PS, pages, MS_DT_F32, &e)) return NULL;
+    static ms_kv_spec spec; /* one stream, one value per token */
+    ms_kv_spec_init(&spec, 1);
+    ms_kv_stream_cover(ms_kv_spec_add(&spec, "kv", 4, 1, MS_DT_F32, 1, 0, 0), 0);
+    int32_t np[MS_KV_MAX_STREAMS] = {pages};
+    if (ms_kv_cache_new(pool, &spec, PS, np, MS_DT_F32, 0, &e)) return NULL;
     shadow = calloc((size_t)pages * PS, sizeof *shadow);
     ms_sched_params p = {PS, max_running, chunk, MS_SCHED_FCFS, 1000, VOCAB, -1};
     ms_sched *s;
@@ -108,7 +112,7 @@ static int check_out(const struct out *o, int start, int len, int max_new)
 
 TEST(batches_complete_with_chunking_and_sharing)
 {
-    ms_kv_pool *pool;
+    ms_kv_cache *pool;
     ms_sched *s = mk(&pool, 64, 8, 5);
     CHECK(s);
     struct out outs[6] = {0};
@@ -130,9 +134,9 @@ TEST(batches_complete_with_chunking_and_sharing)
     CHECK(run(s, again, 1, 100, &steps) == 0);
     CHECK(check_out(&again[0], 1, 9, 6));
     CHECK(ms_sched_flush_cache(s) == 0);
-    CHECK(ms_kv_pool_n_free(pool) == 64);
+    CHECK(ms_kv_cache_n_free(pool, 0) == 64);
     ms_sched_free(s);
-    ms_kv_pool_free(pool);
+    ms_kv_cache_free(pool);
     free(shadow);
 }
 
@@ -141,7 +145,7 @@ TEST(batches_complete_with_chunking_and_sharing)
  * reuses its pages (SGLang caches unfinished requests the same way). */
 TEST(running_prompt_is_shared)
 {
-    ms_kv_pool *pool;
+    ms_kv_cache *pool;
     ms_sched *s = mk(&pool, 64, 8, 64);
     CHECK(s);
     struct out outs[2] = {0};
@@ -169,16 +173,16 @@ TEST(running_prompt_is_shared)
     ms_sched_get_stats(s, &st);
     CHECK(st.cached_prompt_tokens_total == 12);
     CHECK(ms_sched_flush_cache(s) == 0);
-    CHECK(ms_kv_pool_n_free(pool) == 64);
+    CHECK(ms_kv_cache_n_free(pool, 0) == 64);
     ms_sched_free(s);
-    ms_kv_pool_free(pool);
+    ms_kv_cache_free(pool);
     free(shadow);
 }
 
 TEST(pressure_retracts_and_nothing_is_lost)
 {
     /* 10 requests of 8 + 24 tokens (8 pages each at most) in a 20-page pool */
-    ms_kv_pool *pool;
+    ms_kv_cache *pool;
     ms_sched *s = mk(&pool, 20, 10, 64);
     CHECK(s);
     struct out outs[10] = {0};
@@ -190,14 +194,14 @@ TEST(pressure_retracts_and_nothing_is_lost)
     ms_sched_get_stats(s, &st);
     CHECK(st.n_retracted > 0);
     ms_sched_free(s);
-    CHECK(ms_kv_pool_n_free(pool) == 20);
-    ms_kv_pool_free(pool);
+    CHECK(ms_kv_cache_n_free(pool, 0) == 20);
+    ms_kv_cache_free(pool);
     free(shadow);
 }
 
 TEST(abort_frees_pages_and_rejects_oversized)
 {
-    ms_kv_pool *pool;
+    ms_kv_cache *pool;
     ms_sched *s = mk(&pool, 16, 4, 64);
     CHECK(s);
     add(s, 0, 0, 10, 20);
@@ -212,13 +216,13 @@ TEST(abort_frees_pages_and_rejects_oversized)
     CHECK(ms_sched_take_pending(s, &ev) == 1 && ev[0].finish == MS_FINISH_ABORT);
     CHECK(ms_sched_abort(s, 1) == 0);
     CHECK(ms_sched_flush_cache(s) == 0);
-    CHECK(ms_kv_pool_n_free(pool) == 16);
+    CHECK(ms_kv_cache_n_free(pool, 0) == 16);
     int32_t ids[70] = {0};
     ms_sched_input big = {.id = 9, .ids = ids, .n_ids = 60, .max_new = 10, .top_logprobs = -1};
     ms_errbuf e;
     CHECK(ms_sched_add(s, &big, &e) == MS_ECONTEXT); /* 70 tokens > 64-token pool */
     ms_sched_free(s);
-    ms_kv_pool_free(pool);
+    ms_kv_cache_free(pool);
     free(shadow);
 }
 

@@ -1,12 +1,15 @@
-/* kv_pool.h — the paged KV pool of one attention rank.
+/* kv_pool.h — the paged pool of one cache stream (cache/kv_cache.h holds
+ * one per stream of the model's kv_spec).
  *
- * Owns the KV memory: n_pages pages of page_size token slots; for every layer
- * a slot holds row_elems values (MLA: kv_lora_rank + qk_rope_head_dim) in the
- * pool's dtype (F32 under --dtype float32, BF16 otherwise).  Layout
+ * Owns the stream's memory: n_pages pages of page_size entry slots; for every
+ * layer the stream covers a slot holds row_elems values (MLA's latent:
+ * kv_lora_rank + qk_rope_head_dim) in the pool's dtype (F32 under --dtype
+ * float32, BF16 otherwise; bytes for packed formats).  Layout
  * [layer][page][slot][row_elems], so one page of one layer is a contiguous
  * matrix the attention kernels read as an ms_mat view.  Pages are refcounted
  * (the radix cache shares prefix pages between requests).  Does not know about
- * requests or prefixes.  Single owner: the rank's scheduler (main thread).
+ * requests, streams or prefixes.  Single owner: the cache's owner, the rank's
+ * scheduler (main thread).
  */
 #ifndef MS_CACHE_KV_POOL_H
 #define MS_CACHE_KV_POOL_H
@@ -22,7 +25,7 @@ typedef struct ms_kv_pool {
     int64_t row_elems;  /* values per token per layer */
     int page_size;      /* token slots per page */
     int32_t n_pages;
-    ms_dtype dtype;     /* MS_DT_F32 or MS_DT_BF16 */
+    ms_dtype dtype;     /* MS_DT_F32 or MS_DT_BF16; MS_DT_U8 for packed entry formats */
     size_t page_bytes;  /* one page of one layer */
     uint8_t *data;      /* [n_layers][n_pages][page_size][row_elems], lazily mapped */
     size_t data_bytes;

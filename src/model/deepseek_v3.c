@@ -1,6 +1,7 @@
 /* deepseek_v3.c — the DeepSeek-V2/V3 forward pass on one rank (arch.md §1,
  * §5.1): embedding, pre-norm blocks of MLA + dense MLP or MoE, final norm,
- * lm_head.  MLA reads and writes the paged KV pool: per token and layer it
+ * lm_head.  MLA reads and writes the KV cache through ms_kv_view (one
+ * stream, "latent"): per token and layer it
  * caches the normalised latent c_kv (kv_lora_rank) and the roped k_pe
  * (qk_rope_head_dim).  Chunks of several new tokens use the naive form
  * (K/V expanded from the latents, GEMMs per head); single-token decode uses
@@ -169,15 +170,14 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
 
 /* Page-table and sequence arrays for the decode rows of this batch (grown,
  * never shrunk: steady decode allocates nothing). */
-static int ws_reserve_decode(ms_model *m, const ms_kv_pool *pool, const ms_batch_seq *seqs,
-                             int n_seqs)
+static int ws_reserve_decode(ms_model *m, int page_size, const ms_batch_seq *seqs, int n_seqs)
 {
     ms_model_ws *ws = m->ws;
     int64_t rows = 0;
     for (int i = 0; i < n_seqs; i++) rows += seqs[i].n_tokens == 1;
     /* sized from the workspace's context capacity (which doubles), not from
      * this step's lengths, so a context crossing a page boundary grows nothing */
-    int64_t pages = rows * (ws->cap_S / pool->page_size + 1);
+    int64_t pages = rows * (ws->cap_S / page_size + 1);
     void *pp = ws->pptr, *as = ws->aseq;
     int rc = ms_grow_array(&pp, &ws->cap_pptr, pages, sizeof(void *));
     ws->pptr = pp;
@@ -186,12 +186,12 @@ static int ws_reserve_decode(ms_model *m, const ms_kv_pool *pool, const ms_batch
     return rc;
 }
 
-static void store_row(const ms_kv_pool *pool, int layer, const int32_t *pages, int64_t pos,
-                      const float *src, int64_t n)
+enum { LATENT = 0 }; /* the family's one cache stream (dsv3_kv_spec) */
+
+static void store_row(const ms_kv_view *v, int layer, int64_t pos, const float *src, int64_t n)
 {
-    void *dst = ms_kv_pool_row(pool, layer, pages[pos / pool->page_size],
-                               (int)(pos % pool->page_size));
-    if (pool->dtype == MS_DT_F32) {
+    void *dst = ms_kv_view_entry(v, LATENT, layer, pos);
+    if (ms_kv_view_dtype(v, LATENT) == MS_DT_F32) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
     } else {
         uint16_t *d = dst;
@@ -200,14 +200,13 @@ static void store_row(const ms_kv_pool *pool, int layer, const int32_t *pages, i
 }
 
 /* Cache rows 0..S-1 of one sequence and layer as f32 [S][row]. */
-static void load_rows(const ms_kv_pool *pool, int layer, const int32_t *pages, int64_t S,
-                      float *out)
+static void load_rows(const ms_kv_view *v, int layer, int64_t S, float *out)
 {
-    int64_t row = pool->row_elems;
-    for (int64_t s0 = 0; s0 < S; s0 += pool->page_size) {
-        int64_t n = MS_MIN((int64_t)pool->page_size, S - s0);
-        const void *src = ms_kv_pool_row(pool, layer, pages[s0 / pool->page_size], 0);
-        if (pool->dtype == MS_DT_F32) {
+    int64_t row = ms_kv_view_entry_elems(v, LATENT), ps = ms_kv_view_page_size(v);
+    for (int64_t s0 = 0; s0 < S; s0 += ps) {
+        int64_t n = MS_MIN(ps, S - s0);
+        const void *src = ms_kv_view_entry(v, LATENT, layer, s0); /* a page's rows are contiguous */
+        if (ms_kv_view_dtype(v, LATENT) == MS_DT_F32) {
             memcpy(out + s0 * row, src, sizeof(float) * (size_t)(n * row));
         } else {
             const uint16_t *h = src;
@@ -287,15 +286,15 @@ static void kt_heads(void *arg, int tid, int nt)
  * sums), faster than dot products with key rows even with the transposition.
  * FP32 throughout: rounding q and k to bf16 costs too much accuracy in the
  * golden prompt's logits (measured: bench/RESULTS.md, "Why the code is so"). */
-static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
-                       const int32_t *pages, int64_t p0, int64_t n, const float *q, float *out)
+static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_view *v,
+                       int64_t p0, int64_t n, const float *q, float *out)
 {
     const ms_config *c = &m->cfg;
     ms_model_ws *ws = m->ws;
     int64_t H = m->n_local_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
             dv = c->v_head_dim, kvr = c->kv_lora_rank, S = p0 + n, row = kvr + dr;
     int64_t qd = dn + dr, kvd = dn + dv;
-    load_rows(pool, layer, pages, S, ws->lat);
+    load_rows(v, layer, S, ws->lat);
     ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
     int64_t HG = MS_MAX(1, MS_MIN(MS_MIN(H, MAX_BLOCK_HEADS), ws->cap_kh / (S * qd)));
     int64_t QB = MS_MAX(1, MS_MIN(ws->cap_sc / (HG * S), 128)); /* block scores fit sc */
@@ -367,7 +366,7 @@ static void absorb_heads(ms_model *m, const ms_layer_w *lw, int uv, int64_t n)
  * q̃ = q_nope·W_UK and o = W_UV·ctx run as one GEMM per head over all decode
  * rows (all heads in one pool run); the attention over each sequence's paged latents is one kernel
  * call. */
-static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_pool *pool,
+static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv_cache *cache,
                         const ms_batch_seq *seqs, int n_seqs)
 {
     const ms_config *c = &m->cfg;
@@ -392,9 +391,10 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
         if (sq->n_tokens != 1) continue;
         int64_t S = sq->start_pos + 1;
         const void **pp = ws->pptr + np;
-        for (int64_t p = 0; p * pool->page_size < S; p++)
-            ws->pptr[np++] = ms_kv_pool_row(pool, layer, sq->page_table[p], 0);
-        ws->aseq[i++] = (ms_attn_seq){pp, pool->page_size, pool->dtype, row, S};
+        ms_kv_view v = {cache, sq->kv};
+        int ps = ms_kv_view_page_size(&v);
+        for (int64_t p = 0; p * ps < S; p++) ws->pptr[np++] = ms_kv_view_entry(&v, LATENT, layer, p * ps);
+        ws->aseq[i++] = (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row, S};
     }
     ms_attn_decode(&m->kctx, ws->aseq, (int)n, ws->qabs, H, kvr, m->softmax_scale, ws->ctx,
                    ws->ascr);
@@ -466,8 +466,8 @@ static int dsv3_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errb
 }
 
 /* Layers [first, last) over the residual rows embed (or the previous range) left. */
-static int dsv3_run_layers(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
-                           int first, int last, ms_errbuf *err)
+static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                           int n_seqs, int first, int last, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
     int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
@@ -478,7 +478,7 @@ static int dsv3_run_layers(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *se
         return ms_err(err, MS_EINVAL, "layers [%d, %d) outside the model's %d", first, last,
                       c->n_layers);
     if (T == 0 && !m->shard) return 0;
-    if (ws_reserve_decode(m, pool, seqs, n_seqs))
+    if (ws_reserve_decode(m, ms_kv_cache_page_size(cache), seqs, n_seqs))
         return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
     ms_model_ws *ws = m->ws;
     const ms_kctx *k = &m->kctx;
@@ -510,18 +510,20 @@ static int dsv3_run_layers(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *se
                 ms_rope_interleaved(ws->q + t * H * qd + dn, H, qd, dr, m->rope_inv_freq, pos);
                 ms_rope_interleaved(ws->kva + t * (kvr + dr) + kvr, 1, dr, dr, m->rope_inv_freq,
                                     pos);
-                store_row(pool, l, sq->page_table, pos, ws->kva + t * (kvr + dr), kvr + dr);
+                ms_kv_view v = {cache, sq->kv};
+                store_row(&v, l, pos, ws->kva + t * (kvr + dr), kvr + dr);
             }
         }
         ph_mark(PH_QKV);
-        attn_decode(m, lw, l, pool, seqs, n_seqs);
+        attn_decode(m, lw, l, cache, seqs, n_seqs);
         ph_mark(PH_ATTN_DEC);
         t = 0;
         for (int i = 0; i < n_seqs; i++) {
             const ms_batch_seq *sq = &seqs[i];
+            ms_kv_view v = {cache, sq->kv};
             if (sq->n_tokens > 1)
-                attn_naive(m, lw, l, pool, sq->page_table, sq->start_pos, sq->n_tokens,
-                           ws->q + t * H * qd, ws->attn + t * H * dv);
+                attn_naive(m, lw, l, &v, sq->start_pos, sq->n_tokens, ws->q + t * H * qd,
+                           ws->attn + t * H * dv);
             t += sq->n_tokens;
         }
         ph_mark(PH_ATTN_PRE);

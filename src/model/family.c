@@ -141,12 +141,12 @@ int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *ou
     return m->family->kv_spec(&m->shape, o, out, err);
 }
 
-int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
+int ms_model_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                      ms_errbuf *err)
 {
     const ms_family *f = m->family;
     int rc = f->embed(m, seqs, n_seqs, err);
-    if (!rc) rc = f->run_layers(m, pool, seqs, n_seqs, 0, m->shape.n_layers, err);
+    if (!rc) rc = f->run_layers(m, cache, seqs, n_seqs, 0, m->shape.n_layers, err);
     if (!rc) rc = f->head(m, seqs, n_seqs, err);
     return rc;
 }

@@ -17,7 +17,7 @@
 
 #include "base/error.h"
 #include "base/threadpool.h"
-#include "cache/kv_pool.h"
+#include "cache/kv_cache.h"
 #include "cache/kv_spec.h"
 #include "kernels/kernels.h"
 #include "model/shard.h"
@@ -71,8 +71,10 @@ typedef struct ms_model_opts {
 
 /* One sequence of a forward batch (the batch contract, DESIGN.md §5):
  * n_tokens new tokens at positions start_pos .. start_pos+n_tokens-1.  Its
- * KV pages (page_table, borrowed) must already cover every position up to
- * start_pos+n_tokens-1; positions below start_pos must already be cached.
+ * hold on the KV cache (kv, borrowed: pages of every stream) must already
+ * cover every position up to start_pos+n_tokens-1; positions below
+ * start_pos must already be cached.  The forward reads and writes it
+ * through an ms_kv_view.
  * kind: prefill chunk, decode (one token) or verify (the last accepted token
  * plus k drafts).  The last n_logits positions (0, 1, or k+1 for a verify)
  * write their logits to logits [n_logits][vocab] and, when hidden is set,
@@ -85,7 +87,7 @@ typedef struct ms_batch_seq {
     const int32_t *tokens;
     int32_t n_tokens;
     int64_t start_pos;
-    const int32_t *page_table;
+    const ms_kv_seq *kv;
     float *logits;       /* [n_logits][vocab], or NULL for none */
     int32_t n_logits;    /* trailing positions wanting logits (0 with logits set: 1) */
     int32_t kind;        /* ms_seq_kind */
@@ -108,12 +110,12 @@ struct ms_family {
                    ms_errbuf *err);
     /* loads this rank's shard; NULL: planner-only (ms_family_open refuses, naming it) */
     int (*open)(ms_model **out, const char *dir, const ms_model_opts *o, ms_errbuf *err);
-    /* the forward over one batch, writing KV entries into pool: embed fills
+    /* the forward over one batch, writing KV entries into cache: embed fills
      * the hidden rows, run_layers(first, last) runs layers [first, last),
      * head writes the wanted logits and hidden states */
     int (*embed)(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err);
-    int (*run_layers)(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
-                      int first, int last, ms_errbuf *err);
+    int (*run_layers)(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                      int n_seqs, int first, int last, ms_errbuf *err);
     int (*head)(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err);
     void (*each_view)(ms_model *m, ms_view_fn fn, void *arg);
     void (*free)(ms_model *m);
@@ -158,7 +160,7 @@ int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *ou
 
 /* The whole forward: embed, run_layers(0, n_layers), head.  Returns 0 or a
  * negative MS_E*. */
-int ms_model_forward(ms_model *m, ms_kv_pool *pool, const ms_batch_seq *seqs, int n_seqs,
+int ms_model_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                      ms_errbuf *err);
 
 /* MOESERVE_PROFILE=1: prints the forward's wall seconds per phase since the

@@ -5,7 +5,7 @@
  * through model/family.h.
  *
  * Owns the checkpoint store and everything derived from it; does not own the
- * KV pool (the scheduler does) nor any request state.  The forward pass is in
+ * KV cache (the scheduler does) nor any request state.  The forward pass is in
  * deepseek_v3.c; weight loading and validation in weights.c.  A model is used
  * by one thread at a time (the rank's main thread).
  */
@@ -83,11 +83,5 @@ int ms_dsv3_parse_config(const ms_config *c, ms_model_shape *out);
 int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);
 void ms_dsv3_free(ms_model *m);
 void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg);
-
-/* KV row width per token per layer (MLA: kv_lora_rank + qk_rope_head_dim). */
-static inline int64_t ms_model_kv_row_elems(const ms_model *m)
-{
-    return m->cfg.kv_lora_rank + m->cfg.qk_rope_head_dim;
-}
 
 #endif

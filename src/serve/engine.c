@@ -41,7 +41,7 @@ struct ms_engine {
     int have_groups;
     ms_shard shard;
     ms_model *m;
-    ms_kv_pool *pool;
+    ms_kv_cache *cache;    /* this rank's KV cache (its streams' pools) */
     ms_sched *sched;       /* DP-group leaders only */
     ms_sample *sampler;    /* DP-group leaders only */
     ms_sample_pick *picks; /* [max_running + 1] */
@@ -73,6 +73,7 @@ struct ms_engine {
     uint8_t *bbuf;         /* batch broadcast / event send buffer */
     size_t cap_bbuf;
     ms_batch_seq *mbatch;  /* members' copy of the batch */
+    ms_kv_seq *mkv;        /* [cap_mbatch] their cache holds (the leader's page ids) */
     int cap_mbatch;
     int32_t *mdata;        /* members' tokens and page tables */
     size_t cap_mdata;
@@ -111,10 +112,11 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
                           .attn_tp = e->lay.attn_tp};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
     if (rc) return rc;
+    /* the forward reads the cache as one per-token pool (stream 0) */
     if (spec.n_streams != 1 || spec.streams[0].tokens_per_entry != 1 || spec.streams[0].window)
-        return ms_err(err, MS_EUNSUPPORTED, "%s: the KV pool holds one per-token stream only",
+        return ms_err(err, MS_EUNSUPPORTED, "%s: the forward reads one per-token stream only",
                       c->name);
-    int64_t row = spec.streams[0].entry_elems, per_tok = ms_kv_spec_token_bytes(&spec);
+    int64_t per_tok = ms_kv_spec_token_bytes(&spec);
     int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
     ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
                           .mem_fraction_static = e->o.mem_fraction_static,
@@ -132,10 +134,12 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
         free(all);
         if (rc) return rc;
     }
-    int32_t pages = (int32_t)MS_MIN(tokens / e->o.page_size, (int64_t)INT32_MAX - 1);
-    e->pool_tokens = (int64_t)pages * e->o.page_size;
-    if ((rc = ms_kv_pool_new(&e->pool, c->n_layers, row, e->o.page_size, pages, dt, err)))
+    int32_t pages[MS_KV_MAX_STREAMS];
+    ms_kv_cache_pages_for(&spec, e->o.page_size, tokens, e->max_running_rank, e->chunk_rank, pages);
+    if ((rc = ms_kv_cache_new(&e->cache, &spec, e->o.page_size, pages, dt, e->max_running_rank,
+                              err)))
         return rc;
+    e->pool_tokens = ms_kv_cache_tokens(e->cache);
     MS_LOG(MS_INFO, "engine",
            "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
            "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN)",
@@ -274,7 +278,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     if (e->is_leader) {
         ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
                               ms->vocab, ms->eos_token_id};
-        if ((rc = ms_sched_new(&e->sched, &sp, e->pool, err)) ||
+        if ((rc = ms_sched_new(&e->sched, &sp, e->cache, err)) ||
             (rc = ms_sample_new(&e->sampler, ms->vocab, err)))
             goto fail;
         if (!(e->picks = calloc((size_t)max_running + 1, sizeof *e->picks))) {
@@ -315,7 +319,7 @@ void ms_engine_close(ms_engine *e)
     ms_sched_free(e->sched);
     ms_sample_free(e->sampler);
     free(e->picks);
-    ms_kv_pool_free(e->pool);
+    ms_kv_cache_free(e->cache);
     ms_model_free(e->m);
     if (e->have_groups) ms_comm_groups_deinit(&e->gs);
     free(e->ctrl);
@@ -330,6 +334,7 @@ void ms_engine_close(ms_engine *e)
     free(e->rows_tp);
     free(e->bbuf);
     free(e->mbatch);
+    free(e->mkv);
     free(e->mdata);
     free(e);
 }
@@ -347,39 +352,39 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
      * (n is the same everywhere: the pool size is agreed, the chunk is the
      * launch's), so each attention group has n rows, as ms_engine_step would
      * tell the MLP layers. */
-    int64_t P = e->o.page_size;
-    int64_t n = MS_MIN(MS_MIN(max_tokens, e->chunk_rank), MS_MIN(e->pool_tokens - P, e->ctx_len));
+    int64_t n = MS_MIN(MS_MIN(max_tokens, e->chunk_rank),
+                       MS_MIN(e->pool_tokens - e->o.page_size, e->ctx_len));
     if (n < 1) return 0;
     if (e->W > 1) {
         for (int i = 0; i < e->lay.tp; i++) e->rows_tp[i] = n;
         e->shard.rows_per_rank = e->rows_tp;
     }
-    int32_t np = (int32_t)((n + P - 1) / P);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n),
-            *pages = malloc(sizeof(int32_t) * (size_t)np);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     float *logits = malloc(sizeof(float) * (size_t)ms_model_shape_of(e->m)->vocab);
+    ms_kv_seq kv;
+    ms_kv_seq_init(&kv);
     int rc = MS_ENOMEM;
-    if (!ids || !pages || !logits) {
+    if (!ids || !logits) {
         ms_err(err, rc, "out of memory (warm-up)");
         goto out;
     }
-    if ((rc = ms_kv_pool_alloc(e->pool, np, pages))) {
-        ms_err(err, rc, "warm-up: no room for %lld tokens in the KV pool", (long long)n);
+    if ((rc = ms_kv_cache_reserve(e->cache, &kv, n))) {
+        ms_err(err, rc, "warm-up: no room for %lld tokens in the KV cache", (long long)n);
         goto out;
     }
     uint64_t rng = 1;
     for (int64_t i = 0; i < n; i++)
         ids[i] = (int32_t)(ms_rng_next(&rng) % (uint64_t)ms_model_shape_of(e->m)->vocab);
-    ms_batch_seq seq = {.tokens = ids, .n_tokens = (int32_t)n, .start_pos = 0,
-                        .page_table = pages, .logits = logits, .n_logits = 1};
+    ms_batch_seq seq = {.tokens = ids, .n_tokens = (int32_t)n, .start_pos = 0, .kv = &kv,
+                        .logits = logits, .n_logits = 1};
     double t0 = ms_now_s();
-    rc = ms_model_forward(e->m, e->pool, &seq, 1, err);
+    rc = ms_model_forward(e->m, e->cache, &seq, 1, err);
     st->forward_s = ms_now_s() - t0;
     if (!rc) st->forward_tokens = n;
-    for (int32_t i = 0; i < np; i++) ms_kv_pool_unref(e->pool, pages[i]);
 out:
+    ms_kv_cache_release(e->cache, &kv);
+    ms_kv_seq_deinit(&kv);
     free(ids);
-    free(pages);
     free(logits);
     return rc;
 }
@@ -561,7 +566,7 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
             meta[4 * i + 3] = b->logits != NULL;
             memcpy(p, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             p += b->n_tokens;
-            memcpy(p, b->page_table, sizeof(int32_t) * (size_t)np);
+            memcpy(p, b->kv->pages[0], sizeof(int32_t) * (size_t)np); /* one stream (size_pool) */
             p += np;
         }
     }
@@ -569,9 +574,11 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
     if (e->is_leader) return 0;
     if ((int)hdr[0] > e->cap_mbatch) {
         free(e->mbatch);
+        free(e->mkv);
         e->mbatch = calloc((size_t)hdr[0], sizeof *e->mbatch);
-        e->cap_mbatch = e->mbatch ? (int)hdr[0] : 0;
-        if (!e->mbatch) return ms_err(err, MS_ENOMEM, "out of memory");
+        e->mkv = calloc((size_t)hdr[0], sizeof *e->mkv);
+        e->cap_mbatch = e->mbatch && e->mkv ? (int)hdr[0] : 0;
+        if (!e->cap_mbatch) return ms_err(err, MS_ENOMEM, "out of memory");
     }
     if (grow((void **)&e->mdata, &e->cap_mdata, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
     memcpy(e->mdata, e->bbuf, bytes);
@@ -583,7 +590,12 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         b->start_pos = meta[4 * i + 1];
         b->tokens = p;
         p += b->n_tokens;
-        b->page_table = p;
+        ms_kv_seq *kv = &e->mkv[i]; /* a view of the leader's page ids (tables not owned) */
+        ms_kv_seq_init(kv);
+        kv->pages[0] = p;
+        kv->n_pages[0] = kv->cap_pages[0] = meta[4 * i + 2];
+        kv->n_tokens = b->start_pos + b->n_tokens;
+        b->kv = kv;
         p += meta[4 * i + 2];
         b->logits = NULL; /* sampling happens on the group's first rank */
     }
@@ -714,7 +726,7 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
         e->shard.rows_per_rank = e->rows_tp;
     }
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
-    if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->pool, batch, n, err))) return rc;
+    if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
     /* 5. sample and report */
     const ms_sched_event *ev = NULL;
     int n_ev = 0;

@@ -1,4 +1,4 @@
-/* scheduler.c — continuous batching over one rank's KV pool (scheduler.h). */
+/* scheduler.c — continuous batching over one rank's KV cache (scheduler.h). */
 #include "serve/scheduler.h"
 
 #include "base/log.h"
@@ -18,8 +18,7 @@ struct req {
     int64_t n_kv;            /* tokens whose KV is in pages */
     int64_t n_cached;        /* prompt tokens served by the prefix cache at first admission */
     int64_t n_peek;          /* prompt tokens the prefix cache held when it arrived (estimate) */
-    int32_t *pages;
-    int64_t n_pages, cap_pages;
+    ms_kv_seq kv;            /* its pages in every stream of the cache */
     ms_radix_node *lock;
     uint64_t rng;
     int state;
@@ -30,7 +29,7 @@ struct req {
 
 struct ms_sched {
     ms_sched_params p;
-    ms_kv_pool *pool;
+    ms_kv_cache *cache;
     ms_radix *radix;
     struct req *waiting, *running; /* singly linked; waiting in admission order */
     int n_waiting, n_running;
@@ -43,8 +42,7 @@ struct ms_sched {
     ms_sched_event *events;
     int n_events, cap_events;
     ms_sample_seq *to_sample; /* [cap_batch] what each batch sequence samples from */
-    int32_t *match_pages;
-    int64_t cap_match;
+    ms_kv_seq match;         /* the pages of a prefix hit (no references of its own) */
     double new_token_ratio;  /* share of their remaining max_new running requests are
                               * expected to still generate (SGLang's new_token_ratio) */
     ms_sched_stats st;
@@ -57,15 +55,16 @@ struct ms_sched {
 #define RATIO_DECAY 0.001
 #define RATIO_RETRACT_STEP 0.1
 
-int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_errbuf *err)
+int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_cache *cache, ms_errbuf *err)
 {
     *out = NULL;
-    if (p->page_size != pool->page_size || p->max_running <= 0 || p->chunk_tokens <= 0)
+    if (p->page_size != ms_kv_cache_page_size(cache) || p->max_running <= 0 || p->chunk_tokens <= 0)
         return ms_err(err, MS_EINVAL, "scheduler: bad parameters");
     ms_sched *s = calloc(1, sizeof *s);
     if (!s) return ms_err(err, MS_ENOMEM, "out of memory");
     s->p = *p;
-    s->pool = pool;
+    s->cache = cache;
+    ms_kv_seq_init(&s->match);
     s->cap_batch = p->max_running + 1;
     s->cap_events = 2 * p->max_running + 16;
     s->batch = calloc((size_t)s->cap_batch, sizeof *s->batch);
@@ -73,12 +72,12 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
     s->logits = ms_alloc_aligned((size_t)p->max_running * (size_t)p->vocab, sizeof(float));
     s->events = calloc((size_t)s->cap_events, sizeof *s->events);
     s->to_sample = calloc((size_t)s->cap_batch, sizeof *s->to_sample);
-    if (ms_radix_new(&s->radix, pool) || !s->batch || !s->batch_req || !s->logits ||
+    if (ms_radix_new(&s->radix, cache) || !s->batch || !s->batch_req || !s->logits ||
         !s->events || !s->to_sample) {
         ms_sched_free(s);
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
     }
-    s->st.total_tokens = (int64_t)pool->n_pages * pool->page_size;
+    s->st.total_tokens = ms_kv_cache_tokens(cache);
     s->new_token_ratio = RATIO_INIT;
     *out = s;
     return 0;
@@ -86,8 +85,7 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_
 
 static void release_pages(ms_sched *s, struct req *r)
 {
-    for (int64_t i = 0; i < r->n_pages; i++) ms_kv_pool_unref(s->pool, r->pages[i]);
-    r->n_pages = 0;
+    ms_kv_cache_release(s->cache, &r->kv);
     if (r->lock) ms_radix_unlock(s->radix, r->lock);
     r->lock = NULL;
     r->n_kv = 0;
@@ -98,7 +96,7 @@ static void free_req(ms_sched *s, struct req *r)
     if (!r) return;
     release_pages(s, r);
     free(r->ids);
-    free(r->pages);
+    ms_kv_seq_deinit(&r->kv);
     free(r);
 }
 
@@ -113,7 +111,7 @@ void ms_sched_free(ms_sched *s)
     ms_free_aligned(s->logits);
     free(s->events);
     free(s->to_sample);
-    free(s->match_pages);
+    ms_kv_seq_deinit(&s->match);
     free(s);
 }
 
@@ -130,14 +128,6 @@ static int push_id(struct req *r, int32_t id)
     return 0;
 }
 
-static int reserve_pages(struct req *r, int64_t n)
-{
-    void *p = r->pages;
-    int rc = ms_grow_array(&p, &r->cap_pages, n, sizeof(int32_t));
-    r->pages = p;
-    return rc;
-}
-
 int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
 {
     if (in->n_ids <= 0) return ms_err(err, MS_EINVAL, "empty prompt");
@@ -148,9 +138,9 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
                       "length %lld",
                       (long long)in->n_ids, (long long)in->max_new, (long long)need,
                       (long long)s->p.context_len);
-    if ((need + s->p.page_size - 1) / s->p.page_size > s->pool->n_pages)
+    if (need > s->st.total_tokens)
         return ms_err(err, MS_ECONTEXT,
-                      "prompt + max_tokens = %lld tokens exceeds this rank's KV pool of %lld tokens",
+                      "prompt + max_tokens = %lld tokens exceeds this rank's KV cache of %lld tokens",
                       (long long)need, (long long)s->st.total_tokens);
     struct req *r = calloc(1, sizeof *r);
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
@@ -165,6 +155,7 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
     memcpy(r->ids, in->ids, sizeof(int32_t) * (size_t)in->n_ids);
     r->n_ids = r->n_prompt = in->n_ids;
     r->n_cached = -1;
+    ms_kv_seq_init(&r->kv);
     r->n_peek = ms_radix_peek(s->radix, r->ids, r->n_ids);
     r->rng = ms_sample_seed(in->seed);
     r->seq = s->arrivals++;
@@ -209,10 +200,11 @@ static struct req *unlink_from(struct req **list, struct req *r)
 /* Finishes a running or waiting request: caches its computed prefix, frees the rest. */
 static void finish_req(ms_sched *s, struct req *r, int finish, int cache_prefix)
 {
-    if (cache_prefix && r->n_kv >= s->p.page_size) {
-        int64_t full = (r->n_kv / s->p.page_size) * s->p.page_size;
+    int64_t unit = ms_kv_cache_share_unit(s->cache);
+    if (cache_prefix && r->n_kv >= unit) {
+        int64_t full = (r->n_kv / unit) * unit;
         ms_radix_node *last;
-        ms_radix_insert(s->radix, r->ids, full, r->pages, &last);
+        ms_radix_insert(s->radix, r->ids, full, &r->kv, &last);
     }
     if (r->state == ST_RUNNING) {
         unlink_from(&s->running, r);
@@ -238,11 +230,14 @@ int ms_sched_abort(ms_sched *s, uint64_t id)
     return MS_ENOENT;
 }
 
-/* Takes n pages, evicting cached prefixes if needed. */
-static int take_pages(ms_sched *s, int64_t n, int32_t *out)
+/* Reserves r's pages for tokens [0, upto) in every stream, evicting cached
+ * prefixes (least recently used first) while a stream is short. */
+static int take_pages(ms_sched *s, struct req *r, int64_t upto)
 {
-    if (ms_kv_pool_n_free(s->pool) < n) ms_radix_evict(s->radix, n - ms_kv_pool_n_free(s->pool));
-    return ms_kv_pool_alloc(s->pool, (int32_t)n, out);
+    int rc;
+    while ((rc = ms_kv_cache_reserve(s->cache, &r->kv, upto)) == MS_EFULL)
+        if (ms_radix_evict(s->radix, 1) == 0) break;
+    return rc;
 }
 
 /* Moves a running request back to the front of the waiting queue. */
@@ -275,15 +270,17 @@ static struct req *fewest_generated(ms_sched *s)
  * Returns 0, or 1 when r itself was retracted. */
 static int grow(ms_sched *s, struct req *r, int64_t upto)
 {
-    int64_t need = (upto + s->p.page_size - 1) / s->p.page_size;
-    if (need <= r->n_pages) return 0;
-    if (reserve_pages(r, need)) return 1;
-    while (take_pages(s, need - r->n_pages, r->pages + r->n_pages) != 0) {
+    if (ms_kv_cache_pages_needed(s->cache, &r->kv, upto, NULL) == 0) {
+        if (upto > r->kv.n_tokens) r->kv.n_tokens = upto;
+        return 0;
+    }
+    int rc;
+    while ((rc = take_pages(s, r, upto)) != 0) {
+        if (rc != MS_EFULL) return 1;
         struct req *victim = fewest_generated(s);
         retract(s, victim);
         if (victim == r) return 1;
     }
-    r->n_pages = need;
     return 0;
 }
 
@@ -302,35 +299,25 @@ static int admit(ms_sched *s, struct req *r)
     int ps = s->p.page_size;
     /* admission control: the prompt plus its expected decode must fit beside what
      * the running requests are expected to need; free + evictable pages count */
-    int64_t avail = ((int64_t)ms_kv_pool_n_free(s->pool) + ms_radix_evictable_pages(s->radix)) * ps;
+    int64_t avail = ms_kv_cache_free_tokens(s->cache) + ms_radix_evictable_tokens(s->radix);
     int64_t want = r->n_ids + (int64_t)((double)(r->in.max_new - r->n_out) * s->new_token_ratio);
     if (s->n_running > 0 && want + running_reserve(s) > avail) return MS_EFULL;
-    if (s->cap_match < r->n_ids / ps + 1) {
-        free(s->match_pages);
-        s->cap_match = r->n_ids / ps + 1;
-        s->match_pages = malloc(sizeof(int32_t) * (size_t)s->cap_match);
-        if (!s->match_pages) {
-            s->cap_match = 0;
-            return MS_ENOMEM;
-        }
-    }
     ms_radix_node *node;
-    int64_t matched = ms_radix_match(s->radix, r->ids, r->n_ids, s->match_pages, &node);
-    int64_t limit = ((r->n_ids - 1) / ps) * ps; /* the last token must be computed */
+    int64_t matched = ms_radix_match(s->radix, r->ids, r->n_ids, &s->match, &node);
+    int64_t unit = ms_kv_cache_share_unit(s->cache);
+    int64_t limit = ((r->n_ids - 1) / unit) * unit; /* the last token must be computed */
     if (matched > limit) matched = limit;
-    int64_t n_pre = matched / ps, need = (r->n_ids + ps - 1) / ps;
-    /* room in the page table for the whole generation: decode never reallocates */
-    if (reserve_pages(r, (r->n_ids + r->in.max_new - r->n_out + ps) / ps)) return MS_ENOMEM;
+    /* room in the page tables for the whole generation: decode never reallocates */
+    if (ms_kv_cache_seq_capacity(s->cache, &r->kv, r->n_ids + r->in.max_new - r->n_out + ps))
+        return MS_ENOMEM;
     ms_radix_lock(s->radix, node);
-    if (take_pages(s, need - n_pre, r->pages + n_pre) != 0) {
+    int rc = matched > 0 ? ms_kv_cache_share(s->cache, &r->kv, &s->match, matched) : 0;
+    if (!rc) rc = take_pages(s, r, r->n_ids);
+    if (rc) {
+        ms_kv_cache_release(s->cache, &r->kv);
         ms_radix_unlock(s->radix, node);
-        return MS_EFULL;
+        return rc == MS_ENOMEM ? MS_ENOMEM : MS_EFULL;
     }
-    for (int64_t i = 0; i < n_pre; i++) {
-        r->pages[i] = s->match_pages[i];
-        ms_kv_pool_ref(s->pool, r->pages[i]);
-    }
-    r->n_pages = need;
     r->lock = node;
     r->n_kv = matched;
     if (r->n_cached < 0) {
@@ -347,7 +334,7 @@ static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
     b->tokens = r->ids + r->n_kv;
     b->n_tokens = (int32_t)n_tokens;
     b->start_pos = r->n_kv;
-    b->page_table = r->pages;
+    b->kv = &r->kv;
     b->logits = r->n_kv + n_tokens == r->n_ids ? s->logits + (int64_t)s->n_batch * s->p.vocab : NULL;
     s->batch_req[s->n_batch++] = r;
 }
@@ -360,9 +347,8 @@ static struct req *pick_waiting(ms_sched *s)
     int64_t best_len = -1;
     int seen = 0;
     for (struct req *r = s->waiting; r && seen < 64; r = r->next, seen++) {
-        if (s->cap_match < r->n_ids / s->p.page_size + 1) return s->waiting;
         ms_radix_node *node;
-        int64_t m = ms_radix_match(s->radix, r->ids, r->n_ids, s->match_pages, &node);
+        int64_t m = ms_radix_match(s->radix, r->ids, r->n_ids, &s->match, &node);
         if (m > best_len) best = r, best_len = m;
     }
     return best;
@@ -428,9 +414,9 @@ static int is_stop(const ms_sched *s, const struct req *r, int32_t t)
  * simply learns nothing now (finish_req tries again). */
 static void cache_prompt(ms_sched *s, struct req *r)
 {
-    int64_t full = (r->n_kv / s->p.page_size) * s->p.page_size;
+    int64_t unit = ms_kv_cache_share_unit(s->cache), full = (r->n_kv / unit) * unit;
     ms_radix_node *last;
-    if (full == 0 || ms_radix_insert(s->radix, r->ids, full, r->pages, &last) < 0) return;
+    if (full == 0 || ms_radix_insert(s->radix, r->ids, full, &r->kv, &last) < 0) return;
     ms_radix_lock(s->radix, last);
     if (r->lock) ms_radix_unlock(s->radix, r->lock);
     r->lock = last;
@@ -461,6 +447,7 @@ int ms_sched_commit(ms_sched *s, const ms_sample_pick *picks, const ms_sched_eve
         struct req *r = s->batch_req[b];
         const ms_batch_seq *sq = &s->batch[b];
         r->n_kv += sq->n_tokens;
+        ms_kv_cache_slide(s->cache, &r->kv, r->n_kv); /* windowed streams drop what slid out */
         if (!sq->logits) continue;
         if (sq->n_tokens > 1 || r->n_out == 0) cache_prompt(s, r);
         if (r->n_out >= r->in.max_new) { /* max_new_tokens = 0 */
@@ -512,10 +499,9 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
     st->n_running = s->n_running;
     st->n_waiting = s->n_waiting;
     /* as SGLang: pages the prefix cache could give back on demand are not "used" */
-    st->used_tokens = (int64_t)(s->pool->n_pages - ms_kv_pool_n_free(s->pool) -
-                                ms_radix_evictable_pages(s->radix)) *
-                      s->p.page_size;
-    st->cached_tokens = ms_radix_cached_pages(s->radix) * s->p.page_size;
+    st->used_tokens = s->st.total_tokens - ms_kv_cache_free_tokens(s->cache) -
+                      ms_radix_evictable_tokens(s->radix);
+    st->cached_tokens = ms_radix_cached_tokens(s->radix);
     st->queued_prefill_tokens = st->decode_tokens_left = 0;
     for (int list = 0; list < 2; list++)
         for (const struct req *r = list ? s->running : s->waiting; r; r = r->next) {

@@ -1,5 +1,5 @@
 /* scheduler.h — the scheduler of one attention-DP rank: continuous batching
- * over that rank's KV pool and radix prefix cache.
+ * over that rank's KV cache of streams and radix prefix cache.
  *
  * Each step it builds one forward batch: every running request's next decode
  * token plus prefill chunks of waiting requests within the chunked-prefill
@@ -14,7 +14,7 @@
 #ifndef MS_SERVE_SCHEDULER_H
 #define MS_SERVE_SCHEDULER_H
 
-#include "cache/kv_pool.h"
+#include "cache/kv_cache.h"
 #include "cache/radix.h"
 #include "model/family.h"
 #include "model/sampler.h"
@@ -79,7 +79,8 @@ typedef struct ms_sched_stats {
 
 typedef struct ms_sched ms_sched;
 
-int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_pool *pool, ms_errbuf *err);
+/* cache: borrowed; the scheduler is its only user (reserve, release, share, slide). */
+int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_cache *cache, ms_errbuf *err);
 void ms_sched_free(ms_sched *s);
 
 /* Queues a request.  MS_ECONTEXT if it can never fit (prompt + max_new beyond

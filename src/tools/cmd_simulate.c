@@ -263,7 +263,7 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
                     ms_errbuf *err)
 {
     int n_dp = (int)o->dp, rc = 0;
-    ms_kv_pool **pool = calloc((size_t)n_dp, sizeof *pool);
+    ms_kv_cache **pool = calloc((size_t)n_dp, sizeof *pool);
     ms_sched **sch = calloc((size_t)n_dp, sizeof *sch);
     ms_router_load *load = calloc((size_t)n_dp, sizeof *load);
     int64_t *computed = calloc((size_t)n_dp, sizeof *computed);
@@ -287,8 +287,13 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
     ms_sched_params sp = {
         (int)o->page_size, (int)o->max_running, o->chunk, o->lpm ? MS_SCHED_LPM : MS_SCHED_FCFS,
         1L << 30,          SIM_VOCAB,           -1};
+    /* one stream of one value per token: the simulation needs only its pages */
+    static ms_kv_spec spec;
+    ms_kv_spec_init(&spec, 1);
+    ms_kv_stream_cover(ms_kv_spec_add(&spec, "sim", 4, 1, MS_DT_F32, 1, 0, 0), 0);
+    int32_t np[MS_KV_MAX_STREAMS] = {(int32_t)MS_MIN(pages, (int64_t)INT32_MAX - 1)};
     for (int r = 0; r < n_dp; r++)
-        if ((rc = ms_kv_pool_new(&pool[r], 1, 1, (int)o->page_size, pages, MS_DT_F32, err)) ||
+        if ((rc = ms_kv_cache_new(&pool[r], &spec, (int)o->page_size, np, MS_DT_F32, 0, err)) ||
             (rc = ms_sched_new(&sch[r], &sp, pool[r], err)))
             goto out;
     for (int64_t i = 0; i < n_req; i++) req[i].first_s = req[i].done_s = -1, req[i].ok = 0;
@@ -400,7 +405,7 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
 out:
     for (int r = 0; pool && sch && r < n_dp; r++) {
         ms_sched_free(sch[r]);
-        ms_kv_pool_free(pool[r]);
+        ms_kv_cache_free(pool[r]);
     }
     ms_router_free(router);
     ms_sample_free(sampler);
