@@ -155,6 +155,7 @@ TEST(running_prompt_is_shared)
     for (int step = 0; step < 3; step++) { /* the prefill, then two decode steps */
         int n = ms_sched_build(s, &b);
         CHECK(n == 1 && fake_forward(b, n, NULL) == 0);
+        CHECK(b[0].kind == (step == 0 ? MS_SEQ_PREFILL : MS_SEQ_DECODE) && b[0].n_logits == 1);
         int ne = commit(s, &ev);
         for (int i = 0; i < ne; i++) outs[0].toks[outs[0].n++] = ev[i].token;
     }

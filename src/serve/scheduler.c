@@ -336,6 +336,11 @@ static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
     b->start_pos = r->n_kv;
     b->kv = &r->kv;
     b->logits = r->n_kv + n_tokens == r->n_ids ? s->logits + (int64_t)s->n_batch * s->p.vocab : NULL;
+    b->n_logits = b->logits ? 1 : 0;
+    /* a generated token being fed back is a decode; prompt tokens are a prefill chunk
+     * (a retracted request's regenerated history too).  Verify rows come with drafts. */
+    b->kind = n_tokens == 1 && r->n_kv >= r->n_prompt ? MS_SEQ_DECODE : MS_SEQ_PREFILL;
+    b->hidden = NULL;
     s->batch_req[s->n_batch++] = r;
 }
 
