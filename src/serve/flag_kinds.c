@@ -7,7 +7,7 @@
 
 #include "base/log.h"
 #include "base/util.h"
-#include "model/config.h"
+#include "model/family.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -201,13 +201,11 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                          const char *model_path, const char *cmd, FILE *out)
 {
     int bad = 0;
-    ms_config cfg;
-    char path[1200];
+    ms_model_shape shape; /* the family table's reading of config.json */
     ms_errbuf e;
     const char *model_type = "a model it cannot read";
-    if (s->n_family && model_path && ms_path_join(path, sizeof path, model_path, "config.json") &&
-        !ms_config_load(&cfg, path, &e))
-        model_type = cfg.model_type;
+    if (s->n_family && model_path && !ms_family_load(model_path, 1, NULL, &shape, &e))
+        model_type = shape.name;
     char f[256];
     for (int i = 0; i < s->n_refused; i++, bad++) {
         snprintf(f, sizeof f, "%s%s%s", s->refused[i], s->refused_val[i] ? " " : "",
