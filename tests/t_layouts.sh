@@ -39,6 +39,8 @@ layouts=(
     "--tp 4 --dp 2 --enable-dp-attention --moe-dense-tp-size 1"
     "--tp 4 --ep-size 2"
     "--tp 4 --ep-size 4"
+    "--tp 2 --moe-dp-size 2"
+    "--tp 4 --dp 2 --enable-dp-attention --ep-size 2 --moe-dp-size 2"
 )
 for L in "${layouts[@]}"; do
     # shellcheck disable=SC2086
@@ -91,6 +93,10 @@ check_err "--dp" --tp 3 --dp 2 --enable-dp-attention
 check_err "heads" --tp 3
 check_err "--ep-size" --tp 6 --dp 6 --enable-dp-attention --ep-size 3
 check_err "--tp" --tp 0
+# redundant expert slots need EPLB's replicas: refused before any rank loads (it used to
+# kill rank 1 with SIGSEGV at load)
+check_err "--ep-num-redundant-experts" --tp 2 --ep-size 2 --ep-num-redundant-experts 2
+check_err "--ep-num-redundant-experts" --ep-num-redundant-experts 4
 
 # a rank killed mid-run: the others must stop with an error, not hang
 ( timeout 60 "$MOESERVE" generate --model "$M" --prompt-ids "$P1" --max-new-tokens 15000 --ignore-eos \

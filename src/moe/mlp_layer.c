@@ -95,6 +95,16 @@ static int partial(ms_model *m, const ms_layer_w *lw, const float *X, int64_t n,
     if (rc) return rc;
     int e0 = sh ? sh->first_expert : 0, e1 = sh ? e0 + sh->n_local_experts : m->cfg.n_routed_experts;
     (void)D;
+    /* --moe-dp-size: every MoE-DP group holds all experts (ep × moe_tp of them split over
+     * its ranks) and computes the routed experts of its share of the rows only; the other
+     * groups' shares are skipped (idx -1), so the tp-wide sum counts each row once. */
+    if (sh && sh->lay->moe_dp > 1) {
+        int md = sh->lay->moe_dp, j = sh->at.moe_dp_rank, K = m->cfg.n_experts_per_tok;
+        int64_t r0 = n * j / md, r1 = n * (j + 1) / md;
+        for (int64_t t = 0; t < n; t++)
+            if (t < r0 || t >= r1)
+                for (int k = 0; k < K; k++) ws->moe.topk_idx[t * K + k] = -1;
+    }
     return ms_moe_experts_shared(&m->kctx, &m->cfg, lw, X, n, ws->moe.topk_idx, ws->moe.topk_w, e0,
                                  e1, with_shared_slice(m, lw) ? &lw->shared : NULL, Y, 0, &ws->moe);
 }

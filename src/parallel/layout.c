@@ -200,6 +200,7 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
                                              : MS_MLP_TP_ATTN_FULL;
     out->dense_mode = (l->moe_dense_tp_size == 1 || out->attn_dp <= 1) ? MS_MLP_TP_ATTN_FULL
                                                                        : MS_MLP_FULL;
+    out->n_routed_experts = m->n_routed_experts;
     out->n_physical_experts = m->n_routed_experts > 0 && l->ep_num_redundant_experts >= 0
                                   ? m->n_routed_experts + l->ep_num_redundant_experts
                                   : m->n_routed_experts;
@@ -213,6 +214,21 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
     validate(l, m, out);
     if (out->n_violations > 0)
         return ms_err(err, MS_ELAYOUT, "%s", out->violations[0].message);
+    return 0;
+}
+
+int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err)
+{
+    if (lay->pp > 1)
+        return ms_err(err, MS_EUNSUPPORTED, "--pp-size %d: pipeline parallelism is not supported "
+                      "by the CPU engine yet", lay->pp);
+    if (lay->attn_cp > 1)
+        return ms_err(err, MS_EUNSUPPORTED, "--attn-cp-size %d: context parallelism is not "
+                      "supported by the CPU engine yet", lay->attn_cp);
+    int redundant = lay->n_physical_experts - lay->n_routed_experts;
+    if (redundant > 0)
+        return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d: redundant expert "
+                      "replicas (EPLB) are not supported by the CPU engine yet", redundant);
     return 0;
 }
 

@@ -120,6 +120,7 @@ typedef struct ms_layout {
     ms_a2a_backend a2a;
     ms_mlp_mode sparse_mode, dense_mode;
     bool ep_forced;   /* an a2a backend set ep = tp */
+    int n_routed_experts;   /* logical experts of the model */
     int n_physical_experts; /* routed + redundant */
     int experts_per_rank;   /* physical experts per EP rank */
     int max_running_per_rank;     /* floor(max_running / attn_dp); 0 when unset */
@@ -139,6 +140,12 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
 /* Appends a violation (used by src/plan for hardware and memory rules too). */
 void ms_layout_add_violation(ms_layout *out, const char *rule, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* What the CPU engine does not run yet, refused before any rank loads weights (`plan`
+ * still resolves these launches): --pp-size > 1, --attn-cp-size > 1, and
+ * --ep-num-redundant-experts > 0 (replicas need EPLB's expert map).  Returns 0 or
+ * MS_EUNSUPPORTED with a message naming the flag. */
+int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err);
 
 typedef struct ms_rank_coords {
     int world_rank;

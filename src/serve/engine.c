@@ -198,7 +198,7 @@ int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeou
     }
     ms_layout_model lm;
     ms_shape_layout_model(shape, &lm);
-    if (ms_layout_resolve(&o->launch, &lm, lay, &err) ||
+    if (ms_layout_resolve(&o->launch, &lm, lay, &err) || ms_layout_check_engine(lay, &err) ||
         ms_comm_maybe_relaunch(lay->world_size, argc, argv, &err)) {
         fprintf(stderr, "%s: %s\n", cmd, err.msg);
         return 2;
@@ -235,11 +235,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     ms_layout_model lm;
     ms_shape_layout_model(&shape, &lm);
     if ((rc = ms_layout_resolve(&o->launch, &lm, &e->lay, err))) goto fail;
-    if (e->lay.pp > 1 || e->lay.attn_cp > 1) {
-        rc = ms_err(err, MS_EUNSUPPORTED, "%s is not supported by the CPU engine yet",
-                    e->lay.pp > 1 ? "--pp-size > 1" : "--attn-cp-size > 1");
-        goto fail;
-    }
+    if ((rc = ms_layout_check_engine(&e->lay, err))) goto fail;
     if (e->lay.world_size != e->W) {
         rc = ms_err(err, MS_ELAYOUT, "this launch needs %d ranks, the world has %d",
                     e->lay.world_size, e->W);
