@@ -78,10 +78,10 @@ static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct r
     for (int s = 0; s < n_seq; s++) {
         uint64_t rng = 1000 + (uint64_t)s + salt * 7919; /* distinct prompts: no cache hits */
         for (int i = 0; i < prompt_len; i++) ids[i] = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
-        ms_sched_input in = {.id = next_id++, .ids = ids, .n_ids = prompt_len,
+        ms_req_params in = {.id = next_id++, .ids = ids, .n_ids = prompt_len,
                              .max_new = new_tokens, .ignore_eos = 1, .top_logprobs = -1,
-                             .samp = {.temperature = 0, .top_p = 1}};
-        if (ms_engine_submit(e, &in, -1, &err)) {
+                             .samp = {.temperature = 0, .top_p = 1}, .dp_rank = -1};
+        if (ms_engine_submit(e, &in, &err)) {
             fprintf(stderr, "bench_e2e: %s\n", err.msg);
             free(ids);
             return -1;

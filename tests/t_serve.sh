@@ -46,10 +46,28 @@ run_router() { # $1 = the server's --load-balance-method
     fi
 }
 
+# a request that no DP rank's pool can hold: the rank's scheduler refuses it and the
+# refusal comes back as its finish event: HTTP 400 naming the pool, within seconds
+overflow() { # $1 = label, $2 = a DP rank for X-Data-Parallel-Rank (optional)
+    t0=$SECONDS; rm -f "$tmp/ov.json" "$tmp/ov2.json"
+    code=$(curl -s -m 30 -o "$tmp/ov.json" -w '%{http_code}' "http://127.0.0.1:$PORT/generate" \
+        -H 'Content-Type: application/json' ${2:+-H "X-Data-Parallel-Rank: $2"} \
+        -d '{"input_ids":[5,6,7,8],"sampling_params":{"max_new_tokens":3000,"temperature":0}}')
+    took=$((SECONDS - t0))
+    t "$1: pool overflow -> $code in ${took}s: $(head -c 160 "$tmp/ov.json")" \
+        '[ "$code" = 400 ] && [ $took -le 5 ] && grep -q "KV pool of [0-9]* tokens per DP rank" "$tmp/ov.json"'
+    code=$(curl -s -m 30 -o "$tmp/ov2.json" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/completions" \
+        -H 'Content-Type: application/json' -d '{"model":"m","prompt":"hello","max_tokens":3000}')
+    t "$1: pool overflow on /v1/completions -> $code" '[ "$code" = 400 ] && grep -q "KV pool" "$tmp/ov2.json"'
+    t "$1: serves after the refusals" '[ -n "$(curl -sf -m 30 "http://127.0.0.1:$PORT/generate" \
+        -H "Content-Type: application/json" -d "{\"input_ids\":[5,6],\"sampling_params\":{\"max_new_tokens\":2}}")" ]'
+}
+
 POOL=1024
 # --dtype float32: outputs must not depend on how requests are batched together
 if start one --max-total-tokens $POOL --threads 2 --max-running-requests 64 --dtype float32 --max-connections 1024; then
     run_e2e "single rank" $POOL
+    overflow "single rank"
     # idle CPU: no requests for 2 s -> the server process uses (almost) no CPU
     t0=$(awk '{print $14+$15}' /proc/$PID/stat); sleep 2; t1=$(awk '{print $14+$15}' /proc/$PID/stat)
     ticks=$((t1 - t0))
@@ -72,6 +90,7 @@ fi
 
 if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-attention --max-running-requests 64 --dtype float32 --max-connections 1024 --load-balance-method total_requests; then
     run_e2e "2-rank DP-attention (mpirun)" $POOL --quick --lb-total-requests
+    overflow "2-rank DP-attention, refused by DP rank 1 (rank 1)" 1
     t "2-rank warm-up ran a prompt on both ranks: $(grep -o 'a [0-9]*-token prompt' "$tmp/dpa.log")" \
         'grep -q "warm-up: .* a [0-9]*-token prompt" "$tmp/dpa.log"'
     run_router total_requests

@@ -86,11 +86,11 @@ TEST(decode_steps_do_not_allocate)
         ms_engine *e;
         CHECKF(ms_engine_open(&e, &o, &err) == 0, "%s", err.msg);
         int32_t p1[] = {0, 5, 6, 7, 8, 9, 10}, p2[] = {0, 44};
-        ms_sched_input a = {.id = 1, .ids = p1, .n_ids = 7, .max_new = 60, .ignore_eos = 1,
+        ms_req_params a = {.id = 1, .ids = p1, .n_ids = 7, .max_new = 60, .ignore_eos = 1,
                             .top_logprobs = 5, .samp = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 20}};
-        ms_sched_input b = {.id = 2, .ids = p2, .n_ids = 2, .max_new = 60, .ignore_eos = 1,
+        ms_req_params b = {.id = 2, .ids = p2, .n_ids = 2, .max_new = 60, .ignore_eos = 1,
                             .top_logprobs = -1, .samp = {.temperature = 0, .top_p = 1}};
-        CHECK(ms_engine_submit(e, &a, -1, &err) == 0 && ms_engine_submit(e, &b, -1, &err) == 0);
+        CHECK(ms_engine_submit(e, &a, &err) == 0 && ms_engine_submit(e, &b, &err) == 0);
         long worst = 0;
         for (int step = 0; step < 40; step++) {
             if (step >= NOALLOC_WARMUP) { n_alloc = 0; counting = 1; }

@@ -16,7 +16,7 @@ _Static_assert((int)MS_SERVE_FINISH_STOP == (int)MS_FINISH_STOP &&
                    (int)MS_SERVE_FINISH_ABORT == (int)MS_FINISH_ABORT &&
                    (int)MS_SERVE_FINISH_ERROR == (int)MS_FINISH_ERROR,
                "finish kinds agree");
-_Static_assert(MS_SERVE_MAX_STOP_IDS <= MS_SCHED_MAX_STOP_IDS, "stop ids fit the scheduler");
+_Static_assert(MS_SERVE_MAX_STOP_IDS <= MS_REQ_MAX_STOP_IDS, "stop ids fit the scheduler");
 _Static_assert(MS_SERVE_MAX_TOP_LOGPROBS <= MS_SCHED_MAX_TOP_LOGPROBS, "top logprobs fit");
 
 static const ms_api_config cfg = {.context_len = 100, .vocab_size = TC_VOCAB};

@@ -94,7 +94,7 @@ static void add(ms_sched *s, uint64_t id, int start, int len, int max_new)
 {
     int32_t ids[200];
     for (int i = 0; i < len; i++) ids[i] = (start + i * 7) % VOCAB;
-    ms_sched_input in = {.id = id, .ids = ids, .n_ids = len, .max_new = max_new, .top_logprobs = -1};
+    ms_req_params in = {.id = id, .ids = ids, .n_ids = len, .max_new = max_new, .top_logprobs = -1};
     ms_errbuf e;
     ms_sched_add(s, &in, &e);
 }
@@ -219,7 +219,7 @@ TEST(abort_frees_pages_and_rejects_oversized)
     CHECK(ms_sched_flush_cache(s) == 0);
     CHECK(ms_kv_cache_n_free(pool, 0) == 16);
     int32_t ids[70] = {0};
-    ms_sched_input big = {.id = 9, .ids = ids, .n_ids = 60, .max_new = 10, .top_logprobs = -1};
+    ms_req_params big = {.id = 9, .ids = ids, .n_ids = 60, .max_new = 10, .top_logprobs = -1};
     ms_errbuf e;
     CHECK(ms_sched_add(s, &big, &e) == MS_ECONTEXT); /* 70 tokens > 64-token pool */
     ms_sched_free(s);

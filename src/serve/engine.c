@@ -18,19 +18,17 @@ struct ctrl_hdr {
     uint32_t magic, flags, n_new, n_abort;
 };
 
-struct wire_req { /* one new request in a control block, followed by n_ids int32 */
-    uint64_t id, seed;
-    int64_t n_ids, max_new;
-    int32_t dp, top_k, ignore_eos, top_logprobs, n_stop;
-    float temperature, top_p, min_p;
-    float frequency_penalty, presence_penalty, repetition_penalty;
-    int32_t stop_ids[MS_SCHED_MAX_STOP_IDS];
-};
-
 struct wire_ev_hdr { /* what each rank contributes to the step's event gather */
     int32_t n_events, is_leader, dp;
-    int32_t pad;
+    int32_t n_rejects; /* struct reject records after the events */
     ms_sched_stats st;
+};
+
+/* A request this rank's scheduler refused: rank 0 finishes it with the error. */
+struct reject {
+    uint64_t id;
+    int32_t code; /* MS_E* */
+    char msg[204];
 };
 
 struct ms_engine {
@@ -63,6 +61,9 @@ struct ms_engine {
     int64_t inflight;
     ms_engine_event *events;
     int n_events, cap_events;
+    struct reject *rej_in;  /* rank 0: this step's rejections, events point at their msg */
+    int n_rej_in;
+    size_t cap_rej_in;      /* bytes */
     ms_engine_load *loads;
     uint8_t *gather_buf;
     size_t cap_gather;
@@ -77,6 +78,11 @@ struct ms_engine {
     int cap_mbatch;
     int32_t *mdata;        /* members' tokens and page tables */
     size_t cap_mdata;
+    struct reject *rejects; /* leaders: refused while applying this step's control block */
+    int n_rejects;
+    size_t cap_rejects;     /* bytes */
+    int32_t *req_ids;       /* decoded prompt ids of the request being added */
+    int64_t cap_req_ids;
     ms_engine_step_stats last;
 };
 
@@ -321,6 +327,9 @@ void ms_engine_close(ms_engine *e)
     free(e->ctrl);
     free(e->aborts);
     free(e->events);
+    free(e->rej_in);
+    free(e->rejects);
+    free(e->req_ids);
     free(e->loads);
     ms_router_free(e->router);
     free(e->rloads);
@@ -399,7 +408,7 @@ int ms_engine_busy(const ms_engine *e)
 
 /* ---- rank 0: building the control block ---- */
 
-int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_errbuf *err)
+int ms_engine_submit(ms_engine *e, const ms_req_params *in, ms_errbuf *err)
 {
     if (in->n_ids <= 0) return ms_err(err, MS_EINVAL, "the prompt is empty");
     int64_t need = in->n_ids + in->max_new;
@@ -409,36 +418,21 @@ int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_err
                       "context length of %lld",
                       (long long)in->n_ids, (long long)in->max_new, (long long)need,
                       (long long)e->ctx_len);
-    if (need > e->pool_tokens)
-        return ms_err(err, MS_ECONTEXT,
-                      "the prompt has %lld tokens and max_tokens is %lld: %lld tokens exceed the KV "
-                      "pool of %lld tokens per DP rank",
-                      (long long)in->n_ids, (long long)in->max_new, (long long)need,
-                      (long long)e->pool_tokens);
-    if (in->n_stop_ids > MS_SCHED_MAX_STOP_IDS) return ms_err(err, MS_EINVAL, "too many stop ids");
+    /* the pool is checked by its owner, the DP rank's scheduler: a refusal comes back
+     * as an error event */
     if (e->ctrl_len == 0) e->ctrl_len = sizeof(struct ctrl_hdr);
-    size_t add = sizeof(struct wire_req) + sizeof(int32_t) * (size_t)in->n_ids;
+    size_t add = ms_wire_req_size(in);
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + add))
         return ms_err(err, MS_ENOMEM, "out of memory");
-    struct wire_req w = {.id = in->id,
-                         .seed = in->seed,
-                         .n_ids = in->n_ids,
-                         .max_new = in->max_new,
-                         .top_k = in->samp.top_k,
-                         .ignore_eos = in->ignore_eos,
-                         .top_logprobs = in->top_logprobs,
-                         .n_stop = in->n_stop_ids,
-                         .temperature = in->samp.temperature,
-                         .top_p = in->samp.top_p,
-                         .min_p = in->samp.min_p,
-                         .frequency_penalty = in->samp.frequency_penalty,
-                         .presence_penalty = in->samp.presence_penalty,
-                         .repetition_penalty = in->samp.repetition_penalty};
-    memcpy(w.stop_ids, in->stop_ids, sizeof w.stop_ids);
-    /* last, as it records the request: nothing fails after it */
-    w.dp = ms_router_pick(e->router, in->ids, in->n_ids, in->max_new, dp_rank);
-    memcpy(e->ctrl + e->ctrl_len, &w, sizeof w);
-    memcpy(e->ctrl + e->ctrl_len + sizeof w, in->ids, sizeof(int32_t) * (size_t)in->n_ids);
+    if (in->n_ids > MS_REQ_MAX_IDS || in->n_stop_ids < 0 || in->n_stop_ids > MS_REQ_MAX_STOP_IDS)
+        return ms_err(err, MS_EINVAL, "%lld prompt ids and %d stop ids (at most %d and %d)",
+                      (long long)in->n_ids, in->n_stop_ids, MS_REQ_MAX_IDS, MS_REQ_MAX_STOP_IDS);
+    /* the router records the request: nothing may fail after it (the counts the
+     * encoder checks were checked above) */
+    ms_req_params w = *in;
+    w.dp_rank = ms_router_pick(e->router, in->ids, in->n_ids, in->max_new, in->dp_rank);
+    int rc = ms_wire_req_encode(&w, e->ctrl + e->ctrl_len, add, err);
+    if (rc) return rc;
     e->ctrl_len += add;
     e->pend_new++;
     e->inflight++;
@@ -486,36 +480,25 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
     memcpy(&h, body, sizeof h);
     if (h.magic != CTRL_MAGIC) return ms_err(err, MS_EINTERNAL, "bad control block");
     size_t off = sizeof h;
+    e->n_rejects = 0;
     for (uint32_t i = 0; i < h.n_new; i++) {
-        struct wire_req w;
-        if (off + sizeof w > len) return ms_err(err, MS_EINTERNAL, "truncated control block");
-        memcpy(&w, body + off, sizeof w);
-        off += sizeof w;
-        size_t ids_bytes = sizeof(int32_t) * (size_t)w.n_ids;
-        if (w.n_ids < 0 || off + ids_bytes > len)
-            return ms_err(err, MS_EINTERNAL, "truncated control block");
-        if (e->is_leader && w.dp == e->dp_index) {
-            ms_sched_input in = {.id = w.id, .ids = (const int32_t *)(body + off),
-                                 .n_ids = w.n_ids, .max_new = w.max_new, .seed = w.seed,
-                                 .ignore_eos = w.ignore_eos, .n_stop_ids = w.n_stop,
-                                 .top_logprobs = w.top_logprobs};
-            in.samp = (ms_sampler_params){.temperature = w.temperature, .top_p = w.top_p,
-                                           .top_k = w.top_k, .min_p = w.min_p,
-                                           .frequency_penalty = w.frequency_penalty,
-                                           .presence_penalty = w.presence_penalty,
-                                           .repetition_penalty = w.repetition_penalty};
-            memcpy(in.stop_ids, w.stop_ids, sizeof in.stop_ids);
-            int32_t *ids = malloc(ids_bytes ? ids_bytes : 1); /* body may be unaligned */
-            if (!ids) return ms_err(err, MS_ENOMEM, "out of memory");
-            memcpy(ids, body + off, ids_bytes);
-            in.ids = ids;
-            ms_errbuf e2;
-            if (ms_sched_add(e->sched, &in, &e2))
-                MS_LOG(MS_WARN, "engine", "request %llu rejected: %s", (unsigned long long)w.id,
-                       e2.msg);
-            free(ids);
-        }
-        off += ids_bytes;
+        ms_req_params in;
+        size_t used;
+        int rc = ms_wire_req_decode(body + off, len - off, &in, &e->req_ids, &e->cap_req_ids,
+                                    &used, err);
+        if (rc) return rc;
+        off += used;
+        if (!e->is_leader || in.dp_rank != e->dp_index) continue;
+        ms_errbuf e2 = {{0}};
+        if ((rc = ms_sched_add(e->sched, &in, &e2)) == 0) continue;
+        MS_LOG(MS_WARN, "engine", "request %llu rejected: %s", (unsigned long long)in.id, e2.msg);
+        if (grow((void **)&e->rejects, &e->cap_rejects, sizeof *e->rejects * (size_t)(e->n_rejects + 1)))
+            return ms_err(err, MS_ENOMEM, "out of memory");
+        struct reject *x = &e->rejects[e->n_rejects++];
+        memset(x, 0, sizeof *x);
+        x->id = in.id;
+        x->code = rc;
+        memcpy(x->msg, e2.msg, MS_MIN(strlen(e2.msg), sizeof x->msg - 1)); /* NUL from memset */
     }
     for (uint32_t i = 0; i < h.n_abort; i++) {
         uint64_t id;
@@ -616,6 +599,8 @@ static int push_event(ms_engine *e, const ms_sched_event *ev, int dp, const floa
     x->ev.logits = NULL;
     x->dp_rank = dp;
     x->logits = logits;
+    x->error = 0;
+    x->error_msg = NULL;
     if (ev->finish != MS_FINISH_NONE) {
         e->inflight--;
         ms_router_finish(e->router, dp);
@@ -623,19 +608,45 @@ static int push_event(ms_engine *e, const ms_sched_event *ev, int dp, const floa
     return 0;
 }
 
+/* rank 0: a refusal becomes the request's finish event (its message kept in rej_in). */
+static int push_reject(ms_engine *e, const struct reject *r, int dp)
+{
+    if (grow((void **)&e->rej_in, &e->cap_rej_in, sizeof *r * (size_t)(e->n_rej_in + 1)))
+        return MS_ENOMEM;
+    e->rej_in[e->n_rej_in++] = *r;
+    ms_sched_event x = {.id = r->id, .token = -1, .finish = MS_FINISH_ERROR};
+    if (push_event(e, &x, dp, NULL)) return MS_ENOMEM;
+    e->events[e->n_events - 1].error = r->code ? r->code : MS_EINTERNAL;
+    return 0;
+}
+
+/* rej_in may have moved while growing: point the refusals' events at their messages. */
+static void link_rejects(ms_engine *e)
+{
+    int j = 0;
+    for (int i = 0; i < e->n_events && j < e->n_rej_in; i++)
+        if (e->events[i].error) e->events[i].error_msg = e->rej_in[j++].msg;
+}
+
 static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_errbuf *err)
 {
     int64_t V = ms_model_shape_of(e->m)->vocab;
     size_t per = sizeof(ms_sched_event) + (e->o.keep_logits ? sizeof(float) * (size_t)V : 0);
-    struct wire_ev_hdr h = {.n_events = n_ev, .is_leader = e->is_leader, .dp = e->dp_index};
+    struct wire_ev_hdr h = {.n_events = n_ev, .is_leader = e->is_leader, .dp = e->dp_index,
+                            .n_rejects = e->n_rejects};
     if (e->is_leader) ms_sched_get_stats(e->sched, &h.st);
     e->n_events = 0;
+    e->n_rej_in = 0;
     if (e->W == 1) {
         e->loads[0].st = h.st;
+        for (int i = 0; i < e->n_rejects; i++)
+            if (push_reject(e, &e->rejects[i], 0)) return ms_err(err, MS_ENOMEM, "out of memory");
         for (int i = 0; i < n_ev; i++) push_event(e, &ev[i], 0, e->o.keep_logits ? ev[i].logits : NULL);
+        link_rejects(e);
         return 0;
     }
-    size_t mine = sizeof h + per * (size_t)n_ev;
+    size_t rej_bytes = sizeof(struct reject) * (size_t)e->n_rejects;
+    size_t mine = sizeof h + per * (size_t)n_ev + rej_bytes;
     if (grow((void **)&e->bbuf, &e->cap_bbuf, mine)) return ms_err(err, MS_ENOMEM, "out of memory");
     memcpy(e->bbuf, &h, sizeof h);
     for (int i = 0; i < n_ev; i++) {
@@ -644,6 +655,7 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
         if (e->o.keep_logits && ev[i].logits)
             memcpy(p + sizeof ev[i], ev[i].logits, sizeof(float) * (size_t)V);
     }
+    if (rej_bytes) memcpy(e->bbuf + sizeof h + per * (size_t)n_ev, e->rejects, rej_bytes);
     _Static_assert(sizeof(size_t) == sizeof(uint64_t), "byte counts travel as uint64");
     uint64_t my = mine, *all = (uint64_t *)e->g_bytes;
     int rc = ms_comm_gather(e->gs.world, &my, sizeof my, all, 0, err);
@@ -671,7 +683,14 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
             if (push_event(e, &x, rh.dp, e->o.keep_logits ? (const float *)(q + sizeof x) : NULL))
                 return ms_err(err, MS_ENOMEM, "out of memory");
         }
+        for (int i = 0; i < rh.n_rejects; i++) {
+            struct reject x;
+            memcpy(&x, p + sizeof rh + per * (size_t)rh.n_events + sizeof x * (size_t)i, sizeof x);
+            x.msg[sizeof x.msg - 1] = 0;
+            if (push_reject(e, &x, rh.dp)) return ms_err(err, MS_ENOMEM, "out of memory");
+        }
     }
+    link_rejects(e);
     return 0;
 }
 

@@ -43,11 +43,15 @@ typedef struct ms_engine_opts {
 
 void ms_engine_opts_init(ms_engine_opts *o);
 
-/* An event on rank 0: a scheduler event, its DP rank, and optionally logits. */
+/* An event on rank 0: a scheduler event, its DP rank, and optionally logits.  A
+ * request some rank refused has one event: finish MS_FINISH_ERROR, token -1, error
+ * its MS_E* code and error_msg the reason. */
 typedef struct ms_engine_event {
     ms_sched_event ev;
     int dp_rank;
     const float *logits;         /* [vocab] when keep_logits, else NULL; valid until next step */
+    int error;                   /* 0, or the MS_E* code of a refusal */
+    const char *error_msg;       /* NULL, or the refusal (valid until the next step) */
 } ms_engine_event;
 
 /* One DP rank's load as last seen by rank 0. */
@@ -106,9 +110,11 @@ int ms_engine_max_running_per_rank(const ms_engine *e);
 int64_t ms_engine_chunk_per_rank(const ms_engine *e);
 int64_t ms_engine_context_length(const ms_engine *e);
 
-/* rank 0: queue a request for a DP rank (-1: the router's choice).  Checks the
- * context/pool limits now (MS_ECONTEXT with the token counts). */
-int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_errbuf *err);
+/* rank 0: queue a request for the DP rank in->dp_rank (-1: the router's choice).
+ * Checks the context length now (MS_ECONTEXT with the token counts); the DP rank's
+ * scheduler checks its pool, and a request it refuses finishes with an error
+ * event (ms_engine_event.error: MS_ECONTEXT when no pool can ever hold it). */
+int ms_engine_submit(ms_engine *e, const ms_req_params *in, ms_errbuf *err);
 void ms_engine_abort(ms_engine *e, uint64_t id);
 int ms_engine_flush_cache(ms_engine *e);          /* MS_EBUSY while requests run */
 void ms_engine_shutdown(ms_engine *e);

@@ -29,6 +29,7 @@ struct ms_serve_req_priv {
     atomic_int aborted;
     int finish; /* enum ms_serve_finish */
     int32_t matched_stop;
+    int err_code; /* MS_E* of an ERROR finish given by ms_serve_req_fail, else 0 */
     char msg[256];
     size_t n, cap;
     int32_t *ids;     /* [cap] */
@@ -164,6 +165,15 @@ const char *ms_serve_req_finish_msg(const ms_serve_req *r)
     return r->priv->msg;
 }
 
+int ms_serve_req_error_status(const ms_serve_req *r)
+{
+    struct ms_serve_req_priv *p = r->priv;
+    pthread_mutex_lock(&p->mu);
+    int code = p->err_code;
+    pthread_mutex_unlock(&p->mu);
+    return code ? ms_error_http_status(code) : 500;
+}
+
 double ms_serve_req_t_first_token(const ms_serve_req *r)
 {
     struct ms_serve_req_priv *p = r->priv;
@@ -282,6 +292,15 @@ void ms_serve_req_finish(ms_serve_req *r, enum ms_serve_finish kind, int32_t mat
     pthread_mutex_lock(&p->mu);
     finish_locked(p, kind == MS_SERVE_FINISH_NONE ? MS_SERVE_FINISH_ERROR : (int)kind,
                   matched_stop_id, msg);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void ms_serve_req_fail(ms_serve_req *r, int code, const char *msg)
+{
+    struct ms_serve_req_priv *p = r->priv;
+    pthread_mutex_lock(&p->mu);
+    if (!p->finish) p->err_code = code;
+    finish_locked(p, MS_SERVE_FINISH_ERROR, -1, msg);
     pthread_mutex_unlock(&p->mu);
 }
 

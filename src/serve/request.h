@@ -120,6 +120,9 @@ size_t ms_serve_req_take_min(ms_serve_req *r, size_t from, size_t min, ms_serve_
  * valid while r lives). */
 int32_t ms_serve_req_matched_stop(const ms_serve_req *r);
 const char *ms_serve_req_finish_msg(const ms_serve_req *r);
+/* The HTTP status of an ERROR finish: from the MS_E* code given to ms_serve_req_fail
+ * (a request no pool can hold is 400), 500 when the engine gave none. */
+int ms_serve_req_error_status(const ms_serve_req *r);
 /* Timing from the engine side (seconds, ms_now_s clock; 0 if not yet). */
 double ms_serve_req_t_first_token(const ms_serve_req *r);
 int32_t ms_serve_req_cached_tokens(const ms_serve_req *r);
@@ -140,6 +143,8 @@ void ms_serve_req_set_cached_tokens(ms_serve_req *r, int32_t cached_tokens);
  * for STOP (-1 for EOS-less stops), msg a reason for ABORT/ERROR (may be NULL). */
 void ms_serve_req_finish(ms_serve_req *r, enum ms_serve_finish kind, int32_t matched_stop_id,
                          const char *msg);
+/* Finishes the request with ERROR for the MS_E* code (its HTTP status) and msg. */
+void ms_serve_req_fail(ms_serve_req *r, int code, const char *msg);
 /* True once the front end marked it aborted (client gone, stop string, abort API). */
 int ms_serve_req_aborted(const ms_serve_req *r);
 int ms_serve_req_finished(const ms_serve_req *r);

@@ -10,7 +10,7 @@
 enum { ST_WAITING = 0, ST_RUNNING = 1 };
 
 struct req {
-    ms_sched_input in;       /* in.ids not used after add */
+    ms_req_params in;       /* in.ids not used after add */
     int32_t *ids;            /* prompt + generated */
     int64_t n_ids, cap_ids;
     int64_t n_prompt;        /* original prompt length */
@@ -128,7 +128,7 @@ static int push_id(struct req *r, int32_t id)
     return 0;
 }
 
-int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
+int ms_sched_add(ms_sched *s, const ms_req_params *in, ms_errbuf *err)
 {
     if (in->n_ids <= 0) return ms_err(err, MS_EINVAL, "empty prompt");
     int64_t need = in->n_ids + in->max_new;
@@ -140,7 +140,8 @@ int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err)
                       (long long)s->p.context_len);
     if (need > s->st.total_tokens)
         return ms_err(err, MS_ECONTEXT,
-                      "prompt + max_tokens = %lld tokens exceeds this rank's KV cache of %lld tokens",
+                      "prompt + max_tokens = %lld tokens exceeds the KV pool of %lld tokens per DP "
+                      "rank (--max-total-tokens, or --mem-fraction-static of the memory)",
                       (long long)need, (long long)s->st.total_tokens);
     struct req *r = calloc(1, sizeof *r);
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");

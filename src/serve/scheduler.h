@@ -20,10 +20,11 @@
 #include "model/sampler.h"
 #include "serve/finish.h"
 #include "serve/sample.h"
+#include "serve/wire.h"
 
 #include <stdint.h>
 
-#define MS_SCHED_MAX_STOP_IDS 16
+#define MS_SCHED_MAX_STOP_IDS MS_REQ_MAX_STOP_IDS
 #define MS_SCHED_MAX_TOP_LOGPROBS MS_SAMPLE_MAX_TOP
 
 enum ms_sched_policy { MS_SCHED_FCFS = 0, MS_SCHED_LPM = 1 };
@@ -37,20 +38,6 @@ typedef struct ms_sched_params {
     int64_t vocab;
     int64_t eos_id;       /* -1: none */
 } ms_sched_params;
-
-/* What a new request brings (copied in by ms_sched_add). */
-typedef struct ms_sched_input {
-    uint64_t id;
-    const int32_t *ids;
-    int64_t n_ids;
-    int64_t max_new;
-    ms_sampler_params samp;
-    uint64_t seed;
-    int ignore_eos;
-    int32_t stop_ids[MS_SCHED_MAX_STOP_IDS];
-    int n_stop_ids;
-    int top_logprobs;     /* -1: no logprobs; 0: chosen token only; n: also the n best */
-} ms_sched_input;
 
 /* One generated token (or a finish without a token). */
 typedef struct ms_sched_event {
@@ -83,9 +70,9 @@ typedef struct ms_sched ms_sched;
 int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_cache *cache, ms_errbuf *err);
 void ms_sched_free(ms_sched *s);
 
-/* Queues a request.  MS_ECONTEXT if it can never fit (prompt + max_new beyond
- * the context or the whole pool); MS_ENOMEM. */
-int ms_sched_add(ms_sched *s, const ms_sched_input *in, ms_errbuf *err);
+/* Queues a request (its ids are copied; dp_rank is not read).  MS_ECONTEXT if it
+ * can never fit (prompt + max_new beyond the context or the whole pool); MS_ENOMEM. */
+int ms_sched_add(ms_sched *s, const ms_req_params *in, ms_errbuf *err);
 /* Aborts a request wherever it is; its pages are freed now.  Returns 0, or
  * MS_ENOENT when the id is not here.  An abort event is produced. */
 int ms_sched_abort(ms_sched *s, uint64_t id);

@@ -260,16 +260,17 @@ static uint64_t random_seed(uint64_t id)
 static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)
 {
     const ms_serve_sampling *sp = &r->sampling;
-    ms_sched_input in = {.id = id, .ids = r->input_ids, .n_ids = r->n_input,
+    ms_req_params in = {.id = id, .ids = r->input_ids, .n_ids = r->n_input,
                          .max_new = sp->max_new_tokens, .ignore_eos = sp->ignore_eos,
                          .seed = sp->has_seed ? sp->seed : random_seed(id),
-                         .top_logprobs = sp->logprobs ? sp->top_logprobs : -1};
+                         .top_logprobs = sp->logprobs ? sp->top_logprobs : -1,
+                         .dp_rank = r->dp_rank_hint};
     in.samp = (ms_sampler_params){.temperature = sp->temperature, .top_p = sp->top_p,
                                    .top_k = sp->top_k, .min_p = sp->min_p};
     in.samp.frequency_penalty = sp->frequency_penalty;
     in.samp.presence_penalty = sp->presence_penalty;
     in.samp.repetition_penalty = sp->repetition_penalty;
-    in.n_stop_ids = MS_MIN(sp->n_stop_ids, MS_SCHED_MAX_STOP_IDS);
+    in.n_stop_ids = MS_MIN(sp->n_stop_ids, MS_REQ_MAX_STOP_IDS);
     memcpy(in.stop_ids, sp->stop_ids, sizeof(int32_t) * (size_t)in.n_stop_ids);
     if (r->is_health_check) {
         in.max_new = 1;
@@ -287,8 +288,9 @@ static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)
         t->v = v;
         t->cap = cap;
     }
-    if (ms_engine_submit(e, &in, r->dp_rank_hint, &err)) {
-        ms_serve_req_finish(r, MS_SERVE_FINISH_ERROR, -1, err.msg);
+    int rc = ms_engine_submit(e, &in, &err);
+    if (rc) {
+        ms_serve_req_fail(r, rc, err.msg);
         ms_serve_req_unref(r);
         return;
     }
@@ -310,7 +312,11 @@ static void deliver(ms_engine *e, struct table *t)
         if (x->token >= 0)
             ms_serve_req_push(l->req, x->token, x->logprob, x->n_top ? x->top_ids : NULL,
                               x->n_top ? x->top_lps : NULL);
-        if (x->finish != MS_FINISH_NONE) {
+        if (ev[i].error) { /* refused by its DP rank */
+            ms_serve_req_fail(l->req, ev[i].error, ev[i].error_msg);
+            ms_serve_req_unref(l->req);
+            *l = t->v[--t->n];
+        } else if (x->finish != MS_FINISH_NONE) {
             int32_t stop = x->finish == MS_FINISH_STOP ? x->token : -1;
             drop(t, l, x->finish, stop,
                  x->finish == MS_FINISH_ERROR ? "the engine failed on this request" : NULL);

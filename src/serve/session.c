@@ -216,7 +216,8 @@ static void finish_stream(ms_session *s)
     int tools = s->chat.n_calls > 0;
     const char *fr = ms_api_finish_str(s->finish, tools);
     if (s->finish == MS_SERVE_FINISH_ERROR && s->api.kind != MS_API_GENERATE) {
-        char *eb = ms_api_error_body(500, ms_serve_req_finish_msg(s->req), NULL);
+        char *eb = ms_api_error_body(ms_serve_req_error_status(s->req),
+                                     ms_serve_req_finish_msg(s->req), NULL);
         if (eb) {
             buf_add(&s->out, &s->n_out, &s->cap_out, "data: ", 6, &s->oom);
             buf_add(&s->out, &s->n_out, &s->cap_out, eb, strlen(eb), &s->oom);
@@ -333,8 +334,8 @@ char *ms_session_body(ms_session *s, int *status, size_t *len)
     json_t *o = NULL;
     *status = 200;
     if (s->finish == MS_SERVE_FINISH_ERROR) {
-        *status = 500;
-        char *b = ms_api_error_body(500, ms_serve_req_finish_msg(s->req), NULL);
+        *status = ms_serve_req_error_status(s->req);
+        char *b = ms_api_error_body(*status, ms_serve_req_finish_msg(s->req), NULL);
         *len = b ? strlen(b) : 0;
         return b;
     }

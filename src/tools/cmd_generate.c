@@ -417,16 +417,17 @@ int ms_cmd_generate(int argc, char **argv)
     }
     int n_dp = ms_engine_n_dp(e);
     for (int i = 0; i < n_seqs; i++) {
-        ms_sched_input in = {.id = (uint64_t)i, .ids = seqs[i].ids, .n_ids = seqs[i].n_prompt,
+        ms_req_params in = {.id = (uint64_t)i, .ids = seqs[i].ids, .n_ids = seqs[i].n_prompt,
                              .max_new = o.max_new, .samp = o.samp, .seed = o.seed + (uint64_t)i,
-                             .ignore_eos = o.ignore_eos, .top_logprobs = -1};
-        if (ms_engine_submit(e, &in, i % n_dp, &err)) {
+                             .ignore_eos = o.ignore_eos, .top_logprobs = -1, .dp_rank = i % n_dp};
+        if (ms_engine_submit(e, &in, &err)) {
             fprintf(stderr, "generate: prompt %d: %s\n", i, err.msg);
             ms_engine_shutdown(e);
             ms_engine_step(e, &err);
             goto out;
         }
     }
+    int failed = 0; /* a prompt refused by its DP rank */
     double t_prefill = 0, t_decode = 0;
     int64_t n_prefill = 0, n_decode = 0, n_decode_timed = 0;
     int64_t V = cfg.vocab;
@@ -454,6 +455,10 @@ int ms_cmd_generate(int argc, char **argv)
                 if (seq_push(s, x->token)) goto comm_fail;
             }
             if (x->finish != MS_FINISH_NONE) s->done = 1;
+            if (ev[i].error) {
+                fprintf(stderr, "generate: prompt %d: %s\n", (int)x->id, ev[i].error_msg);
+                failed = 1;
+            }
         }
     }
     ms_engine_shutdown(e);
@@ -463,7 +468,7 @@ int ms_cmd_generate(int argc, char **argv)
            (long long)n_prefill, t_prefill > 0 ? (double)n_prefill / t_prefill : 0.0,
            (long long)n_decode, t_decode > 0 ? (double)n_decode_timed / t_decode : 0.0);
     fflush(stdout);
-    rc = 0;
+    rc = failed;
     goto out;
 comm_fail:
     fprintf(stderr, "generate: rank %d: %s\n", rank, err.msg);

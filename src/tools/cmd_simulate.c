@@ -305,7 +305,7 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
             q->sent_s = MS_MAX(q->arrival_s, slot_s);
             inflight++;
             q->rank = ms_router_pick(router, q->ids, q->n_ids, q->max_new, -1);
-            ms_sched_input in = {.id = (uint64_t)next,
+            ms_req_params in = {.id = (uint64_t)next,
                                  .ids = q->ids,
                                  .n_ids = q->n_ids,
                                  .max_new = q->max_new,
