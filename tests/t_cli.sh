@@ -14,6 +14,14 @@ out=$("$MOESERVE" generate --model "$M" --prompt "Hello world" --max-new-tokens 
 t "timing line" 'echo "$out" | grep -qE "^timing: prefill_tokens=[0-9]+ prefill_tok_s=[0-9.]+ decode_tokens=4 decode_tok_s=[0-9.]+$"'
 t "ids line with 5 ids" '[ "$(echo "$out" | grep "^ids:" | wc -w)" = 6 ]'
 t "MTP layer loaded and skipped" 'grep -q "(+1 MTP)" "$tmp/err"'
+# generate starts as serve does: the warm-up (prepack + one prompt) unless --skip-server-warmup,
+# and its tokens do not depend on it
+t "generate runs the serve warm-up: $(grep -o 'warm-up: .*' "$tmp/err")" \
+    'grep -q "warm-up: [0-9]* weight matrices prepacked .* a [1-9][0-9]*-token prompt" "$tmp/err"'
+outs=$("$MOESERVE" generate --model "$M" --prompt "Hello world" --max-new-tokens 5 --ids --ignore-eos \
+       --skip-server-warmup 2>"$tmp/err2")
+t "generate --skip-server-warmup: no warm-up, same ids" \
+    '! grep -q "warm-up:" "$tmp/err2" && [ "$(echo "$outs" | grep "^ids:")" = "$(echo "$out" | grep "^ids:")" ]'
 # sharded checkpoint gives the same tokens
 "$MOESERVE" mkmodel --preset tiny-v3 --seed 2 --out "$tmp/sh" --shard-mb 2 2>/dev/null
 t "sharded checkpoint (index.json)" '[ -f "$tmp/sh/model.safetensors.index.json" ]'

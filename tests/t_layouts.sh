@@ -56,8 +56,9 @@ done
 
 # MAX_LEN vs SUM_LEN: uneven prefill (23/2/9/idle tokens over 4 DP ranks) must use
 # SUM_LEN (sum*2 = 68 < max*dp = 92); the balanced decode steps use MAX_LEN.
+# (--skip-server-warmup: the counts are those of these steps alone)
 timeout 120 "$MOESERVE" generate "${common[@]}" --max-new-tokens 3 --tp 4 --dp 4 --enable-dp-attention \
-    --comm-stats >"$tmp/g.out" 2>&1
+    --comm-stats --skip-server-warmup >"$tmp/g.out" 2>&1
 mx=$(grep '^mlp rank=0' "$tmp/g.out" | sed 's/.*max_len=\([0-9]*\).*/\1/')
 sm=$(grep '^mlp rank=0' "$tmp/g.out" | sed 's/.*sum_len=\([0-9]*\).*/\1/')
 # 4 layers: 1 prefill step (SUM_LEN) + 2 decode steps (3 rows of 1: 6 >= 4 -> MAX_LEN)

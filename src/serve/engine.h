@@ -102,6 +102,14 @@ typedef struct ms_engine_warmup_stats {
     double forward_s;
 } ms_engine_warmup_stats;
 int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *st, ms_errbuf *err);
+/* The start-up `serve` and `generate` share after ms_engine_start: ms_engine_open with
+ * o->prepack = !skip_warmup, then (unless skip_warmup, i.e. --skip-server-warmup) the
+ * warm-up prompt of up to warmup_tokens, logged on rank 0 ("warm-up: ...").  Every
+ * rank together.  On failure *out is NULL. */
+#define MS_ENGINE_WARMUP_TOKENS 2048 /* longer prompts still grow the workspaces on first
+                                      * use; this covers the default prefill chunk */
+int ms_engine_boot(ms_engine **out, ms_engine_opts *o, int skip_warmup, int64_t warmup_tokens,
+                   ms_errbuf *err);
 const ms_layout *ms_engine_layout(const ms_engine *e);
 int ms_engine_is_rank0(const ms_engine *e);
 int ms_engine_n_dp(const ms_engine *e);            /* DP ranks: replicas × attn_dp */

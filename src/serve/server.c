@@ -456,10 +456,6 @@ out:
     return rc;
 }
 
-/* The warm-up prompt (ms_engine_warmup): longer prompts still grow the
- * workspaces on first use; this covers the default prefill chunk. */
-enum { WARMUP_TOKENS = 2048 };
-
 int ms_cmd_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -479,26 +475,10 @@ int ms_cmd_serve(int argc, char **argv)
     if (rank == 0) ms_flag_screen_warn(&o.screen, "serve");
     rc = 1;
     ms_engine *e = NULL;
-    o.eo.prepack = !o.skip_warmup;
-    if (ms_engine_open(&e, &o.eo, &err)) {
+    if (ms_engine_boot(&e, &o.eo, o.skip_warmup, MS_ENGINE_WARMUP_TOKENS, &err)) {
         MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
         if (W > 1) ms_comm_abort(1);
         return 1;
-    }
-    if (!o.skip_warmup) { /* every rank (its own shard) */
-        ms_engine_warmup_stats ws;
-        if (ms_engine_warmup(e, WARMUP_TOKENS, &ws, &err)) {
-            MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
-            if (W > 1) ms_comm_abort(1);
-            ms_engine_close(e);
-            return 1;
-        }
-        if (rank == 0)
-            MS_LOG(MS_INFO, "serve",
-                   "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s; "
-                   "a %lld-token prompt in %.2f s",
-                   (long long)ws.prepacked, (double)ws.prepacked_bytes / (1 << 20), ws.prepack_s,
-                   (long long)ws.forward_tokens, ws.forward_s);
     }
     if (rank == 0) {
         char table[2048];

@@ -33,6 +33,7 @@ struct opts {
     ms_sampler_params samp;
     unsigned long long seed;
     int print_ids, ignore_eos, comm_stats;
+    int skip_warmup; /* --skip-server-warmup: as `serve` */
     double comm_timeout_s;
     ms_engine_opts eo;
     ms_flag_screen screen; /* GPU-only flags to warn about (argv borrowed) */
@@ -56,6 +57,8 @@ static void usage(FILE *f)
             "  --ids (print token ids)  --ignore-eos\n"
             "  --max-total-tokens N (KV pool per DP rank; default: what the prompts need)\n"
             "  --ep-dispatch-dtype fp32|bf16  --comm-stats  --comm-timeout-s S\n"
+            "  --skip-server-warmup (no oneDNN prepack and warm-up prompt before the prompts,\n"
+            "                        as `serve`)\n"
             "launch flags (SGLang names):\n%s",
             ms_launch_help());
     ms_flag_kinds_print_help(f);
@@ -119,6 +122,7 @@ static int parse_kept(void *ctx, int argc, char **argv)
         }
         if (!strcmp(a, "--ids")) { o->print_ids = 1; continue; }
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
+        if (!strcmp(a, "--skip-server-warmup")) { o->skip_warmup = 1; continue; }
         if (!strcmp(a, "--comm-stats")) { o->comm_stats = 1; continue; }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "generate: %s %s\n", a,
@@ -397,7 +401,7 @@ int ms_cmd_generate(int argc, char **argv)
     }
     if (!prompts_ok) goto out;
     if (o.eo.max_total_tokens <= 0) o.eo.max_total_tokens = MS_MAX(need, 64);
-    if (ms_engine_open(&e, &o.eo, &err)) {
+    if (ms_engine_boot(&e, &o.eo, o.skip_warmup, MS_ENGINE_WARMUP_TOKENS, &err)) {
         fprintf(stderr, "generate: rank %d: %s\n", rank, err.msg);
         if (W > 1) ms_comm_abort(1);
         goto out;

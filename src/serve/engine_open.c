@@ -1,0 +1,269 @@
+/* engine_open.c — start-up of one rank's engine (engine.h): the launch resolved
+ * from the model's shape (one helper for ms_engine_start and ms_engine_open), the
+ * shard and its groups, the model, the KV cache budget and the cache, the
+ * scheduler and the router.  The step loop is engine.c, the warm-up warmup.c.
+ * Main thread only.
+ */
+#include "serve/engine.h"
+#include "serve/engine_priv.h"
+
+#include "base/log.h"
+#include "base/util.h"
+#include "cache/kv_budget.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The launch resolved for the model's shape into *lay and checked against what the CPU
+ * engine runs: the same answer on every rank, before and after the relaunch. */
+static int resolve(const ms_engine_opts *o, const ms_model_shape *shape, ms_layout *lay,
+                   ms_errbuf *err)
+{
+    ms_layout_model lm;
+    ms_shape_layout_model(shape, &lm);
+    int rc = ms_layout_resolve(&o->launch, &lm, lay, err);
+    return rc ? rc : ms_layout_check_engine(lay, err);
+}
+
+void ms_engine_opts_init(ms_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    ms_launch_init(&o->launch);
+    ms_router_opts_init(&o->router);
+    o->page_size = 16;
+    o->mem_fraction_static = 0.3;
+    o->schedule_policy = MS_SCHED_FCFS;
+    o->max_running_default = 256;
+    o->chunk_default = 2048;
+}
+
+static int size_pool(ms_engine *e, ms_errbuf *err)
+{
+    const ms_model_shape *c = ms_model_shape_of(e->m);
+    ms_dtype dt = e->o.exact ? MS_DT_F32 : MS_DT_BF16;
+    ms_kv_spec spec;
+    ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .page_size = e->o.page_size,
+                          .attn_tp = e->lay.attn_tp};
+    int rc = ms_model_kv_spec(e->m, &so, &spec, err);
+    if (rc) return rc;
+    /* the forward reads the cache as one per-token pool (stream 0) */
+    if (spec.n_streams != 1 || spec.streams[0].tokens_per_entry != 1 || spec.streams[0].window)
+        return ms_err(err, MS_EUNSUPPORTED, "%s: the forward reads one per-token stream only",
+                      c->name);
+    int64_t per_tok = ms_kv_spec_token_bytes(&spec);
+    int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
+    ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
+                          .mem_fraction_static = e->o.mem_fraction_static,
+                          .avail_bytes = e->avail0, .weight_bytes = weights,
+                          .copy_bytes = packed, .page_size = e->o.page_size};
+    int64_t tokens;
+    if ((rc = ms_kv_budget_tokens(&spec, &bi, &tokens, err))) return rc;
+    /* every rank must agree (members mirror their leader's page ids): take the minimum */
+    if (e->W > 1) {
+        int64_t *all = calloc((size_t)e->W, sizeof *all);
+        if (!all) return ms_err(err, MS_ENOMEM, "out of memory");
+        rc = ms_comm_allgather(e->gs.world, &tokens, sizeof tokens, all, err);
+        if (!rc)
+            for (int i = 0; i < e->W; i++) tokens = MS_MIN(tokens, all[i]);
+        free(all);
+        if (rc) return rc;
+    }
+    int32_t pages[MS_KV_MAX_STREAMS];
+    ms_kv_cache_pages_for(&spec, e->o.page_size, tokens, e->max_running_rank, e->chunk_rank, pages);
+    if ((rc = ms_kv_cache_new(&e->cache, &spec, e->o.page_size, pages, dt, e->max_running_rank,
+                              err)))
+        return rc;
+    e->pool_tokens = ms_kv_cache_tokens(e->cache);
+    MS_LOG(MS_INFO, "engine",
+           "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
+           "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN)",
+           (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
+           e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
+           (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20));
+    return 0;
+}
+
+static int build_shard(ms_engine *e, ms_errbuf *err)
+{
+    ms_rank_coords at;
+    int rc = ms_layout_rank_coords(&e->lay, e->rank, &at);
+    if (rc) return ms_err(err, rc, "rank %d outside the layout", e->rank);
+    ms_comm_dims d = {.tp = e->lay.tp, .attn_tp = e->lay.attn_tp, .attn_dp = e->lay.attn_dp,
+                      .moe_ep = e->lay.moe_ep, .moe_tp = e->lay.moe_tp,
+                      .dense_tp = e->lay.dense_tp, .n_replicas = e->lay.n_replicas};
+    if ((rc = ms_comm_groups_init(&e->gs, &d, err))) return rc;
+    e->have_groups = 1;
+    ms_shard *s = &e->shard;
+    s->lay = &e->lay;
+    s->at = at;
+    s->attn_tp = e->lay.attn_tp;
+    s->attn_tp_rank = at.attn_tp_rank;
+    s->attn_dp = e->lay.attn_dp;
+    s->attn_dp_rank = at.attn_dp_rank;
+    s->tp = e->lay.tp;
+    s->tp_rank = at.tp_rank;
+    s->moe_ep = e->lay.moe_ep;
+    s->moe_ep_rank = at.moe_ep_rank;
+    s->moe_tp = e->lay.moe_tp;
+    s->moe_tp_rank = at.moe_tp_rank;
+    s->first_expert = at.first_expert;
+    s->n_local_experts = e->lay.experts_per_rank;
+    s->dense_tp = e->lay.dense_tp;
+    s->dense_rank = at.tp_rank % MS_MAX(e->lay.dense_tp, 1);
+    s->shared_tp = e->lay.shared_tp;
+    s->shared_rank = at.tp_rank % MS_MAX(e->lay.shared_tp, 1);
+    s->sparse_mode = e->lay.sparse_mode;
+    s->dense_mode = e->lay.dense_mode;
+    s->dispatch_bf16 = e->o.dispatch_bf16;
+    s->attn_group = e->gs.attn_tp;
+    s->tp_group = e->gs.tp;
+    e->is_leader = at.attn_tp_rank == 0;
+    e->dp_index = at.replica * e->lay.attn_dp + at.attn_dp_rank;
+    return 0;
+}
+
+int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeout_s, int argc,
+                    char **argv, ms_model_shape *shape, ms_layout *lay, int *world, int *rank)
+{
+    ms_errbuf err = {{0}};
+    if (ms_family_load(o->model_path, 1, NULL, shape, &err)) {
+        fprintf(stderr, "%s: --model-path %s: %s\n", cmd, o->model_path, err.msg);
+        return 1;
+    }
+    if (resolve(o, shape, lay, &err) || ms_comm_maybe_relaunch(lay->world_size, argc, argv, &err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return 2;
+    }
+    *world = lay->world_size;
+    *rank = 0;
+    if (*world == 1) {
+        ms_log_init(0);
+        return 0;
+    }
+    ms_comm_opts co;
+    ms_comm_opts_default(&co);
+    co.timeout_s = comm_timeout_s;
+    if (ms_comm_init(NULL, NULL, &co, &err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    *rank = ms_comm_world_rank();
+    return 0;
+}
+
+int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
+{
+    *out = NULL;
+    ms_engine *e = calloc(1, sizeof *e);
+    if (!e) return ms_err(err, MS_ENOMEM, "out of memory");
+    e->o = *o;
+    e->W = ms_comm_is_init() ? ms_comm_world_size() : 1;
+    e->rank = ms_comm_is_init() ? ms_comm_world_rank() : 0;
+    int rc;
+    /* the model's shape decides the layout: read config.json first */
+    ms_model_shape shape;
+    if ((rc = ms_family_load(o->model_path, 1, NULL, &shape, err))) goto fail;
+    if ((rc = resolve(o, &shape, &e->lay, err))) goto fail;
+    if (e->lay.world_size != e->W) {
+        rc = ms_err(err, MS_ELAYOUT, "this launch needs %d ranks, the world has %d",
+                    e->lay.world_size, e->W);
+        goto fail;
+    }
+    e->n_dp = e->lay.n_replicas * e->lay.attn_dp;
+    ms_model_opts mo = {.threads = o->threads, .exact = o->exact, .shard = NULL};
+    if (e->W > 1) {
+        if ((rc = build_shard(e, err))) goto fail;
+        mo.shard = &e->shard;
+    } else {
+        e->is_leader = 1;
+    }
+    e->avail0 = ms_kv_mem_available() / ms_kv_ranks_on_host(e->W);
+    if ((rc = ms_model_open(&e->m, o->model_path, &mo, err))) goto fail;
+    if (o->prepack) { /* before the pool: its copies come out of the same budget */
+        double t0 = ms_now_s();
+        size_t b0 = ms_kernels_dnnl_bytes();
+        e->prepacked = ms_model_prepack(e->m);
+        e->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
+        e->prepack_s = ms_now_s() - t0;
+    }
+    const ms_model_shape *ms = ms_model_shape_of(e->m);
+    e->ctx_len = o->context_length > 0 ? MS_MIN(o->context_length, ms->max_context)
+                                       : ms->max_context;
+    int max_running = e->lay.max_running_per_rank > 0
+                          ? e->lay.max_running_per_rank
+                          : MS_MAX(1, o->max_running_default / MS_MAX(e->lay.attn_dp, 1));
+    int64_t chunk = e->lay.chunked_prefill_per_rank > 0 ? e->lay.chunked_prefill_per_rank
+                    : e->lay.chunked_prefill_per_rank < 0
+                        ? e->ctx_len /* chunking off */
+                        : MS_MAX(1, o->chunk_default / MS_MAX(e->lay.attn_dp, 1));
+    e->max_running_rank = max_running;
+    e->chunk_rank = chunk;
+    if ((rc = size_pool(e, err))) goto fail;
+    if (e->is_leader) {
+        ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
+                              ms->vocab, ms->eos_token_id};
+        if ((rc = ms_sched_new(&e->sched, &sp, e->cache, err)) ||
+            (rc = ms_sample_new(&e->sampler, ms->vocab, err)))
+            goto fail;
+        if (!(e->picks = calloc((size_t)max_running + 1, sizeof *e->picks))) {
+            rc = ms_err(err, MS_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    e->rows_world = calloc((size_t)e->W * 2, sizeof(int64_t));
+    e->rows_tp = calloc((size_t)e->lay.tp, sizeof(int64_t));
+    e->loads = calloc((size_t)e->n_dp, sizeof *e->loads);
+    e->rloads = calloc((size_t)e->n_dp, sizeof *e->rloads);
+    e->g_bytes = calloc((size_t)e->W * 2, sizeof(size_t));
+    if (!e->rows_world || !e->rows_tp || !e->loads || !e->g_bytes || !e->rloads) {
+        rc = ms_err(err, MS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (e->rank == 0 && (rc = ms_router_new(&e->router, e->n_dp, &o->router))) {
+        rc = ms_err(err, rc, "router: %d DP ranks, or a threshold out of range", e->n_dp);
+        goto fail;
+    }
+    e->g_displs = e->g_bytes + e->W;
+    for (int i = 0; i < e->n_dp; i++) e->loads[i].dp_rank = i;
+    if (e->rank == 0) {
+        char desc[512];
+        ms_layout_describe(&e->lay, desc, sizeof desc);
+        MS_LOG(MS_INFO, "engine", "layout: %s (world %d)", desc, e->W);
+    }
+    *out = e;
+    return 0;
+fail:
+    ms_engine_close(e);
+    return rc;
+}
+
+void ms_engine_close(ms_engine *e)
+{
+    if (!e) return;
+    ms_sched_free(e->sched);
+    ms_sample_free(e->sampler);
+    free(e->picks);
+    ms_kv_cache_free(e->cache);
+    ms_model_free(e->m);
+    if (e->have_groups) ms_comm_groups_deinit(&e->gs);
+    free(e->ctrl);
+    free(e->aborts);
+    free(e->events);
+    free(e->rej_in);
+    free(e->rejects);
+    free(e->req_ids);
+    free(e->loads);
+    ms_router_free(e->router);
+    free(e->rloads);
+    free(e->gather_buf);
+    free(e->g_bytes);
+    free(e->rows_world);
+    free(e->rows_tp);
+    free(e->bbuf);
+    free(e->mbatch);
+    free(e->mkv);
+    free(e->mdata);
+    free(e);
+}
+

@@ -1,0 +1,68 @@
+/* engine_priv.h — the state of one rank's engine, shared by the files that make
+ * it up: engine.c (the step loop), engine_open.c (start-up: layout, shard, model,
+ * KV budget), warmup.c (the warm-up).  Nothing outside src/serve/engine*.c and
+ * warmup.c includes it.  Main thread only.
+ */
+#ifndef MS_SERVE_ENGINE_PRIV_H
+#define MS_SERVE_ENGINE_PRIV_H
+
+#include "serve/engine.h"
+
+struct reject; /* engine.c: a request refused by this rank's scheduler */
+
+struct ms_engine {
+    ms_engine_opts o;
+    int W, rank;
+    ms_layout lay;
+    ms_comm_groups gs;
+    int have_groups;
+    ms_shard shard;
+    ms_model *m;
+    ms_kv_cache *cache;    /* this rank's KV cache (its streams' pools) */
+    ms_sched *sched;       /* DP-group leaders only */
+    ms_sample *sampler;    /* DP-group leaders only */
+    ms_sample_pick *picks; /* [max_running + 1] */
+    int is_leader, dp_index, n_dp;
+    int max_running_rank;
+    int64_t chunk_rank, ctx_len, pool_tokens;
+    int64_t avail0;    /* MemAvailable / ranks on the host before the load, bytes */
+    int64_t prepacked; /* weight views prepacked for oneDNN at open */
+    size_t prepacked_bytes;
+    double prepack_s;
+    /* rank 0 */
+    uint8_t *ctrl;
+    size_t ctrl_len, ctrl_cap;
+    uint32_t pend_new, pend_abort, pend_flags;
+    uint64_t *aborts;
+    size_t cap_aborts;
+    ms_router *router;
+    ms_router_load *rloads; /* [n_dp] the loads as the router takes them */
+    int64_t inflight;
+    ms_engine_event *events;
+    int n_events, cap_events;
+    struct reject *rej_in;  /* rank 0: this step's rejections, events point at their msg */
+    int n_rej_in;
+    size_t cap_rej_in;      /* bytes */
+    ms_engine_load *loads;
+    uint8_t *gather_buf;
+    size_t cap_gather;
+    size_t *g_bytes, *g_displs;
+    /* per step */
+    int64_t *rows_world;   /* [W][2]: rows, decode rows */
+    int64_t *rows_tp;      /* [tp] */
+    uint8_t *bbuf;         /* batch broadcast / event send buffer */
+    size_t cap_bbuf;
+    ms_batch_seq *mbatch;  /* members' copy of the batch */
+    ms_kv_seq *mkv;        /* [cap_mbatch] their cache holds (the leader's page ids) */
+    int cap_mbatch;
+    int32_t *mdata;        /* members' tokens and page tables */
+    size_t cap_mdata;
+    struct reject *rejects; /* leaders: refused while applying this step's control block */
+    int n_rejects;
+    size_t cap_rejects;     /* bytes */
+    int32_t *req_ids;       /* decoded prompt ids of the request being added */
+    int64_t cap_req_ids;
+    ms_engine_step_stats last;
+};
+
+#endif
