@@ -21,7 +21,23 @@ const char *__asan_default_options(void)
 
 /* SGLang's initialize_model_parallel loops (one replica = one TP group), written out as member
  * lists: returns the index of the group of kind k containing world rank w and its position. */
-static int ref_group(const ms_comm_dims *d, int k, int w, int *members, int *n_members)
+/* The group sizes of one replica, in the order the cases below list them. */
+struct dims {
+    int tp, attn_tp, attn_dp, moe_ep, moe_tp, dense_tp, n_replicas;
+};
+
+/* A layout with those sizes (pp 1, cp 1), as ms_layout_resolve would leave it. */
+static ms_layout lay_of(const struct dims *d)
+{
+    ms_layout l = {.tp = d->tp, .pp = 1, .n_replicas = d->n_replicas, .attn_tp = d->attn_tp,
+                   .attn_dp = d->attn_dp, .attn_cp = 1, .moe_tp = d->moe_tp, .moe_ep = d->moe_ep,
+                   .dense_tp = d->dense_tp, .shared_tp = 1};
+    l.moe_dp = d->moe_ep * d->moe_tp > 0 ? d->tp / (d->moe_ep * d->moe_tp) : 0;
+    l.world_size = d->tp * d->n_replicas;
+    return l;
+}
+
+static int ref_group(const struct dims *d, int k, int w, int *members, int *n_members)
 {
     int tp = d->tp, moe_dp = tp / (d->moe_ep * d->moe_tp);
     int rep = w / tp, base = rep * tp;
@@ -75,23 +91,26 @@ static int ref_group(const ms_comm_dims *d, int k, int w, int *members, int *n_m
 
 TEST(ranks_match_sglang_groups)
 {
-    static const ms_comm_dims cases[] = {
+    static const struct dims cases[] = {
         {8, 1, 8, 8, 1, 1, 1}, {8, 8, 1, 1, 8, 8, 1}, {8, 4, 2, 4, 2, 8, 1},
         {8, 2, 4, 2, 2, 1, 1}, {4, 2, 2, 2, 2, 4, 2}, {2, 1, 2, 2, 1, 2, 3},
         {8, 2, 4, 2, 1, 4, 1}, {1, 1, 1, 1, 1, 1, 4}, {16, 4, 4, 8, 2, 16, 1}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const ms_comm_dims *d = &cases[c];
+        const struct dims *d = &cases[c];
+        ms_layout lay = lay_of(d);
         for (int w = 0; w < d->tp * d->n_replicas; w++) {
-            ms_comm_coords at;
-            int first[6], stride[6];
-            ms_errbuf e;
-            CHECKF(ms_comm_ranks_compute(d, w, &at, first, stride, &e) == 0, "case %zu: %s", c,
-                   e.msg);
+            ms_rank_coords at;
+            int first[MS_GROUP_N], stride[MS_GROUP_N], size[MS_GROUP_N];
+            CHECKF(ms_layout_rank_coords(&lay, w, &at) == 0, "case %zu rank %d", c, w);
+            for (int k = 0; k < MS_GROUP_N; k++)
+                CHECK(ms_layout_group_span(&lay, &at, k, &first[k], &stride[k], &size[k]) == 0);
             int pos_of[6] = {at.tp_rank,     at.attn_tp_rank, at.moe_ep_rank,
                              at.moe_tp_rank, at.dense_rank,   at.replica};
             for (int k = 0; k < 6; k++) {
                 int members[64], n = 0;
                 int pos = ref_group(d, k, w, members, &n);
+                CHECKF(n == size[k], "case %zu rank %d kind %d: size %d, reference %d", c, w, k,
+                       size[k], n);
                 CHECKF(pos == pos_of[k], "case %zu rank %d kind %d: position %d, reference %d", c,
                        w, k, pos_of[k], pos);
                 for (int i = 0; i < n; i++)
@@ -106,20 +125,46 @@ TEST(ranks_match_sglang_groups)
     }
 }
 
+/* Pipeline stages: every group stays inside one stage of one replica, except the DP
+ * group, which joins the same stage and tp rank of every replica. */
+TEST(groups_with_pp_stages)
+{
+    ms_layout lay = {.tp = 4, .pp = 2, .n_replicas = 2, .attn_tp = 2, .attn_dp = 2, .attn_cp = 1,
+                     .moe_tp = 1, .moe_ep = 4, .moe_dp = 1, .dense_tp = 4, .shared_tp = 1,
+                     .world_size = 16};
+    for (int w = 0; w < 16; w++) {
+        ms_rank_coords at, bt;
+        CHECK(ms_layout_rank_coords(&lay, w, &at) == 0);
+        CHECK(at.pp_rank == (w / 4) % 2 && at.replica == w / 8 && at.tp_rank == w % 4);
+        for (int k = 0; k < MS_GROUP_N; k++) {
+            int first, stride, size, mine = 0;
+            CHECK(ms_layout_group_span(&lay, &at, k, &first, &stride, &size) == 0);
+            for (int i = 0; i < size; i++) {
+                CHECK(ms_layout_rank_coords(&lay, first + i * stride, &bt) == 0);
+                mine += first + i * stride == w;
+                CHECKF(bt.pp_rank == at.pp_rank, "rank %d kind %d: member %d in stage %d", w, k,
+                       first + i * stride, bt.pp_rank);
+                if (k == MS_GROUP_DP) CHECK(bt.tp_rank == at.tp_rank && bt.replica == i);
+                else CHECK(bt.replica == at.replica);
+            }
+            CHECKF(mine == 1, "rank %d kind %d: not a member of its own group", w, k);
+        }
+    }
+}
+
 TEST(ranks_reject_bad_layouts)
 {
-    ms_errbuf e;
-    ms_comm_dims bad[] = {{4, 2, 3, 1, 1, 1, 1}, {4, 4, 1, 3, 1, 1, 1}, {4, 4, 1, 2, 4, 1, 1},
-                          {4, 4, 1, 1, 1, 3, 1}, {0, 1, 1, 1, 1, 1, 1}, {4, 4, 1, 1, 1, 1, 0}};
+    struct dims bad[] = {{4, 2, 3, 1, 1, 1, 1}, {4, 4, 1, 3, 1, 1, 1}, {4, 4, 1, 2, 4, 1, 1},
+                         {4, 4, 1, 1, 1, 3, 1}, {0, 1, 1, 1, 1, 1, 1}, {4, 4, 1, 1, 1, 1, 0}};
+    ms_rank_coords at;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        e.msg[0] = 0;
-        CHECKF(ms_comm_ranks_compute(&bad[i], 0, NULL, NULL, NULL, &e) == MS_ELAYOUT, "case %zu",
-               i);
-        CHECK(e.msg[0] != 0);
+        ms_layout l = lay_of(&bad[i]);
+        CHECKF(ms_layout_rank_coords(&l, 0, &at) == MS_EINVAL, "case %zu", i);
     }
-    ms_comm_dims ok = {4, 2, 2, 2, 2, 1, 2};
-    CHECK(ms_comm_ranks_compute(&ok, 8, NULL, NULL, NULL, &e) == MS_ELAYOUT); /* out of range */
-    CHECK(strstr(e.msg, "out of range") != NULL);
+    struct dims ok = {4, 2, 2, 2, 2, 1, 2};
+    ms_layout l = lay_of(&ok);
+    CHECK(ms_layout_rank_coords(&l, 7, &at) == 0);
+    CHECK(ms_layout_rank_coords(&l, 8, &at) == MS_EINVAL); /* out of range */
 }
 
 /* ---- pure: launching -------------------------------------------------------------------- */
@@ -287,13 +332,15 @@ TEST(singleton_groups)
     ms_comm_group_free(NULL);
     ms_comm_group_free(w); /* ignored: the world is owned by the layer */
     ms_comm_groups gs;
-    ms_comm_dims d = {1, 1, 1, 1, 1, 1, 1};
-    CHECKF(ms_comm_groups_init(&gs, &d, &e) == 0, "%s", e.msg);
+    struct dims d = {1, 1, 1, 1, 1, 1, 1};
+    ms_layout l1 = lay_of(&d);
+    CHECKF(ms_comm_groups_init(&gs, &l1, &e) == 0, "%s", e.msg);
     CHECK(gs.tp->size == 1 && gs.moe_ep->size == 1 && gs.dp->size == 1 && gs.world == w);
     CHECK(!strcmp(gs.moe_ep->name, "moe_ep"));
     ms_comm_groups_deinit(&gs);
-    ms_comm_dims two = {2, 1, 2, 2, 1, 1, 1};
-    CHECK(ms_comm_groups_init(&gs, &two, &e) == MS_ELAYOUT);
+    struct dims two = {2, 1, 2, 2, 1, 1, 1};
+    ms_layout l2 = lay_of(&two);
+    CHECK(ms_comm_groups_init(&gs, &l2, &e) == MS_ELAYOUT);
     CHECKF(strstr(e.msg, "needs 2 ranks") != NULL, "%s", e.msg);
 }
 
@@ -329,6 +376,7 @@ TEST(singleton_deinit)
 int main(void)
 {
     RUN(ranks_match_sglang_groups);
+    RUN(groups_with_pp_stages);
     RUN(ranks_reject_bad_layouts);
     RUN(launch_argv_shape);
     RUN(launcher_world_size_checked);

@@ -193,7 +193,7 @@ static int64_t active_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
     int64_t b = mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
-    int e0 = m->shard ? m->shard->first_expert : 0;
+    int e0 = m->shard ? m->shard->at.first_expert : 0;
     for (int l = 0; l < c->n_layers; l++)
         b += layer_bytes(c, &m->layers[l], e0, e0, c->n_experts_per_tok);
     return b;
@@ -227,14 +227,14 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
         lw->o = ms_mat_slice(&lw->o, 0, lw->o.rows, h0 * dv, nh * dv);
     }
     if (!lw->is_moe)
-        return shard_ffn(&lw->dense, sh->dense_tp, sh->dense_rank, "intermediate_size", layer, err);
-    for (int e = sh->first_expert; e < sh->first_expert + sh->n_local_experts; e++) {
-        int rc = shard_ffn(&lw->experts[e], sh->moe_tp, sh->moe_tp_rank, "moe_intermediate_size",
+        return shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
+    for (int e = sh->at.first_expert; e < sh->at.first_expert + sh->lay->experts_per_rank; e++) {
+        int rc = shard_ffn(&lw->experts[e], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
                            layer, err);
         if (rc) return rc;
     }
     if (c->n_shared_experts > 0)
-        return shard_ffn(&lw->shared, sh->shared_tp, sh->shared_rank, "shared expert", layer, err);
+        return shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank, "shared expert", layer, err);
     return 0;
 }
 
@@ -247,8 +247,8 @@ void ms_model_ws_free(ms_model_ws *ws);
 static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
 {
     const ms_config *c = &m->cfg;
-    int e0 = m->shard ? m->shard->first_expert : 0;
-    int e1 = m->shard ? e0 + m->shard->n_local_experts : c->n_routed_experts;
+    int e0 = m->shard ? m->shard->at.first_expert : 0;
+    int e1 = m->shard ? e0 + m->shard->lay->experts_per_rank : c->n_routed_experts;
     fn(&m->lm_head, arg);
     for (int l = 0; l < c->n_layers; l++) {
         ms_layer_w *lw = &m->layers[l];
@@ -459,8 +459,8 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
     int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
-    int e0 = m->shard ? m->shard->first_expert : 0;
-    int e1 = m->shard ? e0 + m->shard->n_local_experts : c->n_routed_experts;
+    int e0 = m->shard ? m->shard->at.first_expert : 0;
+    int e1 = m->shard ? e0 + m->shard->lay->experts_per_rank : c->n_routed_experts;
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(c, &m->layers[l], e0, e1, 0);
     return b;
 }
@@ -501,14 +501,14 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
     }
     m->shard = opts ? opts->shard : NULL;
     m->n_local_heads = c->n_heads;
-    if (m->shard && m->shard->attn_tp > 1) {
-        if (c->n_heads % m->shard->attn_tp) {
+    if (m->shard && m->shard->lay->attn_tp > 1) {
+        if (c->n_heads % m->shard->lay->attn_tp) {
             rc = ms_err(err, MS_ELAYOUT, "%d attention heads are not divisible by attention TP %d",
-                        c->n_heads, m->shard->attn_tp);
+                        c->n_heads, m->shard->lay->attn_tp);
             goto fail;
         }
-        m->n_local_heads = c->n_heads / m->shard->attn_tp;
-        m->head0 = m->shard->attn_tp_rank * m->n_local_heads;
+        m->n_local_heads = c->n_heads / m->shard->lay->attn_tp;
+        m->head0 = m->shard->at.attn_tp_rank * m->n_local_heads;
     }
     int n_total = c->n_layers + c->num_nextn_predict_layers;
     m->layers = calloc((size_t)n_total, sizeof *m->layers);

@@ -73,12 +73,12 @@ static int ffn(ms_model *m, const ms_ffn_w *f, const float *x, int64_t n, float 
 
 static int with_shared_slice(const ms_model *m, const ms_layer_w *lw)
 {
-    return lw->is_moe && m->cfg.n_shared_experts > 0 && m->shard && m->shard->shared_tp > 1;
+    return lw->is_moe && m->cfg.n_shared_experts > 0 && m->shard && m->shard->lay->shared_tp > 1;
 }
 
 static int shared_after(const ms_model *m, const ms_layer_w *lw)
 {
-    return lw->is_moe && m->cfg.n_shared_experts > 0 && (!m->shard || m->shard->shared_tp <= 1);
+    return lw->is_moe && m->cfg.n_shared_experts > 0 && (!m->shard || m->shard->lay->shared_tp <= 1);
 }
 
 /* This rank's share of the layer over n rows: Y (overwritten) = its experts and slices. */
@@ -93,7 +93,7 @@ static int partial(ms_model *m, const ms_layer_w *lw, const float *X, int64_t n,
     }
     int rc = ms_moe_route(&m->kctx, &m->cfg, lw, X, n, &ws->moe);
     if (rc) return rc;
-    int e0 = sh ? sh->first_expert : 0, e1 = sh ? e0 + sh->n_local_experts : m->cfg.n_routed_experts;
+    int e0 = sh ? sh->at.first_expert : 0, e1 = sh ? e0 + sh->lay->experts_per_rank : m->cfg.n_routed_experts;
     (void)D;
     /* --moe-dp-size: every MoE-DP group holds all experts (ep × moe_tp of them split over
      * its ranks) and computes the routed experts of its share of the rows only; the other
@@ -128,12 +128,12 @@ static int mode_gather(ms_model *m, const ms_layer_w *lw, const float *x, int64_
 {
     const ms_shard *sh = m->shard;
     ms_group *g = sh->tp_group;
-    int N = g->size, atp = sh->attn_tp, dp = N / atp, me = g->rank;
+    int N = g->size, atp = sh->lay->attn_tp, dp = N / atp, me = g->rank;
     int64_t D = m->cfg.hidden_size, max_len = 0, sum_len = 0, my_off = 0;
     int64_t off[MS_LAUNCH_MAX_WIDTH > 4096 ? 4096 : MS_LAUNCH_MAX_WIDTH];
     if (dp > 4096) return ms_err(err, MS_EUNSUPPORTED, "more than 4096 DP groups");
     for (int d = 0; d < dp; d++) {
-        int64_t t = sh->rows_per_rank[d * atp];
+        int64_t t = sh->step->rows_per_rank[d * atp];
         off[d] = sum_len;
         if (d == me / atp) my_off = sum_len;
         sum_len += t;
@@ -156,12 +156,12 @@ static int mode_gather(ms_model *m, const ms_layer_w *lw, const float *x, int64_
         float *X = ws->cbuf; /* compact [sum][D] from each group's first member */
         for (int d = 0; d < dp; d++)
             memcpy(X + off[d] * D, ws->xall + (int64_t)d * atp * max_len * D,
-                   sizeof(float) * (size_t)(sh->rows_per_rank[d * atp] * D));
+                   sizeof(float) * (size_t)(sh->step->rows_per_rank[d * atp] * D));
         if ((rc = partial(m, lw, X, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
         float *S = ws->xall; /* [N][max][D]: block i = rows of member i's group */
         for (int i = 0; i < N; i++) {
             int d = i / atp;
-            int64_t t = sh->rows_per_rank[d * atp];
+            int64_t t = sh->step->rows_per_rank[d * atp];
             memcpy(S + (int64_t)i * max_len * D, ws->yall + off[d] * D, sizeof(float) * (size_t)(t * D));
             memset(S + ((int64_t)i * max_len + t) * D, 0, sizeof(float) * (size_t)((max_len - t) * D));
         }
@@ -173,7 +173,7 @@ static int mode_gather(ms_model *m, const ms_layer_w *lw, const float *x, int64_
             grow_f(&ws->yall, &ws->cap_yall, sum_len * D))
             return ms_err(err, MS_ENOMEM, "out of memory in DP gather");
         memset(ws->xall, 0, sizeof(float) * (size_t)(sum_len * D));
-        if (sh->attn_tp_rank == 0) memcpy(ws->xall + my_off * D, x, sizeof(float) * (size_t)(T * D));
+        if (sh->at.attn_tp_rank == 0) memcpy(ws->xall + my_off * D, x, sizeof(float) * (size_t)(T * D));
         if ((rc = ms_comm_allreduce_f32(g, ws->xall, (size_t)(sum_len * D), err))) return rc;
         if ((rc = partial(m, lw, ws->xall, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
         if ((rc = ms_comm_allreduce_f32(g, ws->yall, (size_t)(sum_len * D), err))) return rc;
@@ -203,7 +203,7 @@ static int mode_a2a(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T
     int64_t D = c->hidden_size;
     int rc;
     /* attention-TP members hold the same rows: each dispatches its own share */
-    int j = sh->attn_tp_rank, atp = sh->attn_tp;
+    int j = sh->at.attn_tp_rank, atp = sh->lay->attn_tp;
     int64_t r0 = T * j / atp, r1 = T * (j + 1) / atp, n = r1 - r0;
     const float *xs = x + r0 * D;
     float *ys = y + r0 * D;
@@ -320,8 +320,8 @@ static int mode_a2a(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T
             memcpy(ws->xall + r * D, pl, sizeof(float) * (size_t)D);
         }
     }
-    rc = ms_moe_experts(&m->kctx, c, lw, ws->xall, n_recv, ridx, rw, sh->first_expert,
-                        sh->first_expert + sh->n_local_experts, ws->yall, 0, &ws->moe);
+    rc = ms_moe_experts(&m->kctx, c, lw, ws->xall, n_recv, ridx, rw, sh->at.first_expert,
+                        sh->at.first_expert + sh->lay->experts_per_rank, ws->yall, 0, &ws->moe);
     if (rc) return ms_err(err, rc, "out of memory in experts");
     /* combine: weighted partial sums back to the rows' owners */
     for (int s = 0; s < N; s++) {
@@ -361,13 +361,13 @@ int ms_mlp_forward(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T,
 {
     const ms_shard *sh = m->shard;
     int rc;
-    if (!sh || (!lw->is_moe && sh->dense_tp <= 1) || sh->tp_group->size == 1) {
+    if (!sh || (!lw->is_moe && sh->lay->dense_tp <= 1) || sh->tp_group->size == 1) {
         if (!lw->is_moe) rc = ffn(m, &lw->dense, x, T, y, 0, ws);
         else rc = T > 0 ? ms_moe_forward(&m->kctx, &m->cfg, lw, x, T, y, &ws->moe) : 0;
         return rc ? ms_err(err, rc, "out of memory in MLP layer") : 0;
     }
-    ms_mlp_mode mode = lw->is_moe ? sh->sparse_mode : sh->dense_mode;
+    ms_mlp_mode mode = lw->is_moe ? sh->lay->sparse_mode : sh->lay->dense_mode;
     if (mode == MS_MLP_SCATTERED && lw->is_moe) return mode_a2a(m, lw, x, T, y, ws, err);
-    if (mode == MS_MLP_FULL || sh->attn_dp > 1) return mode_gather(m, lw, x, T, y, ws, err);
+    if (mode == MS_MLP_FULL || sh->lay->attn_dp > 1) return mode_gather(m, lw, x, T, y, ws, err);
     return mode_allreduce(m, lw, x, T, y, ws, err);
 }

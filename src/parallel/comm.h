@@ -6,7 +6,7 @@
  * layout arithmetic (src/parallel/layout.h decides the sizes) nor what the bytes mean.
  * Threads: MPI runs in MPI_THREAD_FUNNELED mode; every function here that talks to MPI must be
  * called from the thread that called ms_comm_init (checked: others get MS_EINTERNAL).  The pure
- * helpers (ms_comm_ranks_compute, ms_comm_launch_argv, ms_comm_kind_name) are thread-safe.
+ * helpers (ms_comm_launch_argv, ms_comm_kind_name) are thread-safe.
  *
  * Errors are values: 0 or a negative MS_E* with the reason in the ms_errbuf.  Every MPI error
  * becomes MS_ECOMM with MPI's own error string.  No call blocks forever: collectives give up
@@ -20,6 +20,7 @@
 #define MS_PARALLEL_COMM_H
 
 #include "base/error.h"
+#include "parallel/layout.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -80,49 +81,17 @@ void ms_comm_group_free(ms_group *g);
 int ms_comm_group_world_rank(const ms_group *g, int i);
 
 /* ---- the standard set of groups --------------------------------------------------------- *
- * Rank ordering (documented contract; SGLang's initialize_model_parallel convention):
- *   world rank = replica · tp + tp_rank           (replicas are contiguous blocks of tp ranks)
- *   attn_tp_rank = tp_rank % attn_tp               attn_dp_rank = tp_rank / attn_tp
- *     → an attention-TP group is attn_tp contiguous ranks.
- *   MoE, inside one replica, outer to inner moe_dp × moe_ep × moe_tp (moe_dp = tp/(ep·moe_tp)):
- *   moe_tp_rank = tp_rank % moe_tp                 moe_ep_rank = (tp_rank / moe_tp) % moe_ep
- *   moe_dp_rank = tp_rank / (moe_ep · moe_tp)
- *     → a MoE-TP group is moe_tp contiguous ranks; a MoE-EP group has stride moe_tp
- *       (SGLang: moe_ep_rank = tp_rank // (tp_size // ep_size) when moe_dp = 1).
- *   dense_rank = tp_rank % dense_tp: dense groups are dense_tp contiguous ranks (dense_tp = 1
- *     replicates dense MLPs, = tp shards them over the whole replica).
- *   dp group: the ranks with the same tp_rank in every replica (size n_replicas). */
-typedef struct ms_comm_dims {
-    int tp;         /* launch width of one replica (ranks per replica) */
-    int attn_tp;    /* attention TP width; attn_tp · attn_dp = tp */
-    int attn_dp;    /* attention DP groups per replica */
-    int moe_ep;     /* expert-parallel width */
-    int moe_tp;     /* expert TP width; moe_ep · moe_tp divides tp */
-    int dense_tp;   /* dense-MLP TP width, divides tp (1 = replicated) */
-    int n_replicas; /* plain data-parallel replicas; world size = n_replicas · tp */
-} ms_comm_dims;
-
-typedef struct ms_comm_coords {
-    int world_rank, replica, tp_rank;
-    int attn_tp_rank, attn_dp_rank;
-    int moe_dp_rank, moe_ep_rank, moe_tp_rank;
-    int dense_rank;
-} ms_comm_coords;
-
-/* Pure: validates dims (MS_ELAYOUT with the reason) and computes the coordinates of world_rank.
- * If first is non-NULL it receives, per group kind, the world rank of member 0 and the stride
- * between members: first[0..5] = tp, attn_tp, moe_ep, moe_tp, dense, dp; stride likewise. */
-int ms_comm_ranks_compute(const ms_comm_dims *d, int world_rank, ms_comm_coords *out, int first[6],
-                          int stride[6], ms_errbuf *e);
-
+ * Built from the layout's rank coordinates and group spans (parallel/layout.h: the one place
+ * the rank ordering is written down, SGLang's initialize_model_parallel convention). */
 typedef struct ms_comm_groups {
-    ms_comm_coords at;
+    ms_rank_coords at;                                     /* this rank (ms_layout_rank_coords) */
     ms_group *world;                                       /* borrowed from ms_comm_world() */
     ms_group *tp, *attn_tp, *moe_ep, *moe_tp, *dense, *dp; /* owned */
 } ms_comm_groups;
 
-/* Collective over the world: checks world size = n_replicas · tp and builds every group. */
-int ms_comm_groups_init(ms_comm_groups *gs, const ms_comm_dims *d, ms_errbuf *e);
+/* Collective over the world: checks the world size against the layout, computes this rank's
+ * coordinates and builds every group (MS_ELAYOUT with the reason). */
+int ms_comm_groups_init(ms_comm_groups *gs, const ms_layout *lay, ms_errbuf *e);
 void ms_comm_groups_deinit(ms_comm_groups *gs);
 
 /* ---- collectives ------------------------------------------------------------------------ *

@@ -1,91 +1,36 @@
-/* comm_groups.c — the standard set of groups (tp, attn_tp, moe_ep, moe_tp, dense, dp) built
- * from layout numbers, with the rank ordering documented in comm.h (SGLang's convention).
- *
- * Owns the rank arithmetic (pure, testable without MPI) and the splits.  Does not decide the
- * sizes: src/parallel/layout resolves them.  ms_comm_ranks_compute is thread-safe; the rest is
- * main thread only.
+/* comm_groups.c — the standard set of groups (tp, attn_tp, moe_ep, moe_tp, dense, dp) of one
+ * rank, split from the world along the layout's coordinates and group spans
+ * (ms_layout_rank_coords, ms_layout_group_span: the rank arithmetic lives there alone).
+ * Main thread only.
  */
 #include "parallel/comm.h"
 
 #include <string.h>
 
-#define MAX_WORLD (1 << 20) /* named limit on ranks, keeps the arithmetic in int */
-
-enum { G_TP, G_ATTN_TP, G_MOE_EP, G_MOE_TP, G_DENSE, G_DP, G_N };
-
-int ms_comm_ranks_compute(const ms_comm_dims *d, int world_rank, ms_comm_coords *out, int first[6],
-                          int stride[6], ms_errbuf *e)
-{
-    if (d->tp < 1 || d->attn_tp < 1 || d->attn_dp < 1 || d->moe_ep < 1 || d->moe_tp < 1 ||
-        d->dense_tp < 1 || d->n_replicas < 1)
-        return ms_err(e, MS_ELAYOUT,
-                      "group sizes must be >= 1 (tp %d, attn_tp %d, attn_dp %d, "
-                      "moe_ep %d, moe_tp %d, dense_tp %d, replicas %d)",
-                      d->tp, d->attn_tp, d->attn_dp, d->moe_ep, d->moe_tp, d->dense_tp,
-                      d->n_replicas);
-    if (d->tp > MAX_WORLD || d->n_replicas > MAX_WORLD / d->tp)
-        return ms_err(e, MS_ELAYOUT, "%d replicas × tp %d exceeds %d ranks", d->n_replicas, d->tp,
-                      MAX_WORLD);
-    if ((long)d->attn_tp * d->attn_dp != d->tp)
-        return ms_err(e, MS_ELAYOUT, "attn_tp %d × attn_dp %d must equal tp %d", d->attn_tp,
-                      d->attn_dp, d->tp);
-    if (d->moe_ep > d->tp || d->tp % ((long)d->moe_ep * d->moe_tp) != 0)
-        return ms_err(e, MS_ELAYOUT, "moe_ep %d × moe_tp %d must divide tp %d", d->moe_ep,
-                      d->moe_tp, d->tp);
-    if (d->tp % d->dense_tp != 0)
-        return ms_err(e, MS_ELAYOUT, "dense_tp %d must divide tp %d", d->dense_tp, d->tp);
-    int world = d->n_replicas * d->tp;
-    if (world_rank < 0 || world_rank >= world)
-        return ms_err(e, MS_ELAYOUT, "world rank %d out of range for %d ranks", world_rank, world);
-    ms_comm_coords c;
-    c.world_rank = world_rank;
-    c.replica = world_rank / d->tp;
-    c.tp_rank = world_rank % d->tp;
-    c.attn_tp_rank = c.tp_rank % d->attn_tp;
-    c.attn_dp_rank = c.tp_rank / d->attn_tp;
-    c.moe_tp_rank = c.tp_rank % d->moe_tp;
-    c.moe_ep_rank = (c.tp_rank / d->moe_tp) % d->moe_ep;
-    c.moe_dp_rank = c.tp_rank / (d->moe_ep * d->moe_tp);
-    c.dense_rank = c.tp_rank % d->dense_tp;
-    if (out) *out = c;
-    if (first && stride) {
-        int base = c.replica * d->tp;
-        first[G_TP] = base;
-        stride[G_TP] = 1;
-        first[G_ATTN_TP] = base + c.attn_dp_rank * d->attn_tp;
-        stride[G_ATTN_TP] = 1;
-        first[G_MOE_EP] = base + c.moe_dp_rank * d->moe_ep * d->moe_tp + c.moe_tp_rank;
-        stride[G_MOE_EP] = d->moe_tp;
-        first[G_MOE_TP] = base + (c.tp_rank / d->moe_tp) * d->moe_tp;
-        stride[G_MOE_TP] = 1;
-        first[G_DENSE] = base + (c.tp_rank / d->dense_tp) * d->dense_tp;
-        stride[G_DENSE] = 1;
-        first[G_DP] = c.tp_rank;
-        stride[G_DP] = d->tp;
-    }
-    return 0;
-}
-
-int ms_comm_groups_init(ms_comm_groups *gs, const ms_comm_dims *d, ms_errbuf *e)
+int ms_comm_groups_init(ms_comm_groups *gs, const ms_layout *lay, ms_errbuf *e)
 {
     memset(gs, 0, sizeof *gs);
     ms_group *world = ms_comm_world();
     if (!world) return ms_err(e, MS_EINVAL, "communication layer not initialised");
-    if ((long)d->n_replicas * d->tp != world->size)
+    if (lay->world_size != world->size)
         return ms_err(e, MS_ELAYOUT,
-                      "this layout needs %ld ranks (%d replicas × tp %d), the "
-                      "world has %d",
-                      (long)d->n_replicas * d->tp, d->n_replicas, d->tp, world->size);
-    int first[G_N], stride[G_N];
-    int rc = ms_comm_ranks_compute(d, world->rank, &gs->at, first, stride, e);
-    if (rc) return rc;
+                      "this layout needs %d ranks (%d replicas × pp %d × tp %d), the world has %d",
+                      lay->world_size, lay->n_replicas, lay->pp, lay->tp, world->size);
+    if (ms_layout_rank_coords(lay, world->rank, &gs->at))
+        return ms_err(e, MS_ELAYOUT,
+                      "inconsistent group sizes (tp %d = attn tp %d × cp %d × dp %d = moe tp %d × "
+                      "ep %d × dp %d; dense %d)", lay->tp, lay->attn_tp, lay->attn_cp,
+                      lay->attn_dp, lay->moe_tp, lay->moe_ep, lay->moe_dp, lay->dense_tp);
     gs->world = world;
-    static const char *names[G_N] = {"tp", "attn_tp", "moe_ep", "moe_tp", "dense", "dp"};
-    ms_group **slots[G_N] = {&gs->tp, &gs->attn_tp, &gs->moe_ep, &gs->moe_tp, &gs->dense, &gs->dp};
-    for (int k = 0; k < G_N; k++) {
+    static const char *names[MS_GROUP_N] = {"tp", "attn_tp", "moe_ep", "moe_tp", "dense", "dp"};
+    ms_group **slots[MS_GROUP_N] = {&gs->tp, &gs->attn_tp, &gs->moe_ep,
+                                    &gs->moe_tp, &gs->dense, &gs->dp};
+    for (int k = 0; k < MS_GROUP_N; k++) {
+        int first, stride, size;
+        ms_layout_group_span(lay, &gs->at, k, &first, &stride, &size);
         /* color: world rank of the group's first member; key: position in the group */
-        int key = (world->rank - first[k]) / stride[k];
-        rc = ms_comm_split(world, first[k], key, names[k], slots[k], e);
+        int key = (world->rank - first) / stride;
+        int rc = ms_comm_split(world, first, key, names[k], slots[k], e);
         if (rc) {
             ms_comm_groups_deinit(gs);
             return rc;

@@ -235,7 +235,13 @@ int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err)
 int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *c)
 {
     if (world_rank < 0 || world_rank >= lay->world_size || lay->tp < 1 || lay->attn_tp < 1 ||
-        lay->attn_cp < 1 || lay->moe_tp < 1 || lay->moe_ep < 1 || lay->pp < 1)
+        lay->attn_cp < 1 || lay->attn_dp < 1 || lay->moe_tp < 1 || lay->moe_ep < 1 ||
+        lay->moe_dp < 1 || lay->pp < 1 || lay->n_replicas < 1 || lay->dense_tp < 1 ||
+        lay->shared_tp < 1)
+        return MS_EINVAL;
+    if ((long)lay->attn_tp * lay->attn_cp * lay->attn_dp != lay->tp ||
+        (long)lay->moe_tp * lay->moe_ep * lay->moe_dp != lay->tp || lay->tp % lay->dense_tp ||
+        lay->tp % lay->shared_tp || (long)lay->tp * lay->pp * lay->n_replicas != lay->world_size)
         return MS_EINVAL;
     memset(c, 0, sizeof *c);
     c->world_rank = world_rank;
@@ -251,8 +257,46 @@ int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *
     c->moe_tp_rank = c->tp_rank % lay->moe_tp;
     c->moe_ep_rank = (c->tp_rank / lay->moe_tp) % lay->moe_ep;
     c->moe_dp_rank = (int)(c->tp_rank / ((long)lay->moe_tp * lay->moe_ep));
+    c->dense_rank = c->tp_rank % lay->dense_tp;
+    c->shared_rank = c->tp_rank % lay->shared_tp;
     c->first_expert = c->moe_ep_rank * lay->experts_per_rank;
     return 0;
+}
+
+int ms_layout_group_span(const ms_layout *lay, const ms_rank_coords *c, int kind, int *first,
+                         int *stride, int *size)
+{
+    int base = c->world_rank - c->tp_rank; /* this stage of this replica */
+    *stride = 1;
+    switch (kind) {
+    case MS_GROUP_TP:
+        *first = base;
+        *size = lay->tp;
+        return 0;
+    case MS_GROUP_ATTN_TP:
+        *first = base + (c->attn_dp_rank * lay->attn_cp + c->attn_cp_rank) * lay->attn_tp;
+        *size = lay->attn_tp;
+        return 0;
+    case MS_GROUP_MOE_EP:
+        *first = base + c->moe_dp_rank * lay->moe_ep * lay->moe_tp + c->moe_tp_rank;
+        *stride = lay->moe_tp;
+        *size = lay->moe_ep;
+        return 0;
+    case MS_GROUP_MOE_TP:
+        *first = base + (c->tp_rank / lay->moe_tp) * lay->moe_tp;
+        *size = lay->moe_tp;
+        return 0;
+    case MS_GROUP_DENSE:
+        *first = base + (c->tp_rank / lay->dense_tp) * lay->dense_tp;
+        *size = lay->dense_tp;
+        return 0;
+    case MS_GROUP_DP:
+        *first = c->pp_rank * lay->tp + c->tp_rank;
+        *stride = lay->pp * lay->tp;
+        *size = lay->n_replicas;
+        return 0;
+    default: return MS_EINVAL;
+    }
 }
 
 int ms_layout_expert_owner(const ms_layout *lay, int e)

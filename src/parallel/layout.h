@@ -147,6 +147,8 @@ void ms_layout_add_violation(ms_layout *out, const char *rule, const char *fmt, 
  * MS_EUNSUPPORTED with a message naming the flag. */
 int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err);
 
+/* Every coordinate of one rank: the one place they are computed (communication
+ * groups, the shard and the engine all read these). */
 typedef struct ms_rank_coords {
     int world_rank;
     int replica;      /* plain-DP engine index */
@@ -154,13 +156,31 @@ typedef struct ms_rank_coords {
     int tp_rank;      /* rank inside the tp group of its replica/stage */
     int attn_tp_rank, attn_cp_rank, attn_dp_rank;
     int moe_tp_rank, moe_ep_rank, moe_dp_rank;
+    int dense_rank;   /* slice of the dense MLP (0 when replicated) */
+    int shared_rank;  /* slice of the shared expert (0 when computed whole) */
     int first_expert; /* first physical expert owned (EP), n = experts_per_rank */
 } ms_rank_coords;
 
 /* Rank order: world_rank = ((replica·pp) + pp_rank)·tp + tp_rank; inside tp, SGLang's
- * (dp, cp, tp) with tp fastest for attention and (moe_dp, ep, moe_tp) for experts.
- * Returns 0 or MS_EINVAL for a rank outside the world. */
+ * (dp, cp, tp) with tp fastest for attention and (moe_dp, ep, moe_tp) for experts;
+ * dense and shared slices are contiguous blocks of tp.  Returns 0, or MS_EINVAL for a
+ * rank outside the world or group sizes that do not multiply to tp. */
 int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *out);
+
+/* The communication groups of one rank, SGLang's (parallel_state) membership. */
+enum ms_group_kind {
+    MS_GROUP_TP = 0,  /* the replica's stage: tp ranks (MLP gathers, reductions, a2a) */
+    MS_GROUP_ATTN_TP, /* attention TP: same attention dp and cp rank */
+    MS_GROUP_MOE_EP,  /* expert parallel: same moe_dp and moe_tp rank */
+    MS_GROUP_MOE_TP,  /* expert TP: same moe_dp and ep rank */
+    MS_GROUP_DENSE,   /* dense-MLP TP block */
+    MS_GROUP_DP,      /* the same stage and tp rank in every plain-DP replica */
+    MS_GROUP_N
+};
+/* Members of the group of kind k holding the rank at c: world ranks first + i·stride
+ * for i < size, in group-rank order.  Returns 0 or MS_EINVAL for a bad kind. */
+int ms_layout_group_span(const ms_layout *lay, const ms_rank_coords *c, int kind, int *first,
+                         int *stride, int *size);
 /* The EP rank owning physical expert e (e < n_physical_experts), or -1. */
 int ms_layout_expert_owner(const ms_layout *lay, int physical_expert);
 

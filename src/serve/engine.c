@@ -392,7 +392,6 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
                 all_dec += e->rows_world[2 * i + 1];
             }
         }
-        e->shard.rows_per_rank = e->rows_tp;
     }
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;

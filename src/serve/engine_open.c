@@ -84,42 +84,17 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     return 0;
 }
 
+/* The shard: {layout, this rank's coordinates, its groups}, all from the layout. */
 static int build_shard(ms_engine *e, ms_errbuf *err)
 {
-    ms_rank_coords at;
-    int rc = ms_layout_rank_coords(&e->lay, e->rank, &at);
-    if (rc) return ms_err(err, rc, "rank %d outside the layout", e->rank);
-    ms_comm_dims d = {.tp = e->lay.tp, .attn_tp = e->lay.attn_tp, .attn_dp = e->lay.attn_dp,
-                      .moe_ep = e->lay.moe_ep, .moe_tp = e->lay.moe_tp,
-                      .dense_tp = e->lay.dense_tp, .n_replicas = e->lay.n_replicas};
-    if ((rc = ms_comm_groups_init(&e->gs, &d, err))) return rc;
+    int rc = ms_comm_groups_init(&e->gs, &e->lay, err);
+    if (rc) return rc;
     e->have_groups = 1;
-    ms_shard *s = &e->shard;
-    s->lay = &e->lay;
-    s->at = at;
-    s->attn_tp = e->lay.attn_tp;
-    s->attn_tp_rank = at.attn_tp_rank;
-    s->attn_dp = e->lay.attn_dp;
-    s->attn_dp_rank = at.attn_dp_rank;
-    s->tp = e->lay.tp;
-    s->tp_rank = at.tp_rank;
-    s->moe_ep = e->lay.moe_ep;
-    s->moe_ep_rank = at.moe_ep_rank;
-    s->moe_tp = e->lay.moe_tp;
-    s->moe_tp_rank = at.moe_tp_rank;
-    s->first_expert = at.first_expert;
-    s->n_local_experts = e->lay.experts_per_rank;
-    s->dense_tp = e->lay.dense_tp;
-    s->dense_rank = at.tp_rank % MS_MAX(e->lay.dense_tp, 1);
-    s->shared_tp = e->lay.shared_tp;
-    s->shared_rank = at.tp_rank % MS_MAX(e->lay.shared_tp, 1);
-    s->sparse_mode = e->lay.sparse_mode;
-    s->dense_mode = e->lay.dense_mode;
-    s->dispatch_bf16 = e->o.dispatch_bf16;
-    s->attn_group = e->gs.attn_tp;
-    s->tp_group = e->gs.tp;
-    e->is_leader = at.attn_tp_rank == 0;
-    e->dp_index = at.replica * e->lay.attn_dp + at.attn_dp_rank;
+    e->shard = (ms_shard){.lay = &e->lay, .at = e->gs.at, .attn_group = e->gs.attn_tp,
+                          .tp_group = e->gs.tp, .dispatch_bf16 = e->o.dispatch_bf16,
+                          .step = &e->step};
+    e->is_leader = e->gs.at.attn_tp_rank == 0;
+    e->dp_index = e->gs.at.replica * e->lay.attn_dp + e->gs.at.attn_dp_rank;
     return 0;
 }
 
@@ -220,6 +195,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         rc = ms_err(err, MS_ENOMEM, "out of memory");
         goto fail;
     }
+    e->step.rows_per_rank = e->rows_tp; /* the counts change every step, the array never */
     if (e->rank == 0 && (rc = ms_router_new(&e->router, e->n_dp, &o->router))) {
         rc = ms_err(err, rc, "router: %d DP ranks, or a threshold out of range", e->n_dp);
         goto fail;

@@ -16,7 +16,8 @@ struct ms_engine {
     ms_layout lay;
     ms_comm_groups gs;
     int have_groups;
-    ms_shard shard;
+    ms_shard shard;        /* read-only after open */
+    ms_step_ctx step;      /* rows of this step (the shard and the MLP layers read it) */
     ms_model *m;
     ms_kv_cache *cache;    /* this rank's KV cache (its streams' pools) */
     ms_sched *sched;       /* DP-group leaders only */

@@ -29,7 +29,6 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     if (n < 1) return 0;
     if (e->W > 1) {
         for (int i = 0; i < e->lay.tp; i++) e->rows_tp[i] = n;
-        e->shard.rows_per_rank = e->rows_tp;
     }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     float *logits = malloc(sizeof(float) * (size_t)ms_model_shape_of(e->m)->vocab);

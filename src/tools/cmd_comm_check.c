@@ -385,31 +385,35 @@ static void check_accounting(ms_group *g)
     free(rs);
 }
 
-static void check_groups(const ms_comm_dims *d)
+/* The groups of a layout with these sizes (pp 1, cp 1; moe_dp = tp / (ep · moe_tp)). */
+static void check_groups(int tp, int attn_tp, int attn_dp, int moe_ep, int moe_tp, int dense_tp,
+                         int n_replicas)
 {
+    ms_layout lay = {.tp = tp, .pp = 1, .n_replicas = n_replicas, .attn_tp = attn_tp,
+                     .attn_dp = attn_dp, .attn_cp = 1, .moe_tp = moe_tp, .moe_ep = moe_ep,
+                     .moe_dp = tp / (moe_ep * moe_tp), .dense_tp = dense_tp, .shared_tp = 1,
+                     .world_size = tp * n_replicas};
     ms_comm_groups gs;
-    CKRC(ms_comm_groups_init(&gs, d, &ck_e));
-    int first[6], stride[6];
-    ms_errbuf e;
-    CK(ms_comm_ranks_compute(d, ms_comm_world_rank(), NULL, first, stride, &e) == 0, "coords");
-    ms_group *gl[6] = {gs.tp, gs.attn_tp, gs.moe_ep, gs.moe_tp, gs.dense, gs.dp};
-    for (int k = 0; k < 6; k++) {
+    CKRC(ms_comm_groups_init(&gs, &lay, &ck_e));
+    ms_group *gl[MS_GROUP_N] = {gs.tp, gs.attn_tp, gs.moe_ep, gs.moe_tp, gs.dense, gs.dp};
+    for (int k = 0; k < MS_GROUP_N; k++) {
         ms_group *g = gl[k];
-        int bad = 0;
+        int bad = 0, first, stride, size;
+        ms_layout_group_span(&lay, &gs.at, k, &first, &stride, &size);
         float sum = 0, want = 0;
         for (int i = 0; i < g->size; i++) {
-            bad += ms_comm_group_world_rank(g, i) != first[k] + i * stride[k];
-            want += (float)(first[k] + i * stride[k]);
+            bad += ms_comm_group_world_rank(g, i) != first + i * stride;
+            want += (float)(first + i * stride);
         }
-        CK(bad == 0, "group %s members", g->name);
+        CK(bad == 0 && g->size == size, "group %s members", g->name);
         sum = (float)ms_comm_world_rank();
         CKRC(ms_comm_allreduce_f32(g, &sum, 1, &ck_e));
         CK(sum == want, "group %s: sum of world ranks %.0f, want %.0f", g->name, sum, want);
     }
-    CK(gs.attn_tp->size == d->attn_tp && gs.moe_ep->size == d->moe_ep &&
-           gs.moe_tp->size == d->moe_tp && gs.dp->size == d->n_replicas,
+    CK(gs.attn_tp->size == attn_tp && gs.moe_ep->size == moe_ep && gs.moe_tp->size == moe_tp &&
+           gs.dp->size == n_replicas,
        "group sizes");
-    CK(gs.at.attn_dp_rank == gs.at.tp_rank / d->attn_tp, "attn_dp_rank");
+    CK(gs.at.attn_dp_rank == gs.at.tp_rank / attn_tp, "attn_dp_rank");
     ms_comm_groups_deinit(&gs);
 }
 
@@ -437,14 +441,11 @@ static void mode_collectives(void)
         CK(ms_comm_group_world_rank(halves, 0) > ms_comm_group_world_rank(halves, 1),
            "split key orders members (descending world rank)");
     check_accounting(w);
-    ms_comm_dims d1 = {n, 1, n, n, 1, 1, 1};
-    check_groups(&d1);
+    check_groups(n, 1, n, n, 1, 1, 1);
     if (n == 4) {
-        ms_comm_dims d2 = {4, 2, 2, 2, 2, 1, 1}, d3 = {2, 1, 2, 2, 1, 2, 2},
-                     d4 = {4, 4, 1, 1, 2, 4, 1};
-        check_groups(&d2);
-        check_groups(&d3);
-        check_groups(&d4);
+        check_groups(4, 2, 2, 2, 2, 1, 1);
+        check_groups(2, 1, 2, 2, 1, 2, 2);
+        check_groups(4, 4, 1, 1, 2, 4, 1);
     }
     ms_comm_group_free(halves);
     ms_comm_group_free(odd);
