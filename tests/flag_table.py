@@ -21,7 +21,7 @@ IMPL = {
     "--kv-cache-dtype": "auto", "--speculative-algorithm": "none",
     "--disaggregation-mode": "null", "--tool-call-parser": "deepseekv31",
     "--reasoning-parser": "deepseek-r1", "--deepep-max-dispatch-tokens-per-rank": "256",
-    "--served-model-name": "m", "--enable-metrics": None,
+    "--served-model-name": "m", "--enable-metrics": None, "--init-expert-location": "trivial",
 }
 
 GPU = {
@@ -45,7 +45,7 @@ NOT_BUILT = {
     "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
     "--swa-full-tokens-ratio": "0.1", "--enable-eplb": None,
-    "--init-expert-location": "/nonexistent.pt", "--enable-waterfill": None,
+    "--enable-waterfill": None,
     "--eplb-algorithm": "deepseek", "--enable-prefill-delayer": None,
     "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
     "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,

@@ -54,6 +54,34 @@ for L in "${layouts[@]}"; do
     fi
 done
 
+# expert placement (--init-expert-location, SGLang's physical_to_logical_map): every layer's
+# experts permuted over the EP ranks, each rank loading the experts its slots hold; the
+# gate's output, dispatch and combine follow the map, so results equal one rank's
+/usr/bin/python3 - "$M/config.json" "$tmp/perm.json" <<'PY'
+import json, random, sys
+c = json.load(open(sys.argv[1]))
+E, L = c["n_routed_experts"], c["num_hidden_layers"]
+rng = random.Random(5)
+rows = []
+for _ in range(L):
+    p = list(range(E)); rng.shuffle(p); rows.append(p)
+json.dump({"physical_to_logical_map": rows}, open(sys.argv[2], "w"))
+PY
+for L in "--tp 2 --moe-a2a-backend deepep" "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend mpi" \
+         "--tp 4 --ep-size 2" "--tp 4 --ep-size 4"; do
+    # shellcheck disable=SC2086
+    if ! timeout 180 "$MOESERVE" generate "${common[@]}" $L --init-expert-location "$tmp/perm.json" \
+            --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
+        bad "$L, permuted experts: run failed"; tail -5 "$tmp/l.out"; continue
+    fi
+    if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" >"$tmp/cmp" 2>&1; then
+        ok "$L, permuted experts ($(grep 'max relative' "$tmp/cmp"))"
+    else
+        bad "$L, permuted experts"; cat "$tmp/cmp"
+    fi
+done
+echo '{"physical_to_logical_map": [[0, 0]]}' >"$tmp/bad.json"
+
 # MAX_LEN vs SUM_LEN: uneven prefill (23/2/9/idle tokens over 4 DP ranks) must use
 # SUM_LEN (sum*2 = 68 < max*dp = 92); the balanced decode steps use MAX_LEN.
 # (--skip-server-warmup: the counts are those of these steps alone)
@@ -98,6 +126,8 @@ check_err "--tp" --tp 0
 # kill rank 1 with SIGSEGV at load)
 check_err "--ep-num-redundant-experts" --tp 2 --ep-size 2 --ep-num-redundant-experts 2
 check_err "--ep-num-redundant-experts" --ep-num-redundant-experts 4
+check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$tmp/bad.json"
+check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$tmp/missing.json"
 
 # a rank killed mid-run: the others must stop with an error, not hang
 ( timeout 60 "$MOESERVE" generate --model "$M" --prompt-ids "$P1" --max-new-tokens 15000 --ignore-eos \

@@ -2,6 +2,7 @@
  * `--tp 8` shapes, plain DP, rank coordinates, and every validation rule's message. */
 #include "harness.h"
 #include "base/util.h"
+#include "parallel/ep.h"
 #include "parallel/layout.h"
 
 #include <stdlib.h>
@@ -133,8 +134,44 @@ TEST(seed002_walkthrough_coords)
     CHECK(ms_layout_rank_coords(&lay, 3, &c) == 0);
     CHECK(c.attn_tp_rank == 0 && c.attn_dp_rank == 3 && c.moe_ep_rank == 3 && c.moe_tp_rank == 0);
     CHECK(c.first_expert == 96 && lay.experts_per_rank == 32);
-    CHECK(ms_layout_expert_owner(&lay, 255) == 7 && ms_layout_expert_owner(&lay, 256) == -1);
     CHECK(ms_layout_rank_coords(&lay, 8, &c) == MS_EINVAL);
+}
+
+/* The identity expert map is today's placement: EP rank r holds the contiguous logical
+ * experts [first_expert, first_expert + experts_per_rank), in order, for every rank of
+ * every EP layout; a permutation moves experts and their owners with it. */
+TEST(identity_expert_map_is_contiguous_placement)
+{
+    const char *launches[] = {"--tp 8 --ep 8", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep",
+                              "--tp 8 --ep 4", "--tp 8 --ep 2 --moe-dp-size 2", "--tp 4"};
+    for (size_t i = 0; i < sizeof launches / sizeof launches[0]; i++) {
+        ms_layout lay;
+        ms_errbuf err = {{0}};
+        CHECKF(resolve(launches[i], &dsv3, &lay, &err) == 0, "%s: %s", launches[i], err.msg);
+        ms_expert_map map;
+        CHECK(ms_expert_map_init_identity(&map, 256, lay.moe_ep, &err) == 0);
+        CHECK(map.per_rank == lay.experts_per_rank);
+        for (int r = 0; r < lay.world_size; r++) {
+            ms_rank_coords c;
+            CHECK(ms_layout_rank_coords(&lay, r, &c) == 0);
+            for (int s = 0; s < map.per_rank; s++) {
+                int e = ms_expert_map_local(&map, c.moe_ep_rank, s);
+                CHECKF(e == c.first_expert + s, "%s rank %d slot %d: %d", launches[i], r, s, e);
+                CHECK(ms_expert_map_owner(&map, map.physical_of[e]) == c.moe_ep_rank);
+            }
+        }
+        ms_expert_map_deinit(&map);
+    }
+    ms_expert_map map;
+    ms_errbuf err = {{0}};
+    int32_t perm[8] = {7, 6, 5, 4, 3, 2, 1, 0}, dup[8] = {0, 1, 2, 3, 4, 5, 6, 6};
+    CHECK(ms_expert_map_init_from(&map, 8, 2, perm, &err) == 0);
+    CHECK(ms_expert_map_local(&map, 0, 0) == 7 && map.physical_of[7] == 0);
+    CHECK(ms_expert_map_owner(&map, map.physical_of[0]) == 1 && ms_expert_map_slot(&map, 7) == 3);
+    ms_expert_map_deinit(&map);
+    CHECK(ms_expert_map_init_from(&map, 8, 2, dup, &err) == MS_EINVAL);
+    CHECKF(strstr(err.msg, "exactly once") != NULL, "%s", err.msg);
+    CHECK(ms_expert_map_init_identity(&map, 8, 3, &err) == MS_EINVAL);
 }
 
 /* Seed 002 ScatterMode docstring: TP=4, DP=2, DP-attention → [ab, ab, cd, cd]. */
@@ -391,6 +428,7 @@ int main(void)
     RUN(flash_dpa4_deepep);
     RUN(seed000_recipe_table);
     RUN(seed002_walkthrough_coords);
+    RUN(identity_expert_map_is_contiguous_placement);
     RUN(tp4_dp2_groups);
     RUN(plain_dp_replicas);
     RUN(per_rank_budgets);

@@ -11,6 +11,7 @@
 #define MS_MODEL_SHARD_H
 
 #include "parallel/comm.h"
+#include "parallel/ep.h"
 #include "parallel/layout.h"
 
 #include <stdint.h>
@@ -30,7 +31,28 @@ typedef struct ms_shard {
     ms_group *attn_group;        /* attention-TP group (borrowed) */
     ms_group *tp_group;          /* replica tp group: gathers, reductions, a2a (borrowed) */
     int dispatch_bf16;           /* --ep-dispatch-dtype bf16 */
+    const ms_expert_map *experts; /* [n_layers + MTP layers] placement of each layer's experts
+                                   * (borrowed; NULL for a dense model) */
     const ms_step_ctx *step;     /* borrowed; its contents change every step, the pointer never */
 } ms_shard;
+
+/* The routed experts this rank holds in layer l: ms_shard_n_experts of them, the s-th
+ * being logical expert ms_shard_expert(sh, l, s) (all of them, in order, on one rank).
+ * Weight loading and the non-all-to-all MLP modes read placement only through these. */
+static inline int ms_shard_n_experts(const ms_shard *sh, int n_routed)
+{
+    return sh && sh->experts ? sh->experts[0].per_rank : n_routed;
+}
+static inline int ms_shard_expert(const ms_shard *sh, int layer, int s)
+{
+    return sh && sh->experts ? ms_expert_map_local(&sh->experts[layer], sh->at.moe_ep_rank, s) : s;
+}
+/* Whether this rank holds logical expert e of layer l (always, on one rank). */
+static inline int ms_shard_holds(const ms_shard *sh, int layer, int e)
+{
+    if (!sh || !sh->experts) return 1;
+    const ms_expert_map *m = &sh->experts[layer];
+    return ms_expert_map_owner(m, m->physical_of[e]) == sh->at.moe_ep_rank;
+}
 
 #endif

@@ -172,17 +172,20 @@ static int64_t ffn_bytes(const ms_ffn_w *f)
     return mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
 }
 
-/* Bytes of the weights a layer reads: attention, dense MLP, router, shared
- * expert, and the routed experts [e0, e1) (or `topk` of them, all of average
- * size, when topk > 0). */
-static int64_t layer_bytes(const ms_config *c, const ms_layer_w *lw, int e0, int e1, int topk)
+/* Bytes of the weights layer l reads on this rank: attention, dense MLP, router,
+ * shared expert, and the routed experts it holds (or `topk` of them, all of
+ * average size, when topk > 0). */
+static int64_t layer_bytes(const ms_model *m, int l, int topk)
 {
+    const ms_config *c = &m->cfg;
+    const ms_layer_w *lw = &m->layers[l];
     int64_t b = mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
     b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
     if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
     b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
-    if (topk > 0) return b + ffn_bytes(&lw->experts[e0]) * topk;
-    for (int e = e0; e < e1; e++) b += ffn_bytes(&lw->experts[e]);
+    if (topk > 0) return b + ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, 0)]) * topk;
+    for (int s = 0; s < ms_shard_n_experts(m->shard, c->n_routed_experts); s++)
+        b += ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, s)]);
     return b;
 }
 
@@ -193,9 +196,7 @@ static int64_t active_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
     int64_t b = mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
-    int e0 = m->shard ? m->shard->at.first_expert : 0;
-    for (int l = 0; l < c->n_layers; l++)
-        b += layer_bytes(c, &m->layers[l], e0, e0, c->n_experts_per_tok);
+    for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, c->n_experts_per_tok);
     return b;
 }
 
@@ -228,8 +229,8 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
     }
     if (!lw->is_moe)
         return shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
-    for (int e = sh->at.first_expert; e < sh->at.first_expert + sh->lay->experts_per_rank; e++) {
-        int rc = shard_ffn(&lw->experts[e], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
+    for (int s = 0; s < ms_shard_n_experts(sh, c->n_routed_experts); s++) {
+        int rc = shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
                            layer, err);
         if (rc) return rc;
     }
@@ -247,8 +248,7 @@ void ms_model_ws_free(ms_model_ws *ws);
 static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
 {
     const ms_config *c = &m->cfg;
-    int e0 = m->shard ? m->shard->at.first_expert : 0;
-    int e1 = m->shard ? e0 + m->shard->lay->experts_per_rank : c->n_routed_experts;
+    int n_local = ms_shard_n_experts(m->shard, c->n_routed_experts);
     fn(&m->lm_head, arg);
     for (int l = 0; l < c->n_layers; l++) {
         ms_layer_w *lw = &m->layers[l];
@@ -260,9 +260,10 @@ static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
         for (int i = 0; i < 2; i++)
             if (f[i]) fn(&f[i]->gate, arg), fn(&f[i]->up, arg), fn(&f[i]->down, arg);
         if (lw->is_moe)
-            for (int e = e0; e < e1; e++)
-                fn(&lw->experts[e].gate, arg), fn(&lw->experts[e].up, arg),
-                    fn(&lw->experts[e].down, arg);
+            for (int s = 0; s < n_local; s++) {
+                ms_ffn_w *x = &lw->experts[ms_shard_expert(m->shard, l, s)];
+                fn(&x->gate, arg), fn(&x->up, arg), fn(&x->down, arg);
+            }
     }
 }
 
@@ -459,9 +460,7 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
     int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
-    int e0 = m->shard ? m->shard->at.first_expert : 0;
-    int e1 = m->shard ? e0 + m->shard->lay->experts_per_rank : c->n_routed_experts;
-    for (int l = 0; l < c->n_layers; l++) b += layer_bytes(c, &m->layers[l], e0, e1, 0);
+    for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, 0);
     return b;
 }
 

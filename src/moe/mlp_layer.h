@@ -9,7 +9,8 @@
  *     SGLang's rule sum·2 >= max·dp), sliced compute, reduce-scatter back;
  *   - SCATTERED (all-to-all backend): each token is dispatched once per
  *     destination rank with its expert ids and weights there, experts run on
- *     their owner, weighted partial sums are combined back; shared expert local.
+ *     their owner, weighted partial sums are combined back (parallel/ep.c, by
+ *     the layer's expert map); shared expert local.
  * Every rank of the replica calls it every step, with 0 rows when idle.
  * Main thread only.
  */
@@ -18,6 +19,7 @@
 
 #include "model/model.h"
 #include "moe/moe.h"
+#include "parallel/ep.h"
 
 #include <stdint.h>
 
@@ -27,15 +29,10 @@ typedef struct ms_mlp_ws {
     int64_t cap_gu;
     float *xall, *yall, *cbuf;   /* gathered / expert-output / combine rows [rows][D] */
     int64_t cap_xall, cap_yall, cap_cbuf; /* floats */
-    uint8_t *sbuf, *rbuf;        /* a2a dispatch payloads */
-    size_t cap_sbuf, cap_rbuf;   /* bytes */
+    ms_ep_ws ep;                 /* a2a dispatch / combine (parallel/ep.h) */
     int32_t *ridx;               /* [rows][k] received expert ids */
     float *rw;                   /* [rows][k] received weights */
-    int32_t *rec_row;            /* [records] local row of each dispatched record */
-    size_t cap_ridx, cap_rw, cap_rec_row; /* bytes */
-    size_t *counts;              /* [4][world] scratch for counts/displacements */
-    int64_t *cnt_all;            /* [world][world] per-rank send counts */
-    int cap_world;
+    size_t cap_ridx, cap_rw;     /* bytes */
     int64_t n_max_len, n_sum_len; /* gather mode choices (tests, stats) */
     int64_t dispatch_rows;       /* rows sent to other ranks (Σ tokens × remote destinations) */
 } ms_mlp_ws;

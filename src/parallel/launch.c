@@ -100,7 +100,7 @@ enum {
     O_TP, O_DP, O_PP, O_DPA, O_EP, O_A2A, O_DENSE_TP, O_MOE_DP, O_CP, O_RUNNING, O_CHUNK,
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
-    O_W4A4, O_DISAGG
+    O_W4A4, O_DISAGG, O_EXPERT_LOC
 };
 static const struct {
     const char *name;
@@ -153,6 +153,8 @@ static const struct {
     {"--enable-unified-cache-external-linker", F_SWITCH, O_UMBP, 0, 0, "    UMBP external KV store (plan only)"},
     {"--enable-w4a4-mxfp4-megamoe", F_SWITCH, O_W4A4, 0, 0, "    MegaMoE W4A4 kernel (plan only)"},
     {"--disaggregation-mode", F_STR, O_DISAGG, 0, 0, "M   null|prefill|decode (plan only: serve refuses all but null)"},
+    {"--init-expert-location", F_STR, O_EXPERT_LOC, 0, 0,
+     "F   trivial, or a JSON file {\"physical_to_logical_map\": [[...] per layer]}"},
 };
 
 const char *ms_launch_help(void)
@@ -218,6 +220,13 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
         l->hicache_ratio = r;
         return 1;
     }
+    case O_EXPERT_LOC:
+        if (strlen(v) >= sizeof l->init_expert_location)
+            return ms_err(err, MS_EINVAL, "%s: path longer than %zu bytes", flag,
+                          sizeof l->init_expert_location - 1);
+        snprintf(l->init_expert_location, sizeof l->init_expert_location, "%s",
+                 strcmp(v, "trivial") ? v : "");
+        return 1;
     case O_DISAGG:
         if (!strcasecmp(v, "null") || !strcasecmp(v, "none")) l->disagg = MS_DISAGG_NONE;
         else if (!strcasecmp(v, "prefill")) l->disagg = MS_DISAGG_PREFILL;

@@ -299,13 +299,6 @@ int ms_layout_group_span(const ms_layout *lay, const ms_rank_coords *c, int kind
     }
 }
 
-int ms_layout_expert_owner(const ms_layout *lay, int e)
-{
-    if (e < 0 || e >= lay->n_physical_experts || lay->experts_per_rank < 1) return -1;
-    int r = e / lay->experts_per_rank;
-    return r < lay->moe_ep ? r : -1;
-}
-
 static const char *mode_name(ms_mlp_mode m)
 {
     return m == MS_MLP_FULL ? "FULL (all-gather + reduce-scatter)"

@@ -69,6 +69,8 @@ typedef struct ms_launch {
     bool enable_umbp;                /* --enable-unified-cache-external-linker (UMBP) */
     bool megamoe_w4a4;               /* --enable-w4a4-mxfp4-megamoe */
     ms_disagg_mode disagg;           /* --disaggregation-mode */
+    char init_expert_location[512];  /* --init-expert-location: "" = trivial (the identity),
+                                      * else a physical_to_logical_map JSON file */
 } ms_launch;
 
 /* Fills l with SGLang's defaults. */
@@ -181,8 +183,6 @@ enum ms_group_kind {
  * for i < size, in group-rank order.  Returns 0 or MS_EINVAL for a bad kind. */
 int ms_layout_group_span(const ms_layout *lay, const ms_rank_coords *c, int kind, int *first,
                          int *stride, int *size);
-/* The EP rank owning physical expert e (e < n_physical_experts), or -1. */
-int ms_layout_expert_owner(const ms_layout *lay, int physical_expert);
 
 /* The seed-style one-liner, e.g. "attention TP=1, DP=4 · routed experts TP=1, EP=4 ·
  * dense/shared replicated".  Returns the length that would have been written. */

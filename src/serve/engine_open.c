@@ -84,6 +84,27 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     return 0;
 }
 
+/* Each layer's expert placement: --init-expert-location's file, or the identity.
+ * Built on every rank (the same file, the same answer). */
+static int build_expert_maps(ms_engine *e, const ms_model_shape *shape, ms_errbuf *err)
+{
+    if (shape->n_routed <= 0) return 0;
+    int n = shape->n_layers + shape->n_mtp_layers; /* MTP layers after the stack */
+    e->expert_maps = calloc((size_t)n, sizeof *e->expert_maps);
+    if (!e->expert_maps) return ms_err(err, MS_ENOMEM, "out of memory");
+    e->n_expert_maps = n;
+    const char *path = e->o.launch.init_expert_location;
+    if (path[0])
+        return ms_expert_map_load(e->expert_maps, n, shape->n_routed, e->lay.moe_ep, path,
+                                  err);
+    for (int l = 0; l < n; l++) {
+        int rc = ms_expert_map_init_identity(&e->expert_maps[l], shape->n_routed,
+                                             e->lay.moe_ep, err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* The shard: {layout, this rank's coordinates, its groups}, all from the layout. */
 static int build_shard(ms_engine *e, ms_errbuf *err)
 {
@@ -92,7 +113,7 @@ static int build_shard(ms_engine *e, ms_errbuf *err)
     e->have_groups = 1;
     e->shard = (ms_shard){.lay = &e->lay, .at = e->gs.at, .attn_group = e->gs.attn_tp,
                           .tp_group = e->gs.tp, .dispatch_bf16 = e->o.dispatch_bf16,
-                          .step = &e->step};
+                          .experts = e->expert_maps, .step = &e->step};
     e->is_leader = e->gs.at.attn_tp_rank == 0;
     e->dp_index = e->gs.at.replica * e->lay.attn_dp + e->gs.at.attn_dp_rank;
     return 0;
@@ -138,8 +159,9 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     int rc;
     /* the model's shape decides the layout: read config.json first */
     ms_model_shape shape;
-    if ((rc = ms_family_load(o->model_path, 1, NULL, &shape, err))) goto fail;
-    if ((rc = resolve(o, &shape, &e->lay, err))) goto fail;
+    if ((rc = ms_family_load(o->model_path, 1, NULL, &shape, err)) ||
+        (rc = resolve(o, &shape, &e->lay, err)) || (rc = build_expert_maps(e, &shape, err)))
+        goto fail;
     if (e->lay.world_size != e->W) {
         rc = ms_err(err, MS_ELAYOUT, "this launch needs %d ranks, the world has %d",
                     e->lay.world_size, e->W);
@@ -223,6 +245,8 @@ void ms_engine_close(ms_engine *e)
     ms_kv_cache_free(e->cache);
     ms_model_free(e->m);
     if (e->have_groups) ms_comm_groups_deinit(&e->gs);
+    for (int l = 0; l < e->n_expert_maps; l++) ms_expert_map_deinit(&e->expert_maps[l]);
+    free(e->expert_maps);
     free(e->ctrl);
     free(e->aborts);
     free(e->events);

@@ -56,7 +56,6 @@ static const struct {
     {"--swa-full-tokens-ratio", NOT_BUILT, "a separate sliding-window KV pool"},
     {"--enable-eplb", NOT_BUILT, "EPLB rebalancing"},
     {"--eplb-", NOT_BUILT, "EPLB rebalancing"},
-    {"--init-expert-location", NOT_BUILT, "EPLB expert placement"},
     {"--enable-waterfill", NOT_BUILT, "Waterfill expert placement"},
     {"--expert-distribution-recorder-mode", NOT_BUILT, "the expert distribution recorder"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},

@@ -1,0 +1,307 @@
+/* ep.c — the expert map and the all-to-all dispatch / combine (ep.h).  A dispatched
+ * record: source row, entry count, then K (physical id, weight) pairs (-1 where the
+ * entry is another rank's) and the hidden row in FP32 or BF16. */
+#include "parallel/ep.h"
+
+#include "base/util.h"
+#include "kernels/dtype.h"
+#include "kernels/kernels.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ms_expert_map_init_from(ms_expert_map *m, int n_logical, int n_ranks, const int32_t *logical_of,
+                            ms_errbuf *err)
+{
+    memset(m, 0, sizeof *m);
+    if (n_logical < 1 || n_ranks < 1 || n_logical % n_ranks)
+        return ms_err(err, MS_EINVAL, "%d experts cannot be split over %d EP ranks", n_logical,
+                      n_ranks);
+    m->n_logical = m->n_physical = n_logical;
+    m->n_ranks = n_ranks;
+    m->per_rank = n_logical / n_ranks;
+    m->logical_of = malloc(sizeof(int32_t) * (size_t)n_logical);
+    m->physical_of = malloc(sizeof(int32_t) * (size_t)n_logical);
+    if (!m->logical_of || !m->physical_of) {
+        ms_expert_map_deinit(m);
+        return ms_err(err, MS_ENOMEM, "out of memory");
+    }
+    for (int e = 0; e < n_logical; e++) m->physical_of[e] = -1;
+    for (int p = 0; p < n_logical; p++) {
+        int e = logical_of ? logical_of[p] : p;
+        if (e < 0 || e >= n_logical || m->physical_of[e] >= 0) {
+            ms_expert_map_deinit(m);
+            return ms_err(err, MS_EINVAL,
+                          "physical expert %d holds logical expert %d: each of the %d logical "
+                          "experts must appear exactly once (redundant replicas need EPLB)",
+                          p, e, n_logical);
+        }
+        m->logical_of[p] = e;
+        m->physical_of[e] = p;
+    }
+    return 0;
+}
+
+int ms_expert_map_init_identity(ms_expert_map *m, int n_logical, int n_ranks, ms_errbuf *err)
+{
+    return ms_expert_map_init_from(m, n_logical, n_ranks, NULL, err);
+}
+
+void ms_expert_map_deinit(ms_expert_map *m)
+{
+    if (!m) return;
+    free(m->logical_of);
+    free(m->physical_of);
+    memset(m, 0, sizeof *m);
+}
+
+int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_ranks,
+                       const char *path, ms_errbuf *err)
+{
+    for (int l = 0; l < n_layers; l++) memset(&maps[l], 0, sizeof maps[l]);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        return ms_err(err, MS_EINVAL, "--init-expert-location %s: %s (line %d)", path, je.text,
+                      je.line);
+    int rc = 0;
+    json_t *rows = json_object_get(root, "physical_to_logical_map");
+    int32_t *row = malloc(sizeof(int32_t) * (size_t)(n_logical > 0 ? n_logical : 1));
+    if (!row) {
+        rc = ms_err(err, MS_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (!json_is_array(rows) || (int)json_array_size(rows) > n_layers) {
+        rc = ms_err(err, MS_EINVAL,
+                    "--init-expert-location %s: needs \"physical_to_logical_map\", an array of at "
+                    "most %d layers (one row of physical experts each)", path, n_layers);
+        goto out;
+    }
+    for (int l = 0; l < n_layers && !rc; l++) {
+        json_t *r = json_array_get(rows, (size_t)l);
+        if (!r) {
+            rc = ms_expert_map_init_identity(&maps[l], n_logical, n_ranks, err);
+            continue;
+        }
+        if (!json_is_array(r) || (int)json_array_size(r) != n_logical) {
+            rc = ms_err(err, MS_EINVAL,
+                        "--init-expert-location %s: layer %d has %zu physical experts, the model "
+                        "%d (redundant replicas need EPLB)", path, l,
+                        json_is_array(r) ? json_array_size(r) : 0, n_logical);
+            break;
+        }
+        for (int p = 0; p < n_logical; p++) {
+            json_t *v = json_array_get(r, (size_t)p);
+            row[p] = json_is_integer(v) && json_integer_value(v) >= 0 &&
+                             json_integer_value(v) < n_logical
+                         ? (int32_t)json_integer_value(v)
+                         : -1;
+        }
+        ms_errbuf e2 = {{0}};
+        if ((rc = ms_expert_map_init_from(&maps[l], n_logical, n_ranks, row, &e2)))
+            ms_err(err, rc, "--init-expert-location %s: layer %d: %s", path, l, e2.msg);
+    }
+out:
+    free(row);
+    json_decref(root);
+    if (rc)
+        for (int l = 0; l < n_layers; l++) ms_expert_map_deinit(&maps[l]);
+    return rc;
+}
+
+void ms_ep_ws_free(ms_ep_ws *ws)
+{
+    if (!ws) return;
+    free(ws->sbuf);
+    free(ws->rbuf);
+    free(ws->rec_row);
+    free(ws->counts);
+    free(ws->cnt_all);
+    ms_free_aligned(ws->cbuf);
+    memset(ws, 0, sizeof *ws);
+}
+
+static int grow_bytes(void **p, size_t *cap, size_t n)
+{
+    if (n <= *cap) return 0;
+    n = MS_MAX(n, 2 * *cap);
+    void *q = realloc(*p, n);
+    if (!q) return MS_ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int grow_f(float **p, int64_t *cap, int64_t n)
+{
+    if (n <= *cap) return 0;
+    n = MS_MAX(n, 2 * *cap);
+    ms_free_aligned(*p);
+    *p = ms_alloc_aligned((size_t)n, sizeof(float));
+    *cap = *p ? n : 0;
+    return *p ? 0 : MS_ENOMEM;
+}
+
+static size_t record_bytes(int K, int64_t D, int bf16)
+{
+    size_t b = 8 + (size_t)K * 8 + (size_t)D * (bf16 ? 2 : 4);
+    return (b + 7) & ~(size_t)7;
+}
+
+int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_t n, int64_t D,
+                   int K, const int32_t *idx, const float *w, int bf16, ms_ep_ws *ws, float **xr,
+                   int64_t *cap_xr, int32_t **ir, size_t *cap_ir, float **wr, size_t *cap_wr,
+                   int64_t *n_recv_out, ms_errbuf *err)
+{
+    int N = g->size, me = g->rank, rc;
+    if (N > MS_EP_MAX_RANKS) return ms_err(err, MS_EUNSUPPORTED, "more than %d EP ranks", MS_EP_MAX_RANKS);
+    if (map->n_ranks != N)
+        return ms_err(err, MS_EINTERNAL, "expert map for %d EP ranks used on %d", map->n_ranks, N);
+    if (N > ws->cap_world) {
+        free(ws->counts);
+        free(ws->cnt_all);
+        ws->counts = calloc((size_t)N * 4, sizeof(size_t));
+        ws->cnt_all = calloc((size_t)N * (size_t)N, sizeof(int64_t));
+        if (!ws->counts || !ws->cnt_all) return ms_err(err, MS_ENOMEM, "out of memory");
+        ws->cap_world = N;
+    }
+    size_t *sbytes = ws->counts, *sdisp = sbytes + N, *rbytes = sdisp + N, *rdisp = rbytes + N;
+    int64_t cnt[MS_EP_MAX_RANKS];
+    memset(cnt, 0, sizeof(int64_t) * (size_t)N);
+    /* destinations of each row, deduplicated: the owners of its entries' replicas */
+    for (int64_t t = 0; t < n; t++) {
+        uint8_t seen[MS_EP_MAX_RANKS / 8] = {0};
+        for (int k = 0; k < K; k++) {
+            int e = idx[t * K + k];
+            if (e < 0 || e >= map->n_logical) return ms_err(err, MS_EINTERNAL, "expert %d has no owner", e);
+            int d = ms_expert_map_owner(map, map->physical_of[e]);
+            if (!(seen[d / 8] & (1u << (d % 8)))) {
+                seen[d / 8] |= (uint8_t)(1u << (d % 8));
+                cnt[d]++;
+            }
+        }
+    }
+    size_t R = record_bytes(K, D, bf16);
+    int64_t n_send = 0;
+    for (int d = 0; d < N; d++) {
+        sdisp[d] = (size_t)n_send * R;
+        sbytes[d] = (size_t)cnt[d] * R;
+        n_send += cnt[d];
+        if (d != me) ws->dispatch_rows += cnt[d];
+    }
+    if (grow_bytes((void **)&ws->sbuf, &ws->cap_sbuf, (size_t)n_send * R + 8) ||
+        grow_bytes((void **)&ws->rec_row, &ws->cap_rec_row, sizeof(int32_t) * (size_t)(n_send + 1)))
+        return ms_err(err, MS_ENOMEM, "out of memory in dispatch");
+    int64_t fill[MS_EP_MAX_RANKS];
+    for (int d = 0; d < N; d++) fill[d] = (int64_t)(sdisp[d] / R);
+    for (int64_t t = 0; t < n; t++) {
+        int dest[64];
+        for (int k = 0; k < K && k < 64; k++)
+            dest[k] = ms_expert_map_owner(map, map->physical_of[idx[t * K + k]]);
+        for (int k = 0; k < K; k++) {
+            int d = dest[k], dup = 0;
+            for (int q = 0; q < k; q++) dup |= dest[q] == d;
+            if (dup) continue;
+            int64_t r = fill[d]++;
+            ws->rec_row[r] = (int32_t)t;
+            uint8_t *rec = ws->sbuf + (size_t)r * R;
+            int32_t ne = 0;
+            for (int q = 0; q < K; q++) {
+                int32_t p = -1;
+                float wq = 0;
+                if (dest[q] == d) {
+                    p = map->physical_of[idx[t * K + q]];
+                    wq = w[t * K + q];
+                    ne++;
+                }
+                memcpy(rec + 8 + (size_t)q * 8, &p, 4);
+                memcpy(rec + 12 + (size_t)q * 8, &wq, 4);
+            }
+            int32_t t32 = (int32_t)t;
+            memcpy(rec, &t32, 4);
+            memcpy(rec + 4, &ne, 4);
+            uint8_t *pl = rec + 8 + (size_t)K * 8;
+            if (bf16) {
+                for (int64_t i = 0; i < D; i++) {
+                    uint16_t h = ms_f32_to_bf16(x[t * D + i]);
+                    memcpy(pl + 2 * i, &h, 2);
+                }
+            } else {
+                memcpy(pl, x + t * D, sizeof(float) * (size_t)D);
+            }
+        }
+    }
+    /* who sends what to whom */
+    if ((rc = ms_comm_allgather(g, cnt, sizeof(int64_t) * (size_t)N, ws->cnt_all, err))) return rc;
+    int64_t n_recv = 0;
+    for (int s = 0; s < N; s++) {
+        rdisp[s] = (size_t)n_recv * R;
+        rbytes[s] = (size_t)ws->cnt_all[(int64_t)s * N + me] * R;
+        n_recv += ws->cnt_all[(int64_t)s * N + me];
+    }
+    int64_t nr1 = MS_MAX(n_recv, 1);
+    if (grow_bytes((void **)&ws->rbuf, &ws->cap_rbuf, (size_t)n_recv * R + 8) ||
+        grow_f(xr, cap_xr, nr1 * D) ||
+        grow_bytes((void **)ir, cap_ir, sizeof(int32_t) * (size_t)(nr1 * K)) ||
+        grow_bytes((void **)wr, cap_wr, sizeof(float) * (size_t)(nr1 * K)))
+        return ms_err(err, MS_ENOMEM, "out of memory in dispatch");
+    if ((rc = ms_comm_alltoallv(g, MS_COMM_A2A_DISPATCH, ws->sbuf, sbytes, sdisp, ws->rbuf, rbytes,
+                                rdisp, err)))
+        return rc;
+    /* unpack: physical ids back to the logical expert each local slot holds */
+    for (int64_t r = 0; r < n_recv; r++) {
+        const uint8_t *rec = ws->rbuf + (size_t)r * R;
+        for (int q = 0; q < K; q++) {
+            int32_t p;
+            memcpy(&p, rec + 8 + (size_t)q * 8, 4);
+            memcpy(&(*wr)[r * K + q], rec + 12 + (size_t)q * 8, 4);
+            if (p >= 0 && (p >= map->n_physical || ms_expert_map_owner(map, p) != me))
+                return ms_err(err, MS_EINTERNAL,
+                              "physical expert %d dispatched to EP rank %d, which does not hold it",
+                              p, me);
+            (*ir)[r * K + q] = p >= 0 ? map->logical_of[p] : -1;
+        }
+        const uint8_t *pl = rec + 8 + (size_t)K * 8;
+        float *xo = *xr + r * D;
+        if (bf16) {
+            for (int64_t i = 0; i < D; i++) {
+                uint16_t h;
+                memcpy(&h, pl + 2 * i, 2);
+                xo[i] = ms_bf16_to_f32(h);
+            }
+        } else {
+            memcpy(xo, pl, sizeof(float) * (size_t)D);
+        }
+    }
+    ws->n_send = n_send;
+    ws->n_recv = n_recv;
+    *n_recv_out = n_recv;
+    return 0;
+}
+
+int ms_ep_combine(ms_group *g, int64_t D, const float *yr, float *y, ms_ep_ws *ws, ms_errbuf *err)
+{
+    int N = g->size, rc;
+    size_t *sbytes = ws->counts, *sdisp = sbytes + N, *rbytes = sdisp + N, *rdisp = rbytes + N;
+    /* the dispatch's row counts turned around: what came from s goes back to s */
+    int64_t off_s = 0, off_r = 0;
+    for (int s = 0; s < N; s++) {
+        int64_t rows_from_s = ws->cnt_all[(int64_t)s * N + g->rank];
+        int64_t rows_to_s = ws->cnt_all[(int64_t)g->rank * N + s];
+        rbytes[s] = (size_t)(rows_from_s * D) * 4; /* what I send back to s */
+        rdisp[s] = (size_t)(off_r * D) * 4;
+        sbytes[s] = (size_t)(rows_to_s * D) * 4;   /* what s sends back to me */
+        sdisp[s] = (size_t)(off_s * D) * 4;
+        off_r += rows_from_s;
+        off_s += rows_to_s;
+    }
+    if (grow_f(&ws->cbuf, &ws->cap_cbuf, MS_MAX(ws->n_send, 1) * D))
+        return ms_err(err, MS_ENOMEM, "out of memory in combine");
+    if ((rc = ms_comm_alltoallv(g, MS_COMM_A2A_COMBINE, yr, rbytes, rdisp, ws->cbuf, sbytes, sdisp,
+                                err)))
+        return rc;
+    for (int64_t r = 0; r < ws->n_send; r++)
+        ms_axpy_f32(y + (int64_t)ws->rec_row[r] * D, 1.0f, ws->cbuf + r * D, D);
+    return 0;
+}

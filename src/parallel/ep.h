@@ -1,0 +1,96 @@
+/* ep.h — expert parallelism: the expert map and the all-to-all dispatch / combine
+ * (DESIGN.md §7 "Experts through one map").
+ *
+ * ms_expert_map (one per layer): logical expert → its physical replica → owning EP
+ * rank and local slot.  Physical experts are numbered rank-major (EP rank r owns
+ * physical [r·per_rank, (r+1)·per_rank)), so owner and slot are arithmetic; the map
+ * says which logical expert each physical slot holds.  Weight loading, the gate's
+ * output, dispatch and combine all read it; without a placement file (SGLang's
+ * --init-expert-location) it is the identity.  Redundant replicas (several physical
+ * slots for one logical expert) come with EPLB.
+ *
+ * Dispatch sends each token row once per destination EP rank with the entries of its
+ * top-k that rank owns (physical ids, weights); combine sends the owners' weighted
+ * partial sums back and adds them to the rows.  Pure communication: no gate, no
+ * expert weights.  Main thread only (collectives); the map functions any thread.
+ */
+#ifndef MS_PARALLEL_EP_H
+#define MS_PARALLEL_EP_H
+
+#include "base/error.h"
+#include "parallel/comm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MS_EP_MAX_RANKS 4096 /* EP ranks one dispatch addresses */
+
+typedef struct ms_expert_map {
+    int n_logical, n_physical; /* n_physical = n_ranks · per_rank */
+    int n_ranks, per_rank;
+    int32_t *logical_of;  /* [n_physical]: the logical expert physical slot p holds */
+    int32_t *physical_of; /* [n_logical]: the replica a token of logical e goes to */
+} ms_expert_map;
+
+/* The identity: physical = logical, EP rank r owning [r·per_rank, (r+1)·per_rank).
+ * n_logical must equal n_ranks · per_rank.  0 or MS_EINVAL / MS_ENOMEM. */
+int ms_expert_map_init_identity(ms_expert_map *m, int n_logical, int n_ranks, ms_errbuf *err);
+/* From a physical → logical row (n_physical entries, each logical expert exactly once:
+ * no redundant replicas yet).  0 or MS_EINVAL naming the bad entry. */
+int ms_expert_map_init_from(ms_expert_map *m, int n_logical, int n_ranks, const int32_t *logical_of,
+                            ms_errbuf *err);
+void ms_expert_map_deinit(ms_expert_map *m);
+
+/* Reads SGLang's --init-expert-location JSON ({"physical_to_logical_map": [[...], ...]},
+ * one row per layer) into maps[n_layers] (every layer initialised; identity for rows
+ * absent).  0, or MS_EINVAL with the file and the reason. */
+int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_ranks,
+                       const char *path, ms_errbuf *err);
+
+static inline int ms_expert_map_owner(const ms_expert_map *m, int physical)
+{
+    return physical / m->per_rank;
+}
+static inline int ms_expert_map_slot(const ms_expert_map *m, int physical)
+{
+    return physical % m->per_rank;
+}
+/* The logical expert in local slot s of EP rank r. */
+static inline int ms_expert_map_local(const ms_expert_map *m, int r, int s)
+{
+    return m->logical_of[r * m->per_rank + s];
+}
+
+/* Scratch of one dispatch/combine (grow-only; ms_ep_ws_free releases it). */
+typedef struct ms_ep_ws {
+    uint8_t *sbuf, *rbuf;
+    size_t cap_sbuf, cap_rbuf;
+    int32_t *rec_row;  /* [n_send]: source row of each sent record */
+    size_t cap_rec_row;
+    size_t *counts;    /* [4][N]: send/recv bytes and displacements */
+    int64_t *cnt_all;  /* [N][N] */
+    int cap_world;
+    float *cbuf;       /* [n_send][D] combined partial sums coming back */
+    int64_t cap_cbuf;
+    int64_t n_send, n_recv;
+    int64_t dispatch_rows; /* cumulative rows sent to other ranks */
+} ms_ep_ws;
+
+void ms_ep_ws_free(ms_ep_ws *ws);
+
+/* Dispatch over group g (its ranks are the EP ranks; map->n_ranks == g->size): n rows
+ * x[n][D] with their top-k logical ids idx[n][K] and weights w[n][K].  On return
+ * *n_recv rows arrived: xr[n_recv][D] (grown, ms_alloc_aligned floats, *cap_xr
+ * floats), their local logical ids ir[n_recv][K] (-1: not for this rank) and weights
+ * wr[n_recv][K] (grown with realloc; caps in entries).  Every rank of g calls it
+ * (n = 0: an idle participant).  0, or MS_EINTERNAL for an expert with no owner here,
+ * MS_ENOMEM, or a communication error. */
+int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_t n, int64_t D,
+                   int K, const int32_t *idx, const float *w, int bf16, ms_ep_ws *ws, float **xr,
+                   int64_t *cap_xr, int32_t **ir, size_t *cap_ir, float **wr, size_t *cap_wr,
+                   int64_t *n_recv, ms_errbuf *err);
+/* After the experts ran on the received rows (yr[n_recv][D], weighted partial sums):
+ * sends them back and adds each to its source row of y[n][D].  0 or an error. */
+int ms_ep_combine(ms_group *g, int64_t D, const float *yr, float *y, ms_ep_ws *ws, ms_errbuf *err);
+
+#endif
