@@ -541,7 +541,11 @@ static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch
         ms_rmsnorm(ws->u, ws->x, lw->ffn_norm, T, D, D, c->rms_norm_eps);
         ms_comm_set_tag(l);
         ph_mark(PH_O);
-        rc = ms_mlp_forward(m, lw, ws->u, T, ws->y, &ws->mlp, err);
+        ms_mlp_ctx mcx = {&m->kctx, c, m->shard};
+        ms_mlp_w mw = {.layer = l, .is_moe = lw->is_moe, .dense = &lw->dense,
+                       .moe = {&lw->router, lw->e_bias, lw->experts,
+                               c->n_shared_experts > 0 ? &lw->shared : NULL}};
+        rc = ms_mlp_forward(&mcx, &mw, ws->u, T, ws->y, &ws->mlp, err);
         if (rc) return rc;
         ph_mark(lw->is_moe ? PH_MOE : PH_MLP);
         for (int64_t i = 0; i < T * D; i++) ws->x[i] += ws->y[i];

@@ -19,15 +19,11 @@
 #include "model/config.h"
 #include "model/family.h"
 #include "model/shard.h"
+#include "moe/moe.h" /* ms_ffn_w */
 
 #include <stdint.h>
 
 struct ms_st_store;
-
-typedef struct ms_ffn_w {  /* one SwiGLU FFN: dense MLP, shared expert or routed expert */
-    ms_mat gate, up;       /* [inter][D] */
-    ms_mat down;           /* [D][inter] */
-} ms_ffn_w;
 
 typedef struct ms_layer_w {
     float *attn_norm, *ffn_norm;  /* [D] f32 copies */

@@ -48,37 +48,37 @@ static int ffn_scratch(ms_mlp_ws *ws, int64_t rows, int64_t inter)
 }
 
 /* y[n][D] (=|+=) an FFN (dense, shared, or a slice of either) over n rows. */
-static int ffn(ms_model *m, const ms_ffn_w *f, const float *x, int64_t n, float *y, int acc,
+static int ffn(const ms_mlp_ctx *cx, const ms_ffn_w *f, const float *x, int64_t n, float *y, int acc,
                ms_mlp_ws *ws)
 {
     if (n <= 0) return 0;
     if (ffn_scratch(ws, n, f->gate.rows)) return MS_ENOMEM;
-    ms_ffn_forward(&m->kctx, f, x, n, m->cfg.hidden_size, y, acc, ws->g, ws->u);
+    ms_ffn_forward(cx->k, f, x, n, cx->c->hidden_size, y, acc, ws->g, ws->u);
     return 0;
 }
 
-static int with_shared_slice(const ms_model *m, const ms_layer_w *lw)
+static int with_shared_slice(const ms_mlp_ctx *cx, const ms_mlp_w *w)
 {
-    return lw->is_moe && m->cfg.n_shared_experts > 0 && m->shard && m->shard->lay->shared_tp > 1;
+    return w->is_moe && cx->c->n_shared_experts > 0 && cx->sh && cx->sh->lay->shared_tp > 1;
 }
 
-static int shared_after(const ms_model *m, const ms_layer_w *lw)
+static int shared_after(const ms_mlp_ctx *cx, const ms_mlp_w *w)
 {
-    return lw->is_moe && m->cfg.n_shared_experts > 0 && (!m->shard || m->shard->lay->shared_tp <= 1);
+    return w->is_moe && cx->c->n_shared_experts > 0 && (!cx->sh || cx->sh->lay->shared_tp <= 1);
 }
 
 /* This rank's share of the layer over n rows: Y (overwritten) = its experts and slices. */
-static int partial(ms_model *m, const ms_layer_w *lw, const float *X, int64_t n, float *Y,
+static int partial(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *X, int64_t n, float *Y,
                    ms_mlp_ws *ws)
 {
-    const int layer = (int)(lw - m->layers);
-    const ms_shard *sh = m->shard;
-    int64_t D = m->cfg.hidden_size;
-    if (!lw->is_moe) {
-        if (n > 0) return ffn(m, &lw->dense, X, n, Y, 0, ws);
+    const int layer = w->layer;
+    const ms_shard *sh = cx->sh;
+    int64_t D = cx->c->hidden_size;
+    if (!w->is_moe) {
+        if (n > 0) return ffn(cx, w->dense, X, n, Y, 0, ws);
         return 0;
     }
-    int rc = ms_moe_route(&m->kctx, &m->cfg, lw, X, n, &ws->moe);
+    int rc = ms_moe_route(cx->k, cx->c, &w->moe, X, n, &ws->moe);
     if (rc) return rc;
     (void)D;
     /* The gate's output through the expert map: entries of experts this rank does not hold
@@ -86,7 +86,7 @@ static int partial(ms_model *m, const ms_layer_w *lw, const float *X, int64_t n,
      * moe_tp of them split over its ranks) and computes the routed experts of its share
      * of the rows only, so the tp-wide sum counts each row once. */
     if (sh && sh->experts) {
-        int md = sh->lay->moe_dp, j = sh->at.moe_dp_rank, K = m->cfg.n_experts_per_tok;
+        int md = sh->lay->moe_dp, j = sh->at.moe_dp_rank, K = cx->c->n_experts_per_tok;
         int64_t r0 = n * j / md, r1 = n * (j + 1) / md;
         int32_t *idx = ws->moe.topk_idx;
         for (int64_t t = 0; t < n; t++)
@@ -94,31 +94,31 @@ static int partial(ms_model *m, const ms_layer_w *lw, const float *X, int64_t n,
                 if (t < r0 || t >= r1 || !ms_shard_holds(sh, layer, idx[t * K + k]))
                     idx[t * K + k] = -1;
     }
-    return ms_moe_experts_shared(&m->kctx, &m->cfg, lw, X, n, ws->moe.topk_idx, ws->moe.topk_w, 0,
-                                 m->cfg.n_routed_experts, with_shared_slice(m, lw) ? &lw->shared : NULL, Y, 0, &ws->moe);
+    return ms_moe_experts_shared(cx->k, cx->c, &w->moe, X, n, ws->moe.topk_idx, ws->moe.topk_w, 0,
+                                 cx->c->n_routed_experts, with_shared_slice(cx, w) ? w->moe.shared : NULL, Y, 0, &ws->moe);
 }
 
 /* ---- TP_ATTN_FULL: same tokens everywhere, partial sums all-reduced ---- */
-static int mode_allreduce(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T, float *y,
+static int mode_allreduce(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
                           ms_mlp_ws *ws, ms_errbuf *err)
 {
-    int rc = partial(m, lw, x, T, y, ws);
+    int rc = partial(cx, w, x, T, y, ws);
     if (rc) return ms_err(err, rc, "out of memory in MLP layer");
-    if (T > 0 && (rc = ms_comm_allreduce_f32(m->shard->tp_group, y, (size_t)(T * m->cfg.hidden_size), err)))
+    if (T > 0 && (rc = ms_comm_allreduce_f32(cx->sh->tp_group, y, (size_t)(T * cx->c->hidden_size), err)))
         return rc;
-    if (shared_after(m, lw) && (rc = ffn(m, &lw->shared, x, T, y, 1, ws)))
+    if (shared_after(cx, w) && (rc = ffn(cx, w->moe.shared, x, T, y, 1, ws)))
         return ms_err(err, rc, "out of memory in MLP layer");
     return 0;
 }
 
 /* ---- FULL: gather the DP groups' tokens, partial sums, scatter back ---- */
-static int mode_gather(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T, float *y,
+static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
                        ms_mlp_ws *ws, ms_errbuf *err)
 {
-    const ms_shard *sh = m->shard;
+    const ms_shard *sh = cx->sh;
     ms_group *g = sh->tp_group;
     int N = g->size, atp = sh->lay->attn_tp, dp = N / atp, me = g->rank;
-    int64_t D = m->cfg.hidden_size, max_len = 0, sum_len = 0, my_off = 0;
+    int64_t D = cx->c->hidden_size, max_len = 0, sum_len = 0, my_off = 0;
     int64_t off[MS_LAUNCH_MAX_WIDTH > 4096 ? 4096 : MS_LAUNCH_MAX_WIDTH];
     if (dp > 4096) return ms_err(err, MS_EUNSUPPORTED, "more than 4096 DP groups");
     for (int d = 0; d < dp; d++) {
@@ -146,7 +146,7 @@ static int mode_gather(ms_model *m, const ms_layer_w *lw, const float *x, int64_
         for (int d = 0; d < dp; d++)
             memcpy(X + off[d] * D, ws->xall + (int64_t)d * atp * max_len * D,
                    sizeof(float) * (size_t)(sh->step->rows_per_rank[d * atp] * D));
-        if ((rc = partial(m, lw, X, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
+        if ((rc = partial(cx, w, X, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
         float *S = ws->xall; /* [N][max][D]: block i = rows of member i's group */
         for (int i = 0; i < N; i++) {
             int d = i / atp;
@@ -164,23 +164,23 @@ static int mode_gather(ms_model *m, const ms_layer_w *lw, const float *x, int64_
         memset(ws->xall, 0, sizeof(float) * (size_t)(sum_len * D));
         if (sh->at.attn_tp_rank == 0) memcpy(ws->xall + my_off * D, x, sizeof(float) * (size_t)(T * D));
         if ((rc = ms_comm_allreduce_f32(g, ws->xall, (size_t)(sum_len * D), err))) return rc;
-        if ((rc = partial(m, lw, ws->xall, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
+        if ((rc = partial(cx, w, ws->xall, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
         if ((rc = ms_comm_allreduce_f32(g, ws->yall, (size_t)(sum_len * D), err))) return rc;
         memcpy(y, ws->yall + my_off * D, sizeof(float) * (size_t)(T * D));
     }
-    if (shared_after(m, lw) && (rc = ffn(m, &lw->shared, x, T, y, 1, ws)))
+    if (shared_after(cx, w) && (rc = ffn(cx, w->moe.shared, x, T, y, 1, ws)))
         return ms_err(err, rc, "out of memory in MLP layer");
     return 0;
 }
 
 /* ---- SCATTERED: all-to-all dispatch / combine ---- */
 
-static int mode_a2a(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T, float *y,
+static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
                     ms_mlp_ws *ws, ms_errbuf *err)
 {
-    const ms_shard *sh = m->shard;
-    const ms_config *c = &m->cfg;
-    const ms_expert_map *map = &sh->experts[lw - m->layers];
+    const ms_shard *sh = cx->sh;
+    const ms_config *c = cx->c;
+    const ms_expert_map *map = &sh->experts[w->layer];
     int K = c->n_experts_per_tok;
     int64_t D = c->hidden_size;
     int rc;
@@ -189,7 +189,7 @@ static int mode_a2a(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T
     int64_t r0 = T * j / atp, r1 = T * (j + 1) / atp, n = r1 - r0;
     const float *xs = x + r0 * D;
     float *ys = y + r0 * D;
-    if ((rc = ms_moe_route(&m->kctx, c, lw, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
+    if ((rc = ms_moe_route(cx->k, c, &w->moe, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
     int64_t n_recv = 0;
     if ((rc = ms_ep_dispatch(sh->tp_group, map, xs, n, D, K, ws->moe.topk_idx, ws->moe.topk_w,
                              sh->dispatch_bf16, &ws->ep, &ws->xall, &ws->cap_xall, &ws->ridx,
@@ -199,12 +199,12 @@ static int mode_a2a(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T
     /* experts on the received rows (their ids are this rank's logical experts) */
     if (grow_f(&ws->yall, &ws->cap_yall, MS_MAX(n_recv, 1) * D))
         return ms_err(err, MS_ENOMEM, "out of memory in experts");
-    rc = ms_moe_experts(&m->kctx, c, lw, ws->xall, n_recv, ws->ridx, ws->rw, 0, c->n_routed_experts,
+    rc = ms_moe_experts(cx->k, c, &w->moe, ws->xall, n_recv, ws->ridx, ws->rw, 0, c->n_routed_experts,
                         ws->yall, 0, &ws->moe);
     if (rc) return ms_err(err, rc, "out of memory in experts");
     /* shared expert (local, whole), then the routed partial sums combined onto it */
     if (c->n_shared_experts > 0 && n > 0) {
-        if ((rc = ffn(m, &lw->shared, xs, n, ys, 0, ws))) return ms_err(err, rc, "out of memory");
+        if ((rc = ffn(cx, w->moe.shared, xs, n, ys, 0, ws))) return ms_err(err, rc, "out of memory");
     } else if (n > 0) {
         memset(ys, 0, sizeof(float) * (size_t)(n * D));
     }
@@ -222,18 +222,18 @@ static int mode_a2a(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T
     return 0;
 }
 
-int ms_mlp_forward(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T, float *y,
+int ms_mlp_forward(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
                    ms_mlp_ws *ws, ms_errbuf *err)
 {
-    const ms_shard *sh = m->shard;
+    const ms_shard *sh = cx->sh;
     int rc;
-    if (!sh || (!lw->is_moe && sh->lay->dense_tp <= 1) || sh->tp_group->size == 1) {
-        if (!lw->is_moe) rc = ffn(m, &lw->dense, x, T, y, 0, ws);
-        else rc = T > 0 ? ms_moe_forward(&m->kctx, &m->cfg, lw, x, T, y, &ws->moe) : 0;
+    if (!sh || (!w->is_moe && sh->lay->dense_tp <= 1) || sh->tp_group->size == 1) {
+        if (!w->is_moe) rc = ffn(cx, w->dense, x, T, y, 0, ws);
+        else rc = T > 0 ? ms_moe_forward(cx->k, cx->c, &w->moe, x, T, y, &ws->moe) : 0;
         return rc ? ms_err(err, rc, "out of memory in MLP layer") : 0;
     }
-    ms_mlp_mode mode = lw->is_moe ? sh->lay->sparse_mode : sh->lay->dense_mode;
-    if (mode == MS_MLP_SCATTERED && lw->is_moe) return mode_a2a(m, lw, x, T, y, ws, err);
-    if (mode == MS_MLP_FULL || sh->lay->attn_dp > 1) return mode_gather(m, lw, x, T, y, ws, err);
-    return mode_allreduce(m, lw, x, T, y, ws, err);
+    ms_mlp_mode mode = w->is_moe ? sh->lay->sparse_mode : sh->lay->dense_mode;
+    if (mode == MS_MLP_SCATTERED && w->is_moe) return mode_a2a(cx, w, x, T, y, ws, err);
+    if (mode == MS_MLP_FULL || sh->lay->attn_dp > 1) return mode_gather(cx, w, x, T, y, ws, err);
+    return mode_allreduce(cx, w, x, T, y, ws, err);
 }

@@ -17,7 +17,8 @@
 #ifndef MS_MOE_MLP_LAYER_H
 #define MS_MOE_MLP_LAYER_H
 
-#include "model/model.h"
+#include "model/config.h"
+#include "model/shard.h"
 #include "moe/moe.h"
 #include "parallel/ep.h"
 
@@ -39,8 +40,23 @@ typedef struct ms_mlp_ws {
 
 void ms_mlp_ws_free(ms_mlp_ws *ws);
 
+/* What a layer's MLP needs from the model: kernels, shape and this rank's shard. */
+typedef struct ms_mlp_ctx {
+    const ms_kctx *k;
+    const ms_config *c;
+    const ms_shard *sh; /* NULL: one rank holding everything */
+} ms_mlp_ctx;
+
+/* One layer's MLP weights (views borrowed from the model). */
+typedef struct ms_mlp_w {
+    int layer;             /* the layer's index: its expert map in the shard */
+    int is_moe;
+    const ms_ffn_w *dense; /* !is_moe */
+    ms_moe_w moe;          /* is_moe */
+} ms_mlp_w;
+
 /* y[T][D] = MLP(x) for this rank's T rows (T may be 0). */
-int ms_mlp_forward(ms_model *m, const ms_layer_w *lw, const float *x, int64_t T, float *y,
+int ms_mlp_forward(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
                    ms_mlp_ws *ws, ms_errbuf *err);
 
 #endif

@@ -149,7 +149,7 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     return 0;
 }
 
-static int64_t shared_width(const ms_layer_w *lw) { return lw->shared.gate.rows; }
+static int64_t shared_width(const ms_moe_w *mw) { return mw->shared ? mw->shared->gate.rows : 0; }
 
 void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
                     float *y, int accumulate, float *g, float *u)
@@ -164,7 +164,7 @@ void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t
 
 struct route_job {
     const ms_config *c;
-    const ms_layer_w *lw;
+    const ms_moe_w *mw;
     ms_moe_ws *ws;
 };
 
@@ -173,22 +173,22 @@ static void route_rows(void *arg, int64_t t0, int64_t t1, int tid)
     struct route_job *j = arg;
     int64_t E = j->c->n_routed_experts, K = j->c->n_experts_per_tok;
     for (int64_t t = t0; t < t1; t++)
-        ms_moe_gate_route(j->c, j->ws->logits + t * E, j->lw->e_bias, j->ws->topk_idx + t * K,
+        ms_moe_gate_route(j->c, j->ws->logits + t * E, j->mw->e_bias, j->ws->topk_idx + t * K,
                           j->ws->topk_w + t * K, j->ws->scratch + (int64_t)tid * 2 * E);
 }
 
-int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
                  int64_t T, ms_moe_ws *ws)
 {
     int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
-    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
+    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(mw)), E, K))
         return MS_ENOMEM;
     if (T <= 0) return 0;
     int nt = k ? ms_pool_size(k->pool) : 1;
     if (ms_grow_array((void **)&ws->scratch, &ws->cap_scratch, 2 * E * nt, sizeof(float)))
         return MS_ENOMEM;
-    ms_matmul(k, ws->logits, E, x, D, T, &lw->router, 0);
-    struct route_job j = {c, lw, ws};
+    ms_matmul(k, ws->logits, E, x, D, T, mw->router, 0);
+    struct route_job j = {c, mw, ws};
     par_for(k, T, T, 1, route_rows, &j);
     return 0;
 }
@@ -232,13 +232,13 @@ static void combine_cols(void *arg, int64_t d0, int64_t d1, int tid)
                     ws->yg + r * j->D + d0, d1 - d0);
 }
 
-int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw,
+int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw,
                           const float *x, int64_t T, const int32_t *idx, const float *w, int e_begin,
                           int e_end, const ms_ffn_w *shared, float *y, int accumulate,
                           ms_moe_ws *ws)
 {
     int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
-    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(lw)), E, K))
+    if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(mw)), E, K))
         return MS_ENOMEM;
     if (T <= 0) return 0;
     int64_t ld = ws->cap_inter; /* row stride of the g/u scratch */
@@ -258,7 +258,9 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
             ws->row_weight[r] = w[t * K + j];
         }
     int64_t rows = ws->offset[E], sh_row = rows; /* the shared FFN's scratch rows follow */
-    int64_t ew = e_end > e_begin ? lw->experts[e_begin].gate.rows : 0; /* local (TP) width */
+    int64_t ew = 0; /* local (TP) width: that of the experts this call runs */
+    for (int64_t e = e_begin; e < e_end && !ew; e++)
+        if (ws->offset[e + 1] > ws->offset[e]) ew = mw->experts[e].gate.rows;
     struct rows_job rj = {ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0};
     par_for(k, rows, rows, 1, gather_rows, &rj);
     /* gate and up of every active expert (and the shared FFN) in one batch */
@@ -267,7 +269,7 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
     for (int64_t e = e_begin; e < e_end && nc < 2 * 256; e++) {
         int64_t n = ws->offset[e + 1] - ws->offset[e], r0 = ws->offset[e];
         if (n == 0) continue;
-        const ms_ffn_w *f = &lw->experts[e];
+        const ms_ffn_w *f = &mw->experts[e];
         calls[nc++] = (ms_mm_call){ws->g + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->gate, 0, 0};
         calls[nc++] = (ms_mm_call){ws->u + r0 * ld, ld, ws->xg + r0 * D, D, n, &f->up, 0, 0};
     }
@@ -283,7 +285,7 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
         int64_t n = ws->offset[e + 1] - ws->offset[e], r0 = ws->offset[e];
         if (n == 0) continue;
         calls[nc++] =
-            (ms_mm_call){ws->yg + r0 * D, D, ws->g + r0 * ld, ld, n, &lw->experts[e].down, 0, 0};
+            (ms_mm_call){ws->yg + r0 * D, D, ws->g + r0 * ld, ld, n, &mw->experts[e].down, 0, 0};
     }
     if (shared)
         calls[nc++] = (ms_mm_call){y, D, ws->g + sh_row * ld, ld, T, &shared->down, accumulate, 0};
@@ -294,21 +296,21 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w
     return 0;
 }
 
-int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
                    int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
                    int accumulate, ms_moe_ws *ws)
 {
     if (!accumulate && T > 0) memset(y, 0, sizeof(float) * (size_t)(T * c->hidden_size));
-    return ms_moe_experts_shared(k, c, lw, x, T, idx, w, e_begin, e_end, NULL, y, 1, ws);
+    return ms_moe_experts_shared(k, c, mw, x, T, idx, w, e_begin, e_end, NULL, y, 1, ws);
 }
 
-int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
                    int64_t T, float *y, ms_moe_ws *ws)
 {
     int64_t D = c->hidden_size;
-    int rc = ms_moe_route(k, c, lw, x, T, ws);
+    int rc = ms_moe_route(k, c, mw, x, T, ws);
     if (rc) return rc;
     (void)D;
-    return ms_moe_experts_shared(k, c, lw, x, T, ws->topk_idx, ws->topk_w, 0, c->n_routed_experts,
-                                 c->n_shared_experts > 0 ? &lw->shared : NULL, y, 0, ws);
+    return ms_moe_experts_shared(k, c, mw, x, T, ws->topk_idx, ws->topk_w, 0, c->n_routed_experts,
+                                 mw->shared, y, 0, ws);
 }

@@ -17,9 +17,21 @@
 
 #include "kernels/kernels.h"
 #include "model/config.h"
-#include "model/model.h"
 
 #include <stdint.h>
+
+typedef struct ms_ffn_w {  /* one SwiGLU FFN: dense MLP, shared expert or routed expert */
+    ms_mat gate, up;       /* [inter][D] */
+    ms_mat down;           /* [D][inter] */
+} ms_ffn_w;
+
+/* The weights of one MoE block: views into the model's layer (borrowed). */
+typedef struct ms_moe_w {
+    const ms_mat *router;    /* [E][D] */
+    const float *e_bias;     /* [E] f32 selection bias, NULL when absent */
+    const ms_ffn_w *experts; /* [E] (TP slices where this rank holds them) */
+    const ms_ffn_w *shared;  /* the shared expert (or its slice), NULL when none */
+} ms_moe_w;
 
 /* Routing of one token row: n_experts_per_tok expert ids and weights. */
 void ms_moe_gate_route(const ms_config *c, const float *logits /* [E] */,
@@ -53,26 +65,26 @@ void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t
                     float *y, int accumulate, float *g, float *u);
 
 /* Gate for T rows: writes ws->topk_idx / ws->topk_w [T][k].  0 or MS_ENOMEM. */
-int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
                  int64_t T, ms_moe_ws *ws);
 
 /* Routed experts [e_begin, e_end) over T rows: y[t] (=|+=) Σ_j w[t][j] Expert_idx[t][j](x[t])
  * for the entries whose expert is in range (idx < 0 entries are skipped).  idx/w are
  * [T][k] and may be ws->topk_idx / ws->topk_w.  Expert views may be TP slices (partial
  * sums).  0 or MS_ENOMEM. */
-int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
                    int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end, float *y,
                    int accumulate, ms_moe_ws *ws);
 /* The same, plus an FFN over all T rows (the shared expert, or a slice of it)
  * whose output is the starting value of y; all expert GEMMs run as two
  * batched pool runs (gate+up, then down).  shared may be NULL. */
-int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw,
+int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw,
                           const float *x, int64_t T, const int32_t *idx, const float *w, int e_begin,
                           int e_end, const ms_ffn_w *shared, float *y, int accumulate,
                           ms_moe_ws *ws);
 
 /* The whole MoE block on one rank: y[T][D] = Σ_j w_j Expert_j(x) + Shared(x). */
-int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_layer_w *lw, const float *x,
+int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
                    int64_t T, float *y, ms_moe_ws *ws);
 
 #endif
