@@ -2,7 +2,8 @@
 # t_layouts.sh — every parallel layout against the single-rank run (real mpirun
 # processes, each with a deadline): with --dtype float32, greedy tokens over 17
 # decode steps identical and logits within 1e-4 relative, for several prompts of
-# different lengths (with 4 DP ranks and 3 prompts one DP rank stays idle).
+# different lengths (with 4 DP ranks and 3 prompts one DP rank stays idle), and
+# again with every layer's experts permuted over the EP ranks (--init-expert-location).
 # Also: the DP-gather mode follows SGLang's MAX_LEN/SUM_LEN rule on uneven
 # loads, communication byte counts match the seed-002 formulas, invalid
 # launch shapes get their messages, and a killed rank ends the run with a clear
@@ -42,17 +43,20 @@ layouts=(
     "--tp 2 --moe-dp-size 2"
     "--tp 4 --dp 2 --enable-dp-attention --ep-size 2 --moe-dp-size 2"
 )
-for L in "${layouts[@]}"; do
-    # shellcheck disable=SC2086
-    if ! timeout 180 "$MOESERVE" generate "${common[@]}" $L --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
-        bad "$L: run failed"; tail -5 "$tmp/l.out"; continue
+check_layout() { # $1 = label, rest = flags: greedy tokens and logits against one rank
+    local label=$1
+    shift
+    if ! timeout 180 "$MOESERVE" generate "${common[@]}" "$@" --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
+        bad "$label: run failed"; tail -5 "$tmp/l.out"; return
     fi
     if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" >"$tmp/cmp" 2>&1; then
-        ok "$L ($(grep 'max relative' "$tmp/cmp"))"
+        ok "$label ($(grep 'max relative' "$tmp/cmp"))"
     else
-        bad "$L"; cat "$tmp/cmp"
+        bad "$label"; cat "$tmp/cmp"
     fi
-done
+}
+# shellcheck disable=SC2086
+for L in "${layouts[@]}"; do check_layout "$L" $L; done
 
 # expert placement (--init-expert-location, SGLang's physical_to_logical_map): every layer's
 # experts permuted over the EP ranks, each rank loading the experts its slots hold; the
@@ -67,18 +71,10 @@ for _ in range(L):
     p = list(range(E)); rng.shuffle(p); rows.append(p)
 json.dump({"physical_to_logical_map": rows}, open(sys.argv[2], "w"))
 PY
+# shellcheck disable=SC2086
 for L in "--tp 2 --moe-a2a-backend deepep" "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend mpi" \
          "--tp 4 --ep-size 2" "--tp 4 --ep-size 4"; do
-    # shellcheck disable=SC2086
-    if ! timeout 180 "$MOESERVE" generate "${common[@]}" $L --init-expert-location "$tmp/perm.json" \
-            --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
-        bad "$L, permuted experts: run failed"; tail -5 "$tmp/l.out"; continue
-    fi
-    if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" >"$tmp/cmp" 2>&1; then
-        ok "$L, permuted experts ($(grep 'max relative' "$tmp/cmp"))"
-    else
-        bad "$L, permuted experts"; cat "$tmp/cmp"
-    fi
+    check_layout "$L, permuted experts" $L --init-expert-location "$tmp/perm.json"
 done
 echo '{"physical_to_logical_map": [[0, 0]]}' >"$tmp/bad.json"
 

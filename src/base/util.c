@@ -97,6 +97,16 @@ int ms_parse_long(const char *flag, const char *v, long lo, long hi, long *out, 
     return 0;
 }
 
+int ms_grow_scratch_f32(float **p, int64_t *cap, int64_t n)
+{
+    if (n <= *cap) return 0;
+    n = MS_MAX(n, 2 * *cap);
+    ms_free_aligned(*p);
+    *p = ms_alloc_aligned((size_t)n, sizeof(float));
+    *cap = *p ? n : 0;
+    return *p ? 0 : MS_ENOMEM;
+}
+
 int ms_grow_array(void **p, int64_t *cap, int64_t n, size_t item_bytes)
 {
     if (n <= *cap) return 0;

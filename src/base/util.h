@@ -32,6 +32,9 @@ void ms_free_aligned(void *p);
  * least n items: reallocates to max(n, 2 * *cap), never shrinks.  Returns 0,
  * or MS_ENOMEM with *p and *cap unchanged. */
 int ms_grow_array(void **p, int64_t *cap, int64_t n, size_t item_bytes);
+/* The same for an ms_alloc_aligned float buffer of scratch: its contents are not
+ * kept.  Returns 0, or MS_ENOMEM with *p NULL and *cap 0. */
+int ms_grow_scratch_f32(float **p, int64_t *cap, int64_t n);
 
 /* Reads a whole file into a NUL-terminated heap buffer (owned by the caller).
  * Returns 0 or MS_ENOENT/MS_EIO/MS_ETOOBIG (max_bytes limit). */

@@ -25,16 +25,6 @@ void ms_mlp_ws_free(ms_mlp_ws *ws)
     memset(ws, 0, sizeof *ws);
 }
 
-static int grow_f(float **p, int64_t *cap, int64_t n)
-{
-    if (n <= *cap) return 0;
-    n = MS_MAX(n, 2 * *cap);
-    ms_free_aligned(*p);
-    *p = ms_alloc_aligned((size_t)n, sizeof(float));
-    *cap = *p ? n : 0;
-    return *p ? 0 : MS_ENOMEM;
-}
-
 static int ffn_scratch(ms_mlp_ws *ws, int64_t rows, int64_t inter)
 {
     if (rows * inter <= ws->cap_gu) return 0;
@@ -133,9 +123,9 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
     if (sum_len * 2 >= max_len * dp) { /* MAX_LEN: padded all-gather, reduce-scatter */
         ws->n_max_len++;
         int64_t padded = (int64_t)N * max_len;
-        if (grow_f(&ws->xall, &ws->cap_xall, MS_MAX(padded, sum_len) * D) ||
-            grow_f(&ws->cbuf, &ws->cap_cbuf, MS_MAX(padded, sum_len) * D) ||
-            grow_f(&ws->yall, &ws->cap_yall, sum_len * D))
+        if (ms_grow_scratch_f32(&ws->xall, &ws->cap_xall, MS_MAX(padded, sum_len) * D) ||
+            ms_grow_scratch_f32(&ws->cbuf, &ws->cap_cbuf, MS_MAX(padded, sum_len) * D) ||
+            ms_grow_scratch_f32(&ws->yall, &ws->cap_yall, sum_len * D))
             return ms_err(err, MS_ENOMEM, "out of memory in DP gather");
         float *send = ws->cbuf; /* [max][D] my rows padded */
         memcpy(send, x, sizeof(float) * (size_t)(T * D));
@@ -158,8 +148,8 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
         memcpy(y, ws->cbuf, sizeof(float) * (size_t)(T * D));
     } else { /* SUM_LEN: zero-filled all-reduce in, all-reduce out */
         ws->n_sum_len++;
-        if (grow_f(&ws->xall, &ws->cap_xall, sum_len * D) ||
-            grow_f(&ws->yall, &ws->cap_yall, sum_len * D))
+        if (ms_grow_scratch_f32(&ws->xall, &ws->cap_xall, sum_len * D) ||
+            ms_grow_scratch_f32(&ws->yall, &ws->cap_yall, sum_len * D))
             return ms_err(err, MS_ENOMEM, "out of memory in DP gather");
         memset(ws->xall, 0, sizeof(float) * (size_t)(sum_len * D));
         if (sh->at.attn_tp_rank == 0) memcpy(ws->xall + my_off * D, x, sizeof(float) * (size_t)(T * D));
@@ -197,7 +187,7 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
         return rc;
     ws->dispatch_rows = ws->ep.dispatch_rows;
     /* experts on the received rows (their ids are this rank's logical experts) */
-    if (grow_f(&ws->yall, &ws->cap_yall, MS_MAX(n_recv, 1) * D))
+    if (ms_grow_scratch_f32(&ws->yall, &ws->cap_yall, MS_MAX(n_recv, 1) * D))
         return ms_err(err, MS_ENOMEM, "out of memory in experts");
     rc = ms_moe_experts(cx->k, c, &w->moe, ws->xall, n_recv, ws->ridx, ws->rw, 0, c->n_routed_experts,
                         ws->yall, 0, &ws->moe);

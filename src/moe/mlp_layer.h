@@ -33,7 +33,7 @@ typedef struct ms_mlp_ws {
     ms_ep_ws ep;                 /* a2a dispatch / combine (parallel/ep.h) */
     int32_t *ridx;               /* [rows][k] received expert ids */
     float *rw;                   /* [rows][k] received weights */
-    size_t cap_ridx, cap_rw;     /* bytes */
+    int64_t cap_ridx, cap_rw;    /* entries */
     int64_t n_max_len, n_sum_len; /* gather mode choices (tests, stats) */
     int64_t dispatch_rows;       /* rows sent to other ranks (Σ tokens × remote destinations) */
 } ms_mlp_ws;

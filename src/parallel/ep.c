@@ -122,27 +122,6 @@ void ms_ep_ws_free(ms_ep_ws *ws)
     memset(ws, 0, sizeof *ws);
 }
 
-static int grow_bytes(void **p, size_t *cap, size_t n)
-{
-    if (n <= *cap) return 0;
-    n = MS_MAX(n, 2 * *cap);
-    void *q = realloc(*p, n);
-    if (!q) return MS_ENOMEM;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
-static int grow_f(float **p, int64_t *cap, int64_t n)
-{
-    if (n <= *cap) return 0;
-    n = MS_MAX(n, 2 * *cap);
-    ms_free_aligned(*p);
-    *p = ms_alloc_aligned((size_t)n, sizeof(float));
-    *cap = *p ? n : 0;
-    return *p ? 0 : MS_ENOMEM;
-}
-
 static size_t record_bytes(int K, int64_t D, int bf16)
 {
     size_t b = 8 + (size_t)K * 8 + (size_t)D * (bf16 ? 2 : 4);
@@ -151,7 +130,7 @@ static size_t record_bytes(int K, int64_t D, int bf16)
 
 int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_t n, int64_t D,
                    int K, const int32_t *idx, const float *w, int bf16, ms_ep_ws *ws, float **xr,
-                   int64_t *cap_xr, int32_t **ir, size_t *cap_ir, float **wr, size_t *cap_wr,
+                   int64_t *cap_xr, int32_t **ir, int64_t *cap_ir, float **wr, int64_t *cap_wr,
                    int64_t *n_recv_out, ms_errbuf *err)
 {
     int N = g->size, me = g->rank, rc;
@@ -190,8 +169,8 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
         n_send += cnt[d];
         if (d != me) ws->dispatch_rows += cnt[d];
     }
-    if (grow_bytes((void **)&ws->sbuf, &ws->cap_sbuf, (size_t)n_send * R + 8) ||
-        grow_bytes((void **)&ws->rec_row, &ws->cap_rec_row, sizeof(int32_t) * (size_t)(n_send + 1)))
+    if (ms_grow_array((void **)&ws->sbuf, &ws->cap_sbuf, n_send * (int64_t)R + 8, 1) ||
+        ms_grow_array((void **)&ws->rec_row, &ws->cap_rec_row, n_send + 1, sizeof(int32_t)))
         return ms_err(err, MS_ENOMEM, "out of memory in dispatch");
     int64_t fill[MS_EP_MAX_RANKS];
     for (int d = 0; d < N; d++) fill[d] = (int64_t)(sdisp[d] / R);
@@ -241,10 +220,10 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
         n_recv += ws->cnt_all[(int64_t)s * N + me];
     }
     int64_t nr1 = MS_MAX(n_recv, 1);
-    if (grow_bytes((void **)&ws->rbuf, &ws->cap_rbuf, (size_t)n_recv * R + 8) ||
-        grow_f(xr, cap_xr, nr1 * D) ||
-        grow_bytes((void **)ir, cap_ir, sizeof(int32_t) * (size_t)(nr1 * K)) ||
-        grow_bytes((void **)wr, cap_wr, sizeof(float) * (size_t)(nr1 * K)))
+    if (ms_grow_array((void **)&ws->rbuf, &ws->cap_rbuf, n_recv * (int64_t)R + 8, 1) ||
+        ms_grow_scratch_f32(xr, cap_xr, nr1 * D) ||
+        ms_grow_array((void **)ir, cap_ir, nr1 * K, sizeof(int32_t)) ||
+        ms_grow_array((void **)wr, cap_wr, nr1 * K, sizeof(float)))
         return ms_err(err, MS_ENOMEM, "out of memory in dispatch");
     if ((rc = ms_comm_alltoallv(g, MS_COMM_A2A_DISPATCH, ws->sbuf, sbytes, sdisp, ws->rbuf, rbytes,
                                 rdisp, err)))
@@ -296,7 +275,7 @@ int ms_ep_combine(ms_group *g, int64_t D, const float *yr, float *y, ms_ep_ws *w
         off_r += rows_from_s;
         off_s += rows_to_s;
     }
-    if (grow_f(&ws->cbuf, &ws->cap_cbuf, MS_MAX(ws->n_send, 1) * D))
+    if (ms_grow_scratch_f32(&ws->cbuf, &ws->cap_cbuf, MS_MAX(ws->n_send, 1) * D))
         return ms_err(err, MS_ENOMEM, "out of memory in combine");
     if ((rc = ms_comm_alltoallv(g, MS_COMM_A2A_COMBINE, yr, rbytes, rdisp, ws->cbuf, sbytes, sdisp,
                                 err)))

@@ -64,9 +64,9 @@ static inline int ms_expert_map_local(const ms_expert_map *m, int r, int s)
 /* Scratch of one dispatch/combine (grow-only; ms_ep_ws_free releases it). */
 typedef struct ms_ep_ws {
     uint8_t *sbuf, *rbuf;
-    size_t cap_sbuf, cap_rbuf;
+    int64_t cap_sbuf, cap_rbuf; /* bytes */
     int32_t *rec_row;  /* [n_send]: source row of each sent record */
-    size_t cap_rec_row;
+    int64_t cap_rec_row;
     size_t *counts;    /* [4][N]: send/recv bytes and displacements */
     int64_t *cnt_all;  /* [N][N] */
     int cap_world;
@@ -82,12 +82,12 @@ void ms_ep_ws_free(ms_ep_ws *ws);
  * x[n][D] with their top-k logical ids idx[n][K] and weights w[n][K].  On return
  * *n_recv rows arrived: xr[n_recv][D] (grown, ms_alloc_aligned floats, *cap_xr
  * floats), their local logical ids ir[n_recv][K] (-1: not for this rank) and weights
- * wr[n_recv][K] (grown with realloc; caps in entries).  Every rank of g calls it
+ * wr[n_recv][K] (grown with ms_grow_array; caps in entries).  Every rank of g calls it
  * (n = 0: an idle participant).  0, or MS_EINTERNAL for an expert with no owner here,
  * MS_ENOMEM, or a communication error. */
 int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_t n, int64_t D,
                    int K, const int32_t *idx, const float *w, int bf16, ms_ep_ws *ws, float **xr,
-                   int64_t *cap_xr, int32_t **ir, size_t *cap_ir, float **wr, size_t *cap_wr,
+                   int64_t *cap_xr, int32_t **ir, int64_t *cap_ir, float **wr, int64_t *cap_wr,
                    int64_t *n_recv, ms_errbuf *err);
 /* After the experts ran on the received rows (yr[n_recv][D], weighted partial sums):
  * sends them back and adds each to its source row of y[n][D].  0 or an error. */
