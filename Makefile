@@ -42,12 +42,13 @@ BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 DEPS      := $(LIB_OBJ:.o=.d) $(BUILD)/src/main.d
 
-.PHONY: all run test bench fmt fmt-check clean help fuzz
+.PHONY: all run train test bench fmt fmt-check clean help fuzz
 all: $(BUILD)/moeserve $(TEST_BIN) $(BENCH_BIN)
 
 help:
 	@echo "make            build build/moeserve, tests and benchmarks"
-	@echo "make run        build, create a small model, serve it and send one chat request"
+	@echo "make run        build, serve models/small-code (the trained model), send a chat and a completion"
+	@echo "make train      retrain models/small-code (tools/train/; Debian's python3 + torch, ~5-25 min)"
 	@echo "make test       run every test (prints N passed, N failed)"
 	@echo "make bench      run the benchmarks, results under bench/"
 	@echo "make fuzz       build the libFuzzer targets (clang) and run each briefly"
@@ -88,6 +89,12 @@ bench: $(BUILD)/moeserve $(BENCH_BIN)
 
 run: $(BUILD)/moeserve
 	@BUILD=$(BUILD) tools/run_demo.sh
+
+# the committed checkpoint's recipe (tools/train/README.md); passive OpenMP
+# waits only change the speed on a shared machine, not the result
+train: $(BUILD)/moeserve
+	OMP_WAIT_POLICY=passive /usr/bin/python3 tools/train/train.py --moeserve $(BUILD)/moeserve \
+	    --work $(BUILD)/train --out models/small-code --manifest models/small-code/manifest.tsv
 
 fuzz:
 	@tools/run_fuzz.sh

@@ -12,15 +12,19 @@ int ms_cmd_serve(int argc, char **argv);
 int ms_cmd_simulate(int argc, char **argv);
 int ms_cmd_version(int argc, char **argv);
 int ms_cmd_comm_check(int argc, char **argv);
+int ms_cmd_perplexity(int argc, char **argv);
+int ms_cmd_tokenizer(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
     X("bench", ms_cmd_bench, "serving benchmark client (TTFT, ITL, TPOT, throughput, goodput)")    \
     X("comm-check", ms_cmd_comm_check, "check and measure MPI communication (--np N --mode ...)")  \
     X("generate", ms_cmd_generate, "run prompts through a model and print the continuation")       \
     X("mkmodel", ms_cmd_mkmodel, "write a seeded random checkpoint (tests, benchmarks)")           \
+    X("perplexity", ms_cmd_perplexity, "perplexity, bits per byte, KL divergence of a model on a text") \
     X("plan", ms_cmd_plan, "resolve a launch shape: layout, memory, KV capacity, traffic")         \
     X("serve", ms_cmd_serve, "OpenAI-compatible HTTP server (SGLang flags, endpoints, metrics)")   \
     X("simulate", ms_cmd_simulate, "DP admission policies on a synthetic workload (no model)")     \
+    X("tokenizer", ms_cmd_tokenizer, "train a byte-level BPE tokenizer on files, or encode files") \
     X("version", ms_cmd_version, "print the version and the CPU features in use")
 
 #endif
