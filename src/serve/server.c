@@ -365,7 +365,8 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     struct table t = {0};
     char path[1200];
     if (!ms_path_join(path, sizeof path, o->eo.model_path, "tokenizer.json") ||
-        ms_tokenizer_load(&tok, path, err)) {
+        ms_tokenizer_load(&tok, path, err) ||
+        ms_tokenizer_check_vocab(tok, ms_engine_model(e)->cfg.vocab_size, err)) {
         MS_LOG(MS_ERROR, "serve", "%s: %s (the server needs the model's tokenizer.json)", path,
                err->msg);
         goto out;

@@ -274,8 +274,10 @@ static int load_prompts(struct opts *o, const ms_config *c, struct seq **out, in
         FILE *tf = fopen(path, "r");
         if (tf) {
             fclose(tf);
-            if (ms_tokenizer_load(&tok, path, &err)) {
+            if (ms_tokenizer_load(&tok, path, &err) ||
+                ms_tokenizer_check_vocab(tok, c->vocab_size, &err)) {
                 fprintf(stderr, "generate: %s: %s\n", path, err.msg);
+                ms_tokenizer_free(tok);
                 return -1;
             }
         }
