@@ -20,8 +20,8 @@
 
 static ms_serve_hub *hub;
 static echo_engine eng;
-static ms_frontend *fe, *fe_key, *fe_q;
-static int port, port_key, port_q;
+static ms_frontend *fe, *fe_key, *fe_q, *fe_cap;
+static int port, port_key, port_q, port_cap;
 static const char *KEY_HDR = "Authorization: Bearer sekrit\r\n";
 
 static int wait_until(atomic_int *v, int want, double timeout_s)
@@ -164,6 +164,20 @@ TEST(completions_length_and_logprobs)
     CHECK(json_array_size(json_object_get(lp, "tokens")) == 5);
     CHECK(json_array_size(json_object_get(lp, "top_logprobs")) == 5);
     CHECK(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 0)) == 2);
+    json_decref(o);
+    hresp_free(&r);
+    /* text_offset: the characters before each token (é is two byte tokens, one character) */
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"ab\\u00e9cd\",\"max_tokens\":6,\"logprobs\":0}", NULL,
+                     &r) == 0);
+    o = body_json(&r);
+    json_t *off = json_object_get(
+        json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs"),
+        "text_offset");
+    static const int want_off[6] = {0, 1, 2, 2, 3, 4};
+    CHECKF(json_array_size(off) == 6, "%s", r.body);
+    for (int i = 0; i < 6; i++)
+        CHECKF(json_integer_value(json_array_get(off, (size_t)i)) == want_off[i], "%s", r.body);
     json_decref(o);
     hresp_free(&r);
     /* prompt as token ids, stream */
@@ -625,6 +639,101 @@ TEST(slowloris_and_garbage)
     hresp_free(&r);
 }
 
+/* Sends raw bytes, returns the status of the answer (0: closed without one)
+ * and how long it took. */
+static int raw_status(int p, const char *req, size_t n, double *took)
+{
+    int fd = hc_connect(p);
+    double t0 = hc_now();
+    hc_send_all(fd, req, n);
+    char *raw = NULL;
+    hc_read_all(fd, &raw, 8);
+    close(fd);
+    *took = hc_now() - t0;
+    int st = 0;
+    if (raw) sscanf(raw, "HTTP/1.%*d %d", &st);
+    free(raw);
+    return st;
+}
+
+TEST(malformed_http_4xx_at_once)
+{
+    /* each is answered with its 4xx (or 501) well inside the idle timeout (2 s here) */
+    static const char H[] = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    char *ext = malloc(80 * 1024);
+    int k = sprintf(ext, "%sTransfer-Encoding: chunked\r\n\r\n5;", H);
+    memset(ext + k, 'e', 70 * 1024);
+    strcpy(ext + k + 70 * 1024, "\r\nhello\r\n0\r\n\r\n");
+    char b[4][512];
+    snprintf(b[0], sizeof b[0], "%sTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc", H);
+    snprintf(b[1], sizeof b[1], "%sTransfer-Encoding: chunked\r\n\r\n100000000\r\nabc", H);
+    snprintf(b[2], sizeof b[2], "%sTransfer-Encoding: gzip\r\n\r\nabc", H);
+    snprintf(b[3], sizeof b[3], "%sContent-Length: 18446744073709551615\r\n\r\nabc", H);
+    struct {
+        const char *req;
+        int want;
+    } cases[] = {{ext, 411}, {b[0], 411}, {b[1], 411}, {b[2], 501}, {b[3], 413}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double took;
+        int st = raw_status(port, cases[i].req, strlen(cases[i].req), &took);
+        CHECKF(st == cases[i].want && took < 1.0, "case %zu: %d after %.2f s (want %d)", i, st,
+               took, cases[i].want);
+    }
+    free(ext);
+    /* a body that stops half-way is cut at the body deadline (1 s here), though each
+     * byte resets the idle timeout */
+    int fd = hc_connect(port);
+    const char *req = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+    hc_send_all(fd, req, strlen(req));
+    double t0 = hc_now();
+    int closed = 0;
+    while (!closed && hc_now() - t0 < 4.0) {
+        if (send(fd, " ", 1, MSG_NOSIGNAL) != 1) closed = 1;
+        struct pollfd pl = {.fd = fd, .events = POLLIN};
+        char c;
+        if (poll(&pl, 1, 300) > 0 && recv(fd, &c, 1, 0) <= 0) closed = 1;
+    }
+    close(fd);
+    CHECKF(closed && hc_now() - t0 < 2.5, "closed %d after %.1f s", closed, hc_now() - t0);
+    /* the auth scheme is case-insensitive */
+    hresp r;
+    const char *auth[] = {"Authorization: bearer sekrit\r\n", "Authorization: BEARER  sekrit\r\n"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}",
+                         auth[i], &r) == 0);
+        CHECKF(r.status == 200, "%s: %d", auth[i], r.status);
+        hresp_free(&r);
+    }
+    CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}",
+                     "Authorization: Bearersekrit\r\n", &r) == 0);
+    CHECK(r.status == 401);
+    hresp_free(&r);
+}
+
+/* --max-connections-per-client 3: a fourth connection is closed at accept */
+TEST(connections_per_client_capped)
+{
+    int fds[3];
+    for (int i = 0; i < 3; i++) fds[i] = hc_connect(port_cap);
+    usleep(100000);
+    int fd = hc_connect(port_cap);
+    double took;
+    (void)took;
+    char *raw = NULL;
+    hc_send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 35);
+    long n = hc_read_all(fd, &raw, 2);
+    close(fd);
+    CHECKF(n == 0, "the 4th connection got %ld bytes: %.30s", n, raw ? raw : "");
+    free(raw);
+    close(fds[0]);
+    usleep(200000);
+    hresp r;
+    CHECK(hc_request(port_cap, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+    close(fds[1]);
+    close(fds[2]);
+}
+
 TEST(trickling_headers_are_cut)
 {
     /* one byte every 100 ms keeps resetting the idle timeout; the header
@@ -787,6 +896,7 @@ int main(int argc, char **argv)
     o.enable_metrics = 1;
     o.idle_timeout_s = 2;
     o.header_timeout_s = 1;
+    o.body_timeout_s = 1;
     snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
     if (ms_frontend_open(&fe, &o, hub, &test_codec, &e)) {
         fprintf(stderr, "open: %s\n", e.msg);
@@ -809,6 +919,10 @@ int main(int argc, char **argv)
     oq.watchdog_timeout_s = 1;
     if (ms_frontend_open(&fe_q, &oq, hub, &test_codec, &e)) return 1;
     port_q = ms_frontend_port(fe_q);
+    ms_frontend_opts oc = o;
+    oc.max_connections_per_client = 3;
+    if (ms_frontend_open(&fe_cap, &oc, hub, &test_codec, &e)) return 1;
+    port_cap = ms_frontend_port(fe_cap);
 
     RUN(health_and_models);
     RUN(chat_non_stream);
@@ -824,10 +938,13 @@ int main(int argc, char **argv)
     RUN(queue_full_503);
     RUN(load_info_metrics);
     RUN(slowloris_and_garbage);
+    RUN(malformed_http_4xx_at_once);
+    RUN(connections_per_client_capped);
     RUN(trickling_headers_are_cut);
     RUN(watchdog_marks_unhealthy);
     RUN(drain);
 
+    ms_frontend_close(fe_cap);
     ms_frontend_close(fe_q);
     ms_frontend_close(fe_key);
     ms_frontend_close(fe);

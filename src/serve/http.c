@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,7 +84,8 @@ struct conn {
 struct watch {
     int fd;
     int in_request;     /* a request is being handled */
-    double phase_start; /* connect time or end of the last request */
+    int body_done;      /* ... and its body has arrived (the body deadline is met) */
+    double phase_start; /* connect time, end of the last request, or (in_request) its headers */
     struct watch *prev, *next;
 };
 
@@ -196,8 +198,10 @@ static int auth_ok(ms_frontend *fe, struct MHD_Connection *mc)
 {
     if (!fe->o.api_key[0]) return 1;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return 0;
-    h += 7;
+    /* the scheme is case-insensitive (RFC 9110 11.1), then one or more spaces */
+    if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t')) return 0;
+    h += 6;
+    while (*h == ' ' || *h == '\t') h++;
     size_t a = strlen(h), b = strlen(fe->o.api_key);
     unsigned diff = (unsigned)(a != b);
     for (size_t i = 0; i < b; i++) diff |= (unsigned)(h[i < a ? i : 0] ^ fe->o.api_key[i]);
@@ -534,6 +538,40 @@ static enum MHD_Result dispatch(ms_frontend *fe, struct conn *c)
     }
 }
 
+/* A request with Transfer-Encoding is answered when its headers arrive:
+ * libmicrohttpd 0.9.75 would decode a chunked body itself, and answers a
+ * chunk line longer than its 64 KiB buffer with its own 500, and a huge
+ * declared chunk (2^64-1, 4 GiB) with nothing until the idle timeout; it
+ * cannot let the handler answer in the middle of a body.  So chunked bodies
+ * get 411 (RFC 9112 6.3 allows a server to require Content-Length, which
+ * every OpenAI and SGLang client sends), other codings 501. */
+static enum MHD_Result refuse_coding(struct conn *c, const char *te)
+{
+    while (*te == ' ' || *te == '\t') te++;
+    size_t n = strlen(te);
+    while (n && (te[n - 1] == ' ' || te[n - 1] == '\t')) n--;
+    char msg[200];
+    if (n == 7 && !strncasecmp(te, "chunked", 7))
+        return send_error(c, 411,
+                          "a request body needs Content-Length (chunked request bodies are not "
+                          "accepted)",
+                          NULL);
+    snprintf(msg, sizeof msg, "Transfer-Encoding '%.*s' is not supported (send Content-Length)",
+             (int)(n < 64 ? n : 64), te);
+    return send_error(c, 501, msg, NULL);
+}
+
+/* The body deadline is met (the watchdog stops timing it). */
+static void body_arrived(ms_frontend *fe, struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *sc =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (!sc || !sc->socket_context) return;
+    pthread_mutex_lock(&fe->mu);
+    ((struct watch *)sc->socket_context)->body_done = 1;
+    pthread_mutex_unlock(&fe->mu);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -553,7 +591,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         if (sc && sc->socket_context) {
             pthread_mutex_lock(&fe->mu);
-            ((struct watch *)sc->socket_context)->in_request = 1;
+            struct watch *w = sc->socket_context;
+            w->in_request = 1;
+            w->body_done = 0;
+            w->phase_start = c->t_start;
             pthread_mutex_unlock(&fe->mu);
         }
         for (int i = 0; i < N_ROUTES; i++)
@@ -570,6 +611,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
         const char *te = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Transfer-Encoding");
         if (cl && te) return send_error(c, 400, "both Content-Length and Transfer-Encoding", NULL);
+        if (te) return refuse_coding(c, te);
         if (cl && strtoull(cl, NULL, 10) > fe->o.max_body_bytes) {
             char msg[128];
             snprintf(msg, sizeof msg, "the request body is larger than %zu bytes",
@@ -600,6 +642,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->body[c->n_body] = 0;
         return MHD_YES;
     }
+    body_arrived(fe, mc);
     if (c->responded) return MHD_YES;
     if (c->too_big) {
         char msg[128];
@@ -698,14 +741,20 @@ static void *watchdog(void *arg)
         ts.tv_sec += 1;
         pthread_cond_timedwait(&fe->cv, &fe->mu, &ts);
         double now = ms_now_s();
-        for (struct watch *w = fe->watches; w; w = w->next)
-            if (!w->in_request && w->fd >= 0 && now - w->phase_start > fe->o.header_timeout_s) {
+        for (struct watch *w = fe->watches; w; w = w->next) {
+            if (w->fd < 0) continue;
+            if (!w->in_request && now - w->phase_start > fe->o.header_timeout_s)
                 MS_LOG(MS_DEBUG, "http",
                        "closing a connection that sent no complete request in %d s",
                        fe->o.header_timeout_s);
-                shutdown(w->fd, SHUT_RDWR);
-                w->fd = -1;
-            }
+            else if (w->in_request && !w->body_done && now - w->phase_start > fe->o.body_timeout_s)
+                MS_LOG(MS_DEBUG, "http", "closing a connection whose body took over %d s",
+                       fe->o.body_timeout_s);
+            else
+                continue;
+            shutdown(w->fd, SHUT_RDWR);
+            w->fd = -1;
+        }
         if (fe->o.watchdog_timeout_s <= 0 || fe->n_live == 0) continue;
         double beat = ms_serve_hub_last_heartbeat_s(fe->hub);
         double since = beat > fe->busy_since ? beat : fe->busy_since;
@@ -779,7 +828,9 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
     }
     fe->d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, on_request, fe, MHD_OPTION_SOCK_ADDR, &ss,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_client,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)o->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
         fe, MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,

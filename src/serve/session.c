@@ -95,7 +95,7 @@ void ms_session_deinit(ms_session *s)
 }
 
 /* Logprob entries of one token batch, in the route's format. */
-static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, size_t text_off)
+static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, const int64_t *text_off)
 {
     if (!s->api.logprobs) return NULL;
     if (s->api.kind == MS_API_CHAT) {
@@ -121,7 +121,7 @@ static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, size_t t
                                 json_object_get(te, "logprob"));
             json_array_append_new(json_object_get(p, "top_logprobs"), top);
             json_array_append_new(json_object_get(p, "text_offset"),
-                                  json_integer((json_int_t)text_off));
+                                  json_integer((json_int_t)text_off[i]));
             json_decref(e);
         }
         const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
@@ -281,13 +281,16 @@ int ms_session_step(ms_session *s, int timeout_ms)
             ms_metrics_observe_itl(s->metrics, now - s->t_prev, (int64_t)k);
         s->t_prev = now;
     }
-    size_t off0 = s->n_text;
+    int64_t offs[TAKE_BATCH]; /* completions' text_offset: characters before each token */
     int stopped = 0;
     size_t used = 0;
     const char *d;
     size_t n;
     for (size_t i = 0; i < k && !stopped; i++) {
         json_array_append_new(s->out_ids, json_integer(toks[i].id));
+        for (; s->off_bytes < s->detok.n_text; s->off_bytes++) /* code points, as OpenAI's */
+            s->off_chars += ((unsigned char)s->detok.text[s->off_bytes] & 0xc0) != 0x80;
+        offs[used] = s->off_chars;
         used++;
         int rc = ms_detok_push(&s->detok, toks[i].id, &d, &n);
         if (rc < 0) { /* a token id outside the codec: an engine bug; end the request */
@@ -305,10 +308,10 @@ int ms_session_step(ms_session *s, int timeout_ms)
     s->n_taken += used;
     if (group) { /* one frame: the chunk's text with its logprobs */
         on_text(s, s->chunk ? s->chunk : "", s->n_chunk, 0,
-                used ? lp_piece(s, toks, used, off0) : NULL);
+                used ? lp_piece(s, toks, used, offs) : NULL);
         s->n_chunk = 0;
     } else if (used) {
-        json_t *lp = lp_piece(s, toks, used, off0);
+        json_t *lp = lp_piece(s, toks, used, offs);
         if (lp && s->api.stream)
             on_text(s, "", 0, 0, lp);
         else
