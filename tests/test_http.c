@@ -288,6 +288,42 @@ TEST(errors)
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", NULL, 400, "n=1",
                  &ok);
     CHECK(ok);
+    /* fields this server does not have are refused naming them, never ignored */
+    static const char *const refused[][2] = {
+        {"/v1/chat/completions", "\"regex\":\"a+\""},
+        {"/v1/chat/completions", "\"json_schema\":\"{}\""},
+        {"/v1/completions", "\"ebnf\":\"root ::= x\""},
+        {"/v1/chat/completions", "\"logit_bias\":{\"99999\":10}"},
+        {"/v1/completions", "\"logit_bias\":{\"5\":101}"},
+        {"/v1/completions", "\"min_tokens\":9,\"max_tokens\":3"},
+        {"/v1/chat/completions",
+         "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}"},
+        {"/v1/completions", "\"response_format\":{\"type\":\"json_object\"}"},
+        {"/generate", "\"sampling_params\":{\"regex\":\"a\"}"},
+        {"/generate", "\"sampling_params\":{\"min_new_tokens\":-2}"},
+        {"/generate", "\"sampling_params\":{\"max_new_tokens\":2,\"temprature\":0.5}"}};
+    static const char *const names[] = {"regex",           "json_schema",     "ebnf",
+                                        "logit_bias",      "logit_bias",      "min_tokens",
+                                        "response_format", "response_format", "regex",
+                                        "min_new_tokens",  "temprature"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char body[512];
+        if (!strcmp(refused[i][0], "/generate"))
+            snprintf(body, sizeof body, "{\"text\":\"x\",%s}", refused[i][1]);
+        else if (strstr(refused[i][0], "chat"))
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", refused[i][1]);
+        else
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",%s}", refused[i][1]);
+        expect_error(port, "POST", refused[i][0], body, NULL, 400, names[i], &ok);
+        CHECKF(ok, "%s %s", refused[i][0], refused[i][1]);
+    }
+    /* an unknown top-level field of an OpenAI route is ignored, as SGLang's models do */
+    hresp ru;
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"ab\",\"max_tokens\":1,\"some_vendor_field\":1}", NULL, &ru) == 0);
+    CHECKF(ru.status == 200, "%d %s", ru.status, ru.body);
+    hresp_free(&ru);
     expect_error(port, "POST", "/v1/chat/completions",
                  "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, 400,
                  "messages[0].role", &ok);
@@ -460,10 +496,27 @@ static int start_stream(int p, const char *rid)
     return fd;
 }
 
+/* A sample's value in /metrics (-1: not there). */
+static double metric(const char *sample)
+{
+    hresp r;
+    double v = -1;
+    if (hc_request(port, "GET", "/metrics", NULL, NULL, &r) == 0) {
+        const char *p = strstr(r.body, sample);
+        if (p) v = strtod(p + strlen(sample), NULL);
+        hresp_free(&r);
+    }
+    return v;
+}
+
+#define ABORTED "sglang:num_aborted_requests_total{model_name=\"echo-model\"} "
+#define E2E_COUNT "sglang:e2e_request_latency_seconds_count{model_name=\"echo-model\"} "
+
 TEST(disconnect_aborts)
 {
     atomic_store(&eng.step_us, 5000);
     int aborts = atomic_load(&eng.n_aborts);
+    double aborted0 = metric(ABORTED), e2e0 = metric(E2E_COUNT);
     int fd = start_stream(port, NULL);
     CHECK(fd >= 0);
     CHECK(wait_until(&eng.n_active, 1, 2.0));
@@ -485,11 +538,15 @@ TEST(disconnect_aborts)
     CHECK(atomic_load(&eng.n_aborts) == aborts + 2);
     CHECK(wait_until((atomic_int *)&eng.n_active, 0, 0.1) && ms_frontend_live_requests(fe) == 0);
     atomic_store(&eng.step_us, 0);
+    /* both counted as aborted, neither in the end-to-end latency histogram (SGLang) */
+    CHECKF(metric(ABORTED) == aborted0 + 2, "aborted %g -> %g", aborted0, metric(ABORTED));
+    CHECKF(metric(E2E_COUNT) == e2e0, "e2e count %g -> %g", e2e0, metric(E2E_COUNT));
 }
 
 TEST(abort_api_and_flush)
 {
     atomic_store(&eng.step_us, 5000);
+    double aborted0 = metric(ABORTED);
     int fd = start_stream(port, "my-rid-1");
     CHECK(fd >= 0);
     hresp r;
@@ -509,6 +566,7 @@ TEST(abort_api_and_flush)
     CHECK(hc_request(port, "POST", "/flush_cache", "", NULL, &r) == 0 && r.status == 200);
     hresp_free(&r);
     atomic_store(&eng.step_us, 0);
+    CHECKF(metric(ABORTED) == aborted0 + 1, "aborted %g -> %g", aborted0, metric(ABORTED));
 }
 
 TEST(queue_full_503)
@@ -577,6 +635,12 @@ TEST(load_info_metrics)
     CHECK(strstr(r.body, "sglang:num_requests_total{model_name=\"echo-model\"}"));
     CHECK(strstr(r.body, "sglang:num_running_reqs{model_name=\"echo-model\",dp_rank=\"1\"} 0"));
     CHECK(strstr(r.body, "sglang:time_to_first_token_seconds_bucket"));
+    /* rejected requests (the errors test's) and retractions are counted */
+    CHECK(strstr(r.body, "sglang:http_responses_total{model_name=\"echo-model\",endpoint=\"/v1/"
+                         "completions\",status=\"413\"} "));
+    CHECK(strstr(r.body, "sglang:http_responses_total{model_name=\"echo-model\",endpoint=\"/v1/"
+                         "chat/completions\",status=\"400\"} "));
+    CHECK(strstr(r.body, "sglang:num_retracted_requests_total{model_name=\"echo-model\",dp_rank=\"0\"} "));
     char path[] = "/tmp/ms_metrics_XXXXXX";
     int tfd = mkstemp(path);
     CHECK(tfd >= 0);
@@ -795,15 +859,14 @@ TEST(drain)
     CHECK(fd >= 0);
     ms_frontend_begin_drain(fe);
     CHECK(ms_frontend_live_requests(fe) == 1);
-    /* no longer accepting (the accept thread lets go of the socket within ms) */
-    int c2 = -1;
-    for (int i = 0; i < 100; i++) {
-        c2 = hc_connect(port);
-        if (c2 < 0) break;
-        close(c2);
-        usleep(10000);
-    }
-    CHECK(c2 < 0);
+    /* no longer admitting: a new request gets 503, /health too */
+    hresp r2;
+    CHECK(hc_request(port, "POST", "/v1/completions", "{\"prompt\":\"ab\",\"max_tokens\":2}",
+                     NULL, &r2) == 0);
+    CHECKF(r2.status == 503 && strstr(r2.body, "shutting down"), "%d %s", r2.status, r2.body);
+    hresp_free(&r2);
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r2) == 0 && r2.status == 503);
+    hresp_free(&r2);
     char *rest = NULL;
     hc_read_all(fd, &rest, 5); /* the running request completes */
     close(fd);

@@ -24,6 +24,10 @@ struct wire_req { /* one new request in a control block, followed by n_ids int32
     float temperature, top_p, min_p;
     float frequency_penalty, presence_penalty, repetition_penalty;
     int32_t stop_ids[MS_SCHED_MAX_STOP_IDS];
+    int64_t min_new;
+    int32_t n_bias, pad;
+    int32_t bias_ids[MS_SCHED_MAX_LOGIT_BIAS];
+    float bias[MS_SCHED_MAX_LOGIT_BIAS];
 };
 
 struct wire_ev_hdr { /* what each rank contributes to the step's event gather */
@@ -431,6 +435,8 @@ int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_err
                       (long long)in->n_ids, (long long)in->max_new, (long long)need,
                       (long long)e->pool_tokens);
     if (in->n_stop_ids > MS_SCHED_MAX_STOP_IDS) return ms_err(err, MS_EINVAL, "too many stop ids");
+    if (in->n_bias < 0 || in->n_bias > MS_SCHED_MAX_LOGIT_BIAS)
+        return ms_err(err, MS_EINVAL, "too many logit_bias entries");
     if (e->ctrl_len == 0) e->ctrl_len = sizeof(struct ctrl_hdr);
     size_t add = sizeof(struct wire_req) + sizeof(int32_t) * (size_t)in->n_ids;
     if (grow((void **)&e->ctrl, &e->ctrl_cap, e->ctrl_len + add))
@@ -450,6 +456,10 @@ int ms_engine_submit(ms_engine *e, const ms_sched_input *in, int dp_rank, ms_err
                          .presence_penalty = in->samp.presence_penalty,
                          .repetition_penalty = in->samp.repetition_penalty};
     memcpy(w.stop_ids, in->stop_ids, sizeof w.stop_ids);
+    w.min_new = in->min_new;
+    w.n_bias = in->n_bias;
+    memcpy(w.bias_ids, in->bias_ids, sizeof w.bias_ids);
+    memcpy(w.bias, in->bias, sizeof w.bias);
     /* last, as it records the request: nothing fails after it */
     w.dp = ms_router_pick(e->router, in->ids, in->n_ids, in->max_new, dp_rank);
     memcpy(e->ctrl + e->ctrl_len, &w, sizeof w);
@@ -520,6 +530,10 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
                                            .presence_penalty = w.presence_penalty,
                                            .repetition_penalty = w.repetition_penalty};
             memcpy(in.stop_ids, w.stop_ids, sizeof in.stop_ids);
+            in.min_new = w.min_new;
+            in.n_bias = w.n_bias;
+            memcpy(in.bias_ids, w.bias_ids, sizeof in.bias_ids);
+            memcpy(in.bias, w.bias, sizeof in.bias);
             int32_t *ids = malloc(ids_bytes ? ids_bytes : 1); /* body may be unaligned */
             if (!ids) return ms_err(err, MS_ENOMEM, "out of memory");
             memcpy(ids, body + off, ids_bytes);

@@ -121,6 +121,9 @@ static enum MHD_Result queue(struct conn *c, int status, char *body, size_t len,
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
+    ms_metrics_observe_response(c->fe->metrics, c->route >= 0 ? routes[c->route].path : "other",
+                                status);
+    if (atomic_load(&c->fe->draining)) MHD_add_response_header(r, "Connection", "close");
     if (status == 405) MHD_add_response_header(r, "Allow", routes[c->route].allow);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
@@ -325,6 +328,7 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        ms_metrics_observe_response(fe->metrics, routes[c->route].path, 200);
         enum MHD_Result ret = MHD_queue_response(c->mc, 200, resp);
         MHD_destroy_response(resp);
         c->responded = 1;
@@ -678,6 +682,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             MS_LOG(MS_INFO, "http", "client of request %s went away (code %d): aborting",
                    c->sess->req->rid, (int)toe);
             ms_serve_hub_post(fe->hub, MS_MSG_ABORT, c->sess->req);
+            ms_session_abandon(c->sess);
         }
         ms_session_deinit(c->sess);
         free(c->sess);
@@ -856,14 +861,8 @@ int ms_frontend_port(const ms_frontend *fe)
 
 void ms_frontend_begin_drain(ms_frontend *fe)
 {
+    /* still listening: a new request gets 503 (and Connection: close), as /health does */
     if (!fe || atomic_exchange(&fe->draining, 1)) return;
-    if (fe->d) {
-        MHD_socket s = MHD_quiesce_daemon(fe->d);
-        if (s != MHD_INVALID_SOCKET)
-            close(s);
-        else
-            MS_LOG(MS_WARN, "http", "could not stop listening (quiesce failed)");
-    }
     MS_LOG(MS_INFO, "http", "draining: %d requests in flight", ms_frontend_live_requests(fe));
 }
 

@@ -5,9 +5,9 @@
  * main thread; everything else runs on MHD's threads.
  *
  * Shutdown (SIGTERM): the main loop sees ms_serve_hub_stop_requested(), calls
- * ms_frontend_begin_drain() (listening socket closed, new generations 503,
- * /health 503), keeps stepping until ms_frontend_live_requests() == 0 (or a
- * deadline), then ms_frontend_close().
+ * ms_frontend_begin_drain() (new generations 503, /health 503, each answer
+ * with Connection: close), keeps stepping until ms_frontend_live_requests()
+ * == 0 (or --shutdown-timeout, or a second signal), then ms_frontend_close().
  */
 #ifndef MS_SERVE_HTTP_H
 #define MS_SERVE_HTTP_H

@@ -4,6 +4,7 @@
 #include "base/log.h"
 #include "base/util.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -458,10 +459,18 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
             continue;
         }
         const float *lg = sq->logits;
-        if (ms_sampler_has_penalties(&r->in.samp)) {
+        int pen = ms_sampler_has_penalties(&r->in.samp), below_min = r->n_out < r->in.min_new;
+        if (pen || r->in.n_bias > 0 || below_min) { /* logprobs stay the model's own */
             memcpy(s->pen_logits, lg, sizeof(float) * (size_t)s->p.vocab);
-            ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids, r->n_prompt,
-                                       r->n_ids, s->pen_mark);
+            if (pen)
+                ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids,
+                                           r->n_prompt, r->n_ids, s->pen_mark);
+            for (int i = 0; i < r->in.n_bias; i++) s->pen_logits[r->in.bias_ids[i]] += r->in.bias[i];
+            if (below_min) { /* min_new_tokens: no stop before it */
+                if (!r->in.ignore_eos && s->p.eos_id >= 0) s->pen_logits[s->p.eos_id] = -INFINITY;
+                for (int i = 0; i < r->in.n_stop_ids; i++)
+                    s->pen_logits[r->in.stop_ids[i]] = -INFINITY;
+            }
             lg = s->pen_logits;
         }
         int32_t t = ms_sampler_pick(lg, s->p.vocab, &r->in.samp, &r->rng, &s->sc);

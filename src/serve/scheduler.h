@@ -23,6 +23,7 @@
 
 #define MS_SCHED_MAX_STOP_IDS 16
 #define MS_SCHED_MAX_TOP_LOGPROBS 20
+#define MS_SCHED_MAX_LOGIT_BIAS 64
 
 enum ms_sched_policy { MS_SCHED_FCFS = 0, MS_SCHED_LPM = 1 };
 
@@ -48,6 +49,10 @@ typedef struct ms_sched_input {
     int32_t stop_ids[MS_SCHED_MAX_STOP_IDS];
     int n_stop_ids;
     int top_logprobs;     /* -1: no logprobs; 0: chosen token only; n: also the n best */
+    int64_t min_new;      /* EOS and stop_ids masked (-inf) while fewer are generated */
+    int n_bias;           /* logit_bias: bias[i] added to bias_ids[i]'s logit before sampling */
+    int32_t bias_ids[MS_SCHED_MAX_LOGIT_BIAS];
+    float bias[MS_SCHED_MAX_LOGIT_BIAS];
 } ms_sched_input;
 
 /* One generated token (or a finish without a token). */

@@ -263,6 +263,17 @@ static void done(ms_session *s, int kind)
         t1 > 0 ? t1 - s->req->t_arrival_s : -1.0, now - s->req->t_arrival_s, kind);
 }
 
+void ms_session_abandon(ms_session *s)
+{
+    if (s->finish) return;
+    s->finish = MS_SERVE_FINISH_ABORT;
+    double t1 = ms_serve_req_t_first_token(s->req);
+    ms_metrics_observe_request(s->metrics, s->n_prompt, (int64_t)s->n_taken,
+                               ms_serve_req_cached_tokens(s->req),
+                               t1 > 0 ? t1 - s->req->t_arrival_s : -1.0,
+                               ms_now_s() - s->req->t_arrival_s, MS_SERVE_FINISH_ABORT);
+}
+
 int ms_session_step(ms_session *s, int timeout_ms)
 {
     if (s->finish) return 1;

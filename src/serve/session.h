@@ -55,6 +55,8 @@ void ms_session_deinit(ms_session *s);
  * SSE frames to the pending buffer.  Returns 1 once the request is finished
  * (all frames incl. [DONE] queued), 0 otherwise, negative on error. */
 int ms_session_step(ms_session *s, int timeout_ms);
+/* The client went away before the finish: the request counts as aborted. */
+void ms_session_abandon(ms_session *s);
 /* Non-stream: the response body (malloc'ed) and HTTP status after finish. */
 char *ms_session_body(ms_session *s, int *http_status, size_t *len);
 /* Stream: copies up to max pending bytes into buf; returns the count. */

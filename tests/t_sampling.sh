@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# t_sampling.sh — request fields that change sampling, on the real server
+# (tiny-v3): logit_bias bans the greedy token and forces another; min_tokens
+# (OpenAI) / min_new_tokens (/generate) keep EOS from ending the output before
+# that many tokens.  On one rank and on the second DP rank of a 2-rank
+# DP-attention server (the fields travel in the control block to the rank
+# that samples).
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+tmp=$(mktemp -d)
+PID=
+cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; sleep 0.3; pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+. "$(dirname "$0")/lib.sh"
+M=$tmp/model
+"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null || { echo "0 passed, 1 failed"; exit 1; }
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+start() { # $1 = log name, rest = flags
+    PORT=$(free_port)
+    local name=$1
+    shift
+    "$MOESERVE" serve --model-path "$M" --port "$PORT" --max-total-tokens 1024 --threads 1 \
+        --skip-server-warmup "$@" >"$tmp/$name.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    bad "$name: server did not start" "$(tail -20 "$tmp/$name.log")"
+    return 1
+}
+# gen SAMPLING_JSON: /generate's output_ids, space-separated (header $DP)
+gen() {
+    curl -s -m 30 "http://127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' $DP \
+        -d "{\"input_ids\":[5,6,7,8,9],\"sampling_params\":{\"temperature\":0,$1}}" |
+        python3 -c 'import json,sys; print(" ".join(map(str, json.load(sys.stdin)["output_ids"])))'
+}
+checks() { # $1 = label
+    local base ban first forced eos minned cmp
+    base=$(gen '"max_new_tokens":8,"ignore_eos":true')
+    first=${base%% *}
+    ban=$(gen "\"max_new_tokens\":8,\"ignore_eos\":true,\"logit_bias\":{\"$first\":-100}")
+    t "$1: logit_bias -100 bans the greedy token $first (got: ${ban%% *})" \
+        '[ -n "$first" ] && [ -n "$ban" ] && [ "${ban%% *}" != "$first" ]'
+    forced=$(gen '"max_new_tokens":6,"ignore_eos":true,"logit_bias":{"42":100}')
+    t "$1: logit_bias +100 forces token 42 ($forced)" '[ "$forced" = "42 42 42 42 42 42" ]'
+    # EOS (id 1) forced: one token without min_new_tokens, 5 others and then EOS with it
+    eos=$(gen '"max_new_tokens":20,"logit_bias":{"1":100}')
+    minned=$(gen '"max_new_tokens":20,"min_new_tokens":5,"logit_bias":{"1":100}')
+    t "$1: min_new_tokens 5 holds EOS back ($eos | $minned)" \
+        '[ "$eos" = 1 ] && [ "$(echo "$minned" | wc -w)" = 6 ] && [ "${minned##* }" = 1 ] && ! echo "${minned% *}" | grep -qw 1'
+    cmp=$(curl -s -m 30 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' $DP \
+        -d '{"prompt":[5,6,7,8,9],"max_tokens":20,"temperature":0,"min_tokens":4,"logit_bias":{"1":100}}' |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["usage"]["completion_tokens"])')
+    t "$1: OpenAI min_tokens 4: 5 completion tokens ($cmp)" '[ "$cmp" = 5 ]'
+}
+if start one; then
+    DP=
+    checks "one rank"
+    kill -TERM "$PID"; wait "$PID"; PID=
+fi
+if start dpa --tp 2 --dp 2 --enable-dp-attention; then
+    DP="-H X-Data-Parallel-Rank:1"
+    checks "DP rank 1 of 2"
+    kill -TERM "$PID"; wait "$PID"; PID=
+fi
+report
