@@ -2,7 +2,8 @@
 # t_sampling.sh — request fields that change sampling, on the real server
 # (tiny-v3): logit_bias bans the greedy token and forces another; min_tokens
 # (OpenAI) / min_new_tokens (/generate) keep EOS from ending the output before
-# that many tokens.  On one rank and on the second DP rank of a 2-rank
+# that many tokens; n = 3 gives three choices, identical under greedy, the
+# later two reading the prompt's KV pages from the radix cache.  On one rank and on the second DP rank of a 2-rank
 # DP-attention server (the fields travel in the control block to the rank
 # that samples).
 set -u
@@ -20,7 +21,7 @@ start() { # $1 = log name, rest = flags
     local name=$1
     shift
     "$MOESERVE" serve --model-path "$M" --port "$PORT" --max-total-tokens 1024 --threads 1 \
-        --skip-server-warmup "$@" >"$tmp/$name.log" 2>&1 &
+        --skip-server-warmup --enable-metrics "$@" >"$tmp/$name.log" 2>&1 &
     PID=$!
     for _ in $(seq 1 600); do
         curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
@@ -54,7 +55,18 @@ checks() { # $1 = label
         -d '{"prompt":[5,6,7,8,9],"max_tokens":20,"temperature":0,"min_tokens":4,"logit_bias":{"1":100}}' |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["usage"]["completion_tokens"])')
     t "$1: OpenAI min_tokens 4: 5 completion tokens ($cmp)" '[ "$cmp" = 5 ]'
+    # n = 3: three choices, identical under greedy; choices 1 and 2 read the prompt's KV
+    # pages from the radix cache (cached_tokens_total grows by their whole pages)
+    local c0 nch
+    c0=$(metric cached_tokens_total)
+    nch=$(curl -s -m 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' $DP \
+        -d "{\"prompt\":[$(seq -s, 10 49)],\"max_tokens\":8,\"temperature\":0,\"n\":3,\"ignore_eos\":true}" |
+        python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"]; print(len(c), len(set(x["text"] for x in c)), [x["index"] for x in c])')
+    t "$1: n=3 greedy: 3 choices, 1 distinct text, indexes 0..2 ($nch)" '[ "$nch" = "3 1 [0, 1, 2]" ]'
+    t "$1: n=3: the other choices hit the prompt's cached pages ($c0 -> $(metric cached_tokens_total))" \
+        '[ "$(metric cached_tokens_total)" -ge $((c0 + 64)) ]'
 }
+metric() { curl -s -m 5 "http://127.0.0.1:$PORT/metrics" | grep "^sglang:$1{" | awk '{print int($2)}'; }
 if start one; then
     DP=
     checks "one rank"

@@ -14,10 +14,11 @@
 
 /* The fields tensor shapes depend on (required), for the tests of defaults. */
 #define SHAPES                                                                                     \
-    " \"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 4,"                          \
-    " \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128"
+    " \"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 4,"                        \
+    " \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": " \
+    "128"
 #define EXPERTS                                                                                    \
-    " \"n_routed_experts\": 16, \"moe_intermediate_size\": 32, \"num_experts_per_tok\": 4,"      \
+    " \"n_routed_experts\": 16, \"moe_intermediate_size\": 32, \"num_experts_per_tok\": 4,"        \
     " \"intermediate_size\": 128, \"q_lora_rank\": 24, \"num_attention_heads\": 4,"
 
 static const char *v3_json =
@@ -218,8 +219,8 @@ TEST(defaults_of_absent_fields)
 {
     ms_config c;
     ms_errbuf e;
-    CHECKF(ms_config_parse(&c, "{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES "}",
-                           &e) == 0,
+    CHECKF(ms_config_parse(
+               &c, "{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES "}", &e) == 0,
            "%s", e.msg);
     /* transformers DeepseekV3Config defaults of the rest */
     CHECK(c.vocab_size == 1000 && c.hidden_size == 64 && c.n_layers == 4 && c.q_lora_rank == 24);
@@ -368,14 +369,15 @@ TEST(rejected_configs_name_the_field)
     CHECK(ms_config_parse(&c, "{", &e) == MS_EFORMAT && strstr(e.msg, "not valid JSON"));
     CHECK(ms_config_parse(&c, "{}", &e) == MS_EFORMAT && strstr(e.msg, "'architectures'"));
     /* the shape fields are required, each named when absent */
-    static const char *const req[] = {"vocab_size", "hidden_size", "num_hidden_layers",
-                                      "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                      "v_head_dim", "n_routed_experts", "moe_intermediate_size",
-                                      "num_experts_per_tok", "intermediate_size", "q_lora_rank",
-                                      "num_attention_heads"};
+    static const char *const req[] = {
+        "vocab_size",          "hidden_size",       "num_hidden_layers",
+        "kv_lora_rank",        "qk_nope_head_dim",  "qk_rope_head_dim",
+        "v_head_dim",          "n_routed_experts",  "moe_intermediate_size",
+        "num_experts_per_tok", "intermediate_size", "q_lora_rank",
+        "num_attention_heads"};
     for (size_t i = 0; i < sizeof req / sizeof *req; i++) {
-        json_t *j = json_loads("{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES "}",
-                               0, NULL);
+        json_t *j = json_loads(
+            "{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES "}", 0, NULL);
         json_object_del(j, req[i]);
         char *text = json_dumps(j, 0);
         char want[64];
@@ -386,12 +388,13 @@ TEST(rejected_configs_name_the_field)
         json_decref(j);
     }
     /* intermediate_size is not needed without dense layers */
-    CHECKF(ms_config_parse(&c,
-                           "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"first_k_dense_replace\":"
-                           " 0, \"n_routed_experts\": 16, \"moe_intermediate_size\": 32,"
-                           " \"num_experts_per_tok\": 4, \"q_lora_rank\": 24, \"n_group\": 4,"
-                           " \"num_attention_heads\": 4," SHAPES "}",
-                           &e) == 0,
+    CHECKF(ms_config_parse(
+               &c,
+               "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"first_k_dense_replace\":"
+               " 0, \"n_routed_experts\": 16, \"moe_intermediate_size\": 32,"
+               " \"num_experts_per_tok\": 4, \"q_lora_rank\": 24, \"n_group\": 4,"
+               " \"num_attention_heads\": 4," SHAPES "}",
+               &e) == 0,
            "%s", e.msg);
     CHECK(ms_config_parse(&c,
                           "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"

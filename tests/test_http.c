@@ -197,6 +197,60 @@ TEST(completions_length_and_logprobs)
     hresp_free(&r);
 }
 
+/* n > 1: one choice per engine request, each with its index; one usage, one [DONE] */
+TEST(n_choices)
+{
+    hresp r;
+    CHECK(hc_request(port, "POST", "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hey\"}],\"n\":3}", NULL,
+                     &r) == 0);
+    CHECKF(r.status == 200, "%d %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    json_t *ch = json_object_get(o, "choices");
+    CHECKF(json_array_size(ch) == 3, "%s", r.body);
+    const char *c0 = json_string_value(
+        json_object_get(json_object_get(json_array_get(ch, 0), "message"), "content"));
+    for (size_t i = 0; i < json_array_size(ch); i++) {
+        json_t *c = json_array_get(ch, i);
+        CHECK(json_integer_value(json_object_get(c, "index")) == (json_int_t)i);
+        const char *t =
+            json_string_value(json_object_get(json_object_get(c, "message"), "content"));
+        CHECK(c0 && t && !strcmp(t, c0));
+    }
+    json_t *u = json_object_get(o, "usage");
+    int64_t one = (int64_t)strlen(c0 ? c0 : "") + 1; /* the echo and its EOS */
+    CHECKF(json_integer_value(json_object_get(u, "completion_tokens")) == 3 * one, "%s", r.body);
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"abcd\",\"max_tokens\":3,\"n\":2,\"stream\":true,"
+                     "\"stream_options\":{\"include_usage\":true}}",
+                     NULL, &r) == 0);
+    int done = 0;
+    json_t *fr = sse_frames(r.body, &done);
+    char text[2][16] = {"", ""};
+    int n_usage = 0, n_done = 0;
+    for (const char *p = r.body; (p = strstr(p, "data: [DONE]")); p++) n_done++;
+    for (size_t i = 0; i < json_array_size(fr); i++) {
+        json_t *f = json_array_get(fr, i), *c = json_array_get(json_object_get(f, "choices"), 0);
+        if (json_object_get(f, "usage") && json_is_object(json_object_get(f, "usage"))) {
+            n_usage++;
+            CHECK(json_integer_value(json_object_get(json_object_get(f, "usage"),
+                                                     "completion_tokens")) == 6);
+        }
+        if (!c) continue;
+        json_int_t k = json_integer_value(json_object_get(c, "index"));
+        const char *t = json_string_value(json_object_get(c, "text"));
+        CHECK(k == 0 || k == 1);
+        if (t && (k == 0 || k == 1)) strncat(text[k], t, sizeof text[k] - strlen(text[k]) - 1);
+    }
+    CHECKF(done && n_done == 1 && n_usage == 1, "done %d, %d [DONE], %d usage", done, n_done,
+           n_usage);
+    CHECKF(!strcmp(text[0], "abc") && !strcmp(text[1], "abc"), "'%s' '%s'", text[0], text[1]);
+    json_decref(fr);
+    hresp_free(&r);
+}
+
 TEST(stop_string_aborts_engine)
 {
     int aborts = atomic_load(&eng.n_aborts);
@@ -285,8 +339,11 @@ TEST(errors)
                  400, "temperature", &ok);
     CHECK(ok);
     expect_error(port, "POST", "/v1/chat/completions",
-                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", NULL, 400, "n=1",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":99}", NULL, 400, "'n'",
                  &ok);
+    CHECK(ok);
+    expect_error(port, "POST", "/generate", "{\"text\":\"x\",\"sampling_params\":{\"n\":2}}", NULL,
+                 400, "'n'", &ok);
     CHECK(ok);
     /* fields this server does not have are refused naming them, never ignored */
     static const char *const refused[][2] = {
@@ -302,17 +359,16 @@ TEST(errors)
         {"/generate", "\"sampling_params\":{\"regex\":\"a\"}"},
         {"/generate", "\"sampling_params\":{\"min_new_tokens\":-2}"},
         {"/generate", "\"sampling_params\":{\"max_new_tokens\":2,\"temprature\":0.5}"}};
-    static const char *const names[] = {"regex",           "json_schema",     "ebnf",
-                                        "logit_bias",      "logit_bias",      "min_tokens",
-                                        "response_format", "response_format", "regex",
-                                        "min_new_tokens",  "temprature"};
+    static const char *const names[] = {
+        "regex",           "json_schema",     "ebnf",  "logit_bias",     "logit_bias", "min_tokens",
+        "response_format", "response_format", "regex", "min_new_tokens", "temprature"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         char body[512];
         if (!strcmp(refused[i][0], "/generate"))
             snprintf(body, sizeof body, "{\"text\":\"x\",%s}", refused[i][1]);
         else if (strstr(refused[i][0], "chat"))
-            snprintf(body, sizeof body,
-                     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", refused[i][1]);
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}",
+                     refused[i][1]);
         else
             snprintf(body, sizeof body, "{\"prompt\":\"x\",%s}", refused[i][1]);
         expect_error(port, "POST", refused[i][0], body, NULL, 400, names[i], &ok);
@@ -321,7 +377,8 @@ TEST(errors)
     /* an unknown top-level field of an OpenAI route is ignored, as SGLang's models do */
     hresp ru;
     CHECK(hc_request(port, "POST", "/v1/completions",
-                     "{\"prompt\":\"ab\",\"max_tokens\":1,\"some_vendor_field\":1}", NULL, &ru) == 0);
+                     "{\"prompt\":\"ab\",\"max_tokens\":1,\"some_vendor_field\":1}", NULL,
+                     &ru) == 0);
     CHECKF(ru.status == 200, "%d %s", ru.status, ru.body);
     hresp_free(&ru);
     expect_error(port, "POST", "/v1/chat/completions",
@@ -509,7 +566,7 @@ static double metric(const char *sample)
     return v;
 }
 
-#define ABORTED "sglang:num_aborted_requests_total{model_name=\"echo-model\"} "
+#define ABORTED   "sglang:num_aborted_requests_total{model_name=\"echo-model\"} "
 #define E2E_COUNT "sglang:e2e_request_latency_seconds_count{model_name=\"echo-model\"} "
 
 TEST(disconnect_aborts)
@@ -640,7 +697,8 @@ TEST(load_info_metrics)
                          "completions\",status=\"413\"} "));
     CHECK(strstr(r.body, "sglang:http_responses_total{model_name=\"echo-model\",endpoint=\"/v1/"
                          "chat/completions\",status=\"400\"} "));
-    CHECK(strstr(r.body, "sglang:num_retracted_requests_total{model_name=\"echo-model\",dp_rank=\"0\"} "));
+    CHECK(strstr(r.body,
+                 "sglang:num_retracted_requests_total{model_name=\"echo-model\",dp_rank=\"0\"} "));
     char path[] = "/tmp/ms_metrics_XXXXXX";
     int tfd = mkstemp(path);
     CHECK(tfd >= 0);
@@ -723,7 +781,8 @@ static int raw_status(int p, const char *req, size_t n, double *took)
 TEST(malformed_http_4xx_at_once)
 {
     /* each is answered with its 4xx (or 501) well inside the idle timeout (2 s here) */
-    static const char H[] = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    static const char H[] =
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
     char *ext = malloc(80 * 1024);
     int k = sprintf(ext, "%sTransfer-Encoding: chunked\r\n\r\n5;", H);
     memset(ext + k, 'e', 70 * 1024);
@@ -861,8 +920,8 @@ TEST(drain)
     CHECK(ms_frontend_live_requests(fe) == 1);
     /* no longer admitting: a new request gets 503, /health too */
     hresp r2;
-    CHECK(hc_request(port, "POST", "/v1/completions", "{\"prompt\":\"ab\",\"max_tokens\":2}",
-                     NULL, &r2) == 0);
+    CHECK(hc_request(port, "POST", "/v1/completions", "{\"prompt\":\"ab\",\"max_tokens\":2}", NULL,
+                     &r2) == 0);
     CHECKF(r2.status == 503 && strstr(r2.body, "shutting down"), "%d %s", r2.status, r2.body);
     hresp_free(&r2);
     CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r2) == 0 && r2.status == 503);
@@ -991,6 +1050,7 @@ int main(int argc, char **argv)
     RUN(chat_non_stream);
     RUN(chat_stream_sse);
     RUN(completions_length_and_logprobs);
+    RUN(n_choices);
     RUN(stop_string_aborts_engine);
     RUN(generate_native);
     RUN(errors);

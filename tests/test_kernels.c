@@ -237,10 +237,14 @@ TEST(find_nonfinite_all_codes)
         for (uint32_t code = 0; code < n_codes; code++) {
             uint32_t bits = dt == MS_DT_F32 ? code << 16 | (code & 0xffff) : code;
             float f;
-            if (dt == MS_DT_F32) memcpy(&f, &bits, 4);
-            else if (dt == MS_DT_BF16) f = ms_bf16_to_f32((uint16_t)bits);
-            else if (dt == MS_DT_F16) f = ms_f16_to_f32((uint16_t)bits);
-            else f = ms_fp8e4m3_to_f32((uint8_t)bits);
+            if (dt == MS_DT_F32)
+                memcpy(&f, &bits, 4);
+            else if (dt == MS_DT_BF16)
+                f = ms_bf16_to_f32((uint16_t)bits);
+            else if (dt == MS_DT_F16)
+                f = ms_f16_to_f32((uint16_t)bits);
+            else
+                f = ms_fp8e4m3_to_f32((uint8_t)bits);
             int64_t n = 5000, at = (int64_t)(code * 7919u % 5000u);
             memset(buf, 0, sizeof buf);
             memcpy(buf + 1 + at * esz, &bits, (size_t)esz);

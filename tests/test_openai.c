@@ -99,8 +99,10 @@ TEST(parse_rejects)
     BAD(MS_API_CHAT, b, MS_EINVAL, "temperature", NULL);
     snprintf(b, sizeof b, "{%s,\"top_p\":0}", M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "top_p", NULL);
-    snprintf(b, sizeof b, "{%s,\"n\":3}", M);
-    BAD(MS_API_CHAT, b, MS_EINVAL, "n", "n=1");
+    snprintf(b, sizeof b, "{%s,\"n\":17}", M);
+    BAD(MS_API_CHAT, b, MS_EINVAL, "n", "between 1 and 16");
+    BAD(MS_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}", MS_EINVAL, "n",
+        "/v1/completions");
     snprintf(b, sizeof b, "{%s,\"stream\":1}", M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "stream", "boolean");
     snprintf(b, sizeof b, "{%s,\"stop\":[1]}", M);

@@ -309,9 +309,9 @@ static int need(jget *g, const char *key, int null_ok)
 
 static int need_shape_fields(jget *g)
 {
-    static const char *const always[] = {"vocab_size",       "hidden_size",      "num_hidden_layers",
-                                         "num_attention_heads", "kv_lora_rank",  "qk_nope_head_dim",
-                                         "qk_rope_head_dim", "v_head_dim"};
+    static const char *const always[] = {"vocab_size",          "hidden_size",  "num_hidden_layers",
+                                         "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+                                         "qk_rope_head_dim",    "v_head_dim"};
     int rc = 0;
     for (size_t i = 0; i < sizeof always / sizeof *always && !rc; i++) rc = need(g, always[i], 0);
     if (!rc) rc = need(g, "q_lora_rank", 1);

@@ -90,8 +90,8 @@ static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, .
         if (!isfinite(v[i])) {
             float bad = v[i];
             free(v);
-            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld",
-                          t->file, name, (double)bad, (long long)i);
+            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld", t->file, name,
+                          (double)bad, (long long)i);
         }
     *out = v;
     L->n_params += n;
@@ -322,8 +322,8 @@ static void note_bad(struct place *p, const ms_mat *w, int64_t at)
 }
 
 /* memcpy in pieces of 256 KiB, each checked just after it is written. */
-static void copy_checked(struct place *p, const ms_mat *w, char *dst, const char *src,
-                         size_t bytes, ms_dtype dt, int64_t first, int scale)
+static void copy_checked(struct place *p, const ms_mat *w, char *dst, const char *src, size_t bytes,
+                         ms_dtype dt, int64_t first, int scale)
 {
     size_t esz = (size_t)ms_dtype_size(dt), piece = ((size_t)256 << 10) / esz * esz;
     for (size_t o = 0; o < bytes; o += piece) {
@@ -384,13 +384,12 @@ static void place_copy(ms_mat *w, void *arg)
 /* The stored name of the tensor behind view w. */
 static void view_name(const ms_model *m, const ms_mat *w, char *buf, size_t cap)
 {
-    static const char *const att_names[] = {"q_a_proj", "q_b_proj",
-                                            "q_proj",   "kv_a_proj_with_mqa",
-                                            "kv_b_proj", "o_proj"};
+    static const char *const att_names[] = {"q_a_proj",           "q_b_proj",  "q_proj",
+                                            "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
     static const char *const ffn_names[] = {"gate_proj", "up_proj", "down_proj"};
-    snprintf(buf, cap, "%s", w == &m->lm_head && m->lm_head.data != m->embed.data
-                                 ? "lm_head.weight"
-                                 : "model.embed_tokens.weight");
+    snprintf(buf, cap, "%s",
+             w == &m->lm_head && m->lm_head.data != m->embed.data ? "lm_head.weight"
+                                                                  : "model.embed_tokens.weight");
     if (w == &m->lm_head || w == &m->embed) return;
     const ms_config *c = &m->cfg;
     for (int l = 0; l < c->n_layers; l++) {
@@ -459,8 +458,8 @@ static void check_rows(void *arg, int tid, int nt)
     int64_t b, e, esz = ms_dtype_size(w->dtype);
     ms_pool_range(w->rows, tid, nt, 1, &b, &e);
     for (int64_t r = b; r < e; r++) {
-        int64_t i = ms_dtype_find_nonfinite(w->dtype, (const char *)w->data + r * w->ld * esz,
-                                            w->cols);
+        int64_t i =
+            ms_dtype_find_nonfinite(w->dtype, (const char *)w->data + r * w->ld * esz, w->cols);
         if (i < 0) continue;
         int64_t at = r * w->cols + i, cur = atomic_load(&j->first);
         while (at < cur && !atomic_compare_exchange_weak(&j->first, &cur, at)) {

@@ -102,8 +102,8 @@ static int supervise(char **args, ms_errbuf *e)
     }
     if (pid == 0) {
         sigprocmask(SIG_SETMASK, &old, NULL);
-        setpgid(0, 0);                       /* no terminal signals: they go to the supervisor */
-        prctl(PR_SET_PDEATHSIG, SIGTERM);    /* the supervisor killed: the job ends too */
+        setpgid(0, 0);                        /* no terminal signals: they go to the supervisor */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);     /* the supervisor killed: the job ends too */
         int fd = open("/dev/null", O_RDONLY); /* a background group must not read the tty */
         if (fd >= 0) dup2(fd, 0);
         execvp(args[0], args);

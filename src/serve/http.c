@@ -10,7 +10,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "serve/metrics.h"
-#include "serve/session.h"
+#include "serve/choices.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -73,7 +73,7 @@ struct conn {
     double t_start;
     char *body;
     size_t n_body, cap_body;
-    ms_session *sess; /* generation routes, once submitted */
+    ms_choices *ch; /* generation routes, once submitted */
     struct conn *prev, *next;
     int listed;
 };
@@ -230,13 +230,14 @@ static void make_rid(ms_frontend *fe, enum ms_api_kind kind, char *out, size_t c
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct conn *c = cls;
-    ms_session *s = c->sess;
+    ms_choices *ch = c->ch;
     (void)pos;
     for (;;) {
-        if (ms_session_pending(s)) return (ssize_t)ms_session_read(s, buf, max);
-        if (s->finish) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (ms_choices_pending(ch)) return (ssize_t)ms_choices_read(ch, buf, max);
+        if (ms_choices_finished(ch) && (ch->n == 1 || ch->tail_done))
+            return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* completion aborts */
-        if (ms_session_step(s, 250) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (ms_choices_step(ch, 250) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
@@ -290,38 +291,31 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         snprintf(rid, sizeof rid, "%s", api.rid);
     else
         make_rid(fe, kind, rid, sizeof rid);
-    ms_serve_req *r = ms_serve_req_new(rid, ids, (int32_t)n, &api.sampling);
+    int32_t max_new = api.sampling.max_new_tokens;
+    c->ch = calloc(1, sizeof *c->ch);
+    if (!c->ch) {
+        rc = ms_err(&e, MS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = ms_choices_init(c->ch, &api, ids, (int32_t)n, rid, dp, fe->hub, fe->metrics,
+                              fe->codec, fe->model_name, &e))) {
+        free(c->ch);
+        c->ch = NULL;
+        goto fail;
+    }
     free(ids);
     ids = NULL;
-    if (!r) {
-        rc = ms_err(&e, MS_ENOMEM, "out of memory");
-        goto fail;
-    }
-    r->dp_rank_hint = dp;
-    c->sess = calloc(1, sizeof *c->sess);
-    if (!c->sess || ms_session_init(c->sess, &api, r, fe->hub, fe->metrics, fe->codec,
-                                    fe->model_name, (int64_t)n)) {
-        if (!c->sess)
-            ms_serve_req_unref(r);
-        else
-            ms_session_deinit(c->sess);
-        free(c->sess);
-        c->sess = NULL;
-        rc = ms_err(&e, MS_ENOMEM, "out of memory");
-        goto fail;
-    }
-    c->sess->stream_interval = fe->o.stream_interval;
+    for (int i = 0; i < c->ch->n; i++) c->ch->s[i].stream_interval = fe->o.stream_interval;
     live_add(fe, c);
-    if ((rc = ms_serve_hub_submit(fe->hub, r, fe->o.max_queued_requests, &e))) {
+    if ((rc = ms_choices_submit(c->ch, fe->o.max_queued_requests, &e))) {
         live_remove(fe, c);
-        c->sess->finish = MS_SERVE_FINISH_ABORT; /* never reached the engine */
         return send_error(c, status_of(rc), e.msg, NULL);
     }
-    MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d", rid, n,
-           api.sampling.max_new_tokens);
+    MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d, %d choices", rid,
+           n, max_new, c->ch->n);
     /* generation may take long: the idle timeout no longer applies */
     MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    if (c->sess->api.stream) {
+    if (ms_choices_stream(c->ch)) {
         struct MHD_Response *resp =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_cb, c, NULL);
         if (!resp) return MHD_NO;
@@ -335,13 +329,13 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         return ret;
     }
     for (;;) {
-        int d = ms_session_step(c->sess, 250);
+        int d = ms_choices_step(c->ch, 250);
         if (d) break;
         if (client_gone(c)) return MHD_NO; /* completion posts the abort */
     }
     int status;
     size_t len;
-    char *body = ms_session_body(c->sess, &status, &len);
+    char *body = ms_choices_body(c->ch, &status, &len);
     return queue(c, status, body, len, "application/json");
 fail:
     free(ids);
@@ -483,10 +477,7 @@ static enum MHD_Result do_abort(ms_frontend *fe, struct conn *c)
     int n = 0;
     pthread_mutex_lock(&fe->mu);
     for (struct conn *x = fe->live; x; x = x->next)
-        if (x->sess && (all || !strcmp(x->sess->req->rid, json_string_value(rid)))) {
-            ms_serve_hub_post(fe->hub, MS_MSG_ABORT, x->sess->req);
-            n++;
-        }
+        if (x->ch) n += ms_choices_abort(x->ch, all ? NULL : json_string_value(rid));
     pthread_mutex_unlock(&fe->mu);
     if (all) ms_serve_hub_post(fe->hub, MS_MSG_ABORT_ALL, NULL);
     json_decref(b);
@@ -674,18 +665,15 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         w->phase_start = ms_now_s();
         pthread_mutex_unlock(&fe->mu);
     }
-    if (c->sess) /* a keep-alive connection gets its idle timeout back */
+    if (c->ch) /* a keep-alive connection gets its idle timeout back */
         MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT,
                                   (unsigned)fe->o.idle_timeout_s);
-    if (c->sess) {
-        if (!c->sess->finish) {
+    if (c->ch) {
+        if (ms_choices_abandon(c->ch))
             MS_LOG(MS_INFO, "http", "client of request %s went away (code %d): aborting",
-                   c->sess->req->rid, (int)toe);
-            ms_serve_hub_post(fe->hub, MS_MSG_ABORT, c->sess->req);
-            ms_session_abandon(c->sess);
-        }
-        ms_session_deinit(c->sess);
-        free(c->sess);
+                   c->ch->s[0].id, (int)toe);
+        ms_choices_deinit(c->ch);
+        free(c->ch);
     }
     free(c->body);
     free(c);
@@ -835,11 +823,11 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
         flags, (uint16_t)o->port, NULL, NULL, on_request, fe, MHD_OPTION_SOCK_ADDR, &ss,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_client,
-        MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)o->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        fe, MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        fe, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed, fe,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, fe,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!fe->d) {
         ms_frontend_close(fe);
         return ms_err(e, MS_EIO, "cannot listen on %s:%d (address in use or not permitted)",
@@ -880,7 +868,7 @@ void ms_frontend_close(ms_frontend *fe)
     atomic_store(&fe->draining, 1);
     pthread_mutex_lock(&fe->mu);
     for (struct conn *x = fe->live; x; x = x->next)
-        if (x->sess) ms_serve_hub_post(fe->hub, MS_MSG_ABORT, x->sess->req);
+        if (x->ch) ms_choices_abort(x->ch, NULL);
     atomic_store(&fe->stop, 1);
     pthread_cond_broadcast(&fe->cv);
     pthread_mutex_unlock(&fe->mu);

@@ -279,7 +279,8 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
     head(&o, "sglang:http_responses_total", "counter",
          "HTTP responses by endpoint and status (rejected requests: 4xx and 503).");
     for (int i = 0; i < m->n_resp; i++)
-        put(&o, "sglang:http_responses_total{model_name=\"%s\",endpoint=\"%s\",status=\"%d\"} %llu\n",
+        put(&o,
+            "sglang:http_responses_total{model_name=\"%s\",endpoint=\"%s\",status=\"%d\"} %llu\n",
             md, m->resp[i].endpoint, m->resp[i].status, (unsigned long long)m->resp[i].n);
     hist_put(&o, &m->ttft, md);
     hist_put(&o, &m->itl, md);

@@ -137,10 +137,23 @@ static const char *const refused[] = {"regex", "json_schema", "ebnf", "structura
 /* /generate's sampling_params keys (SGLang's SamplingParams takes no others:
  * an unknown key is a 400 there too); the OpenAI routes ignore unknown
  * top-level fields, as SGLang's request models do. */
-static const char *const generate_keys[] = {
-    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-    "presence_penalty", "repetition_penalty", "seed", "ignore_eos", "skip_special_tokens",
-    "no_stop_trim", "n", "stop", "stop_token_ids", "min_new_tokens", "logit_bias"};
+static const char *const generate_keys[] = {"max_new_tokens",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "min_p",
+                                            "frequency_penalty",
+                                            "presence_penalty",
+                                            "repetition_penalty",
+                                            "seed",
+                                            "ignore_eos",
+                                            "skip_special_tokens",
+                                            "no_stop_trim",
+                                            "n",
+                                            "stop",
+                                            "stop_token_ids",
+                                            "min_new_tokens",
+                                            "logit_bias"};
 
 static int refuse_unsupported(const json_t *o, int strict, ms_errbuf *e, const char **param)
 {
@@ -165,11 +178,10 @@ static int refuse_unsupported(const json_t *o, int strict, ms_errbuf *e, const c
     json_object_foreach((json_t *)o, k, v)
     {
         size_t j = 0;
-        while (j < sizeof generate_keys / sizeof *generate_keys && strcmp(k, generate_keys[j]))
-            j++;
+        while (j < sizeof generate_keys / sizeof *generate_keys && strcmp(k, generate_keys[j])) j++;
         if (j == sizeof generate_keys / sizeof *generate_keys)
-            FAIL("sampling_params", MS_EINVAL, "sampling_params: unknown or unsupported key '%.64s'",
-                 k);
+            FAIL("sampling_params", MS_EINVAL,
+                 "sampling_params: unknown or unsupported key '%.64s'", k);
     }
 out:
     return rc;
@@ -222,11 +234,17 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
         FAILK("skip_special_tokens", MS_EINVAL);
     if ((rc = get_bool(o, "no_stop_trim", &r->no_stop_trim, e)) < 0)
         FAILK("no_stop_trim", MS_EINVAL);
-    if ((rc = get_int(o, "n", 1, 1, &iv, e)) < 0) FAIL("n", MS_EINVAL, "only n=1 is supported");
+    r->n = 1;
+    if ((rc = get_int(o, "n", 1, strict ? 1 : MS_API_MAX_N, &iv, e)) < 0)
+        FAIL("n", MS_EINVAL,
+             strict ? "'n' > 1 is supported on /v1/chat/completions and /v1/completions"
+                    : "'n' must be between 1 and %d",
+             MS_API_MAX_N);
+    if (rc) r->n = (int)iv;
     if ((rc = get_stops(r, json_object_get(o, "stop"), e)) < 0) FAILK("stop", rc);
     /* min_tokens (OpenAI routes, vLLM's name) / min_new_tokens (SGLang's sampling_params) */
-    const char *min_key = max_key && !strcmp(max_key, "max_new_tokens") ? "min_new_tokens"
-                                                                          : "min_tokens";
+    const char *min_key =
+        max_key && !strcmp(max_key, "max_new_tokens") ? "min_new_tokens" : "min_tokens";
     if ((rc = get_int(o, min_key, 0, INT32_MAX, &iv, e)) < 0) FAILK(min_key, MS_EINVAL);
     if (rc) s->min_new_tokens = (int32_t)iv;
     if (r->max_tokens_given && s->min_new_tokens > s->max_new_tokens)

@@ -465,7 +465,8 @@ int ms_sched_commit(ms_sched *s, const ms_sched_event **events)
             if (pen)
                 ms_sampler_apply_penalties(s->pen_logits, s->p.vocab, &r->in.samp, r->ids,
                                            r->n_prompt, r->n_ids, s->pen_mark);
-            for (int i = 0; i < r->in.n_bias; i++) s->pen_logits[r->in.bias_ids[i]] += r->in.bias[i];
+            for (int i = 0; i < r->in.n_bias; i++)
+                s->pen_logits[r->in.bias_ids[i]] += r->in.bias[i];
             if (below_min) { /* min_new_tokens: no stop before it */
                 if (!r->in.ignore_eos && s->p.eos_id >= 0) s->pen_logits[s->p.eos_id] = -INFINITY;
                 for (int i = 0; i < r->in.n_stop_ids; i++)

@@ -23,7 +23,7 @@
 
 #define MS_SCHED_MAX_STOP_IDS 16
 #define MS_SCHED_MAX_TOP_LOGPROBS 20
-#define MS_SCHED_MAX_LOGIT_BIAS 64
+#define MS_SCHED_MAX_LOGIT_BIAS   64
 
 enum ms_sched_policy { MS_SCHED_FCFS = 0, MS_SCHED_LPM = 1 };
 

@@ -466,8 +466,7 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
             draining = 1;
             drain_deadline = o->shutdown_timeout_s > 0 ? ms_now_s() + o->shutdown_timeout_s : 0;
         }
-        if (draining && t.n == 0 && ms_frontend_live_requests(fe) == 0 && !ms_engine_busy(e))
-            break;
+        if (draining && t.n == 0 && ms_frontend_live_requests(fe) == 0 && !ms_engine_busy(e)) break;
         if (draining && (stops > 1 || (drain_deadline > 0 && ms_now_s() > drain_deadline))) {
             MS_LOG(MS_WARN, "serve", "%s: aborting %zu running requests",
                    stops > 1 ? "second stop signal" : "--shutdown-timeout reached", t.n);

@@ -39,6 +39,8 @@ static void buf_add(char **b, size_t *n, size_t *cap, const char *s, size_t k, i
 static void emit_frame(ms_session *s, json_t *obj)
 {
     size_t n = 0;
+    json_t *ch = json_array_get(json_object_get(obj, "choices"), 0);
+    if (ch && s->index) json_object_set_new(ch, "index", json_integer(s->index));
     char *f = ms_api_sse_frame(obj, &n);
     json_decref(obj);
     if (!f) return;
@@ -232,6 +234,7 @@ static void finish_stream(ms_session *s)
         emit_frame(s, json_pack("{s:s%,s:o,s:i}", "text", s->text ? s->text : "", s->n_text,
                                 "meta_info", generate_meta(s), "index", 0));
     }
+    if (s->quiet_end) return;
     if (s->api.include_usage && s->api.kind != MS_API_GENERATE) {
         json_t *u =
             ms_api_usage(s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req));

@@ -25,11 +25,13 @@ typedef struct ms_session {
     char model[MS_API_MAX_MODEL_NAME];
     int64_t n_prompt;
     size_t n_taken;  /* tokens read from the channel */
-    size_t off_bytes; /* bytes of detok.text counted into off_chars */
+    size_t off_bytes;  /* bytes of detok.text counted into off_chars */
     int64_t off_chars; /* characters (code points) decoded before the next token */
     int finish;      /* enum ms_serve_finish once done, else 0 */
     int stop_string; /* index of the matched stop string, -1 none */
     int sent_role, sent_final;
+    int index;     /* the choice this session is (choices.h), in each chunk */
+    int quiet_end; /* no usage chunk and [DONE] at the end: choices.c sends them once */
     double t_prev; /* time of the previous token batch (ITL) */
     /* accumulated output (non-stream bodies, /generate's cumulative text) */
     char *text;
