@@ -3,33 +3,19 @@
 # (tiny-v3): logit_bias bans the greedy token and forces another; min_tokens
 # (OpenAI) / min_new_tokens (/generate) keep EOS from ending the output before
 # that many tokens; n = 3 gives three choices, identical under greedy, the
-# later two reading the prompt's KV pages from the radix cache.  On one rank and on the second DP rank of a 2-rank
-# DP-attention server (the fields travel in the control block to the rank
-# that samples).
+# later two reading the prompt's KV pages from the radix cache.  On one rank
+# and on the second DP rank of a 2-rank DP-attention server (the fields travel
+# in the control block to the rank that samples).
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
-tmp=$(mktemp -d)
-PID=
-cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; sleep 0.3; pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
 . "$(dirname "$0")/lib.sh"
-M=$tmp/model
-"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null || { echo "0 passed, 1 failed"; exit 1; }
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+serve_setup
 start() { # $1 = log name, rest = flags
     PORT=$(free_port)
     local name=$1
     shift
-    "$MOESERVE" serve --model-path "$M" --port "$PORT" --max-total-tokens 1024 --threads 1 \
-        --skip-server-warmup --enable-metrics "$@" >"$tmp/$name.log" 2>&1 &
-    PID=$!
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    bad "$name: server did not start" "$(tail -20 "$tmp/$name.log")"
-    return 1
+    serve_up "$name" "$MOESERVE" serve --model-path "$M" --port "$PORT" --max-total-tokens 1024 \
+        --threads 1 --skip-server-warmup --enable-metrics "$@"
 }
 # gen SAMPLING_JSON: /generate's output_ids, space-separated (header $DP)
 gen() {

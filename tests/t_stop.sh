@@ -7,28 +7,14 @@
 # mpirun (forwarded to every rank) or SIGTERM to rank 0 drain the same way.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
-tmp=$(mktemp -d)
-PID=
-cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; sleep 0.3; pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
 . "$(dirname "$0")/lib.sh"
-M=$tmp/model
-"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null || { echo "0 passed, 1 failed"; exit 1; }
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+serve_setup
 FLAGS="--model-path $M --max-total-tokens 8192 --threads 1 --tp 2 --dp 2 --enable-dp-attention --skip-server-warmup"
 start() { # $1 = log name, rest = the command before the serve flags; sets PORT and PID
     PORT=$(free_port)
     local name=$1
     shift
-    "$@" "$MOESERVE" serve $FLAGS --port "$PORT" >"$tmp/$name.log" 2>&1 &
-    PID=$!
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    bad "$name: server did not start" "$(tail -20 "$tmp/$name.log")"
-    return 1
+    serve_up "$name" "$@" "$MOESERVE" serve $FLAGS --port "$PORT"
 }
 streams() { # $1 = how many, $2 = max_tokens: streams in the background, into $tmp/s<i>
     rm -f "$tmp"/s[0-9]*
