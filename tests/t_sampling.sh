@@ -8,6 +8,7 @@
 # in the control block to the rank that samples).
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} # OpenMPI keeps its allocations until exit
 . "$(dirname "$0")/lib.sh"
 serve_setup
 start() { # $1 = log name, rest = flags

@@ -7,6 +7,7 @@
 # mpirun (forwarded to every rank) or SIGTERM to rank 0 drain the same way.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} # OpenMPI keeps its allocations until exit
 . "$(dirname "$0")/lib.sh"
 serve_setup
 FLAGS="--model-path $M --max-total-tokens 8192 --threads 1 --tp 2 --dp 2 --enable-dp-attention --skip-server-warmup"

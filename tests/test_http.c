@@ -843,7 +843,8 @@ TEST(connections_per_client_capped)
     double took;
     (void)took;
     char *raw = NULL;
-    hc_send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 35);
+    const char *get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    hc_send_all(fd, get, strlen(get));
     long n = hc_read_all(fd, &raw, 2);
     close(fd);
     CHECKF(n == 0, "the 4th connection got %ld bytes: %.30s", n, raw ? raw : "");
