@@ -430,7 +430,9 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     int draining = 0;
     double drain_deadline = 0;
     for (;;) {
-        if (!ms_engine_busy(e)) ms_serve_hub_wait(hub, draining ? 50 : 1000);
+        if (!ms_engine_busy(e) && !draining) ms_serve_hub_wait(hub, 1000);
+        else if (!ms_engine_busy(e)) /* the hub's wait returns at once once a stop is asked */
+            nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
         ms_serve_msg m;
         while (ms_serve_hub_pop(hub, &m)) {
             if (m.kind == MS_MSG_GENERATE) {
