@@ -30,3 +30,38 @@ report() {
     echo "$pass passed, $fail failed"
     [ "$fail" -eq 0 ]
 }
+
+# Server tests (t_stop.sh, t_sampling.sh).  serve_setup: a temporary
+# directory $tmp, removed at exit with every process whose command line names
+# it, and the tiny-v3 model $M in it.  free_port prints a free loopback port.
+# serve_up NAME CMD...: runs CMD (a server on $PORT) in the background, its log
+# in $tmp/NAME.log, sets PID, and waits for /health (60 s); a server that
+# never answers is a failure (returns 1).
+serve_setup() {
+    tmp=$(mktemp -d)
+    PID=
+    trap serve_cleanup EXIT
+    M=$tmp/model
+    "$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null ||
+        { echo "0 passed, 1 failed"; exit 1; }
+}
+serve_cleanup() {
+    [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null
+    sleep 0.3
+    pkill -9 -f "$tmp" 2>/dev/null
+    rm -rf "$tmp"
+}
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+serve_up() {
+    local name=$1
+    shift
+    "$@" >"$tmp/$name.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    bad "$name: server did not start" "$(tail -20 "$tmp/$name.log")"
+    return 1
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # t_http_curl.sh — the echo server (build/tests/test_http --serve) driven by
 # curl and bash's /dev/tcp: SSE framing over HTTP/1.1 (chunked) and HTTP/1.0
-# (close-delimited), malformed JSON, a chunked body over the limit, both
+# (close-delimited), malformed JSON, a body over the limit, a chunked body, both
 # Content-Length and Transfer-Encoding, a client that gives up mid-stream (its
 # request is aborted), and SIGTERM (drain, exit 0).  Prints "N passed, N failed".
 set -u
@@ -32,10 +32,12 @@ if [ "$code" = 400 ] && grep -q '"error"' "$dir/b"; then ok malformed; else bad 
 code=$(curl -s -o "$dir/b" -w '%{http_code}' -m 5 "$url/generate" -d '{"text":"x","sampling_params":{"temperature":"warm"}}')
 if [ "$code" = 400 ] && grep -q 'temperature' "$dir/b"; then ok wrong_type; else bad wrong_type "$code $(cat "$dir/b")"; fi
 
-# 4. a chunked body over the limit: 413
+# 4. a body over the limit: 413; a chunked body: 411 (Content-Length required)
 head -c 200000 /dev/zero | tr '\0' 'a' > "$dir/big"
+code=$(curl -s -o "$dir/b" -w '%{http_code}' -m 10 "$url/v1/completions" --data-binary @"$dir/big")
+if [ "$code" = 413 ]; then ok body_413; else bad body_413 "$code"; fi
 code=$(curl -s -o "$dir/b" -w '%{http_code}' -m 10 "$url/v1/completions" -H 'Transfer-Encoding: chunked' --data-binary @"$dir/big")
-if [ "$code" = 413 ]; then ok chunked_413; else bad chunked_413 "$code"; fi
+if [ "$code" = 411 ] && grep -q "Content-Length" "$dir/b"; then ok chunked_411; else bad chunked_411 "$code"; fi
 
 # 5. Content-Length and Transfer-Encoding together: 400
 exec 3<>/dev/tcp/127.0.0.1/"$port"

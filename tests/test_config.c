@@ -6,9 +6,20 @@
 #include "harness.h"
 #include "model/config.h"
 
+#include <jansson.h>
+
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The fields tensor shapes depend on (required), for the tests of defaults. */
+#define SHAPES                                                                                     \
+    " \"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 4,"                        \
+    " \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": " \
+    "128"
+#define EXPERTS                                                                                    \
+    " \"n_routed_experts\": 16, \"moe_intermediate_size\": 32, \"num_experts_per_tok\": 4,"        \
+    " \"intermediate_size\": 128, \"q_lora_rank\": 24, \"num_attention_heads\": 4,"
 
 static const char *v3_json =
     "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"attention_bias\": false,"
@@ -167,6 +178,10 @@ TEST(v2_lite)
     /* the same model in transformers-5 form: rope_parameters with rope_theta inside */
     const char *t5json =
         "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"n_routed_experts\": 64,"
+        " \"vocab_size\": 102400, \"hidden_size\": 2048, \"num_hidden_layers\": 27,"
+        " \"num_attention_heads\": 16, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128,"
+        " \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"moe_intermediate_size\": 1408,"
+        " \"intermediate_size\": 10944,"
         " \"num_experts_per_tok\": 6, \"q_lora_rank\": null, \"rope_parameters\": {\"rope_type\":"
         " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 40.0, "
         "\"original_max_position_embeddings\":"
@@ -177,7 +192,7 @@ TEST(v2_lite)
     CHECK(d.rope_yarn && d.rope_factor == 40.0f && d.rope_mscale_all_dim == 0.707f);
     CHECK_NEAR(ms_config_softmax_scale(&d), 0.1147214, 1e-6);
     const char *t5plain =
-        "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"
+        "{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES ","
         " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 50000}}";
     CHECKF(ms_config_parse(&d, t5plain, &e) == 0, "%s", e.msg);
     CHECK(!d.rope_yarn && d.rope_theta == 50000.0f);
@@ -204,22 +219,23 @@ TEST(defaults_of_absent_fields)
 {
     ms_config c;
     ms_errbuf e;
-    CHECKF(ms_config_parse(&c, "{\"architectures\": [\"DeepseekV3ForCausalLM\"]}", &e) == 0, "%s",
-           e.msg);
-    /* transformers DeepseekV3Config defaults */
-    CHECK(c.vocab_size == 129280 && c.hidden_size == 7168 && c.n_layers == 61);
-    CHECK(c.n_routed_experts == 256 && c.n_group == 8 && c.topk_group == 4);
-    CHECK(c.q_lora_rank == 1536 && c.max_position_embeddings == 4096 && !c.rope_yarn);
+    CHECKF(ms_config_parse(
+               &c, "{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES "}", &e) == 0,
+           "%s", e.msg);
+    /* transformers DeepseekV3Config defaults of the rest */
+    CHECK(c.vocab_size == 1000 && c.hidden_size == 64 && c.n_layers == 4 && c.q_lora_rank == 24);
+    CHECK(c.n_routed_experts == 16 && c.n_group == 8 && c.topk_group == 4);
+    CHECK(c.first_k_dense_replace == 3 && c.n_shared_experts == 1);
+    CHECK(c.max_position_embeddings == 4096 && !c.rope_yarn);
     CHECK(c.scoring_func == MS_SCORE_SIGMOID && c.topk_method == MS_TOPK_NOAUX_TC);
     CHECK(c.bos_token_id == -1 && c.eos_token_id == -1 && c.num_nextn_predict_layers == 0);
     CHECK(round_trips(&c));
     /* model_type alone picks the architecture; transformers DeepseekV2Config defaults */
-    CHECKF(ms_config_parse(&c, "{\"model_type\": \"deepseek_v2\", \"num_experts_per_tok\": 6}",
-                           &e) == 0,
+    CHECKF(ms_config_parse(&c, "{\"model_type\": \"deepseek_v2\"," EXPERTS SHAPES "}", &e) == 0,
            "%s", e.msg);
     CHECK(!strcmp(c.architecture, "DeepseekV2ForCausalLM"));
-    CHECK(c.vocab_size == 32000 && c.hidden_size == 4096 && c.n_layers == 32);
-    CHECK(c.moe_intermediate_size == 1407 && c.n_group == 1 && c.topk_group == 1);
+    CHECK(c.first_k_dense_replace == 0 && c.n_shared_experts == 2);
+    CHECK(c.n_group == 1 && c.topk_group == 1);
     CHECK(c.scoring_func == MS_SCORE_SOFTMAX && c.topk_method == MS_TOPK_GREEDY);
     CHECK(!c.norm_topk_prob && c.max_position_embeddings == 2048);
     /* a dense model, a list-valued eos, yarn defaults, null kv heads */
@@ -227,6 +243,7 @@ TEST(defaults_of_absent_fields)
                            "{\"architectures\": [\"X\", \"DeepseekV2ForCausalLM\"],"
                            " \"n_routed_experts\": null, \"eos_token_id\": [7, 8],"
                            " \"num_key_value_heads\": null, \"num_attention_heads\": 4,"
+                           " \"q_lora_rank\": null, \"intermediate_size\": 128," SHAPES ","
                            " \"max_position_embeddings\": 1000,"
                            " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}}",
                            &e) == 0,
@@ -351,12 +368,40 @@ TEST(rejected_configs_name_the_field)
     CHECK(ms_config_parse(&c, "[]", &e) == MS_EFORMAT);
     CHECK(ms_config_parse(&c, "{", &e) == MS_EFORMAT && strstr(e.msg, "not valid JSON"));
     CHECK(ms_config_parse(&c, "{}", &e) == MS_EFORMAT && strstr(e.msg, "'architectures'"));
-    CHECK(ms_config_parse(&c, "{\"model_type\": \"deepseek_v2\"}", &e) == MS_ERANGE &&
-          strstr(e.msg, "'num_experts_per_tok'")); /* V2 default None with 64 experts */
+    /* the shape fields are required, each named when absent */
+    static const char *const req[] = {
+        "vocab_size",          "hidden_size",       "num_hidden_layers",
+        "kv_lora_rank",        "qk_nope_head_dim",  "qk_rope_head_dim",
+        "v_head_dim",          "n_routed_experts",  "moe_intermediate_size",
+        "num_experts_per_tok", "intermediate_size", "q_lora_rank",
+        "num_attention_heads"};
+    for (size_t i = 0; i < sizeof req / sizeof *req; i++) {
+        json_t *j = json_loads(
+            "{\"architectures\": [\"DeepseekV3ForCausalLM\"]," EXPERTS SHAPES "}", 0, NULL);
+        json_object_del(j, req[i]);
+        char *text = json_dumps(j, 0);
+        char want[64];
+        snprintf(want, sizeof want, "'%s' is required", req[i]);
+        int rc = ms_config_parse(&c, text, &e);
+        CHECKF(rc == MS_EFORMAT && strstr(e.msg, want), "%s: rc %d: %s", req[i], rc, e.msg);
+        free(text);
+        json_decref(j);
+    }
+    /* intermediate_size is not needed without dense layers */
+    CHECKF(ms_config_parse(
+               &c,
+               "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"first_k_dense_replace\":"
+               " 0, \"n_routed_experts\": 16, \"moe_intermediate_size\": 32,"
+               " \"num_experts_per_tok\": 4, \"q_lora_rank\": 24, \"n_group\": 4,"
+               " \"num_attention_heads\": 4," SHAPES "}",
+               &e) == 0,
+           "%s", e.msg);
     CHECK(ms_config_parse(&c,
                           "{\"architectures\": [\"DeepseekV3ForCausalLM\"],"
                           " \"n_routed_experts\": 8, \"n_group\": 8, \"topk_group\": 8,"
-                          " \"num_experts_per_tok\": 2}",
+                          " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32,"
+                          " \"intermediate_size\": 128, \"q_lora_rank\": 24,"
+                          " \"num_attention_heads\": 4," SHAPES "}",
                           &e) == MS_ERANGE);
     CHECK(strstr(e.msg, "'n_group'") && strstr(e.msg, "top 2"));
 }

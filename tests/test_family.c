@@ -17,6 +17,10 @@
 static const char *v3_json =
     "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"model_type\":\"deepseek_v3\","
     "\"num_hidden_layers\":61,\"num_nextn_predict_layers\":1,\"eos_token_id\":1,"
+    "\"vocab_size\":129280,\"hidden_size\":7168,\"num_attention_heads\":128,"
+    "\"kv_lora_rank\":512,\"qk_nope_head_dim\":128,\"qk_rope_head_dim\":64,"
+    "\"v_head_dim\":128,\"q_lora_rank\":1536,\"n_routed_experts\":256,"
+    "\"moe_intermediate_size\":2048,\"num_experts_per_tok\":8,\"intermediate_size\":18432,"
     "\"max_position_embeddings\":163840}";
 static const char *qwen3_json =
     "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"model_type\":\"qwen3_moe\","
@@ -48,8 +52,9 @@ TEST(match_and_shape)
                           &f, &s, &err) == 0 &&
           f == ms_family_by_name("llama") && s.first_k_dense == 2 && s.head_dim == 16);
     /* the V3 family's parser is the engine's: its checks reach the planner too */
-    CHECK(ms_family_parse("{\"model_type\":\"deepseek_v3\",\"n_group\":3}", &f, &s, &err) != 0 &&
-          strstr(err.msg, "n_group"));
+    char bad[1024];
+    snprintf(bad, sizeof bad, "%.*s,\"n_group\":3}", (int)strlen(v3_json) - 1, v3_json);
+    CHECKF(ms_family_parse(bad, &f, &s, &err) != 0 && strstr(err.msg, "n_group"), "%s", err.msg);
     CHECK(ms_family_parse("[]", &f, &s, &err) == MS_EFORMAT);
 }
 

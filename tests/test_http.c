@@ -20,8 +20,8 @@
 
 static ms_serve_hub *hub;
 static echo_engine eng;
-static ms_frontend *fe, *fe_key, *fe_q;
-static int port, port_key, port_q;
+static ms_frontend *fe, *fe_key, *fe_q, *fe_cap;
+static int port, port_key, port_q, port_cap;
 static const char *KEY_HDR = "Authorization: Bearer sekrit\r\n";
 
 static int wait_until(atomic_int *v, int want, double timeout_s)
@@ -166,6 +166,20 @@ TEST(completions_length_and_logprobs)
     CHECK(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 0)) == 2);
     json_decref(o);
     hresp_free(&r);
+    /* text_offset: the characters before each token (é is two byte tokens, one character) */
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"ab\\u00e9cd\",\"max_tokens\":6,\"logprobs\":0}", NULL,
+                     &r) == 0);
+    o = body_json(&r);
+    json_t *off = json_object_get(
+        json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs"),
+        "text_offset");
+    static const int want_off[6] = {0, 1, 2, 2, 3, 4};
+    CHECKF(json_array_size(off) == 6, "%s", r.body);
+    for (int i = 0; i < 6; i++)
+        CHECKF(json_integer_value(json_array_get(off, (size_t)i)) == want_off[i], "%s", r.body);
+    json_decref(o);
+    hresp_free(&r);
     /* prompt as token ids, stream */
     CHECK(hc_request(port, "POST", "/v1/completions",
                      "{\"prompt\":[104,105],\"max_tokens\":10,\"stream\":true}", NULL, &r) == 0);
@@ -179,6 +193,60 @@ TEST(completions_length_and_logprobs)
         if (t) strncat(text, t, sizeof text - strlen(text) - 1);
     }
     CHECK(!strcmp(text, "hi"));
+    json_decref(fr);
+    hresp_free(&r);
+}
+
+/* n > 1: one choice per engine request, each with its index; one usage, one [DONE] */
+TEST(n_choices)
+{
+    hresp r;
+    CHECK(hc_request(port, "POST", "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hey\"}],\"n\":3}", NULL,
+                     &r) == 0);
+    CHECKF(r.status == 200, "%d %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    json_t *ch = json_object_get(o, "choices");
+    CHECKF(json_array_size(ch) == 3, "%s", r.body);
+    const char *c0 = json_string_value(
+        json_object_get(json_object_get(json_array_get(ch, 0), "message"), "content"));
+    for (size_t i = 0; i < json_array_size(ch); i++) {
+        json_t *c = json_array_get(ch, i);
+        CHECK(json_integer_value(json_object_get(c, "index")) == (json_int_t)i);
+        const char *t =
+            json_string_value(json_object_get(json_object_get(c, "message"), "content"));
+        CHECK(c0 && t && !strcmp(t, c0));
+    }
+    json_t *u = json_object_get(o, "usage");
+    int64_t one = (int64_t)strlen(c0 ? c0 : "") + 1; /* the echo and its EOS */
+    CHECKF(json_integer_value(json_object_get(u, "completion_tokens")) == 3 * one, "%s", r.body);
+    json_decref(o);
+    hresp_free(&r);
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"abcd\",\"max_tokens\":3,\"n\":2,\"stream\":true,"
+                     "\"stream_options\":{\"include_usage\":true}}",
+                     NULL, &r) == 0);
+    int done = 0;
+    json_t *fr = sse_frames(r.body, &done);
+    char text[2][16] = {"", ""};
+    int n_usage = 0, n_done = 0;
+    for (const char *p = r.body; (p = strstr(p, "data: [DONE]")); p++) n_done++;
+    for (size_t i = 0; i < json_array_size(fr); i++) {
+        json_t *f = json_array_get(fr, i), *c = json_array_get(json_object_get(f, "choices"), 0);
+        if (json_object_get(f, "usage") && json_is_object(json_object_get(f, "usage"))) {
+            n_usage++;
+            CHECK(json_integer_value(json_object_get(json_object_get(f, "usage"),
+                                                     "completion_tokens")) == 6);
+        }
+        if (!c) continue;
+        json_int_t k = json_integer_value(json_object_get(c, "index"));
+        const char *t = json_string_value(json_object_get(c, "text"));
+        CHECK(k == 0 || k == 1);
+        if (t && (k == 0 || k == 1)) strncat(text[k], t, sizeof text[k] - strlen(text[k]) - 1);
+    }
+    CHECKF(done && n_done == 1 && n_usage == 1, "done %d, %d [DONE], %d usage", done, n_done,
+           n_usage);
+    CHECKF(!strcmp(text[0], "abc") && !strcmp(text[1], "abc"), "'%s' '%s'", text[0], text[1]);
     json_decref(fr);
     hresp_free(&r);
 }
@@ -271,9 +339,48 @@ TEST(errors)
                  400, "temperature", &ok);
     CHECK(ok);
     expect_error(port, "POST", "/v1/chat/completions",
-                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", NULL, 400, "n=1",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":99}", NULL, 400, "'n'",
                  &ok);
     CHECK(ok);
+    expect_error(port, "POST", "/generate", "{\"text\":\"x\",\"sampling_params\":{\"n\":2}}", NULL,
+                 400, "'n'", &ok);
+    CHECK(ok);
+    /* fields this server does not have are refused naming them, never ignored */
+    static const char *const refused[][2] = {
+        {"/v1/chat/completions", "\"regex\":\"a+\""},
+        {"/v1/chat/completions", "\"json_schema\":\"{}\""},
+        {"/v1/completions", "\"ebnf\":\"root ::= x\""},
+        {"/v1/chat/completions", "\"logit_bias\":{\"99999\":10}"},
+        {"/v1/completions", "\"logit_bias\":{\"5\":101}"},
+        {"/v1/completions", "\"min_tokens\":9,\"max_tokens\":3"},
+        {"/v1/chat/completions",
+         "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}"},
+        {"/v1/completions", "\"response_format\":{\"type\":\"json_object\"}"},
+        {"/generate", "\"sampling_params\":{\"regex\":\"a\"}"},
+        {"/generate", "\"sampling_params\":{\"min_new_tokens\":-2}"},
+        {"/generate", "\"sampling_params\":{\"max_new_tokens\":2,\"temprature\":0.5}"}};
+    static const char *const names[] = {
+        "regex",           "json_schema",     "ebnf",  "logit_bias",     "logit_bias", "min_tokens",
+        "response_format", "response_format", "regex", "min_new_tokens", "temprature"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char body[512];
+        if (!strcmp(refused[i][0], "/generate"))
+            snprintf(body, sizeof body, "{\"text\":\"x\",%s}", refused[i][1]);
+        else if (strstr(refused[i][0], "chat"))
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}",
+                     refused[i][1]);
+        else
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",%s}", refused[i][1]);
+        expect_error(port, "POST", refused[i][0], body, NULL, 400, names[i], &ok);
+        CHECKF(ok, "%s %s", refused[i][0], refused[i][1]);
+    }
+    /* an unknown top-level field of an OpenAI route is ignored, as SGLang's models do */
+    hresp ru;
+    CHECK(hc_request(port, "POST", "/v1/completions",
+                     "{\"prompt\":\"ab\",\"max_tokens\":1,\"some_vendor_field\":1}", NULL,
+                     &ru) == 0);
+    CHECKF(ru.status == 200, "%d %s", ru.status, ru.body);
+    hresp_free(&ru);
     expect_error(port, "POST", "/v1/chat/completions",
                  "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, 400,
                  "messages[0].role", &ok);
@@ -446,10 +553,27 @@ static int start_stream(int p, const char *rid)
     return fd;
 }
 
+/* A sample's value in /metrics (-1: not there). */
+static double metric(const char *sample)
+{
+    hresp r;
+    double v = -1;
+    if (hc_request(port, "GET", "/metrics", NULL, NULL, &r) == 0) {
+        const char *p = strstr(r.body, sample);
+        if (p) v = strtod(p + strlen(sample), NULL);
+        hresp_free(&r);
+    }
+    return v;
+}
+
+#define ABORTED   "sglang:num_aborted_requests_total{model_name=\"echo-model\"} "
+#define E2E_COUNT "sglang:e2e_request_latency_seconds_count{model_name=\"echo-model\"} "
+
 TEST(disconnect_aborts)
 {
     atomic_store(&eng.step_us, 5000);
     int aborts = atomic_load(&eng.n_aborts);
+    double aborted0 = metric(ABORTED), e2e0 = metric(E2E_COUNT);
     int fd = start_stream(port, NULL);
     CHECK(fd >= 0);
     CHECK(wait_until(&eng.n_active, 1, 2.0));
@@ -471,11 +595,15 @@ TEST(disconnect_aborts)
     CHECK(atomic_load(&eng.n_aborts) == aborts + 2);
     CHECK(wait_until((atomic_int *)&eng.n_active, 0, 0.1) && ms_frontend_live_requests(fe) == 0);
     atomic_store(&eng.step_us, 0);
+    /* both counted as aborted, neither in the end-to-end latency histogram (SGLang) */
+    CHECKF(metric(ABORTED) == aborted0 + 2, "aborted %g -> %g", aborted0, metric(ABORTED));
+    CHECKF(metric(E2E_COUNT) == e2e0, "e2e count %g -> %g", e2e0, metric(E2E_COUNT));
 }
 
 TEST(abort_api_and_flush)
 {
     atomic_store(&eng.step_us, 5000);
+    double aborted0 = metric(ABORTED);
     int fd = start_stream(port, "my-rid-1");
     CHECK(fd >= 0);
     hresp r;
@@ -495,6 +623,7 @@ TEST(abort_api_and_flush)
     CHECK(hc_request(port, "POST", "/flush_cache", "", NULL, &r) == 0 && r.status == 200);
     hresp_free(&r);
     atomic_store(&eng.step_us, 0);
+    CHECKF(metric(ABORTED) == aborted0 + 1, "aborted %g -> %g", aborted0, metric(ABORTED));
 }
 
 TEST(queue_full_503)
@@ -563,6 +692,13 @@ TEST(load_info_metrics)
     CHECK(strstr(r.body, "sglang:num_requests_total{model_name=\"echo-model\"}"));
     CHECK(strstr(r.body, "sglang:num_running_reqs{model_name=\"echo-model\",dp_rank=\"1\"} 0"));
     CHECK(strstr(r.body, "sglang:time_to_first_token_seconds_bucket"));
+    /* rejected requests (the errors test's) and retractions are counted */
+    CHECK(strstr(r.body, "sglang:http_responses_total{model_name=\"echo-model\",endpoint=\"/v1/"
+                         "completions\",status=\"413\"} "));
+    CHECK(strstr(r.body, "sglang:http_responses_total{model_name=\"echo-model\",endpoint=\"/v1/"
+                         "chat/completions\",status=\"400\"} "));
+    CHECK(strstr(r.body,
+                 "sglang:num_retracted_requests_total{model_name=\"echo-model\",dp_rank=\"0\"} "));
     char path[] = "/tmp/ms_metrics_XXXXXX";
     int tfd = mkstemp(path);
     CHECK(tfd >= 0);
@@ -623,6 +759,103 @@ TEST(slowloris_and_garbage)
     for (int i = 0; i < 20; i++) close(fds[i]);
     CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
     hresp_free(&r);
+}
+
+/* Sends raw bytes, returns the status of the answer (0: closed without one)
+ * and how long it took. */
+static int raw_status(int p, const char *req, size_t n, double *took)
+{
+    int fd = hc_connect(p);
+    double t0 = hc_now();
+    hc_send_all(fd, req, n);
+    char *raw = NULL;
+    hc_read_all(fd, &raw, 8);
+    close(fd);
+    *took = hc_now() - t0;
+    int st = 0;
+    if (raw) sscanf(raw, "HTTP/1.%*d %d", &st);
+    free(raw);
+    return st;
+}
+
+TEST(malformed_http_4xx_at_once)
+{
+    /* each is answered with its 4xx (or 501) well inside the idle timeout (2 s here) */
+    static const char H[] =
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    char *ext = malloc(80 * 1024);
+    int k = sprintf(ext, "%sTransfer-Encoding: chunked\r\n\r\n5;", H);
+    memset(ext + k, 'e', 70 * 1024);
+    strcpy(ext + k + 70 * 1024, "\r\nhello\r\n0\r\n\r\n");
+    char b[4][512];
+    snprintf(b[0], sizeof b[0], "%sTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc", H);
+    snprintf(b[1], sizeof b[1], "%sTransfer-Encoding: chunked\r\n\r\n100000000\r\nabc", H);
+    snprintf(b[2], sizeof b[2], "%sTransfer-Encoding: gzip\r\n\r\nabc", H);
+    snprintf(b[3], sizeof b[3], "%sContent-Length: 18446744073709551615\r\n\r\nabc", H);
+    struct {
+        const char *req;
+        int want;
+    } cases[] = {{ext, 411}, {b[0], 411}, {b[1], 411}, {b[2], 501}, {b[3], 413}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double took;
+        int st = raw_status(port, cases[i].req, strlen(cases[i].req), &took);
+        CHECKF(st == cases[i].want && took < 1.0, "case %zu: %d after %.2f s (want %d)", i, st,
+               took, cases[i].want);
+    }
+    free(ext);
+    /* a body that stops half-way is cut at the body deadline (1 s here), though each
+     * byte resets the idle timeout */
+    int fd = hc_connect(port);
+    const char *req = "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+    hc_send_all(fd, req, strlen(req));
+    double t0 = hc_now();
+    int closed = 0;
+    while (!closed && hc_now() - t0 < 4.0) {
+        if (send(fd, " ", 1, MSG_NOSIGNAL) != 1) closed = 1;
+        struct pollfd pl = {.fd = fd, .events = POLLIN};
+        char c;
+        if (poll(&pl, 1, 300) > 0 && recv(fd, &c, 1, 0) <= 0) closed = 1;
+    }
+    close(fd);
+    CHECKF(closed && hc_now() - t0 < 2.5, "closed %d after %.1f s", closed, hc_now() - t0);
+    /* the auth scheme is case-insensitive */
+    hresp r;
+    const char *auth[] = {"Authorization: bearer sekrit\r\n", "Authorization: BEARER  sekrit\r\n"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}",
+                         auth[i], &r) == 0);
+        CHECKF(r.status == 200, "%s: %d", auth[i], r.status);
+        hresp_free(&r);
+    }
+    CHECK(hc_request(port_key, "POST", "/v1/completions", "{\"prompt\":\"a\"}",
+                     "Authorization: Bearersekrit\r\n", &r) == 0);
+    CHECK(r.status == 401);
+    hresp_free(&r);
+}
+
+/* --max-connections-per-client 3: a fourth connection is closed at accept */
+TEST(connections_per_client_capped)
+{
+    int fds[3];
+    for (int i = 0; i < 3; i++) fds[i] = hc_connect(port_cap);
+    usleep(100000);
+    int fd = hc_connect(port_cap);
+    double took;
+    (void)took;
+    char *raw = NULL;
+    const char *get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    hc_send_all(fd, get, strlen(get));
+    long n = hc_read_all(fd, &raw, 2);
+    close(fd);
+    CHECKF(n == 0, "the 4th connection got %ld bytes: %.30s", n, raw ? raw : "");
+    free(raw);
+    close(fds[0]);
+    usleep(200000);
+    hresp r;
+    CHECK(hc_request(port_cap, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    hresp_free(&r);
+    close(fds[1]);
+    close(fds[2]);
 }
 
 TEST(trickling_headers_are_cut)
@@ -686,15 +919,14 @@ TEST(drain)
     CHECK(fd >= 0);
     ms_frontend_begin_drain(fe);
     CHECK(ms_frontend_live_requests(fe) == 1);
-    /* no longer accepting (the accept thread lets go of the socket within ms) */
-    int c2 = -1;
-    for (int i = 0; i < 100; i++) {
-        c2 = hc_connect(port);
-        if (c2 < 0) break;
-        close(c2);
-        usleep(10000);
-    }
-    CHECK(c2 < 0);
+    /* no longer admitting: a new request gets 503, /health too */
+    hresp r2;
+    CHECK(hc_request(port, "POST", "/v1/completions", "{\"prompt\":\"ab\",\"max_tokens\":2}", NULL,
+                     &r2) == 0);
+    CHECKF(r2.status == 503 && strstr(r2.body, "shutting down"), "%d %s", r2.status, r2.body);
+    hresp_free(&r2);
+    CHECK(hc_request(port, "GET", "/health", NULL, NULL, &r2) == 0 && r2.status == 503);
+    hresp_free(&r2);
     char *rest = NULL;
     hc_read_all(fd, &rest, 5); /* the running request completes */
     close(fd);
@@ -787,6 +1019,7 @@ int main(int argc, char **argv)
     o.enable_metrics = 1;
     o.idle_timeout_s = 2;
     o.header_timeout_s = 1;
+    o.body_timeout_s = 1;
     snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
     if (ms_frontend_open(&fe, &o, hub, &test_codec, &e)) {
         fprintf(stderr, "open: %s\n", e.msg);
@@ -809,11 +1042,16 @@ int main(int argc, char **argv)
     oq.watchdog_timeout_s = 1;
     if (ms_frontend_open(&fe_q, &oq, hub, &test_codec, &e)) return 1;
     port_q = ms_frontend_port(fe_q);
+    ms_frontend_opts oc = o;
+    oc.max_connections_per_client = 3;
+    if (ms_frontend_open(&fe_cap, &oc, hub, &test_codec, &e)) return 1;
+    port_cap = ms_frontend_port(fe_cap);
 
     RUN(health_and_models);
     RUN(chat_non_stream);
     RUN(chat_stream_sse);
     RUN(completions_length_and_logprobs);
+    RUN(n_choices);
     RUN(stop_string_aborts_engine);
     RUN(generate_native);
     RUN(errors);
@@ -824,10 +1062,13 @@ int main(int argc, char **argv)
     RUN(queue_full_503);
     RUN(load_info_metrics);
     RUN(slowloris_and_garbage);
+    RUN(malformed_http_4xx_at_once);
+    RUN(connections_per_client_capped);
     RUN(trickling_headers_are_cut);
     RUN(watchdog_marks_unhealthy);
     RUN(drain);
 
+    ms_frontend_close(fe_cap);
     ms_frontend_close(fe_q);
     ms_frontend_close(fe_key);
     ms_frontend_close(fe);

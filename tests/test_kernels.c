@@ -226,6 +226,36 @@ static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint6
     free(y);
 }
 
+/* ms_dtype_find_nonfinite against the scalar conversions, every code of the
+ * 8- and 16-bit types, at each position of an unaligned buffer's block */
+TEST(find_nonfinite_all_codes)
+{
+    static unsigned char buf[3 * 4 * 5000 + 1];
+    for (int dt = MS_DT_F32; dt <= MS_DT_F8E4M3; dt++) {
+        int esz = ms_dtype_size((ms_dtype)dt), bad = 0;
+        uint32_t n_codes = dt == MS_DT_F32 ? 1u << 16 : dt == MS_DT_F8E4M3 ? 256 : 1u << 16;
+        for (uint32_t code = 0; code < n_codes; code++) {
+            uint32_t bits = dt == MS_DT_F32 ? code << 16 | (code & 0xffff) : code;
+            float f;
+            if (dt == MS_DT_F32)
+                memcpy(&f, &bits, 4);
+            else if (dt == MS_DT_BF16)
+                f = ms_bf16_to_f32((uint16_t)bits);
+            else if (dt == MS_DT_F16)
+                f = ms_f16_to_f32((uint16_t)bits);
+            else
+                f = ms_fp8e4m3_to_f32((uint8_t)bits);
+            int64_t n = 5000, at = (int64_t)(code * 7919u % 5000u);
+            memset(buf, 0, sizeof buf);
+            memcpy(buf + 1 + at * esz, &bits, (size_t)esz);
+            int64_t got = ms_dtype_find_nonfinite((ms_dtype)dt, buf + 1, n);
+            if (got != (isfinite(f) ? -1 : at)) bad++;
+        }
+        CHECKF(bad == 0, "dtype %d: %d codes wrong", dt, bad);
+    }
+    CHECK(ms_dtype_find_nonfinite(MS_DT_I32, buf, 10) == -1);
+}
+
 TEST(matmul_all_paths)
 {
     uint64_t rng = 42;
@@ -649,6 +679,7 @@ int main(void)
     fprintf(stderr, "best isa: %s\n", ms_isa_name(best_isa));
     RUN(convert_bf16_f16_all_codes);
     RUN(convert_e4m3_all_codes);
+    RUN(find_nonfinite_all_codes);
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
     RUN(matmul_dnnl_prepack);

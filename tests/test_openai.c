@@ -99,8 +99,10 @@ TEST(parse_rejects)
     BAD(MS_API_CHAT, b, MS_EINVAL, "temperature", NULL);
     snprintf(b, sizeof b, "{%s,\"top_p\":0}", M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "top_p", NULL);
-    snprintf(b, sizeof b, "{%s,\"n\":3}", M);
-    BAD(MS_API_CHAT, b, MS_EINVAL, "n", "n=1");
+    snprintf(b, sizeof b, "{%s,\"n\":17}", M);
+    BAD(MS_API_CHAT, b, MS_EINVAL, "n", "between 1 and 16");
+    BAD(MS_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}", MS_EINVAL, "n",
+        "/v1/completions");
     snprintf(b, sizeof b, "{%s,\"stream\":1}", M);
     BAD(MS_API_CHAT, b, MS_EINVAL, "stream", "boolean");
     snprintf(b, sizeof b, "{%s,\"stop\":[1]}", M);
@@ -287,14 +289,16 @@ TEST(metrics_text)
     char *t;
     size_t n;
     CHECK(ms_metrics_render(m, NULL, &t, &n) == 0 && n == strlen(t));
-    CHECK(strstr(t, "sglang:prompt_tokens_total{model_name=\"mo\\\"del\"} 20\n"));
+    /* the aborted request: counted as aborted, not in the totals or the e2e histogram */
+    CHECK(strstr(t, "sglang:prompt_tokens_total{model_name=\"mo\\\"del\"} 10\n"));
+    CHECK(strstr(t, "sglang:num_requests_total{model_name=\"mo\\\"del\"} 1\n"));
     CHECK(strstr(t, "sglang:num_aborted_requests_total{model_name=\"mo\\\"del\"} 1\n"));
     CHECK(strstr(t, "sglang:inter_token_latency_seconds_count{model_name=\"mo\\\"del\"} 2\n"));
     CHECK(strstr(
         t, "sglang:time_to_first_token_seconds_bucket{model_name=\"mo\\\"del\",le=\"0.4\"} 1\n"));
     CHECK(strstr(
         t, "sglang:time_to_first_token_seconds_bucket{model_name=\"mo\\\"del\",le=\"0.2\"} 0\n"));
-    CHECK(strstr(t, "sglang:e2e_request_latency_seconds_count{model_name=\"mo\\\"del\"} 2\n"));
+    CHECK(strstr(t, "sglang:e2e_request_latency_seconds_count{model_name=\"mo\\\"del\"} 1\n"));
     free(t);
     ms_metrics_free(m);
     ms_metrics_free(NULL);

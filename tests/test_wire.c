@@ -18,6 +18,12 @@ static ms_req_params sample(const int32_t *ids, int64_t n)
     p.stop_ids[0] = 2;
     p.stop_ids[1] = 99999;
     p.stop_ids[2] = -7;
+    p.min_new = 12;
+    p.n_bias = 2;
+    p.bias_ids[0] = 17;
+    p.bias[0] = -100.0f;
+    p.bias_ids[1] = 3;
+    p.bias[1] = 2.5f;
     return p;
 }
 
@@ -27,6 +33,9 @@ static int same(const ms_req_params *a, const ms_req_params *b)
            a->seed == b->seed && a->ignore_eos == b->ignore_eos && a->n_stop_ids == b->n_stop_ids &&
            !memcmp(a->stop_ids, b->stop_ids, sizeof(int32_t) * (size_t)a->n_stop_ids) &&
            a->top_logprobs == b->top_logprobs && a->dp_rank == b->dp_rank &&
+           a->min_new == b->min_new && a->n_bias == b->n_bias &&
+           !memcmp(a->bias_ids, b->bias_ids, sizeof(int32_t) * (size_t)a->n_bias) &&
+           !memcmp(a->bias, b->bias, sizeof(float) * (size_t)a->n_bias) &&
            a->samp.temperature == b->samp.temperature && a->samp.top_p == b->samp.top_p &&
            a->samp.top_k == b->samp.top_k && a->samp.min_p == b->samp.min_p &&
            a->samp.frequency_penalty == b->samp.frequency_penalty &&
@@ -51,12 +60,13 @@ TEST(round_trip_every_field)
     CHECK(same(&p, &q));
     CHECK(q.ids == scratch && cap >= 5);
     /* each field on its own: changing it changes the decoded value */
-    ms_req_params v[11];
-    for (int i = 0; i < 11; i++) v[i] = p;
+    ms_req_params v[14];
+    for (int i = 0; i < 14; i++) v[i] = p;
     v[0].id ^= 1; v[1].max_new++; v[2].seed ^= 1ull << 63; v[3].ignore_eos = 0;
     v[4].n_stop_ids = 0; v[5].top_logprobs = -1; v[6].dp_rank = -1; v[7].samp.top_k = -1;
     v[8].samp.repetition_penalty = 1; v[9].n_ids = 2; v[10].samp.min_p = 0;
-    for (int i = 0; i < 11; i++) {
+    v[11].min_new = 0; v[12].n_bias = 1; v[13].bias[1] = 0;
+    for (int i = 0; i < 14; i++) {
         CHECK(!same(&v[i], &p));
         size_t m = ms_wire_req_size(&v[i]);
         uint8_t *b2 = malloc(m);
@@ -105,7 +115,10 @@ TEST(version_mismatch_refused)
     uint16_t v = MS_WIRE_VERSION + 1;
     memcpy(buf + 4, &v, 2); /* the version follows the magic */
     CHECK(ms_wire_req_decode(buf, n, &q, &scratch, &cap, &used, &err) == MS_EINVAL);
-    CHECKF(strstr(err.msg, "version 2") && strstr(err.msg, "reads version 1"), "%s", err.msg);
+    char want[64], have[64];
+    snprintf(want, sizeof want, "version %d:", MS_WIRE_VERSION + 1);
+    snprintf(have, sizeof have, "reads version %d", MS_WIRE_VERSION);
+    CHECKF(strstr(err.msg, want) && strstr(err.msg, have), "%s", err.msg);
     free(buf);
     free(scratch);
 }

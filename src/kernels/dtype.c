@@ -8,6 +8,58 @@ static const char *const names[MS_DT_COUNT] = {"F32", "BF16", "F16", "F8_E4M3", 
 
 const char *ms_dtype_name(ms_dtype t) { return (unsigned)t < MS_DT_COUNT ? names[t] : NULL; }
 
+/* Each test maps the exponent field all ones (NaN or infinity) to the top
+ * bit of the lane: (x & ~sign) + (the lowest such magnitude's distance from
+ * the top bit) sets it exactly for those codes, without a carry into the next
+ * lane, so 8 bytes go at once (SWAR) and the compiler vectorises the block
+ * loop; only a block with a bit set is searched again for the index.  The
+ * loads are memcpy: the data may be unaligned (a file mapping). */
+static int64_t find_lanes(const unsigned char *v, int64_t n, int esz, uint64_t abs, uint64_t add,
+                          uint64_t top)
+{
+    int64_t n_words = n * esz / 8;
+    for (int64_t b = 0; b < n_words; b += 512) {
+        int64_t e = n_words - b < 512 ? n_words : b + 512;
+        uint64_t acc = 0, x;
+        for (int64_t i = b; i < e; i++) {
+            memcpy(&x, v + i * 8, 8);
+            acc |= (x & abs) + add;
+        }
+        if (!(acc & top)) continue;
+        for (int64_t k = b * 8 / esz; k < e * 8 / esz; k++) {
+            x = 0;
+            memcpy(&x, v + k * esz, (size_t)esz);
+            if (((x & abs) + add) & top) return k;
+        }
+    }
+    for (int64_t k = n_words * 8 / esz; k < n; k++) { /* the tail */
+        uint64_t x = 0;
+        memcpy(&x, v + k * esz, (size_t)esz);
+        if (((x & abs) + add) & top) return k;
+    }
+    return -1;
+}
+
+int64_t ms_dtype_find_nonfinite(ms_dtype t, const void *p, int64_t n)
+{
+    switch (t) {
+    case MS_DT_F32:
+        return find_lanes(p, n, 4, 0x7fffffff7fffffffull, 0x0080000000800000ull,
+                          0x8000000080000000ull);
+    case MS_DT_BF16:
+        return find_lanes(p, n, 2, 0x7fff7fff7fff7fffull, 0x0080008000800080ull,
+                          0x8000800080008000ull);
+    case MS_DT_F16:
+        return find_lanes(p, n, 2, 0x7fff7fff7fff7fffull, 0x0400040004000400ull,
+                          0x8000800080008000ull);
+    case MS_DT_F8E4M3:
+        return find_lanes(p, n, 1, 0x7f7f7f7f7f7f7f7full, 0x0101010101010101ull,
+                          0x8080808080808080ull);
+    default:
+        return -1;
+    }
+}
+
 int ms_dtype_parse(const char *name)
 {
     for (int i = 0; i < MS_DT_COUNT; i++)

@@ -34,6 +34,10 @@ static inline int ms_dtype_size(ms_dtype t)
 const char *ms_dtype_name(ms_dtype t);
 /* Parses a safetensors dtype name; returns -1 when unknown or unsupported. */
 int ms_dtype_parse(const char *name);
+/* Index of the first NaN or infinity among the n values at p (F32, BF16,
+ * F16, F8E4M3: its NaN codes 0x7f/0xff; it has no infinity), -1 when all are
+ * finite or the type has no such codes (integers, E8M0 scales). */
+int64_t ms_dtype_find_nonfinite(ms_dtype t, const void *p, int64_t n);
 
 static inline float ms_bf16_to_f32(uint16_t h)
 {

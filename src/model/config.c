@@ -3,9 +3,11 @@
  * §0.5, §1.1).
  *
  * Owns only the translation between JSON text and ms_config; knows nothing
- * about tensors.  Defaults for absent fields are those of transformers'
- * DeepseekV3Config / DeepseekV2Config (fields they lack come from DeepSeek's
- * own configuration_deepseek.py); each is noted where it is set.  Pure
+ * about tensors.  The fields tensor shapes depend on are required
+ * (need_shape_fields); defaults for the other absent fields are those of
+ * transformers' DeepseekV3Config / DeepseekV2Config (fields they lack come
+ * from DeepSeek's own configuration_deepseek.py); each is noted where it is
+ * set.  Pure
  * functions; any thread.
  */
 #include "model/config.h"
@@ -292,6 +294,44 @@ static int parse_enums(ms_jget *g, bool v3, ms_config *c)
     return 0;
 }
 
+/* The fields every tensor shape depends on have no default: a config.json
+ * without one is refused naming it (a silent 7168 made the error name a
+ * tensor shape instead).  null_ok: null is a value of its own (q_lora_rank
+ * null: a direct q_proj; n_routed_experts null: a dense model). */
+static int need(ms_jget *g, const char *key, int null_ok)
+{
+    const json_t *v = json_object_get(g->obj, key);
+    if (!v) return ms_err(g->err, MS_EFORMAT, "config: '%s' is required (absent)", key);
+    if (json_is_null(v) && !null_ok)
+        return ms_err(g->err, MS_EFORMAT, "config: '%s' is required (null)", key);
+    return 0;
+}
+
+static int need_shape_fields(ms_jget *g)
+{
+    static const char *const always[] = {"vocab_size",          "hidden_size",  "num_hidden_layers",
+                                         "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+                                         "qk_rope_head_dim",    "v_head_dim"};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof always / sizeof *always && !rc; i++) rc = need(g, always[i], 0);
+    if (!rc) rc = need(g, "q_lora_rank", 1);
+    if (!rc) rc = need(g, "n_routed_experts", 1);
+    return rc;
+}
+
+/* The ones a model needs when it has routed experts, or dense layers. */
+static int need_layer_fields(ms_jget *g, const ms_config *c)
+{
+    int rc = 0, dense = 0;
+    for (int l = 0; l < c->n_layers; l++) dense |= !ms_config_layer_is_moe(c, l);
+    if (c->n_routed_experts > 0) {
+        if (!rc) rc = need(g, "moe_intermediate_size", 0);
+        if (!rc) rc = need(g, "num_experts_per_tok", 0);
+    }
+    if (!rc && dense) rc = need(g, "intermediate_size", 0);
+    return rc;
+}
+
 /* Token ids: absent or null -> -1 (config.h); a list (HF allows one for eos) -> its first. */
 static int parse_token_id(ms_jget *g, const char *key, int64_t *out)
 {
@@ -373,6 +413,9 @@ int ms_config_parse_json(ms_config *cfg, const json_t *root, ms_errbuf *err)
     int64_t q_lora;
     const json_t *ql = json_object_get(root, "q_lora_rank");
     /* Defaults: V3 = transformers DeepseekV3Config, V2 = DeepseekV2Config. */
+    if ((rc = need_shape_fields(&g))) goto out;
+    /* Defaults below: the remaining fields, as transformers has them (the
+     * shape fields' are never used: need_shape_fields). */
     if ((rc = ms_jget_int(&g, "vocab_size", v3 ? 129280 : 32000, 1, MS_CONFIG_MAX_VOCAB,
                       &c.vocab_size)) ||
         (rc = ms_jget_int(&g, "hidden_size", v3 ? 7168 : 4096, 1, W, &c.hidden_size)) ||
@@ -431,7 +474,8 @@ int ms_config_parse_json(ms_config *cfg, const json_t *root, ms_errbuf *err)
         (rc = parse_token_id(&g, "eos_token_id", &c.eos_token_id)) ||
         (rc = ms_jget_bool(&g, "tie_word_embeddings", false, &c.tie_word_embeddings)) ||
         (rc = parse_enums(&g, v3, &c)) || (rc = parse_rope(root, &c, err)) ||
-        (rc = parse_quant(root, &c, err)) || (rc = check(&c, err)))
+        (rc = parse_quant(root, &c, err)) || (rc = need_layer_fields(&g, &c)) ||
+        (rc = check(&c, err)))
         goto out;
     c.q_lora_rank = (int)q_lora;
     *cfg = c;

@@ -714,6 +714,15 @@ int32_t ms_tokenizer_vocab_size(const ms_tokenizer *t)
     return t->n_ids;
 }
 
+int ms_tokenizer_check_vocab(const ms_tokenizer *t, int64_t model_vocab, ms_errbuf *err)
+{
+    if (t->n_ids <= model_vocab) return 0;
+    return ms_err(err, MS_ERANGE,
+                  "tokenizer.json has token id %d, beyond the model's vocabulary (config.json "
+                  "vocab_size %lld)",
+                  t->n_ids - 1, (long long)model_vocab);
+}
+
 int32_t ms_tokenizer_token_id(const ms_tokenizer *t, const char *token)
 {
     return ms_tok_str_lookup(t, token, strlen(token));

@@ -37,6 +37,9 @@ int ms_tokenizer_token_bytes(const ms_tokenizer *tok, int32_t id, char *buf, siz
                              size_t *n_out);
 
 int32_t ms_tokenizer_vocab_size(const ms_tokenizer *tok);  /* max id + 1, added tokens included */
+/* MS_ERANGE, naming the largest id, when the tokenizer has ids at or beyond
+ * the model's vocab_size (checked at start-up, not per request). */
+int ms_tokenizer_check_vocab(const ms_tokenizer *tok, int64_t model_vocab, ms_errbuf *err);
 /* Id of a token string (vocab or added), or -1. */
 int32_t ms_tokenizer_token_id(const ms_tokenizer *tok, const char *token);
 int ms_tokenizer_is_special(const ms_tokenizer *tok, int32_t id);

@@ -3,7 +3,8 @@
  * the config (errors name file and tensor), and builds ms_mat views into the
  * read-only mmap (norm vectors and the gate bias are copied to f32); then
  * places this rank's matrices in memory (place_weights: a copy into 2 MiB
- * pages by default, the file mapping with MOESERVE_WEIGHTS=mmap).  MTP
+ * pages by default, the file mapping with MOESERVE_WEIGHTS=mmap), refusing
+ * a NaN or infinity in any of them (note_bad below).  MTP
  * layers (num_nextn_predict_layers) are validated and kept as views into the
  * file for later use; the main forward skips them.  Called once at start-up
  * on the main thread.
@@ -13,7 +14,10 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 
+#include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +86,13 @@ static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, .
     if (!v) return ms_err(L->err, MS_ENOMEM, "out of memory loading '%s'", name);
     ms_mat view = ms_mat_whole(t->dtype, 1, n, t->data, NULL);
     for (int64_t i = 0; i < n; i++) v[i] = ms_mat_get(&view, 0, i);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) {
+            float bad = v[i];
+            free(v);
+            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld", t->file, name,
+                          (double)bad, (long long)i);
+        }
     *out = v;
     L->n_params += n;
     return 0;
@@ -294,7 +305,39 @@ static void prefault(ms_mat *w, void *arg)
 struct place {
     char *base;
     size_t used, cap;
+    ms_pool *pool;     /* check_view's threads */
+    const ms_mat *bad; /* the first view met with a NaN or infinity, NULL: none */
+    int64_t bad_at;    /* its element, row-major in the view; -1 - k: element k of its scales */
 };
+
+/* The NaN/infinity check (a checkpoint with one such weight loaded and
+ * answered every request with token 0).  It costs no extra pass where the
+ * load reads every byte anyway: the copy checks each piece it has just
+ * written, while it is in cache.  Read from the file mapping, the views are
+ * read once more on the pool (check_view), unless MOESERVE_WEIGHTS=
+ * mmap-nocheck says not to.  The MTP layers, which the forward does not
+ * read, are not checked. */
+static void note_bad(struct place *p, const ms_mat *w, int64_t at)
+{
+    if (!p->bad) p->bad = w, p->bad_at = at;
+}
+
+/* memcpy in pieces of 256 KiB, each checked just after it is written. */
+static void copy_checked(struct place *p, const ms_mat *w, char *dst, const char *src, size_t bytes,
+                         ms_dtype dt, int64_t first, int scale)
+{
+    size_t esz = (size_t)ms_dtype_size(dt), piece = ((size_t)256 << 10) / esz * esz;
+    for (size_t o = 0; o < bytes; o += piece) {
+        size_t n = bytes - o < piece ? bytes - o : piece;
+        memcpy(dst + o, src + o, n);
+        int64_t i = ms_dtype_find_nonfinite(dt, dst + o, (int64_t)(n / esz));
+        if (i >= 0) {
+            int64_t at = first + (int64_t)(o / esz) + i;
+            note_bad(p, w, scale ? -1 - at : at);
+            return;
+        }
+    }
+}
 
 static size_t view_bytes(const ms_mat *w)
 {
@@ -323,26 +366,127 @@ static void place_copy(ms_mat *w, void *arg)
     char *dst = p->base + p->used;
     const char *src = w->data;
     if (w->ld == w->cols)
-        memcpy(dst, src, (size_t)w->rows * row);
+        copy_checked(p, w, dst, src, (size_t)w->rows * row, w->dtype, 0, 0);
     else
         for (int64_t r = 0; r < w->rows; r++)
-            memcpy(dst + r * row, src + (size_t)(r * w->ld) * esz, row);
+            copy_checked(p, w, dst + r * row, src + (size_t)(r * w->ld) * esz, row, w->dtype,
+                         r * w->cols, 0);
     w->data = dst;
     w->ld = w->cols;
     p->used += n;
     size_t sb = scale_bytes(w), sb64 = (sb + 63) & ~(size_t)63;
     if (sb && p->used + sb64 <= p->cap) {
-        memcpy(p->base + p->used, w->scale, sb);
+        copy_checked(p, w, p->base + p->used, (const char *)w->scale, sb, MS_DT_F32, 0, 1);
         w->scale = (const float *)(p->base + p->used);
         p->used += sb64;
     }
 }
 
-static void place_weights(ms_model *m)
+/* The stored name of the tensor behind view w. */
+static void view_name(const ms_model *m, const ms_mat *w, char *buf, size_t cap)
+{
+    static const char *const att_names[] = {"q_a_proj",           "q_b_proj",  "q_proj",
+                                            "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+    static const char *const ffn_names[] = {"gate_proj", "up_proj", "down_proj"};
+    snprintf(buf, cap, "%s",
+             w == &m->lm_head && m->lm_head.data != m->embed.data ? "lm_head.weight"
+                                                                  : "model.embed_tokens.weight");
+    if (w == &m->lm_head || w == &m->embed) return;
+    const ms_config *c = &m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        ms_layer_w *lw = &m->layers[l];
+        const ms_mat *att[] = {&lw->q_a, &lw->q_b, &lw->q, &lw->kv_a, &lw->kv_b, &lw->o};
+        for (int i = 0; i < 6; i++)
+            if (w == att[i]) {
+                snprintf(buf, cap, "model.layers.%d.self_attn.%s.weight", l, att_names[i]);
+                return;
+            }
+        if (w == &lw->router) {
+            snprintf(buf, cap, "model.layers.%d.mlp.gate.weight", l);
+            return;
+        }
+        for (int e = -2; e < (lw->is_moe ? c->n_routed_experts : 0); e++) {
+            const ms_ffn_w *f = e == -2 ? &lw->dense : e == -1 ? &lw->shared : &lw->experts[e];
+            const ms_mat *fm[] = {&f->gate, &f->up, &f->down};
+            for (int i = 0; i < 3; i++) {
+                if (w != fm[i]) continue;
+                if (e >= 0)
+                    snprintf(buf, cap, "model.layers.%d.mlp.experts.%d.%s.weight", l, e,
+                             ffn_names[i]);
+                else
+                    snprintf(buf, cap, "model.layers.%d.mlp.%s%s.weight", l,
+                             e == -1 ? "shared_experts." : "", ffn_names[i]);
+                return;
+            }
+        }
+    }
+}
+
+/* The error for element `at` of view w (place.bad_at's encoding), naming the
+ * file, the tensor and the stored row and column. */
+static int bad_weight(const ms_model *m, const ms_mat *w, int64_t at, ms_errbuf *err)
+{
+    char name[240];
+    view_name(m, w, name, sizeof name - 16);
+    if (at < 0) {
+        int64_t k = -1 - at;
+        strcat(name, "_scale_inv");
+        const ms_tensor *t = ms_st_find(m->st, name);
+        float v;
+        memcpy(&v, w->scale + k, sizeof v);
+        return ms_err(err, MS_EFORMAT, "%s: tensor '%s': %g at row %lld, column %lld",
+                      t ? t->file : "?", name, (double)v, (long long)(k / w->scale_ld),
+                      (long long)(k % w->scale_ld));
+    }
+    const ms_tensor *t = ms_st_find(m->st, name);
+    int64_t r = at / w->cols, c = at % w->cols;
+    return ms_err(err, MS_EFORMAT, "%s: tensor '%s': %g at row %lld, column %lld",
+                  t ? t->file : "?", name, (double)ms_mat_get(w, r, c), (long long)(w->r0 + r),
+                  (long long)(w->c0 + c));
+}
+
+/* The check of views left in the file mapping: one read, rows shared by the
+ * pool's threads, the first bad element kept (smallest index). */
+struct check_job {
+    const ms_mat *w;
+    _Atomic int64_t first; /* INT64_MAX: none */
+};
+
+static void check_rows(void *arg, int tid, int nt)
+{
+    struct check_job *j = arg;
+    const ms_mat *w = j->w;
+    int64_t b, e, esz = ms_dtype_size(w->dtype);
+    ms_pool_range(w->rows, tid, nt, 1, &b, &e);
+    for (int64_t r = b; r < e; r++) {
+        int64_t i =
+            ms_dtype_find_nonfinite(w->dtype, (const char *)w->data + r * w->ld * esz, w->cols);
+        if (i < 0) continue;
+        int64_t at = r * w->cols + i, cur = atomic_load(&j->first);
+        while (at < cur && !atomic_compare_exchange_weak(&j->first, &cur, at)) {
+        }
+        return;
+    }
+}
+
+static void check_view(ms_mat *w, void *arg)
+{
+    struct place *p = arg;
+    if (!view_bytes(w) || p->bad) return;
+    struct check_job j = {w, INT64_MAX};
+    ms_pool_run(p->pool, check_rows, &j);
+    if (j.first != INT64_MAX) note_bad(p, w, j.first);
+    size_t sb = scale_bytes(w);
+    int64_t k = sb ? ms_dtype_find_nonfinite(MS_DT_F32, w->scale, (int64_t)(sb / 4)) : -1;
+    if (k >= 0) note_bad(p, w, -1 - k);
+}
+
+static int place_weights(ms_model *m, ms_errbuf *err)
 {
     const char *mode = getenv("MOESERVE_WEIGHTS");
     int tied = m->lm_head.data == m->embed.data;
-    if (!(mode && !strcmp(mode, "mmap"))) {
+    int nocheck = mode && !strcmp(mode, "mmap-nocheck");
+    if (!(mode && (!strcmp(mode, "mmap") || nocheck))) {
         struct place p = {0};
         each_view(m, place_count, &p);
         if (!tied) place_count(&m->embed, &p);
@@ -365,15 +509,25 @@ static void place_weights(ms_model *m)
             (void)mprotect(base, len, PROT_READ);
             m->arena = base;
             m->arena_bytes = len;
-            MS_LOG(MS_INFO, "model", "weights: %.1f MB copied into 2 MiB pages",
+            if (p.bad) return bad_weight(m, p.bad, p.bad_at, err);
+            MS_LOG(MS_INFO, "model", "weights: %.1f MB copied into 2 MiB pages (checked finite)",
                    (double)p.used / 1e6);
-            return;
+            return 0;
         }
         MS_LOG(MS_WARN, "model", "weights: no memory for a %.1f MB copy; reading the file mapping",
                (double)p.cap / 1e6);
     }
     each_view(m, prefault, NULL);
     if (!tied) prefault(&m->embed, NULL);
+    if (nocheck) {
+        MS_LOG(MS_WARN, "model",
+               "weights: not checked for NaN or infinity (MOESERVE_WEIGHTS=mmap-nocheck)");
+        return 0;
+    }
+    struct place p = {.pool = m->pool};
+    each_view(m, check_view, &p);
+    if (!tied) check_view(&m->embed, &p);
+    return p.bad ? bad_weight(m, p.bad, p.bad_at, err) : 0;
 }
 
 /* Plain-row flags of the FP8 views (ms_mat.f8_plain), one byte per row in
@@ -544,7 +698,8 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
     rc = ms_model_ws_new(m, err);
     if (rc) goto fail;
     double t_pf = ms_now_s();
-    place_weights(m);
+    rc = place_weights(m, err);
+    if (rc) goto fail;
     mark_plain_rows(m);
     MS_LOG(MS_DEBUG, "model", "weights placed in %.2f s", ms_now_s() - t_pf);
     MS_LOG(MS_INFO, "model",

@@ -186,8 +186,10 @@ void ms_comm_stats_print(FILE *f);
 /* If this process runs under a launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set),
  * checks that it started world_size_needed ranks (MS_ELAYOUT "this launch needs 4 ranks,
  * mpirun started 2") and returns 0.  Without a launcher and world_size_needed <= 1 returns 0
- * (singleton).  Otherwise re-executes this binary (/proc/self/exe) with the same argv under
- * `mpirun -np W` (see ms_comm_launch_argv) and does not return unless that fails.  Call it
+ * (singleton).  Otherwise runs this binary (/proc/self/exe) with the same argv under
+ * `mpirun -np W` (see ms_comm_launch_argv) as a child, stays as its supervisor (the first two
+ * SIGTERM/SIGINT/SIGHUP become SIGUSR1 to every rank, a third SIGTERM to mpirun) and exits
+ * with mpirun's status: it does not return unless mpirun cannot be started.  Call it
  * before ms_comm_init and before starting threads; argv is main's (argv[0] is replaced by
  * /proc/self/exe). */
 int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errbuf *e);

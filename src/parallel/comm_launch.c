@@ -6,13 +6,26 @@
  * pinned to one core) and the exec.  MOESERVE_MPIRUN overrides the launcher binary;
  * MOESERVE_RELAUNCHED marks the child so a broken launcher cannot loop.  Does not touch MPI, so
  * it runs before ms_comm_init.  Call from the main thread before any other thread starts.
+ *
+ * The process the user started stays, as the launcher's supervisor (supervise): Open MPI's
+ * mpirun answers SIGTERM/SIGINT by killing every rank within a second, so the supervisor
+ * takes those signals instead (mpirun runs in its own process group: a terminal's Ctrl-C
+ * reaches only the supervisor) and turns the first two into SIGUSR1 to mpirun, which forwards
+ * them to every rank (rank 0 of `serve` drains on the first and stops on the second, aborting
+ * what still runs; the others ignore them); a third is passed on as SIGTERM, with which mpirun
+ * kills every rank (a wedged rank 0 too).  It exits with mpirun's exit status.
  */
 #include "parallel/comm.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The world size a launcher announced in the environment, 0 if unknown, -1 if no launcher. */
@@ -62,6 +75,58 @@ full:
     return ms_err(e, MS_ETOOBIG, "mpirun command line needs more than %d arguments", cap);
 }
 
+static volatile sig_atomic_t n_stop_signals;
+static volatile pid_t launcher_pid;
+
+static void forward_stop(int sig)
+{
+    (void)sig;
+    int n = ++n_stop_signals;
+    if (launcher_pid > 0) kill(launcher_pid, n <= 2 ? SIGUSR1 : SIGTERM);
+}
+
+/* Runs args (mpirun ...) as a child and exits with its status; returns only if it cannot
+ * start. */
+static int supervise(char **args, ms_errbuf *e)
+{
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, &old); /* until launcher_pid is known */
+    pid_t pid = fork();
+    if (pid < 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        return ms_err(e, MS_EIO, "cannot fork to start %s: %s", args[0], strerror(errno));
+    }
+    if (pid == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        setpgid(0, 0);                        /* no terminal signals: they go to the supervisor */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);     /* the supervisor killed: the job ends too */
+        int fd = open("/dev/null", O_RDONLY); /* a background group must not read the tty */
+        if (fd >= 0) dup2(fd, 0);
+        execvp(args[0], args);
+        fprintf(stderr, "cannot start %s: %s (install openmpi-bin, or run mpirun yourself)\n",
+                args[0], strerror(errno));
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    launcher_pid = pid;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    exit(WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1);
+}
+
 int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errbuf *e)
 {
     if (world_size_needed < 1)
@@ -101,11 +166,7 @@ int ms_comm_maybe_relaunch(int world_size_needed, int argc, char **argv, ms_errb
     }
     fflush(stdout);
     fflush(stderr);
-    execvp(args[0], args);
-    rc = ms_err(e, MS_EIO,
-                "cannot start %s to launch %d ranks: %s (install openmpi-bin, or run "
-                "mpirun -np %d yourself)",
-                args[0], world_size_needed, strerror(errno), world_size_needed);
+    rc = supervise(args, e);
     free(args);
     return rc;
 }

@@ -81,6 +81,9 @@ int ms_engine_submit(ms_engine *e, const ms_req_params *in, ms_errbuf *err)
     if (in->n_ids > MS_REQ_MAX_IDS || in->n_stop_ids < 0 || in->n_stop_ids > MS_REQ_MAX_STOP_IDS)
         return ms_err(err, MS_EINVAL, "%lld prompt ids and %d stop ids (at most %d and %d)",
                       (long long)in->n_ids, in->n_stop_ids, MS_REQ_MAX_IDS, MS_REQ_MAX_STOP_IDS);
+    if (in->n_bias < 0 || in->n_bias > MS_REQ_MAX_LOGIT_BIAS)
+        return ms_err(err, MS_EINVAL, "%d logit_bias entries (at most %d)", in->n_bias,
+                      MS_REQ_MAX_LOGIT_BIAS);
     /* the router records the request: nothing may fail after it (the counts the
      * encoder checks were checked above) */
     ms_req_params w = *in;

@@ -10,7 +10,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "serve/metrics.h"
-#include "serve/session.h"
+#include "serve/choices.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,7 +73,7 @@ struct conn {
     double t_start;
     char *body;
     size_t n_body, cap_body;
-    ms_session *sess; /* generation routes, once submitted */
+    ms_choices *ch; /* generation routes, once submitted */
     struct conn *prev, *next;
     int listed;
 };
@@ -83,7 +84,8 @@ struct conn {
 struct watch {
     int fd;
     int in_request;     /* a request is being handled */
-    double phase_start; /* connect time or end of the last request */
+    int body_done;      /* ... and its body has arrived (the body deadline is met) */
+    double phase_start; /* connect time, end of the last request, or (in_request) its headers */
     struct watch *prev, *next;
 };
 
@@ -119,6 +121,9 @@ static enum MHD_Result queue(struct conn *c, int status, char *body, size_t len,
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
+    ms_metrics_observe_response(c->fe->metrics, c->route >= 0 ? routes[c->route].path : "other",
+                                status);
+    if (atomic_load(&c->fe->draining)) MHD_add_response_header(r, "Connection", "close");
     if (status == 405) MHD_add_response_header(r, "Allow", routes[c->route].allow);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
@@ -196,8 +201,10 @@ static int auth_ok(ms_frontend *fe, struct MHD_Connection *mc)
 {
     if (!fe->o.api_key[0]) return 1;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return 0;
-    h += 7;
+    /* the scheme is case-insensitive (RFC 9110 11.1), then one or more spaces */
+    if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t')) return 0;
+    h += 6;
+    while (*h == ' ' || *h == '\t') h++;
     size_t a = strlen(h), b = strlen(fe->o.api_key);
     unsigned diff = (unsigned)(a != b);
     for (size_t i = 0; i < b; i++) diff |= (unsigned)(h[i < a ? i : 0] ^ fe->o.api_key[i]);
@@ -223,13 +230,14 @@ static void make_rid(ms_frontend *fe, enum ms_api_kind kind, char *out, size_t c
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct conn *c = cls;
-    ms_session *s = c->sess;
+    ms_choices *ch = c->ch;
     (void)pos;
     for (;;) {
-        if (ms_session_pending(s)) return (ssize_t)ms_session_read(s, buf, max);
-        if (s->finish) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (ms_choices_pending(ch)) return (ssize_t)ms_choices_read(ch, buf, max);
+        if (ms_choices_finished(ch) && (ch->n == 1 || ch->tail_done))
+            return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* completion aborts */
-        if (ms_session_step(s, 250) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (ms_choices_step(ch, 250) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
@@ -283,57 +291,51 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         snprintf(rid, sizeof rid, "%s", api.rid);
     else
         make_rid(fe, kind, rid, sizeof rid);
-    ms_serve_req *r = ms_serve_req_new(rid, ids, (int32_t)n, &api.sampling);
+    int32_t max_new = api.sampling.max_new_tokens;
+    c->ch = calloc(1, sizeof *c->ch);
+    if (!c->ch) {
+        rc = ms_err(&e, MS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = ms_choices_init(c->ch, &api, ids, (int32_t)n, rid, dp, fe->hub, fe->metrics,
+                              fe->codec, fe->model_name, &e))) {
+        free(c->ch);
+        c->ch = NULL;
+        goto fail;
+    }
     free(ids);
     ids = NULL;
-    if (!r) {
-        rc = ms_err(&e, MS_ENOMEM, "out of memory");
-        goto fail;
-    }
-    r->dp_rank_hint = dp;
-    c->sess = calloc(1, sizeof *c->sess);
-    if (!c->sess || ms_session_init(c->sess, &api, r, fe->hub, fe->metrics, fe->codec,
-                                    fe->model_name, (int64_t)n)) {
-        if (!c->sess)
-            ms_serve_req_unref(r);
-        else
-            ms_session_deinit(c->sess);
-        free(c->sess);
-        c->sess = NULL;
-        rc = ms_err(&e, MS_ENOMEM, "out of memory");
-        goto fail;
-    }
-    c->sess->stream_interval = fe->o.stream_interval;
+    for (int i = 0; i < c->ch->n; i++) c->ch->s[i].stream_interval = fe->o.stream_interval;
     live_add(fe, c);
-    if ((rc = ms_serve_hub_submit(fe->hub, r, fe->o.max_queued_requests, &e))) {
+    if ((rc = ms_choices_submit(c->ch, fe->o.max_queued_requests, &e))) {
         live_remove(fe, c);
-        c->sess->finish = MS_SERVE_FINISH_ABORT; /* never reached the engine */
         return send_error(c, status_of(rc), e.msg, NULL);
     }
-    MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d", rid, n,
-           api.sampling.max_new_tokens);
+    MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d, %d choices", rid,
+           n, max_new, c->ch->n);
     /* generation may take long: the idle timeout no longer applies */
     MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    if (c->sess->api.stream) {
+    if (ms_choices_stream(c->ch)) {
         struct MHD_Response *resp =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_cb, c, NULL);
         if (!resp) return MHD_NO;
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        ms_metrics_observe_response(fe->metrics, routes[c->route].path, 200);
         enum MHD_Result ret = MHD_queue_response(c->mc, 200, resp);
         MHD_destroy_response(resp);
         c->responded = 1;
         return ret;
     }
     for (;;) {
-        int d = ms_session_step(c->sess, 250);
+        int d = ms_choices_step(c->ch, 250);
         if (d) break;
         if (client_gone(c)) return MHD_NO; /* completion posts the abort */
     }
     int status;
     size_t len;
-    char *body = ms_session_body(c->sess, &status, &len);
+    char *body = ms_choices_body(c->ch, &status, &len);
     return queue(c, status, body, len, "application/json");
 fail:
     free(ids);
@@ -475,10 +477,7 @@ static enum MHD_Result do_abort(ms_frontend *fe, struct conn *c)
     int n = 0;
     pthread_mutex_lock(&fe->mu);
     for (struct conn *x = fe->live; x; x = x->next)
-        if (x->sess && (all || !strcmp(x->sess->req->rid, json_string_value(rid)))) {
-            ms_serve_hub_post(fe->hub, MS_MSG_ABORT, x->sess->req);
-            n++;
-        }
+        if (x->ch) n += ms_choices_abort(x->ch, all ? NULL : json_string_value(rid));
     pthread_mutex_unlock(&fe->mu);
     if (all) ms_serve_hub_post(fe->hub, MS_MSG_ABORT_ALL, NULL);
     json_decref(b);
@@ -534,6 +533,40 @@ static enum MHD_Result dispatch(ms_frontend *fe, struct conn *c)
     }
 }
 
+/* A request with Transfer-Encoding is answered when its headers arrive:
+ * libmicrohttpd 0.9.75 would decode a chunked body itself, and answers a
+ * chunk line longer than its 64 KiB buffer with its own 500, and a huge
+ * declared chunk (2^64-1, 4 GiB) with nothing until the idle timeout; it
+ * cannot let the handler answer in the middle of a body.  So chunked bodies
+ * get 411 (RFC 9112 6.3 allows a server to require Content-Length, which
+ * every OpenAI and SGLang client sends), other codings 501. */
+static enum MHD_Result refuse_coding(struct conn *c, const char *te)
+{
+    while (*te == ' ' || *te == '\t') te++;
+    size_t n = strlen(te);
+    while (n && (te[n - 1] == ' ' || te[n - 1] == '\t')) n--;
+    char msg[200];
+    if (n == 7 && !strncasecmp(te, "chunked", 7))
+        return send_error(c, 411,
+                          "a request body needs Content-Length (chunked request bodies are not "
+                          "accepted)",
+                          NULL);
+    snprintf(msg, sizeof msg, "Transfer-Encoding '%.*s' is not supported (send Content-Length)",
+             (int)(n < 64 ? n : 64), te);
+    return send_error(c, 501, msg, NULL);
+}
+
+/* The body deadline is met (the watchdog stops timing it). */
+static void body_arrived(ms_frontend *fe, struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *sc =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (!sc || !sc->socket_context) return;
+    pthread_mutex_lock(&fe->mu);
+    ((struct watch *)sc->socket_context)->body_done = 1;
+    pthread_mutex_unlock(&fe->mu);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -553,7 +586,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         if (sc && sc->socket_context) {
             pthread_mutex_lock(&fe->mu);
-            ((struct watch *)sc->socket_context)->in_request = 1;
+            struct watch *w = sc->socket_context;
+            w->in_request = 1;
+            w->body_done = 0;
+            w->phase_start = c->t_start;
             pthread_mutex_unlock(&fe->mu);
         }
         for (int i = 0; i < N_ROUTES; i++)
@@ -570,6 +606,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
         const char *te = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Transfer-Encoding");
         if (cl && te) return send_error(c, 400, "both Content-Length and Transfer-Encoding", NULL);
+        if (te) return refuse_coding(c, te);
         if (cl && strtoull(cl, NULL, 10) > fe->o.max_body_bytes) {
             char msg[128];
             snprintf(msg, sizeof msg, "the request body is larger than %zu bytes",
@@ -600,6 +637,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->body[c->n_body] = 0;
         return MHD_YES;
     }
+    body_arrived(fe, mc);
     if (c->responded) return MHD_YES;
     if (c->too_big) {
         char msg[128];
@@ -627,17 +665,15 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         w->phase_start = ms_now_s();
         pthread_mutex_unlock(&fe->mu);
     }
-    if (c->sess) /* a keep-alive connection gets its idle timeout back */
+    if (c->ch) /* a keep-alive connection gets its idle timeout back */
         MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT,
                                   (unsigned)fe->o.idle_timeout_s);
-    if (c->sess) {
-        if (!c->sess->finish) {
+    if (c->ch) {
+        if (ms_choices_abandon(c->ch))
             MS_LOG(MS_INFO, "http", "client of request %s went away (code %d): aborting",
-                   c->sess->req->rid, (int)toe);
-            ms_serve_hub_post(fe->hub, MS_MSG_ABORT, c->sess->req);
-        }
-        ms_session_deinit(c->sess);
-        free(c->sess);
+                   c->ch->s[0].id, (int)toe);
+        ms_choices_deinit(c->ch);
+        free(c->ch);
     }
     free(c->body);
     free(c);
@@ -698,14 +734,20 @@ static void *watchdog(void *arg)
         ts.tv_sec += 1;
         pthread_cond_timedwait(&fe->cv, &fe->mu, &ts);
         double now = ms_now_s();
-        for (struct watch *w = fe->watches; w; w = w->next)
-            if (!w->in_request && w->fd >= 0 && now - w->phase_start > fe->o.header_timeout_s) {
+        for (struct watch *w = fe->watches; w; w = w->next) {
+            if (w->fd < 0) continue;
+            if (!w->in_request && now - w->phase_start > fe->o.header_timeout_s)
                 MS_LOG(MS_DEBUG, "http",
                        "closing a connection that sent no complete request in %d s",
                        fe->o.header_timeout_s);
-                shutdown(w->fd, SHUT_RDWR);
-                w->fd = -1;
-            }
+            else if (w->in_request && !w->body_done && now - w->phase_start > fe->o.body_timeout_s)
+                MS_LOG(MS_DEBUG, "http", "closing a connection whose body took over %d s",
+                       fe->o.body_timeout_s);
+            else
+                continue;
+            shutdown(w->fd, SHUT_RDWR);
+            w->fd = -1;
+        }
         if (fe->o.watchdog_timeout_s <= 0 || fe->n_live == 0) continue;
         double beat = ms_serve_hub_last_heartbeat_s(fe->hub);
         double since = beat > fe->busy_since ? beat : fe->busy_since;
@@ -779,11 +821,13 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
     }
     fe->d = MHD_start_daemon(
         flags, (uint16_t)o->port, NULL, NULL, on_request, fe, MHD_OPTION_SOCK_ADDR, &ss,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)o->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        fe, MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        fe, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_client,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED, on_completed, fe,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, fe, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, fe,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (!fe->d) {
         ms_frontend_close(fe);
         return ms_err(e, MS_EIO, "cannot listen on %s:%d (address in use or not permitted)",
@@ -805,14 +849,8 @@ int ms_frontend_port(const ms_frontend *fe)
 
 void ms_frontend_begin_drain(ms_frontend *fe)
 {
+    /* still listening: a new request gets 503 (and Connection: close), as /health does */
     if (!fe || atomic_exchange(&fe->draining, 1)) return;
-    if (fe->d) {
-        MHD_socket s = MHD_quiesce_daemon(fe->d);
-        if (s != MHD_INVALID_SOCKET)
-            close(s);
-        else
-            MS_LOG(MS_WARN, "http", "could not stop listening (quiesce failed)");
-    }
     MS_LOG(MS_INFO, "http", "draining: %d requests in flight", ms_frontend_live_requests(fe));
 }
 
@@ -830,7 +868,7 @@ void ms_frontend_close(ms_frontend *fe)
     atomic_store(&fe->draining, 1);
     pthread_mutex_lock(&fe->mu);
     for (struct conn *x = fe->live; x; x = x->next)
-        if (x->sess) ms_serve_hub_post(fe->hub, MS_MSG_ABORT, x->sess->req);
+        if (x->ch) ms_choices_abort(x->ch, NULL);
     atomic_store(&fe->stop, 1);
     pthread_cond_broadcast(&fe->cv);
     pthread_mutex_unlock(&fe->mu);

@@ -5,9 +5,9 @@
  * main thread; everything else runs on MHD's threads.
  *
  * Shutdown (SIGTERM): the main loop sees ms_serve_hub_stop_requested(), calls
- * ms_frontend_begin_drain() (listening socket closed, new generations 503,
- * /health 503), keeps stepping until ms_frontend_live_requests() == 0 (or a
- * deadline), then ms_frontend_close().
+ * ms_frontend_begin_drain() (new generations 503, /health 503, each answer
+ * with Connection: close), keeps stepping until ms_frontend_live_requests()
+ * == 0 (or --shutdown-timeout, or a second signal), then ms_frontend_close().
  */
 #ifndef MS_SERVE_HTTP_H
 #define MS_SERVE_HTTP_H
@@ -31,6 +31,8 @@ typedef struct ms_frontend_opts {
     double watchdog_timeout_s; /* --watchdog-timeout: no step while busy → exit (0 = off) */
     size_t max_body_bytes;     /* --max-body-bytes (default 32 MiB) → 413 */
     int max_connections;       /* --max-connections (default 256) */
+    int max_connections_per_client; /* --max-connections-per-client: per address, more are
+                                       closed at accept (0 = no cap but max_connections) */
     int idle_timeout_s;        /* --http-idle-timeout: inactive connection closed (10 s) */
     int body_timeout_s;        /* --http-body-timeout: a body must arrive within (30 s) */
     int header_timeout_s;      /* --http-header-timeout: a request's headers must arrive

@@ -20,11 +20,19 @@ typedef struct hist {
     uint64_t total;
 } hist;
 
+#define MAX_RESPONSE_KINDS 64
+
 struct ms_metrics {
     pthread_mutex_t mu;
     char model[256]; /* label value, escaped */
     uint64_t prompt_tokens, gen_tokens, cached_tokens, requests, aborted;
     hist ttft, itl, tpot, e2e;
+    struct {
+        const char *endpoint; /* static */
+        int status;
+        uint64_t n;
+    } resp[MAX_RESPONSE_KINDS]; /* sglang:http_responses_total */
+    int n_resp;
 };
 
 static void hist_init(hist *h, const char *name, const char *help, const double *le, int n)
@@ -94,15 +102,34 @@ void ms_metrics_observe_request(ms_metrics *m, int64_t prompt_tokens, int64_t ge
 {
     if (!m) return;
     pthread_mutex_lock(&m->mu);
+    if (ttft_s >= 0) hist_add(&m->ttft, ttft_s, 1);
+    if (finish == MS_SERVE_FINISH_ABORT) { /* SGLang: counted, not a finished request */
+        m->aborted++;
+        pthread_mutex_unlock(&m->mu);
+        return;
+    }
     m->prompt_tokens += (uint64_t)(prompt_tokens > 0 ? prompt_tokens : 0);
     m->gen_tokens += (uint64_t)(gen_tokens > 0 ? gen_tokens : 0);
     m->cached_tokens += (uint64_t)(cached_tokens > 0 ? cached_tokens : 0);
     m->requests++;
-    if (finish == MS_SERVE_FINISH_ABORT) m->aborted++;
-    if (ttft_s >= 0) hist_add(&m->ttft, ttft_s, 1);
     if (e2e_s >= 0) hist_add(&m->e2e, e2e_s, 1);
     if (ttft_s >= 0 && gen_tokens > 1)
         hist_add(&m->tpot, (e2e_s - ttft_s) / (double)(gen_tokens - 1), 1);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void ms_metrics_observe_response(ms_metrics *m, const char *endpoint, int status)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < m->n_resp && !(m->resp[i].endpoint == endpoint && m->resp[i].status == status)) i++;
+    if (i == m->n_resp && i < MAX_RESPONSE_KINDS) {
+        m->resp[i].endpoint = endpoint;
+        m->resp[i].status = status;
+        m->n_resp++;
+    }
+    if (i < m->n_resp) m->resp[i].n++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -229,6 +256,11 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
                 put(&o, "%s{model_name=\"%s\",dp_rank=\"%d\"} %.9g\n", g[k].name, md, r, v);
             }
         }
+        head(&o, "sglang:num_retracted_requests_total", "counter",
+             "Number of requests retracted (KV pool full) since start-up.");
+        for (int32_t r = 0; r < n; r++)
+            put(&o, "sglang:num_retracted_requests_total{model_name=\"%s\",dp_rank=\"%d\"} %lld\n",
+                md, r, (long long)ld[r].num_retracted_reqs_total);
         free(ld);
     }
     pthread_mutex_lock(&m->mu);
@@ -244,6 +276,12 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
         head(&o, cn[k], "counter", ch[k]);
         put(&o, "%s{model_name=\"%s\"} %llu\n", cn[k], md, (unsigned long long)cv[k]);
     }
+    head(&o, "sglang:http_responses_total", "counter",
+         "HTTP responses by endpoint and status (rejected requests: 4xx and 503).");
+    for (int i = 0; i < m->n_resp; i++)
+        put(&o,
+            "sglang:http_responses_total{model_name=\"%s\",endpoint=\"%s\",status=\"%d\"} %llu\n",
+            md, m->resp[i].endpoint, m->resp[i].status, (unsigned long long)m->resp[i].n);
     hist_put(&o, &m->ttft, md);
     hist_put(&o, &m->itl, md);
     hist_put(&o, &m->tpot, md);

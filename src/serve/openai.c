@@ -128,15 +128,76 @@ static int get_stops(ms_api_req *r, const json_t *v, ms_errbuf *e)
     return 0;
 }
 
+/* Sampling fields this server does not have: a request that sets one is
+ * refused naming it (never accepted and ignored).  Constrained decoding
+ * (regex, json_schema, ebnf, structural_tag, response_format json_schema /
+ * json_object) needs a grammar engine, which is not built. */
+static const char *const refused[] = {"regex", "json_schema", "ebnf", "structural_tag"};
+
+/* /generate's sampling_params keys (SGLang's SamplingParams takes no others:
+ * an unknown key is a 400 there too); the OpenAI routes ignore unknown
+ * top-level fields, as SGLang's request models do. */
+static const char *const generate_keys[] = {"max_new_tokens",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "min_p",
+                                            "frequency_penalty",
+                                            "presence_penalty",
+                                            "repetition_penalty",
+                                            "seed",
+                                            "ignore_eos",
+                                            "skip_special_tokens",
+                                            "no_stop_trim",
+                                            "n",
+                                            "stop",
+                                            "stop_token_ids",
+                                            "min_new_tokens",
+                                            "logit_bias"};
+
+static int refuse_unsupported(const json_t *o, int strict, ms_errbuf *e, const char **param)
+{
+    int rc = 0;
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        const json_t *v = json_object_get(o, refused[i]);
+        if (!v || json_is_null(v) || (json_is_object(v) && !json_object_size(v))) continue;
+        FAIL(refused[i], MS_EUNSUPPORTED, "'%s' is not supported by this server", refused[i]);
+    }
+    const json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!t || strcmp(t, "text"))
+            FAIL("response_format", MS_EUNSUPPORTED,
+                 "'response_format' %s is not supported (constrained decoding is not built); "
+                 "only {\"type\": \"text\"}",
+                 t ? t : "without a type");
+    }
+    if (!strict) return 0;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)o, k, v)
+    {
+        size_t j = 0;
+        while (j < sizeof generate_keys / sizeof *generate_keys && strcmp(k, generate_keys[j])) j++;
+        if (j == sizeof generate_keys / sizeof *generate_keys)
+            FAIL("sampling_params", MS_EINVAL,
+                 "sampling_params: unknown or unsupported key '%.64s'", k);
+    }
+out:
+    return rc;
+}
+
 /* Sampling fields shared by every route, read from object o (the body or
- * /generate's sampling_params).  max_key names the max-tokens field. */
+ * /generate's sampling_params, strict: unknown keys refused).  max_key names
+ * the max-tokens field. */
 static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, const char *max_key2,
-                        const ms_api_config *cfg, ms_errbuf *e, const char **param)
+                        const ms_api_config *cfg, ms_errbuf *e, const char **param, int strict)
 {
     int rc = 0;
     int64_t iv;
     double dv;
     ms_serve_sampling *s = &r->sampling;
+    if ((rc = refuse_unsupported(o, strict, e, param))) return rc;
     const char *keys[2] = {max_key, max_key2};
     for (int k = 0; k < 2; k++) {
         if (!keys[k]) continue;
@@ -173,8 +234,47 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
         FAILK("skip_special_tokens", MS_EINVAL);
     if ((rc = get_bool(o, "no_stop_trim", &r->no_stop_trim, e)) < 0)
         FAILK("no_stop_trim", MS_EINVAL);
-    if ((rc = get_int(o, "n", 1, 1, &iv, e)) < 0) FAIL("n", MS_EINVAL, "only n=1 is supported");
+    r->n = 1;
+    if ((rc = get_int(o, "n", 1, strict ? 1 : MS_API_MAX_N, &iv, e)) < 0)
+        FAIL("n", MS_EINVAL,
+             strict ? "'n' > 1 is supported on /v1/chat/completions and /v1/completions"
+                    : "'n' must be between 1 and %d",
+             MS_API_MAX_N);
+    if (rc) r->n = (int)iv;
     if ((rc = get_stops(r, json_object_get(o, "stop"), e)) < 0) FAILK("stop", rc);
+    /* min_tokens (OpenAI routes, vLLM's name) / min_new_tokens (SGLang's sampling_params) */
+    const char *min_key =
+        max_key && !strcmp(max_key, "max_new_tokens") ? "min_new_tokens" : "min_tokens";
+    if ((rc = get_int(o, min_key, 0, INT32_MAX, &iv, e)) < 0) FAILK(min_key, MS_EINVAL);
+    if (rc) s->min_new_tokens = (int32_t)iv;
+    if (r->max_tokens_given && s->min_new_tokens > s->max_new_tokens)
+        FAIL(min_key, MS_EINVAL, "'%s' (%d) exceeds the maximum tokens (%d)", min_key,
+             s->min_new_tokens, s->max_new_tokens);
+    const json_t *lb = json_object_get(o, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb))
+            FAIL("logit_bias", MS_EINVAL, "'logit_bias' must be an object {\"token id\": bias}");
+        if (json_object_size(lb) > MS_SERVE_MAX_LOGIT_BIAS)
+            FAIL("logit_bias", MS_EINVAL, "'logit_bias' has %zu entries, the limit is %d",
+                 json_object_size(lb), MS_SERVE_MAX_LOGIT_BIAS);
+        const char *k;
+        const json_t *v;
+        json_object_foreach((json_t *)lb, k, v)
+        {
+            char *end;
+            long long id = strtoll(k, &end, 10);
+            if (!*k || *end || id < 0 || (cfg->vocab_size > 0 && id >= cfg->vocab_size))
+                FAIL("logit_bias", MS_EINVAL,
+                     "'logit_bias' key '%.32s' is not a token id in the vocabulary (vocab size %d)",
+                     k, cfg->vocab_size);
+            double b = json_number_value(v);
+            if (!json_is_number(v) || !(b >= -100 && b <= 100))
+                FAIL("logit_bias", MS_EINVAL,
+                     "'logit_bias' values must be numbers in [-100, 100] (token %lld)", id);
+            s->bias_ids[s->n_logit_bias] = (int32_t)id;
+            s->bias[s->n_logit_bias++] = (float)b;
+        }
+    }
     const json_t *sid = json_object_get(o, "stop_token_ids");
     if (sid && !json_is_null(sid)) {
         if (!json_is_array(sid))
@@ -199,7 +299,8 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
                       const char **param)
 {
     int rc = 0;
-    if ((rc = get_sampling(r, b, "max_tokens", "max_completion_tokens", cfg, e, param))) return rc;
+    if ((rc = get_sampling(r, b, "max_tokens", "max_completion_tokens", cfg, e, param, 0)))
+        return rc;
     int lp = 0;
     int64_t top = 0;
     if ((rc = get_bool(b, "logprobs", &lp, e)) < 0) FAILK("logprobs", MS_EINVAL);
@@ -208,13 +309,6 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
     if (top > 0 && !lp) FAIL("top_logprobs", MS_EINVAL, "'top_logprobs' requires 'logprobs': true");
     r->logprobs = lp;
     r->top_logprobs = (int)top;
-    const json_t *rf = json_object_get(b, "response_format");
-    if (rf && !json_is_null(rf)) {
-        const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!t || strcmp(t, "text"))
-            FAIL("response_format", MS_EUNSUPPORTED,
-                 "only response_format {\"type\": \"text\"} is supported");
-    }
     ms_chat_opts o = {.thinking = -1, .add_generation_prompt = 1};
     if (cfg->reasoning_parser == MS_REASONING_DEEPSEEK_V3) o.thinking = 0;
     const json_t *kw = json_object_get(b, "chat_template_kwargs");
@@ -317,7 +411,7 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
     if (kind == MS_API_CHAT) {
         if ((rc = parse_chat(r, b, cfg, e, param))) goto out;
     } else if (kind == MS_API_COMPLETION) {
-        if ((rc = get_sampling(r, b, "max_tokens", NULL, cfg, e, param))) goto out;
+        if ((rc = get_sampling(r, b, "max_tokens", NULL, cfg, e, param, 0))) goto out;
         r->sampling.max_new_tokens = r->max_tokens_given ? r->sampling.max_new_tokens : 16;
         r->max_tokens_given = 1; /* OpenAI's completions default is 16 */
         int64_t lp = 0;
@@ -343,7 +437,8 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
         const json_t *sp = json_object_get(b, "sampling_params");
         if (sp && !json_is_null(sp) && !json_is_object(sp))
             FAIL("sampling_params", MS_EINVAL, "'sampling_params' must be an object");
-        if (json_is_object(sp) && (rc = get_sampling(r, sp, "max_new_tokens", NULL, cfg, e, param)))
+        if (json_is_object(sp) &&
+            (rc = get_sampling(r, sp, "max_new_tokens", NULL, cfg, e, param, 1)))
             goto out;
         int lp = 0;
         if ((rc = get_bool(b, "return_logprob", &lp, e)) < 0) FAILK("return_logprob", MS_EINVAL);

@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #define MS_API_MAX_MODEL_NAME 256 /* bytes of "model" echoed back */
+#define MS_API_MAX_N          16  /* choices per request ("n") */
 
 enum ms_api_kind { MS_API_CHAT = 1, MS_API_COMPLETION, MS_API_GENERATE };
 enum ms_tool_parser { MS_TOOL_PARSER_NONE = 0, MS_TOOL_PARSER_DEEPSEEK_V31 };
@@ -43,6 +44,7 @@ typedef struct ms_api_req {
     int separate_reasoning, starts_in_reasoning, parse_tools;
     int skip_special_tokens;
     int no_stop_trim; /* /generate: keep the matched stop string */
+    int n;            /* choices (OpenAI routes; 1..MS_API_MAX_N; choices.h) */
 } ms_api_req;
 
 /* Parses a request body.  On error returns MS_EINVAL/MS_EFORMAT/MS_EUNSUPPORTED

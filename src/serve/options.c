@@ -61,7 +61,8 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
                                   "--health-timeout",
                                   "--http-header-timeout",
                                   "--stream-interval",
-                                  "--enable-cache-report"};
+                                  "--enable-cache-report",
+                                  "--max-connections-per-client"};
     const char *a = argv[i], *val = NULL;
     char name[64];
     const char *eq = strchr(a, '=');
@@ -152,6 +153,9 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
             o->stream_interval = (int)d;
         }
         break;
+    case 17:
+        if (!(rc = num(name, val, 0, 65536, &d, e))) o->max_connections_per_client = (int)d;
+        break;
     default:
         break;
     }
@@ -173,8 +177,10 @@ void ms_frontend_print_flags(FILE *f)
            "  --watchdog-timeout S       exit when no engine step for S s while busy (300; 0 off)\n"
            "  --max-body-bytes N         request body limit, 413 above (32 MiB)\n"
            "  --max-connections N        concurrent connections (256)\n"
+           "  --max-connections-per-client N  per client address; more are closed (0: no cap)\n"
            "  --http-idle-timeout S      close idle connections after S s (10)\n"
-           "  --http-body-timeout S      a request body must arrive within S s (30)\n"
+           "  --http-body-timeout S      a request body must arrive within S s of its\n"
+           "                             headers, else the connection is closed (30)\n"
            "  --http-header-timeout S    request headers must arrive within S s (30)\n"
            "  --health-timeout S         /health_generate deadline (20)\n"
            "  --stream-interval N        SSE: the first token, then one chunk per N tokens (1)\n"

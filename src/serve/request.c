@@ -509,7 +509,7 @@ int32_t ms_serve_hub_n_queued(ms_serve_hub *h)
 
 void ms_serve_hub_request_stop(ms_serve_hub *h)
 {
-    atomic_store(&h->stop, 1);
+    atomic_fetch_add(&h->stop, 1);
     signal_efd(h->efd);
 }
 
@@ -533,7 +533,10 @@ int ms_serve_hub_install_signals(ms_serve_hub *h)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL)) return MS_EIO;
+    /* SIGUSR1: what a self-relaunch's supervisor sends through mpirun (comm_launch.c) */
+    if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL) ||
+        sigaction(SIGUSR1, &sa, NULL))
+        return MS_EIO;
     signal(SIGPIPE, SIG_IGN);
     return 0;
 }

@@ -38,6 +38,7 @@
 #define MS_SERVE_RID_MAX          128 /* request id, bytes incl. NUL */
 #define MS_SERVE_MAX_STOP_IDS     16  /* stop_token_ids per request (= MS_SCHED_MAX_STOP_IDS) */
 #define MS_SERVE_MAX_TOP_LOGPROBS 20  /* top_logprobs per token (OpenAI's limit) */
+#define MS_SERVE_MAX_LOGIT_BIAS   64  /* logit_bias entries (= MS_REQ_MAX_LOGIT_BIAS) */
 #define MS_SERVE_MAX_DP           256 /* DP ranks described in engine info */
 #define MS_SERVE_MAX_INPUT_TOKENS (1 << 22) /* hard cap on input ids before the context check */
 
@@ -67,6 +68,10 @@ typedef struct ms_serve_sampling {
     int32_t stop_ids[MS_SERVE_MAX_STOP_IDS];
     int logprobs;         /* push a logprob with each token */
     int32_t top_logprobs; /* 0..MS_SERVE_MAX_TOP_LOGPROBS alternatives per token */
+    int32_t min_new_tokens; /* EOS and the stop ids are masked until this many are generated */
+    int32_t n_logit_bias;   /* logit_bias: bias[i] added to token bias_ids[i]'s logit */
+    int32_t bias_ids[MS_SERVE_MAX_LOGIT_BIAS];
+    float bias[MS_SERVE_MAX_LOGIT_BIAS];
 } ms_serve_sampling;
 
 /* Defaults: greedy off (temperature 1), everything else off. */
@@ -223,12 +228,13 @@ uint64_t ms_serve_hub_heartbeats(ms_serve_hub *h);
 double ms_serve_hub_last_heartbeat_s(ms_serve_hub *h);
 int32_t ms_serve_hub_n_queued(ms_serve_hub *h); /* GENERATE messages not yet popped */
 
-/* Shutdown: ms_serve_hub_request_stop is async-signal-safe (sets a flag and
- * writes the eventfd) so a SIGTERM handler can call it; the main loop checks
- * ms_serve_hub_stop_requested after each wake-up and then drains (http.h). */
+/* Shutdown: ms_serve_hub_request_stop is async-signal-safe (counts a request
+ * and writes the eventfd) so a SIGTERM handler can call it; the main loop
+ * checks ms_serve_hub_stop_requested (the number of requests) after each
+ * wake-up: 1 drains (http.h), 2 stops at once. */
 void ms_serve_hub_request_stop(ms_serve_hub *h);
 int ms_serve_hub_stop_requested(const ms_serve_hub *h);
-/* Installs SIGTERM and SIGINT handlers that call ms_serve_hub_request_stop(h). */
+/* Installs SIGTERM, SIGINT and SIGUSR1 handlers that call ms_serve_hub_request_stop(h). */
 int ms_serve_hub_install_signals(ms_serve_hub *h);
 
 #endif

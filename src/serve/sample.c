@@ -1,6 +1,7 @@
 /* sample.c — the next token of each request of a batch (sample.h). */
 #include "serve/sample.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,10 +47,14 @@ static void pick_one(ms_sample *s, const ms_sample_seq *q, ms_sample_pick *p)
     p->n_top = 0;
     if (!q->logits) return;
     const float *lg = q->logits;
-    if (ms_sampler_has_penalties(q->params)) {
+    int pen = ms_sampler_has_penalties(q->params);
+    if (pen || q->n_bias > 0 || q->n_mask > 0) { /* logprobs stay the model's own */
         memcpy(s->pen_logits, lg, sizeof(float) * (size_t)s->vocab);
-        ms_sampler_apply_penalties(s->pen_logits, s->vocab, q->params, q->ids, q->n_prompt,
-                                   q->n_ids, s->pen_mark);
+        if (pen)
+            ms_sampler_apply_penalties(s->pen_logits, s->vocab, q->params, q->ids, q->n_prompt,
+                                       q->n_ids, s->pen_mark);
+        for (int i = 0; i < q->n_bias; i++) s->pen_logits[q->bias_ids[i]] += q->bias[i];
+        for (int i = 0; i < q->n_mask; i++) s->pen_logits[q->mask_ids[i]] = -INFINITY;
         lg = s->pen_logits;
     }
     p->token = ms_sampler_pick(lg, s->vocab, q->params, q->rng, &s->sc);

@@ -28,6 +28,11 @@ typedef struct ms_sample_seq {
     const int32_t *ids;            /* prompt + generated so far (penalties) */
     int64_t n_prompt, n_ids;
     int top_logprobs;              /* -1: none; 0: the chosen token's; n: and the n best */
+    int n_bias;                    /* logit_bias: bias[i] added to bias_ids[i]'s logit */
+    const int32_t *bias_ids;       /* [n_bias] (borrowed) */
+    const float *bias;             /* [n_bias] */
+    int n_mask;                    /* min_new_tokens not reached: these ids (EOS, stop ids) -inf */
+    const int32_t *mask_ids;       /* [n_mask] (borrowed) */
 } ms_sample_seq;
 
 typedef struct ms_sample_pick {

@@ -4,6 +4,7 @@
 #include "base/log.h"
 #include "base/util.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,8 @@ struct req {
     int state;
     int64_t step_n;          /* tokens to feed in the step being built */
     int64_t seq;             /* arrival order */
+    int32_t mask_ids[MS_REQ_MAX_STOP_IDS + 1]; /* masked while n_out < in.min_new: EOS, stop ids */
+    int n_mask;
     struct req *next;        /* in the waiting or running list */
 };
 
@@ -143,9 +146,17 @@ int ms_sched_add(ms_sched *s, const ms_req_params *in, ms_errbuf *err)
                       "prompt + max_tokens = %lld tokens exceeds the KV pool of %lld tokens per DP "
                       "rank (--max-total-tokens, or --mem-fraction-static of the memory)",
                       (long long)need, (long long)s->st.total_tokens);
+    for (int i = 0; i < in->n_bias; i++)
+        if (in->bias_ids[i] < 0 || in->bias_ids[i] >= s->p.vocab)
+            return ms_err(err, MS_EINVAL, "logit_bias token %d is outside the vocabulary (%lld)",
+                          in->bias_ids[i], (long long)s->p.vocab);
     struct req *r = calloc(1, sizeof *r);
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
     r->in = *in;
+    if (!in->ignore_eos && s->p.eos_id >= 0) r->mask_ids[r->n_mask++] = (int32_t)s->p.eos_id;
+    for (int i = 0; i < in->n_stop_ids; i++)
+        if (in->stop_ids[i] >= 0 && in->stop_ids[i] < s->p.vocab)
+            r->mask_ids[r->n_mask++] = in->stop_ids[i];
     r->in.ids = NULL;
     r->cap_ids = in->n_ids + in->max_new + 1; /* decode never reallocates */
     r->ids = malloc(sizeof(int32_t) * (size_t)r->cap_ids);
@@ -442,6 +453,11 @@ int ms_sched_to_sample(ms_sched *s, const ms_sample_seq **seqs)
         q->n_prompt = r->n_prompt;
         q->n_ids = r->n_ids;
         q->top_logprobs = r->in.top_logprobs;
+        q->n_bias = r->in.n_bias;
+        q->bias_ids = r->in.bias_ids;
+        q->bias = r->in.bias;
+        q->n_mask = r->n_out < r->in.min_new ? r->n_mask : 0; /* min_new_tokens: no stop before it */
+        q->mask_ids = r->mask_ids;
     }
     *seqs = s->to_sample;
     return s->n_batch;

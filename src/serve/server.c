@@ -6,8 +6,11 @@
  * the weights, size the KV pools, then rank 0 opens the HTTP port last, so
  * /health answering means the whole world is ready.  Ranks other than 0 just
  * follow rank 0's steps.  Rank 0 sleeps on the hub's eventfd while nothing
- * runs anywhere (no CPU at idle).  SIGTERM drains: new requests get 503, running
- * ones finish, then every rank exits.  Main thread only.
+ * runs anywhere (no CPU at idle).  SIGTERM, SIGINT (or SIGUSR1, what the
+ * self-relaunch's supervisor sends through mpirun: comm_launch.c) drains: new
+ * requests get 503, running ones finish (within --shutdown-timeout, default
+ * no limit as SGLang), then every rank exits 0; a second signal stops at once.
+ * Main thread only.
  */
 #include "base/log.h"
 #include "base/util.h"
@@ -21,6 +24,7 @@
 #include "tools/commands.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +35,7 @@ struct serve_opts {
     ms_engine_opts eo;
     ms_frontend_opts fo;
     double comm_timeout_s;
-    double drain_timeout_s;
+    double shutdown_timeout_s; /* --shutdown-timeout: 0 = no limit */
     int skip_warmup; /* --skip-server-warmup */
 };
 
@@ -59,6 +63,9 @@ static void usage(FILE *f)
             "  --max-tree-size N                 router prefix tree: tokens per DP rank (4194304)\n"
             "  --ep-dispatch-dtype fp32|bf16     MoE all-to-all payload precision\n"
             "  --comm-timeout-s S                deadline of one collective (default 60)\n"
+            "  --shutdown-timeout S              after SIGTERM/SIGINT, running requests may take\n"
+            "                                    S s to finish, then are aborted (default 0: no\n"
+            "                                    limit, as SGLang; a second signal stops at once)\n"
             "  --skip-server-warmup              start without the warm-up (prepacking the\n"
             "                                    BF16 weights for prefill GEMMs and one\n"
             "                                    2048-token prompt, else paid by the first\n"
@@ -77,7 +84,6 @@ static int parse_kept(void *ctx, int argc, char **argv)
     ms_engine_opts_init(&o->eo);
     ms_frontend_opts_init(&o->fo);
     o->comm_timeout_s = 60;
-    o->drain_timeout_s = 300;
     ms_errbuf err = {{0}};
     if (ms_launch_apply_env(&o->eo.launch, &err)) {
         fprintf(stderr, "serve: %s\n", err.msg);
@@ -155,6 +161,10 @@ static int parse_kept(void *ctx, int argc, char **argv)
             if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
             else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
             else goto bad;
+        } else if (!strcmp(a, "--shutdown-timeout")) {
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x >= 0 && x <= 1e7)) goto bad;
+            o->shutdown_timeout_s = x;
         } else if (!strcmp(a, "--comm-timeout-s")) {
             double x = strtod(v, &end);
             if (!*v || *end || !(x > 0)) goto bad;
@@ -272,6 +282,10 @@ static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)
     in.samp.repetition_penalty = sp->repetition_penalty;
     in.n_stop_ids = MS_MIN(sp->n_stop_ids, MS_REQ_MAX_STOP_IDS);
     memcpy(in.stop_ids, sp->stop_ids, sizeof(int32_t) * (size_t)in.n_stop_ids);
+    in.min_new = sp->min_new_tokens;
+    in.n_bias = MS_MIN(sp->n_logit_bias, MS_REQ_MAX_LOGIT_BIAS);
+    memcpy(in.bias_ids, sp->bias_ids, sizeof(int32_t) * (size_t)in.n_bias);
+    memcpy(in.bias, sp->bias, sizeof(float) * (size_t)in.n_bias);
     if (r->is_health_check) {
         in.max_new = 1;
         in.samp = (ms_sampler_params){.temperature = 0, .top_p = 1};
@@ -362,6 +376,30 @@ static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *
     ms_serve_hub_heartbeat(hub);
 }
 
+/* Stop signals that arrive while the model loads (rank 0), replayed into the
+ * hub once it exists; the other ranks ignore the supervisor's SIGUSR1 (they
+ * exit when rank 0 tells them to). */
+static volatile sig_atomic_t early_stops;
+
+static void on_early_stop(int sig)
+{
+    (void)sig;
+    early_stops++;
+}
+
+static void install_early_signals(int rank)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = rank == 0 ? on_early_stop : SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    if (rank == 0) {
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+    }
+}
+
 static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
 {
     int rc = 1;
@@ -371,7 +409,8 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     struct table t = {0};
     char path[1200];
     if (!ms_path_join(path, sizeof path, o->eo.model_path, "tokenizer.json") ||
-        ms_tokenizer_load(&tok, path, err)) {
+        ms_tokenizer_load(&tok, path, err) ||
+        ms_tokenizer_check_vocab(tok, ms_model_shape_of(ms_engine_model(e))->vocab, err)) {
         MS_LOG(MS_ERROR, "serve", "%s: %s (the server needs the model's tokenizer.json)", path,
                err->msg);
         goto out;
@@ -382,6 +421,7 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     fill_info(e, o, &info);
     if (!(hub = ms_serve_hub_new(&info, err))) goto out;
     ms_serve_hub_install_signals(hub);
+    for (int i = 0; i < early_stops && i < 2; i++) ms_serve_hub_request_stop(hub);
     struct thr th = {0};
     publish(e, hub, 0, &th);
     if (ms_frontend_open(&fe, &o->fo, hub, &codec, err)) {
@@ -396,7 +436,9 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     int draining = 0;
     double drain_deadline = 0;
     for (;;) {
-        if (!ms_engine_busy(e)) ms_serve_hub_wait(hub, draining ? 50 : 1000);
+        if (!ms_engine_busy(e) && !draining) ms_serve_hub_wait(hub, 1000);
+        else if (!ms_engine_busy(e)) /* the hub's wait returns at once once a stop is asked */
+            nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
         ms_serve_msg m;
         while (ms_serve_hub_pop(hub, &m)) {
             if (m.kind == MS_MSG_GENERATE) {
@@ -424,15 +466,20 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
                 ms_serve_req_unref(m.req);
             }
         }
-        if (!draining && ms_serve_hub_stop_requested(hub)) {
-            MS_LOG(MS_INFO, "serve", "stop requested: draining %zu running requests", t.n);
+        int stops = ms_serve_hub_stop_requested(hub);
+        if (!draining && stops) {
+            MS_LOG(MS_INFO, "serve", "stop requested: draining %zu running requests%s", t.n,
+                   o->shutdown_timeout_s > 0 ? "" : " (no time limit; a second signal stops now)");
             ms_frontend_begin_drain(fe);
             draining = 1;
-            drain_deadline = ms_now_s() + o->drain_timeout_s;
+            drain_deadline = o->shutdown_timeout_s > 0 ? ms_now_s() + o->shutdown_timeout_s : 0;
         }
-        if (draining && ((t.n == 0 && ms_frontend_live_requests(fe) == 0 && !ms_engine_busy(e)) ||
-                         ms_now_s() > drain_deadline))
+        if (draining && t.n == 0 && ms_frontend_live_requests(fe) == 0 && !ms_engine_busy(e)) break;
+        if (draining && (stops > 1 || (drain_deadline > 0 && ms_now_s() > drain_deadline))) {
+            MS_LOG(MS_WARN, "serve", "%s: aborting %zu running requests",
+                   stops > 1 ? "second stop signal" : "--shutdown-timeout reached", t.n);
             break;
+        }
         if (!ms_engine_busy(e)) continue;
         if (ms_engine_step(e, err)) {
             MS_LOG(MS_ERROR, "serve", "step failed: %s", err->msg);
@@ -445,6 +492,9 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     rc = 0;
 out:
     while (t.n) drop(&t, &t.v[0], MS_FINISH_ABORT, -1, "server shutting down");
+    /* the connections write their final frames (finish_reason abort) before the close */
+    for (double end = ms_now_s() + 2; fe && ms_frontend_live_requests(fe) && ms_now_s() < end;)
+        nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
     free(t.v);
     ms_frontend_close(fe);
     ms_serve_hub_free(hub);
@@ -474,6 +524,7 @@ int ms_cmd_serve(int argc, char **argv)
         return rc;
     if (rank == 0) ms_flag_screen_warn(&o.screen, "serve");
     rc = 1;
+    install_early_signals(rank);
     ms_engine *e = NULL;
     if (ms_engine_boot(&e, &o.eo, o.skip_warmup, MS_ENGINE_WARMUP_TOKENS, &err)) {
         MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);

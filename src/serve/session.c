@@ -39,6 +39,8 @@ static void buf_add(char **b, size_t *n, size_t *cap, const char *s, size_t k, i
 static void emit_frame(ms_session *s, json_t *obj)
 {
     size_t n = 0;
+    json_t *ch = json_array_get(json_object_get(obj, "choices"), 0);
+    if (ch && s->index) json_object_set_new(ch, "index", json_integer(s->index));
     char *f = ms_api_sse_frame(obj, &n);
     json_decref(obj);
     if (!f) return;
@@ -95,7 +97,7 @@ void ms_session_deinit(ms_session *s)
 }
 
 /* Logprob entries of one token batch, in the route's format. */
-static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, size_t text_off)
+static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, const int64_t *text_off)
 {
     if (!s->api.logprobs) return NULL;
     if (s->api.kind == MS_API_CHAT) {
@@ -121,7 +123,7 @@ static json_t *lp_piece(ms_session *s, const ms_serve_tok *t, size_t k, size_t t
                                 json_object_get(te, "logprob"));
             json_array_append_new(json_object_get(p, "top_logprobs"), top);
             json_array_append_new(json_object_get(p, "text_offset"),
-                                  json_integer((json_int_t)text_off));
+                                  json_integer((json_int_t)text_off[i]));
             json_decref(e);
         }
         const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
@@ -233,6 +235,7 @@ static void finish_stream(ms_session *s)
         emit_frame(s, json_pack("{s:s%,s:o,s:i}", "text", s->text ? s->text : "", s->n_text,
                                 "meta_info", generate_meta(s), "index", 0));
     }
+    if (s->quiet_end) return;
     if (s->api.include_usage && s->api.kind != MS_API_GENERATE) {
         json_t *u =
             ms_api_usage(s->n_prompt, (int64_t)s->n_taken, ms_serve_req_cached_tokens(s->req));
@@ -264,6 +267,17 @@ static void done(ms_session *s, int kind)
         t1 > 0 ? t1 - s->req->t_arrival_s : -1.0, now - s->req->t_arrival_s, kind);
 }
 
+void ms_session_abandon(ms_session *s)
+{
+    if (s->finish) return;
+    s->finish = MS_SERVE_FINISH_ABORT;
+    double t1 = ms_serve_req_t_first_token(s->req);
+    ms_metrics_observe_request(s->metrics, s->n_prompt, (int64_t)s->n_taken,
+                               ms_serve_req_cached_tokens(s->req),
+                               t1 > 0 ? t1 - s->req->t_arrival_s : -1.0,
+                               ms_now_s() - s->req->t_arrival_s, MS_SERVE_FINISH_ABORT);
+}
+
 int ms_session_step(ms_session *s, int timeout_ms)
 {
     if (s->finish) return 1;
@@ -282,13 +296,16 @@ int ms_session_step(ms_session *s, int timeout_ms)
             ms_metrics_observe_itl(s->metrics, now - s->t_prev, (int64_t)k);
         s->t_prev = now;
     }
-    size_t off0 = s->n_text;
+    int64_t offs[TAKE_BATCH]; /* completions' text_offset: characters before each token */
     int stopped = 0;
     size_t used = 0;
     const char *d;
     size_t n;
     for (size_t i = 0; i < k && !stopped; i++) {
         json_array_append_new(s->out_ids, json_integer(toks[i].id));
+        for (; s->off_bytes < s->detok.n_text; s->off_bytes++) /* code points, as OpenAI's */
+            s->off_chars += ((unsigned char)s->detok.text[s->off_bytes] & 0xc0) != 0x80;
+        offs[used] = s->off_chars;
         used++;
         int rc = ms_detok_push(&s->detok, toks[i].id, &d, &n);
         if (rc < 0) { /* a token id outside the codec: an engine bug; end the request */
@@ -306,10 +323,10 @@ int ms_session_step(ms_session *s, int timeout_ms)
     s->n_taken += used;
     if (group) { /* one frame: the chunk's text with its logprobs */
         on_text(s, s->chunk ? s->chunk : "", s->n_chunk, 0,
-                used ? lp_piece(s, toks, used, off0) : NULL);
+                used ? lp_piece(s, toks, used, offs) : NULL);
         s->n_chunk = 0;
     } else if (used) {
-        json_t *lp = lp_piece(s, toks, used, off0);
+        json_t *lp = lp_piece(s, toks, used, offs);
         if (lp && s->api.stream)
             on_text(s, "", 0, 0, lp);
         else

@@ -25,9 +25,13 @@ typedef struct ms_session {
     char model[MS_API_MAX_MODEL_NAME];
     int64_t n_prompt;
     size_t n_taken;  /* tokens read from the channel */
+    size_t off_bytes;  /* bytes of detok.text counted into off_chars */
+    int64_t off_chars; /* characters (code points) decoded before the next token */
     int finish;      /* enum ms_serve_finish once done, else 0 */
     int stop_string; /* index of the matched stop string, -1 none */
     int sent_role, sent_final;
+    int index;     /* the choice this session is (choices.h), in each chunk */
+    int quiet_end; /* no usage chunk and [DONE] at the end: choices.c sends them once */
     double t_prev; /* time of the previous token batch (ITL) */
     /* accumulated output (non-stream bodies, /generate's cumulative text) */
     char *text;
@@ -53,6 +57,8 @@ void ms_session_deinit(ms_session *s);
  * SSE frames to the pending buffer.  Returns 1 once the request is finished
  * (all frames incl. [DONE] queued), 0 otherwise, negative on error. */
 int ms_session_step(ms_session *s, int timeout_ms);
+/* The client went away before the finish: the request counts as aborted. */
+void ms_session_abandon(ms_session *s);
 /* Non-stream: the response body (malloc'ed) and HTTP status after finish. */
 char *ms_session_body(ms_session *s, int *http_status, size_t *len);
 /* Stream: copies up to max pending bytes into buf; returns the count. */

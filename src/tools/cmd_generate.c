@@ -278,8 +278,10 @@ static int load_prompts(struct opts *o, const ms_model_shape *c, struct seq **ou
         FILE *tf = fopen(path, "r");
         if (tf) {
             fclose(tf);
-            if (ms_tokenizer_load(&tok, path, &err)) {
+            if (ms_tokenizer_load(&tok, path, &err) ||
+                ms_tokenizer_check_vocab(tok, c->vocab, &err)) {
                 fprintf(stderr, "generate: %s: %s\n", path, err.msg);
+                ms_tokenizer_free(tok);
                 return -1;
             }
         }
