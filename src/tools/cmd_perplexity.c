@@ -343,9 +343,10 @@ static int submit(ms_engine *e, const struct opts *o, const struct text *t, int3
     size_t start = (size_t)(w * o->stride);
     prompt[0] = t->bos >= 0 ? t->bos : t->ids[start];
     for (int64_t j = 1; j <= pos; j++) prompt[j] = t->ids[start + (size_t)j];
-    ms_sched_input in = {.id = id, .ids = prompt, .n_ids = pos + 1, .max_new = 1,
-                         .samp = {.top_p = 1.0f}, .ignore_eos = 1, .top_logprobs = -1};
-    return ms_engine_submit(e, &in, -1, err);
+    ms_req_params in = {.id = id, .ids = prompt, .n_ids = pos + 1, .max_new = 1,
+                        .samp = {.top_p = 1.0f}, .ignore_eos = 1, .top_logprobs = -1,
+                        .dp_rank = -1};
+    return ms_engine_submit(e, &in, err);
 }
 
 struct run {
