@@ -194,7 +194,7 @@ static void *echo_main(void *arg)
         }
         for (int i = 0; i < e->n; i++) {
             echo_slot *s = &e->slots[i];
-            const ms_serve_sampling *sp = &s->r->sampling;
+            const ms_req_params *sp = &s->r->params;
             int32_t len = s->end - s->begin, tok;
             if (s->n_gen < len)
                 tok = s->r->input_ids[s->begin + s->n_gen];
@@ -215,7 +215,7 @@ static void *echo_main(void *arg)
             for (int j = 0; j < sp->n_stop_ids; j++) stop_id |= sp->stop_ids[j] == tok;
             if (tok == TC_EOS || stop_id)
                 echo_drop(e, i--, MS_SERVE_FINISH_STOP, tok, NULL);
-            else if (s->n_gen >= sp->max_new_tokens)
+            else if (s->n_gen >= sp->max_new)
                 echo_drop(e, i--, MS_SERVE_FINISH_LENGTH, -1, NULL);
         }
         ms_dp_load ld = {.num_running_reqs = e->n,

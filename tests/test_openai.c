@@ -42,14 +42,14 @@ TEST(parse_chat_fields)
             "\"stream_options\":{\"include_usage\":true},\"logprobs\":true,\"top_logprobs\":3,"
             "\"stop_token_ids\":[1,2],\"ignore_eos\":true,\"rid\":\"abc\",\"n\":1,\"user\":\"u\"}",
             &r, &e, &param) == 0);
-    CHECK(r.sampling.max_new_tokens == 7 && r.max_tokens_given);
-    CHECK_NEAR(r.sampling.temperature, 0.5, 1e-6);
-    CHECK_NEAR(r.sampling.top_p, 0.9, 1e-6);
-    CHECK(r.sampling.top_k == 20 && r.sampling.has_seed && r.sampling.seed == (uint64_t)-3);
+    CHECK(r.params.max_new == 7 && r.max_tokens_given);
+    CHECK_NEAR(r.params.samp.temperature, 0.5, 1e-6);
+    CHECK_NEAR(r.params.samp.top_p, 0.9, 1e-6);
+    CHECK(r.params.samp.top_k == 20 && r.seed_given && r.params.seed == (uint64_t)-3);
     CHECK(r.n_stops == 1 && !strcmp(r.stops[0], "S"));
     CHECK(r.stream && r.include_usage && r.logprobs && r.top_logprobs == 3);
-    CHECK(r.sampling.logprobs && r.sampling.top_logprobs == 3);
-    CHECK(r.sampling.n_stop_ids == 2 && r.sampling.stop_ids[1] == 2 && r.sampling.ignore_eos);
+    CHECK(r.logprobs && r.params.top_logprobs == 3);
+    CHECK(r.params.n_stop_ids == 2 && r.params.stop_ids[1] == 2 && r.params.ignore_eos);
     CHECK(!strcmp(r.rid, "abc") && !strcmp(r.model, "m"));
     CHECK(r.text && r.parse_special &&
           !strcmp(r.text, MS_CHAT_BOS MS_CHAT_USER "hi" MS_CHAT_ASSISTANT));
@@ -148,7 +148,7 @@ TEST(context_rules)
     int32_t ids[120] = {0};
     /* completions default max_tokens is 16 (given) */
     CHECK(parse(MS_API_COMPLETION, "{\"prompt\":\"x\"}", &r, &e, &param) == 0);
-    CHECK(ms_api_check_input(&r, ids, 83, &cfg, &e) == 0 && r.sampling.max_new_tokens == 16);
+    CHECK(ms_api_check_input(&r, ids, 83, &cfg, &e) == 0 && r.params.max_new == 16);
     CHECK(ms_api_check_input(&r, ids, 84, &cfg, &e) == MS_ECONTEXT);
     CHECK(
         strstr(e.msg, "maximum context length of 100 tokens. You requested a total of 100 tokens: "
@@ -164,11 +164,11 @@ TEST(context_rules)
     /* chat without max_tokens: fills the rest of the context */
     CHECK(parse(MS_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e,
                 &param) == 0);
-    CHECK(ms_api_check_input(&r, ids, 30, &cfg, &e) == 0 && r.sampling.max_new_tokens == 69);
+    CHECK(ms_api_check_input(&r, ids, 30, &cfg, &e) == 0 && r.params.max_new == 69);
     ms_api_req_deinit(&r);
     /* /generate default 128 is clipped to the room left */
     CHECK(parse(MS_API_GENERATE, "{\"input_ids\":[1,2]}", &r, &e, &param) == 0);
-    CHECK(ms_api_check_input(&r, ids, 2, &cfg, &e) == 0 && r.sampling.max_new_tokens == 97);
+    CHECK(ms_api_check_input(&r, ids, 2, &cfg, &e) == 0 && r.params.max_new == 97);
     ms_api_req_deinit(&r);
 }
 
@@ -225,8 +225,8 @@ TEST(channel_and_queue)
     CHECK(h);
     in.n_dp = 0;
     CHECK(ms_serve_hub_new(&in, &e) == NULL);
-    ms_serve_sampling s;
-    ms_serve_sampling_init(&s);
+    ms_req_params s;
+    ms_req_params_init(&s);
     s.top_logprobs = 2;
     int32_t ids[3] = {1, 2, 3};
     ms_serve_req *r = ms_serve_req_new("r1", ids, 3, &s);

@@ -152,11 +152,24 @@ TEST(malformed_refused)
     free(scratch);
 }
 
+/* The front end starts every request from these (serve/openai.c, http.c). */
+TEST(params_defaults)
+{
+    ms_req_params p;
+    memset(&p, 0x5a, sizeof p);
+    ms_req_params_init(&p);
+    CHECK(p.max_new == 128 && p.top_logprobs == -1 && p.dp_rank == -1);
+    CHECK(p.samp.temperature == 1.0f && p.samp.top_p == 1.0f && p.samp.top_k == -1);
+    CHECK(p.samp.repetition_penalty == 1.0f && p.samp.min_p == 0 && p.samp.presence_penalty == 0);
+    CHECK(p.n_stop_ids == 0 && p.n_bias == 0 && p.min_new == 0 && !p.ignore_eos && !p.ids);
+}
+
 int main(void)
 {
     RUN(round_trip_every_field);
     RUN(records_in_sequence_and_empty_ids);
     RUN(version_mismatch_refused);
     RUN(malformed_refused);
+    RUN(params_defaults);
     return TEST_REPORT();
 }

@@ -41,8 +41,8 @@ int ms_choices_init(ms_choices *c, ms_api_req *api, const int32_t *ids, int32_t 
         }
     for (int i = 0; i < n; i++) {
         ms_api_req *a = i == 0 ? api : &extra[i - 1];
-        ms_serve_sampling sp = a->sampling;
-        if (sp.has_seed) sp.seed += (uint64_t)i; /* distinct, reproducible samples */
+        ms_req_params sp = a->params;
+        sp.seed += (uint64_t)i; /* distinct samples, reproducible for a given seed */
         char sub[MS_SERVE_RID_MAX];
         snprintf(sub, sizeof sub, i ? "%.*s-%d" : "%.*s", MS_SERVE_RID_MAX - 8, rid, i);
         ms_serve_req *r = ms_serve_req_new(sub, ids, n_ids, &sp);

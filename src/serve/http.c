@@ -291,7 +291,7 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         snprintf(rid, sizeof rid, "%s", api.rid);
     else
         make_rid(fe, kind, rid, sizeof rid);
-    int32_t max_new = api.sampling.max_new_tokens;
+    int32_t max_new = (int32_t)api.params.max_new;
     c->ch = calloc(1, sizeof *c->ch);
     if (!c->ch) {
         rc = ms_err(&e, MS_ENOMEM, "out of memory");
@@ -349,10 +349,10 @@ static enum MHD_Result do_health_generate(ms_frontend *fe, struct conn *c)
 {
     if (atomic_load(&fe->draining) || atomic_load(&fe->unhealthy))
         return send_error(c, 503, "unhealthy", NULL);
-    ms_serve_sampling s;
-    ms_serve_sampling_init(&s);
-    s.max_new_tokens = 1;
-    s.temperature = 0;
+    ms_req_params s;
+    ms_req_params_init(&s);
+    s.max_new = 1;
+    s.samp.temperature = 0;
     char rid[64];
     snprintf(rid, sizeof rid, "HEALTH_CHECK_%lu", atomic_fetch_add(&fe->seq, 1));
     int32_t zero = 0;
@@ -434,8 +434,8 @@ static json_t *server_info(ms_frontend *fe)
 
 static enum MHD_Result do_flush(ms_frontend *fe, struct conn *c)
 {
-    ms_serve_sampling s;
-    ms_serve_sampling_init(&s);
+    ms_req_params s;
+    ms_req_params_init(&s);
     ms_serve_req *r = ms_serve_req_new("FLUSH_CACHE", NULL, 0, &s);
     if (!r) return send_error(c, 503, "out of memory", NULL);
     int fin = 0;

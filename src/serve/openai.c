@@ -196,38 +196,38 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
     int rc = 0;
     int64_t iv;
     double dv;
-    ms_serve_sampling *s = &r->sampling;
+    ms_req_params *s = &r->params;
     if ((rc = refuse_unsupported(o, strict, e, param))) return rc;
     const char *keys[2] = {max_key, max_key2};
     for (int k = 0; k < 2; k++) {
         if (!keys[k]) continue;
         if ((rc = get_int(o, keys[k], 1, INT32_MAX, &iv, e)) < 0) FAILK(keys[k], MS_EINVAL);
         if (rc) {
-            s->max_new_tokens = (int32_t)iv;
+            s->max_new = iv;
             r->max_tokens_given = 1;
         }
     }
     if ((rc = get_num(o, "temperature", 0, 100, 0, &dv, e)) < 0) FAILK("temperature", MS_EINVAL);
-    if (rc) s->temperature = (float)dv;
+    if (rc) s->samp.temperature = (float)dv;
     if ((rc = get_num(o, "top_p", 0, 1, 1, &dv, e)) < 0) FAILK("top_p", MS_EINVAL);
-    if (rc) s->top_p = (float)dv;
+    if (rc) s->samp.top_p = (float)dv;
     if ((rc = get_int(o, "top_k", -1, INT32_MAX, &iv, e)) < 0) FAILK("top_k", MS_EINVAL);
-    if (rc) s->top_k = iv == 0 ? -1 : (int32_t)iv;
+    if (rc) s->samp.top_k = iv == 0 ? -1 : (int32_t)iv;
     if ((rc = get_num(o, "min_p", 0, 1, 0, &dv, e)) < 0) FAILK("min_p", MS_EINVAL);
-    if (rc) s->min_p = (float)dv;
+    if (rc) s->samp.min_p = (float)dv;
     if ((rc = get_num(o, "frequency_penalty", -2, 2, 0, &dv, e)) < 0)
         FAILK("frequency_penalty", MS_EINVAL);
-    if (rc) s->frequency_penalty = (float)dv;
+    if (rc) s->samp.frequency_penalty = (float)dv;
     if ((rc = get_num(o, "presence_penalty", -2, 2, 0, &dv, e)) < 0)
         FAILK("presence_penalty", MS_EINVAL);
-    if (rc) s->presence_penalty = (float)dv;
+    if (rc) s->samp.presence_penalty = (float)dv;
     if ((rc = get_num(o, "repetition_penalty", 0, 2, 1, &dv, e)) < 0)
         FAILK("repetition_penalty", MS_EINVAL);
-    if (rc) s->repetition_penalty = (float)dv;
+    if (rc) s->samp.repetition_penalty = (float)dv;
     if ((rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &iv, e)) < 0) FAILK("seed", MS_EINVAL);
     if (rc) {
         s->seed = (uint64_t)iv;
-        s->has_seed = 1;
+        r->seed_given = 1;
     }
     if ((rc = get_bool(o, "ignore_eos", &s->ignore_eos, e)) < 0) FAILK("ignore_eos", MS_EINVAL);
     if ((rc = get_bool(o, "skip_special_tokens", &r->skip_special_tokens, e)) < 0)
@@ -246,10 +246,10 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
     const char *min_key =
         max_key && !strcmp(max_key, "max_new_tokens") ? "min_new_tokens" : "min_tokens";
     if ((rc = get_int(o, min_key, 0, INT32_MAX, &iv, e)) < 0) FAILK(min_key, MS_EINVAL);
-    if (rc) s->min_new_tokens = (int32_t)iv;
-    if (r->max_tokens_given && s->min_new_tokens > s->max_new_tokens)
-        FAIL(min_key, MS_EINVAL, "'%s' (%d) exceeds the maximum tokens (%d)", min_key,
-             s->min_new_tokens, s->max_new_tokens);
+    if (rc) s->min_new = iv;
+    if (r->max_tokens_given && s->min_new > s->max_new)
+        FAIL(min_key, MS_EINVAL, "'%s' (%lld) exceeds the maximum tokens (%lld)", min_key,
+             (long long)s->min_new, (long long)s->max_new);
     const json_t *lb = json_object_get(o, "logit_bias");
     if (lb && !json_is_null(lb)) {
         if (!json_is_object(lb))
@@ -271,8 +271,8 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
             if (!json_is_number(v) || !(b >= -100 && b <= 100))
                 FAIL("logit_bias", MS_EINVAL,
                      "'logit_bias' values must be numbers in [-100, 100] (token %lld)", id);
-            s->bias_ids[s->n_logit_bias] = (int32_t)id;
-            s->bias[s->n_logit_bias++] = (float)b;
+            s->bias_ids[s->n_bias] = (int32_t)id;
+            s->bias[s->n_bias++] = (float)b;
         }
     }
     const json_t *sid = json_object_get(o, "stop_token_ids");
@@ -287,7 +287,7 @@ static int get_sampling(ms_api_req *r, const json_t *o, const char *max_key, con
         if ((rc = get_ids(sid, "stop_token_ids", cfg->vocab_size, &ids, &n, e)) < 0)
             FAILK("stop_token_ids", rc);
         memcpy(s->stop_ids, ids, n * sizeof *ids);
-        s->n_stop_ids = (int32_t)n;
+        s->n_stop_ids = (int)n;
         free(ids);
     }
     rc = 0;
@@ -376,7 +376,7 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
 {
     int rc = 0;
     memset(r, 0, sizeof *r);
-    ms_serve_sampling_init(&r->sampling);
+    ms_req_params_init(&r->params);
     r->kind = kind;
     r->skip_special_tokens = 1;
     if (param) *param = NULL;
@@ -412,7 +412,7 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
         if ((rc = parse_chat(r, b, cfg, e, param))) goto out;
     } else if (kind == MS_API_COMPLETION) {
         if ((rc = get_sampling(r, b, "max_tokens", NULL, cfg, e, param, 0))) goto out;
-        r->sampling.max_new_tokens = r->max_tokens_given ? r->sampling.max_new_tokens : 16;
+        r->params.max_new = r->max_tokens_given ? r->params.max_new : 16;
         r->max_tokens_given = 1; /* OpenAI's completions default is 16 */
         int64_t lp = 0;
         if ((rc = get_int(b, "logprobs", 0, MS_SERVE_MAX_TOP_LOGPROBS, &lp, e)) < 0)
@@ -463,8 +463,8 @@ int ms_api_parse(ms_api_req *r, enum ms_api_kind kind, const char *body, size_t 
         if (ids && (rc = get_ids(ids, "input_ids", cfg->vocab_size, &r->ids, &r->n_ids, e)))
             FAILK("input_ids", rc);
     }
-    r->sampling.logprobs = r->logprobs;
-    r->sampling.top_logprobs = r->top_logprobs;
+    r->params.top_logprobs = r->logprobs ? r->top_logprobs : -1;
+    if (!r->seed_given) r->params.seed = ms_serve_random_seed();
     rc = 0;
 out:
     json_decref(b);
@@ -496,13 +496,11 @@ int ms_api_check_input(ms_api_req *r, const int32_t *ids, size_t n_ids, const ms
                       (long long)n, (long long)ctx);
     if (!r->max_tokens_given) {
         int64_t room = ctx - 1 - n;
-        if (r->kind != MS_API_GENERATE || r->sampling.max_new_tokens > room)
-            r->sampling.max_new_tokens = (int32_t)(room < 1           ? 1
-                                                   : room > INT32_MAX ? INT32_MAX
-                                                                      : room);
+        if (r->kind != MS_API_GENERATE || r->params.max_new > room)
+            r->params.max_new = room < 1 ? 1 : room > INT32_MAX ? INT32_MAX : room;
         return 0;
     }
-    int64_t m = r->sampling.max_new_tokens;
+    int64_t m = r->params.max_new;
     if (m + n >= ctx)
         return ms_err(e, MS_ECONTEXT,
                       "Requested token count exceeds the model's maximum context length of %lld "

@@ -33,8 +33,9 @@ typedef struct ms_api_req {
     int parse_special; /* special-token strings in text are tokens (chat) */
     int32_t *ids;      /* given input ids (completions/generate), or NULL */
     size_t n_ids;
-    ms_serve_sampling sampling;
+    ms_req_params params; /* sampling, stops, limits; ids/id/dp_rank unset here */
     int max_tokens_given;
+    int seed_given;       /* 'seed' was in the request (else params.seed is random) */
     char *stops[MS_SERVE_MAX_STOPS];
     int n_stops;
     int stream, include_usage, continuous_usage;

@@ -33,7 +33,7 @@ struct ms_serve_req_priv {
     char msg[256];
     size_t n, cap;
     int32_t *ids;     /* [cap] */
-    float *lps;       /* [cap] when sampling.logprobs */
+    float *lps;       /* [cap] */
     int32_t *top_ids; /* [cap][n_top] */
     float *top_lps;   /* [cap][n_top] */
     int32_t n_top;
@@ -41,20 +41,20 @@ struct ms_serve_req_priv {
     double t_first;
 };
 
-void ms_serve_sampling_init(ms_serve_sampling *s)
+uint64_t ms_serve_random_seed(void)
 {
-    memset(s, 0, sizeof *s);
-    s->max_new_tokens = 128;
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    s->top_k = -1;
-    s->repetition_penalty = 1.0f;
+    static _Atomic uint64_t n = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t k = atomic_fetch_add(&n, 1) + 1;
+    uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (k * 0x9e3779b97f4a7c15ull);
+    return ms_rng_next(&s);
 }
 
 ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_input,
-                               const ms_serve_sampling *s)
+                               const ms_req_params *params)
 {
-    if (n_input < 0 || n_input > MS_SERVE_MAX_INPUT_TOKENS || !s) return NULL;
+    if (n_input < 0 || n_input > MS_SERVE_MAX_INPUT_TOKENS || !params) return NULL;
     ms_serve_req *r = calloc(1, sizeof *r);
     struct ms_serve_req_priv *p = calloc(1, sizeof *p);
     if (!r || !p) goto fail;
@@ -66,10 +66,11 @@ ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_in
     if (!r->input_ids) goto fail;
     if (n_input) memcpy(r->input_ids, ids, sizeof(int32_t) * (size_t)n_input);
     r->n_input = n_input;
-    r->sampling = *s;
-    if (r->sampling.top_logprobs < 0) r->sampling.top_logprobs = 0;
-    if (r->sampling.top_logprobs > MS_SERVE_MAX_TOP_LOGPROBS)
-        r->sampling.top_logprobs = MS_SERVE_MAX_TOP_LOGPROBS;
+    r->params = *params;
+    r->params.ids = r->input_ids;
+    r->params.n_ids = n_input;
+    if (r->params.top_logprobs > MS_SERVE_MAX_TOP_LOGPROBS)
+        r->params.top_logprobs = MS_SERVE_MAX_TOP_LOGPROBS;
     r->dp_rank_hint = -1;
     r->t_arrival_s = ms_now_s();
     pthread_mutex_init(&p->mu, NULL);
@@ -81,7 +82,7 @@ ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_in
     atomic_init(&p->refs, 1);
     atomic_init(&p->aborted, 0);
     p->matched_stop = -1;
-    p->n_top = r->sampling.top_logprobs;
+    p->n_top = r->params.top_logprobs > 0 ? r->params.top_logprobs : 0;
     return r;
 fail:
     if (r) free(r->input_ids);

@@ -30,15 +30,16 @@
 #define MS_SERVE_REQUEST_H
 
 #include "base/error.h"
+#include "serve/wire.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 /* Named limits on client-controlled sizes (the front end validates against these). */
 #define MS_SERVE_RID_MAX          128 /* request id, bytes incl. NUL */
-#define MS_SERVE_MAX_STOP_IDS     16  /* stop_token_ids per request (= MS_SCHED_MAX_STOP_IDS) */
-#define MS_SERVE_MAX_TOP_LOGPROBS 20  /* top_logprobs per token (OpenAI's limit) */
-#define MS_SERVE_MAX_LOGIT_BIAS   64  /* logit_bias entries (= MS_REQ_MAX_LOGIT_BIAS) */
+#define MS_SERVE_MAX_STOP_IDS     MS_REQ_MAX_STOP_IDS    /* stop_token_ids per request */
+#define MS_SERVE_MAX_TOP_LOGPROBS MS_REQ_MAX_TOP_LOGPROBS /* top_logprobs per token (OpenAI's limit) */
+#define MS_SERVE_MAX_LOGIT_BIAS   MS_REQ_MAX_LOGIT_BIAS  /* logit_bias entries */
 #define MS_SERVE_MAX_DP           256 /* DP ranks described in engine info */
 #define MS_SERVE_MAX_INPUT_TOKENS (1 << 22) /* hard cap on input ids before the context check */
 
@@ -52,30 +53,8 @@ enum ms_serve_finish {
     MS_SERVE_FINISH_ERROR,    /* engine failure; message in finish_msg */
 };
 
-typedef struct ms_serve_sampling {
-    int32_t max_new_tokens;   /* >= 1; the front end already checked input + this < context */
-    float temperature;        /* 0 = greedy */
-    float top_p;              /* (0, 1], 1 = off */
-    int32_t top_k;            /* <= 0 = off */
-    float min_p;              /* [0, 1], 0 = off */
-    float frequency_penalty;  /* [-2, 2], 0 = off */
-    float presence_penalty;   /* [-2, 2], 0 = off */
-    float repetition_penalty; /* (0, 2], 1 = off */
-    uint64_t seed;            /* valid when has_seed */
-    int has_seed;
-    int ignore_eos;     /* do not stop on the model's EOS ids */
-    int32_t n_stop_ids; /* extra stop token ids (the token is generated, then finish STOP) */
-    int32_t stop_ids[MS_SERVE_MAX_STOP_IDS];
-    int logprobs;         /* push a logprob with each token */
-    int32_t top_logprobs; /* 0..MS_SERVE_MAX_TOP_LOGPROBS alternatives per token */
-    int32_t min_new_tokens; /* EOS and the stop ids are masked until this many are generated */
-    int32_t n_logit_bias;   /* logit_bias: bias[i] added to token bias_ids[i]'s logit */
-    int32_t bias_ids[MS_SERVE_MAX_LOGIT_BIAS];
-    float bias[MS_SERVE_MAX_LOGIT_BIAS];
-} ms_serve_sampling;
-
-/* Defaults: greedy off (temperature 1), everything else off. */
-void ms_serve_sampling_init(ms_serve_sampling *s);
+/* A seed for a request that gave none (clock and a counter mixed). */
+uint64_t ms_serve_random_seed(void);
 
 /* One generated token as the front end reads it back. */
 typedef struct ms_serve_tok {
@@ -95,7 +74,9 @@ typedef struct ms_serve_req {
     char rid[MS_SERVE_RID_MAX];
     int32_t *input_ids; /* [n_input], owned by the request */
     int32_t n_input;
-    ms_serve_sampling sampling;
+    ms_req_params params;           /* sampling, stops, limits (serve/wire.h); ids/n_ids
+                                     * point at input_ids; id and dp_rank are set at
+                                     * admission */
     int32_t dp_rank_hint;           /* X-Data-Parallel-Rank, or -1; validated < engine info n_dp */
     int is_health_check;            /* a /health_generate probe (1 token, greedy) */
     double t_arrival_s;             /* ms_now_s() when the HTTP request arrived */
@@ -107,7 +88,7 @@ typedef struct ms_serve_req {
 /* A request with a copy of the ids (n_input >= 0) and the given params.  NULL on
  * failure (ENOMEM or n_input over MS_SERVE_MAX_INPUT_TOKENS).  Refcount 1. */
 ms_serve_req *ms_serve_req_new(const char *rid, const int32_t *ids, int32_t n_input,
-                               const ms_serve_sampling *s);
+                               const ms_req_params *p);
 void ms_serve_req_ref(ms_serve_req *r);
 void ms_serve_req_unref(ms_serve_req *r); /* accepts NULL; frees at zero */
 
@@ -137,7 +118,7 @@ void ms_serve_req_mark_aborted(ms_serve_req *r);
 
 /* ---- engine side ---- */
 
-/* Appends one generated token; top_ids/top_lps hold sampling.top_logprobs
+/* Appends one generated token; top_ids/top_lps hold params.top_logprobs
  * entries (may be NULL when that is 0).  Wakes the front end.  Ignored after
  * finish.  Returns 0 or MS_ENOMEM (then the request is finished with ERROR). */
 int ms_serve_req_push(ms_serve_req *r, int32_t id, float logprob, const int32_t *top_ids,

@@ -259,33 +259,13 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
              ms_lb_name(o->eo.router.policy));
 }
 
-static uint64_t random_seed(uint64_t id)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (id * 0x9e3779b97f4a7c15ull);
-    return ms_rng_next(&s);
-}
-
 static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)
 {
-    const ms_serve_sampling *sp = &r->sampling;
-    ms_req_params in = {.id = id, .ids = r->input_ids, .n_ids = r->n_input,
-                         .max_new = sp->max_new_tokens, .ignore_eos = sp->ignore_eos,
-                         .seed = sp->has_seed ? sp->seed : random_seed(id),
-                         .top_logprobs = sp->logprobs ? sp->top_logprobs : -1,
-                         .dp_rank = r->dp_rank_hint};
-    in.samp = (ms_sampler_params){.temperature = sp->temperature, .top_p = sp->top_p,
-                                   .top_k = sp->top_k, .min_p = sp->min_p};
-    in.samp.frequency_penalty = sp->frequency_penalty;
-    in.samp.presence_penalty = sp->presence_penalty;
-    in.samp.repetition_penalty = sp->repetition_penalty;
-    in.n_stop_ids = MS_MIN(sp->n_stop_ids, MS_REQ_MAX_STOP_IDS);
-    memcpy(in.stop_ids, sp->stop_ids, sizeof(int32_t) * (size_t)in.n_stop_ids);
-    in.min_new = sp->min_new_tokens;
-    in.n_bias = MS_MIN(sp->n_logit_bias, MS_REQ_MAX_LOGIT_BIAS);
-    memcpy(in.bias_ids, sp->bias_ids, sizeof(int32_t) * (size_t)in.n_bias);
-    memcpy(in.bias, sp->bias, sizeof(float) * (size_t)in.n_bias);
+    ms_req_params in = r->params; /* the front end's, as it travels */
+    in.id = id;
+    in.ids = r->input_ids;
+    in.n_ids = r->n_input;
+    in.dp_rank = r->dp_rank_hint;
     if (r->is_health_check) {
         in.max_new = 1;
         in.samp = (ms_sampler_params){.temperature = 0, .top_p = 1};

@@ -30,6 +30,16 @@ static void get(struct cursor *c, void *v, size_t n)
     c->r += n;
 }
 
+void ms_req_params_init(ms_req_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->max_new = 128;
+    p->samp = (ms_sampler_params){.temperature = 1.0f, .top_p = 1.0f, .top_k = -1,
+                                  .repetition_penalty = 1.0f};
+    p->top_logprobs = -1;
+    p->dp_rank = -1;
+}
+
 size_t ms_wire_req_size(const ms_req_params *p)
 {
     int ns = p->n_stop_ids < 0 ? 0 : p->n_stop_ids;

@@ -45,6 +45,10 @@ typedef struct ms_req_params {
                              * in a control block, the DP rank chosen */
 } ms_req_params;
 
+/* Defaults: max_new 128, temperature 1, every other sampling rule off, no
+ * logprobs (-1), no stops, seed 0, dp_rank -1 (the router's choice). */
+void ms_req_params_init(ms_req_params *p);
+
 /* Bytes ms_wire_req_encode writes for p. */
 size_t ms_wire_req_size(const ms_req_params *p);
 /* Writes p's record at buf (cap bytes).  Returns 0, or MS_EINVAL (a count out of
