@@ -8,6 +8,8 @@ Kinds:
   GPU       GPU-only tuning: accepted, named in the one start-up warning line
   NOT_BUILT the feature is not built: refused, naming the flag, "not implemented"
   V4        a DeepSeek-V4 flag: refused on a V3 model, naming the flag and the model
+IMPL_VALUES: more values of IMPL flags that start a server on the V3 test model (the
+DeepSeek-V4 parsers: SGLang takes any parser with any model).
   MULTI     multi-node: refused with the mpirun command that does the same
 Each entry: flag -> a sample value (None: a switch; a list: several values).
 """
@@ -57,8 +59,9 @@ NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE", "EAGLE3", "NEXTN", "MTP
                     "--kv-cache-dtype": ["fp8_e5m2", "fp16"],
                     "--disaggregation-mode": ["decode"]}
 
+IMPL_VALUES = {"--tool-call-parser": ["deepseekv4"], "--reasoning-parser": ["deepseek-v4"]}
+
 V4 = {"--enable-deepseek-v4-fp4-indexer": None, "--compress-state-dtype": "bf16"}
-V4_VALUES = {"--tool-call-parser": "deepseekv4", "--reasoning-parser": "deepseek-v4"}
 
 MULTI = {"--nnodes": "2", "--node-rank": "0", "--dist-init-addr": "10.0.0.1:5000"}
 
@@ -70,8 +73,6 @@ def kind_of(flag, values):
     """The kind of one flag with its values (a list) as a recipe gives them, or None
     when the table does not know the flag."""
     v = values[0] if values else None
-    if flag in V4_VALUES and v == V4_VALUES[flag]:
-        return "V4"
     if flag in NOT_BUILT:
         if flag in IMPL and v == IMPL[flag]:
             return "IMPL"

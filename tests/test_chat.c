@@ -1,11 +1,14 @@
-/* test_chat.c — DeepSeek chat template rendering, the streaming tool-call and
- * reasoning parser (fed whole, byte by byte and in odd splits), and the
- * incremental detokenizer (partial UTF-8, stop strings across tokens). */
+/* test_chat.c — DeepSeek chat template rendering (V3.1's, and V4's against
+ * hand-written conversations shaped as the release's encoder fixtures), the
+ * streaming tool-call (V3.1 markers, V4 DSML) and reasoning parser (fed whole,
+ * byte by byte and in odd splits), and the incremental detokenizer (partial
+ * UTF-8, stop strings across tokens). */
 #include "echo_engine.h"
 #include "harness.h"
 #include "serve/chat.h"
 #include "serve/detok.h"
 #include "model/tokenizer.h"
+#include "tools/mkmodel_tok.h"
 
 #include <unistd.h>
 
@@ -124,7 +127,7 @@ TEST(template_errors)
     ms_errbuf e;
     char *out = NULL;
     size_t n;
-    ms_chat_opts o = {-1, 1};
+    ms_chat_opts o = {.thinking = -1, .add_generation_prompt = 1};
     CHECK(ms_chat_render(m, NULL, &o, &out, &n, &e) == 0 && n == strlen(out));
     free(out);
     json_decref(m);
@@ -132,7 +135,7 @@ TEST(template_errors)
 
 /* Feeds text in pieces of `step` bytes (0 = whole) and collects the results. */
 struct parsed {
-    char reasoning[512], content[512], name[8][64], args[8][256];
+    char reasoning[512], content[1024], name[8][64], args[8][256];
     int n_calls;
 };
 
@@ -239,6 +242,258 @@ TEST(reasoning_split)
     }
 }
 
+/* ---- DeepSeek-V4 (chat_v4.c, chat_dsml.c) ---- */
+
+#define D MS_CHAT_DSML
+/* The release's tools section, written out again by hand (encoding_dsv4.py TOOLS_TEMPLATE). */
+#define V4_TOOLS_HEAD                                                                              \
+    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can "   \
+    "invoke tools by writing a \"<" D "tool_calls>\" block like the following:\n\n<" D             \
+    "tool_calls>\n<" D "invoke name=\"$TOOL_NAME\">\n<" D                                          \
+    "parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</" D                \
+    "parameter>\n...\n</" D "invoke>\n<" D "invoke name=\"$TOOL_NAME2\">\n...\n</" D               \
+    "invoke>\n</" D "tool_calls>\n\nString parameters should be specified as is and set "          \
+    "`string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the value " \
+    "in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by "     \
+    "<think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool " \
+    "calls or final response.\n\nOtherwise, output directly after </think> with tool calls or "   \
+    "final response.\n\n### Available Tool Schemas\n\n"
+#define V4_TOOLS_TAIL                                                                              \
+    "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "    \
+    "tool calls.\n"
+#define V4_MAX                                                                                     \
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough "  \
+    "in your thinking and comprehensively decompose the problem to resolve the root cause, "       \
+    "rigorously stress-testing your logic against all potential paths, edge cases, and "           \
+    "adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting "  \
+    "every intermediate step, considered alternative, and rejected hypothesis to ensure "          \
+    "absolutely no assumption is left unchecked.\n\n"
+
+static char *render4(const char *msgs, const char *tools, int thinking, int effort, int agp,
+                     int *rc)
+{
+    json_error_t je;
+    json_t *m = json_loads(msgs, 0, &je), *t = tools ? json_loads(tools, 0, NULL) : NULL;
+    if (!m) fprintf(stderr, "  bad test JSON: %s at %d\n", je.text, je.column);
+    ms_chat_opts o = {.thinking = thinking, .add_generation_prompt = agp, .format = MS_CHAT_FMT_V4,
+                      .effort = effort};
+    char *out = NULL;
+    size_t n = 0;
+    ms_errbuf e;
+    *rc = m ? ms_chat_render(m, t, &o, &out, &n, &e) : -1;
+    if (*rc && m) fprintf(stderr, "  render4: %s\n", e.msg);
+    json_decref(m);
+    json_decref(t);
+    return out;
+}
+
+static int same(const char *got, const char *want)
+{
+    if (got && !strcmp(got, want)) return 1;
+    size_t i = 0;
+    while (got && got[i] && got[i] == want[i]) i++;
+    fprintf(stderr, "  differ at byte %zu:\n  got  %.200s\n  want %.200s\n", i, got ? got + i : "(null)",
+            want + i);
+    return 0;
+}
+
+/* Thinking mode with tools (the shape of the release's test case 1, hand-written):
+ * the request's tools on the system turn, a call with a string and a number,
+ * its result merged into a user turn, reasoning kept (tools present). */
+TEST(v4_encode_thinking_tools)
+{
+    int rc;
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"description\":"
+                        "\"Find a word\",\"parameters\":{\"type\":\"object\",\"properties\":{\"w\":"
+                        "{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}}}]";
+    char *s = render4(
+        "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Define "
+        "cat\"},{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"Use lookup.\","
+        "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"lookup\","
+        "\"arguments\":\"{\\\"w\\\": \\\"cat\\\", \\\"n\\\": 2}\"}}]},{\"role\":\"tool\","
+        "\"tool_call_id\":\"c1\",\"content\":\"a small feline\"},{\"role\":\"assistant\","
+        "\"reasoning_content\":\"Got it.\",\"content\":\"A feline.\"},{\"role\":\"user\","
+        "\"content\":\"More?\"}]",
+        tools, 1, MS_CHAT_EFFORT_NONE, 1, &rc);
+    const char *want =
+        MS_CHAT_BOS "Be brief.\n\n" V4_TOOLS_HEAD
+        "{\"name\": \"lookup\", \"description\": \"Find a word\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"w\": {\"type\": \"string\"}, \"n\": {\"type\": "
+        "\"integer\"}}}}" V4_TOOLS_TAIL MS_CHAT_USER "Define cat" MS_CHAT_ASSISTANT
+        "<think>Use lookup.</think>\n\n<" D "tool_calls>\n<" D "invoke name=\"lookup\">\n<" D
+        "parameter name=\"w\" string=\"true\">cat</" D "parameter>\n<" D
+        "parameter name=\"n\" string=\"false\">2</" D "parameter>\n</" D "invoke>\n</" D
+        "tool_calls>" MS_CHAT_EOS MS_CHAT_USER "<tool_result>a small feline</tool_result>"
+        MS_CHAT_ASSISTANT "<think>Got it.</think>A feline." MS_CHAT_EOS MS_CHAT_USER
+        "More?" MS_CHAT_ASSISTANT "<think>";
+    CHECK(rc == 0 && same(s, want));
+    free(s);
+    /* the same without thinking: </think> opens every assistant turn, no reasoning */
+    s = render4("[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":\"A\","
+                "\"reasoning_content\":\"r\"},{\"role\":\"user\",\"content\":\"Q2\"}]",
+                NULL, 0, MS_CHAT_EFFORT_MAX, 1, &rc);
+    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Q" MS_CHAT_ASSISTANT "</think>A" MS_CHAT_EOS
+                                 MS_CHAT_USER "Q2" MS_CHAT_ASSISTANT "</think>"));
+    free(s);
+}
+
+/* Thinking without tools (the shape of test case 2): earlier reasoning dropped,
+ * an earlier assistant opened with </think>; effort max prefixes the prompt,
+ * effort high adds nothing. */
+TEST(v4_encode_thinking_modes)
+{
+    int rc;
+    const char *msgs =
+        "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+        "{\"role\":\"assistant\",\"reasoning_content\":\"greet\",\"content\":\"Hello!\"},"
+        "{\"role\":\"user\",\"content\":\"2+2?\"}]";
+    const char *tail = "S" MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT "</think>Hello!" MS_CHAT_EOS
+        MS_CHAT_USER "2+2?" MS_CHAT_ASSISTANT "<think>";
+    char want[4096];
+    char *s = render4(msgs, NULL, 1, MS_CHAT_EFFORT_NONE, 1, &rc);
+    snprintf(want, sizeof want, "%s%s", MS_CHAT_BOS, tail);
+    CHECK(rc == 0 && same(s, want));
+    free(s);
+    s = render4(msgs, NULL, 1, MS_CHAT_EFFORT_HIGH, 1, &rc);
+    CHECK(rc == 0 && same(s, want));
+    free(s);
+    s = render4(msgs, NULL, 1, MS_CHAT_EFFORT_MAX, 1, &rc);
+    snprintf(want, sizeof want, "%s%s%s", MS_CHAT_BOS, V4_MAX, tail);
+    CHECK(rc == 0 && same(s, want));
+    free(s);
+    /* a finished conversation (add_generation_prompt false) renders the last
+     * reply with its reasoning, as the release's fixtures do */
+    s = render4("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+                "\"reasoning_content\":\"r1\",\"content\":\"A1\"},{\"role\":\"user\",\"content\":"
+                "\"Capital of France?\"},{\"role\":\"assistant\",\"reasoning_content\":\"Paris.\","
+                "\"content\":\"Paris\"}]",
+                NULL, 1, MS_CHAT_EFFORT_NONE, 0, &rc);
+    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT "</think>A1" MS_CHAT_EOS
+                                 MS_CHAT_USER "Capital of France?" MS_CHAT_ASSISTANT
+                                 "<think>Paris.</think>Paris" MS_CHAT_EOS));
+    free(s);
+    /* with add_generation_prompt (SGLang) a trailing assistant turn is sent as a user turn */
+    s = render4("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
+                "\"Once upon\"}]",
+                NULL, 0, 0, 1, &rc);
+    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Hi\n\nOnce upon" MS_CHAT_ASSISTANT "</think>"));
+    free(s);
+}
+
+/* Reminders, developer turns with their own tools (test case 3's shape), parallel
+ * results sorted by the calls' order, values of every JSON type. */
+TEST(v4_encode_roles_and_results)
+{
+    int rc;
+    char *s = render4(
+        "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"latest_reminder\",\"content\":"
+        "\"2026-01-01\"},{\"role\":\"developer\",\"content\":\"find it\",\"tools\":[{\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\"}}]},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{\\\"x\\\": [1, true, null], \\\"y\\\": {\\\"k\\\": \\\"\xc3\xbc\\\"}}\"}},"
+        "{\"id\":\"b\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"oops\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"b\",\"content\":\"RB\"},{\"role\":\"tool\","
+        "\"tool_call_id\":\"a\",\"content\":\"RA\"},{\"role\":\"user\",\"content\":\"ok?\"}]",
+        NULL, 0, 0, 1, &rc);
+    const char *want =
+        MS_CHAT_BOS "S" MS_CHAT_LATEST_REMINDER "2026-01-01" MS_CHAT_USER "find it\n\n" V4_TOOLS_HEAD
+        "{\"name\": \"f\"}" V4_TOOLS_TAIL MS_CHAT_ASSISTANT "</think>\n\n<" D "tool_calls>\n<" D
+        "invoke name=\"f\">\n<" D "parameter name=\"x\" string=\"false\">[1, true, null]</" D
+        "parameter>\n<" D "parameter name=\"y\" string=\"false\">{\"k\": \"\xc3\xbc\"}</" D
+        "parameter>\n</" D "invoke>\n<" D "invoke name=\"f\">\n<" D
+        "parameter name=\"arguments\" string=\"true\">oops</" D "parameter>\n</" D "invoke>\n</" D
+        "tool_calls>" MS_CHAT_EOS MS_CHAT_USER
+        "<tool_result>RA</tool_result>\n\n<tool_result>RB</tool_result>\n\nok?" MS_CHAT_ASSISTANT
+        "</think>";
+    CHECK(rc == 0 && same(s, want));
+    free(s);
+    /* in thinking mode without tools an earlier developer turn is dropped */
+    s = render4("[{\"role\":\"developer\",\"content\":\"d1\"},{\"role\":\"assistant\",\"content\":"
+                "\"x\"},{\"role\":\"user\",\"content\":\"u\"}]",
+                NULL, 1, 0, 1, &rc);
+    CHECK(rc == 0 && same(s, MS_CHAT_BOS "x" MS_CHAT_EOS MS_CHAT_USER "u" MS_CHAT_ASSISTANT "<think>"));
+    free(s);
+    /* errors name the message */
+    s = render4("[{\"role\":\"developer\",\"content\":\"\"}]", NULL, 0, 0, 1, &rc);
+    CHECK(rc == MS_EINVAL && !s);
+    s = render4("[{\"role\":\"robot\",\"content\":\"x\"}]", NULL, 0, 0, 1, &rc);
+    CHECK(rc == MS_EINVAL && !s);
+    s = render4("[{\"role\":\"user\",\"content\":\"x\"}]", "[{\"function\":{}}]", 0, 0, 1, &rc);
+    CHECK(rc == MS_EINVAL && !s);
+}
+
+/* DSML in generated text, fed whole and in every chunk size up to 9 bytes. */
+TEST(v4_dsml_parse_streaming)
+{
+    const char *text =
+        "Checking.\n\n<" D "tool_calls>\n<" D "invoke name=\"get_weather\">\n<" D
+        "parameter name=\"city\" string=\"true\"> Par\xc3\xads </" D "parameter>\n<" D
+        "parameter name=\"days\" string=\"false\">3</" D "parameter>\n<" D
+        "parameter name=\"opts\" string=\"false\">{\"a\":[1,2.5]}</" D "parameter>\n<" D
+        "parameter name=\"raw\" string=\"false\">not json</" D "parameter>\n</" D "invoke>\n<" D
+        "invoke name=\"now\">\n{\"tz\": \"CET\"}\n</" D "invoke>\n<" D "invoke name=\"noargs\">\n</" D
+        "invoke>\n</" D "tool_calls>";
+    for (size_t step = 0; step <= 9; step++) {
+        struct parsed p;
+        ms_chat_parser keep;
+        CHECK(parse(text, step, 1, 0, MS_TOOLS_DSML, &p, &keep) == 0);
+        CHECKF(!strcmp(p.content, "Checking."), "step %zu content '%s'", step, p.content);
+        CHECKF(p.n_calls == 3, "step %zu: %d calls", step, p.n_calls);
+        CHECK(!strcmp(p.name[0], "get_weather") && !strcmp(p.name[1], "now") &&
+              !strcmp(p.name[2], "noargs"));
+        CHECKF(!strcmp(p.args[0], "{\"city\": \"Par\xc3\xads\", \"days\": 3, \"opts\": {\"a\": [1, "
+                                  "2.5]}, \"raw\": \"not json\"}"),
+               "step %zu args '%s'", step, p.args[0]);
+        CHECK(!strcmp(p.args[1], "{\"tz\": \"CET\"}") && !strcmp(p.args[2], "{}"));
+        CHECK(json_array_size(keep.all_calls) == 3);
+        json_t *f0 = json_object_get(json_array_get(keep.all_calls, 0), "function");
+        CHECK(!strcmp(json_string_value(json_object_get(f0, "arguments")), p.args[0]));
+        ms_chat_parser_deinit(&keep);
+    }
+    struct parsed p;
+    /* V3.1's parser does not read DSML, nor the DSML one V3.1's markers */
+    CHECK(parse(text, 3, 1, 0, MS_TOOLS_V31, &p, NULL) == 0 && p.n_calls == 0 &&
+          !strcmp(p.content, text));
+    CHECK(parse(MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP "{}" MS_CHAT_CALL_END
+                    MS_CHAT_CALLS_END,
+                2, 1, 0, MS_TOOLS_DSML, &p, NULL) == 0 &&
+          p.n_calls == 0);
+    /* a call cut off by the end of generation is dropped; text before it stays */
+    CHECK(parse("x <" D "tool_calls>\n<" D "invoke name=\"f\">\n<" D "parameter name=\"a\" str", 1,
+                1, 0, MS_TOOLS_DSML, &p, NULL) == 0);
+    CHECK(p.n_calls == 0 && !strcmp(p.content, "x"));
+    /* whitespace not before a block, and a lone '<' or partial marker, stay content */
+    CHECK(parse("a \n<b <\xef\xbd\x9c", 1, 1, 0, MS_TOOLS_DSML, &p, NULL) == 0 &&
+          !strcmp(p.content, "a \n<b <\xef\xbd\x9c"));
+    CHECK(parse("end \n", 1, 1, 0, MS_TOOLS_DSML, &p, NULL) == 0 && !strcmp(p.content, "end \n"));
+    /* a bare invoke outside a block is a call too; text after a block is content */
+    CHECK(parse("<" D "invoke name=\"g\">\n<" D "parameter name=\"k\" string=\"true\">v</" D
+                "parameter>\n</" D "invoke>",
+                4, 1, 0, MS_TOOLS_DSML, &p, NULL) == 0);
+    CHECK(p.n_calls == 1 && !strcmp(p.args[0], "{\"k\": \"v\"}"));
+}
+
+/* --reasoning-parser deepseek-v4: thinking asked, the output opens inside the
+ * reasoning (the prompt ended with <think>); not asked, all of it is content. */
+TEST(v4_reasoning_then_dsml)
+{
+    const char *text = "The user wants weather.</think>\n\n<" D "tool_calls>\n<" D
+                       "invoke name=\"w\">\n<" D "parameter name=\"c\" string=\"true\">Oslo</" D
+                       "parameter>\n</" D "invoke>\n</" D "tool_calls>";
+    for (size_t step = 0; step <= 5; step++) {
+        struct parsed p;
+        CHECK(parse(text, step, 1, 1, MS_TOOLS_DSML, &p, NULL) == 0);
+        CHECKF(!strcmp(p.reasoning, "The user wants weather."), "'%s'", p.reasoning);
+        CHECK(p.n_calls == 1 && !strcmp(p.name[0], "w") && !strcmp(p.args[0], "{\"c\": \"Oslo\"}"));
+        CHECKF(!p.content[0], "content '%s'", p.content);
+        CHECK(parse("Answer: 4.", step, 1, 0, MS_TOOLS_DSML, &p, NULL) == 0 && !p.reasoning[0] &&
+              !strcmp(p.content, "Answer: 4."));
+        CHECK(parse("15% of 240</think>36", step, 1, 1, MS_TOOLS_NONE, &p, NULL) == 0 &&
+              !strcmp(p.reasoning, "15% of 240") && !strcmp(p.content, "36"));
+    }
+}
+#undef D
+
 static int detok_run(const int32_t *ids, size_t n, char *const *stops, int n_stops, char *out,
                      size_t cap, int *stopped_at)
 {
@@ -311,6 +566,70 @@ TEST(detok_utf8_and_stops)
 /* The codec over the real tokenizer (a small trained DeepSeek-style one):
  * markers are single tokens, decoding through ms_detok reproduces the text,
  * BOS/EOS are skipped as special, tool markers are not. */
+/* mkmodel's V4 tokenizer: V4's ids at the release's vocabulary size, V4's
+ * order at a small one; a V4 prompt's markers (｜DSML｜ too) are single tokens
+ * that decode to their text. */
+TEST(v4_tokenizer_specials)
+{
+    char dir[] = "/tmp/ms_v4tok_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[64];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    ms_errbuf e;
+    static const struct {
+        const char *tok;
+        int32_t id;
+    } want[] = {{MS_CHAT_BOS, 0},         {MS_CHAT_EOS, 1},         {MS_CHAT_USER, 128803},
+                {MS_CHAT_ASSISTANT, 128804}, {"<think>", 128821},    {"</think>", 128822},
+                {MS_CHAT_DSML, 128825},   {MS_CHAT_LATEST_REMINDER, 128828},
+                {"<\xef\xbd\x9c" "action\xef\xbd\x9c>", 128829},
+                {"<\xef\xbd\x9c" "title\xef\xbd\x9c>", 128836},
+                {"<\xef\xbd\x9cread_url\xef\xbd\x9c>", 128845}};
+    int32_t sizes[] = {MS_MKMODEL_V4_VOCAB, 1200};
+    for (int k = 0; k < 2; k++) {
+        CHECKF(ms_mkmodel_write_v4_tokenizer(dir, sizes[k], &e) == 0, "%s", e.msg);
+        ms_tokenizer *tok = NULL;
+        CHECKF(ms_tokenizer_load(&tok, path, &e) == 0, "%s", e.msg);
+        if (!tok) break;
+        int32_t shift = k == 0 ? 0 : sizes[k] - 128847; /* the table ends the small vocabulary */
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            int32_t id = ms_tokenizer_token_id(tok, want[i].tok);
+            int32_t exp = want[i].id < 3 ? want[i].id : want[i].id + shift;
+            CHECKF(id == exp, "vocab %d: %s is %d, want %d", sizes[k], want[i].tok, id, exp);
+        }
+        CHECK(ms_tokenizer_check_vocab(tok, sizes[k], &e) == 0);
+        ms_serve_codec c;
+        ms_serve_codec_from_tokenizer(&c, tok);
+        const char *prompt = MS_CHAT_BOS MS_CHAT_USER "hi" MS_CHAT_ASSISTANT "<think>x</think>"
+                             "\n\n<" MS_CHAT_DSML "tool_calls>" MS_CHAT_EOS;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK(c.encode(c.ctx, prompt, strlen(prompt), 1, &ids, &n, &e) == 0);
+        int hits = 0;
+        for (size_t i = 0; i < n; i++)
+            hits += ids[i] == c.token_id(c.ctx, MS_CHAT_DSML) ||
+                    ids[i] == c.token_id(c.ctx, "<think>") || ids[i] == c.token_id(c.ctx, MS_CHAT_USER);
+        CHECKF(hits == 3, "vocab %d: %d marker tokens", sizes[k], hits);
+        ms_detok d;
+        const char *delta;
+        size_t kk;
+        CHECK(ms_detok_init(&d, &c, 1, NULL, 0) == 0);
+        CHECK(ms_detok_push(&d, c.token_id(c.ctx, MS_CHAT_DSML), &delta, &kk) == 0);
+        CHECK(kk == strlen(MS_CHAT_DSML) && !memcmp(delta, MS_CHAT_DSML, kk));
+        ms_detok_deinit(&d);
+        free(ids);
+        ms_tokenizer_free(tok);
+    }
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    json_t *j = json_load_file(cfg, 0, NULL);
+    CHECK(j && json_integer_value(json_object_get(j, "model_max_length")) == 1048576);
+    json_decref(j);
+    unlink(cfg);
+    unlink(path);
+    rmdir(dir);
+}
+
 TEST(codec_real_tokenizer)
 {
     char path[] = "/tmp/ms_tok_XXXXXX";
@@ -370,7 +689,13 @@ int main(void)
     RUN(template_errors);
     RUN(tool_call_parse_streaming);
     RUN(reasoning_split);
+    RUN(v4_encode_thinking_tools);
+    RUN(v4_encode_thinking_modes);
+    RUN(v4_encode_roles_and_results);
+    RUN(v4_dsml_parse_streaming);
+    RUN(v4_reasoning_then_dsml);
     RUN(detok_utf8_and_stops);
     RUN(codec_real_tokenizer);
+    RUN(v4_tokenizer_specials);
     return TEST_REPORT();
 }

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +52,17 @@ int ms_tokenizer_is_special(const ms_tokenizer *tok, int32_t id);
  * exactly vocab_size ids.  Deterministic. */
 int ms_tokenizer_train_write(const char *corpus, size_t corpus_len, int32_t vocab_size,
                              const char *path, ms_errbuf *err);
+/* An added token of a family's special-token table. */
+typedef struct ms_tok_added {
+    const char *content;
+    bool special; /* skipped by decode(skip_special) */
+} ms_tok_added;
+/* The same with the special tokens tail[0..n_tail) (instead of DeepSeek-V3's)
+ * at ids tail_at.. when they fit above the learned tokens, else ending the
+ * vocabulary; placeholders fill the rest. */
+int ms_tokenizer_train_write_tail(const char *corpus, size_t corpus_len, int32_t vocab_size,
+                                  const ms_tok_added *tail, int32_t n_tail, int32_t tail_at,
+                                  const char *path, ms_errbuf *err);
 /* Writes the tokenizer_config.json matching ms_tokenizer_train_write's output
  * (bos/eos/pad strings, add_bos_token true, LlamaTokenizerFast). */
 int ms_tokenizer_config_write(const char *path, ms_errbuf *err);

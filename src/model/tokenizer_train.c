@@ -31,10 +31,7 @@ static const char DS_RE_MAIN[] =
 
 /* The tail of DeepSeek's added tokens: content, special flag.  <think> and
  * </think> sit just below <｜fim▁hole｜> as in DeepSeek-R1. */
-static const struct {
-    const char *content;
-    bool special;
-} DS_TAIL[] = {
+static const ms_tok_added DS_TAIL[] = {
     {"<think>", false},
     {"</think>", false},
     {"<｜fim▁hole｜>", false},
@@ -55,7 +52,6 @@ static const struct {
 };
 #define N_HEAD          3
 #define N_TAIL          ((int32_t)MS_ARRAY_LEN(DS_TAIL))
-#define MIN_VOCAB       (N_HEAD + 256 + N_TAIL)
 #define MAX_TRAIN_VOCAB (1 << 20)
 #define MIN_PAIR_COUNT  2 /* a merge must be seen at least this often */
 
@@ -361,7 +357,18 @@ static json_t *added_token(int32_t id, const char *content, bool special, bool n
                      "special", special);
 }
 
-static int write_json(const trainer *tr, int32_t vocab_size, const char *path, ms_errbuf *err)
+/* Placeholder added tokens ids [from, to), named from number *no on. */
+static void fill(json_t *added, int32_t from, int32_t to, int *no)
+{
+    for (int32_t id = from; id < to; id++) {
+        char name[64];
+        snprintf(name, sizeof name, "<｜place▁holder▁no▁%d｜>", (*no)++);
+        json_array_append_new(added, added_token(id, name, true, false));
+    }
+}
+
+static int write_json(const trainer *tr, int32_t vocab_size, const ms_tok_added *tail,
+                      int32_t n_tail, int32_t tail_at, const char *path, ms_errbuf *err)
 {
     /* internal id -> final id: bytes in mapped-code-point order, then merges */
     int32_t *final_id = malloc((size_t)tr->n_tok * sizeof *final_id);
@@ -408,16 +415,13 @@ static int write_json(const trainer *tr, int32_t vocab_size, const char *path, m
     json_array_append_new(added, added_token(0, BOS_TOKEN, true, false));
     json_array_append_new(added, added_token(1, EOS_TOKEN, true, false));
     json_array_append_new(added, added_token(2, PAD_TOKEN, true, false));
-    int32_t n_fill = vocab_size - N_TAIL - next;
-    for (int32_t k = 0; k < n_fill; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "<｜place▁holder▁no▁%d｜>", (int)k);
-        json_array_append_new(added, added_token(next + k, name, true, false));
-    }
-    next += n_fill;
-    for (int32_t k = 0; k < N_TAIL; k++)
-        json_array_append_new(added,
-                              added_token(next + k, DS_TAIL[k].content, DS_TAIL[k].special, true));
+    /* fillers up to the tail (tail_at: ms_tokenizer_train_write_tail), fillers after it */
+    int32_t at = tail_at;
+    int no = 0;
+    fill(added, next, at, &no);
+    for (int32_t k = 0; k < n_tail; k++)
+        json_array_append_new(added, added_token(at + k, tail[k].content, tail[k].special, true));
+    fill(added, at + n_tail, vocab_size, &no);
     json_t *root = json_pack(
         "{s:s, s:n, s:n, s:o, s:{s:s, s:[]}, s:o, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:b, s:b, s:b},"
         " s:{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:O, s:O}}",
@@ -447,9 +451,18 @@ out:
 int ms_tokenizer_train_write(const char *corpus, size_t corpus_len, int32_t vocab_size,
                              const char *path, ms_errbuf *err)
 {
-    if (vocab_size < MIN_VOCAB || vocab_size > MAX_TRAIN_VOCAB)
+    return ms_tokenizer_train_write_tail(corpus, corpus_len, vocab_size, DS_TAIL, N_TAIL, -1, path,
+                                         err);
+}
+
+int ms_tokenizer_train_write_tail(const char *corpus, size_t corpus_len, int32_t vocab_size,
+                                  const ms_tok_added *tail, int32_t n_tail, int32_t tail_at,
+                                  const char *path, ms_errbuf *err)
+{
+    const int32_t min_vocab = N_HEAD + 256 + n_tail;
+    if (vocab_size < min_vocab || vocab_size > MAX_TRAIN_VOCAB)
         return ms_err(err, MS_ERANGE, "tokenizer vocab_size %d must be in [%d, %d]",
-                      (int)vocab_size, (int)MIN_VOCAB, (int)MAX_TRAIN_VOCAB);
+                      (int)vocab_size, (int)min_vocab, (int)MAX_TRAIN_VOCAB);
     if (!corpus) {
         corpus = ms_tokenizer_corpus;
         corpus_len = ms_tokenizer_corpus_len;
@@ -482,9 +495,12 @@ int ms_tokenizer_train_write(const char *corpus, size_t corpus_len, int32_t voca
         uint8_t byte = (uint8_t)b;
         if ((rc = add_token(&tr, &byte, 1))) goto out;
     }
-    if ((rc = learn(&tr, vocab_size - MIN_VOCAB))) goto out;
-    if ((rc = synthesize(&tr, vocab_size - MIN_VOCAB))) goto out;
-    rc = write_json(&tr, vocab_size, path, err);
+    /* the learned tokens end where the tail starts */
+    int32_t at = tail_at >= N_HEAD + 256 && tail_at <= vocab_size - n_tail ? tail_at
+                                                                           : vocab_size - n_tail;
+    if ((rc = learn(&tr, at - N_HEAD - 256))) goto out;
+    if ((rc = synthesize(&tr, at - N_HEAD - 256))) goto out;
+    rc = write_json(&tr, vocab_size, tail, n_tail, at, path, err);
 out:
     if (rc == MS_ENOMEM) ms_err(err, rc, "tokenizer trainer: out of memory");
     trainer_deinit(&tr);

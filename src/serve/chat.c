@@ -1,58 +1,22 @@
 /* chat.c — DeepSeek-V3/V3.1 chat format (chat.h): renders OpenAI messages into
  * the prompt text the tokenizer encodes (special markers written literally and
  * matched as special tokens), and parses generated text back into reasoning,
- * content and tool calls, incrementally for streams.
+ * content and tool calls, incrementally for streams (V4's DSML tool calls are
+ * chat_dsml.c's; the parser hands them over after the reasoning).
  * Follows the V3.1 tokenizer_config.json template: systems joined by "\n\n"
  * plus a "## Tools" section, <｜User｜>, <｜Assistant｜> + </think>|<think> after a
  * user turn, tool results as <｜tool▁output▁begin｜>…<｜tool▁output▁end｜>.
  * No shared state: any thread, one parser per stream.
  */
-#include "serve/chat.h"
+#include "serve/chat_priv.h"
 
-#include "base/util.h"
 #include "serve/detok.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct sb {
-    char *s;
-    size_t n, cap;
-    int oom;
-};
-
-static void sb_addn(struct sb *b, const char *s, size_t n)
-{
-    if (b->oom || !n) return;
-    size_t need;
-    if (!ms_add_size(b->n, n + 1, &need)) {
-        b->oom = 1;
-        return;
-    }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need) cap *= 2;
-        char *t = realloc(b->s, cap);
-        if (!t) {
-            b->oom = 1;
-            return;
-        }
-        b->s = t;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-static void sb_add(struct sb *b, const char *s)
-{
-    sb_addn(b, s, strlen(s));
-}
-
-/* Text of a message's content: a string, null (""), or [{type:"text", text}]. */
-static int content_text(const json_t *c, size_t idx, struct sb *out, ms_errbuf *e)
+int ms_chat_content_text(const json_t *c, size_t idx, struct sb *out, ms_errbuf *e)
 {
     if (!c || json_is_null(c)) return 0;
     if (json_is_string(c)) {
@@ -153,6 +117,7 @@ static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf
 int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_opts *o, char **out,
                    size_t *out_len, ms_errbuf *e)
 {
+    if (o->format == MS_CHAT_FMT_V4) return ms_chat_render_v4(messages, tools, o, out, out_len, e);
     struct sb b = {0}, tmp = {0};
     int rc = 0;
     if (!json_is_array(messages) || json_array_size(messages) == 0) {
@@ -179,7 +144,7 @@ int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_op
             strcmp(json_string_value(role), "developer"))
             continue;
         if (n_sys++) sb_add(&b, "\n\n");
-        if ((rc = content_text(json_object_get(m, "content"), i, &b, e))) goto out;
+        if ((rc = ms_chat_content_text(json_object_get(m, "content"), i, &b, e))) goto out;
     }
     if (tools && !json_is_null(tools) && json_array_size(tools) > 0) {
         sb_add(&b, "\n\n"); /* even without a system prompt, as the template does */
@@ -193,7 +158,7 @@ int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_op
         const char *role = json_string_value(json_object_get(m, "role"));
         tmp.n = 0;
         if (tmp.s) tmp.s[0] = 0;
-        if ((rc = content_text(json_object_get(m, "content"), i, &tmp, e))) goto out;
+        if ((rc = ms_chat_content_text(json_object_get(m, "content"), i, &tmp, e))) goto out;
         const char *text = tmp.s ? tmp.s : "";
         if (!strcmp(role, "system") || !strcmp(role, "developer")) continue;
         if (!strcmp(role, "user")) {
@@ -267,6 +232,7 @@ void ms_chat_parser_deinit(ms_chat_parser *p)
     free(p->hold);
     free(p->reasoning);
     free(p->content);
+    free(p->inv);
     json_decref(p->all_calls);
     memset(p, 0, sizeof *p);
 }
@@ -299,7 +265,8 @@ static void acc(char **dst, size_t *len, size_t *cap, const char *s, size_t n)
     *cap = b.cap;
 }
 
-static void emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s, size_t n)
+void ms_chat_emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s,
+                       size_t n)
 {
     if (!n) return;
     if (reasoning) {
@@ -344,15 +311,16 @@ static void emit_args(ms_chat_parser *p, ms_chat_delta *d, const char *s, size_t
     free(joined);
 }
 
-static void start_call(ms_chat_parser *p, ms_chat_delta *d)
+void ms_chat_emit_call(ms_chat_parser *p, ms_chat_delta *d, const char *name, size_t n_name,
+                       const char *args)
 {
     char id[48];
     snprintf(id, sizeof id, "call_%d", p->n_calls);
     json_t *full = json_pack("{s:s,s:s,s:{s:s%,s:s}}", "id", id, "type", "function", "function",
-                             "name", p->name, p->n_name, "arguments", "");
+                             "name", name, n_name, "arguments", args);
     if (!full) { /* a name that is not valid UTF-8 */
         full = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name",
-                         "", "arguments", "");
+                         "", "arguments", args);
     }
     json_t *delta = json_deep_copy(full);
     json_object_set_new(delta, "index", json_integer(p->n_calls));
@@ -371,8 +339,7 @@ static size_t partial(const char *s, size_t n, const char *m)
     return 0;
 }
 
-/* Finds the earliest of up to 3 markers in s[0..n); returns its index or -1. */
-static int find_first(const char *s, size_t n, const char *const *ms, int nm, size_t *at)
+int ms_chat_find_first(const char *s, size_t n, const char *const *ms, int nm, size_t *at)
 {
     int best = -1;
     for (int i = 0; i < nm; i++) {
@@ -385,7 +352,7 @@ static int find_first(const char *s, size_t n, const char *const *ms, int nm, si
     return best;
 }
 
-static size_t hold_len(const char *s, size_t n, const char *const *ms, int nm)
+size_t ms_chat_hold_len(const char *s, size_t n, const char *const *ms, int nm)
 {
     size_t h = 0;
     for (int i = 0; i < nm; i++) {
@@ -425,54 +392,60 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
                 continue;
             }
             const char *ms[] = {MS_CHAT_THINK_END};
-            if (find_first(cur, rem, ms, 1, &at) >= 0) {
-                emit_text(p, d, 1, cur, at);
+            if (ms_chat_find_first(cur, rem, ms, 1, &at) >= 0) {
+                ms_chat_emit_text(p, d, 1, cur, at);
                 pos += at + strlen(MS_CHAT_THINK_END);
                 p->in_reasoning = 0;
                 continue;
             }
-            size_t ok = last ? rem : whole(cur, rem - hold_len(cur, rem, ms, 1));
-            emit_text(p, d, 1, cur, ok);
+            size_t ok = last ? rem : whole(cur, rem - ms_chat_hold_len(cur, rem, ms, 1));
+            ms_chat_emit_text(p, d, 1, cur, ok);
             pos += ok;
+            break;
+        }
+        if (p->tools == MS_TOOLS_DSML) {
+            int more = 0;
+            pos += ms_chat_dsml_step(p, cur, rem, last, d, &more);
+            if (more) continue;
             break;
         }
         if (p->state == ST_CONTENT || p->state == ST_DONE) {
             if (!p->tools || p->state == ST_DONE || p->n_calls >= MS_CHAT_MAX_TOOL_CALLS) {
                 size_t ok = last ? rem : whole(cur, rem);
-                emit_text(p, d, 0, cur, ok);
+                ms_chat_emit_text(p, d, 0, cur, ok);
                 pos += ok;
                 break;
             }
             const char *ms[] = {MS_CHAT_CALLS_BEGIN, MS_CHAT_CALL_BEGIN};
-            int k = find_first(cur, rem, ms, 2, &at);
+            int k = ms_chat_find_first(cur, rem, ms, 2, &at);
             if (k >= 0) {
-                emit_text(p, d, 0, cur, at);
+                ms_chat_emit_text(p, d, 0, cur, at);
                 pos += at + strlen(ms[k]);
                 p->state = k == 0 ? ST_CALLS : ST_NAME;
                 p->n_name = 0;
                 continue;
             }
-            size_t ok = last ? rem : whole(cur, rem - hold_len(cur, rem, ms, 2));
-            emit_text(p, d, 0, cur, ok);
+            size_t ok = last ? rem : whole(cur, rem - ms_chat_hold_len(cur, rem, ms, 2));
+            ms_chat_emit_text(p, d, 0, cur, ok);
             pos += ok;
             break;
         }
         if (p->state == ST_CALLS) {
             const char *ms[] = {MS_CHAT_CALL_BEGIN, MS_CHAT_CALLS_END};
-            int k = find_first(cur, rem, ms, 2, &at);
+            int k = ms_chat_find_first(cur, rem, ms, 2, &at);
             if (k >= 0) { /* text between calls is dropped, as the reference parsers do */
                 pos += at + strlen(ms[k]);
                 p->state = k == 0 ? ST_NAME : ST_DONE;
                 p->n_name = 0;
                 continue;
             }
-            pos += rem - (last ? rem : hold_len(cur, rem, ms, 2));
+            pos += rem - (last ? rem : ms_chat_hold_len(cur, rem, ms, 2));
             break;
         }
         if (p->state == ST_NAME) {
             const char *ms[] = {MS_CHAT_SEP};
-            int k = find_first(cur, rem, ms, 1, &at);
-            size_t take = k >= 0 ? at : rem - (last ? 0 : hold_len(cur, rem, ms, 1));
+            int k = ms_chat_find_first(cur, rem, ms, 1, &at);
+            size_t take = k >= 0 ? at : rem - (last ? 0 : ms_chat_hold_len(cur, rem, ms, 1));
             for (size_t j = 0; j < take && p->n_name < MS_CHAT_MAX_TOOL_NAME; j++)
                 p->name[p->n_name++] = cur[j];
             p->name[p->n_name] = 0;
@@ -481,20 +454,20 @@ int ms_chat_parser_feed(ms_chat_parser *p, const char *text, size_t n, int last,
                 break;
             }
             pos += at + strlen(MS_CHAT_SEP);
-            start_call(p, d);
+            ms_chat_emit_call(p, d, p->name, p->n_name, "");
             p->state = ST_ARGS;
             continue;
         }
         if (p->state == ST_ARGS) {
             const char *ms[] = {MS_CHAT_CALL_END, MS_CHAT_CALLS_END};
-            int k = find_first(cur, rem, ms, 2, &at);
+            int k = ms_chat_find_first(cur, rem, ms, 2, &at);
             if (k >= 0) {
                 emit_args(p, d, cur, at);
                 pos += at + strlen(ms[k]);
                 p->state = k == 0 ? ST_CALLS : ST_DONE;
                 continue;
             }
-            size_t ok = last ? rem : whole(cur, rem - hold_len(cur, rem, ms, 2));
+            size_t ok = last ? rem : whole(cur, rem - ms_chat_hold_len(cur, rem, ms, 2));
             emit_args(p, d, cur, ok);
             pos += ok;
             break;

@@ -105,14 +105,6 @@ static int value_is_fine(const char *flag, const char *v)
     return 0;
 }
 
-static int v4_value(const char *flag, const char *v)
-{
-    if (!v) return 0;
-    if (!strcmp(flag, "--tool-call-parser")) return !strcmp(v, "deepseekv4");
-    if (!strcmp(flag, "--reasoning-parser")) return !strcmp(v, "deepseek-v4");
-    return 0;
-}
-
 static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu_only);
 
 int ms_flag_screen_argv(ms_flag_screen *s, int argc, char **argv, char **kept)
@@ -143,8 +135,7 @@ static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu
             eq ? eq + 1 : (i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[i + 1] : NULL);
         int k = lookup(a, len);
         if (gpu_only && k >= 0 && table[k].kind != GPU_ONLY) k = -1;
-        int v4 = !gpu_only && k < 0 && v4_value(a, v);
-        if ((k < 0 && !v4) || (k >= 0 && value_is_fine(table[k].name, v))) {
+        if (k < 0 || value_is_fine(table[k].name, v)) {
             kept[n++] = argv[i];
             continue;
         }
@@ -152,7 +143,7 @@ static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu
         int j = i + 1;
         if (!eq)
             while (j < argc && strncmp(argv[j], "--", 2)) j++;
-        enum kind kd = v4 ? V4_ONLY : table[k].kind;
+        enum kind kd = table[k].kind;
         if (kd == GPU_ONLY && s->n_gpu_only < MS_FLAG_SCREEN_MAX) {
             s->gpu_only[s->n_gpu_only++] = a;
         } else if (kd == NOT_BUILT && s->n_refused < MS_FLAG_SCREEN_MAX) {
@@ -329,7 +320,7 @@ void ms_flag_kinds_print_help(FILE *f)
         "  --speculative-algorithm none, --disaggregation-mode null and --kv-cache-dtype\n"
         "  auto (or the activation dtype: bf16, fp32 with --dtype float32) are accepted.\n"
         "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
-        "  --compress-state-dtype, --tool-call-parser deepseekv4, --reasoning-parser deepseek-v4\n"
+        "  --compress-state-dtype\n"
         "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
         "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
         "  --enable-dp-attention)\n"

@@ -403,7 +403,8 @@ static json_t *server_info(ms_frontend *fe)
     json_t *cap = json_array();
     for (int32_t r = 0; r < in->n_dp; r++)
         json_array_append_new(cap, json_integer((json_int_t)in->max_total_num_tokens[r]));
-    const char *rp[] = {NULL, "deepseek-r1", "deepseek-v3"};
+    const char *rp[] = {NULL, "deepseek-r1", "deepseek-v3", "deepseek-v4"};
+    const char *tp[] = {NULL, "deepseekv31", "deepseekv4"};
     json_t *o = json_pack(
         "{s:s,s:s,s:I,s:i,s:s,s:{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:b},s:o,s:i,s:i,s:i,s:i,s:i,"
         "s:b,s:i,s:i,s:s?,s:s?,s:b,s:i,s:s,s:s}",
@@ -419,7 +420,7 @@ static json_t *server_info(ms_frontend *fe)
         in->max_prefill_tokens, "kv_pool_replicated", in->kv_pool_replicated, "attn_dp_size",
         in->attn_dp_size, "attn_tp_size", in->attn_tp_size, "reasoning_parser",
         rp[fe->o.reasoning_parser], "tool_call_parser",
-        fe->o.tool_call_parser ? "deepseekv31" : NULL, "enable_metrics", fe->o.enable_metrics,
+        tp[fe->o.tool_call_parser], "enable_metrics", fe->o.enable_metrics,
         "max_queued_requests", fe->o.max_queued_requests, "version", "moeserve",
         "load_balance_method", in->load_balance_method);
     if (o) {
@@ -782,6 +783,7 @@ int ms_frontend_open(ms_frontend **out, const ms_frontend_opts *o, ms_serve_hub 
     fe->cfg.vocab_size = in->vocab_size > 0 ? in->vocab_size : codec->vocab_size;
     fe->cfg.reasoning_parser = o->reasoning_parser;
     fe->cfg.tool_parser = o->tool_call_parser;
+    fe->cfg.chat_format = ms_api_chat_format(in->model_family, o->tool_call_parser);
     pthread_mutex_init(&fe->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

@@ -309,8 +309,17 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
     if (top > 0 && !lp) FAIL("top_logprobs", MS_EINVAL, "'top_logprobs' requires 'logprobs': true");
     r->logprobs = lp;
     r->top_logprobs = (int)top;
-    ms_chat_opts o = {.thinking = -1, .add_generation_prompt = 1};
-    if (cfg->reasoning_parser == MS_REASONING_DEEPSEEK_V3) o.thinking = 0;
+    ms_chat_opts o = {.thinking = -1, .add_generation_prompt = 1, .format = cfg->chat_format};
+    int explicit_thinking = cfg->reasoning_parser == MS_REASONING_DEEPSEEK_V3 ||
+                            cfg->reasoning_parser == MS_REASONING_DEEPSEEK_V4;
+    if (explicit_thinking || o.format == MS_CHAT_FMT_V4) o.thinking = 0;
+    const char *effort = NULL;
+    const json_t *re = json_object_get(b, "reasoning_effort");
+    if (re && !json_is_null(re)) {
+        if (!json_is_string(re))
+            FAIL("reasoning_effort", MS_EINVAL, "'reasoning_effort' must be a string");
+        effort = json_string_value(re);
+    }
     const json_t *kw = json_object_get(b, "chat_template_kwargs");
     if (kw && !json_is_null(kw)) {
         if (!json_is_object(kw))
@@ -321,7 +330,20 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
         if ((rc = get_bool(kw, "enable_thinking", &th, e)) < 0)
             FAILK("chat_template_kwargs", MS_EINVAL);
         if (rc) o.thinking = th;
+        /* SGLang: chat_template_kwargs.reasoning_effort overrides the top-level field */
+        const json_t *kre = json_object_get(kw, "reasoning_effort");
+        if (kre && !json_is_null(kre)) {
+            if (!json_is_string(kre))
+                FAIL("chat_template_kwargs", MS_EINVAL,
+                     "'chat_template_kwargs.reasoning_effort' must be a string");
+            effort = json_string_value(kre);
+        }
     }
+    /* V4 knows high and max (only max adds a prompt); other levels (OpenAI's
+     * low/medium...) are dropped, as SGLang drops them.  Effort never turns
+     * thinking on: chat_template_kwargs.thinking does. */
+    if (effort && !strcmp(effort, "max")) o.effort = MS_CHAT_EFFORT_MAX;
+    else if (effort && !strcmp(effort, "high")) o.effort = MS_CHAT_EFFORT_HIGH;
     int agp = 1;
     if ((rc = get_bool(b, "add_generation_prompt", &agp, e)) < 0)
         FAILK("add_generation_prompt", MS_EINVAL);
@@ -335,7 +357,9 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
         FAIL("tool_choice", MS_EINVAL, "'tool_choice' must be a string or an object");
     const json_t *msgs = json_object_get(b, "messages");
     if (!msgs) FAIL("messages", MS_EINVAL, "'messages' is required");
-    if ((rc = ms_chat_render(msgs, tool_none ? NULL : tools, &o, &r->text, &r->n_text, e)))
+    /* V4 (SGLang's dsv4 path): the request's tools are rendered whatever tool_choice says */
+    const json_t *shown = tool_none && o.format != MS_CHAT_FMT_V4 ? NULL : tools;
+    if ((rc = ms_chat_render(msgs, shown, &o, &r->text, &r->n_text, e)))
         FAILK("messages", rc);
     r->parse_special = 1;
     int sep = 1;
@@ -343,11 +367,19 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
         FAILK("separate_reasoning", MS_EINVAL);
     r->separate_reasoning = sep && cfg->reasoning_parser != MS_REASONING_OFF;
     r->starts_in_reasoning = cfg->reasoning_parser == MS_REASONING_DEEPSEEK_R1 || o.thinking == 1;
-    r->parse_tools = cfg->tool_parser != MS_TOOL_PARSER_NONE && !tool_none && tools &&
-                     json_array_size(tools) > 0;
+    int syntax = cfg->tool_parser == MS_TOOL_PARSER_DEEPSEEK_V4    ? MS_TOOLS_DSML
+                 : cfg->tool_parser == MS_TOOL_PARSER_DEEPSEEK_V31 ? MS_TOOLS_V31
+                                                                   : MS_TOOLS_NONE;
+    r->parse_tools = !tool_none && tools && json_array_size(tools) > 0 ? syntax : MS_TOOLS_NONE;
     rc = 0;
 out:
     return rc;
+}
+
+int ms_api_chat_format(const char *family, int tool_parser)
+{
+    if (tool_parser == MS_TOOL_PARSER_DEEPSEEK_V4) return MS_CHAT_FMT_V4;
+    return family && !strcmp(family, "deepseek_v4") ? MS_CHAT_FMT_V4 : MS_CHAT_FMT_V3;
 }
 
 static int parse_prompt(ms_api_req *r, const json_t *p, const char *name, const ms_api_config *cfg,

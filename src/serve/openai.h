@@ -17,14 +17,19 @@
 #define MS_API_MAX_N          16  /* choices per request ("n") */
 
 enum ms_api_kind { MS_API_CHAT = 1, MS_API_COMPLETION, MS_API_GENERATE };
-enum ms_tool_parser { MS_TOOL_PARSER_NONE = 0, MS_TOOL_PARSER_DEEPSEEK_V31 };
+enum ms_tool_parser { MS_TOOL_PARSER_NONE = 0, MS_TOOL_PARSER_DEEPSEEK_V31, MS_TOOL_PARSER_DEEPSEEK_V4 };
 
 typedef struct ms_api_config {
     int64_t context_len;
     int32_t vocab_size;
     int reasoning_parser; /* enum ms_reasoning_mode */
     int tool_parser;      /* enum ms_tool_parser */
+    int chat_format;      /* enum ms_chat_format: the model family's (ms_api_chat_format) */
 } ms_api_config;
+
+/* The chat format of a model family (ms_family name, e.g. "deepseek_v4"); the
+ * deepseekv4 tool-call parser selects V4's format too, as SGLang's does. */
+int ms_api_chat_format(const char *family, int tool_parser);
 
 typedef struct ms_api_req {
     enum ms_api_kind kind;
@@ -42,7 +47,8 @@ typedef struct ms_api_req {
     int logprobs, top_logprobs;
     char model[MS_API_MAX_MODEL_NAME];
     char rid[MS_SERVE_RID_MAX];
-    int separate_reasoning, starts_in_reasoning, parse_tools;
+    int separate_reasoning, starts_in_reasoning;
+    int parse_tools; /* enum ms_tool_syntax */
     int skip_special_tokens;
     int no_stop_trim; /* /generate: keep the matched stop string */
     int n;            /* choices (OpenAI routes; 1..MS_API_MAX_N; choices.h) */

@@ -111,19 +111,25 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
             o->reasoning_parser = MS_REASONING_DEEPSEEK_R1;
         else if (!strcmp(val, "deepseek-v3"))
             o->reasoning_parser = MS_REASONING_DEEPSEEK_V3;
+        else if (!strcmp(val, "deepseek-v4"))
+            o->reasoning_parser = MS_REASONING_DEEPSEEK_V4;
         else if (!strcmp(val, "none"))
             o->reasoning_parser = MS_REASONING_OFF;
         else
-            rc = ms_err(e, MS_EINVAL, "%s: expected deepseek-r1, deepseek-v3 or none, got '%s'",
+            rc = ms_err(e, MS_EINVAL,
+                        "%s: expected deepseek-r1, deepseek-v3, deepseek-v4 or none, got '%s'",
                         name, val);
         break;
     case 6:
         if (!strcmp(val, "deepseekv31") || !strcmp(val, "deepseekv3.1"))
             o->tool_call_parser = MS_TOOL_PARSER_DEEPSEEK_V31;
+        else if (!strcmp(val, "deepseekv4"))
+            o->tool_call_parser = MS_TOOL_PARSER_DEEPSEEK_V4;
         else if (!strcmp(val, "none"))
             o->tool_call_parser = MS_TOOL_PARSER_NONE;
         else
-            rc = ms_err(e, MS_EINVAL, "%s: expected deepseekv31 or none, got '%s'", name, val);
+            rc = ms_err(e, MS_EINVAL, "%s: expected deepseekv31, deepseekv4 or none, got '%s'",
+                        name, val);
         break;
     case 8:
         if (!(rc = num(name, val, 0, 1e6, &d, e))) o->watchdog_timeout_s = d;
@@ -171,8 +177,9 @@ void ms_frontend_print_flags(FILE *f)
            "  --api-key KEY              require 'Authorization: Bearer KEY'\n"
            "  --served-model-name NAME   model id in /v1/models and responses\n"
            "  --max-queued-requests N    503 when N requests wait (default unlimited)\n"
-           "  --reasoning-parser P       deepseek-r1 | deepseek-v3: reasoning_content\n"
-           "  --tool-call-parser P       deepseekv31: parse tool calls into tool_calls\n"
+           "  --reasoning-parser P       deepseek-r1 | deepseek-v3 | deepseek-v4: reasoning_content\n"
+           "  --tool-call-parser P       deepseekv31 | deepseekv4 (DSML; also selects V4's chat\n"
+           "                             format, as SGLang's does): tool calls into tool_calls\n"
            "  --enable-metrics           serve Prometheus metrics at /metrics\n"
            "  --watchdog-timeout S       exit when no engine step for S s while busy (300; 0 off)\n"
            "  --max-body-bytes N         request body limit, 413 above (32 MiB)\n"

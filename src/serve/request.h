@@ -139,6 +139,7 @@ int ms_serve_req_finished(const ms_serve_req *r);
 
 typedef struct ms_engine_info {
     char model_path[512];
+    char model_family[32]; /* ms_family name ("deepseek_v3", "deepseek_v4"): the chat format */
     int64_t context_len;
     int32_t page_size;
     int32_t vocab_size;

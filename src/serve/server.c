@@ -235,6 +235,7 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     const ms_model *m = ms_engine_model(e);
     memset(info, 0, sizeof *info);
     snprintf(info->model_path, sizeof info->model_path, "%s", o->eo.model_path);
+    snprintf(info->model_family, sizeof info->model_family, "%s", ms_model_family(m)->name);
     info->context_len = ms_engine_context_length(e);
     info->page_size = o->eo.page_size;
     info->vocab_size = (int32_t)ms_model_shape_of(m)->vocab;
