@@ -16,12 +16,12 @@
 #include <signal.h>
 #include <sys/resource.h>
 
-#define CTX 1000
+#define CTX 4000 /* room for V4's tools section (byte tokens) */
 
-static ms_serve_hub *hub;
-static echo_engine eng;
-static ms_frontend *fe, *fe_key, *fe_q, *fe_cap;
-static int port, port_key, port_q, port_cap;
+static ms_serve_hub *hub, *hub_v4;
+static echo_engine eng, eng_v4;
+static ms_frontend *fe, *fe_key, *fe_q, *fe_cap, *fe_v4, *fe_fam;
+static int port, port_key, port_q, port_cap, port_v4, port_fam;
 static const char *KEY_HDR = "Authorization: Bearer sekrit\r\n";
 
 static int wait_until(atomic_int *v, int want, double timeout_s)
@@ -424,7 +424,7 @@ TEST(errors)
 TEST(context_limits)
 {
     /* completions prompt of n bytes = n tokens; context CTX */
-    char body[4096];
+    char body[CTX + 256], want[160];
     char prompt[CTX + 8];
     int ok;
     memset(prompt, 'x', CTX);
@@ -435,10 +435,10 @@ TEST(context_limits)
     CHECK(ok);
     prompt[100] = 0;
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d}", prompt, CTX - 100);
-    expect_error(
-        port, "POST", "/v1/completions", body, NULL, 400,
-        "You requested a total of 1000 tokens: 100 tokens from the input messages and 900 tokens",
-        &ok);
+    snprintf(want, sizeof want,
+             "You requested a total of %d tokens: 100 tokens from the input messages and %d tokens",
+             CTX, CTX - 100);
+    expect_error(port, "POST", "/v1/completions", body, NULL, 400, want, &ok);
     CHECK(ok);
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d}", prompt, CTX - 101);
     hresp r;
@@ -568,6 +568,120 @@ static double metric(const char *sample)
 
 #define ABORTED   "sglang:num_aborted_requests_total{model_name=\"echo-model\"} "
 #define E2E_COUNT "sglang:e2e_request_latency_seconds_count{model_name=\"echo-model\"} "
+
+/* --tool-call-parser deepseekv4 --reasoning-parser deepseek-v4 (V4's format):
+ * the echo engine replays a hand-written model output given as the user turn. */
+TEST(v4_dsml_and_reasoning)
+{
+#define D MS_CHAT_DSML
+    const char *out = "Need the weather.</think>\\n\\n<" D "tool_calls>\\n<" D
+                      "invoke name=\\\"get_weather\\\">\\n<" D
+                      "parameter name=\\\"city\\\" string=\\\"true\\\">Paris</" D "parameter>\\n<" D
+                      "parameter name=\\\"days\\\" string=\\\"false\\\">2</" D "parameter>\\n</" D
+                      "invoke>\\n</" D "tool_calls>";
+#undef D
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"tools\":[{\"type\":"
+             "\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+             "\"object\"}}}],\"chat_template_kwargs\":{\"thinking\":true}%s}",
+             out, "");
+    hresp r;
+    CHECK(hc_request(port_v4, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+    CHECKF(r.status == 200, "%d %s", r.status, r.body);
+    json_t *o = body_json(&r);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    json_t *tc = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    CHECKF(tc && json_array_size(json_object_get(msg, "tool_calls")) == 1, "%s", r.body);
+    json_t *fn = json_object_get(tc, "function");
+    CHECK(!strcmp(json_string_value(json_object_get(fn, "name")), "get_weather"));
+    CHECKF(!strcmp(json_string_value(json_object_get(fn, "arguments")),
+                   "{\"city\": \"Paris\", \"days\": 2}"),
+           "%s", r.body);
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")),
+                  "Need the weather."));
+    CHECK(json_is_null(json_object_get(msg, "content")));
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "tool_calls"));
+    json_decref(o);
+    hresp_free(&r);
+    /* streamed: one call delta (name and arguments), reasoning deltas before it */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"tools\":[{\"type\":"
+             "\"function\",\"function\":{\"name\":\"get_weather\"}}],\"chat_template_kwargs\":"
+             "{\"thinking\":true},\"stream\":true}",
+             out);
+    CHECK(hc_request(port_v4, "POST", "/v1/chat/completions", body, NULL, &r) == 0);
+    int done;
+    json_t *fr = sse_frames(r.body, &done);
+    CHECK(fr && done);
+    char reasoning[256] = "", name[64] = "", args[256] = "";
+    const char *finish = NULL;
+    int n_call_deltas = 0, content_chars = 0;
+    for (size_t i = 0; i < json_array_size(fr); i++) {
+        json_t *ch = json_array_get(json_object_get(json_array_get(fr, i), "choices"), 0);
+        json_t *d = json_object_get(ch, "delta");
+        const char *rs = json_string_value(json_object_get(d, "reasoning_content"));
+        if (rs) strncat(reasoning, rs, sizeof reasoning - strlen(reasoning) - 1);
+        const char *ct = json_string_value(json_object_get(d, "content"));
+        if (ct) content_chars += (int)strlen(ct);
+        size_t j;
+        json_t *t;
+        json_array_foreach(json_object_get(d, "tool_calls"), j, t)
+        {
+            n_call_deltas++;
+            CHECK(json_integer_value(json_object_get(t, "index")) == 0);
+            json_t *f = json_object_get(t, "function");
+            const char *nm = json_string_value(json_object_get(f, "name"));
+            const char *ar = json_string_value(json_object_get(f, "arguments"));
+            if (nm) strncat(name, nm, sizeof name - strlen(name) - 1);
+            if (ar) strncat(args, ar, sizeof args - strlen(args) - 1);
+        }
+        if (json_is_string(json_object_get(ch, "finish_reason")))
+            finish = json_string_value(json_object_get(ch, "finish_reason"));
+    }
+    CHECKF(!strcmp(reasoning, "Need the weather."), "'%s'", reasoning);
+    CHECK(!strcmp(name, "get_weather") && !strcmp(args, "{\"city\": \"Paris\", \"days\": 2}"));
+    CHECK(n_call_deltas == 1 && content_chars == 0);
+    CHECK(finish && !strcmp(finish, "tool_calls"));
+    json_decref(fr);
+    hresp_free(&r);
+    /* non-thinking (the default): the output is content, </think> included */
+    CHECK(hc_request(port_v4, "POST", "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"a</think>b\"}],"
+                     "\"reasoning_effort\":\"max\"}",
+                     NULL, &r) == 0);
+    o = body_json(&r);
+    msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    CHECKF(!strcmp(json_string_value(json_object_get(msg, "content")), "a</think>b"), "%s", r.body);
+    CHECK(json_is_null(json_object_get(msg, "reasoning_content")));
+    json_decref(o);
+    hresp_free(&r);
+    /* the format follows the model family: the same history is V4's merged user
+     * turn on a V4 engine (no parser flags), V3.1's last user turn on a V3 one */
+    const char *hist =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":"
+        "null,\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"a\",\"content\":\"R\"},"
+        "{\"role\":\"user\",\"content\":\"ok?\"}]}";
+    const int ports[] = {port_fam, port};
+    const char *want[] = {"<tool_result>R</tool_result>\n\nok?", "ok?"};
+    for (int k = 0; k < 2; k++) {
+        CHECK(hc_request(ports[k], "POST", "/v1/chat/completions", hist, NULL, &r) == 0);
+        o = body_json(&r);
+        msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+        CHECKF(!strcmp(json_string_value(json_object_get(msg, "content")), want[k]), "%s", r.body);
+        json_decref(o);
+        hresp_free(&r);
+    }
+    /* /server_info names the parsers */
+    CHECK(hc_request(port_v4, "GET", "/server_info", NULL, NULL, &r) == 0);
+    o = body_json(&r);
+    CHECK(!strcmp(json_string_value(json_object_get(o, "tool_call_parser")), "deepseekv4"));
+    CHECK(!strcmp(json_string_value(json_object_get(o, "reasoning_parser")), "deepseek-v4"));
+    json_decref(o);
+    hresp_free(&r);
+}
 
 TEST(disconnect_aborts)
 {
@@ -964,17 +1078,24 @@ static void setup_info(ms_engine_info *in)
 
 static volatile sig_atomic_t got_term;
 
+/* --model-family NAME (this test's own flag, first): the family the echo engine
+ * reports, as a real engine reports its model's (the chat format follows it). */
 static int serve_forever(int argc, char **argv)
 {
     ms_engine_info in;
     setup_info(&in);
+    int first = 3;
+    if (argc > 4 && !strcmp(argv[3], "--model-family")) {
+        snprintf(in.model_family, sizeof in.model_family, "%s", argv[4]);
+        first = 5;
+    }
     ms_errbuf e;
     hub = ms_serve_hub_new(&in, &e);
     ms_frontend_opts o;
     ms_frontend_opts_init(&o);
     o.port = 0;
     snprintf(o.served_model_name, sizeof o.served_model_name, "echo-model");
-    for (int i = 3; i < argc;) {
+    for (int i = first; i < argc;) {
         int k = ms_frontend_parse_flag(&o, argc, argv, i, &e);
         if (k <= 0) {
             fprintf(stderr, "bad flag %s: %s\n", argv[i], k < 0 ? e.msg : "unknown");
@@ -1046,6 +1167,21 @@ int main(int argc, char **argv)
     oc.max_connections_per_client = 3;
     if (ms_frontend_open(&fe_cap, &oc, hub, &test_codec, &e)) return 1;
     port_cap = ms_frontend_port(fe_cap);
+    ms_frontend_opts o4 = o;
+    char *args4[] = {"x", "--tool-call-parser", "deepseekv4", "--reasoning-parser=deepseek-v4"};
+    for (int i = 1; i < 4;) {
+        int k = ms_frontend_parse_flag(&o4, 4, args4, i, &e);
+        if (k <= 0) return 1;
+        i += k;
+    }
+    if (ms_frontend_open(&fe_v4, &o4, hub, &test_codec, &e)) return 1;
+    port_v4 = ms_frontend_port(fe_v4);
+    ms_engine_info in4 = in; /* an engine serving a DeepSeek-V4 model; no parser flags */
+    snprintf(in4.model_family, sizeof in4.model_family, "deepseek_v4");
+    hub_v4 = ms_serve_hub_new(&in4, &e);
+    if (!hub_v4 || echo_start(&eng_v4, hub_v4)) return 1;
+    if (ms_frontend_open(&fe_fam, &o, hub_v4, &test_codec, &e)) return 1;
+    port_fam = ms_frontend_port(fe_fam);
 
     RUN(health_and_models);
     RUN(chat_non_stream);
@@ -1057,6 +1193,7 @@ int main(int argc, char **argv)
     RUN(errors);
     RUN(context_limits);
     RUN(tool_calls_and_reasoning);
+    RUN(v4_dsml_and_reasoning);
     RUN(disconnect_aborts);
     RUN(abort_api_and_flush);
     RUN(queue_full_503);
@@ -1068,6 +1205,10 @@ int main(int argc, char **argv)
     RUN(watchdog_marks_unhealthy);
     RUN(drain);
 
+    ms_frontend_close(fe_fam);
+    echo_stop(&eng_v4);
+    ms_serve_hub_free(hub_v4);
+    ms_frontend_close(fe_v4);
     ms_frontend_close(fe_cap);
     ms_frontend_close(fe_q);
     ms_frontend_close(fe_key);

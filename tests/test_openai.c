@@ -56,6 +56,77 @@ TEST(parse_chat_fields)
     ms_api_req_deinit(&r);
 }
 
+/* DeepSeek-V4 chat requests: the format follows the model family (or the
+ * deepseekv4 tool parser, as SGLang); thinking via chat_template_kwargs, effort
+ * via reasoning_effort (top level or in chat_template_kwargs), which never
+ * turns thinking on. */
+TEST(parse_chat_v4)
+{
+    CHECK(ms_api_chat_format("deepseek_v4", MS_TOOL_PARSER_NONE) == MS_CHAT_FMT_V4);
+    CHECK(ms_api_chat_format("deepseek_v3", MS_TOOL_PARSER_DEEPSEEK_V31) == MS_CHAT_FMT_V3);
+    CHECK(ms_api_chat_format("deepseek_v3", MS_TOOL_PARSER_DEEPSEEK_V4) == MS_CHAT_FMT_V4);
+    ms_api_config c4 = cfg;
+    c4.chat_format = MS_CHAT_FMT_V4;
+    c4.reasoning_parser = MS_REASONING_DEEPSEEK_V4;
+    c4.tool_parser = MS_TOOL_PARSER_DEEPSEEK_V4;
+    static const char *const bodies[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":\"max\"}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":\"high\","
+        "\"chat_template_kwargs\":{\"thinking\":true}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":\"low\","
+        "\"chat_template_kwargs\":{\"thinking\":true,\"reasoning_effort\":\"max\"}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":\"medium\","
+        "\"chat_template_kwargs\":{\"thinking\":true}}"};
+    static const int think[] = {0, 0, 1, 1, 1}, max[] = {0, 0, 0, 1, 0};
+    for (int i = 0; i < 5; i++) {
+        ms_api_req r;
+        ms_errbuf e;
+        const char *param;
+        int rc = ms_api_parse(&r, MS_API_CHAT, bodies[i], strlen(bodies[i]), &c4, &e, &param);
+        CHECKF(rc == 0, "%s: %s", bodies[i], e.msg);
+        char want[2048];
+        snprintf(want, sizeof want, "%s%s%s%s", MS_CHAT_BOS,
+                 max[i] ? "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n" : "",
+                 max[i] ? "" : MS_CHAT_USER "hi" MS_CHAT_ASSISTANT, think[i] ? "<think>" : "</think>");
+        if (max[i]) {
+            CHECKF(r.text && !strncmp(r.text, want, strlen(want) - strlen("<think>")), "%s", r.text);
+            CHECK(r.text && strstr(r.text, "left unchecked.\n\n" MS_CHAT_USER "hi" MS_CHAT_ASSISTANT
+                                           "<think>"));
+        } else {
+            CHECKF(r.text && !strcmp(r.text, want), "%d: %s", i, r.text);
+        }
+        CHECK(r.separate_reasoning && r.starts_in_reasoning == think[i]);
+        CHECK(r.parse_tools == MS_TOOLS_NONE);
+        ms_api_req_deinit(&r);
+    }
+    /* tools: DSML parsing, the tools section rendered (also under tool_choice none, as SGLang's
+     * V4 path renders them; then nothing is parsed) */
+    for (int none = 0; none < 2; none++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],\"tools\":[{\"type\":"
+                 "\"function\",\"function\":{\"name\":\"f\"}}]%s}",
+                 none ? ",\"tool_choice\":\"none\"" : "");
+        ms_api_req r;
+        ms_errbuf e;
+        const char *param;
+        CHECK(ms_api_parse(&r, MS_API_CHAT, body, strlen(body), &c4, &e, &param) == 0);
+        CHECK(r.text && strstr(r.text, "### Available Tool Schemas\n\n{\"name\": \"f\"}"));
+        CHECK(r.parse_tools == (none ? MS_TOOLS_NONE : MS_TOOLS_DSML));
+        ms_api_req_deinit(&r);
+    }
+    int ok;
+    ms_api_req r;
+    ms_errbuf e = {{0}};
+    const char *param = NULL;
+    const char *bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":3}";
+    ok = ms_api_parse(&r, MS_API_CHAT, bad, strlen(bad), &c4, &e, &param) == MS_EINVAL && param &&
+         !strcmp(param, "reasoning_effort");
+    ms_api_req_deinit(&r);
+    CHECK(ok);
+}
+
 static void expect_bad(enum ms_api_kind k, const char *body, int code, const char *want_param,
                        const char *needle, int *ok)
 {
@@ -307,6 +378,7 @@ TEST(metrics_text)
 int main(void)
 {
     RUN(parse_chat_fields);
+    RUN(parse_chat_v4);
     RUN(parse_rejects);
     RUN(context_rules);
     RUN(formatting);
