@@ -256,7 +256,7 @@ TEST(reasoning_split)
     "`string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the value " \
     "in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by "     \
     "<think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool " \
-    "calls or final response.\n\nOtherwise, output directly after </think> with tool calls or "   \
+    "calls or final response.\n\nOtherwise, output directly after </think> with tool calls or "    \
     "final response.\n\n### Available Tool Schemas\n\n"
 #define V4_TOOLS_TAIL                                                                              \
     "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "    \
@@ -275,7 +275,9 @@ static char *render4(const char *msgs, const char *tools, int thinking, int effo
     json_error_t je;
     json_t *m = json_loads(msgs, 0, &je), *t = tools ? json_loads(tools, 0, NULL) : NULL;
     if (!m) fprintf(stderr, "  bad test JSON: %s at %d\n", je.text, je.column);
-    ms_chat_opts o = {.thinking = thinking, .add_generation_prompt = agp, .format = MS_CHAT_FMT_V4,
+    ms_chat_opts o = {.thinking = thinking,
+                      .add_generation_prompt = agp,
+                      .format = MS_CHAT_FMT_V4,
                       .effort = effort};
     char *out = NULL;
     size_t n = 0;
@@ -292,8 +294,8 @@ static int same(const char *got, const char *want)
     if (got && !strcmp(got, want)) return 1;
     size_t i = 0;
     while (got && got[i] && got[i] == want[i]) i++;
-    fprintf(stderr, "  differ at byte %zu:\n  got  %.200s\n  want %.200s\n", i, got ? got + i : "(null)",
-            want + i);
+    fprintf(stderr, "  differ at byte %zu:\n  got  %.200s\n  want %.200s\n", i,
+            got ? got + i : "(null)", want + i);
     return 0;
 }
 
@@ -315,25 +317,27 @@ TEST(v4_encode_thinking_tools)
         "\"reasoning_content\":\"Got it.\",\"content\":\"A feline.\"},{\"role\":\"user\","
         "\"content\":\"More?\"}]",
         tools, 1, MS_CHAT_EFFORT_NONE, 1, &rc);
-    const char *want =
-        MS_CHAT_BOS "Be brief.\n\n" V4_TOOLS_HEAD
+    const char *want = MS_CHAT_BOS
+        "Be brief.\n\n" V4_TOOLS_HEAD
         "{\"name\": \"lookup\", \"description\": \"Find a word\", \"parameters\": {\"type\": "
         "\"object\", \"properties\": {\"w\": {\"type\": \"string\"}, \"n\": {\"type\": "
         "\"integer\"}}}}" V4_TOOLS_TAIL MS_CHAT_USER "Define cat" MS_CHAT_ASSISTANT
         "<think>Use lookup.</think>\n\n<" D "tool_calls>\n<" D "invoke name=\"lookup\">\n<" D
         "parameter name=\"w\" string=\"true\">cat</" D "parameter>\n<" D
         "parameter name=\"n\" string=\"false\">2</" D "parameter>\n</" D "invoke>\n</" D
-        "tool_calls>" MS_CHAT_EOS MS_CHAT_USER "<tool_result>a small feline</tool_result>"
-        MS_CHAT_ASSISTANT "<think>Got it.</think>A feline." MS_CHAT_EOS MS_CHAT_USER
-        "More?" MS_CHAT_ASSISTANT "<think>";
+        "tool_calls>" MS_CHAT_EOS MS_CHAT_USER
+        "<tool_result>a small feline</tool_result>" MS_CHAT_ASSISTANT
+        "<think>Got it.</think>A feline." MS_CHAT_EOS MS_CHAT_USER "More?" MS_CHAT_ASSISTANT
+        "<think>";
     CHECK(rc == 0 && same(s, want));
     free(s);
     /* the same without thinking: </think> opens every assistant turn, no reasoning */
     s = render4("[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":\"A\","
                 "\"reasoning_content\":\"r\"},{\"role\":\"user\",\"content\":\"Q2\"}]",
                 NULL, 0, MS_CHAT_EFFORT_MAX, 1, &rc);
-    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Q" MS_CHAT_ASSISTANT "</think>A" MS_CHAT_EOS
-                                 MS_CHAT_USER "Q2" MS_CHAT_ASSISTANT "</think>"));
+    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Q" MS_CHAT_ASSISTANT
+                                                      "</think>A" MS_CHAT_EOS MS_CHAT_USER
+                                                      "Q2" MS_CHAT_ASSISTANT "</think>"));
     free(s);
 }
 
@@ -347,8 +351,8 @@ TEST(v4_encode_thinking_modes)
         "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Hi\"},"
         "{\"role\":\"assistant\",\"reasoning_content\":\"greet\",\"content\":\"Hello!\"},"
         "{\"role\":\"user\",\"content\":\"2+2?\"}]";
-    const char *tail = "S" MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT "</think>Hello!" MS_CHAT_EOS
-        MS_CHAT_USER "2+2?" MS_CHAT_ASSISTANT "<think>";
+    const char *tail = "S" MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT
+                       "</think>Hello!" MS_CHAT_EOS MS_CHAT_USER "2+2?" MS_CHAT_ASSISTANT "<think>";
     char want[4096];
     char *s = render4(msgs, NULL, 1, MS_CHAT_EFFORT_NONE, 1, &rc);
     snprintf(want, sizeof want, "%s%s", MS_CHAT_BOS, tail);
@@ -368,15 +372,17 @@ TEST(v4_encode_thinking_modes)
                 "\"Capital of France?\"},{\"role\":\"assistant\",\"reasoning_content\":\"Paris.\","
                 "\"content\":\"Paris\"}]",
                 NULL, 1, MS_CHAT_EFFORT_NONE, 0, &rc);
-    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Hi" MS_CHAT_ASSISTANT "</think>A1" MS_CHAT_EOS
-                                 MS_CHAT_USER "Capital of France?" MS_CHAT_ASSISTANT
-                                 "<think>Paris.</think>Paris" MS_CHAT_EOS));
+    CHECK(rc == 0 &&
+          same(s, MS_CHAT_BOS MS_CHAT_USER
+               "Hi" MS_CHAT_ASSISTANT "</think>A1" MS_CHAT_EOS MS_CHAT_USER
+               "Capital of France?" MS_CHAT_ASSISTANT "<think>Paris.</think>Paris" MS_CHAT_EOS));
     free(s);
     /* with add_generation_prompt (SGLang) a trailing assistant turn is sent as a user turn */
     s = render4("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
                 "\"Once upon\"}]",
                 NULL, 0, 0, 1, &rc);
-    CHECK(rc == 0 && same(s, MS_CHAT_BOS MS_CHAT_USER "Hi\n\nOnce upon" MS_CHAT_ASSISTANT "</think>"));
+    CHECK(rc == 0 &&
+          same(s, MS_CHAT_BOS MS_CHAT_USER "Hi\n\nOnce upon" MS_CHAT_ASSISTANT "</think>"));
     free(s);
 }
 
@@ -390,13 +396,15 @@ TEST(v4_encode_roles_and_results)
         "\"2026-01-01\"},{\"role\":\"developer\",\"content\":\"find it\",\"tools\":[{\"type\":"
         "\"function\",\"function\":{\"name\":\"f\"}}]},{\"role\":\"assistant\",\"content\":\"\","
         "\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\","
-        "\"arguments\":\"{\\\"x\\\": [1, true, null], \\\"y\\\": {\\\"k\\\": \\\"\xc3\xbc\\\"}}\"}},"
-        "{\"id\":\"b\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"oops\"}}]},"
+        "\"arguments\":\"{\\\"x\\\": [1, true, null], \\\"y\\\": {\\\"k\\\": "
+        "\\\"\xc3\xbc\\\"}}\"}},"
+        "{\"id\":\"b\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"oops\"}}]"
+        "},"
         "{\"role\":\"tool\",\"tool_call_id\":\"b\",\"content\":\"RB\"},{\"role\":\"tool\","
         "\"tool_call_id\":\"a\",\"content\":\"RA\"},{\"role\":\"user\",\"content\":\"ok?\"}]",
         NULL, 0, 0, 1, &rc);
-    const char *want =
-        MS_CHAT_BOS "S" MS_CHAT_LATEST_REMINDER "2026-01-01" MS_CHAT_USER "find it\n\n" V4_TOOLS_HEAD
+    const char *want = MS_CHAT_BOS
+        "S" MS_CHAT_LATEST_REMINDER "2026-01-01" MS_CHAT_USER "find it\n\n" V4_TOOLS_HEAD
         "{\"name\": \"f\"}" V4_TOOLS_TAIL MS_CHAT_ASSISTANT "</think>\n\n<" D "tool_calls>\n<" D
         "invoke name=\"f\">\n<" D "parameter name=\"x\" string=\"false\">[1, true, null]</" D
         "parameter>\n<" D "parameter name=\"y\" string=\"false\">{\"k\": \"\xc3\xbc\"}</" D
@@ -411,7 +419,8 @@ TEST(v4_encode_roles_and_results)
     s = render4("[{\"role\":\"developer\",\"content\":\"d1\"},{\"role\":\"assistant\",\"content\":"
                 "\"x\"},{\"role\":\"user\",\"content\":\"u\"}]",
                 NULL, 1, 0, 1, &rc);
-    CHECK(rc == 0 && same(s, MS_CHAT_BOS "x" MS_CHAT_EOS MS_CHAT_USER "u" MS_CHAT_ASSISTANT "<think>"));
+    CHECK(rc == 0 &&
+          same(s, MS_CHAT_BOS "x" MS_CHAT_EOS MS_CHAT_USER "u" MS_CHAT_ASSISTANT "<think>"));
     free(s);
     /* errors name the message */
     s = render4("[{\"role\":\"developer\",\"content\":\"\"}]", NULL, 0, 0, 1, &rc);
@@ -431,8 +440,8 @@ TEST(v4_dsml_parse_streaming)
         "parameter name=\"days\" string=\"false\">3</" D "parameter>\n<" D
         "parameter name=\"opts\" string=\"false\">{\"a\":[1,2.5]}</" D "parameter>\n<" D
         "parameter name=\"raw\" string=\"false\">not json</" D "parameter>\n</" D "invoke>\n<" D
-        "invoke name=\"now\">\n{\"tz\": \"CET\"}\n</" D "invoke>\n<" D "invoke name=\"noargs\">\n</" D
-        "invoke>\n</" D "tool_calls>";
+        "invoke name=\"now\">\n{\"tz\": \"CET\"}\n</" D "invoke>\n<" D
+        "invoke name=\"noargs\">\n</" D "invoke>\n</" D "tool_calls>";
     for (size_t step = 0; step <= 9; step++) {
         struct parsed p;
         ms_chat_parser keep;
@@ -454,8 +463,8 @@ TEST(v4_dsml_parse_streaming)
     /* V3.1's parser does not read DSML, nor the DSML one V3.1's markers */
     CHECK(parse(text, 3, 1, 0, MS_TOOLS_V31, &p, NULL) == 0 && p.n_calls == 0 &&
           !strcmp(p.content, text));
-    CHECK(parse(MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP "{}" MS_CHAT_CALL_END
-                    MS_CHAT_CALLS_END,
+    CHECK(parse(MS_CHAT_CALLS_BEGIN MS_CHAT_CALL_BEGIN "f" MS_CHAT_SEP
+                                                       "{}" MS_CHAT_CALL_END MS_CHAT_CALLS_END,
                 2, 1, 0, MS_TOOLS_DSML, &p, NULL) == 0 &&
           p.n_calls == 0);
     /* a call cut off by the end of generation is dropped; text before it stays */
@@ -579,11 +588,20 @@ TEST(v4_tokenizer_specials)
     static const struct {
         const char *tok;
         int32_t id;
-    } want[] = {{MS_CHAT_BOS, 0},         {MS_CHAT_EOS, 1},         {MS_CHAT_USER, 128803},
-                {MS_CHAT_ASSISTANT, 128804}, {"<think>", 128821},    {"</think>", 128822},
-                {MS_CHAT_DSML, 128825},   {MS_CHAT_LATEST_REMINDER, 128828},
-                {"<\xef\xbd\x9c" "action\xef\xbd\x9c>", 128829},
-                {"<\xef\xbd\x9c" "title\xef\xbd\x9c>", 128836},
+    } want[] = {{MS_CHAT_BOS, 0},
+                {MS_CHAT_EOS, 1},
+                {MS_CHAT_USER, 128803},
+                {MS_CHAT_ASSISTANT, 128804},
+                {"<think>", 128821},
+                {"</think>", 128822},
+                {MS_CHAT_DSML, 128825},
+                {MS_CHAT_LATEST_REMINDER, 128828},
+                {"<\xef\xbd\x9c"
+                 "action\xef\xbd\x9c>",
+                 128829},
+                {"<\xef\xbd\x9c"
+                 "title\xef\xbd\x9c>",
+                 128836},
                 {"<\xef\xbd\x9cread_url\xef\xbd\x9c>", 128845}};
     int32_t sizes[] = {MS_MKMODEL_V4_VOCAB, 1200};
     for (int k = 0; k < 2; k++) {
@@ -600,15 +618,17 @@ TEST(v4_tokenizer_specials)
         CHECK(ms_tokenizer_check_vocab(tok, sizes[k], &e) == 0);
         ms_serve_codec c;
         ms_serve_codec_from_tokenizer(&c, tok);
-        const char *prompt = MS_CHAT_BOS MS_CHAT_USER "hi" MS_CHAT_ASSISTANT "<think>x</think>"
-                             "\n\n<" MS_CHAT_DSML "tool_calls>" MS_CHAT_EOS;
+        const char *prompt =
+            MS_CHAT_BOS MS_CHAT_USER "hi" MS_CHAT_ASSISTANT "<think>x</think>"
+                                     "\n\n<" MS_CHAT_DSML "tool_calls>" MS_CHAT_EOS;
         int32_t *ids = NULL;
         size_t n = 0;
         CHECK(c.encode(c.ctx, prompt, strlen(prompt), 1, &ids, &n, &e) == 0);
         int hits = 0;
         for (size_t i = 0; i < n; i++)
             hits += ids[i] == c.token_id(c.ctx, MS_CHAT_DSML) ||
-                    ids[i] == c.token_id(c.ctx, "<think>") || ids[i] == c.token_id(c.ctx, MS_CHAT_USER);
+                    ids[i] == c.token_id(c.ctx, "<think>") ||
+                    ids[i] == c.token_id(c.ctx, MS_CHAT_USER);
         CHECKF(hits == 3, "vocab %d: %d marker tokens", sizes[k], hits);
         ms_detok d;
         const char *delta;

@@ -496,8 +496,8 @@ int ms_tokenizer_train_write_tail(const char *corpus, size_t corpus_len, int32_t
         if ((rc = add_token(&tr, &byte, 1))) goto out;
     }
     /* the learned tokens end where the tail starts */
-    int32_t at = tail_at >= N_HEAD + 256 && tail_at <= vocab_size - n_tail ? tail_at
-                                                                           : vocab_size - n_tail;
+    int32_t at =
+        tail_at >= N_HEAD + 256 && tail_at <= vocab_size - n_tail ? tail_at : vocab_size - n_tail;
     if ((rc = learn(&tr, at - N_HEAD - 256))) goto out;
     if ((rc = synthesize(&tr, at - N_HEAD - 256))) goto out;
     rc = write_json(&tr, vocab_size, tail, n_tail, at, path, err);

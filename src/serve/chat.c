@@ -265,8 +265,7 @@ static void acc(char **dst, size_t *len, size_t *cap, const char *s, size_t n)
     *cap = b.cap;
 }
 
-void ms_chat_emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s,
-                       size_t n)
+void ms_chat_emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s, size_t n)
 {
     if (!n) return;
     if (reasoning) {

@@ -59,7 +59,9 @@
 /* DeepSeek-V4's markers: <｜latest_reminder｜> and the DSML tool-call grammar
  * (｜DSML｜ is one special token of the V4 tokenizer; the tags around it are text). */
 #define MS_CHAT_LATEST_REMINDER "<\xef\xbd\x9clatest_reminder\xef\xbd\x9c>"
-#define MS_CHAT_DSML            "\xef\xbd\x9c" "DSML\xef\xbd\x9c"
+#define MS_CHAT_DSML                                                                               \
+    "\xef\xbd\x9c"                                                                                 \
+    "DSML\xef\xbd\x9c"
 #define MS_CHAT_DSML_CALLS      "<" MS_CHAT_DSML "tool_calls>"
 #define MS_CHAT_DSML_CALLS_END  "</" MS_CHAT_DSML "tool_calls>"
 #define MS_CHAT_DSML_INVOKE     "<" MS_CHAT_DSML "invoke"

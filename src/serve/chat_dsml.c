@@ -103,9 +103,11 @@ static void emit_invoke(ms_chat_parser *p, ms_chat_delta *d, const char *s, size
             i++;
             if (ms_chat_find_first(s + i, n - i, pe, 1, &at) < 0) break;
             char key[MS_CHAT_MAX_TOOL_NAME + 1];
-            snprintf(key, sizeof key, "%.*s", (int)(nk < MS_CHAT_MAX_TOOL_NAME ? nk : MS_CHAT_MAX_TOOL_NAME), k);
+            snprintf(key, sizeof key, "%.*s",
+                     (int)(nk < MS_CHAT_MAX_TOOL_NAME ? nk : MS_CHAT_MAX_TOOL_NAME), k);
             /* a repeated name keeps the last value; a key that is not UTF-8 is dropped */
-            json_object_set_new(args, key, param_value(s + i, at, ns == 4 && !memcmp(isstr, "true", 4)));
+            json_object_set_new(args, key,
+                                param_value(s + i, at, ns == 4 && !memcmp(isstr, "true", 4)));
             i += at + strlen(MS_CHAT_DSML_PARAM_END);
         }
     }
@@ -126,8 +128,8 @@ static void inv_add(ms_chat_parser *p, const char *s, size_t n)
     p->cap_inv = b.cap;
 }
 
-size_t ms_chat_dsml_step(ms_chat_parser *p, const char *cur, size_t rem, int last,
-                         ms_chat_delta *d, int *more)
+size_t ms_chat_dsml_step(ms_chat_parser *p, const char *cur, size_t rem, int last, ms_chat_delta *d,
+                         int *more)
 {
     size_t at = 0;
     *more = 0;

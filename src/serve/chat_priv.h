@@ -52,8 +52,7 @@ int ms_chat_content_text(const json_t *c, size_t idx, struct sb *out, ms_errbuf 
 
 /* ---- parser helpers (chat.c) ---- */
 /* Appends text to the delta and to the totals (reasoning or content). */
-void ms_chat_emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s,
-                       size_t n);
+void ms_chat_emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s, size_t n);
 /* Starts call number p->n_calls named name[0..n_name) with arguments args
  * (NUL-terminated, may be ""): one delta entry {index, id, type, function}. */
 void ms_chat_emit_call(ms_chat_parser *p, ms_chat_delta *d, const char *name, size_t n_name,

@@ -23,20 +23,20 @@
 enum { R_SYSTEM, R_DEVELOPER, R_USER, R_ASSISTANT, R_REMINDER };
 
 typedef struct block {
-    int tool;          /* 1: a tool result */
-    char *text;        /* malloc'ed */
-    const char *id;    /* tool_call_id (borrowed), or NULL */
+    int tool;       /* 1: a tool result */
+    char *text;     /* malloc'ed */
+    const char *id; /* tool_call_id (borrowed), or NULL */
 } block;
 
 typedef struct v4msg {
     int role;
-    char *content;           /* malloc'ed ("" when absent) */
-    char *reasoning;         /* malloc'ed or NULL */
-    const json_t *calls;     /* assistant tool_calls (borrowed) or NULL */
-    const json_t *tools;     /* tool definitions on this message (borrowed) or NULL */
-    block *blocks;           /* user turns: text and tool-result blocks */
+    char *content;       /* malloc'ed ("" when absent) */
+    char *reasoning;     /* malloc'ed or NULL */
+    const json_t *calls; /* assistant tool_calls (borrowed) or NULL */
+    const json_t *tools; /* tool definitions on this message (borrowed) or NULL */
+    block *blocks;       /* user turns: text and tool-result blocks */
     int n_blocks, cap_blocks;
-    int keep;                /* 0: dropped (earlier developer turns in thinking mode) */
+    int keep; /* 0: dropped (earlier developer turns in thinking mode) */
 } v4msg;
 
 /* The release's prompt texts (encoding_dsv4.py REASONING_EFFORT_MAX, TOOLS_TEMPLATE). */
@@ -51,11 +51,12 @@ static const char EFFORT_MAX[] =
 
 static const char TOOLS_HEAD[] =
     "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can "
-    "invoke tools by writing a \"" MS_CHAT_DSML_CALLS "\" block like the following:\n\n"
-    MS_CHAT_DSML_CALLS "\n" MS_CHAT_DSML_INVOKE " name=\"$TOOL_NAME\">\n" MS_CHAT_DSML_PARAM
+    "invoke tools by writing a \"" MS_CHAT_DSML_CALLS
+    "\" block like the following:\n\n" MS_CHAT_DSML_CALLS "\n" MS_CHAT_DSML_INVOKE
+    " name=\"$TOOL_NAME\">\n" MS_CHAT_DSML_PARAM
     " name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE" MS_CHAT_DSML_PARAM_END
-    "\n...\n" MS_CHAT_DSML_INVOKE_END "\n" MS_CHAT_DSML_INVOKE " name=\"$TOOL_NAME2\">\n...\n"
-    MS_CHAT_DSML_INVOKE_END "\n" MS_CHAT_DSML_CALLS_END "\n\n"
+    "\n...\n" MS_CHAT_DSML_INVOKE_END "\n" MS_CHAT_DSML_INVOKE
+    " name=\"$TOOL_NAME2\">\n...\n" MS_CHAT_DSML_INVOKE_END "\n" MS_CHAT_DSML_CALLS_END "\n\n"
     "String parameters should be specified as is and set `string=\"true\"`. For all other types "
     "(numbers, booleans, arrays, objects), pass the value in JSON format and set "
     "`string=\"false\"`.\n\n"
@@ -263,7 +264,8 @@ static int preprocess(const json_t *messages, const json_t *tools, int gen_promp
             rc = ms_err(e, MS_EINVAL, "messages[%zu].reasoning_content must be a string", i);
             goto fail;
         }
-        if (ri == R_ASSISTANT && json_is_string(rs) && !(o->reasoning = strdup(json_string_value(rs))))
+        if (ri == R_ASSISTANT && json_is_string(rs) &&
+            !(o->reasoning = strdup(json_string_value(rs))))
             goto oom;
         const json_t *calls = json_object_get(msg, "tool_calls");
         if (ri == R_ASSISTANT && calls && !json_is_null(calls)) {
@@ -316,7 +318,8 @@ static int preprocess(const json_t *messages, const json_t *tools, int gen_promp
             json_array_foreach(order, ci, c)
             {
                 const char *cid = json_string_value(json_object_get(c, "id"));
-                if (!cid) cid = json_string_value(json_object_get(json_object_get(c, "function"), "id"));
+                if (!cid)
+                    cid = json_string_value(json_object_get(json_object_get(c, "function"), "id"));
                 if (cid && *cid && m[k].blocks[j].id && !strcmp(cid, m[k].blocks[j].id)) {
                     key[t] = (int)ci;
                     break;

@@ -314,16 +314,15 @@ void ms_flag_kinds_print_help(FILE *f)
         if (table[i].kind != NOT_BUILT) continue;
         fprintf(f, "  %-44s %s\n", table[i].name, table[i].why);
     }
-    fprintf(
-        f,
-        "  ('plan only' above: moeserve plan models the flag; serve and generate refuse it.)\n"
-        "  --speculative-algorithm none, --disaggregation-mode null and --kv-cache-dtype\n"
-        "  auto (or the activation dtype: bf16, fp32 with --dtype float32) are accepted.\n"
-        "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
-        "  --compress-state-dtype\n"
-        "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
-        "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
-        "  --enable-dp-attention)\n"
-        "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK;\n"
-        "  any other one set is named in a start-up warning as ignored.\n");
+    fprintf(f,
+            "  ('plan only' above: moeserve plan models the flag; serve and generate refuse it.)\n"
+            "  --speculative-algorithm none, --disaggregation-mode null and --kv-cache-dtype\n"
+            "  auto (or the activation dtype: bf16, fp32 with --dtype float32) are accepted.\n"
+            "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
+            "  --compress-state-dtype\n"
+            "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
+            "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
+            "  --enable-dp-attention)\n"
+            "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK;\n"
+            "  any other one set is named in a start-up warning as ignored.\n");
 }

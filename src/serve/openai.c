@@ -342,8 +342,10 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
     /* V4 knows high and max (only max adds a prompt); other levels (OpenAI's
      * low/medium...) are dropped, as SGLang drops them.  Effort never turns
      * thinking on: chat_template_kwargs.thinking does. */
-    if (effort && !strcmp(effort, "max")) o.effort = MS_CHAT_EFFORT_MAX;
-    else if (effort && !strcmp(effort, "high")) o.effort = MS_CHAT_EFFORT_HIGH;
+    if (effort && !strcmp(effort, "max"))
+        o.effort = MS_CHAT_EFFORT_MAX;
+    else if (effort && !strcmp(effort, "high"))
+        o.effort = MS_CHAT_EFFORT_HIGH;
     int agp = 1;
     if ((rc = get_bool(b, "add_generation_prompt", &agp, e)) < 0)
         FAILK("add_generation_prompt", MS_EINVAL);
@@ -359,8 +361,7 @@ static int parse_chat(ms_api_req *r, json_t *b, const ms_api_config *cfg, ms_err
     if (!msgs) FAIL("messages", MS_EINVAL, "'messages' is required");
     /* V4 (SGLang's dsv4 path): the request's tools are rendered whatever tool_choice says */
     const json_t *shown = tool_none && o.format != MS_CHAT_FMT_V4 ? NULL : tools;
-    if ((rc = ms_chat_render(msgs, shown, &o, &r->text, &r->n_text, e)))
-        FAILK("messages", rc);
+    if ((rc = ms_chat_render(msgs, shown, &o, &r->text, &r->n_text, e))) FAILK("messages", rc);
     r->parse_special = 1;
     int sep = 1;
     if ((rc = get_bool(b, "separate_reasoning", &sep, e)) < 0)

@@ -72,11 +72,11 @@ static int write_config(const char *dir, ms_errbuf *err)
     char path[1200];
     if (!ms_path_join(path, sizeof path, dir, "tokenizer_config.json"))
         return ms_err(err, MS_EINVAL, "path too long");
-    json_t *root = json_pack("{s:b,s:b,s:s,s:s,s:s,s:I,s:s}", "add_bos_token", 1, "add_eos_token",
-                             0, "bos_token", "<｜begin▁of▁sentence｜>", "eos_token",
-                             "<｜end▁of▁sentence｜>", "pad_token", "<｜end▁of▁sentence｜>",
-                             "model_max_length", (json_int_t)1048576, "tokenizer_class",
-                             "LlamaTokenizerFast");
+    json_t *root =
+        json_pack("{s:b,s:b,s:s,s:s,s:s,s:I,s:s}", "add_bos_token", 1, "add_eos_token", 0,
+                  "bos_token", "<｜begin▁of▁sentence｜>", "eos_token", "<｜end▁of▁sentence｜>",
+                  "pad_token", "<｜end▁of▁sentence｜>", "model_max_length", (json_int_t)1048576,
+                  "tokenizer_class", "LlamaTokenizerFast");
     if (!root) return ms_err(err, MS_ENOMEM, "tokenizer_config: out of memory");
     int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) ? MS_EIO : 0;
     json_decref(root);
