@@ -599,8 +599,8 @@ TEST(v4_dsml_and_reasoning)
     CHECKF(!strcmp(json_string_value(json_object_get(fn, "arguments")),
                    "{\"city\": \"Paris\", \"days\": 2}"),
            "%s", r.body);
-    CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")),
-                  "Need the weather."));
+    CHECK(
+        !strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "Need the weather."));
     CHECK(json_is_null(json_object_get(msg, "content")));
     CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "tool_calls"));
     json_decref(o);

@@ -88,9 +88,11 @@ TEST(parse_chat_v4)
         char want[2048];
         snprintf(want, sizeof want, "%s%s%s%s", MS_CHAT_BOS,
                  max[i] ? "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n" : "",
-                 max[i] ? "" : MS_CHAT_USER "hi" MS_CHAT_ASSISTANT, think[i] ? "<think>" : "</think>");
+                 max[i] ? "" : MS_CHAT_USER "hi" MS_CHAT_ASSISTANT,
+                 think[i] ? "<think>" : "</think>");
         if (max[i]) {
-            CHECKF(r.text && !strncmp(r.text, want, strlen(want) - strlen("<think>")), "%s", r.text);
+            CHECKF(r.text && !strncmp(r.text, want, strlen(want) - strlen("<think>")), "%s",
+                   r.text);
             CHECK(r.text && strstr(r.text, "left unchecked.\n\n" MS_CHAT_USER "hi" MS_CHAT_ASSISTANT
                                            "<think>"));
         } else {
@@ -120,7 +122,8 @@ TEST(parse_chat_v4)
     ms_api_req r;
     ms_errbuf e = {{0}};
     const char *param = NULL;
-    const char *bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":3}";
+    const char *bad =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"reasoning_effort\":3}";
     ok = ms_api_parse(&r, MS_API_CHAT, bad, strlen(bad), &c4, &e, &param) == MS_EINVAL && param &&
          !strcmp(param, "reasoning_effort");
     ms_api_req_deinit(&r);

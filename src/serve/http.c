@@ -419,10 +419,9 @@ static json_t *server_info(ms_frontend *fe)
         "chunked_prefill_size_per_dp_rank", in->chunked_prefill_size_per_rank, "max_prefill_tokens",
         in->max_prefill_tokens, "kv_pool_replicated", in->kv_pool_replicated, "attn_dp_size",
         in->attn_dp_size, "attn_tp_size", in->attn_tp_size, "reasoning_parser",
-        rp[fe->o.reasoning_parser], "tool_call_parser",
-        tp[fe->o.tool_call_parser], "enable_metrics", fe->o.enable_metrics,
-        "max_queued_requests", fe->o.max_queued_requests, "version", "moeserve",
-        "load_balance_method", in->load_balance_method);
+        rp[fe->o.reasoning_parser], "tool_call_parser", tp[fe->o.tool_call_parser],
+        "enable_metrics", fe->o.enable_metrics, "max_queued_requests", fe->o.max_queued_requests,
+        "version", "moeserve", "load_balance_method", in->load_balance_method);
     if (o) {
         /* the per-DP-rank capacity as SGLang's scalar (every DP rank has the same pool
          * size), next to the list; the topology fields above say what it means */

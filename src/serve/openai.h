@@ -17,7 +17,11 @@
 #define MS_API_MAX_N          16  /* choices per request ("n") */
 
 enum ms_api_kind { MS_API_CHAT = 1, MS_API_COMPLETION, MS_API_GENERATE };
-enum ms_tool_parser { MS_TOOL_PARSER_NONE = 0, MS_TOOL_PARSER_DEEPSEEK_V31, MS_TOOL_PARSER_DEEPSEEK_V4 };
+enum ms_tool_parser {
+    MS_TOOL_PARSER_NONE = 0,
+    MS_TOOL_PARSER_DEEPSEEK_V31,
+    MS_TOOL_PARSER_DEEPSEEK_V4
+};
 
 typedef struct ms_api_config {
     int64_t context_len;
