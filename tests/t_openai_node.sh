@@ -14,30 +14,34 @@ if [ ! -d tests/fixtures/node/node_modules/openai ] || ! command -v node >/dev/n
 fi
 dir=$(mktemp -d)
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-"$BUILD/tests/test_http" --serve "$dir/port" --api-key k --tool-call-parser deepseekv31 \
-    --served-model-name echo-model 2>"$dir/log" &
-pid=$!
-for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
-[ -s "$dir/port" ] || { cat "$dir/log"; echo "0 passed, 1 failed"; exit 1; }
-timeout 60 node tests/openai_client.js "$(cat "$dir/port")" >"$dir/out1"
+# run_client NAME CLIENT.js SERVER-FLAGS...: one echo server, one client run;
+# the client's "N passed, N failed" line goes to $dir/NAME.out
+run_client() {
+    local name=$1 js=$2
+    shift 2
+    rm -f "$dir/port"
+    "$BUILD/tests/test_http" --serve "$dir/port" "$@" 2>"$dir/$name.log" &
+    pid=$!
+    for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
+    [ -s "$dir/port" ] || { cat "$dir/$name.log"; echo "0 passed, 1 failed"; exit 1; }
+    timeout 60 node "$js" "$(cat "$dir/port")" >"$dir/$name.out"
+    local rc=$?
+    kill -TERM $pid
+    wait $pid
+    local src=$?
+    if [ $src -ne 0 ]; then
+        echo "$name server exited with $src after SIGTERM"; cat "$dir/$name.log"
+        echo "0 passed, 1 failed"; exit 1
+    fi
+    return $rc
+}
+run_client v3 tests/openai_client.js --api-key k --tool-call-parser deepseekv31 \
+    --served-model-name echo-model
 rc=$?
-kill -TERM $pid
-wait $pid
-src=$?
-if [ $src -ne 0 ]; then echo "server exited with $src after SIGTERM"; cat "$dir/log"; echo "0 passed, 1 failed"; exit 1; fi
-rm -f "$dir/port"
-"$BUILD/tests/test_http" --serve "$dir/port" --model-family deepseek_v4 --tool-call-parser deepseekv4 \
-    --reasoning-parser deepseek-v4 --served-model-name echo-v4 2>"$dir/log4" &
-pid=$!
-for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
-[ -s "$dir/port" ] || { cat "$dir/log4"; echo "0 passed, 1 failed"; exit 1; }
-timeout 60 node tests/openai_v4.js "$(cat "$dir/port")" >"$dir/out2"
+run_client v4 tests/openai_v4.js --model-family deepseek_v4 --tool-call-parser deepseekv4 \
+    --reasoning-parser deepseek-v4 --served-model-name echo-v4
 rc2=$?
-kill -TERM $pid
-wait $pid
-src=$?
-if [ $src -ne 0 ]; then echo "V4 server exited with $src after SIGTERM"; cat "$dir/log4"; echo "0 passed, 1 failed"; exit 1; fi
-p=$(( $(awk '{print $1}' "$dir/out1") + $(awk '{print $1}' "$dir/out2") ))
-f=$(( $(awk '{print $3}' "$dir/out1") + $(awk '{print $3}' "$dir/out2") ))
+p=$(( $(awk '{print $1}' "$dir/v3.out") + $(awk '{print $1}' "$dir/v4.out") ))
+f=$(( $(awk '{print $3}' "$dir/v3.out") + $(awk '{print $3}' "$dir/v4.out") ))
 echo "$p passed, $f failed"
 [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
