@@ -5,7 +5,8 @@
  *   peak     register-only BF16 dot-product and FP32 FMA rates, GFLOP/s
  *   pool     ms_pool_run round trip with an empty job, µs
  *   matmul   ms_matmul at decode (M = 1) and batch/prefill (M = 16, 64, 512)
- *            shapes; GFLOP/s, weight GB/s, and the reference twin's GFLOP/s
+ *            shapes for BF16, FP8 and FP4 (e2m1 + per-32 UE8M0; its weight
+ *            bytes include the scales); GFLOP/s, weight GB/s, and the reference twin's GFLOP/s
  *            (the reference runs on at most 4 activation rows, 1 rep).
  * Weights rotate through >= 256 MiB of copies so they stream from DRAM, and
  * start 8 bytes past a 64-byte boundary (as safetensors data in an mmap).
@@ -90,8 +91,10 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     ms_kernels_set_dnnl(dnnl);
     int64_t min_m = ms_kernels_set_dnnl_min_m(1); /* dnnl=1 rows: oneDNN at every M */
     uint64_t rng = 1234;
-    int es = ms_dtype_size(dt);
-    size_t wbytes = (size_t)(N * K * es), stride = (wbytes + 64 + 4095) & ~(size_t)4095;
+    int fp4 = dt == MS_DT_F4E2M1; /* codes then the UE8M0 scales, in each copy */
+    size_t codes = (size_t)(N * ms_dtype_bytes(dt, K));
+    size_t wbytes = codes + (fp4 ? (size_t)(N * ((K + 31) / 32)) : 0);
+    size_t stride = (wbytes + 64 + 4095) & ~(size_t)4095;
     int copies = (int)((((size_t)256 << 20) + wbytes - 1) / wbytes);
     if (copies < 2) copies = 2;
     char *wbuf = ms_alloc_aligned((size_t)copies, stride);
@@ -106,7 +109,10 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     }
     for (int64_t i = 0; i < sr * sc; i++) scale[i] = (float)(0.001 + 0.01 * ms_rng_uniform(&rng));
     char *w0 = wbuf + 8; /* 8-byte aligned, like safetensors data */
-    for (int64_t i = 0; i < N * K; i++) {
+    for (size_t i = 0; fp4 && i < wbytes; i++) /* random codes; scales 2^-8 .. 2^-1 */
+        ((uint8_t *)w0)[i] = i < codes ? (uint8_t)(ms_rng_next(&rng) >> 24)
+                                       : (uint8_t)(119 + ms_rng_next(&rng) % 8);
+    for (int64_t i = 0; !fp4 && i < N * K; i++) {
         float v = frand(&rng);
         if (dt == MS_DT_BF16) ((uint16_t *)(void *)w0)[i] = ms_f32_to_bf16(v);
         else if (dt == MS_DT_F8E4M3) ((uint8_t *)w0)[i] = ms_f32_to_fp8e4m3(v * 448.0f);
@@ -115,8 +121,11 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     for (int c = 1; c < copies; c++) memcpy(wbuf + (size_t)c * stride + 8, w0, wbytes);
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     ms_mat *W = malloc(sizeof(ms_mat) * (size_t)copies);
-    for (int c = 0; c < copies; c++)
-        W[c] = ms_mat_whole(dt, N, K, wbuf + (size_t)c * stride + 8, dt == MS_DT_F8E4M3 ? scale : NULL);
+    for (int c = 0; c < copies; c++) {
+        char *base = wbuf + (size_t)c * stride + 8;
+        W[c] = fp4 ? ms_mat_fp4(N, K, base, (const uint8_t *)base + codes)
+                   : ms_mat_whole(dt, N, K, base, dt == MS_DT_F8E4M3 ? scale : NULL);
+    }
     ms_kctx kc = {pool, exact, isa};
 
     /* validate (and time the reference twin) on the first rows */
@@ -128,7 +137,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     ms_matmul(&kc, y, N, x, K, M, &W[0], 0);
     double first_ms = (ms_now_s() - t0) * 1e3;
     double err = rel_err(y, ref, mref * N);
-    int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32;
+    int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32 && !fp4;
     const char *status = err <= (bf ? 1e-2 : 1e-5) ? "ok" : "WRONG";
 
     double flop = 2.0 * (double)M * (double)N * (double)K;
@@ -180,8 +189,8 @@ int main(int argc, char **argv)
         bench_pool(pool, nt);
         bench_dram(pool, nt, isa);
         bench_peak(pool, nt, isa);
-        for (int d = 0; d < 2; d++) {
-            ms_dtype dt = d ? MS_DT_F8E4M3 : MS_DT_BF16;
+        for (int d = 0; d < 3; d++) {
+            ms_dtype dt = d == 2 ? MS_DT_F4E2M1 : d ? MS_DT_F8E4M3 : MS_DT_BF16;
             for (size_t s = 0; s < sizeof gemv / sizeof gemv[0]; s++) {
                 if (quick && s != 3) continue;
                 bench_matmul(pool, nt, isa, dt, 0, 0, 1, gemv[s][0], gemv[s][1]);

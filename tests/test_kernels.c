@@ -106,8 +106,26 @@ typedef struct stored {
     uint8_t *plain;
 } stored;
 
+/* FP4: random codes (C even) and UE8M0 scales around 2^-4 (exponents 119 ..
+ * 127), as a V4 expert's. */
+static void stored_make_fp4(stored *st, int64_t R, int64_t C, uint64_t *rng)
+{
+    int64_t sld = (C + 31) / 32;
+    st->data = malloc((size_t)(R * C / 2));
+    st->scale = malloc((size_t)(R * sld)); /* UE8M0 bytes, freed by stored_free */
+    for (int64_t i = 0; i < R * C / 2; i++) ((uint8_t *)st->data)[i] = (uint8_t)(ms_rng_next(rng) >> 24);
+    for (int64_t i = 0; i < R * sld; i++)
+        ((uint8_t *)st->scale)[i] = (uint8_t)(119 + ms_rng_next(rng) % 9);
+    st->whole = ms_mat_fp4(R, C, st->data, (const uint8_t *)st->scale);
+    st->plain = NULL;
+}
+
 static void stored_make(stored *st, ms_dtype dt, int64_t R, int64_t C, uint64_t *rng)
 {
+    if (dt == MS_DT_F4E2M1) {
+        stored_make_fp4(st, R, C, rng);
+        return;
+    }
     int es = ms_dtype_size(dt);
     st->data = malloc((size_t)(R * C * es));
     int64_t sr = (R + 127) / 128, sc = (C + 127) / 128;
@@ -284,6 +302,100 @@ TEST(matmul_all_paths)
     CHECK(n_cases > 100);
 }
 
+/* Dequantisation by definition (arch.md §0.7, DeepSeek's convert.py):
+ * FP4_TABLE[code] · 2^(e - 127) in f32, UE8M0 255 = NaN, 0 = 2^-127. */
+static float fp4_def(int code, int e)
+{
+    static const double t[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6};
+    if (e == 255) return NAN;
+    return (float)t[code] * (float)ldexp(1.0, e - 127);
+}
+
+/* Every e2m1 code × every UE8M0 exponent, through ms_mat_get (both nibble
+ * positions), the kernels (one-hot activations pick single weights; every
+ * ISA, exact and auto) and the e2m1 writer. */
+TEST(fp4_e8m0_all_codes)
+{
+    for (int e = 0; e < 256; e++) {
+        float v = ms_e8m0_to_f32((uint8_t)e), d = e == 255 ? NAN : (float)ldexp(1.0, e - 127);
+        CHECKF(same_f32(v, d), "e8m0 %d", e);
+    }
+    /* W[e][k]: row e has scale exponent e in both 32-column blocks; column k
+     * holds code k % 16 (k < 32: low nibbles at even k, high at odd k) */
+    enum { R = 256, C = 64 };
+    static uint8_t packed[R * C / 2], sc[R * 2];
+    for (int r = 0; r < R; r++) {
+        sc[2 * r] = sc[2 * r + 1] = (uint8_t)r;
+        for (int k = 0; k < C; k += 2)
+            packed[r * C / 2 + k / 2] = (uint8_t)((k % 16) | ((k + 1) % 16) << 4);
+    }
+    ms_mat W = ms_mat_fp4(R, C, packed, sc);
+    int bad = 0;
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < C; k++)
+            if (!same_f32(ms_mat_get(&W, r, k), fp4_def(k % 16, r))) bad++;
+    CHECKF(bad == 0, "%d of %d FP4 values differ from the definition", bad, R * C);
+    /* kernels: x = identity rows, so y[m][r] = W[r][m] (one product each).
+     * Not at exponents 253 and 254, where code × scale overflows f32 for some
+     * codes: the exact kernels (like ms_matmul_ref) then meet 0 · inf = NaN in
+     * the other columns, the auto-mode kernel scales sums (as DeepSeek's
+     * fp4_gemm does) and overflows only where a sum does. */
+    static float x[C * C], y[C * R];
+    for (int i = 0; i < C * C; i++) x[i] = i / C == i % C ? 1.0f : 0.0f;
+    for (int isa = 0; isa <= best_isa; isa++)
+        for (int exact = 0; exact <= 1; exact++) {
+            ms_kctx kc = {pool, exact, isa};
+            ms_matmul(&kc, y, R, x, C, C, &W, 0);
+            int nbad = 0;
+            for (int m = 0; m < C; m++)
+                for (int r = 0; r < R; r++) {
+                    if (r == 253 || r == 254) continue;
+                    float want = fp4_def(m % 16, r);
+                    if (!(same_f32(y[m * R + r], want) || (want == 0 && y[m * R + r] == 0))) nbad++;
+                }
+            CHECKF(nbad == 0, "isa %d exact %d: %d FP4 kernel values differ", isa, exact, nbad);
+        }
+    for (int c = 0; c < 16; c++) { /* the writer inverts every code (8: -0, which is code 8) */
+        float f = ms_fp4e2m1_to_f32((uint8_t)c);
+        uint8_t back = ms_f32_to_fp4e2m1(c == 8 ? -0.0f : f);
+        CHECKF(back == c, "e2m1 %d -> %g -> %d", c, (double)f, back);
+    }
+    /* ties to even and saturation */
+    CHECK(ms_f32_to_fp4e2m1(0.25f) == 0 && ms_f32_to_fp4e2m1(0.75f) == 2 &&
+          ms_f32_to_fp4e2m1(1.25f) == 2 && ms_f32_to_fp4e2m1(1.75f) == 4 &&
+          ms_f32_to_fp4e2m1(2.5f) == 4 && ms_f32_to_fp4e2m1(3.5f) == 6 &&
+          ms_f32_to_fp4e2m1(5.0f) == 6 && ms_f32_to_fp4e2m1(100.0f) == 7 &&
+          ms_f32_to_fp4e2m1(-0.3f) == 9);
+}
+
+/* FP4 products at ragged shapes, on every ISA in exact and auto mode,
+ * against ms_matmul_ref (1e-5): views at c0 % 32 == 0 (the auto-mode AVX-512
+ * kernel) and at other even columns (the exact kernels), K over several
+ * 128-column chunks with a tail, partial 32-column scale blocks. */
+TEST(matmul_fp4_all_paths)
+{
+    uint64_t rng = 99;
+    static const int64_t shapes[][4] = {
+        {37, 256, 0, 0}, {130, 300, 3, 32}, {5, 2, 1, 0},     {19, 62, 129, 66},
+        {9, 2200, 5, 64}, {64, 1024, 0, 0}, {24, 130, 7, 10},
+    };
+    int n_cases = 0;
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
+        int64_t N = shapes[si][0], K = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
+        stored st;
+        stored_make(&st, MS_DT_F4E2M1, r0 + N + 9, c0 + K + 38, &rng);
+        ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
+        for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
+            if (Ms[mi] > 17 && si != 1 && si != 4) continue; /* keep it fast */
+            check_product(&W, 0, Ms[mi], 0, &rng, &n_cases);
+            if (th_cur_failed) return;
+        }
+        if (si == 1) check_product(&W, 1, 3, 0, &rng, &n_cases); /* x·W: the scalar path */
+        stored_free(&st);
+    }
+    CHECK(n_cases > 50);
+}
+
 TEST(matmul_nn_all_paths)
 {
     uint64_t rng = 7;
@@ -392,14 +504,15 @@ TEST(matmul_same_bits_any_pool)
 {
     uint64_t rng = 11;
     int64_t M = 5, N = 300, K = 700;
-    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32};
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F4E2M1};
     float *x = malloc(sizeof(float) * (size_t)(M * K));
     float *y1 = malloc(sizeof(float) * (size_t)(M * N)), *y2 = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
         stored st;
-        stored_make(&st, dts[di], N + 40, K + 3, &rng);
-        ms_mat W = ms_mat_slice(&st.whole, 40, N, 3, K);
+        int64_t c0 = dts[di] == MS_DT_F4E2M1 ? 32 : 3; /* FP4: the auto kernel's origin */
+        stored_make(&st, dts[di], N + 40, K + c0, &rng);
+        ms_mat W = ms_mat_slice(&st.whole, 40, N, c0, K);
         for (int isa = 0; isa <= best_isa; isa++)
             for (int exact = 0; exact <= 1; exact++) {
                 ms_kctx k1 = {NULL, exact, isa}, k2 = {pool, exact, isa};
@@ -682,6 +795,8 @@ int main(void)
     RUN(find_nonfinite_all_codes);
     RUN(matmul_all_paths);
     RUN(matmul_nn_all_paths);
+    RUN(fp4_e8m0_all_codes);
+    RUN(matmul_fp4_all_paths);
     RUN(matmul_dnnl_prepack);
     RUN(matmul_dnnl_prepack_ahead);
     RUN(matmul_batch_same_as_single);

@@ -4,7 +4,8 @@
 #include <math.h>
 
 static const char *const names[MS_DT_COUNT] = {"F32", "BF16", "F16", "F8_E4M3", "I8",
-                                               "U8",  "I32",  "I64", "F64",     "F8_E8M0"};
+                                               "U8",  "I32",  "I64", "F64",     "F8_E8M0",
+                                               "F4_E2M1"};
 
 const char *ms_dtype_name(ms_dtype t) { return (unsigned)t < MS_DT_COUNT ? names[t] : NULL; }
 
@@ -63,7 +64,7 @@ int64_t ms_dtype_find_nonfinite(ms_dtype t, const void *p, int64_t n)
 int ms_dtype_parse(const char *name)
 {
     for (int i = 0; i < MS_DT_COUNT; i++)
-        if (!strcmp(name, names[i])) return i;
+        if (i != MS_DT_F4E2M1 && !strcmp(name, names[i])) return i; /* not a file dtype */
     return -1;
 }
 
@@ -107,4 +108,16 @@ uint8_t ms_f32_to_fp8e4m3(float f)
         if (a - v0 > v1 - a || (a - v0 == v1 - a && (code & 1))) code++;
     }
     return (uint8_t)(sign | code);
+}
+
+uint8_t ms_f32_to_fp4e2m1(float f)
+{
+    /* magnitude codes 0..7: 0 0.5 1 1.5 2 3 4 6; the midpoints between
+     * neighbours round to the code with an even mantissa bit */
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    uint8_t sign = signbit(f) ? 8 : 0, c = 0;
+    float a = fabsf(f);
+    if (a != a) return 7; /* NaN: no code for it; saturate */
+    while (c < 7 && (a > mid[c] || (a == mid[c] && (c & 1)))) c++;
+    return (uint8_t)(sign | c);
 }

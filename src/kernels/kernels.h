@@ -22,9 +22,13 @@
 /* A view of a stored weight matrix.  Element (r, c) of the view is stored at
  * data[r * ld + c] (in dtype units); an FP8 view's block scale for it is
  * scale[((r0 + r) / 128) * scale_ld + (c0 + c) / 128] where (r0, c0) is the
- * view's origin inside the stored matrix (so TP slices need no copies). */
+ * view's origin inside the stored matrix (so TP slices need no copies).
+ * F4E2M1 (FP4): element (r, c) is nibble r * ld + c counted from data (low
+ * nibble first; ld, and the column of every slice, even), its scale the
+ * UE8M0 byte e8scale[(r0 + r) * scale_ld + (c0 + c) / 32]:
+ *     W[r][c] = ms_fp4e2m1_to_f32(code) · ms_e8m0_to_f32(scale byte). */
 typedef struct ms_mat {
-    ms_dtype dtype;     /* F32, BF16, F16 or F8E4M3 */
+    ms_dtype dtype;     /* F32, BF16, F16, F8E4M3 or F4E2M1 */
     int64_t rows, cols; /* view shape: [out][in] */
     int64_t ld;         /* stored row length, elements */
     const void *data;   /* element (0, 0) of the view */
@@ -37,6 +41,7 @@ typedef struct ms_mat {
      * (ms_mat_f8_scan fills it; slices keep it) */
     const uint8_t *f8_plain;
     int64_t f8_plain_r0;
+    const uint8_t *e8scale; /* F4E2M1: [R][scale_ld] UE8M0 bytes of the stored matrix */
 } ms_mat;
 
 /* Kernel context: the pool and the precision mode. */
@@ -55,7 +60,13 @@ const char *ms_isa_name(int isa);
 
 /* A whole stored matrix as a view. */
 ms_mat ms_mat_whole(ms_dtype dt, int64_t rows, int64_t cols, const void *data, const float *scale);
-/* Sub-view rows [r, r+nr) x cols [c, c+nc) of a view. */
+/* A whole stored FP4 matrix [rows][cols] (cols even): packed codes
+ * [rows][cols / 2] and UE8M0 scales [rows][ceil(cols / 32)]. */
+ms_mat ms_mat_fp4(int64_t rows, int64_t cols, const void *packed, const uint8_t *e8scale);
+/* Bytes of a view's elements (rows × cols, as stored) plus the scales it
+ * reads (FP8: its 128×128 blocks' f32; FP4: its rows' UE8M0 bytes). */
+int64_t ms_mat_bytes(const ms_mat *m);
+/* Sub-view rows [r, r+nr) x cols [c, c+nc) of a view (FP4: c even). */
 ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t nc);
 /* plain[r] for the rows of an FP8 view: 1 when row r holds no zero,
  * subnormal or NaN e4m3 code (exponent field 0, or 0x7f / 0xff), else 0.
@@ -77,6 +88,11 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * exact = 0 with BF16 (or, with AVX512_VBMI and GFNI, FP8) weights on AVX-512 without
  * AVX512_BF16: FP32 activations and FMA over weights widened exactly
  * (mm_widen.c; ~1e-7 relative, like the exact path).
+ * F4E2M1 weights: exact = 1 or AVX2 only, the exact kernels above (codes
+ * times the scale, one f32 product each, FP32 FMA); exact = 0 on AVX-512 with
+ * views at c0 % 32 == 0, mm_fp4.c (FP32 activations and FMA over the codes,
+ * each 32-column sum times its scale; ~1e-6 relative); x·W (nn) with FP4
+ * weights runs the scalar path.
  * Results do not depend on the pool size.  No allocation per call (per-thread
  * scratch is grown on demand and kept).  Any data alignment.
  * Attention fits the same calls: scores[h][t] = q[h]·cache[t] is ms_matmul

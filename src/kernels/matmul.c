@@ -4,7 +4,8 @@
  * dtype, splits the output columns over the pool and runs it: mm_bf16.c
  * (auto mode, BF16/FP8 weights, AVX512_BF16), mm_dnnl.c (auto mode, BF16
  * weights, large M), mm_widen.c (auto mode, BF16/FP8 weights, AVX-512
- * without AVX512_BF16), mm_avx512.c / mm_avx2.c (exact FP32), or the portable
+ * without AVX512_BF16), mm_fp4.c (auto mode, FP4 weights, AVX-512),
+ * mm_avx512.c / mm_avx2.c (exact FP32), or the portable
  * scalar path here.  Also CPU feature detection, the per-thread scratch and
  * the bulk conversions.  Call from the rank's main thread (kernels.h).
  */
@@ -168,7 +169,7 @@ static void scalar_nn(const mm_task *t, int64_t n0, int64_t n1)
 
 /* ---- dispatch ---- */
 
-enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16, P_WIDEN };
+enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16, P_WIDEN, P_FP4 };
 
 struct mm_job {
     mm_task t;
@@ -178,6 +179,10 @@ struct mm_job {
 static void run_range(const struct mm_job *j, int64_t b, int64_t e)
 {
     const mm_task *t = &j->t;
+    if (j->nn && t->W->dtype == MS_DT_F4E2M1) { /* no caller multiplies x·W by FP4 weights */
+        scalar_nn(t, b, e);
+        return;
+    }
     if (j->nn) {
         switch (j->path) {
         case P_BF16:
@@ -205,6 +210,10 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
         if (ms_mm_widen_nt(t, b, e) == 0) break;
         ms_mm_avx512_nt(t, b, e);
         break;
+    case P_FP4:
+        if (ms_mm_fp4_nt(t, b, e) == 0) break;
+        ms_mm_avx512_nt(t, b, e); /* a view it does not take, or no scratch */
+        break;
     case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
     case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
     default: scalar_nt(t, b, e); break;
@@ -215,8 +224,12 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
 {
     int isa = k ? k->isa : MS_ISA_SCALAR;
     if (W->dtype != MS_DT_F32 && W->dtype != MS_DT_BF16 && W->dtype != MS_DT_F16 &&
-        W->dtype != MS_DT_F8E4M3)
+        W->dtype != MS_DT_F8E4M3 && W->dtype != MS_DT_F4E2M1)
         return P_SCALAR; /* ms_mat_get gives NaN: keep the behaviour of the reference */
+    if (W->dtype == MS_DT_F4E2M1)
+        return isa >= MS_ISA_AVX512 ? (k->exact ? P_AVX512 : P_FP4)
+               : isa >= MS_ISA_AVX2 ? P_AVX2
+                                    : P_SCALAR;
     if (isa >= MS_ISA_AVX512BF16 && !k->exact &&
         (W->dtype == MS_DT_BF16 || W->dtype == MS_DT_F8E4M3))
         return P_BF16;
@@ -346,7 +359,7 @@ static void sched_run(const ms_kctx *k, struct sched *S)
     for (int i = 0; i < S->n_jobs; i++) {
         const ms_mat *W = S->jobs[i].t.W;
         S->jobs[i].t.run = runs;
-        total_bytes += W->rows * W->cols * ms_dtype_size(W->dtype);
+        total_bytes += W->rows * ms_dtype_bytes(W->dtype, W->cols);
         total_macs += S->jobs[i].t.M * W->rows * W->cols;
     }
     if (nt == 1 || total_macs < MT_MIN_MACS) {
@@ -363,7 +376,7 @@ static void sched_run(const ms_kctx *k, struct sched *S)
         const struct mm_job *j = &S->jobs[i];
         const ms_mat *W = j->t.W;
         int64_t N = j->nn ? W->cols : W->rows;
-        int64_t line = (j->nn ? W->rows : W->cols) * ms_dtype_size(W->dtype); /* bytes per column */
+        int64_t line = ms_dtype_bytes(W->dtype, j->nn ? W->rows : W->cols); /* bytes per column */
         /* whole 128-row blocks for FP8 (one activation scaling per block) */
         int64_t align = j->nn                                                           ? 64
                         : (j->path == P_BF16 || j->path == P_WIDEN) && W->dtype == MS_DT_F8E4M3 ? 128

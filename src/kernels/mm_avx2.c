@@ -33,6 +33,28 @@ static inline __m256 load_f8x8(const void *p)
     return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nanm);
 }
 
+/* The e2m1 magnitudes times s (entry c = magnitude code c · s). */
+static inline __m256 f4_tbl8(float s)
+{
+    const __m256 t = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    return _mm256_mul_ps(t, _mm256_set1_ps(s));
+}
+
+/* 8 codes (4 bytes at p, low nibble first) through the magnitude table
+ * (vpermps reads the low 3 bits of each index), bit 3 of the code as the
+ * sign: code 8 gives -0 · s, equal to ms_fp4e2m1_to_f32's +0 · s. */
+static inline __m256 load_f4x8(const void *p, __m256 tbl)
+{
+    int32_t b4;
+    memcpy(&b4, p, 4);
+    __m128i v = _mm_cvtsi32_si128(b4);
+    __m128i u = _mm_unpacklo_epi8(v, _mm_srli_epi16(v, 4));
+    __m256i idx = _mm256_cvtepu8_epi32(u);
+    __m256 mag = _mm256_permutevar8x32_ps(tbl, idx);
+    __m256i sg = _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32(INT32_MIN));
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(sg));
+}
+
 #define VW 8
 #define VF __m256
 #define VZERO() _mm256_setzero_ps()
@@ -46,6 +68,8 @@ static inline __m256 load_f8x8(const void *p)
 #define VLOAD_BF16(p) load_bf16x8(p)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define VLOAD_F8(p) load_f8x8(p)
+#define VF4_TBL(s) f4_tbl8(s)
+#define VLOAD_F4(p, tbl) load_f4x8(p, tbl)
 #define FN(name) ms_mm_avx2_##name
 #define NT_MB 2
 #define NT_R(mb) ((mb) == 1 ? 6 : 4)

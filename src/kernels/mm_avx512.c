@@ -27,6 +27,24 @@ static inline __m512 load_f8x16(const void *p)
     return _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN));
 }
 
+/* The e2m1 table times s (entry c = code c's value · s; +0 at code 8). */
+static inline __m512 f4_tbl16(float s)
+{
+    const __m512 t = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, 0.0f, -0.5f,
+                                    -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    return _mm512_mul_ps(t, _mm512_set1_ps(s));
+}
+
+/* 16 codes (8 bytes at p, low nibble first) as entries of tbl: each byte
+ * and its copy shifted right by 4 interleaved, widened to dwords; vpermps
+ * reads only the low 4 bits of each index. */
+static inline __m512 load_f4x16(const void *p, __m512 tbl)
+{
+    __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    __m128i u = _mm_unpacklo_epi8(v, _mm_srli_epi16(v, 4));
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(u), tbl);
+}
+
 #define VW 16
 #define VF __m512
 #define VZERO() _mm512_setzero_ps()
@@ -40,6 +58,8 @@ static inline __m512 load_f8x16(const void *p)
 #define VLOAD_BF16(p) load_bf16x16(p)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VLOAD_F8(p) load_f8x16(p)
+#define VF4_TBL(s) f4_tbl16(s)
+#define VLOAD_F4(p, tbl) load_f4x16(p, tbl)
 #define FN(name) ms_mm_avx512_##name
 #define NT_MB 4
 #define NT_R(mb) ((mb) == 1 ? 8 : (mb) == 2 ? 6 : 4)

@@ -2,12 +2,15 @@
  * width and included by mm_avx2.c (8 lanes) and mm_avx512.c (16 lanes), which
  * define the V* macros below before including it.  Weights are dequantised to
  * f32 in registers exactly as ms_mat_get does (FP8: value × block scale, one
- * f32 rounding), products accumulate with FP32 FMA; only the summation order
+ * f32 rounding; FP4: code × its 32-column scale, looked up in a table scaled
+ * once per block), products accumulate with FP32 FMA; only the summation order
  * differs from ms_matmul_ref.  Runs on pool threads; no scratch needed.
  *
  * Required macros: VW (lanes), VF (vector type), VZERO(), VSET1(f), VLOAD(p),
  * VFMA(a, b, c) = a·b + c, VMUL(a, b), VHSUM(v), VLOAD_BF16(p), VLOAD_F16(p),
- * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), FN(name), NT_MB (max activation rows
+ * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), VF4_TBL(s) (the e2m1 table times s,
+ * in the form VLOAD_F4 takes), VLOAD_F4(p, tbl) (the VW codes at byte p,
+ * low nibble first, as table entries), FN(name), NT_MB (max activation rows
  * per tile), NT_R(mb) (weight rows per tile), NN_C (vectors of columns per
  * tile in the nn kernel).
  */
@@ -53,8 +56,9 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols;
-    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
-    const int64_t ldw = W->ld * es;
+    const int f4 = dt == MS_DT_F4E2M1;
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 || f4 ? 1 : 2;
+    const int64_t ldw = f4 ? W->ld / 2 : W->ld * es;
     const char *w0 = (const char *)W->data + n0 * ldw;
     const float *x0 = t->x + m0 * t->ldx;
     VF acc[NT_MB][8];
@@ -83,13 +87,24 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
                 sv[r] = VSET1(ss[r] * 256.0f);
             }
         }
+        if (f4) { /* one 32-column scale block at a time, its table scaled */
+            int64_t cb = (W->c0 + k) / 32;
+            kend = (cb + 1) * 32 - W->c0;
+            if (kend > K) kend = K;
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                ss[r] = ms_e8m0_to_f32(W->e8scale[(W->r0 + n0 + r) * W->scale_ld + cb]);
+                sv[r] = VF4_TBL(ss[r]);
+            }
+        }
         for (; k + VW <= kend; k += VW) {
             VF xv[NT_MB];
 #pragma GCC unroll 8
             for (int m = 0; m < MB; m++) xv[m] = VLOAD(x0 + m * t->ldx + k);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                VF w = FN(wload)(dt, w0 + r * ldw + k * es);
+                VF w = f4 ? VLOAD_F4(w0 + r * ldw + k / 2, sv[r])
+                          : FN(wload)(dt, w0 + r * ldw + k * es);
                 if (dt == MS_DT_F8E4M3) w = VMUL(w, sv[r]);
 #pragma GCC unroll 8
                 for (int m = 0; m < MB; m++) acc[m][r] = VFMA(xv[m], w, acc[m][r]);
@@ -98,7 +113,13 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
         for (; k < kend; k++)
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                float wv = FN(wget)(dt, w0 + r * ldw + k * es);
+                float wv;
+                if (f4) {
+                    uint8_t b = (uint8_t)w0[r * ldw + k / 2];
+                    wv = ms_fp4e2m1_to_f32((uint8_t)(k & 1 ? b >> 4 : b)) * ss[r];
+                } else {
+                    wv = FN(wget)(dt, w0 + r * ldw + k * es);
+                }
                 if (dt == MS_DT_F8E4M3) wv *= ss[r];
 #pragma GCC unroll 8
                 for (int m = 0; m < MB; m++) tl[m][r] += x0[m * t->ldx + k] * wv;
@@ -156,6 +177,7 @@ void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
     case MS_DT_BF16: FN(nt_rows_dt)(t, MS_DT_BF16, n0, n1); break;
     case MS_DT_F16: FN(nt_rows_dt)(t, MS_DT_F16, n0, n1); break;
     case MS_DT_F8E4M3: FN(nt_rows_dt)(t, MS_DT_F8E4M3, n0, n1); break;
+    case MS_DT_F4E2M1: FN(nt_rows_dt)(t, MS_DT_F4E2M1, n0, n1); break;
     default: break;
     }
 }

@@ -14,12 +14,27 @@ ms_mat ms_mat_whole(ms_dtype dt, int64_t rows, int64_t cols, const void *data, c
     return m;
 }
 
+ms_mat ms_mat_fp4(int64_t rows, int64_t cols, const void *packed, const uint8_t *e8scale)
+{
+    ms_mat m = {.dtype = MS_DT_F4E2M1, .rows = rows, .cols = cols, .ld = cols, .data = packed,
+                .scale_ld = (cols + 31) / 32, .e8scale = e8scale};
+    return m;
+}
+
+int64_t ms_mat_bytes(const ms_mat *m)
+{
+    int64_t b = m->rows * ms_dtype_bytes(m->dtype, m->cols);
+    if (m->dtype == MS_DT_F8E4M3) b += ((m->rows + 127) / 128) * ((m->cols + 127) / 128) * 4;
+    if (m->dtype == MS_DT_F4E2M1) b += m->rows * ((m->cols + 31) / 32);
+    return b;
+}
+
 ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t nc)
 {
     ms_mat s = *m;
     s.rows = nr;
     s.cols = nc;
-    s.data = (const char *)m->data + (size_t)(r * m->ld + c) * (size_t)ms_dtype_size(m->dtype);
+    s.data = (const char *)m->data + (size_t)ms_dtype_bytes(m->dtype, r * m->ld + c);
     s.r0 = m->r0 + r;
     s.c0 = m->c0 + c;
     return s;
@@ -45,6 +60,11 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c)
     case MS_DT_F8E4M3: {
         float s = m->scale[((m->r0 + r) / 128) * m->scale_ld + (m->c0 + c) / 128];
         return ms_fp8e4m3_to_f32(((const uint8_t *)m->data)[off]) * s;
+    }
+    case MS_DT_F4E2M1: {
+        uint8_t b = ((const uint8_t *)m->data)[off >> 1];
+        float s = ms_e8m0_to_f32(m->e8scale[(m->r0 + r) * m->scale_ld + (m->c0 + c) / 32]);
+        return ms_fp4e2m1_to_f32((uint8_t)(off & 1 ? b >> 4 : b)) * s;
     }
     default: return NAN;
     }

@@ -1,0 +1,199 @@
+/* mm_fp4.c — the auto-mode (exact = 0) matmul y = x·Wᵀ for FP4 e2m1
+ * weights with per-32 UE8M0 scales (DeepSeek-V4's routed experts) on
+ * AVX-512 (F, BW, VL, DQ): FP32 activations, FP32 FMA, decode and prefill.
+ *
+ * Decode without widening: a weight row is read 64 bytes (128 codes) at a
+ * time as 16 dwords; dword i holds elements 8i .. 8i + 7 of the chunk, one
+ * per nibble, so shifting the vector right by 4j puts element 8i + j's code
+ * in the low 4 bits of lane i, and one vpermps through the 16-entry e2m1
+ * table (which reads only those bits) gives 16 weights.  That is one shift
+ * and one permute per 16 weights, shared by every activation row of the
+ * tile.  The activations are permuted once per call to match (xp[16j + i] =
+ * x[8i + j] in each 128-column chunk, zero past K) and reused across the
+ * calls of one pool run.  Lane i of a chunk stays in scale block i / 4, so
+ * each 128-column sum is taken per lane over the codes and then multiplied
+ * by its lane's scale (2^(e-127), exact: e = 0 gives 2^-127, e = 255 NaN).
+ * Sums: per lane, chunk order, then one fixed reduction tree; results do not
+ * depend on the split of the output columns, ~1e-6 relative to
+ * ms_matmul_ref.  Views must start at c0 % 32 == 0 with even ld and cols
+ * (every loader view and TP slice of a V4 expert does); others return -1 and
+ * take the exact kernel.  Runs on pool threads (matmul.c).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/mm_internal.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+#define AI static inline __attribute__((always_inline))
+
+enum {
+    F4_CHUNK = 128,  /* codes per 64-byte load */
+    F4_ROW_BLOCK = 64, /* weight rows per block (each pass over activation rows reuses it) */
+    F4_PF_BYTES = 1024, /* software prefetch distance along each weight row */
+};
+
+/* The prepared activations on this thread (MM_SCR_F4X) and what they are. */
+static _Thread_local struct f4_key {
+    const float *x, *xp;
+    int64_t ldx, M, K;
+    uint64_t run;
+} f4_prepped;
+
+/* xp[m][128c + 16j + i] = x[m][128c + 8i + j] (0 at and past K). */
+static const float *f4_prep(const mm_task *t, int64_t K, int64_t ldxp)
+{
+    struct f4_key *p = &f4_prepped;
+    if (p->xp && p->x == t->x && p->ldx == t->ldx && p->M == t->M && p->K == K && p->run == t->run)
+        return p->xp;
+    float *xp = ms_mm_scratch(MM_SCR_F4X, sizeof(float) * (size_t)(t->M * ldxp));
+    if (!xp) return NULL;
+    const __m512i lane8 = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104,
+                                            112, 120);
+    for (int64_t m = 0; m < t->M; m++) {
+        const float *xr = t->x + m * t->ldx;
+        float *o = xp + m * ldxp;
+        for (int64_t c = 0; c < ldxp; c += F4_CHUNK) {
+            if (c + F4_CHUNK <= K) {
+                for (int j = 0; j < 8; j++)
+                    _mm512_storeu_ps(o + c + 16 * j,
+                                     _mm512_i32gather_ps(_mm512_add_epi32(lane8, _mm512_set1_epi32(j)),
+                                                         xr + c, 4));
+            } else {
+                for (int j = 0; j < 8; j++)
+                    for (int i = 0; i < 16; i++) {
+                        int64_t k = c + 8 * i + j;
+                        o[c + 16 * j + i] = k < K ? xr[k] : 0.0f;
+                    }
+            }
+        }
+    }
+    *p = (struct f4_key){t->x, xp, t->ldx, t->M, K, t->run};
+    return xp;
+}
+
+/* 16 UE8M0 bytes (the first n valid, the rest taken as 0) as f32 2^(e-127). */
+AI __m512 f4_scales16(const uint8_t *s, int64_t n)
+{
+    __mmask16 mk = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, s));
+    __m512i b = _mm512_slli_epi32(e, 23);
+    b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                              _mm512_set1_epi32(0x00400000)); /* 2^-127, subnormal */
+    b = _mm512_mask_mov_epi32(b, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                              _mm512_set1_epi32(0x7fc00000)); /* NaN */
+    return _mm512_castsi512_ps(b);
+}
+
+/* Activation rows [m0, m0 + MB) × weight rows [n, n + R), all of K. */
+AI void f4_tile(const mm_task *t, const float *xp, int64_t ldxp, const int MB, const int R,
+                int64_t m0, int64_t n)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, n_chunks = ldxp / F4_CHUNK, row_bytes = K / 2,
+                  n_sb = (K + 31) / 32;
+    const __m512 tbl = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, 0.0f, -0.5f,
+                                      -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const uint8_t *wr[8], *sr[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        wr[r] = (const uint8_t *)W->data + (n + r) * (W->ld / 2);
+        sr[r] = W->e8scale + (W->r0 + n + r) * W->scale_ld + W->c0 / 32;
+    }
+    __m512 acc[4][8];
+    float sv[8][16] __attribute__((aligned(64))) = {{0}}; /* filled at chunk 0 */
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n_chunks; c++) {
+        if ((c & 3) == 0) /* the scales of this chunk and the next three */
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) _mm512_store_ps(sv[r], f4_scales16(sr[r] + 4 * c, n_sb - 4 * c));
+        int64_t left = row_bytes - 64 * c;
+        __mmask64 bm = left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+        __m512i v[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            v[r] = _mm512_maskz_loadu_epi8(bm, wr[r] + 64 * c);
+            _mm_prefetch((const char *)wr[r] + 64 * c + F4_PF_BYTES, _MM_HINT_T0);
+        }
+        __m512 tt[4][8];
+#pragma GCC unroll 4
+        for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) tt[m][r] = _mm512_setzero_ps();
+        const float *xc = xp + m0 * ldxp + c * F4_CHUNK;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m512 xv[4];
+#pragma GCC unroll 4
+            for (int m = 0; m < MB; m++) xv[m] = _mm512_loadu_ps(xc + m * ldxp + 16 * j);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512 w = _mm512_permutexvar_ps(v[r], tbl);
+                v[r] = _mm512_srli_epi32(v[r], 4);
+#pragma GCC unroll 4
+                for (int m = 0; m < MB; m++) tt[m][r] = _mm512_fmadd_ps(xv[m], w, tt[m][r]);
+            }
+        }
+        __m512i sidx = _mm512_add_epi32(sidx0, _mm512_set1_epi32(4 * (int)(c & 3)));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 s = _mm512_permutexvar_ps(sidx, _mm512_load_ps(sv[r]));
+#pragma GCC unroll 4
+            for (int m = 0; m < MB; m++) acc[m][r] = _mm512_fmadd_ps(tt[m][r], s, acc[m][r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            float s = _mm512_reduce_add_ps(acc[m][r]);
+            float *yo = t->y + (m0 + m) * t->ldy + n + r;
+            *yo = t->accumulate ? *yo + s : s;
+        }
+}
+
+/* Weight rows [n0, n1) for activation rows [m0, m0 + MB): tiles of R rows,
+ * then single rows (the same sums: each row's arithmetic is its own). */
+AI void f4_rows(const mm_task *t, const float *xp, int64_t ldxp, const int MB, const int R,
+                int64_t m0, int64_t n0, int64_t n1)
+{
+    int64_t n = n0;
+    for (; n + R <= n1; n += R) f4_tile(t, xp, ldxp, MB, R, m0, n);
+    for (; n < n1; n++) f4_tile(t, xp, ldxp, MB, 1, m0, n);
+}
+
+int ms_mm_fp4_nt(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    if (W->dtype != MS_DT_F4E2M1 || W->c0 % 32 || W->ld % 2 || W->cols % 2) return -1;
+    const int64_t K = W->cols, ldxp = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
+    if (K <= 0) {
+        for (int64_t m = 0; m < t->M; m++)
+            for (int64_t n = n0; n < n1; n++)
+                if (!t->accumulate) t->y[m * t->ldy + n] = 0.0f;
+        return 0;
+    }
+    const float *xp = f4_prep(t, K, ldxp);
+    if (!xp) return -1;
+    for (int64_t nb = n0; nb < n1; nb += F4_ROW_BLOCK) {
+        int64_t ne = nb + F4_ROW_BLOCK < n1 ? nb + F4_ROW_BLOCK : n1;
+        for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
+            int64_t mb = t->M - m0 < 4 ? t->M - m0 : 4;
+            switch (mb) {
+            case 1: f4_rows(t, xp, ldxp, 1, 8, m0, nb, ne); break;
+            case 2: f4_rows(t, xp, ldxp, 2, 4, m0, nb, ne); break;
+            case 3: f4_rows(t, xp, ldxp, 3, 2, m0, nb, ne); break;
+            default: f4_rows(t, xp, ldxp, 4, 2, m0, nb, ne); break;
+            }
+        }
+    }
+    return 0;
+}
+
+#pragma GCC pop_options
