@@ -1,8 +1,10 @@
 /* test_safetensors.c — safetensors writer → reader round trips (single file,
  * shards + index, directory listing), a corpus of corrupted images each
- * rejected with a message naming the file and tensor, and ms_st_expect. */
+ * rejected with a message naming the file and tensor, ms_st_expect, and the
+ * V4 quantised tensors (FP4 I8 + F8_E8M0 experts, UE8M0 scales; quant_load.h). */
 #include "base/util.h"
 #include "harness.h"
+#include "model/quant_load.h"
 #include "model/safetensors.h"
 
 #include <stdlib.h>
@@ -608,6 +610,75 @@ TEST(expect_checks_shape_and_dtype)
     ms_st_close(st);
 }
 
+/* A V4 FP4 expert (I8 codes + F8_E8M0 per-32 scales) written, loaded through
+ * ms_load_fp4_mat and dequantised element by element against the
+ * definition (low nibble = even column); then each malformed variant is
+ * refused with a message naming the tensor. */
+TEST(fp4_expert_load)
+{
+    enum { R = 6, C = 96 };
+    static uint8_t codes[R * C / 2], sc[R * C / 32], sc_nan[R * C / 32];
+    static float scf[R * C / 32];
+    for (int i = 0; i < R * C / 2; i++) codes[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < R * C / 32; i++) sc[i] = sc_nan[i] = (uint8_t)(120 + i % 9);
+    sc_nan[R * C / 32 - 2] = 255;
+    ms_errbuf e;
+    ms_st_writer *w = ms_st_writer_new();
+    const int64_t sw[2] = {R, C / 2}, ss[2] = {R, C / 32}, sbad[2] = {R, C / 16};
+    const char *wn = "layers.0.ffn.experts.3.w1.weight";
+    CHECK(ms_st_writer_add(w, wn, MS_DT_I8, 2, sw, codes, sizeof codes, &e) == 0);
+    CHECK(ms_st_writer_add(w, "layers.0.ffn.experts.3.w1.scale", MS_DT_F8E8M0, 2, ss, sc, sizeof sc,
+                           &e) == 0);
+    CHECK(ms_st_writer_add(w, "nan.weight", MS_DT_I8, 2, sw, codes, sizeof codes, &e) == 0);
+    CHECK(ms_st_writer_add(w, "nan.scale", MS_DT_F8E8M0, 2, ss, sc_nan, sizeof sc, &e) == 0);
+    CHECK(ms_st_writer_add(w, "f32s.weight", MS_DT_I8, 2, sw, codes, sizeof codes, &e) == 0);
+    CHECK(ms_st_writer_add(w, "f32s.scale", MS_DT_F32, 2, ss, scf, sizeof scf, &e) == 0);
+    CHECK(ms_st_writer_add(w, "shape.weight", MS_DT_I8, 2, sw, codes, sizeof codes, &e) == 0);
+    CHECK(ms_st_writer_add(w, "shape.scale", MS_DT_F8E8M0, 2, sbad, codes, sizeof sc * 2, &e) == 0);
+    CHECK(ms_st_writer_add(w, "alone.weight", MS_DT_I8, 2, sw, codes, sizeof codes, &e) == 0);
+    char path[512];
+    path_of(path, sizeof path, "fp4.safetensors");
+    CHECK(ms_st_writer_save(w, path, &e) == 0);
+    ms_st_writer_free(w);
+    ms_st_store *st;
+    CHECKF(ms_st_open_file(&st, path, &e) == 0, "%s", e.msg);
+    ms_mat m;
+    CHECK(ms_st_is_fp4(st, wn) && !ms_st_is_fp4(st, "f32s.scale") && !ms_st_is_fp4(st, "none"));
+    CHECKF(ms_load_fp4_mat(st, wn, R, C, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.dtype == MS_DT_F4E2M1 && m.rows == R && m.cols == C);
+    CHECK(ms_mat_bytes(&m) == R * C / 2 + R * C / 32);
+    static const float tbl[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    int bad = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            uint8_t b = codes[(r * C + c) / 2];
+            float want = tbl[c % 2 ? b >> 4 : b & 15] * ldexpf(1.0f, sc[r * C / 32 + c / 32] - 127);
+            if (ms_mat_get(&m, r, c) != want) bad++;
+        }
+    CHECKF(bad == 0, "%d FP4 values differ", bad);
+    /* a TP slice of the down projection's columns keeps its scales */
+    ms_mat sl = ms_mat_slice(&m, 1, 4, 32, 64);
+    CHECK(ms_mat_get(&sl, 2, 5) == ms_mat_get(&m, 3, 37));
+    const ms_tensor *st_s = ms_st_find(st, "layers.0.ffn.experts.3.w1.scale");
+    float f[R * C / 32];
+    CHECK(ms_e8m0_scales_to_f32(st_s, f, R * C / 32, &e) == 0 && f[0] == 0x1p-7f);
+    CHECK(ms_load_fp4_mat(st, "nan.weight", R, C, &m, &e) == MS_EFORMAT);
+    CHECKF(strstr(e.msg, "nan.scale") && strstr(e.msg, "row 5, column 1"), "%s", e.msg);
+    CHECK(ms_e8m0_scales_to_f32(ms_st_find(st, "nan.scale"), f, R * C / 32, &e) == MS_EFORMAT);
+    CHECK(ms_load_fp4_mat(st, "f32s.weight", R, C, &m, &e) == MS_EFORMAT);
+    CHECKF(strstr(e.msg, "f32s.scale") && strstr(e.msg, "F8_E8M0"), "%s", e.msg);
+    CHECK(ms_load_fp4_mat(st, "shape.weight", R, C, &m, &e) == MS_EFORMAT);
+    CHECKF(strstr(e.msg, "shape.scale") && strstr(e.msg, "[6, 3]"), "%s", e.msg);
+    CHECK(ms_load_fp4_mat(st, "alone.weight", R, C, &m, &e) == MS_ENOENT);
+    CHECK(ms_load_fp4_mat(st, wn, R, 2 * C, &m, &e) == MS_EFORMAT); /* packed cols != K / 2 */
+    CHECKF(strstr(e.msg, wn) && strstr(e.msg, "[6, 96]"), "%s", e.msg);
+    CHECK(ms_load_fp4_mat(st, wn, R, C - 2, &m, &e) == MS_EFORMAT); /* K % 32 */
+    CHECK(ms_load_fp4_mat(st, "layers.0.ffn.experts.3.w1.scale", R, C, &m, &e) == MS_EINVAL);
+    ms_st_close(st);
+    /* "F4_E2M1" is this program's name for the codes, not a file dtype */
+    CHECK(ms_dtype_parse("F4_E2M1") == -1 && ms_dtype_parse("I8") == MS_DT_I8);
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR");
@@ -628,6 +699,7 @@ int main(void)
     RUN(truncated_files_rejected);
     RUN(index_errors);
     RUN(expect_checks_shape_and_dtype);
+    RUN(fp4_expert_load);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
