@@ -42,7 +42,7 @@ NOT_BUILT = {
     "--speculative-algorithm": "DSPARK", "--speculative-num-steps": "3",
     "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4",
     "--speculative-dspark-block-size": "6", "--speculative-draft-model-path": "/nonexistent",
-    "--kv-cache-dtype": "fp8_e4m3", "--enable-hierarchical-cache": None,
+    "--kv-cache-dtype": "fp8_e5m2", "--enable-hierarchical-cache": None,
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
     "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
@@ -56,7 +56,7 @@ NOT_BUILT = {
 }
 # values of a NOT_BUILT flag that are refused too (the flag-class test tries each)
 NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE", "EAGLE3", "NEXTN", "MTP"],
-                    "--kv-cache-dtype": ["fp8_e5m2", "fp16"],
+                    "--kv-cache-dtype": ["fp16"],
                     "--disaggregation-mode": ["decode"]}
 
 IMPL_VALUES = {"--tool-call-parser": ["deepseekv4"], "--reasoning-parser": ["deepseek-v4"]}
@@ -76,7 +76,7 @@ def kind_of(flag, values):
     if flag in NOT_BUILT:
         if flag in IMPL and v == IMPL[flag]:
             return "IMPL"
-        if flag == "--kv-cache-dtype" and v in ("auto", "bf16", "bfloat16"):
+        if flag == "--kv-cache-dtype" and v in ("auto", "bf16", "bfloat16", "fp8_e4m3"):
             return "IMPL"
         return "NOT_BUILT"
     for name, table in (("IMPL", IMPL), ("GPU", GPU), ("V4", V4), ("MULTI", MULTI)):

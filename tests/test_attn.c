@@ -38,6 +38,7 @@ static void run_case(int isa, int exact, ms_dtype dt, int page_size, int64_t S, 
         for (int64_t i = 0; i < row; i++) {
             float v = (float)(2 * ms_rng_uniform(&rng) - 1);
             if (dt == MS_DT_F32) ((float *)r)[i] = v;
+            else if (dt == MS_DT_F8E4M3) r[i] = ms_f32_to_fp8e4m3(v); /* --kv-cache-dtype fp8_e4m3 */
             else ((uint16_t *)r)[i] = ms_f32_to_bf16(v);
         }
     }
@@ -57,17 +58,16 @@ TEST(decode_attention_matches_reference)
     int best = ms_kernels_detect();
     static const int64_t lens[] = {1, 2, 15, 16, 17, 100, 333};
     for (int isa = MS_ISA_SCALAR; isa <= best; isa++)
-        for (int dt = 0; dt < 2; dt++)
+        for (int dt = 0; dt < 3; dt++)
             for (size_t li = 0; li < MS_ARRAY_LEN(lens); li++) {
                 double err;
                 int ps = li % 2 ? 16 : 7;
-                run_case(isa, 1, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 5, 37, 29,
-                         1 + (int)(li % 3), &err);
+                const ms_dtype dts[3] = {MS_DT_F32, MS_DT_BF16, MS_DT_F8E4M3};
+                run_case(isa, 1, dts[dt], ps, lens[li], 5, 37, 29, 1 + (int)(li % 3), &err);
                 CHECKF(err < 1e-5, "isa %d dtype %d S %lld: rel err %g", isa, dt,
                        (long long)lens[li], err);
                 /* 19 heads: full groups of 8 and a partial one per head block */
-                run_case(isa, 1, dt ? MS_DT_BF16 : MS_DT_F32, ps, lens[li], 19, 45, 37,
-                         1 + (int)(li % 3), &err);
+                run_case(isa, 1, dts[dt], ps, lens[li], 19, 45, 37, 1 + (int)(li % 3), &err);
                 CHECKF(err < 1e-5, "19 heads, isa %d dtype %d S %lld: rel err %g", isa, dt,
                        (long long)lens[li], err);
             }
@@ -96,7 +96,10 @@ TEST(decode_attention_bf16_auto_mode)
         run_case(best, 0, MS_DT_BF16, ps, lens[li], 5, 37, 29, threads, &err);
         CHECKF(err < 1e-5, "row 37 S %lld: rel err %g", (long long)lens[li], err);
         run_case(best, 0, MS_DT_F32, ps, lens[li], 16, 288, 256, threads, &err);
-        CHECKF(err < 1e-5, "F32 cache S %lld: rel err %g", (long long)lens[li], err);
+        CHECKF(err < 1e-5, "f32 auto S %lld: rel err %g", (long long)lens[li], err);
+        /* an FP8 cache (--kv-cache-dtype fp8_e4m3) in auto mode: the FP32 path */
+        run_case(best, 0, MS_DT_F8E4M3, ps, lens[li], 16, 288, 256, threads, &err);
+        CHECKF(err < 1e-5, "FP8 cache S %lld: rel err %g", (long long)lens[li], err);
     }
     /* the BF16 path does round: if it ran, the error is above FP32's */
     if (best >= MS_ISA_AVX512BF16) CHECKF(worst > 1e-5, "bf16 path not taken (rel err %g)", worst);

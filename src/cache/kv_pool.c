@@ -17,7 +17,7 @@ int ms_kv_pool_new(ms_kv_pool **out, int n_layers, int64_t row_elems, int page_s
 {
     *out = NULL;
     if (n_layers <= 0 || row_elems <= 0 || page_size <= 0 || n_pages <= 0 ||
-        (dt != MS_DT_F32 && dt != MS_DT_BF16 && dt != MS_DT_U8))
+        (dt != MS_DT_F32 && dt != MS_DT_BF16 && dt != MS_DT_F8E4M3 && dt != MS_DT_U8))
         return ms_err(err, MS_EINVAL, "kv pool: bad shape (layers %d, row %lld, page %d, pages %d)",
                       n_layers, (long long)row_elems, page_size, n_pages);
     ms_kv_pool *p = calloc(1, sizeof *p);

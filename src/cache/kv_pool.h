@@ -4,7 +4,8 @@
  * Owns the stream's memory: n_pages pages of page_size entry slots; for every
  * layer the stream covers a slot holds row_elems values (MLA's latent:
  * kv_lora_rank + qk_rope_head_dim) in the pool's dtype (F32 under --dtype
- * float32, BF16 otherwise; bytes for packed formats).  Layout
+ * float32, BF16 otherwise, F8E4M3 with --kv-cache-dtype fp8_e4m3; bytes for
+ * packed formats).  Layout
  * [layer][page][slot][row_elems], so one page of one layer is a contiguous
  * matrix the attention kernels read as an ms_mat view.  Pages are refcounted
  * (the radix cache shares prefix pages between requests).  Does not know about
@@ -25,7 +26,7 @@ typedef struct ms_kv_pool {
     int64_t row_elems;  /* values per token per layer */
     int page_size;      /* token slots per page */
     int32_t n_pages;
-    ms_dtype dtype;     /* MS_DT_F32 or MS_DT_BF16; MS_DT_U8 for packed entry formats */
+    ms_dtype dtype;     /* MS_DT_F32, MS_DT_BF16 or MS_DT_F8E4M3; MS_DT_U8 for packed formats */
     size_t page_bytes;  /* one page of one layer */
     uint8_t *data;      /* [n_layers][n_pages][page_size][row_elems], lazily mapped */
     size_t data_bytes;

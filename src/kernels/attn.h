@@ -2,7 +2,9 @@
  *
  * For one sequence: scores[h][s] = scale · q[h]·row[s] over the full cached
  * row (latent + rope key), softmax over s, ctx[h] = Σ_s p[h][s] · row[s][0:vdim].
- * Rows live in pages of page_size rows (F32 or BF16).  A scalar reference
+ * Rows live in pages of page_size rows (F32, BF16, or F8E4M3 for
+ * --kv-cache-dtype fp8_e4m3: e4m3 values with scale 1, read exactly through
+ * the FP32 path).  A scalar reference
  * twin (one sequence) is kept for the tests.
  * Main thread only (uses the pool).
  */
@@ -16,7 +18,7 @@
 typedef struct ms_attn_seq {
     const void *const *pages; /* [ceil(S / page_size)] first row of each page */
     int page_size;
-    ms_dtype dtype;           /* MS_DT_F32 or MS_DT_BF16 */
+    ms_dtype dtype;           /* MS_DT_F32, MS_DT_BF16 or MS_DT_F8E4M3 */
     int64_t row;              /* values per cached row */
     int64_t S;                /* cached rows to attend to */
 } ms_attn_seq;

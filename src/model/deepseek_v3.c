@@ -188,11 +188,19 @@ static int ws_reserve_decode(ms_model *m, int page_size, const ms_batch_seq *seq
 
 enum { LATENT = 0 }; /* the family's one cache stream (dsv3_kv_spec) */
 
+/* The latent cache's row: c_kv then k_pe, in the pool's dtype.  FP8
+ * (--kv-cache-dtype fp8_e4m3) stores both parts as e4m3 with the per-tensor
+ * scale 1.0, as SGLang's MLA cache does by default (k_scale = 1: values
+ * rounded to nearest even, saturated at ±448); reads are exact. */
 static void store_row(const ms_kv_view *v, int layer, int64_t pos, const float *src, int64_t n)
 {
     void *dst = ms_kv_view_entry(v, LATENT, layer, pos);
-    if (ms_kv_view_dtype(v, LATENT) == MS_DT_F32) {
+    ms_dtype dt = ms_kv_view_dtype(v, LATENT);
+    if (dt == MS_DT_F32) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
+    } else if (dt == MS_DT_F8E4M3) {
+        uint8_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = ms_f32_to_fp8e4m3(src[i]);
     } else {
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = ms_f32_to_bf16(src[i]);
@@ -206,8 +214,12 @@ static void load_rows(const ms_kv_view *v, int layer, int64_t S, float *out)
     for (int64_t s0 = 0; s0 < S; s0 += ps) {
         int64_t n = MS_MIN(ps, S - s0);
         const void *src = ms_kv_view_entry(v, LATENT, layer, s0); /* a page's rows are contiguous */
-        if (ms_kv_view_dtype(v, LATENT) == MS_DT_F32) {
+        ms_dtype dt = ms_kv_view_dtype(v, LATENT);
+        if (dt == MS_DT_F32) {
             memcpy(out + s0 * row, src, sizeof(float) * (size_t)(n * row));
+        } else if (dt == MS_DT_F8E4M3) {
+            const uint8_t *b = src;
+            for (int64_t i = 0; i < n * row; i++) out[s0 * row + i] = ms_fp8e4m3_to_f32(b[i]);
         } else {
             const uint16_t *h = src;
             for (int64_t i = 0; i < n * row; i++) out[s0 * row + i] = ms_bf16_to_f32(h[i]);

@@ -144,7 +144,7 @@ static const struct {
     {"--disable-shared-experts-fusion", F_SWITCH, O_DISABLE_FUSION, 0, 0, "    never fuse it (moeserve never fuses: accepted as is)"},
     {"--enable-dp-lm-head", F_SWITCH, O_DP_LM_HEAD, 0, 0, "    DP ranks compute their own LM head: always so in serve (its LM head is\n"
      "                                               whole on every rank); plan: split over attn_tp"},
-    {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32 (serve: the activation dtype only)"},
+    {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32 (serve: the activation dtype or fp8_e4m3)"},
     {"--page-size", F_INT, O_PAGE, 1, MS_LAUNCH_MAX_PAGE, "N   KV page size in tokens, any N (serve/generate default 16; plan: SGLang's 1)"},
     {"--compress-state-dtype", F_STR, O_STATE_DTYPE, 0, 0,
      "T   V4 compressor state fp32|bf16 (env SGLANG_DSV4_COMPRESS_STATE_DTYPE; plan only)"},

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* The launch resolved for the model's shape into *lay and checked against what the CPU
  * engine runs: the same answer on every rank, before and after the relaunch. */
@@ -41,7 +42,11 @@ void ms_engine_opts_init(ms_engine_opts *o)
 static int size_pool(ms_engine *e, ms_errbuf *err)
 {
     const ms_model_shape *c = ms_model_shape_of(e->m);
-    ms_dtype dt = e->o.exact ? MS_DT_F32 : MS_DT_BF16;
+    /* --kv-cache-dtype fp8_e4m3: e4m3 rows (the family's kv_spec sizes them
+     * from elem_bytes 1); otherwise the activations' dtype */
+    ms_dtype dt = !strcasecmp(e->o.launch.kv_cache_dtype, "fp8_e4m3") ? MS_DT_F8E4M3
+                  : e->o.exact                                        ? MS_DT_F32
+                                                                      : MS_DT_BF16;
     ms_kv_spec spec;
     ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .page_size = e->o.page_size,
                           .attn_tp = e->lay.attn_tp};

@@ -52,7 +52,6 @@ static const struct {
     {"--hicache-", NOT_BUILT, "the HiCache host tier"},
     {"--disaggregation-mode", NOT_BUILT, "prefill/decode disaggregation"}, /* "null": ok */
     {"--disaggregation-", NOT_BUILT, "prefill/decode disaggregation"},
-    {"--kv-cache-dtype", NOT_BUILT, "a KV cache in another dtype than the activations'"},
     {"--swa-full-tokens-ratio", NOT_BUILT, "a separate sliding-window KV pool"},
     {"--enable-eplb", NOT_BUILT, "EPLB rebalancing"},
     {"--eplb-", NOT_BUILT, "EPLB rebalancing"},
@@ -98,10 +97,18 @@ static int value_is_fine(const char *flag, const char *v)
     if (!strcmp(flag, "--speculative-algorithm")) return v && !strcasecmp(v, "none");
     if (!strcmp(flag, "--disaggregation-mode"))
         return v && (!strcasecmp(v, "null") || !strcasecmp(v, "none"));
-    if (!strcmp(flag, "--kv-cache-dtype")) /* the cache stores the activations' dtype */
-        return v &&
-               (!strcasecmp(v, "auto") || !strcasecmp(v, "bf16") || !strcasecmp(v, "bfloat16") ||
-                !strcasecmp(v, "fp32") || !strcasecmp(v, "float32"));
+    return 0;
+}
+
+/* --kv-cache-dtype values the cache stores: the activations' dtype (fp32 under
+ * --dtype float32, bf16 otherwise; auto: that one) or fp8_e4m3 (e4m3 rows). */
+static int kv_dtype_stored(const char *v, int exact)
+{
+    static const char *const always[] = {"auto", "fp8_e4m3"}, *const fp32[] = {"fp32", "float32"},
+                             *const bf16[] = {"bf16", "bfloat16"};
+    const char *const *act = exact ? fp32 : bf16;
+    for (int i = 0; i < 2; i++)
+        if (!strcasecmp(v, always[i]) || !strcasecmp(v, act[i])) return 1;
     return 0;
 }
 
@@ -241,10 +248,10 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                 l->pp > 1 ? "pipeline stages" : "attention context-parallel groups");
         bad++;
     }
-    if (l && l->kv_cache_bytes && l->kv_cache_bytes != (exact ? 4 : 2)) {
+    if (l && !kv_dtype_stored(l->kv_cache_dtype, exact)) {
         fprintf(out,
                 "%s: --kv-cache-dtype %s: not implemented (the KV cache stores the activation "
-                "dtype: %s with --dtype %s)\n",
+                "dtype, %s with --dtype %s, or fp8_e4m3)\n",
                 cmd, l->kv_cache_dtype, exact ? "fp32" : "bf16", exact ? "float32" : "auto");
         bad++;
     }
@@ -316,8 +323,9 @@ void ms_flag_kinds_print_help(FILE *f)
     }
     fprintf(f,
             "  ('plan only' above: moeserve plan models the flag; serve and generate refuse it.)\n"
-            "  --speculative-algorithm none, --disaggregation-mode null and --kv-cache-dtype\n"
-            "  auto (or the activation dtype: bf16, fp32 with --dtype float32) are accepted.\n"
+            "  --speculative-algorithm none and --disaggregation-mode null are accepted;\n"
+            "  --kv-cache-dtype takes auto, the activation dtype (bf16; fp32 with --dtype\n"
+            "  float32) or fp8_e4m3 (refused: fp16, fp8_e5m2).\n"
             "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
             "  --compress-state-dtype\n"
             "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"

@@ -50,8 +50,9 @@ int ms_flag_screen_gpu_then(ms_flag_screen *s, int argc, char **argv,
 
 /* After the command parsed the kept flags: refuses (returns MS_EINVAL after printing
  * one line per refused flag to out, each naming it, prefixed by cmd) when the screen
- * found refused, family or multi-node flags, or when --kv-cache-dtype asks for another
- * dtype than the cache stores (exact: --dtype float32).  The family refusals name
+ * found refused, family or multi-node flags, or when --kv-cache-dtype asks for a
+ * dtype the cache does not store (it stores the activations' dtype, fp32 with exact
+ * = --dtype float32 and bf16 otherwise, or fp8_e4m3).  The family refusals name
  * the model_type of model_path's config.json. */
 int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                          const char *model_path, const char *cmd, FILE *out);
