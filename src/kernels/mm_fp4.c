@@ -30,8 +30,8 @@
 #define AI static inline __attribute__((always_inline))
 
 enum {
-    F4_CHUNK = 128,  /* codes per 64-byte load */
-    F4_ROW_BLOCK = 64, /* weight rows per block (each pass over activation rows reuses it) */
+    F4_CHUNK = 128,     /* codes per 64-byte load */
+    F4_ROW_BLOCK = 64,  /* weight rows per block (each pass over activation rows reuses it) */
     F4_PF_BYTES = 1024, /* software prefetch distance along each weight row */
 };
 
@@ -50,8 +50,8 @@ static const float *f4_prep(const mm_task *t, int64_t K, int64_t ldxp)
         return p->xp;
     float *xp = ms_mm_scratch(MM_SCR_F4X, sizeof(float) * (size_t)(t->M * ldxp));
     if (!xp) return NULL;
-    const __m512i lane8 = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104,
-                                            112, 120);
+    const __m512i lane8 =
+        _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
     for (int64_t m = 0; m < t->M; m++) {
         const float *xr = t->x + m * t->ldx;
         float *o = xp + m * ldxp;
@@ -59,8 +59,8 @@ static const float *f4_prep(const mm_task *t, int64_t K, int64_t ldxp)
             if (c + F4_CHUNK <= K) {
                 for (int j = 0; j < 8; j++)
                     _mm512_storeu_ps(o + c + 16 * j,
-                                     _mm512_i32gather_ps(_mm512_add_epi32(lane8, _mm512_set1_epi32(j)),
-                                                         xr + c, 4));
+                                     _mm512_i32gather_ps(
+                                         _mm512_add_epi32(lane8, _mm512_set1_epi32(j)), xr + c, 4));
             } else {
                 for (int j = 0; j < 8; j++)
                     for (int i = 0; i < 16; i++) {
@@ -92,8 +92,7 @@ AI void f4_tile(const mm_task *t, const float *xp, int64_t ldxp, const int MB, c
                 int64_t m0, int64_t n)
 {
     const ms_mat *W = t->W;
-    const int64_t K = W->cols, n_chunks = ldxp / F4_CHUNK, row_bytes = K / 2,
-                  n_sb = (K + 31) / 32;
+    const int64_t K = W->cols, n_chunks = ldxp / F4_CHUNK, row_bytes = K / 2, n_sb = (K + 31) / 32;
     const __m512 tbl = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, 0.0f, -0.5f,
                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -112,7 +111,8 @@ AI void f4_tile(const mm_task *t, const float *xp, int64_t ldxp, const int MB, c
     for (int64_t c = 0; c < n_chunks; c++) {
         if ((c & 3) == 0) /* the scales of this chunk and the next three */
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) _mm512_store_ps(sv[r], f4_scales16(sr[r] + 4 * c, n_sb - 4 * c));
+            for (int r = 0; r < R; r++)
+                _mm512_store_ps(sv[r], f4_scales16(sr[r] + 4 * c, n_sb - 4 * c));
         int64_t left = row_bytes - 64 * c;
         __mmask64 bm = left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
         __m512i v[8];
@@ -186,10 +186,18 @@ int ms_mm_fp4_nt(const mm_task *t, int64_t n0, int64_t n1)
         for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
             int64_t mb = t->M - m0 < 4 ? t->M - m0 : 4;
             switch (mb) {
-            case 1: f4_rows(t, xp, ldxp, 1, 8, m0, nb, ne); break;
-            case 2: f4_rows(t, xp, ldxp, 2, 4, m0, nb, ne); break;
-            case 3: f4_rows(t, xp, ldxp, 3, 2, m0, nb, ne); break;
-            default: f4_rows(t, xp, ldxp, 4, 2, m0, nb, ne); break;
+            case 1:
+                f4_rows(t, xp, ldxp, 1, 8, m0, nb, ne);
+                break;
+            case 2:
+                f4_rows(t, xp, ldxp, 2, 4, m0, nb, ne);
+                break;
+            case 3:
+                f4_rows(t, xp, ldxp, 3, 2, m0, nb, ne);
+                break;
+            default:
+                f4_rows(t, xp, ldxp, 4, 2, m0, nb, ne);
+                break;
             }
         }
     }

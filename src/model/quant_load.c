@@ -16,9 +16,11 @@ static int check_e8m0(const ms_tensor *s, int64_t n, ms_errbuf *err)
 {
     const uint8_t *b = s->data, *nan = memchr(b, 255, (size_t)n);
     if (!nan) return 0;
-    int64_t i = nan - b, cols = s->ndim >= 2 && s->shape[s->ndim - 1] > 0 ? s->shape[s->ndim - 1] : n;
-    return ms_err(err, MS_EFORMAT, "%s: tensor '%s': UE8M0 scale 255 (NaN) at row %lld, column %lld",
-                  s->file, s->name, (long long)(i / cols), (long long)(i % cols));
+    int64_t i = nan - b,
+            cols = s->ndim >= 2 && s->shape[s->ndim - 1] > 0 ? s->shape[s->ndim - 1] : n;
+    return ms_err(err, MS_EFORMAT,
+                  "%s: tensor '%s': UE8M0 scale 255 (NaN) at row %lld, column %lld", s->file,
+                  s->name, (long long)(i / cols), (long long)(i % cols));
 }
 
 int ms_e8m0_scales_to_f32(const ms_tensor *s, float *out, int64_t n, ms_errbuf *err)
