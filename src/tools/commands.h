@@ -12,12 +12,14 @@ int ms_cmd_serve(int argc, char **argv);
 int ms_cmd_simulate(int argc, char **argv);
 int ms_cmd_version(int argc, char **argv);
 int ms_cmd_comm_check(int argc, char **argv);
+int ms_cmd_eplb(int argc, char **argv);
 int ms_cmd_perplexity(int argc, char **argv);
 int ms_cmd_tokenizer(int argc, char **argv);
 
 #define MS_COMMANDS(X)                                                                             \
     X("bench", ms_cmd_bench, "serving benchmark client (TTFT, ITL, TPOT, throughput, goodput)")    \
     X("comm-check", ms_cmd_comm_check, "check and measure MPI communication (--np N --mode ...)")  \
+    X("eplb", ms_cmd_eplb, "DeepSeek's expert load balancer on recorded loads (phy2log, log2phy)") \
     X("generate", ms_cmd_generate, "run prompts through a model and print the continuation")       \
     X("mkmodel", ms_cmd_mkmodel, "write a seeded random checkpoint (tests, benchmarks)")           \
     X("perplexity", ms_cmd_perplexity, "perplexity, bits per byte, KL divergence of a model on a text") \
