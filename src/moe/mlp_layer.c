@@ -4,6 +4,7 @@
 #include "moe/mlp_layer.h"
 
 #include "base/util.h"
+#include "moe/expert_recorder.h"
 #include "parallel/comm.h"
 #include "parallel/ep.h"
 
@@ -57,6 +58,15 @@ static int shared_after(const ms_mlp_ctx *cx, const ms_mlp_w *w)
     return w->is_moe && cx->c->n_shared_experts > 0 && (!cx->sh || cx->sh->lay->shared_tp <= 1);
 }
 
+/* The gate's output of n rows to the expert distribution recorder, if one runs. */
+static void record(const ms_mlp_ctx *cx, const ms_mlp_w *w, const int32_t *idx, int64_t n)
+{
+    ms_expert_recorder *r = ms_expert_recorder_active();
+    if (!r || n <= 0) return;
+    const ms_expert_map *map = cx->sh && cx->sh->experts ? &cx->sh->experts[w->layer] : NULL;
+    ms_expert_recorder_add(r, w->layer, map, idx, n, cx->c->n_experts_per_tok);
+}
+
 /* This rank's share of the layer over n rows: Y (overwritten) = its experts and slices. */
 static int partial(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *X, int64_t n, float *Y,
                    ms_mlp_ws *ws)
@@ -71,6 +81,7 @@ static int partial(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *X, int6
     int rc = ms_moe_route(cx->k, cx->c, &w->moe, X, n, &ws->moe);
     if (rc) return rc;
     (void)D;
+    if (!sh || sh->tp_group->rank == 0) record(cx, w, ws->moe.topk_idx, n); /* once per replica */
     /* The gate's output through the expert map: entries of experts this rank does not hold
      * are skipped (idx -1).  --moe-dp-size: every MoE-DP group holds all experts (ep ×
      * moe_tp of them split over its ranks) and computes the routed experts of its share
@@ -180,6 +191,7 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
     const float *xs = x + r0 * D;
     float *ys = y + r0 * D;
     if ((rc = ms_moe_route(cx->k, c, &w->moe, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
+    record(cx, w, ws->moe.topk_idx, n); /* each rank its own rows */
     int64_t n_recv = 0;
     if ((rc = ms_ep_dispatch(sh->tp_group, map, xs, n, D, K, ws->moe.topk_idx, ws->moe.topk_w,
                              sh->dispatch_bf16, &ws->ep, &ws->xall, &ws->cap_xall, &ws->ridx,
@@ -220,6 +232,7 @@ int ms_mlp_forward(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int6
     if (!sh || (!w->is_moe && sh->lay->dense_tp <= 1) || sh->tp_group->size == 1) {
         if (!w->is_moe) rc = ffn(cx, w->dense, x, T, y, 0, ws);
         else rc = T > 0 ? ms_moe_forward(cx->k, cx->c, &w->moe, x, T, y, &ws->moe) : 0;
+        if (!rc && w->is_moe) record(cx, w, ws->moe.topk_idx, T);
         return rc ? ms_err(err, rc, "out of memory in MLP layer") : 0;
     }
     ms_mlp_mode mode = w->is_moe ? sh->lay->sparse_mode : sh->lay->dense_mode;

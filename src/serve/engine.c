@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "cache/kv_budget.h"
+#include "moe/expert_recorder.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,7 @@ const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
 
 const ms_layout *ms_engine_layout(const ms_engine *e) { return &e->lay; }
 int ms_engine_is_rank0(const ms_engine *e) { return e->rank == 0; }
+struct ms_expert_recorder *ms_engine_recorder(const ms_engine *e) { return e->rec; }
 int ms_engine_n_dp(const ms_engine *e) { return e->n_dp; }
 int64_t ms_engine_pool_tokens(const ms_engine *e) { return e->pool_tokens; }
 int ms_engine_max_running_per_rank(const ms_engine *e) { return e->max_running_rank; }
@@ -398,6 +400,10 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     }
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
+    /* the pass's expert hits, summed over all ranks (every rank knows all_rows) */
+    if (e->rec && all_rows > 0 &&
+        (rc = ms_expert_recorder_end_pass(e->rec, e->W > 1 ? e->gs.world : NULL, err)))
+        return rc;
     /* 5. sample and report */
     const ms_sched_event *ev = NULL;
     int n_ev = 0;

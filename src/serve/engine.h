@@ -39,6 +39,8 @@ typedef struct ms_engine_opts {
     int max_running_default;     /* global default when --max-running-requests is unset */
     int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
     int prepack;                 /* prepack BF16 weights for oneDNN before sizing the KV pool */
+    int recorder_mode;           /* --expert-distribution-recorder-mode: MS_REC_* (0: none) */
+    int recorder_window;         /* --expert-distribution-recorder-buffer-size (passes) */
 } ms_engine_opts;
 
 void ms_engine_opts_init(ms_engine_opts *o);
@@ -136,5 +138,10 @@ int ms_engine_events(const ms_engine *e, const ms_engine_event **ev);
 void ms_engine_last_step(const ms_engine *e, ms_engine_step_stats *st);
 /* rank 0: the load of every DP rank as of the last step. */
 int ms_engine_loads(const ms_engine *e, const ms_engine_load **loads);
+
+/* The expert distribution recorder (moe/expert_recorder.h) this engine feeds, NULL
+ * without --expert-distribution-recorder-mode.  Its start/stop/dump/stats are
+ * thread-safe. */
+struct ms_expert_recorder *ms_engine_recorder(const ms_engine *e);
 
 #endif

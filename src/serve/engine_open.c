@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "cache/kv_budget.h"
+#include "moe/expert_recorder.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@ void ms_engine_opts_init(ms_engine_opts *o)
     o->schedule_policy = MS_SCHED_FCFS;
     o->max_running_default = 256;
     o->chunk_default = 2048;
+    o->recorder_window = 1000; /* SGLang's default without EPLB */
 }
 
 static int size_pool(ms_engine *e, ms_errbuf *err)
@@ -228,6 +230,17 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         goto fail;
     }
     e->g_displs = e->g_bytes + e->W;
+    if (o->recorder_mode && e->n_expert_maps > 0) {
+        const ms_expert_map *m0 = &e->expert_maps[0];
+        e->rec = ms_expert_recorder_new(o->recorder_mode, ms->n_layers, m0->n_logical,
+                                        m0->n_physical, m0->n_ranks, o->recorder_window,
+                                        e->W > 1 ? e->expert_maps : NULL);
+        if (!e->rec) {
+            rc = ms_err(err, MS_ENOMEM, "out of memory for the expert distribution recorder");
+            goto fail;
+        }
+        ms_expert_recorder_set_active(e->rec);
+    }
     for (int i = 0; i < e->n_dp; i++) e->loads[i].dp_rank = i;
     if (e->rank == 0) {
         char desc[512];
@@ -249,6 +262,7 @@ void ms_engine_close(ms_engine *e)
     free(e->picks);
     ms_kv_cache_free(e->cache);
     ms_model_free(e->m);
+    ms_expert_recorder_free(e->rec);
     if (e->have_groups) ms_comm_groups_deinit(&e->gs);
     for (int l = 0; l < e->n_expert_maps; l++) ms_expert_map_deinit(&e->expert_maps[l]);
     free(e->expert_maps);

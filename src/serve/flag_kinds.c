@@ -56,7 +56,6 @@ static const struct {
     {"--enable-eplb", NOT_BUILT, "EPLB rebalancing"},
     {"--eplb-", NOT_BUILT, "EPLB rebalancing"},
     {"--enable-waterfill", NOT_BUILT, "Waterfill expert placement"},
-    {"--expert-distribution-recorder-mode", NOT_BUILT, "the expert distribution recorder"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
     {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},

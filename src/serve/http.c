@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/util.h"
+#include "moe/expert_recorder.h"
 #include "serve/metrics.h"
 #include "serve/choices.h"
 
@@ -40,6 +41,9 @@ enum route {
     R_FLUSH,
     R_ABORT,
     R_METRICS,
+    R_REC_START,
+    R_REC_STOP,
+    R_REC_DUMP,
     N_ROUTES
 };
 enum { M_GET = 1, M_POST = 2, M_PUT = 4 };
@@ -62,6 +66,9 @@ static const struct {
     [R_FLUSH] = {"/flush_cache", M_GET | M_POST, "GET, POST"},
     [R_ABORT] = {"/abort_request", M_POST, "POST"},
     [R_METRICS] = {"/metrics", M_GET, "GET"},
+    [R_REC_START] = {"/start_expert_distribution_record", M_GET | M_POST, "GET, POST"},
+    [R_REC_STOP] = {"/stop_expert_distribution_record", M_GET | M_POST, "GET, POST"},
+    [R_REC_DUMP] = {"/dump_expert_distribution_record", M_GET | M_POST, "GET, POST"},
 };
 
 struct conn {
@@ -484,6 +491,28 @@ static enum MHD_Result do_abort(ms_frontend *fe, struct conn *c)
     return send_json(c, 200, json_pack("{s:i}", "aborted", n));
 }
 
+/* SGLang's recorder endpoints; the dump is JSON in the response (SGLang writes a .pt
+ * file on the server, which C cannot produce: a body naming a .pt path is refused). */
+static enum MHD_Result do_recorder(ms_frontend *fe, struct conn *c)
+{
+    ms_expert_recorder *r = ms_serve_hub_info(fe->hub)->recorder;
+    if (!r)
+        return send_error(c, 400,
+                          "the expert distribution recorder is off: start the server with "
+                          "--expert-distribution-recorder-mode stat|per_pass", NULL);
+    if (c->route == R_REC_START) ms_expert_recorder_start(r);
+    else if (c->route == R_REC_STOP) ms_expert_recorder_stop(r);
+    else {
+        if (c->n_body && memmem(c->body, c->n_body, ".pt", 3))
+            return send_error(c, 400,
+                              "a .pt (torch pickle) dump cannot be written here: the dump is "
+                              "returned as JSON with SGLang's field names (logical_count, "
+                              "physical_to_logical_map)", NULL);
+        return send_json(c, 200, ms_expert_recorder_dump(r));
+    }
+    return send_json(c, 200, json_pack("{s:b}", "success", 1));
+}
+
 static enum MHD_Result dispatch(ms_frontend *fe, struct conn *c)
 {
     switch (c->route) {
@@ -521,6 +550,10 @@ static enum MHD_Result dispatch(ms_frontend *fe, struct conn *c)
         return do_flush(fe, c);
     case R_ABORT:
         return do_abort(fe, c);
+    case R_REC_START:
+    case R_REC_STOP:
+    case R_REC_DUMP:
+        return do_recorder(fe, c);
     case R_METRICS: {
         char *t = NULL;
         size_t len = 0;

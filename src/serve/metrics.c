@@ -3,6 +3,8 @@
  * come from the hub at scrape time. */
 #include "serve/metrics.h"
 
+#include "moe/expert_recorder.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -262,6 +264,22 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
             put(&o, "sglang:num_retracted_requests_total{model_name=\"%s\",dp_rank=\"%d\"} %lld\n",
                 md, r, (long long)ld[r].num_retracted_reqs_total);
         free(ld);
+        if (info->recorder) { /* SGLang's summary name; per layer: our own gauge */
+            ms_expert_recorder *r = info->recorder;
+            ms_recorder_stats st;
+            ms_expert_recorder_stats(r, &st);
+            head(&o, "sglang:eplb_balancedness", "summary",
+                 "Balancedness of MoE in expert parallelism (per forward pass, mean over "
+                 "layers of (mean+1e-5)/(max+1e-5) of per-EP-rank routed tokens).");
+            put(&o, "sglang:eplb_balancedness_sum{model_name=\"%s\"} %.9g\n", md, st.sum);
+            put(&o, "sglang:eplb_balancedness_count{model_name=\"%s\"} %lld\n", md,
+                (long long)st.passes);
+            head(&o, "moeserve:eplb_layer_balancedness", "gauge",
+                 "The last forward pass's balancedness of each MoE layer.");
+            for (int l = 0; l < ms_expert_recorder_n_layers(r); l++)
+                put(&o, "moeserve:eplb_layer_balancedness{model_name=\"%s\",layer=\"%d\"} %.6f\n",
+                    md, l, ms_expert_recorder_layer_balancedness(r, l));
+        }
     }
     pthread_mutex_lock(&m->mu);
     static const char *cn[] = {"sglang:prompt_tokens_total", "sglang:generation_tokens_total",

@@ -154,6 +154,7 @@ typedef struct ms_engine_info {
     int32_t max_prefill_tokens;
     char dtype[16];
     char load_balance_method[24]; /* DP admission policy (router.h) */
+    struct ms_expert_recorder *recorder; /* rank 0's expert distribution recorder, or NULL */
 } ms_engine_info;
 
 typedef struct ms_dp_load {

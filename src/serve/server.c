@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "model/tokenizer.h"
+#include "moe/expert_recorder.h"
 #include "parallel/comm.h"
 #include "serve/detok.h"
 #include "serve/engine.h"
@@ -66,6 +67,12 @@ static void usage(FILE *f)
             "  --shutdown-timeout S              after SIGTERM/SIGINT, running requests may take\n"
             "                                    S s to finish, then are aborted (default 0: no\n"
             "                                    limit, as SGLang; a second signal stops at once)\n"
+            "  --expert-distribution-recorder-mode stat|per_pass\n"
+            "                                    record routed expert hits per layer and\n"
+            "                                    physical expert (/start_, /stop_,\n"
+            "                                    /dump_expert_distribution_record; per_token\n"
+            "                                    is not built)\n"
+            "  --expert-distribution-recorder-buffer-size N  passes kept (default 1000)\n"
             "  --skip-server-warmup              start without the warm-up (prepacking the\n"
             "                                    BF16 weights for prefill GEMMs and one\n"
             "                                    2048-token prompt, else paid by the first\n"
@@ -161,6 +168,15 @@ static int parse_kept(void *ctx, int argc, char **argv)
             if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
             else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
             else goto bad;
+        } else if (!strcmp(a, "--expert-distribution-recorder-mode")) {
+            if (ms_recorder_mode_parse(v, &o->eo.recorder_mode, &err)) {
+                fprintf(stderr, "serve: %s\n", err.msg);
+                return -1;
+            }
+        } else if (!strcmp(a, "--expert-distribution-recorder-buffer-size")) {
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || x < 1 || x > 1000000) goto bad;
+            o->eo.recorder_window = (int)x;
         } else if (!strcmp(a, "--shutdown-timeout")) {
             double x = strtod(v, &end);
             if (!*v || *end || !(x >= 0 && x <= 1e7)) goto bad;
@@ -258,6 +274,7 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     snprintf(info->dtype, sizeof info->dtype, "%s", o->eo.exact ? "float32" : "auto");
     snprintf(info->load_balance_method, sizeof info->load_balance_method, "%s",
              ms_lb_name(o->eo.router.policy));
+    info->recorder = ms_engine_recorder(e);
 }
 
 static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)

@@ -1,0 +1,73 @@
+/* expert_recorder.h — SGLang's expert distribution recorder (testing.md §6.1–6.2):
+ * per layer, per physical expert, the routed (token, top-k) hits of each forward pass,
+ * summed over all ranks, kept over a sliding window of passes; and each pass's
+ * balancedness per layer ((mean + 1e-5) / (max + 1e-5) of per-EP-rank load).
+ *
+ * Modes: stat (the window's sum is dumped) and per_pass (each pass of the window is
+ * dumped with its physical counts).  The dump is JSON with SGLang's field names
+ * ("logical_count" [L][E] summed over the window, "physical_to_logical_map" [L][R]).
+ *
+ * Threads: ms_expert_recorder_add and _end_pass run on the engine's main thread (the
+ * pass buffer is theirs); start / stop / dump / the statistics readers may run on any
+ * thread (a mutex guards the window and the statistics).  The MLP layers find the
+ * engine's recorder through ms_expert_recorder_active() (one engine per process, as
+ * SGLang's global recorder).
+ */
+#ifndef MS_MOE_EXPERT_RECORDER_H
+#define MS_MOE_EXPERT_RECORDER_H
+
+#include "base/error.h"
+#include "parallel/comm.h"
+#include "parallel/ep.h"
+
+#include <stdint.h>
+
+enum ms_recorder_mode { MS_REC_OFF = 0, MS_REC_STAT, MS_REC_PER_PASS };
+
+/* "stat" | "per_pass" → MS_REC_*; "per_token" → MS_EUNSUPPORTED; else MS_EINVAL.  The
+ * reason goes to err, naming the flag. */
+int ms_recorder_mode_parse(const char *v, int *mode, ms_errbuf *err);
+
+typedef struct ms_expert_recorder ms_expert_recorder;
+
+/* n_layers rows of n_physical slots, owned per_rank = n_physical / n_ranks by each EP
+ * rank; window: passes kept (>= 1).  maps[n_layers]: the placement (borrowed; NULL:
+ * the identity with n_logical = n_physical).  NULL when out of memory. */
+ms_expert_recorder *ms_expert_recorder_new(int mode, int n_layers, int n_logical, int n_physical,
+                                           int n_ranks, int window, const ms_expert_map *maps);
+void ms_expert_recorder_free(ms_expert_recorder *r);
+
+/* The recorder the MLP layers feed (NULL: none). */
+void ms_expert_recorder_set_active(ms_expert_recorder *r);
+ms_expert_recorder *ms_expert_recorder_active(void);
+
+/* Adds n rows of top-k logical ids idx[n][K] (entries < 0 skipped) of layer l, mapped
+ * to physical slots by map (NULL: identity).  Main thread. */
+void ms_expert_recorder_add(ms_expert_recorder *r, int layer, const ms_expert_map *map,
+                            const int32_t *idx, int64_t n, int K);
+
+/* Ends a forward pass: sums the pass over world (NULL: one rank; every rank of world
+ * calls it), updates the balancedness statistics, and keeps the pass in the window
+ * while recording.  0 or a communication error. */
+int ms_expert_recorder_end_pass(ms_expert_recorder *r, ms_group *world, ms_errbuf *err);
+
+void ms_expert_recorder_start(ms_expert_recorder *r); /* clears the window, records */
+void ms_expert_recorder_stop(ms_expert_recorder *r);
+/* The window as JSON (see above; "mode", "num_passes", "forward_pass_id" too), and
+ * clears it (SGLang's dump resets).  A new reference, NULL when out of memory. */
+struct json_t *ms_expert_recorder_dump(ms_expert_recorder *r);
+
+typedef struct ms_recorder_stats {
+    int64_t passes;          /* forward passes seen (with routed tokens) */
+    double last;             /* the last pass's balancedness (mean over MoE layers) */
+    double avg10, avg100, avg1000; /* over the last 10 / 100 / 1000 passes */
+    double sum;              /* Σ over all passes of the per-pass balancedness */
+    int recording;
+} ms_recorder_stats;
+
+void ms_expert_recorder_stats(ms_expert_recorder *r, ms_recorder_stats *st);
+/* The last pass's balancedness of layer l (1 for a layer with no routed tokens). */
+double ms_expert_recorder_layer_balancedness(ms_expert_recorder *r, int layer);
+int ms_expert_recorder_n_layers(const ms_expert_recorder *r);
+
+#endif

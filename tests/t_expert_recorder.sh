@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# t_expert_recorder.sh — the expert distribution recorder through the server: a known
+# batch (one 20-token prompt, 8 greedy tokens) gives exactly (20 + 7) x top-k routed hits
+# in every MoE layer and none in the dense one; the same batch under EP 2 over MPI
+# (all-to-all) gives the identical per-expert logical_count (each rank records its own
+# rows, the pass is summed over the ranks); per_pass dumps one record per forward pass
+# summing to logical_count; balancedness in /metrics (sglang:eplb_balancedness); the
+# endpoints refuse clearly when the recorder is off, a .pt dump, and per_token.
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+. "$(dirname "$0")/lib.sh"
+serve_setup
+PROMPT="[0,17,400,999,3,250,64,12,900,33,1,2,3,4,5,6,7,8,9,10]"
+BODY="{\"input_ids\": $PROMPT, \"sampling_params\": {\"max_new_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}}"
+run_batch() { # $1 = name, rest: serve flags; leaves the dump in $tmp/$1.json
+    local name=$1
+    shift
+    PORT=$(free_port)
+    serve_up "$name" "$MOESERVE" serve --model-path "$M" --port "$PORT" --dtype float32 --threads 1 \
+        --skip-server-warmup --enable-metrics "$@" || return 1
+    curl -s -X POST "http://127.0.0.1:$PORT/start_expert_distribution_record" >"$tmp/$name.start"
+    curl -s -X POST "http://127.0.0.1:$PORT/generate" -d "$BODY" >"$tmp/$name.gen"
+    curl -s -X POST "http://127.0.0.1:$PORT/dump_expert_distribution_record" >"$tmp/$name.json"
+    curl -s "http://127.0.0.1:$PORT/metrics" >"$tmp/$name.metrics"
+    curl -s -X POST "http://127.0.0.1:$PORT/dump_expert_distribution_record" -d '{"path": "/tmp/x.pt"}' >"$tmp/$name.pt"
+    curl -s -X POST "http://127.0.0.1:$PORT/dump_expert_distribution_record" >"$tmp/$name.again"
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=
+}
+check() { /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+mode, path, cfg = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3] + "/config.json"))
+d = json.load(open(path))
+K, E, L = cfg["num_experts_per_tok"], cfg["n_routed_experts"], cfg["num_hidden_layers"]
+lc = d["logical_count"]
+assert len(lc) == L and all(len(r) == E for r in lc), "shape"
+for l in range(L):
+    want = 0 if l < cfg["first_k_dense_replace"] else (20 + 7) * K
+    assert sum(lc[l]) == want, f"layer {l}: {sum(lc[l])} hits, want {want}"
+assert d["physical_to_logical_map"][1] == list(range(E)) or mode != "identity"
+if mode == "per_pass":
+    recs = d["records"]
+    assert len(recs) == d["num_passes"] == 8, f"{len(recs)} records"
+    for l in range(L):
+        s = [sum(r["physical_count"][l][p] for r in recs) for p in range(E)]
+        assert s == lc[l], f"layer {l}: records do not sum to logical_count"
+print("ok", d["num_passes"], "passes")
+PY
+}
+run_batch one --expert-distribution-recorder-mode per_pass
+t "start answers success" 'grep -Eq "\"success\": ?true" "$tmp/one.start"'
+out=$(check per_pass "$tmp/one.json" "$M" 2>&1)
+t "1 rank per_pass: (20 + 7) x top-k hits per MoE layer, 8 records summing to logical_count ($out)" \
+    'echo "$out" | grep -q "^ok"'
+t "balancedness in /metrics (1 rank: 1)" \
+    'grep -q "^sglang:eplb_balancedness_count{model_name=\"[^\"]*\"} [1-9]" "$tmp/one.metrics" && grep -q "^moeserve:eplb_layer_balancedness{model_name=\"[^\"]*\",layer=\"1\"} 1.000000" "$tmp/one.metrics"'
+t ".pt dump refused (400, names JSON)" 'grep -q "torch pickle" "$tmp/one.pt" && grep -q JSON "$tmp/one.pt"'
+t "a dump resets the window" 'grep -Eq "\"num_passes\": ?0[,}]" "$tmp/one.again"'
+run_batch ep2 --tp 2 --moe-a2a-backend deepep --expert-distribution-recorder-mode stat
+out=$(check stat "$tmp/ep2.json" "$M" 2>&1)
+t "EP 2 (all-to-all) stat: the same totals ($out)" 'echo "$out" | grep -q "^ok"'
+t "EP 2: logical_count identical to 1 rank" \
+    '[ "$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[\"logical_count\"] == json.load(open(sys.argv[2]))[\"logical_count\"])" "$tmp/one.json" "$tmp/ep2.json")" = True ]'
+bal=$(grep '^moeserve:eplb_layer_balancedness{.*layer="1"}' "$tmp/ep2.metrics" | awk '{print $2}')
+t "EP 2: layer balancedness $bal in [0.5, 1]" \
+    '/usr/bin/python3 -c "import sys; b=float(sys.argv[1]); sys.exit(0 if 0.5 <= b <= 1 else 1)" "$bal"'
+# the EP 2 metric = (mean + 1e-5) / (max + 1e-5) of per-rank hits of the last pass, from the
+# 1-rank per_pass record of the same pass (identity placement: slots [0, E/2) on rank 0)
+/usr/bin/python3 - "$tmp/ep2.metrics" "$tmp/one.json" <<'PY' >"$tmp/balchk" 2>&1
+import json, re, sys
+m, d = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+last = d["records"][-1]["physical_count"]
+for l, row in enumerate(last):
+    if not sum(row):
+        continue
+    h = len(row) // 2
+    loads = [sum(row[:h]), sum(row[h:])]
+    want = (sum(loads) / 2 + 1e-5) / (max(loads) + 1e-5)
+    got = float(re.search(r'eplb_layer_balancedness\{[^}]*layer="%d"\} (\S+)' % l, m).group(1))
+    assert abs(got - want) < 1e-5, f"layer {l}: metric {got}, want {want}"
+s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
+n = int(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
+assert n >= 8 and 0.5 * n <= s <= n, (s, n)
+print("ok")
+PY
+t "EP 2 balancedness per layer = the formula on the last pass's per-rank hits" 'grep -q "^ok" "$tmp/balchk"' || cat "$tmp/balchk"
+# refusals
+PORT=$(free_port)
+serve_up off "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 1 --skip-server-warmup
+r=$(curl -s -w ' %{http_code}' -X POST "http://127.0.0.1:$PORT/start_expert_distribution_record")
+t "recorder off: 400 naming the flag" 'echo "$r" | grep -q "expert-distribution-recorder-mode" && echo "$r" | grep -q " 400$"'
+kill "$PID" 2>/dev/null
+wait "$PID" 2>/dev/null
+PID=
+err=$("$MOESERVE" serve --model-path "$M" --expert-distribution-recorder-mode per_token 2>&1)
+t "per_token refused as not implemented" 'echo "$err" | grep -q "per_token: not implemented"'
+report
