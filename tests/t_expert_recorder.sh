@@ -4,7 +4,9 @@
 # in every MoE layer and none in the dense one; the same batch under EP 2 over MPI
 # (all-to-all) gives the identical per-expert logical_count (each rank records its own
 # rows, the pass is summed over the ranks); per_pass dumps one record per forward pass
-# summing to logical_count; balancedness in /metrics (sglang:eplb_balancedness); the
+# summing to logical_count; a `mkmodel --route-skew 1.2` model routes served tokens with
+# the skew it was calibrated for (expert 0 near its 1/top-k cap, the first quarter of the
+# experts well over a quarter of the hits); balancedness in /metrics (sglang:eplb_balancedness); the
 # endpoints refuse clearly when the recorder is off, a .pt dump, and per_token.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
@@ -86,6 +88,27 @@ assert n >= 8 and 0.5 * n <= s <= n, (s, n)
 print("ok")
 PY
 t "EP 2 balancedness per layer = the formula on the last pass's per-rank hits" 'grep -q "^ok" "$tmp/balchk"' || cat "$tmp/balchk"
+# --route-skew: served routing follows the calibrated skew
+"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --route-skew 1.2 --out "$tmp/skew" 2>"$tmp/mk.log"
+t "mkmodel --route-skew calibrates every MoE layer's bias" '[ "$(grep -c "router bias for skew 1.20" "$tmp/mk.log")" -ge 3 ]'
+M0=$M
+M=$tmp/skew
+BODY="{\"input_ids\": $(/usr/bin/python3 -c 'import random; r=random.Random(1); print([r.randrange(1000) for _ in range(200)])'), \"sampling_params\": {\"max_new_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}}"
+run_batch skew --expert-distribution-recorder-mode stat
+M=$M0
+out=$(/usr/bin/python3 - "$tmp/skew.json" <<'PY' 2>&1
+import json, sys
+d = json.load(open(sys.argv[1]))
+for l, row in enumerate(d["logical_count"][1:], 1):
+    s = sum(row)
+    e0, q = row[0] / s, sum(row[:4]) / s
+    assert e0 >= 0.2 and q >= 0.5, f"layer {l}: expert 0 {e0:.3f}, first quarter {q:.3f}"
+print("ok", " ".join(f"{r[0] / sum(r):.2f}" for r in d["logical_count"][1:]))
+PY
+)
+t "skewed model: expert 0's share per layer (cap 0.25) and the first quarter's >= 0.5 ($out)" 'echo "$out" | grep -q "^ok"'
+err=$("$MOESERVE" mkmodel --preset tiny-v2 --route-skew 1 --out "$tmp/v2" 2>&1)
+t "--route-skew refused without a correction bias" 'echo "$err" | grep -q "needs a router with e_score_correction_bias"'
 # refusals
 PORT=$(free_port)
 serve_up off "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 1 --skip-server-warmup

@@ -11,7 +11,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: moeserve mkmodel (--preset tiny-v3|tiny-v2|small-v3 | --config FILE) "
-               "--out DIR [--seed N] [--dtype bf16|fp32|fp8] [--shard-mb N]\n");
+               "--out DIR [--seed N] [--dtype bf16|fp32|fp8] [--shard-mb N] [--route-skew S]\n"
+               "  --route-skew S   router bias so expert e gets a share of tokens ~ (e+1)^-S\n");
 }
 
 int ms_cmd_mkmodel(int argc, char **argv)
@@ -19,6 +20,7 @@ int ms_cmd_mkmodel(int argc, char **argv)
     const char *preset = NULL, *config = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0;
     long long shard_mb = 0;
+    double skew = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -39,6 +41,12 @@ int ms_cmd_mkmodel(int argc, char **argv)
             seed = strtoull(v, &end, 10);
             if (!*v || *end) {
                 fprintf(stderr, "mkmodel: --seed must be a non-negative integer, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--route-skew")) {
+            skew = strtod(v, &end);
+            if (!*v || *end || !(skew >= 0 && skew <= 8)) {
+                fprintf(stderr, "mkmodel: --route-skew must be a number in [0, 8], got '%s'\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--shard-mb")) {
@@ -78,7 +86,7 @@ int ms_cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     double t0 = ms_now_s();
-    int rc = ms_mkmodel_write(&cfg, dt, seed, out, shard_mb * 1024 * 1024, &err);
+    int rc = ms_mkmodel_write_skewed(&cfg, dt, seed, skew, out, shard_mb * 1024 * 1024, &err);
     if (rc) {
         fprintf(stderr, "mkmodel: %s\n", err.msg[0] ? err.msg : ms_strerror(rc));
         return 1;

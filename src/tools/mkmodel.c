@@ -115,6 +115,7 @@ struct gen {
     ms_errbuf *err;
     float *buf;   /* f32 staging */
     size_t cap;
+    double route_skew; /* > 0: calibrated router bias (mkmodel_skew.c) */
 };
 
 static uint64_t name_seed(uint64_t seed, const char *name)
@@ -257,9 +258,23 @@ static int layer(struct gen *g, int l)
         return ffn(g, n, D, c->intermediate_size);
     }
     if ((rc = linear(g, NAME("%s.mlp.gate.weight", p), c->n_routed_experts, D, 1.0f, 1))) return rc;
-    if (c->topk_method == MS_TOPK_NOAUX_TC &&
-        (rc = vec(g, NAME("%s.mlp.gate.e_score_correction_bias", p), c->n_routed_experts, 0.0f,
-                  0.1f, 1)))
+    if (g->route_skew > 0) { /* the gate as the server reads it, then its calibrated bias */
+        int64_t E = c->n_routed_experts;
+        float *gw = malloc(sizeof(float) * (size_t)(E * D));
+        if (!gw) return ms_err(g->err, MS_ENOMEM, "out of memory");
+        for (int64_t i = 0; i < E * D; i++)
+            gw[i] = g->dtype == MS_MK_FP32 ? g->buf[i] : ms_round_bf16(g->buf[i]);
+        double worst = 0;
+        rc = ms_mkmodel_skew_bias(c, gw, g->route_skew, name_seed(g->seed, p), g->buf, &worst);
+        free(gw);
+        if (rc) return ms_err(g->err, rc, "out of memory");
+        MS_LOG(MS_INFO, "mkmodel", "layer %d: router bias for skew %.2f (max share error %.4f)",
+               l, g->route_skew, worst);
+        if ((rc = put_float(g, NAME("%s.mlp.gate.e_score_correction_bias", p), 1, &E, (size_t)E, 1)))
+            return rc;
+    } else if (c->topk_method == MS_TOPK_NOAUX_TC &&
+               (rc = vec(g, NAME("%s.mlp.gate.e_score_correction_bias", p), c->n_routed_experts,
+                         0.0f, 0.1f, 1)))
         return rc;
     for (int e = 0; e < c->n_routed_experts; e++) {
         snprintf(n, sizeof n, "%s.mlp.experts.%d", p, e);
@@ -306,10 +321,19 @@ static int mkdir_p(const char *path)
     return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-int ms_mkmodel_write(const ms_config *cfg_in, int dtype, uint64_t seed, const char *out_dir,
+int ms_mkmodel_write(const ms_config *cfg, int dtype, uint64_t seed, const char *out_dir,
                      int64_t shard_bytes, ms_errbuf *err)
 {
+    return ms_mkmodel_write_skewed(cfg, dtype, seed, 0.0, out_dir, shard_bytes, err);
+}
+
+int ms_mkmodel_write_skewed(const ms_config *cfg_in, int dtype, uint64_t seed, double route_skew,
+                            const char *out_dir, int64_t shard_bytes, ms_errbuf *err)
+{
     ms_config cfg = *cfg_in;
+    if (route_skew > 0 && cfg.topk_method != MS_TOPK_NOAUX_TC)
+        return ms_err(err, MS_EINVAL, "--route-skew needs a router with e_score_correction_bias "
+                                      "(topk_method noaux_tc: tiny-v3, small-v3)");
     if (dtype == MS_MK_FP8) {
         cfg.fp8_block = true;
         cfg.weight_block[0] = cfg.weight_block[1] = 128;
@@ -322,7 +346,8 @@ int ms_mkmodel_write(const ms_config *cfg_in, int dtype, uint64_t seed, const ch
         return ms_err(err, MS_EINVAL, "--out path too long");
     if ((rc = ms_config_write(&cfg, path, err))) return rc;
 
-    struct gen g = {.w = ms_st_writer_new(), .cfg = &cfg, .dtype = dtype, .seed = seed, .err = err};
+    struct gen g = {.w = ms_st_writer_new(), .cfg = &cfg, .dtype = dtype, .seed = seed, .err = err,
+                    .route_skew = route_skew};
     if (!g.w) return ms_err(err, MS_ENOMEM, "out of memory");
     int64_t D = cfg.hidden_size;
     rc = linear(&g, "model.embed_tokens.weight", cfg.vocab_size, D, 1.0f / sqrtf(3.0f / (float)D), 1);

@@ -18,5 +18,15 @@ int ms_mkmodel_preset(const char *name, ms_config *cfg);
 /* Writes the checkpoint directory (created if missing). */
 int ms_mkmodel_write(const ms_config *cfg, int dtype, uint64_t seed, const char *out_dir,
                      int64_t shard_bytes, ms_errbuf *err);
+/* The same with a skewed router (--route-skew S > 0; mkmodel_skew.c): every MoE
+ * layer's e_score_correction_bias is calibrated so expert e's share of the routed
+ * hits is ∝ (e + 1)^-S.  Needs the noaux_tc router (a correction bias); MS_EINVAL
+ * otherwise. */
+int ms_mkmodel_write_skewed(const ms_config *cfg, int dtype, uint64_t seed, double route_skew,
+                            const char *out_dir, int64_t shard_bytes, ms_errbuf *err);
+/* The calibration: bias[E] for the gate weights gate[E][D] (as the server reads them);
+ * *max_err: the largest |share - target| on the calibration inputs.  0 or MS_ENOMEM. */
+int ms_mkmodel_skew_bias(const ms_config *c, const float *gate, double S, uint64_t seed,
+                         float *bias, double *max_err);
 
 #endif
