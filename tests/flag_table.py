@@ -25,7 +25,7 @@ IMPL = {
     "--reasoning-parser": "deepseek-r1", "--deepep-max-dispatch-tokens-per-rank": "256",
     "--served-model-name": "m", "--enable-metrics": None, "--init-expert-location": "trivial",
     "--expert-distribution-recorder-mode": "stat",
-    "--expert-distribution-recorder-buffer-size": "100",
+    "--expert-distribution-recorder-buffer-size": "100", "--eplb-algorithm": "deepseek",
 }
 
 GPU = {
@@ -50,7 +50,7 @@ NOT_BUILT = {
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
     "--swa-full-tokens-ratio": "0.1", "--enable-eplb": None,
     "--enable-waterfill": None,
-    "--eplb-algorithm": "deepseek", "--enable-prefill-delayer": None,
+    "--eplb-rebalance-num-iterations": "100", "--enable-prefill-delayer": None,
     "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
     "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,
     "--enable-unified-cache-external-linker": None,

@@ -3,6 +3,7 @@
  * property tests on seeded random loads. */
 #include "harness.h"
 #include "parallel/eplb.h"
+#include "parallel/ep.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -214,8 +215,42 @@ TEST(group_permutation_relabels)
     ms_eplb_plan_free(&q);
 }
 
+/* SGLang's static dispatch over replicas: a rank's own replica, else the fair choice
+ * (the ranks without a copy spread evenly, the same table on every rank) */
+TEST(replica_dispatch_fair)
+{
+    ms_errbuf err = {{0}};
+    /* 4 ranks x 2 slots; expert 0 on ranks 0 and 1, expert 1 on rank 0 only, expert 5 three times */
+    int32_t row[8] = {0, 1, 0, 2, 3, 4, 5, 5};
+    for (uint64_t seed = 0; seed < 50; seed++) {
+        ms_expert_map m[4];
+        int used0[8] = {0};
+        for (int r = 0; r < 4; r++) {
+            CHECKF(!ms_expert_map_init_replicas(&m[r], 6, 8, 4, r, seed, row, &err), "%s", err.msg);
+            CHECK(m[r].logical_of[2] == 0 && m[r].per_rank == 2);
+            CHECK(m[r].logical_of[m[r].physical_of[0]] == 0 && m[r].logical_of[m[r].physical_of[5]] == 5);
+            used0[m[r].physical_of[0]]++;
+        }
+        CHECK(m[0].physical_of[0] == 0 && m[1].physical_of[0] == 2); /* own copies */
+        CHECK(used0[0] == 2 && used0[2] == 2);                       /* ranks 2, 3: one each */
+        CHECK(m[3].physical_of[5] == 6);                             /* rank 3 holds both 5s: first */
+        CHECK(m[1].physical_of[1] == 1 && m[2].physical_of[1] == 1); /* one copy: everyone's */
+        ms_expert_map again;
+        CHECK(!ms_expert_map_init_replicas(&again, 6, 8, 4, 2, seed, row, &err));
+        CHECK(again.physical_of[0] == m[2].physical_of[0]); /* deterministic */
+        ms_expert_map_deinit(&again);
+        for (int r = 0; r < 4; r++) ms_expert_map_deinit(&m[r]);
+    }
+    ms_expert_map m;
+    int32_t missing[8] = {0, 1, 0, 2, 3, 4, 0, 0};
+    CHECK(ms_expert_map_init_replicas(&m, 6, 8, 4, 0, 0, missing, &err) == MS_EINVAL);
+    CHECK(strstr(err.msg, "logical expert 5 has no physical slot"));
+    CHECK(ms_expert_map_init_replicas(&m, 6, 9, 4, 0, 0, row, &err) == MS_EINVAL);
+}
+
 int main(void)
 {
+    RUN(replica_dispatch_fair);
     RUN(readme_golden_hierarchical);
     RUN(global_policy_fallback);
     RUN(preconditions_refused);

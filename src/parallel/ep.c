@@ -6,6 +6,7 @@
 #include "base/util.h"
 #include "kernels/dtype.h"
 #include "kernels/kernels.h"
+#include "parallel/eplb.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -56,50 +57,182 @@ void ms_expert_map_deinit(ms_expert_map *m)
     memset(m, 0, sizeof *m);
 }
 
-int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_ranks,
-                       const char *path, ms_errbuf *err)
+/* SGLang's fair choice for one logical expert: the c replicas reps[] spread over the
+ * k ranks holding none; returns the one for the j-th such rank. */
+static int32_t fair_choice(const int32_t *reps, int c, int k, int j, uint64_t seed, int32_t *buf)
+{
+    int n = 0;
+    for (int w = 0; w < k / c; w++)
+        for (int i = 0; i < c; i++) buf[n++] = reps[i];
+    uint64_t st = seed * 0x9e3779b97f4a7c15ull + 42;
+    int32_t *pool = buf + k; /* a sample of k mod c replicas without replacement */
+    for (int i = 0; i < c; i++) pool[i] = reps[i];
+    for (int i = 0; i < k % c; i++) {
+        int r = i + (int)(ms_rng_next(&st) % (uint64_t)(c - i));
+        int32_t t = pool[i];
+        pool[i] = pool[r], pool[r] = t;
+        buf[n++] = pool[i];
+    }
+    for (int i = n - 1; i > 0; i--) { /* shuffle */
+        int r = (int)(ms_rng_next(&st) % (uint64_t)(i + 1));
+        int32_t t = buf[i];
+        buf[i] = buf[r], buf[r] = t;
+    }
+    return buf[j];
+}
+
+int ms_expert_map_init_replicas(ms_expert_map *m, int n_logical, int n_physical, int n_ranks,
+                                int me, uint64_t seed, const int32_t *logical_of, ms_errbuf *err)
+{
+    memset(m, 0, sizeof *m);
+    if (n_logical < 1 || n_ranks < 1 || n_physical < n_logical || n_physical % n_ranks ||
+        me < 0 || me >= n_ranks)
+        return ms_err(err, MS_EINVAL, "%d physical slots for %d experts cannot be split over "
+                      "%d EP ranks", n_physical, n_logical, n_ranks);
+    m->n_logical = n_logical, m->n_physical = n_physical, m->n_ranks = n_ranks;
+    m->per_rank = n_physical / n_ranks;
+    m->logical_of = malloc(sizeof(int32_t) * (size_t)n_physical);
+    m->physical_of = malloc(sizeof(int32_t) * (size_t)n_logical);
+    int32_t *reps = malloc(sizeof(int32_t) * (size_t)n_physical);
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)(n_ranks + n_physical));
+    int rc = 0;
+    if (!m->logical_of || !m->physical_of || !reps || !buf) {
+        rc = ms_err(err, MS_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < n_physical; p++) {
+        int e = logical_of[p];
+        if (e < 0 || e >= n_logical) {
+            rc = ms_err(err, MS_EINVAL, "physical expert %d holds %d: not one of the %d logical "
+                        "experts", p, e, n_logical);
+            goto out;
+        }
+        m->logical_of[p] = e;
+    }
+    for (int e = 0; e < n_logical; e++) {
+        int c = 0, mine = -1, k = 0, j = -1;
+        for (int p = 0; p < n_physical; p++)
+            if (logical_of[p] == e) {
+                reps[c++] = p;
+                if (mine < 0 && p / m->per_rank == me) mine = p;
+            }
+        if (!c) {
+            rc = ms_err(err, MS_EINVAL, "logical expert %d has no physical slot", e);
+            goto out;
+        }
+        if (mine >= 0) {
+            m->physical_of[e] = mine;
+            continue;
+        }
+        for (int r = 0; r < n_ranks; r++) { /* the ranks holding no copy, ascending */
+            int holds = 0;
+            for (int i = 0; i < c; i++) holds |= reps[i] / m->per_rank == r;
+            if (!holds) {
+                if (r == me) j = k;
+                k++;
+            }
+        }
+        m->physical_of[e] = fair_choice(reps, c, k, j, seed * 1000003u + (uint64_t)e, buf);
+    }
+out:
+    free(reps);
+    free(buf);
+    if (rc) ms_expert_map_deinit(m);
+    return rc;
+}
+
+/* One layer's placement from DeepSeek's EPLB on recorded loads w[L][E]. */
+static int maps_from_counts(ms_expert_map *maps, int n_layers, int E, int R, int n_ranks, int me,
+                            int policy, const char *path, ms_errbuf *err)
+{
+    float *w = NULL;
+    int L = 0, E2 = 0, rc;
+    if ((rc = ms_eplb_load_counts(path, &w, &L, &E2, err))) {
+        ms_errbuf e2 = *err;
+        return ms_err(err, rc, "--init-expert-location %s", e2.msg);
+    }
+    if (E2 != E) {
+        free(w);
+        return ms_err(err, MS_EINVAL, "--init-expert-location %s: %d experts per layer, the "
+                      "model has %d", path, E2, E);
+    }
+    ms_eplb_plan pl;
+    ms_errbuf e2 = {{0}};
+    if ((rc = ms_eplb_rebalance(w, L, E, R, 1, 1, n_ranks, policy, &pl, &e2))) {
+        free(w);
+        return ms_err(err, rc, "--init-expert-location %s: %s", path, e2.msg);
+    }
+    int32_t *triv = malloc(sizeof(int32_t) * (size_t)R);
+    for (int l = 0; l < n_layers && !rc; l++) {
+        const int32_t *row = l < L ? pl.phy2log + (size_t)l * R : triv;
+        if (!triv) rc = ms_err(err, MS_ENOMEM, "out of memory");
+        else {
+            for (int p = 0; p < R; p++) triv[p] = p % E;
+            rc = ms_expert_map_init_replicas(&maps[l], E, R, n_ranks, me, (uint64_t)l, row, err);
+        }
+    }
+    free(triv);
+    ms_eplb_plan_free(&pl);
+    free(w);
+    return rc;
+}
+
+int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_physical,
+                       int n_ranks, int me, int policy, const char *path, ms_errbuf *err)
 {
     for (int l = 0; l < n_layers; l++) memset(&maps[l], 0, sizeof maps[l]);
+    int R = n_physical, E = n_logical, rc = 0;
+    int32_t *row = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
+    json_t *root = NULL;
+    if (!row) return ms_err(err, MS_ENOMEM, "out of memory");
+    for (int p = 0; p < R; p++) row[p] = p % (E > 0 ? E : 1);
+    if (!path || !path[0]) { /* trivial */
+        for (int l = 0; l < n_layers && !rc; l++)
+            rc = ms_expert_map_init_replicas(&maps[l], E, R, n_ranks, me, (uint64_t)l, row, err);
+        goto out;
+    }
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root)
-        return ms_err(err, MS_EINVAL, "--init-expert-location %s: %s (line %d)", path, je.text,
-                      je.line);
-    int rc = 0;
+    root = json_load_file(path, 0, &je);
+    if (!root) {
+        rc = ms_err(err, MS_EINVAL, "--init-expert-location %s: %s (line %d)", path, je.text,
+                    je.line);
+        goto out;
+    }
     json_t *rows = json_object_get(root, "physical_to_logical_map");
-    int32_t *row = malloc(sizeof(int32_t) * (size_t)(n_logical > 0 ? n_logical : 1));
-    if (!row) {
-        rc = ms_err(err, MS_ENOMEM, "out of memory");
+    if (json_is_array(root) || json_object_get(root, "logical_count")) {
+        rc = maps_from_counts(maps, n_layers, E, R, n_ranks, me, policy, path, err);
         goto out;
     }
     if (!json_is_array(rows) || (int)json_array_size(rows) > n_layers) {
         rc = ms_err(err, MS_EINVAL,
                     "--init-expert-location %s: needs \"physical_to_logical_map\", an array of at "
-                    "most %d layers (one row of physical experts each)", path, n_layers);
+                    "most %d layers (one row of physical experts each), or a recorded "
+                    "\"logical_count\"", path, n_layers);
         goto out;
     }
     for (int l = 0; l < n_layers && !rc; l++) {
         json_t *r = json_array_get(rows, (size_t)l);
         if (!r) {
-            rc = ms_expert_map_init_identity(&maps[l], n_logical, n_ranks, err);
-            continue;
-        }
-        if (!json_is_array(r) || (int)json_array_size(r) != n_logical) {
+            for (int p = 0; p < R; p++) row[p] = p % E;
+        } else if (!json_is_array(r) || (int)json_array_size(r) != R) {
             rc = ms_err(err, MS_EINVAL,
-                        "--init-expert-location %s: layer %d has %zu physical experts, the model "
-                        "%d (redundant replicas need EPLB)", path, l,
-                        json_is_array(r) ? json_array_size(r) : 0, n_logical);
+                        "--init-expert-location %s: layer %d has %zu physical experts, the launch "
+                        "%d (%d routed + --ep-num-redundant-experts %d)", path, l,
+                        json_is_array(r) ? json_array_size(r) : 0, R, E, R - E);
             break;
-        }
-        for (int p = 0; p < n_logical; p++) {
-            json_t *v = json_array_get(r, (size_t)p);
-            row[p] = json_is_integer(v) && json_integer_value(v) >= 0 &&
-                             json_integer_value(v) < n_logical
-                         ? (int32_t)json_integer_value(v)
-                         : -1;
+        } else {
+            for (int p = 0; p < R; p++) {
+                json_t *v = json_array_get(r, (size_t)p);
+                row[p] = json_is_integer(v) && json_integer_value(v) >= 0 &&
+                                 json_integer_value(v) < E
+                             ? (int32_t)json_integer_value(v)
+                             : -1;
+            }
         }
         ms_errbuf e2 = {{0}};
-        if ((rc = ms_expert_map_init_from(&maps[l], n_logical, n_ranks, row, &e2)))
+        if ((rc = R == E ? ms_expert_map_init_from(&maps[l], E, n_ranks, row, &e2)
+                         : ms_expert_map_init_replicas(&maps[l], E, R, n_ranks, me, (uint64_t)l,
+                                                       row, &e2)))
             ms_err(err, rc, "--init-expert-location %s: layer %d: %s", path, l, e2.msg);
     }
 out:

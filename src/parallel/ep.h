@@ -6,8 +6,10 @@
  * physical [r·per_rank, (r+1)·per_rank)), so owner and slot are arithmetic; the map
  * says which logical expert each physical slot holds.  Weight loading, the gate's
  * output, dispatch and combine all read it; without a placement file (SGLang's
- * --init-expert-location) it is the identity.  Redundant replicas (several physical
- * slots for one logical expert) come with EPLB.
+ * --init-expert-location) it is the identity.  With --ep-num-redundant-experts a
+ * logical expert may have several physical replicas; physical_of is then this rank's
+ * choice (SGLang's static dispatch): its own replica if it holds one, else a fair
+ * seeded one, so the ranks without a copy spread over the replicas.
  *
  * Dispatch sends each token row once per destination EP rank with the entries of its
  * top-k that rank owns (physical ids, weights); combine sends the owners' weighted
@@ -39,13 +41,26 @@ int ms_expert_map_init_identity(ms_expert_map *m, int n_logical, int n_ranks, ms
  * no redundant replicas yet).  0 or MS_EINVAL naming the bad entry. */
 int ms_expert_map_init_from(ms_expert_map *m, int n_logical, int n_ranks, const int32_t *logical_of,
                             ms_errbuf *err);
+/* With replicas: logical_of[n_physical] (n_physical a multiple of n_ranks, every
+ * logical expert at least once).  physical_of is EP rank me's dispatch choice: the
+ * first replica me holds, else the replica SGLang's fair choice gives me among the
+ * ranks holding none (each replica taken floor(k/c) or ceil(k/c) times by those k
+ * ranks, c replicas; a seeded sample and shuffle, seed e.g. the layer: every rank
+ * computes the same table).  0 or MS_EINVAL naming the bad entry. */
+int ms_expert_map_init_replicas(ms_expert_map *m, int n_logical, int n_physical, int n_ranks,
+                                int me, uint64_t seed, const int32_t *logical_of, ms_errbuf *err);
 void ms_expert_map_deinit(ms_expert_map *m);
 
-/* Reads SGLang's --init-expert-location JSON ({"physical_to_logical_map": [[...], ...]},
- * one row per layer) into maps[n_layers] (every layer initialised; identity for rows
- * absent).  0, or MS_EINVAL with the file and the reason. */
-int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_ranks,
-                       const char *path, ms_errbuf *err);
+/* Every layer's map, from SGLang's --init-expert-location: path NULL or "" (trivial:
+ * slot p holds logical p mod n_logical); a JSON placement {"physical_to_logical_map":
+ * [[n_physical ids] per layer]} (rows absent: trivial); or a recorded distribution
+ * (an object with "logical_count", or a plain [L][E] array): DeepSeek's EPLB
+ * (parallel/eplb.h, policy MS_EPLB_*, one group, one node, n_ranks GPUs) places
+ * n_physical slots from it once.  A recorded dump carries both fields: its
+ * logical_count wins.  me: this EP rank (its dispatch choice).  0, or MS_EINVAL with
+ * the file and the reason. */
+int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_physical,
+                       int n_ranks, int me, int policy, const char *path, ms_errbuf *err);
 
 static inline int ms_expert_map_owner(const ms_expert_map *m, int physical)
 {

@@ -4,6 +4,8 @@
  */
 #include "parallel/layout.h"
 
+#include "parallel/eplb.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -100,7 +102,7 @@ enum {
     O_TP, O_DP, O_PP, O_DPA, O_EP, O_A2A, O_DENSE_TP, O_MOE_DP, O_CP, O_RUNNING, O_CHUNK,
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
-    O_W4A4, O_DISAGG, O_EXPERT_LOC
+    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO
 };
 static const struct {
     const char *name;
@@ -154,7 +156,10 @@ static const struct {
     {"--enable-w4a4-mxfp4-megamoe", F_SWITCH, O_W4A4, 0, 0, "    MegaMoE W4A4 kernel (plan only)"},
     {"--disaggregation-mode", F_STR, O_DISAGG, 0, 0, "M   null|prefill|decode (plan only: serve refuses all but null)"},
     {"--init-expert-location", F_STR, O_EXPERT_LOC, 0, 0,
-     "F   trivial, or a JSON file {\"physical_to_logical_map\": [[...] per layer]}"},
+     "F   trivial, a JSON placement {\"physical_to_logical_map\": [[...] per layer]},\n"
+     "                                               or a recorded distribution (\"logical_count\": EPLB places once)"},
+    {"--eplb-algorithm", F_STR, O_EPLB_ALGO, 0, 0,
+     "A   auto|deepseek|deepseek_hierarchical: the policy placing a recorded distribution"},
 };
 
 const char *ms_launch_help(void)
@@ -226,6 +231,11 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
                           sizeof l->init_expert_location - 1);
         snprintf(l->init_expert_location, sizeof l->init_expert_location, "%s",
                  strcmp(v, "trivial") ? v : "");
+        return 1;
+    case O_EPLB_ALGO:
+        if ((l->eplb_algorithm = ms_eplb_policy_parse(v)) < 0)
+            return ms_err(err, MS_EINVAL, "%s '%s': expected auto|deepseek|deepseek_hierarchical",
+                          flag, v);
         return 1;
     case O_DISAGG:
         if (!strcasecmp(v, "null") || !strcasecmp(v, "none")) l->disagg = MS_DISAGG_NONE;

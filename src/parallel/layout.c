@@ -226,9 +226,14 @@ int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err)
         return ms_err(err, MS_EUNSUPPORTED, "--attn-cp-size %d: context parallelism is not "
                       "supported by the CPU engine yet", lay->attn_cp);
     int redundant = lay->n_physical_experts - lay->n_routed_experts;
-    if (redundant > 0)
-        return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d: redundant expert "
-                      "replicas (EPLB) are not supported by the CPU engine yet", redundant);
+    if (redundant > 0 && lay->moe_ep <= 1)
+        return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d at EP %d: redundant "
+                      "replicas balance load across EP ranks, and there is nothing to balance "
+                      "with one (use --ep-size > 1)", redundant, lay->moe_ep);
+    if (redundant > 0 && lay->sparse_mode != MS_MLP_SCATTERED)
+        return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d: redundant replicas "
+                      "need the all-to-all MoE path (--moe-a2a-backend mpi|deepep; each token "
+                      "then goes to one replica)", redundant);
     return 0;
 }
 

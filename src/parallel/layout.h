@@ -69,8 +69,9 @@ typedef struct ms_launch {
     bool enable_umbp;                /* --enable-unified-cache-external-linker (UMBP) */
     bool megamoe_w4a4;               /* --enable-w4a4-mxfp4-megamoe */
     ms_disagg_mode disagg;           /* --disaggregation-mode */
-    char init_expert_location[512];  /* --init-expert-location: "" = trivial (the identity),
-                                      * else a physical_to_logical_map JSON file */
+    char init_expert_location[512];  /* --init-expert-location: "" = trivial (slot p holds
+                                      * p mod E), else a placement or recorded JSON file */
+    int eplb_algorithm;              /* --eplb-algorithm: MS_EPLB_* (parallel/eplb.h), auto */
 } ms_launch;
 
 /* Fills l with SGLang's defaults. */

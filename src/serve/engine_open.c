@@ -91,7 +91,8 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     return 0;
 }
 
-/* Each layer's expert placement: --init-expert-location's file, or the identity.
+/* Each layer's expert placement over its physical slots (routed + redundant):
+ * --init-expert-location's placement or recorded distribution, else trivial.
  * Built on every rank (the same file, the same answer). */
 static int build_expert_maps(ms_engine *e, const ms_model_shape *shape, ms_errbuf *err)
 {
@@ -100,16 +101,20 @@ static int build_expert_maps(ms_engine *e, const ms_model_shape *shape, ms_errbu
     e->expert_maps = calloc((size_t)n, sizeof *e->expert_maps);
     if (!e->expert_maps) return ms_err(err, MS_ENOMEM, "out of memory");
     e->n_expert_maps = n;
+    ms_rank_coords at;
+    if (ms_layout_rank_coords(&e->lay, e->rank, &at))
+        return ms_err(err, MS_EINTERNAL, "rank %d is outside the layout", e->rank);
     const char *path = e->o.launch.init_expert_location;
-    if (path[0])
-        return ms_expert_map_load(e->expert_maps, n, shape->n_routed, e->lay.moe_ep, path,
-                                  err);
-    for (int l = 0; l < n; l++) {
-        int rc = ms_expert_map_init_identity(&e->expert_maps[l], shape->n_routed,
-                                             e->lay.moe_ep, err);
-        if (rc) return rc;
-    }
-    return 0;
+    int rc = ms_expert_map_load(e->expert_maps, n, shape->n_routed, e->lay.n_physical_experts,
+                                e->lay.moe_ep, at.moe_ep_rank, e->o.launch.eplb_algorithm, path,
+                                err);
+    if (!rc && e->rank == 0 && e->lay.n_physical_experts > shape->n_routed)
+        MS_LOG(MS_INFO, "engine",
+               "experts: %d physical slots per layer (%d routed + %d redundant), %d per EP rank; "
+               "placement %s", e->lay.n_physical_experts, shape->n_routed,
+               e->lay.n_physical_experts - shape->n_routed, e->expert_maps[0].per_rank,
+               path[0] ? path : "trivial (slot p holds p mod E)");
+    return rc;
 }
 
 /* The shard: {layout, this rank's coordinates, its groups}, all from the layout. */

@@ -53,8 +53,9 @@ static const struct {
     {"--disaggregation-mode", NOT_BUILT, "prefill/decode disaggregation"}, /* "null": ok */
     {"--disaggregation-", NOT_BUILT, "prefill/decode disaggregation"},
     {"--swa-full-tokens-ratio", NOT_BUILT, "a separate sliding-window KV pool"},
-    {"--enable-eplb", NOT_BUILT, "EPLB rebalancing"},
-    {"--eplb-", NOT_BUILT, "EPLB rebalancing"},
+    {"--enable-eplb", NOT_BUILT, "EPLB runtime rebalancing"},
+    {"--eplb-algorithm", NOT_BUILT, NULL}, /* implemented (launch.c): every value is fine */
+    {"--eplb-", NOT_BUILT, "EPLB runtime rebalancing"},
     {"--enable-waterfill", NOT_BUILT, "Waterfill expert placement"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
@@ -93,6 +94,7 @@ static int lookup(const char *name, size_t len)
 /* Values of implemented flags that belong to the table's kinds after all. */
 static int value_is_fine(const char *flag, const char *v)
 {
+    if (!strcmp(flag, "--eplb-algorithm")) return 1; /* the start-up placement's policy */
     if (!strcmp(flag, "--speculative-algorithm")) return v && !strcasecmp(v, "none");
     if (!strcmp(flag, "--disaggregation-mode"))
         return v && (!strcasecmp(v, "null") || !strcasecmp(v, "none"));

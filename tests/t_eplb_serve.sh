@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# t_eplb_serve.sh — redundant experts under EP over MPI (real mpirun ranks):
+# --ep-num-redundant-experts with the trivial placement, with a placement file holding
+# duplicate replicas on one rank, and with a recorded distribution placed by EPLB at
+# start-up: with --dtype float32 greedy tokens identical and logits within 1e-4 relative
+# against the 1-rank run; the replicas cost weight memory on each rank; on a skewed
+# model the EPLB placement of a recorded distribution raises balancedness (the
+# recorder's sglang:eplb_balancedness) over the trivial one on the same workload; and
+# the refusals (EP 1, no all-to-all, a placement of the wrong width, --enable-eplb).
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
+. "$(dirname "$0")/lib.sh"
+serve_setup
+"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --route-skew 1.2 --out "$tmp/skew" 2>/dev/null
+S=$tmp/skew
+P1="0,17,400,999,3,250,64,12,900,33,1,2,3,4,5,6,7,8,9,10,11,12,13"
+common=(--model "$S" --dtype float32 --prompt-ids "$P1" --prompt-ids "0,5" --max-new-tokens 12
+        --ignore-eos --threads 1 --comm-timeout-s 60)
+timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1 ||
+    { bad "1-rank run" "$(tail -5 "$tmp/ref.out")"; report; exit 1; }
+# a recorded distribution (layer 0 dense): experts 0 and 1 hot
+/usr/bin/python3 -c "
+import json
+lc = [[0] * 16] + [[900, 500] + [40] * 14 for _ in range(3)]
+json.dump({'logical_count': lc}, open('$tmp/rec.json', 'w'))
+# 20 slots, 10 per rank: rank 0 holds expert 0 three times, rank 1 holds 0 and 1 again
+row = list(range(8)) + [0, 0] + list(range(8, 16)) + [0, 1]
+json.dump({'physical_to_logical_map': [row] * 4}, open('$tmp/place.json', 'w'))
+json.dump({'physical_to_logical_map': [list(range(16))] * 4}, open('$tmp/narrow.json', 'w'))"
+check_ep() { # $1 = label, rest = flags
+    local label=$1
+    shift
+    if ! timeout 180 "$MOESERVE" generate "${common[@]}" "$@" --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
+        bad "$label: run failed" "$(tail -5 "$tmp/l.out")"
+        return
+    fi
+    if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" >"$tmp/cmp" 2>&1; then
+        ok "$label ($(grep 'max relative' "$tmp/cmp"))"
+    else bad "$label" "$(cat "$tmp/cmp")"; fi
+}
+check_ep "EP 2 + 2 redundant, trivial" --tp 2 --moe-a2a-backend deepep --ep-num-redundant-experts 2
+t "start-up names the physical slots" 'grep -q "experts: 18 physical slots per layer (16 routed + 2 redundant), 9 per EP rank" "$tmp/l.out"'
+w0=$(grep -o 'weights: [0-9.]* MB' "$tmp/ref.out" | head -1)
+check_ep "EP 2 + 4 redundant, duplicates on one rank (placement file)" --tp 2 --moe-a2a-backend mpi \
+    --ep-num-redundant-experts 4 --init-expert-location "$tmp/place.json"
+check_ep "EP 2 + 2 redundant, EPLB on a recorded distribution" --tp 2 --moe-a2a-backend deepep \
+    --ep-num-redundant-experts 2 --init-expert-location "$tmp/rec.json" --eplb-algorithm deepseek
+# weight memory per rank grows with the slots
+wmb() { timeout 120 "$MOESERVE" generate --model "$S" --prompt-ids 0,5 --max-new-tokens 1 --threads 1 \
+        --tp 2 --moe-a2a-backend deepep "$@" 2>&1 | grep -o 'weights [0-9.]* GB on this rank\|weights: [0-9.]* MB' | head -1 | grep -o '[0-9.]*'; }
+a=$(wmb --ep-num-redundant-experts 0)
+b=$(wmb --ep-num-redundant-experts 4)
+t "4 redundant slots cost weight memory on rank 0 ($a MB -> $b MB)" \
+    '/usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) else 1)" "$a" "$b"'
+# balancedness: a recorded skewed workload placed by EPLB beats the trivial placement
+BODY="{\"input_ids\": $(/usr/bin/python3 -c 'import random; r=random.Random(5); print([r.randrange(1000) for _ in range(120)])'), \"sampling_params\": {\"max_new_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true}}"
+bal_run() { # $1 = name, rest: flags; prints the mean balancedness over the passes
+    local name=$1
+    shift
+    PORT=$(free_port)
+    serve_up "$name" "$MOESERVE" serve --model-path "$S" --port "$PORT" --threads 1 --skip-server-warmup \
+        --enable-metrics --tp 2 --moe-a2a-backend deepep --expert-distribution-recorder-mode stat "$@" || return 1
+    curl -s -X POST "http://127.0.0.1:$PORT/start_expert_distribution_record" >/dev/null
+    curl -s -X POST "http://127.0.0.1:$PORT/generate" -d "$BODY" >/dev/null
+    curl -s -X POST "http://127.0.0.1:$PORT/dump_expert_distribution_record" >"$tmp/$name.json"
+    curl -s "http://127.0.0.1:$PORT/metrics" >"$tmp/$name.metrics"
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=
+    /usr/bin/python3 -c "
+import re, sys
+m = open(sys.argv[1]).read()
+s = float(re.search(r'sglang:eplb_balancedness_sum\{[^}]*\} (\S+)', m).group(1))
+n = float(re.search(r'sglang:eplb_balancedness_count\{[^}]*\} (\S+)', m).group(1))
+print(f'{s / n:.4f}')" "$tmp/$name.metrics"
+}
+b_triv=$(bal_run triv)
+b_eplb=$(bal_run eplb --ep-num-redundant-experts 2 --init-expert-location "$tmp/triv.json")
+t "skewed model, EP 2: balancedness trivial $b_triv -> EPLB-placed (2 redundant) $b_eplb" \
+    '/usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) + 0.02 else 1)" "$b_triv" "$b_eplb"'
+# refusals
+check_err() { # $1 = expected text, rest = flags
+    local want=$1
+    shift
+    local out
+    out=$(timeout 60 "$MOESERVE" generate --model "$S" --prompt-ids 0 --threads 1 "$@" 2>&1)
+    if [ $? -ne 0 ] && echo "$out" | grep -q -- "$want"; then ok "refuses $* ($want)"
+    else bad "refuses $*" "$out"; fi
+}
+check_err "nothing to balance" --ep-num-redundant-experts 2
+check_err "need the all-to-all MoE path" --tp 2 --ep-size 2 --ep-num-redundant-experts 2
+check_err "the launch 18 (16 routed + --ep-num-redundant-experts 2)" --tp 2 --moe-a2a-backend deepep \
+    --ep-num-redundant-experts 2 --init-expert-location "$tmp/narrow.json"
+check_err "expected auto|deepseek|deepseek_hierarchical" --eplb-algorithm waterfill
+check_err "EPLB runtime rebalancing" --enable-eplb
+report
