@@ -65,6 +65,7 @@ bal_run() { # $1 = name, rest: flags; prints the mean balancedness over the pass
     curl -s -X POST "http://127.0.0.1:$PORT/generate" -d "$BODY" >/dev/null
     curl -s -X POST "http://127.0.0.1:$PORT/dump_expert_distribution_record" >"$tmp/$name.json"
     curl -s "http://127.0.0.1:$PORT/metrics" >"$tmp/$name.metrics"
+    curl -s "http://127.0.0.1:$PORT/server_info" >"$tmp/$name.info"
     kill "$PID" 2>/dev/null
     wait "$PID" 2>/dev/null
     PID=
@@ -79,6 +80,7 @@ b_triv=$(bal_run triv)
 b_eplb=$(bal_run eplb --ep-num-redundant-experts 2 --init-expert-location "$tmp/triv.json")
 t "skewed model, EP 2: balancedness trivial $b_triv -> EPLB-placed (2 redundant) $b_eplb" \
     '/usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) + 0.02 else 1)" "$b_triv" "$b_eplb"'
+t "/server_info names the slots" 'grep -Eq "\"ep_num_redundant_experts\": ?2" "$tmp/eplb.info" && grep -Eq "\"num_physical_experts\": ?18" "$tmp/eplb.info"'
 # refusals
 check_err() { # $1 = expected text, rest = flags
     local want=$1

@@ -56,7 +56,8 @@ static const struct {
     {"--enable-eplb", NOT_BUILT, "EPLB runtime rebalancing"},
     {"--eplb-algorithm", NOT_BUILT, NULL}, /* implemented (launch.c): every value is fine */
     {"--eplb-", NOT_BUILT, "EPLB runtime rebalancing"},
-    {"--enable-waterfill", NOT_BUILT, "Waterfill expert placement"},
+    {"--enable-waterfill", NOT_BUILT,
+     "waterfill (its semantics could not be confirmed in SGLang's code)"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
     {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},

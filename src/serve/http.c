@@ -435,6 +435,8 @@ static json_t *server_info(ms_frontend *fe)
         json_object_set_new(o, "max_total_num_tokens",
                             json_integer((json_int_t)(in->n_dp > 0 ? in->max_total_num_tokens[0] : 0)));
         json_object_set_new(o, "internal_states", load_json(fe));
+        json_object_set_new(o, "ep_num_redundant_experts", json_integer(in->n_redundant_experts));
+        json_object_set_new(o, "num_physical_experts", json_integer(in->n_physical_experts));
     }
     return o;
 }

@@ -155,6 +155,8 @@ typedef struct ms_engine_info {
     char dtype[16];
     char load_balance_method[24]; /* DP admission policy (router.h) */
     struct ms_expert_recorder *recorder; /* rank 0's expert distribution recorder, or NULL */
+    int32_t n_physical_experts;  /* routed + --ep-num-redundant-experts slots per layer */
+    int32_t n_redundant_experts;
 } ms_engine_info;
 
 typedef struct ms_dp_load {

@@ -275,6 +275,8 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     snprintf(info->load_balance_method, sizeof info->load_balance_method, "%s",
              ms_lb_name(o->eo.router.policy));
     info->recorder = ms_engine_recorder(e);
+    info->n_physical_experts = lay->n_physical_experts;
+    info->n_redundant_experts = lay->n_physical_experts - lay->n_routed_experts;
 }
 
 static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# bench_eplb.sh — EPLB on a skewed small-v3 (mkmodel --route-skew) under EP 2 (all-to-all,
+# 2 ranks x 1 thread) at batch 32: balancedness (the recorder's sglang:eplb_balancedness,
+# mean over the forward passes of a 32-request served run) and decode step time
+# (`generate`, 32 prompts) with the trivial placement, then with --ep-num-redundant-experts
+# R placed by DeepSeek's EPLB from the distribution recorded in the first run (SGLang's
+# record-then-relaunch flow; runtime rebalancing is not built); and what the R redundant
+# slots cost: weight bytes per rank, and those bytes in KV tokens (the KV pool shrinks by
+# that much at a fixed memory budget).  One row per configuration.  Noisy on a shared
+# machine: compare rows of one run.
+set -u
+BUILD=${BUILD:-build}
+MS=$BUILD/moeserve
+SKEW=${ROUTE_SKEW:-1.0}
+R=${REDUNDANT:-4}
+NEW=${NEW_TOKENS:-16}
+M=${MODEL:-$BUILD/models/small-v3-skew$SKEW}
+[ -f "$M/config.json" ] || "$MS" mkmodel --preset small-v3 --seed 1 --route-skew "$SKEW" --out "$M" >/dev/null 2>&1
+tmp=$(mktemp -d)
+PID=
+trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$tmp"' EXIT
+EP=(--tp 2 --moe-a2a-backend deepep)
+port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+served() { # $1 label, rest: flags; 32 concurrent requests; dump in $tmp/$1.json
+    local label=$1
+    shift
+    local p
+    p=$(port)
+    "$MS" serve --model-path "$M" --port "$p" --threads 1 --enable-metrics \
+        --expert-distribution-recorder-mode stat "${EP[@]}" "$@" >"$tmp/$label.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 1200); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.1; done
+    curl -s -X POST "http://127.0.0.1:$p/start_expert_distribution_record" >/dev/null
+    for i in $(seq 1 32); do
+        curl -s -X POST "http://127.0.0.1:$p/generate" -d "{\"text\": \"Request $i asks about item $((i * 7 % 13)) and more\", \"sampling_params\": {\"max_new_tokens\": $NEW, \"temperature\": 0, \"ignore_eos\": true}}" >/dev/null &
+    done
+    wait $(jobs -p | grep -v "^$PID$") 2>/dev/null
+    curl -s -X POST "http://127.0.0.1:$p/dump_expert_distribution_record" >"$tmp/$label.json"
+    curl -s "http://127.0.0.1:$p/metrics" >"$tmp/$label.metrics"
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=
+    /usr/bin/python3 - "$tmp/$label.metrics" <<'PY'
+import re, sys
+m = open(sys.argv[1]).read()
+s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
+n = float(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
+print(f"{s / n:.4f} {int(n)}")
+PY
+}
+timed() { # rest: flags; prints decode_tok_s weight_GB bytes_per_token
+    for i in $(seq 1 32); do echo "Prompt number $i talks about item $((i * 7 % 13)) in some detail"; done >"$tmp/p.txt"
+    "$MS" generate --model "$M" --prompt-file "$tmp/p.txt" --max-new-tokens "$NEW" --ignore-eos \
+        --threads 1 "${EP[@]}" "$@" >"$tmp/g.out" 2>"$tmp/g.err"
+    dec=$(grep '^timing:' "$tmp/g.out" | sed 's/.*decode_tok_s=\([0-9.]*\).*/\1/')
+    wb=$(grep -o 'weights: [0-9.]* MB' "$tmp/g.err" | head -1 | grep -o '[0-9.]*')
+    bpt=$(grep -o '[0-9]* B per token' "$tmp/g.err" | head -1 | grep -o '^[0-9]*')
+    echo "$dec $wb $bpt"
+}
+read -r b0 n0 < <(served trivial)
+cp "$tmp/trivial.json" "$tmp/rec.json"
+read -r b1 n1 < <(served eplb --ep-num-redundant-experts "$R" --init-expert-location "$tmp/rec.json")
+read -r d0 w0 bpt < <(timed)
+read -r d1 w1 _ < <(timed --ep-num-redundant-experts "$R" --init-expert-location "$tmp/rec.json")
+kv=$(/usr/bin/python3 -c "print(int(round(($w1 - $w0) * 1e6 / $bpt)))" 2>/dev/null)
+echo "model=small-v3 route_skew=$SKEW ep=2 batch=32 placement=trivial redundant=0 balancedness=$b0 passes=$n0 decode_tok_s=$d0 step_ms=$(/usr/bin/python3 -c "print(f'{32000 / $d0:.1f}')") weights_mb_rank0=$w0"
+echo "model=small-v3 route_skew=$SKEW ep=2 batch=32 placement=eplb_recorded redundant=$R balancedness=$b1 passes=$n1 decode_tok_s=$d1 step_ms=$(/usr/bin/python3 -c "print(f'{32000 / $d1:.1f}')") weights_mb_rank0=$w1 redundant_cost_kv_tokens=$kv kv_bytes_per_token=$bpt"
