@@ -6,7 +6,8 @@
 # against the 1-rank run; the replicas cost weight memory on each rank; on a skewed
 # model the EPLB placement of a recorded distribution raises balancedness (the
 # recorder's sglang:eplb_balancedness) over the trivial one on the same workload; and
-# the refusals (EP 1, no all-to-all, a placement of the wrong width, --enable-eplb).
+# the plan prices the slots as the engine loads them; and the refusals (EP 1, no
+# all-to-all, a placement of the wrong width, --enable-eplb).
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
@@ -53,6 +54,13 @@ a=$(wmb --ep-num-redundant-experts 0)
 b=$(wmb --ep-num-redundant-experts 4)
 t "4 redundant slots cost weight memory on rank 0 ($a MB -> $b MB)" \
     '/usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) else 1)" "$a" "$b"'
+pw() { "$MOESERVE" plan --model-config "$S/config.json" --gpu cpu --gpu-mem-gb 1 --tp 2 \
+        --moe-a2a-backend deepep --ep-num-redundant-experts "$1" --json 2>/dev/null |
+        /usr/bin/python3 -c "import json, sys; print(json.load(sys.stdin)['weights_bytes_per_rank'] / 1e6)"; }
+pa=$(pw 0)
+pb=$(pw 4)
+t "moeserve plan prices the 4 slots as the engine loads them (plan $pa -> $pb MB, engine $a -> $b MB)" \
+    '/usr/bin/python3 -c "import sys; p, e = float(sys.argv[2]) - float(sys.argv[1]), float(sys.argv[4]) - float(sys.argv[3]); sys.exit(0 if abs(p - e) <= 0.1 else 1)" "$pa" "$pb" "$a" "$b"'
 # balancedness: a recorded skewed workload placed by EPLB beats the trivial placement
 BODY="{\"input_ids\": $(/usr/bin/python3 -c 'import random; r=random.Random(5); print([r.randrange(1000) for _ in range(120)])'), \"sampling_params\": {\"max_new_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true}}"
 bal_run() { # $1 = name, rest: flags; prints the mean balancedness over the passes
