@@ -27,8 +27,14 @@ identity, i.e. no activation / KV / indexer quantisation, as the engine's --dtyp
 re-declared int64 (torch 1.13's gather rejects int32); MTP layers are not built
 (n_mtp_layers 0).
 
-Result (2026-12-02, maxtext mirror 8ddb0a6 of V4-Flash@60d8d70, tiny-v4 seed 1, fp32):
-see the report of branch w-v4ref; recorded below once run.
+Result (2026-12-02, by hand, the maxtext mirror 8ddb0a6 of V4-Flash@60d8d70 inference/model.py,
+make_v4_ckpt.py tiny-v4 seed 1: 5 layers with ratios 0/4/128/4/0, window 8, 8 index heads top-4,
+2 hash layers; official in float32 vs v4_ref in float64):
+    fp32 checkpoint:    max rel 1.69e-06 over prefill 250 + 10 steps, greedy identical
+                        (min indexer top-k margin 1.3e-4 relative, min route margin 4.2e-4)
+    fp8-fp4 checkpoint: max rel 1.39e-06 over prefill 250 + 9 steps, greedy identical
+                        (weights dequantised by v4_ref's loader for both sides)
+Broken on purpose (compressed-entry RoPE at j*m+1 instead of j*m): max rel 5.4e-01, fails.
 """
 
 import argparse
