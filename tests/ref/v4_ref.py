@@ -29,10 +29,13 @@ Output JSON:
     min_route_margin smallest biased-score gap (k-th minus (k+1)-th) of a non-hash MoE
                      routing decision; null when there is none
     min_argmax_margin  smallest top-1 minus top-2 logit over the outputs
+    results          the same N+1 outputs in deepseek_ref.py's layout (tests/compare_logits.py):
+                     [{"prompt_ids", "steps": [{"step": i, "token": greedy[i], "logits"}]}]
     incremental_rel_diff  max relative difference of the incremental decoder (ring buffer +
                      compressor state, prefill = N single steps) from the full forward
-Every output comes from the full causal forward over the whole sequence (the definition); the
-incremental decoder (arch.md §2.7 decode state, §5.2) runs alongside and must agree to 1e-9.
+Every output is a row of the full causal forward over the whole sequence (the definition); the
+incremental decoder (arch.md §2.7 decode state, §5.2) chooses the greedy tokens and must agree
+with every row to 1e-9 (--no-incremental-check: one full forward per token instead).
 """
 
 import argparse
@@ -464,21 +467,25 @@ class V4Model:
     def moe(self, ly, u, tokens):
         """u [T,D], tokens [T] -> [T,D]."""
         cfg = self.cfg
+        T = u.shape[0]
         s = np.sqrt(np.logaddexp(0.0, u @ ly.gate.T))               # sqrt(softplus), [T, E]
-        y = np.zeros_like(u)
-        for t in range(u.shape[0]):
-            if ly.hash:
-                idx = ly.tid2eid[tokens[t]]
-            else:
-                idx, gap = stable_topk(s[t] + ly.bias, cfg.topk)
+        if ly.hash:
+            idx = ly.tid2eid[np.asarray(tokens)]                    # [T, k]
+        else:
+            idx = np.zeros((T, cfg.topk), dtype=np.int64)
+            for t in range(T):
+                idx[t], gap = stable_topk(s[t] + ly.bias, cfg.topk)
                 self.margins.route = min(self.margins.route, gap)
-            w = s[t, idx]
-            if cfg.norm_topk:
-                w = w / w.sum()
-            w = w * cfg.route_scale
-            for e, we in zip(idx, w):
-                h, w2 = self.swiglu(ly.experts[e], u[t])
-                y[t] += w2 @ (we * h)
+        w = np.take_along_axis(s, idx, axis=1)                      # unbiased scores, [T, k]
+        if cfg.norm_topk:
+            w = w / w.sum(axis=1, keepdims=True)
+        w = w * cfg.route_scale
+        y = np.zeros_like(u)
+        for e in range(cfg.n_exp):
+            rows, slot = np.nonzero(idx == e)
+            if len(rows):
+                h, w2 = self.swiglu(ly.experts[e], u[rows])
+                y[rows] += (w[rows, slot, None] * h) @ w2.T      # weight before the down proj
         if ly.shared:
             h, w2 = self.swiglu(ly.shared, u)
             y += h @ w2.T
@@ -598,35 +605,38 @@ class Decoder:
 
 
 def generate(model, prompt, n_decode, incremental=True):
-    """-> dict of the JSON fields (logits as float64 arrays).  Each output re-runs the full
-    forward; the decoder steps alongside (prompt fed one token at a time)."""
-    dec = Decoder(model) if incremental else None
+    """-> dict of the JSON fields (logits as float64 arrays).  The outputs are rows of one full
+    causal forward over prompt + greedy tokens (row p = logits after position p).  With
+    `incremental` the decoder chooses the tokens (prompt fed one token at a time) and every
+    output row must agree with it to INCREMENTAL_TOL; without, each token comes from a full
+    forward of the sequence so far."""
     seq = list(prompt)
-    worst = 0.0
-    outs, feed = [], []
+    dec = Decoder(model) if incremental else None
+    inc = []
     for i in range(n_decode + 1):
-        model.margins = Margins()
-        logits = model.forward_full(seq)[-1]
-        margins = model.margins
         if dec is not None:
             for tok in seq[dec.p:]:
                 li = dec.step(tok)
-            d = R.rel_diff(li, logits)
-            worst = max(worst, d)
-            if not d <= INCREMENTAL_TOL:
-                raise AssertionError(f"incremental decoder vs full forward: rel {d:.3e} "
-                                     f"at position {len(seq) - 1}")
-        outs.append(logits)
-        tok = int(np.argmax(logits))
-        feed.append(tok)
-        seq.append(tok)
-    srt = [np.sort(x) for x in outs]
+            inc.append(li)
+        else:
+            li = model.forward_full(seq)[-1]
+        seq.append(int(np.argmax(li)))                  # first maximum -> lowest id on ties
+    model.margins = Margins()
+    full = model.forward_full(seq[:-1])[len(prompt) - 1:]   # [n_decode + 1, vocab]
+    margins = model.margins
+    worst = max((R.rel_diff(x, y) for x, y in zip(inc, full)), default=0.0)
+    if not worst <= INCREMENTAL_TOL:
+        raise AssertionError(f"incremental decoder vs full forward: rel {worst:.3e}")
+    feed = seq[len(prompt):]
+    if [int(np.argmax(x)) for x in full] != feed:
+        raise AssertionError("greedy tokens of the decoder and the full forward differ (a tie)")
+    srt = np.sort(full, axis=1)
     fin = lambda v: None if not math.isfinite(v) else float(v)  # noqa: E731
-    return {"prefill_logits": outs[0], "steps": [{"token": feed[i], "logits": outs[i + 1]}
+    return {"prefill_logits": full[0], "steps": [{"token": feed[i], "logits": full[i + 1]}
                                                  for i in range(n_decode)],
             "greedy": feed, "min_topk_margin": fin(margins.topk),
             "min_route_margin": fin(margins.route),
-            "min_argmax_margin": float(min(s[-1] - s[-2] for s in srt)),
+            "min_argmax_margin": float(np.min(srt[:, -1] - srt[:, -2])),
             "incremental_rel_diff": worst if incremental else None}
 
 
@@ -650,6 +660,11 @@ def main(argv=None):
     for s in r["steps"]:
         s["logits"] = fl(s["logits"])
     r.update(generator="tests/ref/v4_ref.py (float64)", prompt_ids=ids)
+    # the same outputs in deepseek_ref.py's golden layout, which tests/compare_logits.py reads:
+    # step i = logits for prompt + greedy[0..i-1], token = greedy[i]
+    outs = [r["prefill_logits"]] + [s["logits"] for s in r["steps"]]
+    r["results"] = [{"prompt_ids": ids, "steps": [{"step": i, "token": r["greedy"][i], "logits": lg}
+                                                  for i, lg in enumerate(outs)]}]
     print(f"v4_ref: greedy {r['greedy']} min topk margin {r['min_topk_margin']} min route "
           f"margin {r['min_route_margin']} min argmax margin {r['min_argmax_margin']:.3e} "
           f"incremental {r['incremental_rel_diff']}", file=sys.stderr)
