@@ -62,6 +62,9 @@ ST_DTYPES = {
     "F16": (2, "<f2"),
     "BF16": (2, "<u2"),
     "F8_E4M3": (1, "u1"),
+    "F8_E8M0": (1, "u1"),     # V4 block scales (2^(byte-127)); read by v4_ref.py only
+    "I8": (1, "i1"),          # V4 packed FP4 e2m1 experts; v4_ref.py only
+    "I64": (8, "<i8"),        # V4 gate.tid2eid; v4_ref.py only
 }
 
 
