@@ -71,6 +71,7 @@ struct ms_model {
     size_t arena_bytes;
     uint8_t *f8_plain; /* FP8 views' plain-row flags (ms_mat.f8_plain), NULL: none */
     int64_t fwd_T, fwd_S; /* rows and context of the batch between embed and head */
+    struct ms_v4 *v4;    /* DeepSeek-V4 (deepseek_v4.h); NULL for the V3 family */
 };
 
 /* The DeepSeek-V2/V3 family (deepseek_v3.c, weights.c). */
@@ -79,5 +80,15 @@ int ms_dsv3_parse_config(const ms_config *c, ms_model_shape *out);
 int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);
 void ms_dsv3_free(ms_model *m);
 void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg);
+
+/* The DeepSeek-V4 family (deepseek_v4*.c). */
+extern const ms_family ms_family_deepseek_v4;
+
+/* Bytes a weight view reads (elements and FP8 block scales) (weights.c). */
+int64_t ms_model_mat_bytes(const ms_mat *w);
+/* Narrows an FFN's views to part `part` of `parts` of its intermediate width
+ * (no copies); MS_ELAYOUT naming `what` and the layer when it does not divide. */
+int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer,
+                       ms_errbuf *err);
 
 #endif

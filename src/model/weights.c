@@ -11,6 +11,7 @@
  */
 #include "base/log.h"
 #include "base/util.h"
+#include "model/deepseek_v4.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -171,7 +172,7 @@ static void free_layer(ms_layer_w *lw)
     free(lw->experts);
 }
 
-static int64_t mat_bytes(const ms_mat *w)
+int64_t ms_model_mat_bytes(const ms_mat *w)
 {
     int64_t b = w->rows * w->cols * ms_dtype_size(w->dtype);
     if (w->dtype == MS_DT_F8E4M3) b += ((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4;
@@ -180,7 +181,7 @@ static int64_t mat_bytes(const ms_mat *w)
 
 static int64_t ffn_bytes(const ms_ffn_w *f)
 {
-    return mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
+    return ms_model_mat_bytes(&f->gate) + ms_model_mat_bytes(&f->up) + ms_model_mat_bytes(&f->down);
 }
 
 /* Bytes of the weights layer l reads on this rank: attention, dense MLP, router,
@@ -190,10 +191,10 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
 {
     const ms_config *c = &m->cfg;
     const ms_layer_w *lw = &m->layers[l];
-    int64_t b = mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
-    b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
+    int64_t b = ms_model_mat_bytes(&lw->kv_a) + ms_model_mat_bytes(&lw->kv_b) + ms_model_mat_bytes(&lw->o);
+    b += c->q_lora_rank > 0 ? ms_model_mat_bytes(&lw->q_a) + ms_model_mat_bytes(&lw->q_b) : ms_model_mat_bytes(&lw->q);
     if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
-    b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+    b += ms_model_mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
     if (topk > 0) return b + ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, 0)]) * topk;
     for (int s = 0; s < ms_shard_n_experts(m->shard, c->n_routed_experts); s++)
         b += ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, s)]);
@@ -206,13 +207,13 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
 static int64_t active_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
-    int64_t b = mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
+    int64_t b = ms_model_mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, c->n_experts_per_tok);
     return b;
 }
 
 /* Narrows the views of one layer to this rank's shard (no copies). */
-static int shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
+int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
 {
     if (parts <= 1) return 0;
     int64_t inter = f->gate.rows;
@@ -239,14 +240,14 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
         lw->o = ms_mat_slice(&lw->o, 0, lw->o.rows, h0 * dv, nh * dv);
     }
     if (!lw->is_moe)
-        return shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
+        return ms_model_shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
     for (int s = 0; s < ms_shard_n_experts(sh, c->n_routed_experts); s++) {
-        int rc = shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
+        int rc = ms_model_shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
                            layer, err);
         if (rc) return rc;
     }
     if (c->n_shared_experts > 0)
-        return shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank, "shared expert", layer, err);
+        return ms_model_shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank, "shared expert", layer, err);
     return 0;
 }
 
@@ -612,8 +613,9 @@ void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg)
 
 int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
+    if (m->v4) return ms_v4_local_weight_bytes(m);
     const ms_config *c = &m->cfg;
-    int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
+    int64_t b = ms_model_mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? ms_model_mat_bytes(&m->lm_head) : 0);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, 0);
     return b;
 }

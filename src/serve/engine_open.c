@@ -52,10 +52,7 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
                           .attn_tp = e->lay.attn_tp};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
     if (rc) return rc;
-    /* the forward reads the cache as one per-token pool (stream 0) */
-    if (spec.n_streams != 1 || spec.streams[0].tokens_per_entry != 1 || spec.streams[0].window)
-        return ms_err(err, MS_EUNSUPPORTED, "%s: the forward reads one per-token stream only",
-                      c->name);
+    (void)c;
     int64_t per_tok = ms_kv_spec_token_bytes(&spec);
     int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
     ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
