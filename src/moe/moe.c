@@ -44,16 +44,14 @@ void ms_moe_gate_route_fixed(const ms_config *c, const float *logits, const int3
     gate_weights(c, scratch, idx, weight);
 }
 
-void ms_swiglu(float *out, const float *g, const float *u, int64_t n, float limit)
+void ms_swiglu(float *out, float *g, float *u, int64_t n, float limit)
 {
-    if (limit <= 0) {
-        ms_silu_mul(out, g, u, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        float a = fminf(g[i], limit), b = fminf(fmaxf(u[i], -limit), limit);
-        out[i] = a / (1.0f + expf(-a)) * b;
-    }
+    if (limit > 0)
+        for (int64_t i = 0; i < n; i++) { /* NaN-free operands: plain compares vectorise */
+            g[i] = g[i] < limit ? g[i] : limit;
+            u[i] = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        }
+    ms_silu_mul(out, g, u, n);
 }
 
 void ms_moe_gate_route(const ms_config *c, const float *logits, const float *bias, int32_t *idx,

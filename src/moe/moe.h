@@ -50,8 +50,9 @@ void ms_moe_gate_route_fixed(const ms_config *c, const float *logits /* [E] */,
                              const int32_t *fixed /* [k] */, int32_t *idx, float *weight,
                              float *scratch /* [2*E] */);
 /* out[i] = silu(g[i]) * u[i], with g = min(g, limit) and u = clamp(u, -limit, limit)
- * first when limit > 0 (V4's swiglu_limit). */
-void ms_swiglu(float *out, const float *g, const float *u, int64_t n, float limit);
+ * first (in place: g and u are the caller's scratch) when limit > 0 (V4's
+ * swiglu_limit).  out may alias g. */
+void ms_swiglu(float *out, float *g, float *u, int64_t n, float limit);
 
 /* Scratch for expert compute (grow-only). */
 typedef struct ms_moe_ws {
