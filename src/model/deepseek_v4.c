@@ -27,26 +27,11 @@
 
 /* ---- config ---- */
 
-static const char *model_type(const json_t *root)
-{
-    return json_string_value(json_object_get(root, "model_type"));
-}
-
-static int has_arch(const json_t *root, const char *name)
-{
-    const json_t *a = json_object_get(root, "architectures");
-    for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
-        const char *s = json_string_value(json_array_get(a, i));
-        if (s && !strcmp(s, name)) return 1;
-    }
-    return 0;
-}
-
 static int v4_match(const json_t *root)
 {
-    const char *t = model_type(root);
+    const char *t = ms_json_model_type(root);
     return json_object_get(root, "compress_ratios") != NULL || (t && !strcmp(t, "deepseek_v4")) ||
-           has_arch(root, "DeepseekV4ForCausalLM");
+           ms_json_has_arch(root, "DeepseekV4ForCausalLM");
 }
 
 /* The compress_ratios array into out[0 .. n): each 0, 4 or 128. */
@@ -626,14 +611,7 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
         m->v4->n_local_groups = c->o_groups / tp;
         m->v4->group0 = m->shard->at.attn_tp_rank * m->v4->n_local_groups;
     }
-    m->pool = ms_pool_new(opts ? opts->threads : 0);
-    if (!m->pool) {
-        rc = ms_err(err, MS_ENOMEM, "cannot start worker threads");
-        goto fail;
-    }
-    m->kctx.pool = m->pool;
-    m->kctx.exact = opts ? opts->exact : 0;
-    m->kctx.isa = ms_kernels_detect();
+    if ((rc = ms_model_init_kernels(m, opts, err))) goto fail;
     if ((rc = ms_st_open_dir(&m->st, dir, err))) goto fail;
     if ((rc = ms_v4_load(m, opts, err))) goto fail;
     m->v4->inv_freq_plain = malloc(sizeof(float) * (size_t)(c->dr / 2));

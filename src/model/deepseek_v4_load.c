@@ -112,33 +112,8 @@ static int load_f32_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols, c
     return 0;
 }
 
-static int load_vec(struct ld *L, float **out, int64_t n, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int load_vec(struct ld *L, float **out, int64_t n, const char *fmt, ...)
-{
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    const ms_tensor *t;
-    int rc = ms_st_expect(L->m->st, name, 1, &n, VEC_DTYPES, &t, L->err);
-    if (rc) return rc;
-    float *v = malloc(sizeof(float) * (size_t)n);
-    if (!v) return ms_err(L->err, MS_ENOMEM, "out of memory loading '%s'", name);
-    ms_mat view = ms_mat_whole(t->dtype, 1, n, t->data, NULL);
-    for (int64_t i = 0; i < n; i++) {
-        v[i] = ms_mat_get(&view, 0, i);
-        if (!isfinite(v[i])) {
-            free(v);
-            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': not finite at element %lld",
-                          t->file, name, (long long)i);
-        }
-    }
-    *out = v;
-    if (L->count) L->n_params += n;
-    return 0;
-}
+#define load_vec(L, out, n, ...)                                                                   \
+    ms_model_load_vec((L)->m->st, out, n, (L)->count ? &(L)->n_params : NULL, (L)->err, __VA_ARGS__)
 
 /* One routed expert's matrix: the plug point for FP4 (e2m1, two codes per I8
  * byte, low nibble first, per-32 UE8M0 scales [rows][cols/32]); refused until

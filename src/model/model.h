@@ -84,6 +84,12 @@ void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg);
 /* The DeepSeek-V4 family (deepseek_v4*.c). */
 extern const ms_family ms_family_deepseek_v4;
 
+/* The rank's kernel threads and context (opts->threads, opts->exact, the CPU's ISA). */
+int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err);
+/* Copies the 1-D vector `fmt...` (F32/BF16/F16, n values) to a fresh f32 array,
+ * refusing a NaN or infinity; adds n to *n_params when set. */
+int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int64_t *n_params,
+                      ms_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* Bytes a weight view reads (elements and FP8 block scales) (weights.c). */
 int64_t ms_model_mat_bytes(const ms_mat *w);
 /* Narrows an FFN's views to part `part` of `parts` of its intermediate width

@@ -13,12 +13,12 @@
 
 #define MAX_LAYERS MS_PLANNER_MAX_LAYERS
 
-static const char *model_type(const json_t *root)
+const char *ms_json_model_type(const json_t *root)
 {
     return json_string_value(json_object_get(root, "model_type"));
 }
 
-static int has_arch(const json_t *root, const char *name)
+int ms_json_has_arch(const json_t *root, const char *name)
 {
     const json_t *a = json_object_get(root, "architectures");
     for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
@@ -31,7 +31,7 @@ static int has_arch(const json_t *root, const char *name)
 int ms_planner_parse_common(const json_t *root, ms_model_shape *m, ms_errbuf *err)
 {
     ms_jget g = {root, "", err};
-    const char *type = model_type(root);
+    const char *type = ms_json_model_type(root);
     snprintf(m->name, sizeof m->name, "%s", type ? type : "config.json");
     const int64_t big = INT64_C(1) << 24;
     int64_t v;
@@ -85,7 +85,7 @@ static int gqa_parse(const json_t *root, ms_model_shape *m, ms_errbuf *err)
 {
     int rc = ms_planner_parse_common(root, m, err);
     if (rc) return rc;
-    const char *type = model_type(root);
+    const char *type = ms_json_model_type(root);
     m->attn = MS_ATTN_GQA;
     m->qk_norm = type && !strncmp(type, "qwen3", 5);
     return 0;
@@ -110,8 +110,8 @@ static int gqa_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_
 
 static int qwen3_match(const json_t *root)
 {
-    const char *t = model_type(root);
-    return (t && !strncmp(t, "qwen3", 5)) || has_arch(root, "Qwen3MoeForCausalLM");
+    const char *t = ms_json_model_type(root);
+    return (t && !strncmp(t, "qwen3", 5)) || ms_json_has_arch(root, "Qwen3MoeForCausalLM");
 }
 
 static int any_match(const json_t *root) { return root != NULL; }

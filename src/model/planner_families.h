@@ -19,5 +19,8 @@ extern const ms_family ms_family_llama;
  * MTP, tie, router bias, FP8 quantization: into m (errors name the field). */
 struct json_t;
 int ms_planner_parse_common(const struct json_t *root, ms_model_shape *m, ms_errbuf *err);
+/* config.json's model_type (NULL when absent); whether architectures lists name. */
+const char *ms_json_model_type(const struct json_t *root);
+int ms_json_has_arch(const struct json_t *root, const char *name);
 
 #endif

@@ -70,10 +70,8 @@ static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, c
     return 0;
 }
 
-/* Copies a 1-D vector (any float dtype) to a fresh f32 array. */
-static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, ...)
+int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int64_t *n_params,
+                      ms_errbuf *err, const char *fmt, ...)
 {
     char name[256];
     va_list ap;
@@ -81,23 +79,25 @@ static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, .
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     const ms_tensor *t;
-    int rc = ms_st_expect(L->m->st, name, 1, &n, VEC_DTYPES, &t, L->err);
+    int rc = ms_st_expect(st, name, 1, &n, VEC_DTYPES, &t, err);
     if (rc) return rc;
     float *v = malloc(sizeof(float) * (size_t)n);
-    if (!v) return ms_err(L->err, MS_ENOMEM, "out of memory loading '%s'", name);
+    if (!v) return ms_err(err, MS_ENOMEM, "out of memory loading '%s'", name);
     ms_mat view = ms_mat_whole(t->dtype, 1, n, t->data, NULL);
     for (int64_t i = 0; i < n; i++) v[i] = ms_mat_get(&view, 0, i);
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(v[i])) {
             float bad = v[i];
             free(v);
-            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld", t->file, name,
+            return ms_err(err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld", t->file, name,
                           (double)bad, (long long)i);
         }
     *out = v;
-    L->n_params += n;
+    if (n_params) *n_params += n;
     return 0;
 }
+
+#define load_vec(L, out, n, ...) ms_model_load_vec((L)->m->st, out, n, &(L)->n_params, (L)->err, __VA_ARGS__)
 
 static int load_ffn(struct loader *L, ms_ffn_w *f, int64_t inter, const char *prefix)
 {
@@ -170,6 +170,16 @@ static void free_layer(ms_layer_w *lw)
     free(lw->kv_a_norm);
     free(lw->e_bias);
     free(lw->experts);
+}
+
+int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
+{
+    m->pool = ms_pool_new(opts ? opts->threads : 0);
+    if (!m->pool) return ms_err(err, MS_ENOMEM, "cannot start worker threads");
+    m->kctx.pool = m->pool;
+    m->kctx.exact = opts ? opts->exact : 0;
+    m->kctx.isa = ms_kernels_detect();
+    return 0;
 }
 
 int64_t ms_model_mat_bytes(const ms_mat *w)
@@ -689,14 +699,7 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
     }
     ms_config_rope_inv_freq(c, m->rope_inv_freq);
     m->softmax_scale = ms_config_softmax_scale(c);
-    m->pool = ms_pool_new(opts ? opts->threads : 0);
-    if (!m->pool) {
-        rc = ms_err(err, MS_ENOMEM, "cannot start worker threads");
-        goto fail;
-    }
-    m->kctx.pool = m->pool;
-    m->kctx.exact = opts ? opts->exact : 0;
-    m->kctx.isa = ms_kernels_detect();
+    if ((rc = ms_model_init_kernels(m, opts, err))) goto fail;
     rc = ms_model_ws_new(m, err);
     if (rc) goto fail;
     double t_pf = ms_now_s();
