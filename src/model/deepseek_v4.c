@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* V4 deployed entry formats (the planner's default): a 584-byte main entry
  * (448 FP8 + 64 BF16 rope + 7 UE8M0 + 1 pad) and a 68-byte MXFP4 index key
@@ -522,6 +523,8 @@ static void v4_free(ms_model *m)
     }
     free(m->final_norm);
     ms_pool_free(m->pool);
+    if (m->arena) munmap(m->arena, m->arena_bytes);
+    free(m->f8_plain);
     ms_st_close(m->st);
     free(m);
 }
@@ -614,6 +617,7 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
     if ((rc = ms_model_init_kernels(m, opts, err))) goto fail;
     if ((rc = ms_st_open_dir(&m->st, dir, err))) goto fail;
     if ((rc = ms_v4_load(m, opts, err))) goto fail;
+    if ((rc = ms_model_place(m, err))) goto fail;
     m->v4->inv_freq_plain = malloc(sizeof(float) * (size_t)(c->dr / 2));
     m->v4->inv_freq_comp = malloc(sizeof(float) * (size_t)(c->dr / 2));
     m->v4->state_off = calloc((size_t)c->n_layers + 1, sizeof(int64_t));

@@ -148,8 +148,10 @@ static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, 
     if (n == 0) return 0;
     for (int64_t j = 0; j < n; j++)
         if ((*rc = load_entry(v, V4_S_INDEX, l, j * 4, w->ik + j * ihd, ihd))) return 0;
-    ms_mat K = ms_mat_whole(MS_DT_F32, n, ihd, w->ik, NULL);
-    ms_matmul(&m->kctx, w->iscore, n, w->iq + t * nI * ihd, ihd, nI, &K, 0);
+    const float *iq = w->iq + t * nI * ihd;
+    for (int64_t h = 0; h < nI; h++)
+        for (int64_t j = 0; j < n; j++)
+            w->iscore[h * n + j] = ms_dot_f32(iq + h * ihd, w->ik + j * ihd, ihd);
     const float *iw = w->iw + t * nI;
     for (int64_t j = 0; j < n; j++) {
         float s = 0;
@@ -161,23 +163,27 @@ static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, 
     return k;
 }
 
-/* Sink attention of one query row (q: [H][hd]) over ncand entries in ws->cand. */
+/* Sink attention of one query row (q: [H][hd]) over ncand entries in ws->cand:
+ * dot products and axpys on the calling thread (a few hundred entries of one
+ * query: cheaper than a pool hand-off per product). */
 static void attend(ms_model *m, const float *sink, const float *q, int64_t ncand, float *o)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
     int64_t H = m->n_local_heads, hd = c->hd;
     float scale = 1.0f / sqrtf((float)hd);
-    ms_mat Kc = ms_mat_whole(MS_DT_F32, ncand, hd, w->cand, NULL);
-    ms_matmul(&m->kctx, w->sc, ncand, q, hd, H, &Kc, 0);
     for (int64_t h = 0; h < H; h++) {
         float *s = w->sc + h * ncand, z = -INFINITY, den = 0;
-        for (int64_t i = 0; i < ncand; i++) z = fmaxf(z, s[i] *= scale);
+        for (int64_t i = 0; i < ncand; i++) {
+            s[i] = scale * ms_dot_f32(q + h * hd, w->cand + i * hd, hd);
+            z = s[i] > z ? s[i] : z;
+        }
         for (int64_t i = 0; i < ncand; i++) den += s[i] = expf(s[i] - z);
         den += expf(sink[h] - z);
-        for (int64_t i = 0; i < ncand; i++) s[i] /= den;
+        float *oh = o + h * hd;
+        memset(oh, 0, sizeof(float) * (size_t)hd);
+        for (int64_t i = 0; i < ncand; i++) ms_axpy_f32(oh, s[i] / den, w->cand + i * hd, hd);
     }
-    ms_matmul_nn(&m->kctx, o, hd, w->sc, ncand, H, &Kc, 0);
 }
 
 int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,

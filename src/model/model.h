@@ -90,6 +90,10 @@ int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err
  * refusing a NaN or infinity; adds n to *n_params when set. */
 int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int64_t *n_params,
                       ms_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Places this rank's weight views (every family's each_view, and the embedding) in a
+ * 2 MiB-page arena or faults in the file mapping (MOESERVE_WEIGHTS), refusing a NaN or
+ * infinity, and marks FP8 plain rows (weights.c; m->arena, m->f8_plain: the caller frees). */
+int ms_model_place(ms_model *m, ms_errbuf *err);
 /* Bytes a weight view reads (elements and FP8 block scales) (weights.c). */
 int64_t ms_model_mat_bytes(const ms_mat *w);
 /* Narrows an FFN's views to part `part` of `parts` of its intermediate width

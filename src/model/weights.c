@@ -267,8 +267,25 @@ void ms_model_ws_free(ms_model_ws *ws);
 /* Visits every weight view this rank reads (its shard: attention, dense or
  * shared FFN, its experts, the router and the LM head; not the embedding,
  * which is read a row at a time). */
+struct plain_fn {
+    void (*fn)(ms_mat *, void *);
+    void *arg;
+};
+
+static void plain_fn(ms_mat *w, unsigned flags, void *arg)
+{
+    const struct plain_fn *p = arg;
+    (void)flags;
+    p->fn(w, p->arg);
+}
+
 static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
 {
+    if (m->v4) { /* the V4 family lists its own views */
+        struct plain_fn p = {fn, arg};
+        ms_v4_each_view(m, plain_fn, &p);
+        return;
+    }
     const ms_config *c = &m->cfg;
     int n_local = ms_shard_n_experts(m->shard, c->n_routed_experts);
     fn(&m->lm_head, arg);
@@ -628,6 +645,16 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
     int64_t b = ms_model_mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? ms_model_mat_bytes(&m->lm_head) : 0);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, 0);
     return b;
+}
+
+int ms_model_place(ms_model *m, ms_errbuf *err)
+{
+    double t_pf = ms_now_s();
+    int rc = place_weights(m, err);
+    if (rc) return rc;
+    mark_plain_rows(m);
+    MS_LOG(MS_DEBUG, "model", "weights placed in %.2f s", ms_now_s() - t_pf);
+    return 0;
 }
 
 int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
