@@ -83,6 +83,16 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
            (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
            (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20));
+    for (int st = 0; spec.n_streams > 1 && st < spec.n_streams; st++) { /* V4: each pool */
+        const ms_kv_stream *k = &spec.streams[st];
+        int64_t span = (int64_t)e->o.page_size * k->tokens_per_entry;
+        MS_LOG(MS_INFO, "engine",
+               "KV pool '%s': %d pages of %lld tokens (%s%lld), %d layers, %.0f B per entry "
+               "per layer",
+               k->name, ms_kv_cache_n_pages(e->cache, st), (long long)span,
+               k->window ? "window of " : "", (long long)(k->window ? k->window : span),
+               k->n_layers, k->entry_bytes);
+    }
     return 0;
 }
 
