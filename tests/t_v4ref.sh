@@ -6,7 +6,8 @@
 #  - tests/v4_form_check.py, the official reference's prefill formulation (teacher-forced
 #    on moeserve's tokens), which also prints the smallest indexer top-k / routing margin;
 #  - tests/ref/v4_ref.py, the independent reference, when it is present
-#    (--model DIR --prompt-ids IDS --decode N --out FILE, golden JSON as deepseek_ref.py).
+#    (--model DIR --prompt-ids IDS --decode N-1 --out FILE: the prefill's and N-1 steps'
+#    logits, in deepseek_ref.py's golden layout), with its own margins.
 # Needs Debian's /usr/bin/python3 with numpy and torch.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
@@ -36,10 +37,12 @@ else
     bad "official prefill form" "$(cat "$tmp/form.err" "$tmp/cmp" 2>/dev/null)"
 fi
 if [ -f tests/ref/v4_ref.py ]; then
-    if timeout 300 "$PY" tests/ref/v4_ref.py --model "$M" --prompt-ids "$P" --decode $N \
+    if timeout 300 "$PY" tests/ref/v4_ref.py --model "$M" --prompt-ids "$P" --decode $((N - 1)) \
             --out "$tmp/ref.json" >"$tmp/ref.err" 2>&1 &&
        "$PY" tests/compare_logits.py "$tmp/ref.json" "$tmp/ms.jsonl" >"$tmp/cmp2" 2>&1; then
-        ok "tests/ref/v4_ref.py: $(grep 'max relative' "$tmp/cmp2")"
+        ok "tests/ref/v4_ref.py: $(grep 'max relative' "$tmp/cmp2"); $("$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print("top-k margin %s, routing margin %s" % (d.get("min_topk_margin"), d.get("min_route_margin")))' "$tmp/ref.json")"
     else
         bad "tests/ref/v4_ref.py" "$(cat "$tmp/ref.err" "$tmp/cmp2" 2>/dev/null)"
     fi
