@@ -5,7 +5,8 @@
  * (seed, name), so values do not depend on order and the model never sits
  * in RAM whole.  Linear weights are uniform with variance gain²/fan_in;
  * norms 1 ± 0.1; mHC, sink, ape and gate bias small offsets; tid2eid gives
- * every token k distinct experts.  --dtype fp8 stores the attention
+ * every token k distinct experts; the tokenizer carries V4's special tokens
+ * (mkmodel_tok.c).  --dtype fp8 stores the attention
  * projections, the indexer's wq_b, the experts and the MTP projections as
  * e4m3 with one UE8M0 (F8_E8M0) power-of-two scale per 128×128 block, as
  * the release does; embeddings, head, gate, compressors, weights_proj and
@@ -13,6 +14,7 @@
  * its kernels exist.  Main thread only.
  */
 #include "tools/mkmodel.h"
+#include "tools/mkmodel_tok.h"
 
 #include "base/util.h"
 #include "kernels/dtype.h"
@@ -392,5 +394,5 @@ int ms_mkmodel_v4_write(const char *preset, int dtype, uint64_t seed, const char
     ms_st_writer_free(G.w);
     for (int64_t i = 0; i < G.n_gens; i++) free(G.gens[i]);
     free(G.gens);
-    return rc ? rc : ms_mkmodel_write_tokenizer(out_dir, P->vocab, err);
+    return rc ? rc : ms_mkmodel_write_v4_tokenizer(out_dir, (int32_t)P->vocab, err);
 }
