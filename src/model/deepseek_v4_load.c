@@ -13,6 +13,7 @@
  */
 #include "base/util.h"
 #include "model/deepseek_v4.h"
+#include "model/quant_load.h"
 #include "model/safetensors.h"
 
 #include <math.h>
@@ -63,18 +64,20 @@ static int load_scale(struct ld *L, const char *name, int64_t rows, int64_t cols
     int64_t k = sshape[0] * sshape[1];
     float *f = malloc(sizeof(float) * (size_t)k);
     if (!f) return ms_err(L->err, MS_ENOMEM, "out of memory (scales of '%s')", name);
-    for (int64_t i = 0; i < k; i++) {
-        if (s->dtype == MS_DT_F8E8M0) {
-            f[i] = ms_e8m0_to_f32(((const uint8_t *)s->data)[i]);
-        } else {
-            memcpy(&f[i], (const char *)s->data + 4 * i, 4);
+    if (s->dtype == MS_DT_F8E8M0) {
+        if ((rc = ms_e8m0_scales_to_f32(s, f, k, L->err))) {
+            free(f);
+            return rc;
         }
+    } else {
+        memcpy(f, s->data, sizeof(float) * (size_t)k);
+    }
+    for (int64_t i = 0; i < k; i++)
         if (!isfinite(f[i])) {
             free(f);
             return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': scale %lld is not finite",
                           s->file, sname, (long long)i);
         }
-    }
     if (keep_scale(L->m->v4, f)) return ms_err(L->err, MS_ENOMEM, "out of memory");
     *out = f;
     return 0;
@@ -116,8 +119,9 @@ static int load_f32_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols, c
     ms_model_load_vec((L)->m->st, out, n, (L)->count ? &(L)->n_params : NULL, (L)->err, __VA_ARGS__)
 
 /* One routed expert's matrix: the plug point for FP4 (e2m1, two codes per I8
- * byte, low nibble first, per-32 UE8M0 scales [rows][cols/32]); refused until
- * its kernels exist. */
+ * byte, low nibble first, per-32 UE8M0 scales [rows][cols/32]: quant_load.h's
+ * ms_load_fp4_mat); refused until the weight placement (weights.c) copies
+ * FP4 views. */
 static int load_expert_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols,
                            const char *name)
 {
@@ -335,15 +339,15 @@ int ms_v4_load(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
     m->n_mtp_layers = c->n_mtp;
     m->n_params = L.n_params;
     /* weight bytes per decoded token: all but the embedding and the unselected experts */
-    int64_t b = ms_model_mat_bytes(&m->lm_head);
+    int64_t b = ms_mat_bytes(&m->lm_head);
     for (int l = 0; l < c->n_layers; l++) {
         const v4_layer *lw = &v->layers[l];
         const ms_ffn_w *e = &lw->experts[ms_shard_expert(m->shard, l, 0)];
-        b += (ms_model_mat_bytes(&e->gate) + ms_model_mat_bytes(&e->up) +
-              ms_model_mat_bytes(&e->down)) * c->K;
+        b += (ms_mat_bytes(&e->gate) + ms_mat_bytes(&e->up) +
+              ms_mat_bytes(&e->down)) * c->K;
     }
-    m->active_bytes_per_token = b + ms_v4_local_weight_bytes(m) - ms_model_mat_bytes(&m->embed) -
-                                ms_model_mat_bytes(&m->lm_head);
+    m->active_bytes_per_token = b + ms_v4_local_weight_bytes(m) - ms_mat_bytes(&m->embed) -
+                                ms_mat_bytes(&m->lm_head);
     return 0;
 }
 
@@ -403,12 +407,12 @@ void ms_v4_each_view(ms_model *m, ms_view_fn fn, void *arg)
 static void add_bytes(ms_mat *w, unsigned flags, void *arg)
 {
     (void)flags;
-    *(int64_t *)arg += ms_model_mat_bytes(w);
+    *(int64_t *)arg += ms_mat_bytes(w);
 }
 
 int64_t ms_v4_local_weight_bytes(const ms_model *m)
 {
-    int64_t b = ms_model_mat_bytes(&m->embed);
+    int64_t b = ms_mat_bytes(&m->embed);
     ms_v4_each_view((ms_model *)m, add_bytes, &b);
     return b;
 }

@@ -94,8 +94,6 @@ int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int6
  * 2 MiB-page arena or faults in the file mapping (MOESERVE_WEIGHTS), refusing a NaN or
  * infinity, and marks FP8 plain rows (weights.c; m->arena, m->f8_plain: the caller frees). */
 int ms_model_place(ms_model *m, ms_errbuf *err);
-/* Bytes a weight view reads (elements and FP8 block scales) (weights.c). */
-int64_t ms_model_mat_bytes(const ms_mat *w);
 /* Narrows an FFN's views to part `part` of `parts` of its intermediate width
  * (no copies); MS_ELAYOUT naming `what` and the layer when it does not divide. */
 int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer,

@@ -182,16 +182,9 @@ int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err
     return 0;
 }
 
-int64_t ms_model_mat_bytes(const ms_mat *w)
-{
-    int64_t b = w->rows * w->cols * ms_dtype_size(w->dtype);
-    if (w->dtype == MS_DT_F8E4M3) b += ((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4;
-    return b;
-}
-
 static int64_t ffn_bytes(const ms_ffn_w *f)
 {
-    return ms_model_mat_bytes(&f->gate) + ms_model_mat_bytes(&f->up) + ms_model_mat_bytes(&f->down);
+    return ms_mat_bytes(&f->gate) + ms_mat_bytes(&f->up) + ms_mat_bytes(&f->down);
 }
 
 /* Bytes of the weights layer l reads on this rank: attention, dense MLP, router,
@@ -201,10 +194,10 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
 {
     const ms_config *c = &m->cfg;
     const ms_layer_w *lw = &m->layers[l];
-    int64_t b = ms_model_mat_bytes(&lw->kv_a) + ms_model_mat_bytes(&lw->kv_b) + ms_model_mat_bytes(&lw->o);
-    b += c->q_lora_rank > 0 ? ms_model_mat_bytes(&lw->q_a) + ms_model_mat_bytes(&lw->q_b) : ms_model_mat_bytes(&lw->q);
+    int64_t b = ms_mat_bytes(&lw->kv_a) + ms_mat_bytes(&lw->kv_b) + ms_mat_bytes(&lw->o);
+    b += c->q_lora_rank > 0 ? ms_mat_bytes(&lw->q_a) + ms_mat_bytes(&lw->q_b) : ms_mat_bytes(&lw->q);
     if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
-    b += ms_model_mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+    b += ms_mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
     if (topk > 0) return b + ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, 0)]) * topk;
     for (int s = 0; s < ms_shard_n_experts(m->shard, c->n_routed_experts); s++)
         b += ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, s)]);
@@ -217,7 +210,7 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
 static int64_t active_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
-    int64_t b = ms_model_mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
+    int64_t b = ms_mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, c->n_experts_per_tok);
     return b;
 }
@@ -642,7 +635,7 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
     if (m->v4) return ms_v4_local_weight_bytes(m);
     const ms_config *c = &m->cfg;
-    int64_t b = ms_model_mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? ms_model_mat_bytes(&m->lm_head) : 0);
+    int64_t b = ms_mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? ms_mat_bytes(&m->lm_head) : 0);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, 0);
     return b;
 }
