@@ -1,6 +1,6 @@
 /* test_family.c — the model-family seam: config.json matched to its family
  * and parsed into one shape, each family's cache streams (kv_spec), planner-
- * only families refused by open, and the forward through the family table
+ * only families refused by open (V4's own forward: test_family_v4.c), and the forward through the family table
  * under --dtype float32 on a tiny random model: a prefill of N tokens equals
  * N decode steps, a verify of k+1 positions equals k+1 decode steps (logits
  * and hidden states), and run_layers(0, m) + run_layers(m, L) equals
@@ -84,9 +84,10 @@ TEST(kv_spec_streams)
      * [0,0] + [4,128]×20 + [4]: window on all 43 layers, c4/index on 21, c128 on 20 */
     CHECKF(ms_plan_model_preset("deepseek-v4-flash", &s, &err) == 0, "%s", err.msg);
     const ms_family *f = s.family;
-    CHECK(f == ms_family_by_name("deepseek_v4") && f->open == NULL);
+    CHECK(f == ms_family_by_name("deepseek_v4") && f->open != NULL);
     o.attn_tp = 1;
     o.draft_tokens = 3;
+    o.elem_bytes = 0; /* the planner's default: the deployed FP8 entries */
     CHECK(ms_family_kv_spec(&s, &o, &spec, &err) == 0);
     CHECK(spec.n_streams == 4);
     const ms_kv_stream *w = &spec.streams[0], *c4 = &spec.streams[1], *c128 = &spec.streams[2],

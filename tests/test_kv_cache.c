@@ -41,9 +41,9 @@ TEST(pages_per_step_and_window_slide)
     CHECK(v4_spec(3) == 0);
     int32_t pages[MS_KV_MAX_STREAMS];
     ms_kv_cache_pages_for(&spec, PS, 4096, 2, 16, pages);
-    /* full-history streams: 4096 tokens of each; the window: 2 × ((131 + 16) / 4 + 1) */
+    /* full-history streams: 4096 tokens of each; the window: 2 × (⌈131 / 4⌉ + 2) + 16 / 4 */
     CHECK(pages[C4] == 4096 / 16 && pages[C128] == 4096 / 512 && pages[IDX] == 4096 / 16);
-    CHECK(pages[WIN] == 2 * (37 + 1));
+    CHECK(pages[WIN] == 2 * (33 + 2) + 4);
     ms_kv_cache *c;
     ms_errbuf err;
     CHECKF(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 2, &err) == 0, "%s", err.msg);
@@ -85,7 +85,7 @@ TEST(sharing_every_stream)
 {
     CHECK(v4_spec(0) == 0);
     int32_t pages[MS_KV_MAX_STREAMS];
-    ms_kv_cache_pages_for(&spec, PS, 4096, 4, 512, pages);
+    ms_kv_cache_pages_for(&spec, PS, 4096, 4, 1024, pages); /* steps of up to 1024 tokens */
     ms_kv_cache *c;
     ms_errbuf err;
     CHECK(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 4, &err) == 0);

@@ -134,9 +134,10 @@ TEST(split_of_a_locked_node_unlocks_whole)
     ms_kv_cache_free(cache);
 }
 
-/* V4 Flash's streams (planner-only family): the tree keys units of page ×
- * 128 tokens, holds the pages of every stream, and a hit ends where the
- * window a continuation needs is no longer held. */
+/* V4's streams: the tree keys units of page × 128 tokens, holds the pages of
+ * every stream, and a hit ends where the window a continuation needs is no
+ * longer held; with the compressor state in the spec (as V4 has) no hit is
+ * given at all (the carry at the match point is not kept). */
 TEST(per_stream_pages_and_window_hits)
 {
     char v4[2048];
@@ -151,6 +152,25 @@ TEST(per_stream_pages_and_window_hits)
     ms_kv_spec_opts o = {.state_bytes = 0, .page_size = 2, .attn_tp = 1};
     CHECK(ms_family_parse(v4, NULL, &s, &err) == 0 && ms_family_kv_spec(&s, &o, &spec, &err) == 0);
     int32_t pages[MS_KV_MAX_STREAMS] = {400, 128, 8, 128};
+    CHECK(ms_kv_spec_state_bytes(&spec, 0, 4) > 0);
+    { /* stateful: no hit */
+        ms_radix *r0;
+        int32_t t0[300];
+        ms_kv_seq q, o0;
+        for (int i = 0; i < 300; i++) t0[i] = i % 89;
+        CHECK(ms_kv_cache_new(&cache, &spec, 2, pages, MS_DT_BF16, 1, &err) == 0);
+        page = 2;
+        ms_radix_node *l0;
+        ms_kv_seq_init(&o0);
+        CHECK(ms_radix_new(&r0, cache) == 0);
+        take(&q, 300);
+        CHECK(ms_radix_insert(r0, t0, 300, &q, &l0) == 0 && ms_radix_match(r0, t0, 300, &o0, &l0) == 0);
+        ms_kv_cache_release(cache, &q);
+        ms_radix_free(r0);
+        ms_kv_seq_deinit(&q), ms_kv_seq_deinit(&o0);
+        ms_kv_cache_free(cache);
+    }
+    memset(spec.state_layer_bytes, 0, sizeof spec.state_layer_bytes); /* the streams alone */
     CHECK(ms_kv_cache_new(&cache, &spec, 2, pages, MS_DT_BF16, 0, &err) == 0);
     page = 2;
     ms_radix *r;

@@ -43,8 +43,12 @@ void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens
     for (int s = 0; s < spec->n_streams; s++) {
         const ms_kv_stream *st = &spec->streams[s];
         int64_t span = (int64_t)page_size * st->tokens_per_entry, n;
-        if (st->window > 0) /* the window's pages, one step's, and one being filled */
-            n = (int64_t)max_seqs * (ceil_div(keep_tokens(st) + step_tokens, span) + 1);
+        if (st->window > 0) /* each sequence's window (+ a page each side), and the step's
+                             * new tokens, which the sequences share */
+            n = (int64_t)max_seqs * (ceil_div(keep_tokens(st), span) + 2) +
+                ceil_div(step_tokens, span);
+        else if (st->tokens_per_entry > 1) /* compressed: the tokens' entries, rounded up */
+            n = ceil_div(tokens, span);
         else
             n = tokens / span;
         pages[s] = (int32_t)MS_MIN(MS_MAX(n, 1), (int64_t)INT32_MAX - 1);

@@ -42,8 +42,10 @@ void ms_kv_seq_deinit(ms_kv_seq *s); /* frees the tables (release first) */
 /* Pages of each stream for a cache of `tokens` tokens of full history and
  * `max_seqs` sequences that add at most step_tokens tokens per step (the
  * prefill chunk): whole-history streams tokens / tokens_per_entry /
- * page_size; windowed ones max_seqs × the pages window + slack + one step
- * can touch. */
+ * page_size (rounded up for compressed streams, whose pages span 4 or 128
+ * pages' worth of tokens); windowed ones max_seqs × (the pages of window + slack, and
+ * one partial page at each end) plus the pages of one step's tokens, which
+ * the sequences share. */
 void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens, int max_seqs,
                            int64_t step_tokens, int32_t *pages);
 

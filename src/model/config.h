@@ -21,7 +21,7 @@
 #define MS_CONFIG_MAX_HEAD_DIM 4096
 #define MS_CONFIG_MAX_POSITIONS (INT64_C(1) << 32)
 
-enum ms_score_func { MS_SCORE_SOFTMAX = 0, MS_SCORE_SIGMOID = 1 };
+enum ms_score_func { MS_SCORE_SOFTMAX = 0, MS_SCORE_SIGMOID = 1, MS_SCORE_SQRTSOFTPLUS = 2 /* V4 */ };
 enum ms_topk_method { MS_TOPK_GREEDY = 0, MS_TOPK_GROUP_LIMITED = 1, MS_TOPK_NOAUX_TC = 2 };
 
 typedef struct ms_config {
@@ -44,6 +44,7 @@ typedef struct ms_config {
     int scoring_func;              /* enum ms_score_func */
     bool norm_topk_prob;
     float routed_scaling_factor;
+    float swiglu_limit;            /* V4: gate = min(g, L), up = clamp(u, -L, L); 0: none */
     int q_lora_rank;               /* 0 when null: direct q_proj */
     int kv_lora_rank;
     int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;

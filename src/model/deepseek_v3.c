@@ -11,6 +11,7 @@
  */
 #include "base/util.h"
 #include "model/config_json.h"
+#include "model/deepseek_v4.h"
 #include "model/model.h"
 #include "kernels/attn.h"
 #include "moe/mlp_layer.h"
@@ -106,9 +107,10 @@ void ms_model_ws_free(ms_model_ws *ws)
 void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
                            int64_t *dispatch_rows)
 {
-    *max_len = m->ws ? m->ws->mlp.n_max_len : 0;
-    *sum_len = m->ws ? m->ws->mlp.n_sum_len : 0;
-    *dispatch_rows = m->ws ? m->ws->mlp.dispatch_rows : 0;
+    const ms_mlp_ws *w = m->v4 ? &m->v4->ws.mlp : m->ws ? &m->ws->mlp : NULL; /* either family */
+    *max_len = w ? w->n_max_len : 0;
+    *sum_len = w ? w->n_sum_len : 0;
+    *dispatch_rows = w ? w->dispatch_rows : 0;
 }
 
 int ms_model_ws_new(ms_model *m, ms_errbuf *err)

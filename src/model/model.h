@@ -71,6 +71,7 @@ struct ms_model {
     size_t arena_bytes;
     uint8_t *f8_plain; /* FP8 views' plain-row flags (ms_mat.f8_plain), NULL: none */
     int64_t fwd_T, fwd_S; /* rows and context of the batch between embed and head */
+    struct ms_v4 *v4;    /* DeepSeek-V4 (deepseek_v4.h); NULL for the V3 family */
 };
 
 /* The DeepSeek-V2/V3 family (deepseek_v3.c, weights.c). */
@@ -79,5 +80,23 @@ int ms_dsv3_parse_config(const ms_config *c, ms_model_shape *out);
 int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err);
 void ms_dsv3_free(ms_model *m);
 void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg);
+
+/* The DeepSeek-V4 family (deepseek_v4*.c). */
+extern const ms_family ms_family_deepseek_v4;
+
+/* The rank's kernel threads and context (opts->threads, opts->exact, the CPU's ISA). */
+int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err);
+/* Copies the 1-D vector `fmt...` (F32/BF16/F16, n values) to a fresh f32 array,
+ * refusing a NaN or infinity; adds n to *n_params when set. */
+int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int64_t *n_params,
+                      ms_errbuf *err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Places this rank's weight views (every family's each_view, and the embedding) in a
+ * 2 MiB-page arena or faults in the file mapping (MOESERVE_WEIGHTS), refusing a NaN or
+ * infinity, and marks FP8 plain rows (weights.c; m->arena, m->f8_plain: the caller frees). */
+int ms_model_place(ms_model *m, ms_errbuf *err);
+/* Narrows an FFN's views to part `part` of `parts` of its intermediate width
+ * (no copies); MS_ELAYOUT naming `what` and the layer when it does not divide. */
+int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer,
+                       ms_errbuf *err);
 
 #endif

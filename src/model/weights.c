@@ -11,6 +11,7 @@
  */
 #include "base/log.h"
 #include "base/util.h"
+#include "model/deepseek_v4.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -69,10 +70,8 @@ static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, c
     return 0;
 }
 
-/* Copies a 1-D vector (any float dtype) to a fresh f32 array. */
-static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, ...)
+int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int64_t *n_params,
+                      ms_errbuf *err, const char *fmt, ...)
 {
     char name[256];
     va_list ap;
@@ -80,23 +79,25 @@ static int load_vec(struct loader *L, float **out, int64_t n, const char *fmt, .
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     const ms_tensor *t;
-    int rc = ms_st_expect(L->m->st, name, 1, &n, VEC_DTYPES, &t, L->err);
+    int rc = ms_st_expect(st, name, 1, &n, VEC_DTYPES, &t, err);
     if (rc) return rc;
     float *v = malloc(sizeof(float) * (size_t)n);
-    if (!v) return ms_err(L->err, MS_ENOMEM, "out of memory loading '%s'", name);
+    if (!v) return ms_err(err, MS_ENOMEM, "out of memory loading '%s'", name);
     ms_mat view = ms_mat_whole(t->dtype, 1, n, t->data, NULL);
     for (int64_t i = 0; i < n; i++) v[i] = ms_mat_get(&view, 0, i);
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(v[i])) {
             float bad = v[i];
             free(v);
-            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld", t->file, name,
+            return ms_err(err, MS_EFORMAT, "%s: tensor '%s': %g at element %lld", t->file, name,
                           (double)bad, (long long)i);
         }
     *out = v;
-    L->n_params += n;
+    if (n_params) *n_params += n;
     return 0;
 }
+
+#define load_vec(L, out, n, ...) ms_model_load_vec((L)->m->st, out, n, &(L)->n_params, (L)->err, __VA_ARGS__)
 
 static int load_ffn(struct loader *L, ms_ffn_w *f, int64_t inter, const char *prefix)
 {
@@ -171,16 +172,19 @@ static void free_layer(ms_layer_w *lw)
     free(lw->experts);
 }
 
-static int64_t mat_bytes(const ms_mat *w)
+int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
 {
-    int64_t b = w->rows * w->cols * ms_dtype_size(w->dtype);
-    if (w->dtype == MS_DT_F8E4M3) b += ((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4;
-    return b;
+    m->pool = ms_pool_new(opts ? opts->threads : 0);
+    if (!m->pool) return ms_err(err, MS_ENOMEM, "cannot start worker threads");
+    m->kctx.pool = m->pool;
+    m->kctx.exact = opts ? opts->exact : 0;
+    m->kctx.isa = ms_kernels_detect();
+    return 0;
 }
 
 static int64_t ffn_bytes(const ms_ffn_w *f)
 {
-    return mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
+    return ms_mat_bytes(&f->gate) + ms_mat_bytes(&f->up) + ms_mat_bytes(&f->down);
 }
 
 /* Bytes of the weights layer l reads on this rank: attention, dense MLP, router,
@@ -190,10 +194,10 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
 {
     const ms_config *c = &m->cfg;
     const ms_layer_w *lw = &m->layers[l];
-    int64_t b = mat_bytes(&lw->kv_a) + mat_bytes(&lw->kv_b) + mat_bytes(&lw->o);
-    b += c->q_lora_rank > 0 ? mat_bytes(&lw->q_a) + mat_bytes(&lw->q_b) : mat_bytes(&lw->q);
+    int64_t b = ms_mat_bytes(&lw->kv_a) + ms_mat_bytes(&lw->kv_b) + ms_mat_bytes(&lw->o);
+    b += c->q_lora_rank > 0 ? ms_mat_bytes(&lw->q_a) + ms_mat_bytes(&lw->q_b) : ms_mat_bytes(&lw->q);
     if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
-    b += mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
+    b += ms_mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
     if (topk > 0) return b + ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, 0)]) * topk;
     for (int s = 0; s < ms_shard_n_experts(m->shard, c->n_routed_experts); s++)
         b += ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, s)]);
@@ -206,13 +210,13 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
 static int64_t active_bytes(const ms_model *m)
 {
     const ms_config *c = &m->cfg;
-    int64_t b = mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
+    int64_t b = ms_mat_bytes(&m->lm_head) + m->embed.cols * ms_dtype_size(m->embed.dtype);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, c->n_experts_per_tok);
     return b;
 }
 
 /* Narrows the views of one layer to this rank's shard (no copies). */
-static int shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
+int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
 {
     if (parts <= 1) return 0;
     int64_t inter = f->gate.rows;
@@ -239,14 +243,14 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
         lw->o = ms_mat_slice(&lw->o, 0, lw->o.rows, h0 * dv, nh * dv);
     }
     if (!lw->is_moe)
-        return shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
+        return ms_model_shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
     for (int s = 0; s < ms_shard_n_experts(sh, c->n_routed_experts); s++) {
-        int rc = shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
+        int rc = ms_model_shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
                            layer, err);
         if (rc) return rc;
     }
     if (c->n_shared_experts > 0)
-        return shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank, "shared expert", layer, err);
+        return ms_model_shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank, "shared expert", layer, err);
     return 0;
 }
 
@@ -256,8 +260,25 @@ void ms_model_ws_free(ms_model_ws *ws);
 /* Visits every weight view this rank reads (its shard: attention, dense or
  * shared FFN, its experts, the router and the LM head; not the embedding,
  * which is read a row at a time). */
+struct plain_fn {
+    void (*fn)(ms_mat *, void *);
+    void *arg;
+};
+
+static void plain_fn(ms_mat *w, unsigned flags, void *arg)
+{
+    const struct plain_fn *p = arg;
+    (void)flags;
+    p->fn(w, p->arg);
+}
+
 static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
 {
+    if (m->v4) { /* the V4 family lists its own views */
+        struct plain_fn p = {fn, arg};
+        ms_v4_each_view(m, plain_fn, &p);
+        return;
+    }
     const ms_config *c = &m->cfg;
     int n_local = ms_shard_n_experts(m->shard, c->n_routed_experts);
     fn(&m->lm_head, arg);
@@ -612,10 +633,21 @@ void ms_dsv3_each_view(ms_model *m, ms_view_fn fn, void *arg)
 
 int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
+    if (m->v4) return ms_v4_local_weight_bytes(m);
     const ms_config *c = &m->cfg;
-    int64_t b = mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? mat_bytes(&m->lm_head) : 0);
+    int64_t b = ms_mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? ms_mat_bytes(&m->lm_head) : 0);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, 0);
     return b;
+}
+
+int ms_model_place(ms_model *m, ms_errbuf *err)
+{
+    double t_pf = ms_now_s();
+    int rc = place_weights(m, err);
+    if (rc) return rc;
+    mark_plain_rows(m);
+    MS_LOG(MS_DEBUG, "model", "weights placed in %.2f s", ms_now_s() - t_pf);
+    return 0;
 }
 
 int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_errbuf *err)
@@ -687,14 +719,7 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
     }
     ms_config_rope_inv_freq(c, m->rope_inv_freq);
     m->softmax_scale = ms_config_softmax_scale(c);
-    m->pool = ms_pool_new(opts ? opts->threads : 0);
-    if (!m->pool) {
-        rc = ms_err(err, MS_ENOMEM, "cannot start worker threads");
-        goto fail;
-    }
-    m->kctx.pool = m->pool;
-    m->kctx.exact = opts ? opts->exact : 0;
-    m->kctx.isa = ms_kernels_detect();
+    if ((rc = ms_model_init_kernels(m, opts, err))) goto fail;
     rc = ms_model_ws_new(m, err);
     if (rc) goto fail;
     double t_pf = ms_now_s();

@@ -23,6 +23,8 @@ void ms_mlp_ws_free(ms_mlp_ws *ws)
     ms_free_aligned(ws->cbuf);
     free(ws->ridx);
     free(ws->rw);
+    free(ws->tok_send);
+    free(ws->tok_all);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -44,7 +46,7 @@ static int ffn(const ms_mlp_ctx *cx, const ms_ffn_w *f, const float *x, int64_t 
 {
     if (n <= 0) return 0;
     if (ffn_scratch(ws, n, f->gate.rows)) return MS_ENOMEM;
-    ms_ffn_forward(cx->k, f, x, n, cx->c->hidden_size, y, acc, ws->g, ws->u);
+    ms_ffn_forward(cx->k, f, x, n, cx->c->hidden_size, y, acc, ws->g, ws->u, cx->c->swiglu_limit);
     return 0;
 }
 
@@ -131,6 +133,25 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
     }
     if (sum_len == 0) return 0; /* every group idle: nothing moves */
     int rc;
+    ms_mlp_w wg = *w; /* hash routing: the gathered rows' token ids, in the same order */
+    if (w->is_moe && w->moe.tid2eid) {
+        void *a = ws->tok_send, *b = ws->tok_all;
+        rc = ms_grow_array(&a, &ws->cap_tok_send, MS_MAX(max_len, 1), sizeof(int32_t));
+        ws->tok_send = a;
+        if (!rc) rc = ms_grow_array(&b, &ws->cap_tok_all, (int64_t)N * max_len + sum_len, sizeof(int32_t));
+        ws->tok_all = b;
+        if (rc) return ms_err(err, MS_ENOMEM, "out of memory in DP gather");
+        memset(ws->tok_send, 0, sizeof(int32_t) * (size_t)max_len);
+        if (T > 0) memcpy(ws->tok_send, w->moe.tokens, sizeof(int32_t) * (size_t)T);
+        if ((rc = ms_comm_allgather(g, ws->tok_send, sizeof(int32_t) * (size_t)max_len, ws->tok_all, err)))
+            return rc;
+        int32_t *compact = ws->tok_all + (int64_t)N * max_len;
+        for (int d = 0; d < dp; d++)
+            memcpy(compact + off[d], ws->tok_all + (int64_t)d * atp * max_len,
+                   sizeof(int32_t) * (size_t)sh->step->rows_per_rank[d * atp]);
+        wg.moe.tokens = compact;
+    }
+    w = &wg;
     if (sum_len * 2 >= max_len * dp) { /* MAX_LEN: padded all-gather, reduce-scatter */
         ws->n_max_len++;
         int64_t padded = (int64_t)N * max_len;
@@ -190,7 +211,9 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
     int64_t r0 = T * j / atp, r1 = T * (j + 1) / atp, n = r1 - r0;
     const float *xs = x + r0 * D;
     float *ys = y + r0 * D;
-    if ((rc = ms_moe_route(cx->k, c, &w->moe, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
+    ms_moe_w mw = w->moe; /* hash routing reads the share's token ids */
+    if (mw.tokens) mw.tokens += r0;
+    if ((rc = ms_moe_route(cx->k, c, &mw, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
     record(cx, w, ws->moe.topk_idx, n); /* each rank its own rows */
     int64_t n_recv = 0;
     if ((rc = ms_ep_dispatch(sh->tp_group, map, xs, n, D, K, ws->moe.topk_idx, ws->moe.topk_w,

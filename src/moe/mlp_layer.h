@@ -34,6 +34,8 @@ typedef struct ms_mlp_ws {
     int32_t *ridx;               /* [rows][k] received expert ids */
     float *rw;                   /* [rows][k] received weights */
     int64_t cap_ridx, cap_rw;    /* entries */
+    int32_t *tok_send, *tok_all; /* hash routing in the DP gather: [max] mine, [N][max] all */
+    int64_t cap_tok_send, cap_tok_all;
     int64_t n_max_len, n_sum_len; /* gather mode choices (tests, stats) */
     int64_t dispatch_rows;       /* rows sent to other ranks (Σ tokens × remote destinations) */
 } ms_mlp_ws;

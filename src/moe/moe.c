@@ -7,16 +7,59 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* scores[E] from the router logits by the config's scoring function. */
+static void gate_scores(const ms_config *c, const float *logits, float *scores)
+{
+    int E = c->n_routed_experts;
+    memcpy(scores, logits, sizeof(float) * (size_t)E);
+    if (c->scoring_func == MS_SCORE_SIGMOID)
+        for (int e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+    else if (c->scoring_func == MS_SCORE_SQRTSOFTPLUS) /* softplus as torch: x above 20 is x */
+        for (int e = 0; e < E; e++)
+            scores[e] = sqrtf(scores[e] > 20.0f ? scores[e] : log1pf(expf(scores[e])));
+    else
+        ms_softmax(scores, E);
+}
+
+/* weight[j] = scores[idx[j]], renormalised (norm_topk_prob) and scaled. */
+static void gate_weights(const ms_config *c, const float *scores, const int32_t *idx,
+                         float *weight)
+{
+    int K = c->n_experts_per_tok;
+    float sum = 0;
+    for (int j = 0; j < K; j++) {
+        weight[j] = scores[idx[j]];
+        sum += weight[j];
+    }
+    if (c->norm_topk_prob && K > 1)
+        for (int j = 0; j < K; j++) weight[j] /= sum;
+    for (int j = 0; j < K; j++) weight[j] *= c->routed_scaling_factor;
+}
+
+void ms_moe_gate_route_fixed(const ms_config *c, const float *logits, const int32_t *fixed,
+                             int32_t *idx, float *weight, float *scratch)
+{
+    gate_scores(c, logits, scratch);
+    memcpy(idx, fixed, sizeof(int32_t) * (size_t)c->n_experts_per_tok);
+    gate_weights(c, scratch, idx, weight);
+}
+
+void ms_swiglu(float *out, float *g, float *u, int64_t n, float limit)
+{
+    if (limit > 0)
+        for (int64_t i = 0; i < n; i++) { /* NaN-free operands: plain compares vectorise */
+            g[i] = g[i] < limit ? g[i] : limit;
+            u[i] = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        }
+    ms_silu_mul(out, g, u, n);
+}
+
 void ms_moe_gate_route(const ms_config *c, const float *logits, const float *bias, int32_t *idx,
                        float *weight, float *scratch)
 {
     int E = c->n_routed_experts, K = c->n_experts_per_tok;
     float *scores = scratch, *sel = scratch + E;
-    memcpy(scores, logits, sizeof(float) * (size_t)E);
-    if (c->scoring_func == MS_SCORE_SIGMOID)
-        for (int e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
-    else
-        ms_softmax(scores, E);
+    gate_scores(c, logits, scores);
     for (int e = 0; e < E; e++) sel[e] = bias ? scores[e] + bias[e] : scores[e];
     int G = c->n_group;
     if (G > 1 && c->topk_method != MS_TOPK_GREEDY) {
@@ -51,14 +94,7 @@ void ms_moe_gate_route(const ms_config *c, const float *logits, const float *bia
         }
     }
     ms_topk(sel, E, K, idx);
-    float sum = 0;
-    for (int j = 0; j < K; j++) {
-        weight[j] = scores[idx[j]];
-        sum += weight[j];
-    }
-    if (c->norm_topk_prob && K > 1)
-        for (int j = 0; j < K; j++) weight[j] /= sum;
-    for (int j = 0; j < K; j++) weight[j] *= c->routed_scaling_factor;
+    gate_weights(c, scores, idx, weight);
 }
 
 void ms_moe_ws_free(ms_moe_ws *ws)
@@ -152,13 +188,13 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
 static int64_t shared_width(const ms_moe_w *mw) { return mw->shared ? mw->shared->gate.rows : 0; }
 
 void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
-                    float *y, int accumulate, float *g, float *u)
+                    float *y, int accumulate, float *g, float *u, float limit)
 {
     int64_t inter = f->gate.rows;
     if (M <= 0) return;
     ms_matmul(k, g, inter, x, D, M, &f->gate, 0);
     ms_matmul(k, u, inter, x, D, M, &f->up, 0);
-    ms_silu_mul(g, g, u, M * inter);
+    ms_swiglu(g, g, u, M * inter, limit);
     ms_matmul(k, y, D, g, inter, M, &f->down, accumulate);
 }
 
@@ -172,9 +208,16 @@ static void route_rows(void *arg, int64_t t0, int64_t t1, int tid)
 {
     struct route_job *j = arg;
     int64_t E = j->c->n_routed_experts, K = j->c->n_experts_per_tok;
+    const ms_moe_w *mw = j->mw;
     for (int64_t t = t0; t < t1; t++)
-        ms_moe_gate_route(j->c, j->ws->logits + t * E, j->mw->e_bias, j->ws->topk_idx + t * K,
-                          j->ws->topk_w + t * K, j->ws->scratch + (int64_t)tid * 2 * E);
+        if (mw->tid2eid)
+            ms_moe_gate_route_fixed(j->c, j->ws->logits + t * E,
+                                    mw->tid2eid + (int64_t)mw->tokens[t] * K,
+                                    j->ws->topk_idx + t * K, j->ws->topk_w + t * K,
+                                    j->ws->scratch + (int64_t)tid * 2 * E);
+        else
+            ms_moe_gate_route(j->c, j->ws->logits + t * E, mw->e_bias, j->ws->topk_idx + t * K,
+                              j->ws->topk_w + t * K, j->ws->scratch + (int64_t)tid * 2 * E);
 }
 
 int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
@@ -200,6 +243,7 @@ struct rows_job {
     float *y;
     int64_t D, ld, rows; /* ld: row stride of g/u; rows: routed rows (the shared FFN's follow) */
     int64_t ew, sw;      /* SwiGLU widths: routed experts (local slice), shared FFN */
+    float limit;         /* swiglu_limit (0: none) */
 };
 
 static void gather_rows(void *arg, int64_t r0, int64_t r1, int tid)
@@ -216,8 +260,8 @@ static void silu_rows(void *arg, int64_t r0, int64_t r1, int tid)
     struct rows_job *j = arg;
     (void)tid;
     for (int64_t r = r0; r < r1; r++)
-        ms_silu_mul(j->ws->g + r * j->ld, j->ws->g + r * j->ld, j->ws->u + r * j->ld,
-                    r < j->rows ? j->ew : j->sw);
+        ms_swiglu(j->ws->g + r * j->ld, j->ws->g + r * j->ld, j->ws->u + r * j->ld,
+                  r < j->rows ? j->ew : j->sw, j->limit);
 }
 
 /* Columns [d0, d1) of every token's sum: rows in order, so each token adds
@@ -261,7 +305,8 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *
     int64_t ew = 0; /* local (TP) width: that of the experts this call runs */
     for (int64_t e = e_begin; e < e_end && !ew; e++)
         if (ws->offset[e + 1] > ws->offset[e]) ew = mw->experts[e].gate.rows;
-    struct rows_job rj = {ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0};
+    struct rows_job rj = {ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0,
+                          c->swiglu_limit};
     par_for(k, rows, rows, 1, gather_rows, &rj);
     /* gate and up of every active expert (and the shared FFN) in one batch */
     ms_mm_call calls[2 * 256 + 2];

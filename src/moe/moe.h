@@ -1,11 +1,14 @@
 /* moe.h — DeepSeek MoE on one rank: the gate (router) and the routed +
  * shared expert computation over a batch of token rows.
  *
- * The gate follows DeepSeek's official inference/model.py: softmax or sigmoid
- * scores; e_score_correction_bias added for selection only; group-limited
+ * The gate follows DeepSeek's official inference/model.py: softmax, sigmoid
+ * or (V4) sqrt(softplus) scores; e_score_correction_bias added for selection
+ * only; V4's hash layers take the experts from a token-id table (tid2eid)
+ * instead of a top-k, weighting them by their scores; group-limited
  * top-k (group score = sum of the top-2 biased scores with a bias, else the
  * max); other groups masked at -inf; weights from unbiased scores,
- * renormalised when norm_topk_prob; times routed_scaling_factor.
+ * renormalised when norm_topk_prob; times routed_scaling_factor.  SwiGLU
+ * is clamped when the config has a swiglu_limit (V4).
  * Expert compute groups tokens by expert and runs each expert's SwiGLU as
  * GEMMs over its token rows; from 8 rows the routing, the grouping copy, the
  * SiLU and the combine also run on the pool (split by rows, the combine by
@@ -31,12 +34,25 @@ typedef struct ms_moe_w {
     const float *e_bias;     /* [E] f32 selection bias, NULL when absent */
     const ms_ffn_w *experts; /* [E] (TP slices where this rank holds them) */
     const ms_ffn_w *shared;  /* the shared expert (or its slice), NULL when none */
+    /* hash routing (V4's first layers): the experts of row t are tid2eid[tokens[t]][0..k),
+     * NULL: top-k of the (biased) scores.  tokens holds the ids of the rows passed in. */
+    const int32_t *tid2eid;  /* [vocab][k] */
+    const int32_t *tokens;   /* [T] */
 } ms_moe_w;
 
 /* Routing of one token row: n_experts_per_tok expert ids and weights. */
 void ms_moe_gate_route(const ms_config *c, const float *logits /* [E] */,
                        const float *bias /* [E] or NULL */, int32_t *idx, float *weight,
                        float *scratch /* [2*E] */);
+/* The same with the experts given (hash routing): idx = fixed[0..k), weights from the
+ * unbiased scores of those experts, renormalised and scaled as above. */
+void ms_moe_gate_route_fixed(const ms_config *c, const float *logits /* [E] */,
+                             const int32_t *fixed /* [k] */, int32_t *idx, float *weight,
+                             float *scratch /* [2*E] */);
+/* out[i] = silu(g[i]) * u[i], with g = min(g, limit) and u = clamp(u, -limit, limit)
+ * first (in place: g and u are the caller's scratch) when limit > 0 (V4's
+ * swiglu_limit).  out may alias g. */
+void ms_swiglu(float *out, float *g, float *u, int64_t n, float limit);
 
 /* Scratch for expert compute (grow-only). */
 typedef struct ms_moe_ws {
@@ -59,10 +75,10 @@ typedef struct ms_moe_ws {
 
 void ms_moe_ws_free(ms_moe_ws *ws);
 
-/* SwiGLU FFN over M rows: y[M][D] (=|+=) down(silu(gate x) * up x).
- * g, u: scratch [M][inter]. */
+/* SwiGLU FFN over M rows: y[M][D] (=|+=) down(silu(gate x) * up x), clamped as
+ * ms_swiglu with limit.  g, u: scratch [M][inter]. */
 void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
-                    float *y, int accumulate, float *g, float *u);
+                    float *y, int accumulate, float *g, float *u, float limit);
 
 /* Gate for T rows: writes ws->topk_idx / ws->topk_w [T][k].  0 or MS_ENOMEM. */
 int ms_moe_route(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,

@@ -172,16 +172,24 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
 
 /* ---- batch broadcast inside an attention-TP group ---- */
 
+/* The leader's batch to its attention-TP members, who hold the same cache
+ * (the same page ids in every stream, the same state slots) and compute the
+ * same sequences.  Per sequence: n_tokens, start_pos, state slot and, per
+ * stream, its page count and first live page; then the tokens; then every
+ * stream's page table (slid-out pages as -1). */
+enum { META_SEQ = 3 };
+
 static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errbuf *err)
 {
     ms_group *g = e->gs.attn_tp;
+    int ns = ms_kv_cache_n_streams(e->cache), per = META_SEQ + 2 * ns;
     int64_t hdr[3] = {0, 0, 0}; /* n_seqs, tokens, pages */
     if (e->is_leader) {
         hdr[0] = *n;
         for (int i = 0; i < *n; i++) {
             const ms_batch_seq *b = &(*batch)[i];
             hdr[1] += b->n_tokens;
-            hdr[2] += (b->start_pos + b->n_tokens + e->o.page_size - 1) / e->o.page_size;
+            for (int s = 0; s < ns; s++) hdr[2] += b->kv->n_pages[s];
         }
     }
     int rc = ms_comm_bcast(g, hdr, sizeof hdr, 0, err);
@@ -189,23 +197,26 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         if (!e->is_leader) *n = 0;
         return rc;
     }
-    /* per seq: n_tokens, start_pos, n_pages, want_logits; then tokens; then page tables */
-    size_t bytes = sizeof(int64_t) * 4 * (size_t)hdr[0] + sizeof(int32_t) * (size_t)(hdr[1] + hdr[2]);
+    size_t bytes = sizeof(int64_t) * (size_t)per * (size_t)hdr[0] +
+                   sizeof(int32_t) * (size_t)(hdr[1] + hdr[2]);
     if (grow((void **)&e->bbuf, &e->cap_bbuf, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
     if (e->is_leader) {
         int64_t *meta = (int64_t *)e->bbuf;
-        int32_t *p = (int32_t *)(meta + 4 * hdr[0]);
+        int32_t *p = (int32_t *)(meta + per * hdr[0]);
         for (int i = 0; i < *n; i++) {
             const ms_batch_seq *b = &(*batch)[i];
-            int64_t np = (b->start_pos + b->n_tokens + e->o.page_size - 1) / e->o.page_size;
-            meta[4 * i] = b->n_tokens;
-            meta[4 * i + 1] = b->start_pos;
-            meta[4 * i + 2] = np;
-            meta[4 * i + 3] = b->logits != NULL;
+            int64_t *m = meta + per * i;
+            m[0] = b->n_tokens;
+            m[1] = b->start_pos;
+            m[2] = b->kv->state_slot;
             memcpy(p, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             p += b->n_tokens;
-            memcpy(p, b->kv->pages[0], sizeof(int32_t) * (size_t)np); /* one stream (size_pool) */
-            p += np;
+            for (int s = 0; s < ns; s++) {
+                m[META_SEQ + 2 * s] = b->kv->n_pages[s];
+                m[META_SEQ + 2 * s + 1] = b->kv->first_live[s];
+                memcpy(p, b->kv->pages[s], sizeof(int32_t) * (size_t)b->kv->n_pages[s]);
+                p += b->kv->n_pages[s];
+            }
         }
     }
     if ((rc = ms_comm_bcast(g, e->bbuf, bytes, 0, err))) return rc;
@@ -221,20 +232,25 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
     if (grow((void **)&e->mdata, &e->cap_mdata, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
     memcpy(e->mdata, e->bbuf, bytes);
     int64_t *meta = (int64_t *)e->mdata;
-    int32_t *p = (int32_t *)(meta + 4 * hdr[0]);
+    int32_t *p = (int32_t *)(meta + per * hdr[0]);
     for (int i = 0; i < (int)hdr[0]; i++) {
         ms_batch_seq *b = &e->mbatch[i];
-        b->n_tokens = (int32_t)meta[4 * i];
-        b->start_pos = meta[4 * i + 1];
+        const int64_t *m = meta + per * i;
+        b->n_tokens = (int32_t)m[0];
+        b->start_pos = m[1];
         b->tokens = p;
         p += b->n_tokens;
         ms_kv_seq *kv = &e->mkv[i]; /* a view of the leader's page ids (tables not owned) */
         ms_kv_seq_init(kv);
-        kv->pages[0] = p;
-        kv->n_pages[0] = kv->cap_pages[0] = meta[4 * i + 2];
+        kv->state_slot = (int32_t)m[2];
+        for (int s = 0; s < ns; s++) {
+            kv->pages[s] = p;
+            kv->n_pages[s] = kv->cap_pages[s] = m[META_SEQ + 2 * s];
+            kv->first_live[s] = m[META_SEQ + 2 * s + 1];
+            p += kv->n_pages[s];
+        }
         kv->n_tokens = b->start_pos + b->n_tokens;
         b->kv = kv;
-        p += meta[4 * i + 2];
         b->logits = NULL; /* sampling happens on the group's first rank */
     }
     *batch = e->mbatch;

@@ -54,10 +54,7 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
                           .attn_tp = e->lay.attn_tp};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
     if (rc) return rc;
-    /* the forward reads the cache as one per-token pool (stream 0) */
-    if (spec.n_streams != 1 || spec.streams[0].tokens_per_entry != 1 || spec.streams[0].window)
-        return ms_err(err, MS_EUNSUPPORTED, "%s: the forward reads one per-token stream only",
-                      c->name);
+    (void)c;
     int64_t per_tok = ms_kv_spec_token_bytes(&spec);
     int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
     ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
@@ -88,6 +85,16 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
            (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
            (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20));
+    for (int st = 0; spec.n_streams > 1 && st < spec.n_streams; st++) { /* V4: each pool */
+        const ms_kv_stream *k = &spec.streams[st];
+        int64_t span = (int64_t)e->o.page_size * k->tokens_per_entry;
+        MS_LOG(MS_INFO, "engine",
+               "KV pool '%s': %d pages of %lld tokens (%s%lld), %d layers, %.0f B per entry "
+               "per layer",
+               k->name, ms_kv_cache_n_pages(e->cache, st), (long long)span,
+               k->window ? "window of " : "", (long long)(k->window ? k->window : span),
+               k->n_layers, k->entry_bytes);
+    }
     return 0;
 }
 

@@ -10,9 +10,10 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: moeserve mkmodel (--preset tiny-v3|tiny-v2|small-v3 | --config FILE) "
-               "--out DIR [--seed N] [--dtype bf16|fp32|fp8] [--shard-mb N] [--route-skew S]\n"
-               "  --route-skew S   router bias so expert e gets a share of tokens ~ (e+1)^-S\n");
+    fprintf(f, "usage: moeserve mkmodel (--preset tiny-v3|tiny-v2|small-v3|tiny-v4|small-v4 | --config "
+               "FILE) --out DIR [--seed N] [--dtype bf16|fp32|fp8|fp8-fp4] [--shard-mb N] "
+               "[--route-skew S]\n"
+               "  --route-skew S   router bias so expert e gets a share of tokens ~ (e+1)^-S (V3)\n");
 }
 
 int ms_cmd_mkmodel(int argc, char **argv)
@@ -69,15 +70,35 @@ int ms_cmd_mkmodel(int argc, char **argv)
     int dt = !strcmp(dtype, "bf16") ? MS_MK_BF16
              : !strcmp(dtype, "fp32") ? MS_MK_FP32
              : !strcmp(dtype, "fp8") ? MS_MK_FP8
+             : !strcmp(dtype, "fp8-fp4") ? MS_MK_FP8_FP4
                                       : -1;
     if (dt < 0) {
-        fprintf(stderr, "mkmodel: --dtype must be bf16, fp32 or fp8, got '%s'\n", dtype);
+        fprintf(stderr, "mkmodel: --dtype must be bf16, fp32, fp8 or fp8-fp4, got '%s'\n", dtype);
         return 2;
     }
     ms_config cfg;
     ms_errbuf err = {{0}};
+    double t0 = ms_now_s();
+    if (preset && ms_mkmodel_v4_is_preset(preset) && skew > 0) {
+        fprintf(stderr, "mkmodel: --route-skew is for V3 presets (its router bias); V4 presets route by their own gate\n");
+        return 2;
+    }
+    if (preset && ms_mkmodel_v4_is_preset(preset)) {
+        int rc = ms_mkmodel_v4_write(preset, dt, seed, out, shard_mb * 1024 * 1024, &err);
+        if (rc) {
+            fprintf(stderr, "mkmodel: %s\n", err.msg[0] ? err.msg : ms_strerror(rc));
+            return rc == MS_EUNSUPPORTED ? 2 : 1;
+        }
+        fprintf(stderr, "mkmodel: wrote %s (%s, seed %llu) in %.1f s\n", out, dtype,
+                (unsigned long long)seed, ms_now_s() - t0);
+        return 0;
+    }
+    if (dt == MS_MK_FP8_FP4) {
+        fprintf(stderr, "mkmodel: --dtype fp8-fp4 is for the V4 presets (tiny-v4, small-v4)\n");
+        return 2;
+    }
     if (preset && ms_mkmodel_preset(preset, &cfg)) {
-        fprintf(stderr, "mkmodel: --preset: unknown preset '%s' (tiny-v3, tiny-v2, small-v3)\n",
+        fprintf(stderr, "mkmodel: --preset: unknown preset '%s' (tiny-v3, tiny-v2, small-v3, tiny-v4, small-v4)\n",
                 preset);
         return 2;
     }
@@ -85,7 +106,6 @@ int ms_cmd_mkmodel(int argc, char **argv)
         fprintf(stderr, "mkmodel: --config %s: %s\n", config, err.msg);
         return 2;
     }
-    double t0 = ms_now_s();
     int rc = ms_mkmodel_write_skewed(&cfg, dt, seed, skew, out, shard_mb * 1024 * 1024, &err);
     if (rc) {
         fprintf(stderr, "mkmodel: %s\n", err.msg[0] ? err.msg : ms_strerror(rc));

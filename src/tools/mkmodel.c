@@ -302,8 +302,18 @@ static int write_tokenizer_config(const char *dir, ms_errbuf *err)
     return fclose(f) == 0 ? 0 : ms_err(err, MS_EIO, "%s: write failed", path);
 }
 
+int ms_mkmodel_write_tokenizer(const char *dir, int64_t vocab, ms_errbuf *err)
+{
+    char path[1200];
+    if (!ms_path_join(path, sizeof path, dir, "tokenizer.json"))
+        return ms_err(err, MS_EINVAL, "--out path too long");
+    int rc = ms_tokenizer_train_write(NULL, 0, (int32_t)vocab, path, err);
+    if (!rc) rc = write_tokenizer_config(dir, err);
+    return rc;
+}
+
 /* mkdir -p: creates every missing directory of path (mode 0755). */
-static int mkdir_p(const char *path)
+int ms_mkmodel_mkdir_p(const char *path)
 {
     char buf[4096];
     size_t n = strlen(path);
@@ -338,7 +348,7 @@ int ms_mkmodel_write_skewed(const ms_config *cfg_in, int dtype, uint64_t seed, d
         cfg.fp8_block = true;
         cfg.weight_block[0] = cfg.weight_block[1] = 128;
     }
-    if (mkdir_p(out_dir) != 0)
+    if (ms_mkmodel_mkdir_p(out_dir) != 0)
         return ms_err(err, MS_EIO, "%s: cannot create directory: %s", out_dir, strerror(errno));
     char path[1200];
     int rc;
@@ -379,9 +389,5 @@ int ms_mkmodel_write_skewed(const ms_config *cfg_in, int dtype, uint64_t seed, d
     free(g.buf);
     if (rc) return rc;
 
-    if (!ms_path_join(path, sizeof path, out_dir, "tokenizer.json"))
-        return ms_err(err, MS_EINVAL, "--out path too long");
-    rc = ms_tokenizer_train_write(NULL, 0, (int32_t)cfg.vocab_size, path, err);
-    if (!rc) rc = write_tokenizer_config(out_dir, err);
-    return rc;
+    return ms_mkmodel_write_tokenizer(out_dir, cfg.vocab_size, err);
 }

@@ -1,0 +1,138 @@
+/* deepseek_v4.h — internal to src/model: the DeepSeek-V4 family (arch.md
+ * §2): its config beyond the shared shape, its layer weights, its forward
+ * workspace and the functions its files share.
+ *
+ * Files: deepseek_v4.c (the family table, config, cache streams, embed /
+ * layers / head with the mHC residual), deepseek_v4_attn.c (attention,
+ * compressor, indexer), deepseek_v4_load.c (tensor names, shapes, dtypes,
+ * FP8 UE8M0 scales, shards).  A V4 model is an ms_model whose v4 member is
+ * set (the V3 members stay empty).  Main thread only.
+ */
+#ifndef MS_MODEL_DEEPSEEK_V4_H
+#define MS_MODEL_DEEPSEEK_V4_H
+
+#include "model/model.h"
+#include "moe/mlp_layer.h"
+
+#include <jansson.h>
+#include <stdint.h>
+
+/* What config.json says beyond ms_model_shape (HF names, arch.md §2.2). */
+typedef struct ms_v4_cfg {
+    int64_t D, vocab, max_pos;
+    int n_layers, H, hd, dr;        /* heads, head_dim (512), rope dims (the last dr of each head) */
+    int q_lora, o_groups, o_lora, window;
+    int n_idx_heads, idx_hd, idx_topk;
+    int E, n_shared, K, inter, n_hash;
+    int hc, sinkhorn_iters;
+    float hc_eps, eps;
+    float rope_theta, compress_rope_theta, rope_factor, beta_fast, beta_slow;
+    int64_t rope_orig;              /* original_max_position_embeddings; 0: no YaRN */
+    int n_mtp;
+    int16_t ratio[MS_KV_MAX_LAYERS + 1]; /* per layer (and the MTP slot): 0, 4, 128 */
+} ms_v4_cfg;
+
+/* Reads the V4 fields of a config.json (defaults as the HF config's). */
+int ms_v4_cfg_parse(const json_t *root, ms_v4_cfg *c, ms_errbuf *err);
+
+/* One compressor (arch.md §2.7): ratio m, entry width d; overlap (m = 4) doubles
+ * the projected width (c' = 2). */
+typedef struct v4_comp {
+    int ratio, d, overlap;
+    ms_mat wkv, wgate;  /* [c'·d][D] */
+    float *ape;         /* [m][c'·d] f32 */
+    float *norm;        /* [d] */
+} v4_comp;
+
+typedef struct v4_layer {
+    int ratio;
+    float *attn_norm, *ffn_norm;        /* [D] */
+    ms_mat hc_attn_fn, hc_ffn_fn;       /* [(2+hc)·hc][hc·D] f32 */
+    float *hc_attn_base, *hc_ffn_base;  /* [(2+hc)·hc] */
+    float *hc_attn_scale, *hc_ffn_scale;/* [3] */
+    float *sink;                        /* [H] (this rank's heads from head0) */
+    ms_mat wq_a;                        /* [q_lora][D] */
+    float *q_norm;                      /* [q_lora] */
+    ms_mat wq_b;                        /* [H_local·hd][q_lora] */
+    ms_mat wkv;                         /* [hd][D] */
+    float *kv_norm;                     /* [hd] */
+    ms_mat wo_a;                        /* [G_local·R][H·hd/G] */
+    ms_mat wo_b;                        /* [D][G_local·R] */
+    v4_comp comp;                       /* ratio != 0 */
+    /* indexer (ratio 4) */
+    ms_mat iwq_b;                       /* [nI·ihd][q_lora] */
+    ms_mat iwproj;                      /* [nI][D] */
+    v4_comp icomp;                      /* d = ihd, ratio 4 */
+    /* MoE */
+    ms_mat router;                      /* [E][D] */
+    float *bias;                        /* [E], NULL on hash layers */
+    int32_t *tid2eid;                   /* [vocab][K], hash layers only */
+    ms_ffn_w *experts;                  /* [E] */
+    ms_ffn_w shared;
+    /* MTP block only */
+    ms_mat e_proj, h_proj;              /* [D][D] */
+    float *enorm, *hnorm, *mnorm;       /* [D] */
+    ms_mat hc_head_fn;                  /* [hc][hc·D] */
+    float *hc_head_base, *hc_head_scale;
+} v4_layer;
+
+typedef struct ms_v4_ws {
+    int64_t cap_T;
+    float *X;            /* [T][hc][D] residual streams */
+    float *Xn;           /* [T][hc][D] after a sub-block */
+    float *mix;          /* [T][(2+hc)·hc] */
+    float *pre, *post, *comb; /* [T][hc], [T][hc], [T][hc][hc] */
+    float *u, *f;        /* [T][D] */
+    float *qr;           /* [T][q_lora] */
+    float *q;            /* [T][H·hd] */
+    float *kv;           /* [T][hd] */
+    float *o;            /* [T][H·hd] */
+    float *z;            /* [T][G·R] */
+    float *ca, *cg;      /* [T][2·hd] compressor projections */
+    float *iq;           /* [T][nI·ihd] */
+    float *iw;           /* [T][nI] */
+    int32_t *tok;        /* [T] token ids of the rows */
+    int64_t cap_S;
+    float *cand;         /* [cap_S][hd] one query's candidate entries */
+    float *sc;           /* [H][cap_S] scores */
+    float *isc;          /* [cap_S] indexer scores */
+    float *ik;           /* [cap_S][ihd] one query's index keys */
+    float *iscore;       /* [nI][cap_S] per-head index products */
+    int32_t *sel;        /* [cap_S] selected entries */
+    float *hn, *logits;  /* [T][D], [cap_logits][vocab] */
+    int64_t cap_logits;
+    ms_mlp_ws mlp;
+} ms_v4_ws;
+
+struct ms_v4 {
+    ms_v4_cfg c;
+    v4_layer *layers;    /* [n_layers + n_mtp] (MTP loaded and kept, not run) */
+    ms_mat hc_head_fn;   /* [hc][hc·D] */
+    float *hc_head_base, *hc_head_scale;
+    float *inv_freq_plain, *inv_freq_comp; /* [dr/2]: ratio-0 layers, compressed layers */
+    int n_local_groups, group0;
+    int64_t *state_off;  /* [n_layers] float offset of each layer's compressor state */
+    float **scales;      /* f32 copies of UE8M0 block scales (owned) */
+    int64_t n_scales, cap_scales;
+    ms_v4_ws ws;
+};
+
+/* Stream indices of the V4 kv_spec. */
+enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3 };
+
+/* Floats of compressor state of one layer (main + indexer), 0 for ratio 0. */
+int64_t ms_v4_state_floats(int ratio, int hd, int ihd);
+
+int ms_v4_load(ms_model *m, const ms_model_opts *opts, ms_errbuf *err);
+void ms_v4_free_weights(ms_model *m);
+void ms_v4_each_view(ms_model *m, ms_view_fn fn, void *arg);
+int64_t ms_v4_local_weight_bytes(const ms_model *m);
+
+/* Attention of layer l over the batch: reads ws->u [T][D], writes ws->f [T][D]
+ * (partial sums all-reduced over the attention-TP group); caches the window
+ * entries, compressed entries, index keys and compressor state. */
+int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                    int l, ms_errbuf *err);
+int ms_v4_ws_attn_reserve(ms_model *m, int64_t S);
+
+#endif

@@ -1,0 +1,290 @@
+/* deepseek_v4_attn.c — DeepSeek-V4 attention of one layer over a batch
+ * (arch.md §2.6–§2.8, §5.2): q-LoRA with a per-head unweighted RMS norm,
+ * one shared K = V entry per token, RoPE on the last rope dims (plain on
+ * window-only layers, YaRN at compress_rope_theta on compressed ones); the
+ * compressors (ratio 4 overlapping, ratio 128) as a per-token state machine
+ * whose state lives in the sequence's state slot, so a prefill chunk and
+ * single decode steps run the same arithmetic; the CSA indexer (its own
+ * compressor, weighted ReLU scores summed over heads in index order, top-k);
+ * attention with the learned sink over the window + compressed candidates;
+ * inverse RoPE on the output; the grouped low-rank output projection.
+ *
+ * The indexer's Hadamard rotation of q and k is left out: it is orthogonal
+ * and applied to both, so their products are unchanged (it matters only for
+ * the FP4 quantisation simulation, which --dtype float32 does not run).
+ * Cache streams (deepseek_v4.h V4_S_*): window entries per token, c4 / c128
+ * entries at the window's first position, index keys per 4 tokens.  Every
+ * attention-TP member computes the shared KV, the compressors and the whole
+ * indexer (replicated, the same top-k everywhere) and its own heads.
+ * Main thread only.
+ */
+#include "base/util.h"
+#include "model/deepseek_v4.h"
+#include "parallel/comm.h"
+
+#include <math.h>
+#include <string.h>
+
+static int store_entry(const ms_kv_view *v, int stream, int layer, int64_t pos, const float *src,
+                       int64_t n)
+{
+    void *dst = ms_kv_view_entry(v, stream, layer, pos);
+    if (!dst) return MS_EINTERNAL;
+    if (ms_kv_view_dtype(v, stream) == MS_DT_F32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    } else {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = ms_f32_to_bf16(src[i]);
+    }
+    return 0;
+}
+
+static int load_entry(const ms_kv_view *v, int stream, int layer, int64_t pos, float *dst,
+                      int64_t n)
+{
+    const void *src = ms_kv_view_entry(v, stream, layer, pos);
+    if (!src) return MS_EINTERNAL;
+    if (ms_kv_view_dtype(v, stream) == MS_DT_F32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    } else {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = ms_bf16_to_f32(h[i]);
+    }
+    return 0;
+}
+
+/* Floats of one compressor's state: kv and score, each [c'·m][c'·d]. */
+static int64_t comp_state_floats(const v4_comp *cp)
+{
+    int64_t c = cp->overlap ? 2 : 1;
+    return 2 * (c * cp->ratio) * (c * cp->d);
+}
+
+/* One token at pos into the compressor state (kv, sc: [c'·m][c'·d]) from its
+ * projections a, g (c'·d); returns 1 with the pooled entry in out[d] when
+ * pos closes a window.  Overlap: the token fills slot m + pos mod m; the
+ * entry pools the first-half channels of slots 0..m−1 (the previous window)
+ * and the second-half channels of slots m..2m−1, then the current window
+ * becomes the previous one.  Otherwise slot pos mod m, pooled over m slots. */
+static int comp_token(const v4_comp *cp, float *kv, float *sc, const float *a, const float *g,
+                      int64_t pos, float *out)
+{
+    int64_t m = cp->ratio, d = cp->d, cd = (cp->overlap ? 2 : 1) * d, r = pos % m;
+    int64_t slot = cp->overlap ? m + r : r;
+    memcpy(kv + slot * cd, a, sizeof(float) * (size_t)cd);
+    for (int64_t i = 0; i < cd; i++) sc[slot * cd + i] = g[i] + cp->ape[r * cd + i];
+    if ((pos + 1) % m) return 0;
+    int64_t n = cp->overlap ? 2 * m : m;
+    for (int64_t ch = 0; ch < d; ch++) {
+        float mx = -INFINITY, s = 0, acc = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t col = cp->overlap && i >= m ? d + ch : ch;
+            mx = fmaxf(mx, sc[i * cd + col]);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t col = cp->overlap && i >= m ? d + ch : ch;
+            float e = expf(sc[i * cd + col] - mx);
+            s += e;
+            acc += e * kv[i * cd + col];
+        }
+        out[ch] = acc / s;
+    }
+    if (cp->overlap) {
+        memcpy(kv, kv + m * cd, sizeof(float) * (size_t)(m * cd));
+        memcpy(sc, sc + m * cd, sizeof(float) * (size_t)(m * cd));
+    }
+    return 1;
+}
+
+/* Runs one compressor over the batch's rows (ws->u), writing each completed
+ * entry (normed, roped at the window's first position) into `stream`.
+ * state_at: the compressor's offset in the layer's state, in floats. */
+static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                    int l, const v4_comp *cp, int stream, int64_t state_at, ms_errbuf *err)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    int64_t T = m->fwd_T, D = c->D, cd = (cp->overlap ? 2 : 1) * (int64_t)cp->d;
+    ms_mm_call calls[2] = {{w->ca, cd, w->u, D, T, &cp->wkv, 0, 0},
+                           {w->cg, cd, w->u, D, T, &cp->wgate, 0, 0}};
+    ms_matmul_batch(&m->kctx, calls, 2);
+    int64_t t = 0, half = comp_state_floats(cp) / 2;
+    float out[4096];
+    if (cp->d > 4096) return ms_err(err, MS_EUNSUPPORTED, "compressor width %d over 4096", cp->d);
+    for (int i = 0; i < n_seqs; i++) {
+        const ms_batch_seq *sq = &seqs[i];
+        if (sq->n_tokens <= 0) continue;
+        ms_kv_view v = {cache, sq->kv};
+        float *st = ms_kv_view_state(&v);
+        if (!st) return ms_err(err, MS_EINTERNAL, "sequence %d holds no compressor state", i);
+        float *kv = st + m->v4->state_off[l] + state_at, *sc = kv + half;
+        if (sq->start_pos == 0) { /* a fresh sequence: empty windows */
+            memset(kv, 0, sizeof(float) * (size_t)half);
+            for (int64_t k = 0; k < half; k++) sc[k] = -INFINITY;
+        }
+        for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
+            int64_t pos = sq->start_pos + j;
+            if (!comp_token(cp, kv, sc, w->ca + t * cd, w->cg + t * cd, pos, out)) continue;
+            int64_t p0 = pos + 1 - cp->ratio;
+            ms_rmsnorm(out, out, cp->norm, 1, cp->d, cp->d, c->eps);
+            ms_rope_interleaved(out + cp->d - c->dr, 1, cp->d, c->dr, m->v4->inv_freq_comp, p0);
+            if (store_entry(&v, stream, l, p0, out, cp->d))
+                return ms_err(err, MS_EINTERNAL, "layer %d: no cache entry for position %lld", l,
+                              (long long)p0);
+        }
+    }
+    return 0;
+}
+
+/* The indexer's choice for the query at pos (row t of iq / iw): the top-k
+ * compressed entries by Σ_h w_h · ReLU(q_h · K_j), j < (pos+1)/4, into
+ * ws->sel; returns how many. */
+static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, int64_t pos,
+                            int *rc)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    int64_t n = (pos + 1) / 4, nI = c->n_idx_heads, ihd = c->idx_hd;
+    if (n == 0) return 0;
+    for (int64_t j = 0; j < n; j++)
+        if ((*rc = load_entry(v, V4_S_INDEX, l, j * 4, w->ik + j * ihd, ihd))) return 0;
+    const float *iq = w->iq + t * nI * ihd;
+    for (int64_t h = 0; h < nI; h++)
+        for (int64_t j = 0; j < n; j++)
+            w->iscore[h * n + j] = ms_dot_f32(iq + h * ihd, w->ik + j * ihd, ihd);
+    const float *iw = w->iw + t * nI;
+    for (int64_t j = 0; j < n; j++) {
+        float s = 0;
+        for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(w->iscore[h * n + j], 0.0f);
+        w->isc[j] = s;
+    }
+    int k = (int)MS_MIN(n, (int64_t)c->idx_topk);
+    ms_topk(w->isc, n, k, w->sel);
+    return k;
+}
+
+/* Sink attention of one query row (q: [H][hd]) over ncand entries in ws->cand:
+ * dot products and axpys on the calling thread (a few hundred entries of one
+ * query: cheaper than a pool hand-off per product). */
+static void attend(ms_model *m, const float *sink, const float *q, int64_t ncand, float *o)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    int64_t H = m->n_local_heads, hd = c->hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = 0; h < H; h++) {
+        float *s = w->sc + h * ncand, z = -INFINITY, den = 0;
+        for (int64_t i = 0; i < ncand; i++) {
+            s[i] = scale * ms_dot_f32(q + h * hd, w->cand + i * hd, hd);
+            z = s[i] > z ? s[i] : z;
+        }
+        for (int64_t i = 0; i < ncand; i++) den += s[i] = expf(s[i] - z);
+        den += expf(sink[h] - z);
+        float *oh = o + h * hd;
+        memset(oh, 0, sizeof(float) * (size_t)hd);
+        for (int64_t i = 0; i < ncand; i++) ms_axpy_f32(oh, s[i] / den, w->cand + i * hd, hd);
+    }
+}
+
+int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                    int l, ms_errbuf *err)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = &m->v4->layers[l];
+    const ms_kctx *k = &m->kctx;
+    int64_t T = m->fwd_T, D = c->D, H = m->n_local_heads, hd = c->hd, dr = c->dr;
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, ratio = lw->ratio, W = c->window;
+    int64_t G = m->v4->n_local_groups, R = c->o_lora;
+    const float *inv = ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
+    int rc;
+    if (T == 0) return 0;
+    if (ms_v4_ws_attn_reserve(m, W + m->fwd_S / 4 + m->fwd_S / 128 + 8))
+        return ms_err(err, MS_ENOMEM, "out of memory (attention workspace)");
+    /* queries and the shared KV entry */
+    ms_mm_call in[2] = {{w->qr, c->q_lora, w->u, D, T, &lw->wq_a, 0, 0},
+                        {w->kv, hd, w->u, D, T, &lw->wkv, 0, 0}};
+    ms_matmul_batch(k, in, 2);
+    ms_rmsnorm(w->qr, w->qr, lw->q_norm, T, c->q_lora, c->q_lora, c->eps);
+    ms_rmsnorm(w->kv, w->kv, lw->kv_norm, T, hd, hd, c->eps);
+    ms_matmul(k, w->q, H * hd, w->qr, c->q_lora, T, &lw->wq_b, 0);
+    ms_rmsnorm(w->q, w->q, NULL, T * H, hd, hd, c->eps);
+    int64_t t = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_kv_view v = {cache, seqs[i].kv};
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
+            int64_t pos = seqs[i].start_pos + j;
+            ms_rope_interleaved(w->q + t * H * hd + hd - dr, H, hd, dr, inv, pos);
+            ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
+            if (store_entry(&v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
+                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
+                              l, (long long)pos);
+        }
+    }
+    /* compressed entries (and the indexer's keys and queries) before any query reads them */
+    if (ratio && (rc = compress(m, cache, seqs, n_seqs, l, &lw->comp,
+                                ratio == 4 ? V4_S_C4 : V4_S_C128, 0, err)))
+        return rc;
+    if (ratio == 4) {
+        if ((rc = compress(m, cache, seqs, n_seqs, l, &lw->icomp, V4_S_INDEX,
+                           comp_state_floats(&lw->comp), err)))
+            return rc;
+        ms_mm_call ic[2] = {{w->iq, nI * ihd, w->qr, c->q_lora, T, &lw->iwq_b, 0, 0},
+                            {w->iw, nI, w->u, D, T, &lw->iwproj, 0, 0}};
+        ms_matmul_batch(k, ic, 2);
+        float ws_scale = 1.0f / sqrtf((float)ihd) / sqrtf((float)nI);
+        for (int64_t i = 0; i < T * nI; i++) w->iw[i] *= ws_scale;
+        t = 0;
+        for (int i = 0; i < n_seqs; i++)
+            for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++)
+                ms_rope_interleaved(w->iq + t * nI * ihd + ihd - dr, nI, ihd, dr, inv,
+                                    seqs[i].start_pos + j);
+    }
+    /* attention, one query row at a time */
+    t = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_kv_view v = {cache, seqs[i].kv};
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
+            int64_t pos = seqs[i].start_pos + j, n = 0;
+            rc = 0;
+            for (int64_t p = MS_MAX(0, pos - W + 1); p <= pos && !rc; p++)
+                rc = load_entry(&v, V4_S_WINDOW, l, p, w->cand + n++ * hd, hd);
+            if (ratio == 128)
+                for (int64_t e = 0; e < (pos + 1) / 128 && !rc; e++)
+                    rc = load_entry(&v, V4_S_C128, l, e * 128, w->cand + n++ * hd, hd);
+            if (ratio == 4 && !rc) {
+                int64_t ns = index_select(m, &v, l, t, pos, &rc);
+                for (int64_t e = 0; e < ns && !rc; e++)
+                    rc = load_entry(&v, V4_S_C4, l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
+                                    hd);
+            }
+            if (rc)
+                return ms_err(err, MS_EINTERNAL,
+                              "layer %d: a cache entry of position %lld's candidates is missing",
+                              l, (long long)pos);
+            float *o = w->o + t * H * hd;
+            attend(m, lw->sink, w->q + t * H * hd, n, o);
+            ms_rope_interleaved(o + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
+        }
+    }
+    /* grouped low-rank output: z_g = wo_a[g] · o_g, f = wo_b · z */
+    int64_t hg = H / G * hd; /* values of one group */
+    ms_mat wa[64];
+    ms_mm_call oc[64];
+    for (int64_t g0 = 0; g0 < G; g0 += 64) {
+        int n = (int)MS_MIN(64, G - g0);
+        for (int b = 0; b < n; b++) {
+            int64_t g = g0 + b;
+            wa[b] = ms_mat_slice(&lw->wo_a, g * R, R, 0, lw->wo_a.cols);
+            oc[b] = (ms_mm_call){w->z + g * R, G * R, w->o + g * hg, H * hd, T, &wa[b], 0, 0};
+        }
+        ms_matmul_batch(k, oc, n);
+    }
+    ms_matmul(k, w->f, D, w->z, G * R, T, &lw->wo_b, 0);
+    if (H != c->H) { /* heads split: partial sums over the attention-TP group */
+        ms_comm_set_tag(l);
+        if ((rc = ms_comm_allreduce_f32(m->shard->attn_group, w->f, (size_t)(T * D), err)))
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# t_v4ref.sh — moeserve's DeepSeek-V4 forward (tiny-v4, --dtype float32) against Python
+# forwards in float64: a 140-token prompt (crossing a 128-token entry and the 8-token
+# window) and 12 greedy decode steps (crossing 4-token entries), every step's logits to
+# 1e-4 relative with identical greedy tokens (tests/compare_logits.py):
+#  - tests/v4_form_check.py, the official reference's prefill formulation (teacher-forced
+#    on moeserve's tokens), which also prints the smallest indexer top-k / routing margin;
+#  - tests/ref/v4_ref.py, the independent reference, when it is present
+#    (--model DIR --prompt-ids IDS --decode N-1 --out FILE: the prefill's and N-1 steps'
+#    logits, in deepseek_ref.py's golden layout), with its own margins.
+# Needs Debian's /usr/bin/python3 with numpy and torch.
+set -u
+MOESERVE=${MOESERVE:-build/moeserve}
+PY=${PYREF_PYTHON:-/usr/bin/python3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+M=$tmp/model
+"$MOESERVE" mkmodel --preset tiny-v4 --dtype fp32 --seed 5 --out "$M" 2>/dev/null ||
+    { echo "0 passed, 1 failed"; exit 1; }
+P=$("$PY" -c 'import random; r = random.Random(3); print(",".join(str(r.randrange(2, 1000)) for _ in range(140)))')
+N=12
+if ! timeout 120 "$MOESERVE" generate --model "$M" --dtype float32 --prompt-ids "$P" --max-new-tokens $N \
+        --ignore-eos --threads 2 --dump-logits "$tmp/ms.jsonl" >"$tmp/g.out" 2>&1; then
+    bad "generate" "$(tail -5 "$tmp/g.out")"
+    report
+    exit
+fi
+ids=$("$PY" -c 'import json, sys
+st = [json.loads(l) for l in open(sys.argv[1])]
+print(sys.argv[2] + "," + ",".join(str(s["token"]) for s in st[:-1]))' "$tmp/ms.jsonl" "$P")
+if timeout 300 "$PY" tests/v4_form_check.py --model "$M" --ids "$ids" --prompt-len 140 \
+        --out "$tmp/form.json" 2>"$tmp/form.err" &&
+   "$PY" tests/compare_logits.py "$tmp/form.json" "$tmp/ms.jsonl" >"$tmp/cmp" 2>&1; then
+    ok "official prefill form: $(grep 'max relative' "$tmp/cmp"); $(tail -1 "$tmp/form.err")"
+else
+    bad "official prefill form" "$(cat "$tmp/form.err" "$tmp/cmp" 2>/dev/null)"
+fi
+if [ -f tests/ref/v4_ref.py ]; then
+    if timeout 300 "$PY" tests/ref/v4_ref.py --model "$M" --prompt-ids "$P" --decode $((N - 1)) \
+            --out "$tmp/ref.json" >"$tmp/ref.err" 2>&1 &&
+       "$PY" tests/compare_logits.py "$tmp/ref.json" "$tmp/ms.jsonl" >"$tmp/cmp2" 2>&1; then
+        ok "tests/ref/v4_ref.py: $(grep 'max relative' "$tmp/cmp2"); $("$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print("top-k margin %s, routing margin %s" % (d.get("min_topk_margin"), d.get("min_route_margin")))' "$tmp/ref.json")"
+    else
+        bad "tests/ref/v4_ref.py" "$(cat "$tmp/ref.err" "$tmp/cmp2" 2>/dev/null)"
+    fi
+else
+    echo "note: tests/ref/v4_ref.py (the independent reference) is not in this tree yet"
+fi
+report

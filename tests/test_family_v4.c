@@ -1,0 +1,339 @@
+/* test_family_v4.c — the DeepSeek-V4 family on tiny-v4 (ratios 0, 4, 128,
+ * window 8, hash layers) under --dtype float32: a prefill of N tokens equals
+ * N single decode steps (with the window sliding during the steps), across
+ * the window, ratio-4 and ratio-128 boundaries; prefill chunks of odd
+ * lengths equal one prefill; a batch of two sequences equals each alone;
+ * run_layers(0, m) + run_layers(m, L) equals run_layers(0, L); each to
+ * 1e-4 relative with the same greedy tokens.  Also: the V4 cache streams
+ * (plain F32 entries, deployed FP8 sizes for the planner), the UE8M0 scale
+ * decoding for every byte, an FP8 checkpoint against the FP32 one of the
+ * same seed, the sqrt-softplus / hash gate, the clamped SwiGLU, and clear
+ * refusals (FP4 experts, a wrong tensor shape). */
+#include "harness.h"
+#include "model/deepseek_v4.h"
+#include "model/family.h"
+#include "moe/moe.h"
+#include "base/util.h"
+#include "tools/mkmodel.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir32[64], dir8[64];
+static ms_model *model;
+static int64_t V, D;
+
+#define PS 4
+#define MAXP 256
+enum { N = 150 }; /* crosses the window (8), 4-token entries, and one 128-token entry */
+static int32_t toks[N + 8];
+
+static ms_kv_cache *new_cache(ms_model *m, ms_kv_seq *q0, ms_kv_seq *q1)
+{
+    static ms_kv_spec spec;
+    ms_errbuf err;
+    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = PS, .attn_tp = 1};
+    ms_kv_cache *c = NULL;
+    int32_t pages[MS_KV_MAX_STREAMS] = {MAXP, MAXP, MAXP, MAXP};
+    if (ms_model_kv_spec(m, &o, &spec, &err) ||
+        ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_F32, 2, &err)) {
+        fprintf(stderr, "cache: %s\n", err.msg);
+        return NULL;
+    }
+    ms_kv_seq_init(q0), ms_kv_seq_init(q1);
+    if (ms_kv_cache_reserve(c, q0, N + 8) || ms_kv_cache_reserve(c, q1, N + 8)) {
+        ms_kv_cache_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void free_cache(ms_kv_cache *c, ms_kv_seq *q0, ms_kv_seq *q1)
+{
+    ms_kv_cache_release(c, q0), ms_kv_cache_release(c, q1);
+    ms_kv_seq_deinit(q0), ms_kv_seq_deinit(q1);
+    ms_kv_cache_free(c);
+}
+
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]), y = fabs((double)b[i]);
+        if (!(x <= d)) d = x; /* NaN counts */
+        if (y > m) m = y;
+    }
+    return m > 0 ? d / m : d;
+}
+
+static int32_t argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int32_t)i;
+    return best;
+}
+
+static int forward1(ms_model *m, const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *t,
+                    int n, int64_t pos, int n_logits, float *logits, float *hidden)
+{
+    ms_batch_seq sq = {.tokens = t, .n_tokens = n, .start_pos = pos, .kv = kv, .logits = logits,
+                       .n_logits = n_logits, .kind = n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL,
+                       .hidden = hidden};
+    ms_errbuf err;
+    int rc = ms_model_forward(m, c, &sq, 1, &err);
+    if (rc) fprintf(stderr, "forward: %s\n", err.msg);
+    return rc;
+}
+
+static int make_model(char *dir, int dtype, ms_model **out)
+{
+    ms_errbuf err;
+    snprintf(dir, 64, "/tmp/ms_v4_model_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    if (ms_mkmodel_v4_write("tiny-v4", dtype, 11, dir, 0, &err)) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return -1;
+    }
+    ms_model_opts mo = {.threads = 2, .exact = 1};
+    if (out && ms_model_open(out, dir, &mo, &err)) {
+        fprintf(stderr, "open: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+TEST(kv_spec_streams)
+{
+    CHECK(model != NULL);
+    ms_errbuf err;
+    ms_kv_spec spec;
+    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = 4, .attn_tp = 1, .draft_tokens = 2};
+    CHECK(ms_model_kv_spec(model, &o, &spec, &err) == 0);
+    const ms_kv_stream *w = &spec.streams[0], *c4 = &spec.streams[1], *c128 = &spec.streams[2],
+                       *ix = &spec.streams[3];
+    CHECK(spec.n_streams == 4 && w->window == 8 && w->window_slack == 2);
+    CHECK(w->entry_elems == 64 && w->dtype == MS_DT_F32 && w->entry_bytes == 256 && w->n_layers == 5);
+    CHECK(c4->n_layers == 2 && c128->n_layers == 2 && ix->entry_elems == 32);
+    /* state: ratio-4 layers [8][128]×2 + indexer [8][64]×2, ratio-128 [128][64]×2, F32 */
+    CHECK(ms_kv_spec_state_bytes(&spec, 0, 1) == 0);
+    CHECK(ms_kv_spec_state_bytes(&spec, 1, 2) == 4.0 * (2 * 8 * 128 + 2 * 8 * 64));
+    CHECK(ms_kv_spec_state_bytes(&spec, 2, 3) == 4.0 * (2 * 128 * 64));
+    /* the planner's default (elem_bytes 0): deployed 584-byte entries, 68-byte index keys */
+    o.elem_bytes = 0;
+    CHECK(ms_model_kv_spec(model, &o, &spec, &err) == 0);
+    CHECK(spec.streams[0].entry_bytes == 584 && spec.streams[3].entry_bytes == 68);
+}
+
+TEST(ue8m0_every_byte)
+{
+    for (int e = 1; e < 255; e++) CHECK(ms_e8m0_to_f32((uint8_t)e) == ldexpf(1.0f, e - 127));
+    CHECK(isnan(ms_e8m0_to_f32(255)));
+    CHECK(ms_e8m0_to_f32(0) == ldexpf(1.0f, -127));
+}
+
+/* Prefill of N tokens against N decode steps, with the window sliding behind the steps. */
+TEST(prefill_equals_decode_steps)
+{
+    CHECK(model != NULL);
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(model, &pa, &pa2), *b = new_cache(model, &pb, &pb2);
+    CHECK(a && b);
+    float *lp = malloc(sizeof(float) * (size_t)(N * V)), *hp = malloc(sizeof(float) * (size_t)(N * D));
+    float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
+    CHECK(lp && hp && ld && hd);
+    CHECK(forward1(model, a, &pa, toks, N, 0, N, lp, hp) == 0);
+    double worst = 0, worst_h = 0;
+    int64_t freed = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(forward1(model, b, &pb, toks + i, 1, i, 1, ld, hd) == 0);
+        freed += ms_kv_cache_slide(b, &pb, i + 1);
+        double e = rel_err(lp + (int64_t)i * V, ld, V), eh = rel_err(hp + (int64_t)i * D, hd, D);
+        worst = e > worst ? e : worst;
+        worst_h = eh > worst_h ? eh : worst_h;
+        CHECKF(argmax(lp + (int64_t)i * V, V) == argmax(ld, V), "greedy token differs at %d", i);
+    }
+    fprintf(stderr, "  prefill vs decode: logits %.3g, hidden %.3g, %lld window pages freed\n",
+            worst, worst_h, (long long)freed);
+    CHECKF(worst <= 1e-4 && worst_h <= 1e-4, "logits %.3g hidden %.3g", worst, worst_h);
+    CHECK(freed > 0);
+    free(lp), free(hp), free(ld), free(hd);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
+}
+
+/* Prefill chunks of 37, 5, 91, 17 tokens against one prefill; then decode steps. */
+TEST(chunks_equal_one_prefill)
+{
+    CHECK(model != NULL);
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(model, &pa, &pa2), *b = new_cache(model, &pb, &pb2);
+    CHECK(a && b);
+    float *l0 = malloc(sizeof(float) * (size_t)V), *l1 = malloc(sizeof(float) * (size_t)V);
+    CHECK(l0 && l1);
+    CHECK(forward1(model, a, &pa, toks, N, 0, 1, l0, NULL) == 0);
+    const int chunk[] = {37, 5, 91, 17};
+    int p = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK(forward1(model, b, &pb, toks + p, chunk[i], p, 1, l1, NULL) == 0);
+        p += chunk[i];
+    }
+    CHECK(p == N);
+    CHECKF(rel_err(l1, l0, V) <= 1e-4, "%.3g", rel_err(l1, l0, V));
+    for (int i = 0; i < 6; i++) { /* decode past the next 4-token boundaries in both */
+        CHECK(forward1(model, a, &pa, toks + N + i, 1, N + i, 1, l0, NULL) == 0);
+        CHECK(forward1(model, b, &pb, toks + N + i, 1, N + i, 1, l1, NULL) == 0);
+        CHECKF(rel_err(l1, l0, V) <= 1e-4 && argmax(l1, V) == argmax(l0, V), "step %d: %.3g", i,
+               rel_err(l1, l0, V));
+    }
+    free(l0), free(l1);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
+}
+
+/* A batch (a prefill chunk and a decode row) split in run_layers, against each alone. */
+TEST(batch_and_split_layers)
+{
+    CHECK(model != NULL);
+    const ms_family *f = ms_model_family(model);
+    int L = ms_model_shape_of(model)->n_layers;
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(model, &pa, &pa2), *b = new_cache(model, &pb, &pb2);
+    CHECK(a && b);
+    float *l0 = malloc(sizeof(float) * (size_t)(2 * V)), *l1 = malloc(sizeof(float) * (size_t)(2 * V));
+    CHECK(l0 && l1);
+    /* both caches: sequence 2 holds 130 tokens */
+    CHECK(forward1(model, a, &pa2, toks, 130, 0, 1, l0, NULL) == 0);
+    CHECK(forward1(model, b, &pb2, toks, 130, 0, 1, l0, NULL) == 0);
+    /* alone, in cache a: a 20-token prefill of sequence 1, a decode of sequence 2 */
+    CHECK(forward1(model, a, &pa, toks + 3, 20, 0, 1, l0, NULL) == 0);
+    CHECK(forward1(model, a, &pa2, toks + 130, 1, 130, 1, l0 + V, NULL) == 0);
+    ms_batch_seq s1[2] = {
+        {.tokens = toks + 3, .n_tokens = 20, .start_pos = 0, .kv = &pb, .logits = l1, .n_logits = 1},
+        {.tokens = toks + 130, .n_tokens = 1, .start_pos = 130, .kv = &pb2, .logits = l1 + V,
+         .n_logits = 1, .kind = MS_SEQ_DECODE}};
+    ms_errbuf err;
+    int m = L / 2;
+    CHECKF(f->embed(model, s1, 2, &err) == 0, "%s", err.msg);
+    CHECK(f->run_layers(model, b, s1, 2, 0, m, &err) == 0);
+    CHECK(f->run_layers(model, b, s1, 2, m, L, &err) == 0);
+    CHECK(f->head(model, s1, 2, &err) == 0);
+    CHECKF(rel_err(l1, l0, 2 * V) <= 1e-4, "%.3g", rel_err(l1, l0, 2 * V));
+    CHECK(argmax(l1, V) == argmax(l0, V) && argmax(l1 + V, V) == argmax(l0 + V, V));
+    CHECK(f->run_layers(model, b, s1, 2, 1, L + 1, &err) == MS_EINVAL);
+    free(l0), free(l1);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
+}
+
+/* FP8 e4m3 + UE8M0 block scales: loads, and stays close to the FP32 checkpoint of the seed. */
+TEST(fp8_checkpoint_close_to_fp32)
+{
+    CHECK(model != NULL);
+    ms_model *m8 = NULL;
+    CHECK(make_model(dir8, MS_MK_FP8, &m8) == 0);
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = new_cache(model, &pa, &pa2), *b = new_cache(m8, &pb, &pb2);
+    CHECK(a && b);
+    float *l0 = malloc(sizeof(float) * (size_t)V), *l1 = malloc(sizeof(float) * (size_t)V);
+    CHECK(l0 && l1);
+    CHECK(forward1(model, a, &pa, toks, 40, 0, 1, l0, NULL) == 0);
+    CHECK(forward1(m8, b, &pb, toks, 40, 0, 1, l1, NULL) == 0);
+    double e = rel_err(l1, l0, V);
+    fprintf(stderr, "  fp8 vs fp32 logits: %.3g relative\n", e);
+    CHECKF(e > 1e-6 && e < 0.5, "%.3g", e); /* quantised, but the same model */
+    /* every dequantised FP8 weight of a matrix within e4m3's rounding of the FP32 one */
+    const ms_mat *w8 = &m8->v4->layers[1].wq_b, *w32 = &model->v4->layers[1].wq_b;
+    CHECK(w8->dtype == MS_DT_F8E4M3 && w32->dtype == MS_DT_F32 && w8->rows == w32->rows);
+    for (int64_t r = 0; r < w8->rows; r++)
+        for (int64_t c = 0; c < w8->cols; c++) {
+            float x = ms_mat_get(w32, r, c), y = ms_mat_get(w8, r, c);
+            CHECKF(fabsf(x - y) <= fabsf(x) / 16 + 1e-3f, "(%lld, %lld): %g vs %g", (long long)r,
+                   (long long)c, x, y);
+        }
+    free(l0), free(l1);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
+    ms_model_free(m8);
+}
+
+TEST(gate_and_swiglu)
+{
+    ms_config c = {.n_routed_experts = 4, .n_experts_per_tok = 2, .scoring_func = MS_SCORE_SQRTSOFTPLUS,
+                   .norm_topk_prob = true, .routed_scaling_factor = 1.5f, .n_group = 1};
+    float logits[4] = {-1.0f, 2.0f, 0.5f, 30.0f}, bias[4] = {0, 0, 3.0f, 0}, w[2], sc[8];
+    int32_t idx[2], fixed[2] = {0, 2};
+    ms_moe_gate_route(&c, logits, bias, idx, w, sc);
+    /* scores sqrt(softplus): bias lifts expert 2 over expert 1; weights unbiased */
+    float s3 = sqrtf(30.0f), s2 = sqrtf(log1pf(expf(0.5f)));
+    CHECK(idx[0] == 3 && idx[1] == 2);
+    CHECK_NEAR(w[1], 1.5f * s2 / (s2 + s3), 1e-6);
+    ms_moe_gate_route_fixed(&c, logits, fixed, idx, w, sc);
+    float s0 = sqrtf(log1pf(expf(-1.0f)));
+    CHECK(idx[0] == 0 && idx[1] == 2);
+    CHECK_NEAR(w[1], 1.5f * s2 / (s0 + s2), 1e-6);
+    float g[3] = {12.0f, -1.0f, 3.0f}, u[3] = {-20.0f, 0.5f, 11.0f}, o[3];
+    ms_swiglu(o, g, u, 3, 10.0f);
+    CHECK_NEAR(o[0], 10.0f / (1 + expf(-10.0f)) * -10.0f, 1e-4);
+    CHECK_NEAR(o[1], -1.0f / (1 + expf(1.0f)) * 0.5f, 1e-6);
+    CHECK_NEAR(o[2], 3.0f / (1 + expf(-3.0f)) * 10.0f, 1e-5);
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    return f && fputs(text, f) >= 0 && fclose(f) == 0 ? 0 : -1;
+}
+
+TEST(refusals)
+{
+    CHECK(dir32[0]);
+    ms_errbuf err;
+    CHECK(ms_mkmodel_v4_write("tiny-v4", MS_MK_FP8_FP4, 1, "/tmp/ms_v4_never", 0, &err) ==
+          MS_EUNSUPPORTED);
+    CHECKF(strstr(err.msg, "FP4"), "%s", err.msg);
+    /* the same checkpoint with expert_dtype fp4 in its config */
+    char path[160], cmd[400];
+    char bad[] = "/tmp/ms_v4_bad_XXXXXX";
+    CHECK(mkdtemp(bad));
+    snprintf(cmd, sizeof cmd, "cp %s/* %s/ && sed -i 's/\"model_type\"/\"expert_dtype\": \"fp4\", \"model_type\"/' %s/config.json",
+             dir32, bad, bad);
+    CHECK(system(cmd) == 0);
+    ms_model *m = NULL;
+    ms_model_opts mo = {.threads = 1, .exact = 1};
+    CHECK(ms_model_open(&m, bad, &mo, &err) == MS_EUNSUPPORTED && !m);
+    CHECKF(strstr(err.msg, "FP4"), "%s", err.msg);
+    /* a config whose o_lora_rank disagrees with the tensors: the error names the tensor */
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json && sed -i 's/\"o_lora_rank\": 32/\"o_lora_rank\": 16/' %s/config.json",
+             dir32, bad, bad);
+    CHECK(system(cmd) == 0);
+    CHECK(ms_model_open(&m, bad, &mo, &err) != 0 && !m);
+    CHECKF(strstr(err.msg, "layers.0.attn.wo_a.weight"), "%s", err.msg);
+    snprintf(path, sizeof path, "%s/config.json", bad);
+    CHECK(write_file(path, "{\"model_type\":\"deepseek_v4\",\"compress_ratios\":[0]}") == 0);
+    CHECK(ms_model_open(&m, bad, &mo, &err) != 0 && !m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", bad);
+    CHECK(system(cmd) == 0);
+}
+
+int main(void)
+{
+    uint64_t st = 5;
+    for (int i = 0; i < N + 8; i++) toks[i] = (int32_t)(ms_rng_uniform(&st) * 1000) + 2;
+    RUN(ue8m0_every_byte);
+    RUN(gate_and_swiglu);
+    if (make_model(dir32, MS_MK_FP32, &model)) fprintf(stderr, "cannot build tiny-v4\n");
+    if (model) V = ms_model_shape_of(model)->vocab, D = ms_model_shape_of(model)->hidden;
+    RUN(kv_spec_streams);
+    RUN(prefill_equals_decode_steps);
+    RUN(chunks_equal_one_prefill);
+    RUN(batch_and_split_layers);
+    RUN(fp8_checkpoint_close_to_fp32);
+    RUN(refusals);
+    ms_model_free(model);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir32, dir8);
+    if ((dir32[0] || dir8[0]) && system(cmd) != 0) fprintf(stderr, "cannot remove the models\n");
+    return TEST_REPORT();
+}
