@@ -117,7 +117,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     ms_mat *W = malloc(sizeof(ms_mat) * (size_t)copies);
     for (int c = 0; c < copies; c++)
         W[c] = ms_mat_whole(dt, N, K, wbuf + (size_t)c * stride + 8, dt == MS_DT_F8E4M3 ? scale : NULL);
-    ms_kctx kc = {pool, exact, isa};
+    ms_kctx kc = {pool, exact, isa, 0};
 
     /* validate (and time the reference twin) on the first rows */
     int64_t mref = M < 4 ? M : 4;

@@ -24,6 +24,7 @@ IMPL = {
     "--disaggregation-mode": "null", "--tool-call-parser": "deepseekv31",
     "--reasoning-parser": "deepseek-r1", "--deepep-max-dispatch-tokens-per-rank": "256",
     "--served-model-name": "m", "--enable-metrics": None, "--init-expert-location": "trivial",
+    "--enable-deterministic-inference": None,
 }
 
 GPU = {

@@ -39,6 +39,7 @@ typedef struct ms_engine_opts {
     int max_running_default;     /* global default when --max-running-requests is unset */
     int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
     int prepack;                 /* prepack BF16 weights for oneDNN before sizing the KV pool */
+    int deterministic;           /* --enable-deterministic-inference: batch-invariant outputs */
 } ms_engine_opts;
 
 void ms_engine_opts_init(ms_engine_opts *o);
