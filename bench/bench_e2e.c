@@ -15,7 +15,11 @@
  *             time; also both as tokens per median step)
  *   fp8       the same model with FP8 projections: decode tokens/s, x BF16
  *             (BF16 and FP8 decodes alternate, two of each)
- * Usage: bench_e2e [--threads N] [--model-dir DIR] [--quick]
+ *   det       --enable-deterministic-inference (batch-invariant products) against
+ *             the default on the same BF16 model: decode batch 1 and 32 (tokens
+ *             per median step) and a 512-token prefill, each mode's runs
+ *             alternating (two of each), x = deterministic / default
+ * Usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] [--rows ...]
  * Validation: the BF16 and FP8 engines must produce finite logits and
  * non-degenerate greedy output before anything is timed.
  */
@@ -32,7 +36,7 @@
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
-static const char *rows = "decode,prefill,batch,fp8"; /* --rows: which rows to run */
+static const char *rows = "decode,prefill,batch,fp8,det"; /* --rows: which rows to run */
 static const char *model_dir = "build/models";
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap)
@@ -128,11 +132,12 @@ static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct r
     return 0;
 }
 
-static ms_engine *open_engine(const char *dir)
+static ms_engine *open_engine(const char *dir, int deterministic)
 {
     ms_engine_opts o;
     ms_engine_opts_init(&o);
     o.model_path = dir;
+    o.deterministic = deterministic;
     o.threads = threads;
     o.max_total_tokens = 65536;
     o.max_running_default = 64;
@@ -156,7 +161,7 @@ int main(int argc, char **argv)
             rows = argv[++i];
         else {
             fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,fp8]\n");
+                            "[--rows decode,prefill,batch,fp8,det]\n");
             return 2;
         }
     }
@@ -167,7 +172,7 @@ int main(int argc, char **argv)
         ensure_model("small-v3-fp8", MS_MK_FP8, fp8, sizeof fp8))
         return 1;
     int new_tokens = quick ? 32 : 96;
-    ms_engine *e = open_engine(bf16);
+    ms_engine *e = open_engine(bf16, 0);
     if (!e) return 1;
     const ms_model *m = ms_engine_model(e);
     int nt = ms_pool_size(ms_model_threads(m));
@@ -235,7 +240,7 @@ int main(int argc, char **argv)
     }
     ms_errbuf err;
     if (strstr(rows, "fp8")) { /* BF16 and FP8 decodes alternate, two of each */
-        ms_engine *e8 = open_engine(fp8);
+        ms_engine *e8 = open_engine(fp8, 0);
         if (!e8) return 1;
         const ms_model *m8 = ms_engine_model(e8);
         struct run r8, rbf;
@@ -257,6 +262,37 @@ int main(int argc, char **argv)
         ms_engine_shutdown(e8);
         ms_engine_step(e8, &err);
         ms_engine_close(e8);
+    }
+    if (strstr(rows, "det")) { /* default and deterministic runs alternate, two of each */
+        ms_engine *ed = open_engine(bf16, 1);
+        if (!ed) return 1;
+        struct run a, b;
+        double d1[2] = {0}, d32[2] = {0}, pf[2] = {0}; /* [default, deterministic] seconds */
+        int64_t pft[2] = {0};
+        if (run(ed, 1, 16, 8, &a, 20) || run(ed, 1, 512, 2, &a, 21) || run(e, 1, 512, 2, &a, 22))
+            return 1; /* warm-up + validation */
+        for (int i = 0; i < 2; i++)
+            for (int mode = 0; mode < 2; mode++) {
+                ms_engine *x = mode ? ed : e;
+                uint64_t salt = 30 + 4 * (uint64_t)i + 2 * (uint64_t)mode;
+                if (run(x, 1, 16, new_tokens, &a, salt) ||
+                    run(x, 32, 16, quick ? 16 : 48, &b, salt + 1))
+                    return 1;
+                d1[mode] += a.step_median_s;
+                d32[mode] += b.step_median_s;
+                if (run(x, 1, 512, 2, &a, salt + 100)) return 1;
+                pf[mode] += a.prefill_s;
+                pft[mode] += a.prefill_tokens;
+            }
+        printf("det model=small-v3 dtype=bf16 threads=%d decode1_tok_s=%.2f det_decode1_tok_s=%.2f "
+               "x_decode1=%.3f decode32_tok_s=%.1f det_decode32_tok_s=%.1f x_decode32=%.3f "
+               "prefill512_tok_s=%.1f det_prefill512_tok_s=%.1f x_prefill=%.3f "
+               "(alternating, two each; tokens per median step)\n",
+               nt, 2 / d1[0], 2 / d1[1], d1[0] / d1[1], 64 / d32[0], 64 / d32[1], d32[0] / d32[1],
+               pft[0] / pf[0], pft[1] / pf[1], (pft[1] / pf[1]) / (pft[0] / pf[0]));
+        ms_engine_shutdown(ed);
+        ms_engine_step(ed, &err);
+        ms_engine_close(ed);
     }
     ms_engine_shutdown(e);
     ms_engine_step(e, &err);

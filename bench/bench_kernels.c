@@ -126,7 +126,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
         W[c] = fp4 ? ms_mat_fp4(N, K, base, (const uint8_t *)base + codes)
                    : ms_mat_whole(dt, N, K, base, dt == MS_DT_F8E4M3 ? scale : NULL);
     }
-    ms_kctx kc = {pool, exact, isa};
+    ms_kctx kc = {pool, exact, isa, 0};
 
     /* validate (and time the reference twin) on the first rows */
     int64_t mref = M < 4 ? M : 4;

@@ -26,6 +26,7 @@ IMPL = {
     "--served-model-name": "m", "--enable-metrics": None, "--init-expert-location": "trivial",
     "--expert-distribution-recorder-mode": "stat",
     "--expert-distribution-recorder-buffer-size": "100", "--eplb-algorithm": "deepseek",
+    "--enable-deterministic-inference": None,
 }
 
 GPU = {

@@ -44,7 +44,7 @@ static void run_case(int isa, int exact, ms_dtype dt, int page_size, int64_t S, 
     }
     for (int64_t i = 0; i < H * row; i++) q[i] = (float)(2 * ms_rng_uniform(&rng) - 1);
     ms_pool *pool = ms_pool_new(threads);
-    ms_kctx k = {pool, exact, isa};
+    ms_kctx k = {pool, exact, isa, 0};
     ms_attn_seq a = {pages, page_size, dt, row, S};
     ms_attn_decode(&k, &a, 1, q, H, vdim, 0.3f, ctx, scratch);
     ms_attn_decode_ref(&a, q, H, vdim, 0.3f, ref);
@@ -131,7 +131,7 @@ TEST(decode_attention_batch)
     for (int64_t e = 0; e < N * H * row; e++) q[e] = (float)(2 * ms_rng_uniform(&rng) - 1);
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
-        ms_kctx k = {pool, 1, best};
+        ms_kctx k = {pool, 1, best, 0};
         float *scratch = malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 333));
         ms_attn_decode(&k, seqs, N, q, H, vdim, 0.25f, ctx, scratch);
         for (int i = 0; i < N; i++) {

@@ -219,7 +219,7 @@ static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint6
         emulate_bf16(emu, ldy, x, ldx, M, W, acc, nn);
         for (int isa = 0; isa <= best_isa; isa++)
             for (int exact = 0; exact <= 1; exact++) {
-                ms_kctx kc = {pool, exact, isa};
+                ms_kctx kc = {pool, exact, isa, 0};
                 memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
                 (nn ? ms_matmul_nn : ms_matmul)(&kc, y, ldy, x, ldx, M, W, acc);
                 int bf = !exact && isa >= MS_ISA_AVX512BF16 && bf_auto;
@@ -344,7 +344,7 @@ TEST(fp4_e8m0_all_codes)
     for (int i = 0; i < C * C; i++) x[i] = i / C == i % C ? 1.0f : 0.0f;
     for (int isa = 0; isa <= best_isa; isa++)
         for (int exact = 0; exact <= 1; exact++) {
-            ms_kctx kc = {pool, exact, isa};
+            ms_kctx kc = {pool, exact, isa, 0};
             ms_matmul(&kc, y, R, x, C, C, &W, 0);
             int nbad = 0;
             for (int m = 0; m < C; m++)
@@ -471,7 +471,7 @@ TEST(matmul_fp8_plain_rows)
                 float *yt = malloc(sizeof(float) * (size_t)(M * N));
                 float *yr = malloc(sizeof(float) * (size_t)(M * N));
                 for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
-                ms_kctx kc = {pool, 0, isas[ii]};
+                ms_kctx kc = {pool, 0, isas[ii], 0};
                 (nn ? ms_matmul_nn : ms_matmul)(&kc, y, N, x, K, M, &W, 0);
                 (nn ? ms_matmul_nn : ms_matmul)(&kc, yt, N, x, K, M, &Wt, 0);
                 (nn ? ms_matmul_nn_ref : ms_matmul_ref)(yr, N, x, K, M, &W, 0);
@@ -515,7 +515,7 @@ TEST(matmul_same_bits_any_pool)
         ms_mat W = ms_mat_slice(&st.whole, 40, N, c0, K);
         for (int isa = 0; isa <= best_isa; isa++)
             for (int exact = 0; exact <= 1; exact++) {
-                ms_kctx k1 = {NULL, exact, isa}, k2 = {pool, exact, isa};
+                ms_kctx k1 = {NULL, exact, isa, 0}, k2 = {pool, exact, isa, 0};
                 ms_matmul(&k1, y1, N, x, K, M, &W, 0);
                 ms_matmul(&k2, y2, N, x, K, M, &W, 0);
                 CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)(M * N)) == 0, "isa %d exact %d dt %d",
@@ -534,7 +534,7 @@ TEST(matmul_same_bits_any_pool)
 TEST(matmul_gemv_rows_same_bits)
 {
     if (best_isa < MS_ISA_AVX512) return;
-    ms_kctx kc = {pool, 0, MS_ISA_AVX512};
+    ms_kctx kc = {pool, 0, MS_ISA_AVX512, 0};
     int fp8 = ms_kernels_f8_plain_used(&kc); /* FP8 takes the widening path too */
     uint64_t rng = 23;
     int64_t N = 43, K = 2200, Ms2[] = {6, 16};
@@ -553,6 +553,48 @@ TEST(matmul_gemv_rows_same_bits)
                        dts[di], (long)Ms2[mi], (long)m);
             }
         }
+        stored_free(&st);
+    }
+    free(x);
+    free(y);
+    free(y1);
+}
+
+/* Batch-invariant mode (--enable-deterministic-inference): each row of an M-row
+ * product has the bits of that row alone (M = 1), for M across the GEMV, the tiles,
+ * FP8 widening (M >= 32) and oneDNN (M >= 128), K over two column passes, every
+ * ISA.  Also prints how many M differ in the default mode (the fast paths). */
+TEST(matmul_batch_invariant)
+{
+    uint64_t rng = 29;
+    const int64_t N = 70, K = 1100, Mi[] = {2, 3, 4, 5, 17, 33, 64, 130, 200};
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32};
+    float *x = malloc(sizeof(float) * (size_t)(200 * K));
+    float *y = malloc(sizeof(float) * (size_t)(200 * N)), *y1 = malloc(sizeof(float) * (size_t)N);
+    for (int64_t i = 0; i < 200 * K; i++) x[i] = frand(&rng);
+    for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
+        stored st;
+        stored_make(&st, dts[di], N, K, &rng);
+        for (int isa = 0; isa <= best_isa; isa++)
+            for (int binv = 0; binv <= 1; binv++) {
+                ms_kctx kc = {pool, 0, isa, binv};
+                int differ = 0;
+                for (size_t mi = 0; mi < MS_ARRAY_LEN(Mi); mi++) {
+                    ms_matmul(&kc, y, N, x, K, Mi[mi], &st.whole, 0);
+                    int same = 1;
+                    for (int64_t m = 0; m < Mi[mi]; m++) {
+                        ms_matmul(&kc, y1, N, x + m * K, K, 1, &st.whole, 0);
+                        same &= memcmp(y1, y + m * N, sizeof(float) * (size_t)N) == 0;
+                    }
+                    differ += !same;
+                    if (binv)
+                        CHECKF(same, "batch-invariant isa %d dt %d M %ld: a row differs from M = 1",
+                               isa, dts[di], (long)Mi[mi]);
+                }
+                if (!binv && differ)
+                    printf("  default mode, isa %s dt %d: %d of %d batch sizes differ from M = 1\n",
+                           ms_isa_name(isa), dts[di], differ, (int)MS_ARRAY_LEN(Mi));
+            }
         stored_free(&st);
     }
     free(x);
@@ -660,7 +702,7 @@ TEST(matmul_batch_same_as_single)
     for (int exact = 0; exact <= 1; exact++)
         for (int np = 1; np <= 2; np++) {
             ms_pool *p = np == 1 ? ms_pool_new(1) : pool;
-            ms_kctx kc = {p, exact, best_isa};
+            ms_kctx kc = {p, exact, best_isa, 0};
             for (int i = 0; i < NC; i++)
                 for (int64_t j = 0; j < ylen[i]; j++) y1[i][j] = y2[i][j] = (float)j;
             ms_matmul_batch(&kc, calls, NC);
@@ -691,13 +733,13 @@ TEST(matmul_dnnl_prepack_ahead)
         stored w;
         stored_make(&w, MS_DT_BF16, 8, 64, &rng);
         for (int isa = MS_ISA_SCALAR; isa <= MS_ISA_AVX512; isa++) {
-            ms_kctx below = {pool, 0, isa};
+            ms_kctx below = {pool, 0, isa, 0};
             CHECKF(ms_kernels_dnnl_prepack(&below, &w.whole) == -1, "isa %d", isa);
         }
         CHECK(ms_kernels_dnnl_bytes() == 0);
         if (best_isa >= MS_ISA_AVX512BF16 && !ms_kernels_dnnl_available()) {
             /* AVX512_BF16 forced past CPUID: oneDNN cannot see it, no copies */
-            ms_kctx kc = {pool, 0, best_isa};
+            ms_kctx kc = {pool, 0, best_isa, 0};
             CHECK(ms_kernels_dnnl_prepack(&kc, &w.whole) == -1);
         }
         stored_free(&w);
@@ -712,7 +754,7 @@ TEST(matmul_dnnl_prepack_ahead)
           *y = malloc(sizeof(float) * (size_t)(M * 2 * N));
     float *emu = malloc(sizeof(float) * (size_t)(M * 2 * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
-    ms_kctx kc = {pool, 0, best_isa}, exact = {pool, 1, best_isa};
+    ms_kctx kc = {pool, 0, best_isa, 0}, exact = {pool, 1, best_isa, 0};
     ms_kernels_dnnl_clear();
     ms_kernels_set_dnnl(1);
     CHECK(ms_kernels_dnnl_prepack(&kc, &a.whole) == 0);
@@ -757,7 +799,7 @@ TEST(matmul_dnnl_prepack)
     float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
     float *emu = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
-    ms_kctx kc = {pool, 0, best_isa};
+    ms_kctx kc = {pool, 0, best_isa, 0};
     ms_kernels_set_dnnl(1);
     int64_t min_m = ms_kernels_set_dnnl_min_m(M); /* M = 64 is below the default */
     for (int round = 0; round < 3; round++) {
@@ -803,6 +845,7 @@ int main(void)
     RUN(matmul_fp8_plain_rows);
     RUN(matmul_same_bits_any_pool);
     RUN(matmul_gemv_rows_same_bits);
+    RUN(matmul_batch_invariant);
     RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();

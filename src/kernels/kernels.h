@@ -49,6 +49,14 @@ typedef struct ms_kctx {
     ms_pool *pool;
     int exact;  /* 1: FP32 activations, exact dequantisation (--dtype float32) */
     int isa;    /* MS_ISA_* chosen at start-up (ms_kernels_detect), may be lowered for tests */
+    /* 1: batch-invariant products (--enable-deterministic-inference): every output
+     * element's reduction order is fixed whatever M (the rows of the call), so a row's
+     * result does not depend on what else is in the batch.  Auto mode (exact = 0)
+     * then uses one kernel for every M: mm_bf16.c's tiles (no GEMV, no FP8 widening,
+     * no oneDNN), or the exact FP32 kernels where AVX512_BF16 is missing (the
+     * widening path also picks its order by M).  The exact mode is batch-invariant
+     * already. */
+    int batch_invariant;
 } ms_kctx;
 
 enum { MS_ISA_SCALAR = 0, MS_ISA_AVX2 = 1, MS_ISA_AVX512 = 2, MS_ISA_AVX512BF16 = 3 };

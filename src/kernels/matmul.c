@@ -227,13 +227,13 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
         W->dtype != MS_DT_F8E4M3 && W->dtype != MS_DT_F4E2M1)
         return P_SCALAR; /* ms_mat_get gives NaN: keep the behaviour of the reference */
     if (W->dtype == MS_DT_F4E2M1)
-        return isa >= MS_ISA_AVX512 ? (k->exact ? P_AVX512 : P_FP4)
+        return isa >= MS_ISA_AVX512 ? (k->exact || k->batch_invariant ? P_AVX512 : P_FP4)
                : isa >= MS_ISA_AVX2 ? P_AVX2
                                     : P_SCALAR;
     if (isa >= MS_ISA_AVX512BF16 && !k->exact &&
         (W->dtype == MS_DT_BF16 || W->dtype == MS_DT_F8E4M3))
         return P_BF16;
-    if (isa == MS_ISA_AVX512 && !k->exact &&
+    if (isa == MS_ISA_AVX512 && !k->exact && !k->batch_invariant && /* its order follows M */
         (W->dtype == MS_DT_BF16 ||
          (W->dtype == MS_DT_F8E4M3 && __builtin_cpu_supports("avx512vbmi") &&
           __builtin_cpu_supports("gfni"))))
@@ -428,10 +428,11 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         const ms_mm_call *c = &calls[i];
         if (c->M <= 0 || (c->nn ? c->W->cols : c->W->rows) <= 0) continue; /* no outputs */
         struct mm_job *j = &S->jobs[S->n_jobs];
-        *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate, 0},
+        *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate, 0,
+                              k && k->batch_invariant},
                              pick_path(k, c->W),
                              c->nn != 0};
-        if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 &&
+        if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 && !j->t.binv &&
             ms_mm_dnnl_nt(k, &j->t) == 0)
             continue; /* large M: oneDNN did it on its own threads */
         S->n_jobs++;

@@ -457,7 +457,9 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
     const ms_mat *W = t->W;
     const int64_t K = W->cols, Kp = (K + 63) & ~(int64_t)63, M = t->M;
     const int64_t mcmax = M < MC ? M : MC;
-    const int widen = isf8 && M >= F8_WIDEN_M;
+    /* batch-invariant (t->binv): the tiles for every M, FP8 never widened (its
+     * activations are permuted, so its sums are taken in another lane order) */
+    const int widen = isf8 && M >= F8_WIDEN_M && !t->binv;
     uint16_t *xb = ms_mm_scratch(MM_SCR_X, (size_t)(mcmax * Kp) * 2); /* [mcmax][Kp] bf16 */
     uint16_t *wb = widen ? ms_mm_scratch(MM_SCR_W, (size_t)(128 * Kp) * 2) : NULL; /* [128][Kp] */
     if (!xb || (widen && !wb)) return -1;
@@ -485,7 +487,7 @@ static int nt_rows(const int isf8, const mm_task *t, int64_t n0, int64_t n1)
         for (int64_t m0 = 0; m0 < M; m0 += MC) {
             int64_t mc = M - m0 < MC ? M - m0 : MC;
             prep_once(t, m0, mc, K, Kp, isf8 ? srow : NULL, f, isf8 && !widen, xb);
-            if (!widen && mc <= (isf8 ? 1 : 3)) {
+            if (!widen && !t->binv && mc <= (isf8 ? 1 : 3)) {
                 rows(isf8, (int)mc, &L, xb, Kp, w, ldw, K, ne - n, plain, t->y + m0 * t->ldy + n,
                      t->ldy, t->accumulate);
                 continue;

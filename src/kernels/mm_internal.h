@@ -22,6 +22,7 @@ typedef struct mm_task {
     const ms_mat *W;
     int accumulate;
     uint64_t run; /* the pool run it belongs to: inputs do not change within one */
+    int binv;     /* kctx->batch_invariant: one reduction order for every M */
 } mm_task;
 
 /* Per-thread scratch in separate slots, 64-byte aligned, at least `bytes`;

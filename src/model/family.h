@@ -66,6 +66,7 @@ typedef struct ms_model ms_model;
 typedef struct ms_model_opts {
     int threads;  /* <= 0: all cores */
     int exact;    /* 1: --dtype float32 */
+    int batch_invariant; /* 1: --enable-deterministic-inference (ms_kctx.batch_invariant) */
     const ms_shard *shard; /* NULL: this rank holds the whole model */
 } ms_model_opts;
 

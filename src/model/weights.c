@@ -178,6 +178,7 @@ int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err
     if (!m->pool) return ms_err(err, MS_ENOMEM, "cannot start worker threads");
     m->kctx.pool = m->pool;
     m->kctx.exact = opts ? opts->exact : 0;
+    m->kctx.batch_invariant = opts ? opts->batch_invariant : 0;
     m->kctx.isa = ms_kernels_detect();
     return 0;
 }
@@ -729,10 +730,11 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
     MS_LOG(MS_DEBUG, "model", "weights placed in %.2f s", ms_now_s() - t_pf);
     MS_LOG(MS_INFO, "model",
            "loaded %s: %d layers (+%d MTP), %lld params, %.1f MB active per token, isa %s, "
-           "%d threads, %s activations",
+           "%d threads, %s activations%s",
            dir, c->n_layers, m->n_mtp_layers, (long long)m->n_params,
            (double)m->active_bytes_per_token / 1e6, ms_isa_name(m->kctx.isa),
-           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto");
+           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto",
+           m->kctx.batch_invariant ? ", batch-invariant products" : "");
     *out = m;
     return 0;
 fail:

@@ -187,7 +187,8 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         goto fail;
     }
     e->n_dp = e->lay.n_replicas * e->lay.attn_dp;
-    ms_model_opts mo = {.threads = o->threads, .exact = o->exact, .shard = NULL};
+    ms_model_opts mo = {.threads = o->threads, .exact = o->exact,
+                        .batch_invariant = o->deterministic, .shard = NULL};
     if (e->W > 1) {
         if ((rc = build_shard(e, err))) goto fail;
         mo.shard = &e->shard;
@@ -196,7 +197,9 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     }
     e->avail0 = ms_kv_mem_available() / ms_kv_ranks_on_host(e->W);
     if ((rc = ms_model_open(&e->m, o->model_path, &mo, err))) goto fail;
-    if (o->prepack) { /* before the pool: its copies come out of the same budget */
+    /* before the pool: its copies come out of the same budget (batch-invariant
+     * products never use oneDNN) */
+    if (o->prepack && !o->deterministic) {
         double t0 = ms_now_s();
         size_t b0 = ms_kernels_dnnl_bytes();
         e->prepacked = ms_model_prepack(e->m);
@@ -218,7 +221,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     if ((rc = size_pool(e, err))) goto fail;
     if (e->is_leader) {
         ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
-                              ms->vocab, ms->eos_token_id};
+                              ms->vocab, ms->eos_token_id, o->deterministic};
         if ((rc = ms_sched_new(&e->sched, &sp, e->cache, err)) ||
             (rc = ms_sample_new(&e->sampler, ms->vocab, err)))
             goto fail;

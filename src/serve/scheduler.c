@@ -319,6 +319,7 @@ static int admit(ms_sched *s, struct req *r)
     int64_t unit = ms_kv_cache_share_unit(s->cache);
     int64_t limit = ((r->n_ids - 1) / unit) * unit; /* the last token must be computed */
     if (matched > limit) matched = limit;
+    if (s->p.deterministic && matched > 0 && r->n_ids - matched < 2) matched -= unit;
     /* room in the page tables for the whole generation: decode never reallocates */
     if (ms_kv_cache_seq_capacity(s->cache, &r->kv, r->n_ids + r->in.max_new - r->n_out + ps))
         return MS_ENOMEM;
@@ -356,6 +357,15 @@ static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
     s->batch_req[s->n_batch++] = r;
 }
 
+/* Prompt tokens of the next chunk: left (> 0) within budget; in deterministic mode
+ * the chunk leaves no single prompt token behind (one fewer, or one over budget). */
+static int64_t prompt_chunk(const ms_sched *s, int64_t left, int64_t budget)
+{
+    int64_t n = MS_MIN(left, budget);
+    if (s->p.deterministic && left > 1 && left - n == 1) n = n >= 3 ? n - 1 : left;
+    return n;
+}
+
 static struct req *pick_waiting(ms_sched *s)
 {
     if (s->p.policy != MS_SCHED_LPM || !s->waiting || !s->waiting->next) return s->waiting;
@@ -386,7 +396,7 @@ int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
         struct req *r = s->batch_req[i];
         if (r->state != ST_RUNNING) continue;
         int64_t left = r->n_ids - r->n_kv;
-        r->step_n = left == 1 ? 1 : MS_MIN(left, budget);
+        r->step_n = left == 1 ? 1 : prompt_chunk(s, left, budget);
         if (r->step_n <= 0) continue;
         if (grow(s, r, r->n_kv + r->step_n)) {
             r->step_n = 0; /* r itself was retracted */
@@ -408,7 +418,7 @@ int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
         while (*pp) pp = &(*pp)->next;
         *pp = r;
         s->n_running++;
-        int64_t n = MS_MIN(r->n_ids - r->n_kv, budget);
+        int64_t n = prompt_chunk(s, r->n_ids - r->n_kv, budget);
         if (r->n_ids - r->n_kv > 1) budget -= n;
         add_seq(s, r, n);
     }

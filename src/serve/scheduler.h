@@ -37,6 +37,12 @@ typedef struct ms_sched_params {
     int64_t context_len;
     int64_t vocab;
     int64_t eos_id;       /* -1: none */
+    /* 1 (--enable-deterministic-inference): no prompt chunk of one token (a prefix
+     * hit or a chunk boundary leaves at least two), so every prompt position goes
+     * through the prefill forward whatever the cache and the batch hold (a
+     * one-token chunk would take the decode forward, which rounds differently);
+     * a one-token prompt is always one token */
+    int deterministic;
 } ms_sched_params;
 
 /* One generated token (or a finish without a token). */

@@ -73,6 +73,9 @@ static void usage(FILE *f)
             "                                    /dump_expert_distribution_record; per_token\n"
             "                                    is not built)\n"
             "  --expert-distribution-recorder-buffer-size N  passes kept (default 1000)\n"
+            "  --enable-deterministic-inference  outputs independent of the batch: fixed\n"
+            "                                    reduction orders for every batch size (and\n"
+            "                                    no one-token prompt chunks); slower\n"
             "  --skip-server-warmup              start without the warm-up (prepacking the\n"
             "                                    BF16 weights for prefill GEMMs and one\n"
             "                                    2048-token prompt, else paid by the first\n"
@@ -122,6 +125,10 @@ static int parse_kept(void *ctx, int argc, char **argv)
         }
         if (!strcmp(a, "--skip-server-warmup")) {
             o->skip_warmup = 1;
+            continue;
+        }
+        if (!strcmp(a, "--enable-deterministic-inference")) {
+            o->eo.deterministic = 1;
             continue;
         }
         if (i + 1 >= argc) {

@@ -76,6 +76,7 @@ CONFIG = {
 
 MTP_WEIGHT = 0.3     # DeepSeek-V3's λ for the first 10T tokens
 BIAS_RATE = 0.005    # γ of the bias update (DeepSeek-V3: 0.001 over far more steps)
+UL_WEIGHT = 0.0      # α of the token-level unlikelihood loss (--ul; Welleck et al. use 1)
 
 # DeepSeek-V3's chat template (tokenizer_config.json of deepseek-ai/DeepSeek-V3), the format
 # the engine's chat.c renders.
@@ -140,6 +141,14 @@ def export(model, out):
         f.write("\n")
 
 
+def uptime():
+    """`uptime`'s line: the machine's load as the run saw it (train.json)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
 def lr_at(step, steps, peak, warmup):
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -147,14 +156,37 @@ def lr_at(step, steps, peak, warmup):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def losses(model, x):
-    """x [B, S+1] ids -> (main CE, MTP CE), both float32."""
+def unlikelihood(lp, inp, tgt):
+    """Token-level unlikelihood (Welleck et al. 2019, "Neural Text Generation with
+    Unlikelihood Training"): at each position, -log(1 - p(c)) summed over the
+    candidates c = tokens already in the window that are not the target, averaged over
+    positions.  It lowers the probability of repeating context tokens where the data
+    does not repeat them, which is what greedy loops are made of.
+    lp [B, S, V] log-probabilities, inp [B, S] the inputs, tgt [B, S] the targets."""
+    B, S, V = lp.shape
+    pos = torch.arange(S)
+    first = torch.full((B, V), S, dtype=torch.long)
+    first = first.scatter_reduce(1, inp, pos.expand(B, S), reduce="amin")
+    is_first = first.gather(1, inp) == pos                                # [B, S] first occurrences
+    # [b, t, j]: log p_t(inp[j]) for the first occurrences j <= t that are not t's target
+    lpc = lp.gather(2, inp.unsqueeze(1).expand(B, S, S))
+    cand = (pos.view(1, 1, S) <= pos.view(1, S, 1)) & is_first.unsqueeze(1) & \
+        (inp.unsqueeze(1) != tgt.unsqueeze(2))
+    one_minus = (1.0 - lpc.exp()).clamp(min=1e-5)
+    return -(torch.log(one_minus) * cand).sum() / (B * S)
+
+
+def losses(model, x, ul=0.0):
+    """x [B, S+1] ids -> (main CE, MTP CE, unlikelihood (0 when ul = 0)), float32."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lg, lm = model(x[:, :-1], mtp=True)
     V = lg.shape[-1]
-    main = F.cross_entropy(lg.float().reshape(-1, V), x[:, 1:].reshape(-1))
     mtp = F.cross_entropy(lm.float().reshape(-1, V), x[:, 2:].reshape(-1))
-    return main, mtp
+    if ul <= 0:
+        return F.cross_entropy(lg.float().reshape(-1, V), x[:, 1:].reshape(-1)), mtp, torch.zeros(())
+    lp = F.log_softmax(lg.float(), dim=-1)
+    main = F.nll_loss(lp.reshape(-1, V), x[:, 1:].reshape(-1))
+    return main, mtp, unlikelihood(lp, x[:, :-1], x[:, 1:])
 
 
 def main():
@@ -163,13 +195,15 @@ def main():
     ap.add_argument("--manifest", default="models/small-code/manifest.tsv")
     ap.add_argument("--moeserve", default="build/moeserve")
     ap.add_argument("--work", default="build/train")
-    ap.add_argument("--steps", type=int, default=480)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ul", type=float, default=UL_WEIGHT,
+                    help="weight of the token-level unlikelihood loss (0: off)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -179,6 +213,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     t_start = time.time()
     load0 = os.getloadavg()
+    uptime0 = uptime()
 
     bad = manifest.check(a.manifest)
     if bad:
@@ -219,27 +254,29 @@ def main():
     hbatch = torch.stack([hids[s:s + S + 1] for s in hstarts.tolist()])
 
     curve = open(os.path.join(a.out, "loss.tsv"), "w")
-    curve.write("# step\ttokens\tlr\ttrain_loss\ttrain_mtp_loss\theldout_loss\theldout_mtp_loss\tseconds\n")
+    ulcol = a.ul > 0   # the unlikelihood loss gets a column only when it is on
+    curve.write("# step\ttokens\tlr\ttrain_loss\ttrain_mtp_loss\theldout_loss\theldout_mtp_loss\tseconds"
+                + ("\ttrain_ul_loss" if ulcol else "") + "\n")
     t0 = time.time()
     for step in range(a.steps + 1):
         held = ("", "")
         if step % 40 == 0 or step == a.steps:
             model.eval()
             with torch.no_grad():
-                hm, ht = losses(model, hbatch)
+                hm, ht, _ = losses(model, hbatch)
             model.train()
             held = ("%.4f" % hm.item(), "%.4f" % ht.item())
         if step == a.steps:
-            curve.write("%d\t%d\t\t\t\t%s\t%s\t%.1f\n" % (step, step * a.batch * S, held[0], held[1],
-                                                         time.time() - t0))
+            curve.write("%d\t%d\t\t\t\t%s\t%s\t%.1f%s\n" % (step, step * a.batch * S, held[0], held[1],
+                                                           time.time() - t0, "\t" if ulcol else ""))
             break
         lr = lr_at(step, a.steps, a.lr, a.warmup)
         for grp in opt.param_groups:
             grp["lr"] = lr
         starts = torch.randint(0, len(ids) - S - 1, (a.batch,), generator=g)
         x = torch.stack([ids[s:s + S + 1] for s in starts.tolist()])
-        main_l, mtp_l = losses(model, x)
-        loss = main_l + MTP_WEIGHT * mtp_l
+        main_l, mtp_l, ul_l = losses(model, x, a.ul)
+        loss = main_l + MTP_WEIGHT * mtp_l + a.ul * ul_l
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -249,18 +286,21 @@ def main():
                 load = moe.last_load.float()
                 moe.gate.e_score_correction_bias += BIAS_RATE * torch.sign(load.mean() - load)
         el = time.time() - t0
-        curve.write("%d\t%d\t%.6f\t%.4f\t%.4f\t%s\t%s\t%.1f\n" % (
-            step, step * a.batch * S, lr, main_l.item(), mtp_l.item(), held[0], held[1], el))
+        curve.write("%d\t%d\t%.6f\t%.4f\t%.4f\t%s\t%s\t%.1f%s\n" % (
+            step, step * a.batch * S, lr, main_l.item(), mtp_l.item(), held[0], held[1], el,
+            "\t%.4f" % ul_l.item() if ulcol else ""))
         curve.flush()
         if step % 10 == 0:
-            print("step %d/%d loss %.3f mtp %.3f held %s lr %.2e %.0f s (load %.1f)" % (
-                step, a.steps, main_l.item(), mtp_l.item(), held[0] or "-", lr, el,
+            print("step %d/%d loss %.3f mtp %.3f%s held %s lr %.2e %.0f s (load %.1f)" % (
+                step, a.steps, main_l.item(), mtp_l.item(),
+                " ul %.3f" % ul_l.item() if ulcol else "", held[0] or "-", lr, el,
                 os.getloadavg()[0]), flush=True)
     curve.close()
     t_train = time.time() - t0
     export(model, a.out)
     info = {"command": " ".join(["/usr/bin/python3", "tools/train/train.py"] + sys.argv[1:]),
             "args": vars(a), "mtp_weight": MTP_WEIGHT, "bias_rate": BIAS_RATE,
+            "uptime_start": uptime0, "uptime_end": uptime(),
             "train_tokens_seen": a.steps * a.batch * S, "train_ids": len(ids),
             "heldout_ids": len(hids), "tokenizer_seconds": round(t_tok, 1),
             "train_seconds": round(t_train, 1), "total_seconds": round(time.time() - t_start, 1),
