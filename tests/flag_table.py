@@ -20,7 +20,9 @@ IMPL = {
     "--disable-shared-experts-fusion": None, "--mem-fraction-static": "0.3",
     "--chunked-prefill-size": "4096", "--max-running-requests": "16", "--page-size": "16",
     "--watchdog-timeout": "3600", "--stream-interval": "2", "--enable-cache-report": None,
-    "--kv-cache-dtype": "auto", "--speculative-algorithm": "none",
+    "--kv-cache-dtype": "auto", "--speculative-algorithm": "EAGLE",
+    "--speculative-num-steps": "2", "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "3",
     "--disaggregation-mode": "null", "--tool-call-parser": "deepseekv31",
     "--reasoning-parser": "deepseek-r1", "--deepep-max-dispatch-tokens-per-rank": "256",
     "--served-model-name": "m", "--enable-metrics": None, "--init-expert-location": "trivial",
@@ -39,8 +41,7 @@ GPU = {
 }
 
 NOT_BUILT = {
-    "--speculative-algorithm": "DSPARK", "--speculative-num-steps": "3",
-    "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4",
+    "--speculative-algorithm": "DSPARK",
     "--speculative-dspark-block-size": "6", "--speculative-draft-model-path": "/nonexistent",
     "--kv-cache-dtype": "fp8_e4m3", "--enable-hierarchical-cache": None,
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
@@ -55,7 +56,9 @@ NOT_BUILT = {
     "--unified-cache-external-linker-backend": "mori", "--tokenizer-worker-num": "8",
 }
 # values of a NOT_BUILT flag that are refused too (the flag-class test tries each)
-NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE", "EAGLE3", "NEXTN", "MTP"],
+# speculative algorithms that run (the checkpoint's MTP layer; n-gram lookup)
+SPEC_IMPL_VALUES = ("none", "EAGLE", "NEXTN", "MTP", "NGRAM")
+NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE3"],
                     "--kv-cache-dtype": ["fp8_e5m2", "fp16"],
                     "--disaggregation-mode": ["decode"]}
 
@@ -73,6 +76,8 @@ def kind_of(flag, values):
     """The kind of one flag with its values (a list) as a recipe gives them, or None
     when the table does not know the flag."""
     v = values[0] if values else None
+    if flag == "--speculative-algorithm" and v in SPEC_IMPL_VALUES:
+        return "IMPL"
     if flag in NOT_BUILT:
         if flag in IMPL and v == IMPL[flag]:
             return "IMPL"

@@ -351,6 +351,37 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
     return 0;
 }
 
+int ms_engine_count_rows(ms_engine *e, const ms_batch_seq *batch, int n, int64_t *replica_rows,
+                         int64_t *all_rows, int64_t *all_dec, ms_errbuf *err)
+{
+    int64_t rows = 0, dec = 0;
+    for (int i = 0; i < n; i++) {
+        rows += batch[i].n_tokens;
+        dec += batch[i].n_tokens == 1;
+    }
+    *replica_rows = *all_rows = rows;
+    *all_dec = dec;
+    if (e->W == 1) return 0;
+    int64_t mine[2] = {rows, dec};
+    int rc = ms_comm_allgather(e->gs.world, mine, sizeof mine, e->rows_world, err);
+    if (rc) return rc;
+    int base = e->shard.at.replica * e->lay.tp;
+    *replica_rows = *all_rows = *all_dec = 0;
+    for (int i = 0; i < e->W; i++) {
+        int in_rep = i >= base && i < base + e->lay.tp;
+        int counted = (i % e->lay.attn_tp) == 0; /* one member per attention group */
+        if (in_rep) {
+            e->rows_tp[i - base] = e->rows_world[2 * i];
+            *replica_rows += e->rows_world[2 * i];
+        }
+        if (counted) {
+            *all_rows += e->rows_world[2 * i];
+            *all_dec += e->rows_world[2 * i + 1];
+        }
+    }
+    return 0;
+}
+
 int ms_engine_step(ms_engine *e, ms_errbuf *err)
 {
     double t0 = ms_now_s();
@@ -371,31 +402,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     const ms_batch_seq *batch = NULL;
     int n = e->is_leader ? ms_sched_build(e->sched, &batch) : 0;
     if (e->W > 1 && e->lay.attn_tp > 1 && (rc = share_batch(e, &batch, &n, err))) return rc;
-    int64_t rows = 0, dec = 0;
-    for (int i = 0; i < n; i++) {
-        rows += batch[i].n_tokens;
-        dec += batch[i].n_tokens == 1;
-    }
     /* 3. token counts */
-    int64_t replica_rows = rows, all_rows = rows, all_dec = dec;
-    if (e->W > 1) {
-        int64_t mine[2] = {rows, dec};
-        if ((rc = ms_comm_allgather(e->gs.world, mine, sizeof mine, e->rows_world, err))) return rc;
-        int base = e->shard.at.replica * e->lay.tp;
-        replica_rows = all_rows = all_dec = 0;
-        for (int i = 0; i < e->W; i++) {
-            int in_rep = i >= base && i < base + e->lay.tp;
-            int counted = (i % e->lay.attn_tp) == 0; /* one member per attention group */
-            if (in_rep) {
-                e->rows_tp[i - base] = e->rows_world[2 * i];
-                replica_rows += e->rows_world[2 * i];
-            }
-            if (counted) {
-                all_rows += e->rows_world[2 * i];
-                all_dec += e->rows_world[2 * i + 1];
-            }
-        }
-    }
+    int64_t replica_rows, all_rows, all_dec;
+    if ((rc = ms_engine_count_rows(e, batch, n, &replica_rows, &all_rows, &all_dec, err))) return rc;
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
     /* 5. sample and report */
@@ -407,6 +416,7 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
         ms_sample_batch(e->sampler, ss, ns, e->picks);
         n_ev = ms_sched_commit(e->sched, e->picks, &ev);
     }
+    if (e->spec && (rc = ms_engine_spec_draft(e, err))) return rc; /* every rank */
     if ((rc = gather_events(e, ev, n_ev, err))) return rc;
     if (e->rank == 0) { /* every DP rank reported as of this step */
         for (int i = 0; i < e->n_dp; i++) {
