@@ -60,7 +60,7 @@ srv() { # name, flags...: starts a server, runs the requests, leaves answers in 
     shift
     PORT=$(free_port)
     serve_up "$name" "$MOESERVE" serve --model-path "$M" --max-total-tokens 4096 --threads 1 \
-        --skip-server-warmup --dtype float32 --port "$PORT" "$@" || return 1
+        --skip-server-warmup --dtype float32 --enable-metrics --port "$PORT" "$@" || return 1
     local pids=()
     for i in 1 2 3 4; do
         stop=""
@@ -85,4 +85,28 @@ for i in 1 2 3 4; do
         bad "server request $i: the same text" "plain: $a
 eagle: $b"; fi
 done
+# metrics: accepted <= drafted, accept length = 1 + accepted / verify steps, in /metrics,
+# /server_info and each request's meta_info
+chk=$(/usr/bin/python3 - "$tmp" <<'PY'
+import json, re, sys
+d = sys.argv[1]
+m = open(d + "/eagle.metrics").read()
+def val(name):
+    x = re.search(r"^%s\{[^}]*\} ([0-9.e+-]+)$" % name, m, re.M)
+    return float(x.group(1)) if x else None
+v, dr, a, L = (val("sglang:spec_verify_steps_total"), val("sglang:spec_draft_tokens_total"),
+               val("sglang:spec_accepted_tokens_total"), val("sglang:spec_accept_length"))
+info = json.load(open(d + "/eagle.info"))
+metas = [json.load(open("%s/eagle.%d" % (d, i)))["meta_info"] for i in (1, 2, 3, 4)]
+ok = (None not in (v, dr, a, L) and v > 0 and dr > 0 and 0 <= a <= dr and abs(L - (1 + a / v)) < 1e-6
+      and abs(info["avg_spec_accept_length"] - L) < 1e-6
+      and all(x.get("spec_verify_ct", 0) > 0 and x["spec_accepted_tokens"] <= 3 * x["spec_verify_ct"]
+              for x in metas if x["completion_tokens"] > 1)
+      and sum(x.get("spec_verify_ct", 0) for x in metas) <= v)
+print("OK" if ok else "BAD %s %s %s %s %s %s" % (v, dr, a, L, info.get("avg_spec_accept_length"), metas))
+PY
+)
+t "metrics consistent ($chk)" '[ "$chk" = OK ]'
+p=$(grep -c "spec_accept_length" "$tmp/plain.metrics")
+t "plain server: accept length 0 (no speculation)" 'grep -q "^sglang:spec_accept_length{.*} 0$" "$tmp/plain.metrics"'
 report
