@@ -69,7 +69,7 @@ V4 = {"--enable-deepseek-v4-fp4-indexer": None, "--compress-state-dtype": "bf16"
 MULTI = {"--nnodes": "2", "--node-rank": "0", "--dist-init-addr": "10.0.0.1:5000"}
 
 # SGLANG_* environment variables: read by the engine, or ignored with a warning
-ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"}
+ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "SGLANG_SIMULATE_ACC_LEN"}
 
 
 def kind_of(flag, values):

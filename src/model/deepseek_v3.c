@@ -170,13 +170,21 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
     return 0;
 }
 
+/* Sequences whose rows take the absorbed form: decodes, and verify rows
+ * (each of their positions one decode row over the context up to it: the
+ * same causal attention, and a verify then costs what its rows cost). */
+static int absorbed(const ms_batch_seq *sq)
+{
+    return sq->n_tokens == 1 || (sq->kind == MS_SEQ_VERIFY && sq->n_tokens > 0);
+}
+
 /* Page-table and sequence arrays for the decode rows of this batch (grown,
  * never shrunk: steady decode allocates nothing). */
 static int ws_reserve_decode(ms_model *m, int page_size, const ms_batch_seq *seqs, int n_seqs)
 {
     ms_model_ws *ws = m->ws;
     int64_t rows = 0;
-    for (int i = 0; i < n_seqs; i++) rows += seqs[i].n_tokens == 1;
+    for (int i = 0; i < n_seqs; i++) rows += absorbed(&seqs[i]) ? seqs[i].n_tokens : 0;
     /* sized from the workspace's context capacity (which doubles), not from
      * this step's lengths, so a context crossing a page boundary grows nothing */
     int64_t pages = rows * (ws->cap_S / page_size + 1);
@@ -377,8 +385,10 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
             dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr;
     int64_t qd = dn + dr, n = 0, t = 0;
     for (int i = 0; i < n_seqs; i++) { /* pack the decode rows' queries */
-        if (seqs[i].n_tokens == 1)
-            memcpy(ws->dq + n++ * H * qd, ws->q + t * H * qd, sizeof(float) * (size_t)(H * qd));
+        if (absorbed(&seqs[i]))
+            for (int32_t j = 0; j < seqs[i].n_tokens; j++)
+                memcpy(ws->dq + n++ * H * qd, ws->q + (t + j) * H * qd,
+                       sizeof(float) * (size_t)(H * qd));
         t += seqs[i].n_tokens;
     }
     if (n == 0) return;
@@ -390,21 +400,26 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
     int64_t i = 0, np = 0; /* every decode row's pages into one table, then one kernel call */
     for (int q = 0; q < n_seqs; q++) {
         const ms_batch_seq *sq = &seqs[q];
-        if (sq->n_tokens != 1) continue;
-        int64_t S = sq->start_pos + 1;
+        if (!absorbed(sq)) continue;
+        int64_t S_all = sq->start_pos + sq->n_tokens; /* its rows share one page table */
         const void **pp = ws->pptr + np;
         ms_kv_view v = {cache, sq->kv};
         int ps = ms_kv_view_page_size(&v);
-        for (int64_t p = 0; p * ps < S; p++) ws->pptr[np++] = ms_kv_view_entry(&v, LATENT, layer, p * ps);
-        ws->aseq[i++] = (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row, S};
+        for (int64_t p = 0; p * ps < S_all; p++)
+            ws->pptr[np++] = ms_kv_view_entry(&v, LATENT, layer, p * ps);
+        for (int32_t j = 0; j < sq->n_tokens; j++) /* row j sees positions 0 .. start + j */
+            ws->aseq[i++] = (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row,
+                                          sq->start_pos + j + 1};
     }
     ms_attn_decode(&m->kctx, ws->aseq, (int)n, ws->qabs, H, kvr, m->softmax_scale, ws->ctx,
                    ws->ascr);
     absorb_heads(m, lw, 1, n); /* o = ctx · W_UVᵀ */
     i = t = 0;
     for (int q = 0; q < n_seqs; q++) { /* unpack into the batch's rows */
-        if (seqs[q].n_tokens == 1)
-            memcpy(ws->attn + t * H * dv, ws->dout + i++ * H * dv, sizeof(float) * (size_t)(H * dv));
+        if (absorbed(&seqs[q]))
+            for (int32_t j = 0; j < seqs[q].n_tokens; j++)
+                memcpy(ws->attn + (t + j) * H * dv, ws->dout + i++ * H * dv,
+                       sizeof(float) * (size_t)(H * dv));
         t += seqs[q].n_tokens;
     }
 }
@@ -521,7 +536,7 @@ static int layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seq
         for (int i = 0; i < n_seqs; i++) {
             const ms_batch_seq *sq = &seqs[i];
             ms_kv_view v = {cache, sq->kv};
-            if (sq->n_tokens > 1)
+            if (!absorbed(sq))
                 attn_naive(m, lw, l, &v, sq->start_pos, sq->n_tokens, ws->q + t * H * qd,
                            ws->attn + t * H * dv);
             t += sq->n_tokens;

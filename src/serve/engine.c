@@ -187,7 +187,8 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         if (!e->is_leader) *n = 0;
         return rc;
     }
-    /* per seq: n_tokens, start_pos, n_pages, want_logits; then tokens; then page tables */
+    /* per seq: n_tokens, start_pos, n_pages, want_logits | kind << 1; then tokens; then
+     * page tables */
     size_t bytes = sizeof(int64_t) * 4 * (size_t)hdr[0] + sizeof(int32_t) * (size_t)(hdr[1] + hdr[2]);
     if (grow((void **)&e->bbuf, &e->cap_bbuf, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
     if (e->is_leader) {
@@ -199,7 +200,7 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
             meta[4 * i] = b->n_tokens;
             meta[4 * i + 1] = b->start_pos;
             meta[4 * i + 2] = np;
-            meta[4 * i + 3] = b->logits != NULL;
+            meta[4 * i + 3] = (b->logits != NULL) | (int64_t)b->kind << 1;
             memcpy(p, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             p += b->n_tokens;
             memcpy(p, b->kv->pages[0], sizeof(int32_t) * (size_t)np); /* one stream (size_pool) */
@@ -224,6 +225,7 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         ms_batch_seq *b = &e->mbatch[i];
         b->n_tokens = (int32_t)meta[4 * i];
         b->start_pos = meta[4 * i + 1];
+        b->kind = (int32_t)(meta[4 * i + 3] >> 1); /* the form its attention takes */
         b->tokens = p;
         p += b->n_tokens;
         ms_kv_seq *kv = &e->mkv[i]; /* a view of the leader's page ids (tables not owned) */
@@ -432,6 +434,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     }
     e->last.rows = all_rows;
     e->last.decode_rows = all_dec;
+    e->last.verify_rows = 0;
+    for (int i = 0; i < n; i++)
+        if (batch[i].kind == MS_SEQ_VERIFY) e->last.verify_rows += batch[i].n_tokens;
     e->last.seconds = ms_now_s() - t0;
     return 0;
 }

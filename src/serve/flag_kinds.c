@@ -84,7 +84,8 @@ static const struct {
 #define N_TABLE (sizeof table / sizeof table[0])
 
 /* SGLANG_* environment variables this engine reads. */
-static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"};
+static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                                 "SGLANG_SIMULATE_ACC_LEN"};
 
 static int lookup(const char *name, size_t len)
 {
@@ -330,13 +331,15 @@ void ms_flag_kinds_print_help(FILE *f)
     }
     fprintf(f,
             "  ('plan only' above: moeserve plan models the flag; serve and generate refuse it.)\n"
-            "  --speculative-algorithm none, --disaggregation-mode null and --kv-cache-dtype\n"
-            "  auto (or the activation dtype: bf16, fp32 with --dtype float32) are accepted.\n"
+            "  --speculative-algorithm none|EAGLE|NEXTN|MTP|NGRAM, --disaggregation-mode null and\n"
+            "  --kv-cache-dtype auto (or the activation dtype: bf16, fp32 with --dtype float32)\n"
+            "  are accepted.\n"
             "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
             "  --compress-state-dtype\n"
             "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
             "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
             "  --enable-dp-attention)\n"
-            "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK;\n"
+            "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK,\n"
+            "  SGLANG_SIMULATE_ACC_LEN (benchmarks only);\n"
             "  any other one set is named in a start-up warning as ignored.\n");
 }

@@ -552,7 +552,7 @@ static void plan_drafts(ms_sched *s, struct req *r, const ms_batch_seq *sq, int6
     j->seq.n_tokens = (int32_t)(r->n_kv - start);
     j->seq.start_pos = start;
     j->seq.kv = &r->kv;
-    j->seq.kind = MS_SEQ_PREFILL;
+    j->seq.kind = sq->kind == MS_SEQ_PREFILL ? MS_SEQ_PREFILL : MS_SEQ_VERIFY; /* absorbed form */
     j->seq.hidden_in = sq->hidden;
 }
 

@@ -132,7 +132,7 @@ static int grow_buf(struct ms_spec *sp, size_t n)
 }
 
 /* One round's batch from the attention-TP leader to its group: per sequence
- * n_tokens, start_pos, pages; then its tokens, page ids and hidden_in rows. */
+ * n_tokens, start_pos, pages, kind; then its tokens, page ids and hidden_in rows. */
 static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbuf *err)
 {
     struct ms_spec *sp = e->spec;
@@ -150,18 +150,19 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
         if (!e->is_leader) *n = 0;
         return rc;
     }
-    size_t bytes = sizeof(int64_t) * 3 * (size_t)hdr[0] +
+    size_t bytes = sizeof(int64_t) * 4 * (size_t)hdr[0] +
                    sizeof(int32_t) * (size_t)(hdr[1] + hdr[2]) +
                    sizeof(float) * (size_t)(hdr[1] * sp->D);
     if (grow_buf(sp, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
     int64_t *meta = (int64_t *)sp->buf;
-    int32_t *ip = (int32_t *)(meta + 3 * hdr[0]);
+    int32_t *ip = (int32_t *)(meta + 4 * hdr[0]);
     float *fp = (float *)(ip + hdr[1] + hdr[2]);
     if (e->is_leader)
         for (int i = 0; i < *n; i++) {
             const ms_batch_seq *b = &(*seqs)[i];
             int64_t np = (b->start_pos + b->n_tokens + ps - 1) / ps;
-            meta[3 * i] = b->n_tokens, meta[3 * i + 1] = b->start_pos, meta[3 * i + 2] = np;
+            meta[4 * i] = b->n_tokens, meta[4 * i + 1] = b->start_pos, meta[4 * i + 2] = np;
+            meta[4 * i + 3] = b->kind;
             memcpy(ip, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             ip += b->n_tokens;
             memcpy(ip, b->kv->pages[0], sizeof(int32_t) * (size_t)np);
@@ -181,17 +182,18 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
     for (int i = 0; i < (int)hdr[0]; i++) {
         ms_batch_seq *b = &sp->mseqs[i];
         memset(b, 0, sizeof *b);
-        b->n_tokens = (int32_t)meta[3 * i];
-        b->start_pos = meta[3 * i + 1];
+        b->n_tokens = (int32_t)meta[4 * i];
+        b->start_pos = meta[4 * i + 1];
+        b->kind = (int32_t)meta[4 * i + 3];
         b->tokens = ip;
         ip += b->n_tokens;
         ms_kv_seq *kv = &sp->mkv[i]; /* a view of the leader's page ids */
         ms_kv_seq_init(kv);
         kv->pages[0] = ip;
-        kv->n_pages[0] = kv->cap_pages[0] = meta[3 * i + 2];
+        kv->n_pages[0] = kv->cap_pages[0] = meta[4 * i + 2];
         kv->n_tokens = b->start_pos + b->n_tokens;
         b->kv = kv;
-        ip += meta[3 * i + 2];
+        ip += meta[4 * i + 2];
         b->hidden_in = fp;
         fp += b->n_tokens * sp->D;
     }
