@@ -541,6 +541,7 @@ static void plan_drafts(ms_sched *s, struct req *r, const ms_batch_seq *sq, int6
         if (want > 0) r->n_draft = ngram_drafts(s, r, want, r->ids + r->n_ids);
         return;
     }
+    if (s->p.spec_hidden && !sq->hidden) return; /* no hidden rows kept: no draft this time */
     /* the chain's later steps write the draft layer's entries at n_kv .. n_kv+want-2 */
     if (want > 1 && take_pages(s, r, r->n_kv + want - 1)) want = 1;
     s->job_req[s->n_jobs] = r;
