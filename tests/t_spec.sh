@@ -71,6 +71,8 @@ srv() { # name, flags...: starts a server, runs the requests, leaves answers in 
         pids+=($!)
     done
     wait "${pids[@]}"
+    timeout 120 "$MOESERVE" bench --backend sglang --base-url "http://127.0.0.1:$PORT" --num-prompts 2 \
+        --random-input-len 8 --random-output-len 6 >"$tmp/$name.bench" 2>&1
     curl -s -m 10 "http://127.0.0.1:$PORT/metrics" >"$tmp/$name.metrics"
     curl -s -m 10 "http://127.0.0.1:$PORT/server_info" >"$tmp/$name.info"
     kill "$PID" 2>/dev/null
@@ -107,6 +109,7 @@ print("OK" if ok else "BAD %s %s %s %s %s %s" % (v, dr, a, L, info.get("avg_spec
 PY
 )
 t "metrics consistent ($chk)" '[ "$chk" = OK ]'
-p=$(grep -c "spec_accept_length" "$tmp/plain.metrics")
+t "moeserve bench prints the server's accept length" 'grep -q "^Accept length:" "$tmp/eagle.bench"'
+t "moeserve bench: no accept length without speculation" '! grep -q "^Accept length:" "$tmp/plain.bench"'
 t "plain server: accept length 0 (no speculation)" 'grep -q "^sglang:spec_accept_length{.*} 0$" "$tmp/plain.metrics"'
 report
