@@ -20,7 +20,9 @@ IMPL = {
     "--disable-shared-experts-fusion": None, "--mem-fraction-static": "0.3",
     "--chunked-prefill-size": "4096", "--max-running-requests": "16", "--page-size": "16",
     "--watchdog-timeout": "3600", "--stream-interval": "2", "--enable-cache-report": None,
-    "--kv-cache-dtype": "auto", "--speculative-algorithm": "none",
+    "--kv-cache-dtype": "auto", "--speculative-algorithm": "EAGLE",
+    "--speculative-num-steps": "2", "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "3",
     "--disaggregation-mode": "null", "--tool-call-parser": "deepseekv31",
     "--reasoning-parser": "deepseek-r1", "--deepep-max-dispatch-tokens-per-rank": "256",
     "--served-model-name": "m", "--enable-metrics": None, "--init-expert-location": "trivial",
@@ -42,8 +44,7 @@ GPU = {
 }
 
 NOT_BUILT = {
-    "--speculative-algorithm": "DSPARK", "--speculative-num-steps": "3",
-    "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4",
+    "--speculative-algorithm": "DSPARK",
     "--speculative-dspark-block-size": "6", "--speculative-draft-model-path": "/nonexistent",
     "--kv-cache-dtype": "fp8_e5m2", "--enable-hierarchical-cache": None,
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
@@ -58,8 +59,10 @@ NOT_BUILT = {
     "--unified-cache-external-linker-backend": "mori", "--tokenizer-worker-num": "8",
 }
 # values of a NOT_BUILT flag that are refused too (the flag-class test tries each)
-NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE", "EAGLE3", "NEXTN", "MTP"],
-                    "--kv-cache-dtype": ["fp16"],
+# speculative algorithms that run (the checkpoint's MTP layer; n-gram lookup)
+SPEC_IMPL_VALUES = ("none", "EAGLE", "NEXTN", "MTP", "NGRAM")
+NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE3"],
+                    "--kv-cache-dtype": ["fp8_e5m2", "fp16"],
                     "--disaggregation-mode": ["decode"]}
 
 IMPL_VALUES = {"--tool-call-parser": ["deepseekv4"], "--reasoning-parser": ["deepseek-v4"]}
@@ -69,13 +72,15 @@ V4 = {"--enable-deepseek-v4-fp4-indexer": None, "--compress-state-dtype": "bf16"
 MULTI = {"--nnodes": "2", "--node-rank": "0", "--dist-init-addr": "10.0.0.1:5000"}
 
 # SGLANG_* environment variables: read by the engine, or ignored with a warning
-ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"}
+ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "SGLANG_SIMULATE_ACC_LEN"}
 
 
 def kind_of(flag, values):
     """The kind of one flag with its values (a list) as a recipe gives them, or None
     when the table does not know the flag."""
     v = values[0] if values else None
+    if flag == "--speculative-algorithm" and v in SPEC_IMPL_VALUES:
+        return "IMPL"
     if flag in NOT_BUILT:
         if flag in IMPL and v == IMPL[flag]:
             return "IMPL"

@@ -245,6 +245,21 @@ int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done)
     return freed;
 }
 
+int64_t ms_kv_cache_truncate(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto)
+{
+    int64_t freed = 0;
+    if (upto >= seq->n_tokens) return 0;
+    for (int s = 0; s < c->n_streams; s++) {
+        if (!c->pools[s]) continue;
+        int64_t keep = MS_MAX(pages_upto(c, s, upto), seq->first_live[s]);
+        for (int64_t i = keep; i < seq->n_pages[s]; i++)
+            if (seq->pages[s][i] >= 0) ms_kv_pool_unref(c->pools[s], seq->pages[s][i]), freed++;
+        if (keep < seq->n_pages[s]) seq->n_pages[s] = keep;
+    }
+    seq->n_tokens = upto;
+    return freed;
+}
+
 int64_t ms_kv_cache_share_unit(const ms_kv_cache *c)
 {
     int64_t u = c->page_size;

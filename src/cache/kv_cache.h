@@ -88,6 +88,10 @@ void ms_kv_cache_release(ms_kv_cache *c, ms_kv_seq *seq);
  * windowed streams that no longer hold any of the last window + slack
  * tokens.  Returns the pages released (references dropped). */
 int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done);
+/* Rollback (rejected speculative positions): seq keeps only the pages that
+ * cover tokens [0, upto) and drops its references on the rest.  Returns the
+ * pages released. */
+int64_t ms_kv_cache_truncate(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto);
 /* dst (holding nothing) takes a reference on src's pages that cover tokens
  * [0, n_tokens) of every stream (n_tokens in whole pages of every stream),
  * as a prefix hit does.  Returns 0, MS_EINVAL when a stream of src no

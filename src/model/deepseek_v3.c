@@ -79,7 +79,8 @@ struct ms_model_ws {
     int64_t cap_pptr;
     ms_attn_seq *aseq; /* [cap_aseq] the decode rows' sequences */
     int64_t cap_aseq;
-    float *hn;     /* [T][D] final normed rows of the logit positions */
+    float *hn;     /* [T][D] final normed rows of the logit (and hidden) positions */
+    float *cat;    /* [T][2D] the draft layer's [enorm(embedding), hnorm(hidden)] */
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
     ms_mlp_ws mlp;
@@ -93,7 +94,7 @@ void ms_model_ws_free(ms_model_ws *ws)
     if (!ws) return;
     float **bufs[] = {&ws->x,  &ws->u,   &ws->qa, &ws->q,  &ws->kva,  &ws->attn, &ws->y,
                       &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->kh, &ws->vh, &ws->sc,   &ws->qabs,
-                      &ws->ctx, &ws->hn, &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
+                      &ws->ctx, &ws->hn, &ws->cat, &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) {
         ms_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
@@ -144,6 +145,7 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         REALLOC_F(ws->g, T * MS_MAX(c->intermediate_size, 1));
         REALLOC_F(ws->up, T * MS_MAX(c->intermediate_size, 1));
         REALLOC_F(ws->hn, T * D);
+        REALLOC_F(ws->cat, T * 2 * D);
         REALLOC_F(ws->qabs, T * H * (kvr + dr));
         REALLOC_F(ws->ctx, T * H * kvr);
         REALLOC_F(ws->dq, T * H * (dn + dr));
@@ -170,13 +172,21 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
     return 0;
 }
 
+/* Sequences whose rows take the absorbed form: decodes, and verify rows
+ * (each of their positions one decode row over the context up to it: the
+ * same causal attention, and a verify then costs what its rows cost). */
+static int absorbed(const ms_batch_seq *sq)
+{
+    return sq->n_tokens == 1 || (sq->kind == MS_SEQ_VERIFY && sq->n_tokens > 0);
+}
+
 /* Page-table and sequence arrays for the decode rows of this batch (grown,
  * never shrunk: steady decode allocates nothing). */
 static int ws_reserve_decode(ms_model *m, int page_size, const ms_batch_seq *seqs, int n_seqs)
 {
     ms_model_ws *ws = m->ws;
     int64_t rows = 0;
-    for (int i = 0; i < n_seqs; i++) rows += seqs[i].n_tokens == 1;
+    for (int i = 0; i < n_seqs; i++) rows += absorbed(&seqs[i]) ? seqs[i].n_tokens : 0;
     /* sized from the workspace's context capacity (which doubles), not from
      * this step's lengths, so a context crossing a page boundary grows nothing */
     int64_t pages = rows * (ws->cap_S / page_size + 1);
@@ -389,8 +399,10 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
             dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr;
     int64_t qd = dn + dr, n = 0, t = 0;
     for (int i = 0; i < n_seqs; i++) { /* pack the decode rows' queries */
-        if (seqs[i].n_tokens == 1)
-            memcpy(ws->dq + n++ * H * qd, ws->q + t * H * qd, sizeof(float) * (size_t)(H * qd));
+        if (absorbed(&seqs[i]))
+            for (int32_t j = 0; j < seqs[i].n_tokens; j++)
+                memcpy(ws->dq + n++ * H * qd, ws->q + (t + j) * H * qd,
+                       sizeof(float) * (size_t)(H * qd));
         t += seqs[i].n_tokens;
     }
     if (n == 0) return;
@@ -402,21 +414,26 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
     int64_t i = 0, np = 0; /* every decode row's pages into one table, then one kernel call */
     for (int q = 0; q < n_seqs; q++) {
         const ms_batch_seq *sq = &seqs[q];
-        if (sq->n_tokens != 1) continue;
-        int64_t S = sq->start_pos + 1;
+        if (!absorbed(sq)) continue;
+        int64_t S_all = sq->start_pos + sq->n_tokens; /* its rows share one page table */
         const void **pp = ws->pptr + np;
         ms_kv_view v = {cache, sq->kv};
         int ps = ms_kv_view_page_size(&v);
-        for (int64_t p = 0; p * ps < S; p++) ws->pptr[np++] = ms_kv_view_entry(&v, LATENT, layer, p * ps);
-        ws->aseq[i++] = (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row, S};
+        for (int64_t p = 0; p * ps < S_all; p++)
+            ws->pptr[np++] = ms_kv_view_entry(&v, LATENT, layer, p * ps);
+        for (int32_t j = 0; j < sq->n_tokens; j++) /* row j sees positions 0 .. start + j */
+            ws->aseq[i++] = (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row,
+                                          sq->start_pos + j + 1};
     }
     ms_attn_decode(&m->kctx, ws->aseq, (int)n, ws->qabs, H, kvr, m->softmax_scale, ws->ctx,
                    ws->ascr);
     absorb_heads(m, lw, 1, n); /* o = ctx · W_UVᵀ */
     i = t = 0;
     for (int q = 0; q < n_seqs; q++) { /* unpack into the batch's rows */
-        if (seqs[q].n_tokens == 1)
-            memcpy(ws->attn + t * H * dv, ws->dout + i++ * H * dv, sizeof(float) * (size_t)(H * dv));
+        if (absorbed(&seqs[q]))
+            for (int32_t j = 0; j < seqs[q].n_tokens; j++)
+                memcpy(ws->attn + (t + j) * H * dv, ws->dout + i++ * H * dv,
+                       sizeof(float) * (size_t)(H * dv));
         t += seqs[q].n_tokens;
     }
 }
@@ -479,18 +496,16 @@ static int dsv3_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errb
     return 0;
 }
 
-/* Layers [first, last) over the residual rows embed (or the previous range) left. */
-static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
-                           int n_seqs, int first, int last, ms_errbuf *err)
+/* Checkpoint layers [first, last) (the MTP layers follow the main stack) over
+ * the residual rows embed (or the previous range) left. */
+static int layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                  int first, int last, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
     int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
             dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
     int64_t qd = dn + dr, T = m->fwd_T;
     int rc;
-    if (first < 0 || last > c->n_layers || first > last)
-        return ms_err(err, MS_EINVAL, "layers [%d, %d) outside the model's %d", first, last,
-                      c->n_layers);
     if (T == 0 && !m->shard) return 0;
     if (ws_reserve_decode(m, ms_kv_cache_page_size(cache), seqs, n_seqs))
         return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
@@ -535,7 +550,7 @@ static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch
         for (int i = 0; i < n_seqs; i++) {
             const ms_batch_seq *sq = &seqs[i];
             ms_kv_view v = {cache, sq->kv};
-            if (sq->n_tokens > 1)
+            if (!absorbed(sq))
                 attn_naive(m, lw, l, &v, sq->start_pos, sq->n_tokens, ws->q + t * H * qd,
                            ws->attn + t * H * dv);
             t += sq->n_tokens;
@@ -568,25 +583,42 @@ static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch
     return 0;
 }
 
-/* The rows whose logits are wanted, final-normed, as one GEMM through the LM
- * head; their normed rows go to the sequences' hidden buffers too. */
-static int dsv3_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
+static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                           int n_seqs, int first, int last, ms_errbuf *err)
+{
+    if (first < 0 || last > m->cfg.n_layers || first > last)
+        return ms_err(err, MS_EINVAL, "layers [%d, %d) outside the model's %d", first, last,
+                      m->cfg.n_layers);
+    return layers(m, cache, seqs, n_seqs, first, last, err);
+}
+
+/* Sequence i's hidden-state rows: its last n_hidden positions (0: its logit rows). */
+static int32_t n_hidden_rows(const ms_batch_seq *sq)
+{
+    if (!sq->hidden || sq->n_tokens <= 0) return 0;
+    if (sq->n_hidden <= 0) return n_logit_rows(sq);
+    return sq->n_hidden < sq->n_tokens ? sq->n_hidden : sq->n_tokens;
+}
+
+/* The rows whose logits or hidden states are wanted, normed by norm (the final
+ * norm, or the draft layer's shared_head.norm); the logit rows as one GEMM
+ * through the LM head. */
+static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const float *norm,
+                     ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
-    int64_t D = c->hidden_size, t = 0, n_want = 0;
+    int64_t D = c->hidden_size, t = 0, n_rows = 0, n_want = 0;
     ms_model_ws *ws = m->ws;
     if (m->fwd_T == 0) return 0;
-    for (int i = 0; i < n_seqs; i++) {
-        int32_t nl = n_logit_rows(&seqs[i]);
+    for (int i = 0; i < n_seqs; i++) { /* each sequence's trailing rows into hn */
+        int32_t nr = MS_MAX(n_logit_rows(&seqs[i]), n_hidden_rows(&seqs[i]));
         t += MS_MAX(seqs[i].n_tokens, 0);
-        if (nl == 0) continue;
-        if (n_want + nl > ws->cap_T)
-            return ms_err(err, MS_EINTERNAL, "head: %lld logit rows over %lld computed",
-                          (long long)(n_want + nl), (long long)ws->cap_T);
-        memcpy(ws->hn + n_want * D, ws->x + (t - nl) * D, sizeof(float) * (size_t)(nl * D));
-        n_want += nl;
+        if (nr == 0) continue;
+        memcpy(ws->hn + n_rows * D, ws->x + (t - nr) * D, sizeof(float) * (size_t)(nr * D));
+        n_rows += nr;
+        n_want += n_logit_rows(&seqs[i]);
     }
-    if (n_want == 0) return 0;
+    if (n_rows == 0) return 0;
     if (n_want > ws->cap_logits_rows) {
         int64_t rows = MS_MAX(n_want, 2 * ws->cap_logits_rows);
         ms_free_aligned(ws->logits);
@@ -598,20 +630,65 @@ static int dsv3_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbu
         ws->cap_logits_rows = rows;
     }
     ph_mark(-1);
-    ms_rmsnorm(ws->hn, ws->hn, m->final_norm, n_want, D, D, c->rms_norm_eps);
-    ms_matmul(&m->kctx, ws->logits, c->vocab_size, ws->hn, D, n_want, &m->lm_head, 0);
+    ms_rmsnorm(ws->hn, ws->hn, norm, n_rows, D, D, c->rms_norm_eps);
+    int64_t r = 0, k = 0; /* the logit rows packed into u (free after the layers) */
+    for (int i = 0; i < n_seqs; i++) {
+        int32_t nl = n_logit_rows(&seqs[i]), nh = n_hidden_rows(&seqs[i]), nr = MS_MAX(nl, nh);
+        if (nl > 0)
+            memcpy(ws->u + k * D, ws->hn + (r + nr - nl) * D, sizeof(float) * (size_t)(nl * D));
+        if (nh > 0)
+            memcpy(seqs[i].hidden, ws->hn + (r + nr - nh) * D, sizeof(float) * (size_t)(nh * D));
+        r += nr;
+        k += nl;
+    }
+    if (n_want > 0)
+        ms_matmul(&m->kctx, ws->logits, c->vocab_size, ws->u, D, n_want, &m->lm_head, 0);
     ph_mark(PH_HEAD);
-    n_want = 0;
+    k = 0;
     for (int i = 0; i < n_seqs; i++) {
         int32_t nl = n_logit_rows(&seqs[i]);
         if (nl == 0) continue;
-        memcpy(seqs[i].logits, ws->logits + n_want * c->vocab_size,
+        memcpy(seqs[i].logits, ws->logits + k * c->vocab_size,
                sizeof(float) * (size_t)(nl * c->vocab_size));
-        if (seqs[i].hidden)
-            memcpy(seqs[i].hidden, ws->hn + n_want * D, sizeof(float) * (size_t)(nl * D));
-        n_want += nl;
+        k += nl;
     }
     return 0;
+}
+
+static int dsv3_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
+{
+    return head_rows(m, seqs, n_seqs, m->final_norm, err);
+}
+
+/* The MTP layer (the first after the main stack, arch.md §1.7) over a batch
+ * whose sequences carry hidden_in: u = eh_proj · [enorm(embed(t)), hnorm(h)],
+ * one decoder block writing the cache layer n_layers, shared_head.norm, the
+ * LM head.  As SGLang's deepseek_nextn: h is the target's state after its
+ * final norm, and the returned hidden states are after shared_head.norm. */
+static int dsv3_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                      ms_errbuf *err)
+{
+    const ms_config *c = &m->cfg;
+    const ms_mtp_w *w = &m->mtp[0];
+    int64_t D = c->hidden_size, t = 0;
+    int rc = dsv3_embed(m, seqs, n_seqs, err);
+    if (rc) return rc;
+    ms_model_ws *ws = m->ws;
+    int64_t T = m->fwd_T;
+    for (int i = 0; i < n_seqs; i++) {
+        const ms_batch_seq *sq = &seqs[i];
+        if (sq->n_tokens > 0 && !sq->hidden_in)
+            return ms_err(err, MS_EINVAL, "draft forward: sequence %d has no hidden_in", i);
+        for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
+            ms_rmsnorm(ws->cat + t * 2 * D, ws->x + t * D, w->enorm, 1, D, D, c->rms_norm_eps);
+            ms_rmsnorm(ws->cat + t * 2 * D + D, sq->hidden_in + (int64_t)j * D, w->hnorm, 1, D, D,
+                       c->rms_norm_eps);
+        }
+    }
+    if (T > 0) ms_matmul(&m->kctx, ws->x, D, ws->cat, 2 * D, T, &w->eh_proj, 0);
+    rc = layers(m, cache, seqs, n_seqs, c->n_layers, c->n_layers + 1, err);
+    if (!rc) rc = head_rows(m, seqs, n_seqs, w->head_norm, err);
+    return rc;
 }
 
 /* ---- the family ---- */
@@ -672,11 +749,14 @@ static int dsv3_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv
 {
     int b = o->elem_bytes > 0 ? o->elem_bytes : 2;
     int64_t row = (int64_t)s->kv_lora_rank + s->qk_rope;
-    ms_kv_spec_init(out, s->n_layers);
+    /* with drafts the MTP layer's entries ride in the same pages (SGLang's draft
+     * pool shares the target's token slots) as layer n_layers */
+    int n = s->n_layers + (o->draft_tokens > 0 && s->n_mtp_layers > 0);
+    ms_kv_spec_init(out, n);
     ms_kv_stream *st =
         ms_kv_spec_add(out, "latent", (double)(row * b), row,
                        b == 4 ? MS_DT_F32 : b == 2 ? MS_DT_BF16 : MS_DT_F8E4M3, 1, 0, 0);
-    for (int l = 0; l < s->n_layers; l++) ms_kv_stream_cover(st, l);
+    for (int l = 0; l < n; l++) ms_kv_stream_cover(st, l);
     return 0;
 }
 
@@ -692,4 +772,5 @@ const ms_family ms_family_deepseek_v3 = {
     .head = dsv3_head,
     .each_view = ms_dsv3_each_view,
     .free = ms_dsv3_free,
+    .draft = dsv3_draft,
 };

@@ -135,6 +135,15 @@ ms_pool *ms_model_threads(const ms_model *m) { return m->pool; }
 int64_t ms_model_active_bytes_per_token(const ms_model *m) { return m->active_bytes_per_token; }
 int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }
 int ms_model_n_mtp_layers(const ms_model *m) { return m->n_mtp_layers; }
+int ms_model_has_draft(const ms_model *m) { return m->family->draft && m->mtp != NULL; }
+
+int ms_model_draft_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                           int n_seqs, ms_errbuf *err)
+{
+    if (!ms_model_has_draft(m))
+        return ms_err(err, MS_EUNSUPPORTED, "this model has no loaded draft (MTP) layer");
+    return m->family->draft(m, cache, seqs, n_seqs, err);
+}
 
 int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *out, ms_errbuf *err)
 {

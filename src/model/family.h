@@ -80,8 +80,14 @@ typedef struct ms_model_opts {
  * plus k drafts).  The last n_logits positions (0, 1, or k+1 for a verify)
  * write their logits to logits [n_logits][vocab] and, when hidden is set,
  * their final hidden states (the rows the LM head reads: after the final
- * norm, as SGLang's captured hidden states) to hidden [n_logits][hidden].
- * logits set with n_logits 0 means 1 (the last position). */
+ * norm, as SGLang's captured hidden states) to hidden [n_logits][hidden];
+ * n_hidden > 0 asks for the hidden states of the last n_hidden positions
+ * instead (hidden [n_hidden][hidden], with or without logits: what the
+ * speculative draft layer reads after a prefill chunk or a verify).
+ * logits set with n_logits 0 means 1 (the last position).
+ * The draft forward (ms_model_draft_forward) reads hidden_in [n_tokens][hidden]
+ * too: position p's token is the one after p, hidden_in's row the target's
+ * (or, further along a draft chain, the draft layer's own) state at p. */
 typedef enum { MS_SEQ_PREFILL = 0, MS_SEQ_DECODE = 1, MS_SEQ_VERIFY = 2 } ms_seq_kind;
 
 typedef struct ms_batch_seq {
@@ -92,7 +98,9 @@ typedef struct ms_batch_seq {
     float *logits;       /* [n_logits][vocab], or NULL for none */
     int32_t n_logits;    /* trailing positions wanting logits (0 with logits set: 1) */
     int32_t kind;        /* ms_seq_kind */
-    float *hidden;       /* [n_logits][hidden_width] or NULL */
+    float *hidden;       /* [n_logits or n_hidden][hidden_width] or NULL */
+    int32_t n_hidden;    /* trailing positions wanting hidden states (0: n_logits) */
+    const float *hidden_in; /* draft forward only: [n_tokens][hidden_width] */
 } ms_batch_seq;
 
 /* One view callback: a weight matrix of this rank; MS_VIEW_LM_HEAD marks the LM head. */
@@ -120,6 +128,11 @@ struct ms_family {
     int (*head)(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err);
     void (*each_view)(ms_model *m, ms_view_fn fn, void *arg);
     void (*free)(ms_model *m);
+    /* the speculative draft layer (MTP) over one batch whose sequences carry
+     * hidden_in; writes its own cache layer, logits and hidden states as head
+     * does.  NULL: the family has none */
+    int (*draft)(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                 ms_errbuf *err);
 };
 
 /* Every registered family, in match order (NULL-terminated). */
@@ -148,6 +161,14 @@ ms_pool *ms_model_threads(const ms_model *m);          /* the rank's kernel thre
 int64_t ms_model_active_bytes_per_token(const ms_model *m); /* weight bytes read per decoded token */
 int64_t ms_model_n_params(const ms_model *m);
 int ms_model_n_mtp_layers(const ms_model *m);
+/* 1 when the model can run a draft forward (its MTP layer and the layer's
+ * enorm, hnorm, eh_proj and shared_head.norm were loaded). */
+int ms_model_has_draft(const ms_model *m);
+/* One step of the draft layer over seqs (hidden_in set on each; see
+ * ms_batch_seq): its KV entries go to the cache layer after the main stack
+ * (the kv_spec covers it when draft_tokens > 0).  Returns 0 or MS_E*. */
+int ms_model_draft_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                           int n_seqs, ms_errbuf *err);
 /* Bytes of the weight views this rank reads (its shard; embeddings and head included). */
 int64_t ms_model_local_weight_bytes(const ms_model *m);
 /* Prepacks every BF16 weight view of this rank for oneDNN now (all but the

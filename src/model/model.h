@@ -45,6 +45,14 @@ typedef struct ms_layer_w {
     ms_ffn_w shared;              /* n_shared_experts > 0: width n_shared*moe_inter */
 } ms_layer_w;
 
+/* The extras of an MTP (next-n) layer around its decoder block (arch.md §1.7):
+ * u = eh_proj · [enorm(embed(t_{i+1})), hnorm(h_i)]; logits =
+ * lm_head(head_norm(block(u))), embedding and LM head shared with the main model. */
+typedef struct ms_mtp_w {
+    float *enorm, *hnorm, *head_norm; /* [D] f32 copies */
+    ms_mat eh_proj;                   /* [D][2D] */
+} ms_mtp_w;
+
 typedef struct ms_model_ws ms_model_ws; /* forward workspace (deepseek_v3.c) */
 
 struct ms_model {
@@ -57,7 +65,8 @@ struct ms_model {
     ms_mat lm_head;      /* [vocab][D] */
     float *final_norm;   /* [D] */
     ms_layer_w *layers;  /* [n_layers] (MTP layers are not loaded into the main stack) */
-    int n_mtp_layers;    /* present in the checkpoint, validated, kept for later use */
+    int n_mtp_layers;    /* present in the checkpoint, validated (layers n_layers..) */
+    ms_mtp_w *mtp;       /* [n_mtp_layers] their extras; NULL when absent (no draft) */
     float *rope_inv_freq;/* [qk_rope_head_dim/2] */
     float softmax_scale;
     const ms_shard *shard; /* borrowed; NULL on a single rank */

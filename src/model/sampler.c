@@ -33,12 +33,12 @@ static int by_prob_desc(const void *a, const void *b)
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
-int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
-                        ms_sampler_scratch *sc)
+/* The processed distribution of a non-greedy pick: sc->idx[0..keep) the kept
+ * tokens, most likely first, with unnormalised weights sc->prob[idx]; their
+ * sum in *total.  Returns keep (0: none kept, fall back to the argmax). */
+static int64_t processed(const float *logits, int64_t vocab, const ms_sampler_params *s,
+                         ms_sampler_scratch *sc, int32_t best, double *total_out)
 {
-    double u = ms_rng_uniform(rng); /* always advance: the stream does not depend on settings */
-    if (!(s->temperature > 0) || s->top_k == 1) return ms_sampler_argmax(logits, vocab);
-    int32_t best = ms_sampler_argmax(logits, vocab);
     float inv_t = 1.0f / s->temperature, mx = logits[best] * inv_t;
     int64_t n = 0;
     for (int64_t i = 0; i < vocab; i++) {
@@ -70,13 +70,65 @@ int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_par
         keep = j;
         total = cum;
     }
-    if (keep <= 0) return best;
+    *total_out = total;
+    return keep;
+}
+
+static int is_greedy(const ms_sampler_params *s) { return !(s->temperature > 0) || s->top_k == 1; }
+
+/* The kept token at weight position u·total, skipping `skip` (-1: none). */
+static int32_t draw(const ms_sampler_scratch *sc, int64_t keep, double total, double u,
+                    int32_t skip)
+{
     double r = u * total, acc = 0;
+    int32_t last = -1;
     for (int64_t j = 0; j < keep; j++) {
+        if (sc->idx[j] == skip) continue;
         acc += sc->prob[sc->idx[j]];
-        if (r < acc) return sc->idx[j];
+        last = sc->idx[j];
+        if (r < acc) return last;
     }
-    return sc->idx[keep - 1];
+    return last;
+}
+
+int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
+                        ms_sampler_scratch *sc)
+{
+    double u = ms_rng_uniform(rng); /* always advance: the stream does not depend on settings */
+    int32_t best = ms_sampler_argmax(logits, vocab);
+    if (is_greedy(s)) return best;
+    double total;
+    int64_t keep = processed(logits, vocab, s, sc, best, &total);
+    if (keep <= 0) return best;
+    return draw(sc, keep, total, u, -1);
+}
+
+int32_t ms_sampler_verify(const float *logits, int64_t vocab, const ms_sampler_params *s,
+                          uint64_t *rng, ms_sampler_scratch *sc, int32_t draft, int *accepted)
+{
+    double u = ms_rng_uniform(rng), v = ms_rng_uniform(rng); /* two draws, whatever happens */
+    int32_t best = ms_sampler_argmax(logits, vocab);
+    *accepted = 0;
+    if (is_greedy(s)) {
+        *accepted = draft == best;
+        return best;
+    }
+    double total;
+    int64_t keep = processed(logits, vocab, s, sc, best, &total);
+    if (keep <= 0) {
+        *accepted = draft == best;
+        return best;
+    }
+    double px = 0; /* p(draft) under the processed distribution */
+    for (int64_t j = 0; j < keep; j++)
+        if (sc->idx[j] == draft) px = sc->prob[draft] / total;
+    if (u < px) {
+        *accepted = 1;
+        return draft;
+    }
+    double rest = total - (px > 0 ? sc->prob[draft] : 0);
+    if (!(rest > 0)) return draft; /* p is all on the draft: u < 1 = px took it above */
+    return draw(sc, keep, rest, v, px > 0 ? draft : -1);
 }
 
 float ms_sampler_logprob(const float *logits, int64_t vocab, int32_t token)

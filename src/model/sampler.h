@@ -32,6 +32,15 @@ int32_t ms_sampler_argmax(const float *logits, int64_t vocab);
 /* Chooses a token; rng is the request's state (advanced once per call). */
 int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
                         ms_sampler_scratch *scratch);
+/* Speculative verification of one draft token (SGLang's target-only rule
+ * for chain drafts): accepts draft with probability p(draft) under the
+ * processed distribution p (temperature, top-k, top-p, min-p; greedy: p is
+ * all on the argmax); on rejection returns a sample from p with the draft
+ * removed and renormalised.  *accepted says which; the returned token is the
+ * one emitted.  The output is distributed as ms_sampler_pick's.  rng advances
+ * twice per call. */
+int32_t ms_sampler_verify(const float *logits, int64_t vocab, const ms_sampler_params *s,
+                          uint64_t *rng, ms_sampler_scratch *scratch, int32_t draft, int *accepted);
 /* True when any penalty is active. */
 int ms_sampler_has_penalties(const ms_sampler_params *s);
 /* Applies the penalties to logits in place: repetition (HF: divide positive

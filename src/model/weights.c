@@ -162,6 +162,33 @@ static int load_layer(struct loader *L, ms_layer_w *lw, int layer)
     return rc;
 }
 
+/* The extras of MTP layer `layer` (its block loads as any layer).  A checkpoint
+ * without them still loads: it simply has no draft (ms_model_has_draft). */
+static int load_mtp(struct loader *L, ms_mtp_w *w, int layer, int *absent)
+{
+    int64_t D = L->m->cfg.hidden_size;
+    char n[128];
+    snprintf(n, sizeof n, "model.layers.%d.eh_proj.weight", layer);
+    *absent = ms_st_find(L->m->st, n) == NULL;
+    if (*absent) return 0;
+    int rc = load_mat(L, &w->eh_proj, D, 2 * D, "%s", n);
+    if (!rc) rc = load_vec(L, &w->enorm, D, "model.layers.%d.enorm.weight", layer);
+    if (!rc) rc = load_vec(L, &w->hnorm, D, "model.layers.%d.hnorm.weight", layer);
+    if (!rc) rc = load_vec(L, &w->head_norm, D, "model.layers.%d.shared_head.norm.weight", layer);
+    return rc;
+}
+
+static void free_mtp(ms_model *m)
+{
+    for (int k = 0; m->mtp && k < m->n_mtp_layers; k++) {
+        free(m->mtp[k].enorm);
+        free(m->mtp[k].hnorm);
+        free(m->mtp[k].head_norm);
+    }
+    free(m->mtp);
+    m->mtp = NULL;
+}
+
 static void free_layer(ms_layer_w *lw)
 {
     free(lw->attn_norm);
@@ -710,6 +737,19 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
         if (l >= c->n_layers) L.n_params = before; /* MTP layers: not part of the main stack */
     }
     m->n_mtp_layers = c->num_nextn_predict_layers;
+    if (m->n_mtp_layers > 0) {
+        int64_t before = L.n_params;
+        int absent = 0;
+        m->mtp = calloc((size_t)m->n_mtp_layers, sizeof *m->mtp);
+        if (!m->mtp) {
+            rc = ms_err(err, MS_ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int k = 0; k < m->n_mtp_layers && !absent; k++)
+            if ((rc = load_mtp(&L, &m->mtp[k], c->n_layers + k, &absent))) goto fail;
+        if (absent) free_mtp(m);
+        L.n_params = before;
+    }
     m->n_params = L.n_params;
     m->active_bytes_per_token = active_bytes(m);
 
@@ -750,6 +790,7 @@ void ms_dsv3_free(ms_model *m)
         for (int l = 0; l < m->cfg.n_layers + m->cfg.num_nextn_predict_layers; l++)
             free_layer(&m->layers[l]);
     free(m->layers);
+    free_mtp(m);
     free(m->final_norm);
     free(m->rope_inv_freq);
     ms_model_ws_free(m->ws);

@@ -102,7 +102,7 @@ enum {
     O_TP, O_DP, O_PP, O_DPA, O_EP, O_A2A, O_DENSE_TP, O_MOE_DP, O_CP, O_RUNNING, O_CHUNK,
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
-    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO
+    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS
 };
 static const struct {
     const char *name;
@@ -134,9 +134,15 @@ static const struct {
      "N   global running-request ceiling (divided by attn_dp)"},
     {"--chunked-prefill-size", F_INT, O_CHUNK, -1, MS_LAUNCH_MAX_CHUNK,
      "N   global prefill chunk budget (divided by attn_dp; -1 off)"},
-    {"--speculative-algorithm", F_STR, O_SPEC_ALG, 0, 0, "A   EAGLE|NEXTN|MTP|DSPARK|none (plan only: serve refuses all but none)"},
+    {"--speculative-algorithm", F_STR, O_SPEC_ALG, 0, 0, "A   EAGLE|NEXTN|MTP (the checkpoint's MTP layer), NGRAM, none (DSPARK: plan only)"},
+    {"--speculative-num-steps", F_INT, O_STEPS, 1, MS_LAUNCH_MAX_DRAFT - 1,
+     "N   draft chain length S (default 3 with an algorithm)"},
+    {"--speculative-eagle-topk", F_INT, O_TOPK, 1, 64, "N   draft tree breadth (only 1: chains)"},
     {"--speculative-num-draft-tokens", F_INT, O_DRAFT, 0, MS_LAUNCH_MAX_DRAFT,
-     "N   draft tokens verified per step (plan only)"},
+     "N   draft tokens verified per step (a chain: S + 1)"},
+    {"--speculative-ngram-min-match-window-size", F_INT, O_NG_MIN, 1, 64, "N   NGRAM: shortest match (default 1)"},
+    {"--speculative-ngram-max-match-window-size", F_INT, O_NG_MAX, 1, 64, "N   NGRAM: longest match (default 12)"},
+    {"--speculative-ngram-max-bfs-breadth", F_INT, O_NG_BFS, 1, 64, "N   NGRAM tree breadth (only 1: chains)"},
     {"--ep-num-redundant-experts", F_INT, O_REDUNDANT, 0, MS_LAUNCH_MAX_REDUNDANT,
      "N   redundant physical expert slots (EPLB)"},
     {"--deepep-max-dispatch-tokens-per-rank", F_INT, O_DISPATCH, 1, MS_LAUNCH_MAX_DISPATCH,
@@ -199,7 +205,8 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
         else if (!strcasecmp(v, "EAGLE") || !strcasecmp(v, "NEXTN") || !strcasecmp(v, "MTP"))
             l->spec = MS_SPEC_EAGLE;
         else if (!strcasecmp(v, "DSPARK")) l->spec = MS_SPEC_DSPARK;
-        else return ms_err(err, MS_EINVAL, "%s '%s': expected EAGLE|NEXTN|MTP|DSPARK|none", flag, v);
+        else if (!strcasecmp(v, "NGRAM")) l->spec = MS_SPEC_NGRAM;
+        else return ms_err(err, MS_EINVAL, "%s '%s': expected EAGLE|NEXTN|MTP|NGRAM|DSPARK|none", flag, v);
         return 1;
     case O_KV_DTYPE: {
         int b = kv_dtype_bytes(v);
@@ -260,6 +267,11 @@ static void set_int(ms_launch *l, int id, int v)
     case O_RUNNING: l->max_running_requests = v; break;
     case O_CHUNK: l->chunked_prefill_size = v == 0 ? -1 : v; break;
     case O_DRAFT: l->speculative_num_draft_tokens = v; break;
+    case O_STEPS: l->speculative_num_steps = v; break;
+    case O_TOPK: l->speculative_eagle_topk = v; break;
+    case O_NG_MIN: l->ngram_min = v; break;
+    case O_NG_MAX: l->ngram_max = v; break;
+    case O_NG_BFS: l->ngram_bfs_breadth = v; break;
     case O_REDUNDANT: l->ep_num_redundant_experts = v; break;
     case O_DISPATCH: l->deepep_max_dispatch_tokens = v; break;
     case O_PAGE: l->page_size = v, l->page_size_set = true; break;

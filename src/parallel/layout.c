@@ -32,6 +32,8 @@ static int div_or_floor(int a, long b) { return b > 0 ? (int)(a / b) : 0; }
 static int verify_width(const ms_launch *l)
 {
     if (l->speculative_num_draft_tokens > 0) return l->speculative_num_draft_tokens;
+    if (l->spec == MS_SPEC_EAGLE || l->spec == MS_SPEC_NGRAM) /* a chain of S drafts + 1 */
+        return (l->speculative_num_steps > 0 ? l->speculative_num_steps : 3) + 1;
     /* Seed 001 §3.4: DSpark reads its shape from the checkpoint; both official
      * checkpoints resolve to gamma=5, verify_num_draft_tokens=6. */
     if (l->spec == MS_SPEC_DSPARK) return 6;
@@ -121,9 +123,7 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
     /* Seed 001 "Concurrency & DeepEP dispatch buffer": running × draft ≤ dispatch capacity
      * per rank.  The buffer is per rank and each rank dispatches its own requests' rows,
      * so the per-rank running budget (global / attn_dp) is the one compared. */
-    if (l->a2a != MS_A2A_NONE &&
-        (l->a2a_alias == MS_A2A_ALIAS_DEEPEP || l->a2a_alias == MS_A2A_ALIAS_MPI) &&
-        o->max_running_per_rank > 0 &&
+    if (l->a2a != MS_A2A_NONE && o->max_running_per_rank > 0 && /* every a2a alias */
         (long)o->max_running_per_rank * o->tokens_per_request_step > l->deepep_max_dispatch_tokens)
         ms_layout_add_violation(
             o, "dispatch_capacity",

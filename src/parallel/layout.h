@@ -35,7 +35,7 @@ typedef enum {
     MS_A2A_ALIAS_MOONCAKE, MS_A2A_ALIAS_NIXL, MS_A2A_ALIAS_MORI, MS_A2A_ALIAS_FLASHINFER
 } ms_a2a_alias;
 
-typedef enum { MS_SPEC_NONE = 0, MS_SPEC_EAGLE, MS_SPEC_DSPARK } ms_spec_algorithm;
+typedef enum { MS_SPEC_NONE = 0, MS_SPEC_EAGLE, MS_SPEC_DSPARK, MS_SPEC_NGRAM } ms_spec_algorithm;
 typedef enum { MS_DISAGG_NONE = 0, MS_DISAGG_PREFILL, MS_DISAGG_DECODE } ms_disagg_mode;
 
 /* SGLang launch flags.  0 in an "unset" field means SGLang's None / auto. */
@@ -52,6 +52,10 @@ typedef struct ms_launch {
     int chunked_prefill_size;        /* --chunked-prefill-size: global; 0 = auto, -1 = off */
     ms_spec_algorithm spec;          /* --speculative-algorithm */
     int speculative_num_draft_tokens;/* --speculative-num-draft-tokens: 0 = none */
+    int speculative_num_steps;       /* --speculative-num-steps: 0 = unset */
+    int speculative_eagle_topk;      /* --speculative-eagle-topk: 0 = unset */
+    int ngram_min, ngram_max;        /* --speculative-ngram-min/max-match-window-size (0: unset) */
+    int ngram_bfs_breadth;           /* --speculative-ngram-max-bfs-breadth (0: unset) */
     int ep_num_redundant_experts;    /* --ep-num-redundant-experts */
     int deepep_max_dispatch_tokens;  /* --deepep-max-dispatch-tokens-per-rank or env
                                       * SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (128) */

@@ -177,7 +177,7 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
  * same sequences.  Per sequence: n_tokens, start_pos, state slot and, per
  * stream, its page count and first live page; then the tokens; then every
  * stream's page table (slid-out pages as -1). */
-enum { META_SEQ = 3 };
+enum { META_SEQ = 4 }; /* per seq: n_tokens, start_pos, state slot, kind; then per stream: n_pages, first live */
 
 static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errbuf *err)
 {
@@ -209,6 +209,7 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
             m[0] = b->n_tokens;
             m[1] = b->start_pos;
             m[2] = b->kv->state_slot;
+            m[3] = b->kind; /* the form its attention takes */
             memcpy(p, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             p += b->n_tokens;
             for (int s = 0; s < ns; s++) {
@@ -238,6 +239,7 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         const int64_t *m = meta + per * i;
         b->n_tokens = (int32_t)m[0];
         b->start_pos = m[1];
+        b->kind = (int32_t)m[3];
         b->tokens = p;
         p += b->n_tokens;
         ms_kv_seq *kv = &e->mkv[i]; /* a view of the leader's page ids (tables not owned) */
@@ -369,6 +371,37 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
     return 0;
 }
 
+int ms_engine_count_rows(ms_engine *e, const ms_batch_seq *batch, int n, int64_t *replica_rows,
+                         int64_t *all_rows, int64_t *all_dec, ms_errbuf *err)
+{
+    int64_t rows = 0, dec = 0;
+    for (int i = 0; i < n; i++) {
+        rows += batch[i].n_tokens;
+        dec += batch[i].n_tokens == 1;
+    }
+    *replica_rows = *all_rows = rows;
+    *all_dec = dec;
+    if (e->W == 1) return 0;
+    int64_t mine[2] = {rows, dec};
+    int rc = ms_comm_allgather(e->gs.world, mine, sizeof mine, e->rows_world, err);
+    if (rc) return rc;
+    int base = e->shard.at.replica * e->lay.tp;
+    *replica_rows = *all_rows = *all_dec = 0;
+    for (int i = 0; i < e->W; i++) {
+        int in_rep = i >= base && i < base + e->lay.tp;
+        int counted = (i % e->lay.attn_tp) == 0; /* one member per attention group */
+        if (in_rep) {
+            e->rows_tp[i - base] = e->rows_world[2 * i];
+            *replica_rows += e->rows_world[2 * i];
+        }
+        if (counted) {
+            *all_rows += e->rows_world[2 * i];
+            *all_dec += e->rows_world[2 * i + 1];
+        }
+    }
+    return 0;
+}
+
 int ms_engine_step(ms_engine *e, ms_errbuf *err)
 {
     double t0 = ms_now_s();
@@ -389,31 +422,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     const ms_batch_seq *batch = NULL;
     int n = e->is_leader ? ms_sched_build(e->sched, &batch) : 0;
     if (e->W > 1 && e->lay.attn_tp > 1 && (rc = share_batch(e, &batch, &n, err))) return rc;
-    int64_t rows = 0, dec = 0;
-    for (int i = 0; i < n; i++) {
-        rows += batch[i].n_tokens;
-        dec += batch[i].n_tokens == 1;
-    }
     /* 3. token counts */
-    int64_t replica_rows = rows, all_rows = rows, all_dec = dec;
-    if (e->W > 1) {
-        int64_t mine[2] = {rows, dec};
-        if ((rc = ms_comm_allgather(e->gs.world, mine, sizeof mine, e->rows_world, err))) return rc;
-        int base = e->shard.at.replica * e->lay.tp;
-        replica_rows = all_rows = all_dec = 0;
-        for (int i = 0; i < e->W; i++) {
-            int in_rep = i >= base && i < base + e->lay.tp;
-            int counted = (i % e->lay.attn_tp) == 0; /* one member per attention group */
-            if (in_rep) {
-                e->rows_tp[i - base] = e->rows_world[2 * i];
-                replica_rows += e->rows_world[2 * i];
-            }
-            if (counted) {
-                all_rows += e->rows_world[2 * i];
-                all_dec += e->rows_world[2 * i + 1];
-            }
-        }
-    }
+    int64_t replica_rows, all_rows, all_dec;
+    if ((rc = ms_engine_count_rows(e, batch, n, &replica_rows, &all_rows, &all_dec, err))) return rc;
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
     /* the pass's expert hits, summed over all ranks (every rank knows all_rows) */
@@ -429,6 +440,7 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
         ms_sample_batch(e->sampler, ss, ns, e->picks);
         n_ev = ms_sched_commit(e->sched, e->picks, &ev);
     }
+    if (e->spec && (rc = ms_engine_spec_draft(e, err))) return rc; /* every rank */
     if ((rc = gather_events(e, ev, n_ev, err))) return rc;
     if (e->rank == 0) { /* every DP rank reported as of this step */
         for (int i = 0; i < e->n_dp; i++) {
@@ -444,6 +456,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     }
     e->last.rows = all_rows;
     e->last.decode_rows = all_dec;
+    e->last.verify_rows = 0;
+    for (int i = 0; i < n; i++)
+        if (batch[i].kind == MS_SEQ_VERIFY) e->last.verify_rows += batch[i].n_tokens;
     e->last.seconds = ms_now_s() - t0;
     return 0;
 }

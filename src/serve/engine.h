@@ -66,6 +66,7 @@ typedef struct ms_engine_load {
 typedef struct ms_engine_step_stats {
     int64_t rows;          /* tokens computed this step, all ranks' DP groups */
     int64_t decode_rows;   /* of which single-token decode rows */
+    int64_t verify_rows;   /* of which in speculative verify rows (this rank's DP group) */
     double seconds;        /* wall time of the step on this rank */
 } ms_engine_step_stats;
 

@@ -51,7 +51,8 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
                                                                       : MS_DT_BF16;
     ms_kv_spec spec;
     ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .page_size = e->o.page_size,
-                          .attn_tp = e->lay.attn_tp};
+                          .attn_tp = e->lay.attn_tp,
+                          .draft_tokens = ms_engine_spec_mtp(e) ? ms_engine_spec_steps(e) + 1 : 0};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
     if (rc) return rc;
     (void)c;
@@ -218,16 +219,29 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
                         : MS_MAX(1, o->chunk_default / MS_MAX(e->lay.attn_dp, 1));
     e->max_running_rank = max_running;
     e->chunk_rank = chunk;
-    if ((rc = size_pool(e, err))) goto fail;
+    if ((rc = ms_engine_spec_open(e, ms, err)) || (rc = size_pool(e, err))) goto fail;
     if (e->is_leader) {
+        int S = ms_engine_spec_steps(e);
         ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
-                              ms->vocab, ms->eos_token_id, o->deterministic};
+                              ms->vocab, ms->eos_token_id, o->deterministic, S, S > 0 && !ms_engine_spec_mtp(e),
+                              ms_engine_spec_mtp(e), ms->hidden,
+                              o->launch.ngram_min > 0 ? o->launch.ngram_min : 1,
+                              o->launch.ngram_max > 0 ? o->launch.ngram_max : 12};
         if ((rc = ms_sched_new(&e->sched, &sp, e->cache, err)) ||
             (rc = ms_sample_new(&e->sampler, ms->vocab, err)))
             goto fail;
-        if (!(e->picks = calloc((size_t)max_running + 1, sizeof *e->picks))) {
+        if (!(e->picks = calloc(((size_t)max_running + 1) * (size_t)(S + 1), sizeof *e->picks))) {
             rc = ms_err(err, MS_ENOMEM, "out of memory");
             goto fail;
+        }
+        const char *sim = getenv("SGLANG_SIMULATE_ACC_LEN");
+        if (S > 0 && sim && atof(sim) > 0) {
+            ms_sample_simulate_accept(e->sampler, atof(sim));
+            if (e->rank == 0)
+                MS_LOG(MS_WARN, "spec",
+                       "SGLANG_SIMULATE_ACC_LEN=%s: BENCHMARK MODE - every verify accepts drafts "
+                       "as if the mean accept length were %s; the outputs are NOT the model's",
+                       sim, sim);
         }
     }
     e->rows_world = calloc((size_t)e->W * 2, sizeof(int64_t));
@@ -274,6 +288,7 @@ void ms_engine_close(ms_engine *e)
     if (!e) return;
     ms_sched_free(e->sched);
     ms_sample_free(e->sampler);
+    ms_engine_spec_free(e);
     free(e->picks);
     ms_kv_cache_free(e->cache);
     ms_model_free(e->m);

@@ -9,6 +9,7 @@
 #include "serve/engine.h"
 
 struct reject; /* engine.c: a request refused by this rank's scheduler */
+struct ms_spec; /* spec.c: speculative decoding's settings and draft-chain buffers */
 
 struct ms_engine {
     ms_engine_opts o;
@@ -25,7 +26,8 @@ struct ms_engine {
     ms_kv_cache *cache;    /* this rank's KV cache (its streams' pools) */
     ms_sched *sched;       /* DP-group leaders only */
     ms_sample *sampler;    /* DP-group leaders only */
-    ms_sample_pick *picks; /* [max_running + 1] */
+    ms_sample_pick *picks; /* [(max_running + 1) (S + 1)] */
+    struct ms_spec *spec;  /* NULL: no speculative decoding */
     int is_leader, dp_index, n_dp;
     int max_running_rank;
     int64_t chunk_rank, ctx_len, pool_tokens;
@@ -69,4 +71,17 @@ struct ms_engine {
     ms_engine_step_stats last;
 };
 
+/* engine.c: this step's rows all-gathered (every rank): into e->rows_tp for the
+ * MLP layers, and the rows of this rank's replica, of all DP groups, and of
+ * those the single-token ones. */
+int ms_engine_count_rows(ms_engine *e, const ms_batch_seq *batch, int n, int64_t *replica_rows,
+                         int64_t *all_rows, int64_t *all_dec, ms_errbuf *err);
+/* spec.c: checks the speculative flags against the model (after it loaded, before
+ * the pool is sized) and sets e->spec; the draft chain after each commit (every
+ * rank, collective); S (0: off); 1 when the MTP chain runs. */
+int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *err);
+int ms_engine_spec_draft(ms_engine *e, ms_errbuf *err);
+void ms_engine_spec_free(ms_engine *e);
+int ms_engine_spec_steps(const ms_engine *e);
+int ms_engine_spec_mtp(const ms_engine *e);
 #endif

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum kind { GPU_ONLY = 1, NOT_BUILT, V4_ONLY, MULTINODE };
+enum kind { GPU_ONLY = 1, NOT_BUILT, V4_ONLY, MULTINODE, OURS /* implemented: an exception to a prefix */ };
 
 /* name: the flag, or a prefix ending in '-' (matching every flag that starts with it);
  * the first match wins, so exceptions to a prefix come before it. */
@@ -46,8 +46,14 @@ static const struct {
     {"--speculative-moe-runner-backend", GPU_ONLY, NULL},
     {"--disaggregation-ib-device", GPU_ONLY, NULL},
     /* features not built */
-    {"--speculative-algorithm", NOT_BUILT, "speculative decoding"}, /* value "none": ok */
-    {"--speculative-", NOT_BUILT, "speculative decoding"},
+    {"--speculative-algorithm", NOT_BUILT, "speculative decoding"}, /* EAGLE/NEXTN/MTP/NGRAM/none: ok */
+    {"--speculative-num-steps", OURS, NULL},
+    {"--speculative-eagle-topk", OURS, NULL},
+    {"--speculative-num-draft-tokens", OURS, NULL},
+    {"--speculative-ngram-min-match-window-size", OURS, NULL},
+    {"--speculative-ngram-max-match-window-size", OURS, NULL},
+    {"--speculative-ngram-max-bfs-breadth", OURS, NULL},
+    {"--speculative-", NOT_BUILT, "this speculative-decoding option"},
     {"--enable-hierarchical-cache", NOT_BUILT, "the HiCache host tier"},
     {"--hicache-", NOT_BUILT, "the HiCache host tier"},
     {"--disaggregation-mode", NOT_BUILT, "prefill/decode disaggregation"}, /* "null": ok */
@@ -78,7 +84,8 @@ static const struct {
 #define N_TABLE (sizeof table / sizeof table[0])
 
 /* SGLANG_* environment variables this engine reads. */
-static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"};
+static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                                 "SGLANG_SIMULATE_ACC_LEN"};
 
 static int lookup(const char *name, size_t len)
 {
@@ -96,7 +103,9 @@ static int lookup(const char *name, size_t len)
 static int value_is_fine(const char *flag, const char *v)
 {
     if (!strcmp(flag, "--eplb-algorithm")) return 1; /* the start-up placement's policy */
-    if (!strcmp(flag, "--speculative-algorithm")) return v && !strcasecmp(v, "none");
+    if (!strcmp(flag, "--speculative-algorithm")) /* EAGLE3 and DSPARK are refused */
+        return v && (!strcasecmp(v, "none") || !strcasecmp(v, "EAGLE") || !strcasecmp(v, "NEXTN") ||
+                     !strcasecmp(v, "MTP") || !strcasecmp(v, "NGRAM"));
     if (!strcmp(flag, "--disaggregation-mode"))
         return v && (!strcasecmp(v, "null") || !strcasecmp(v, "none"));
     return 0;
@@ -144,7 +153,7 @@ static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu
             eq ? eq + 1 : (i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[i + 1] : NULL);
         int k = lookup(a, len);
         if (gpu_only && k >= 0 && table[k].kind != GPU_ONLY) k = -1;
-        if (k < 0 || value_is_fine(table[k].name, v)) {
+        if (k < 0 || table[k].kind == OURS || value_is_fine(table[k].name, v)) {
             kept[n++] = argv[i];
             continue;
         }
@@ -211,8 +220,14 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                  s->refused_val[i] ? s->refused_val[i] : "");
         if (!strncmp(s->refused[i], "--speculative-algorithm", 23) && strcasestr(f, "EAGLE3"))
             fprintf(out,
-                    "%s: %s: not implemented (EAGLE3 needs a separate draft model, and "
-                    "moeserve has no speculative decoding yet)\n",
+                    "%s: %s: not implemented (EAGLE3 needs a separate draft model; EAGLE, NEXTN "
+                    "and MTP run the checkpoint's own MTP layer, NGRAM needs no weights)\n",
+                    cmd, f);
+        else if (!strncmp(s->refused[i], "--speculative-algorithm", 23) && strcasestr(f, "DSPARK"))
+            fprintf(out,
+                    "%s: %s: not implemented (the DSpark draft head ships with the DeepSeek-V4 "
+                    "0731/0813 checkpoints of the V4.1 line, whose model family is not built; "
+                    "use EAGLE/NEXTN/MTP or NGRAM)\n",
                     cmd, f);
         else
             fprintf(out, "%s: %s: not implemented (%s is not built in moeserve)\n", cmd, f,
@@ -325,14 +340,15 @@ void ms_flag_kinds_print_help(FILE *f)
     }
     fprintf(f,
             "  ('plan only' above: moeserve plan models the flag; serve and generate refuse it.)\n"
-            "  --speculative-algorithm none and --disaggregation-mode null are accepted;\n"
-            "  --kv-cache-dtype takes auto, the activation dtype (bf16; fp32 with --dtype\n"
-            "  float32) or fp8_e4m3 (refused: fp16, fp8_e5m2).\n"
+            "  --speculative-algorithm none|EAGLE|NEXTN|MTP|NGRAM and --disaggregation-mode null\n"
+            "  are accepted; --kv-cache-dtype takes auto, the activation dtype (bf16; fp32 with\n"
+            "  --dtype float32) or fp8_e4m3 (refused: fp16, fp8_e5m2).\n"
             "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
             "  --compress-state-dtype\n"
             "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
             "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
             "  --enable-dp-attention)\n"
-            "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK;\n"
+            "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK,\n"
+            "  SGLANG_SIMULATE_ACC_LEN (benchmarks only);\n"
             "  any other one set is named in a start-up warning as ignored.\n");
 }

@@ -401,6 +401,12 @@ static json_t *load_json(ms_frontend *fe)
                    (json_int_t)in->max_total_num_tokens[r], "token_usage", ld[r].token_usage,
                    "cache_hit_rate", ld[r].cache_hit_rate, "gen_throughput", ld[r].gen_throughput,
                    "num_retracted_reqs", (json_int_t)ld[r].num_retracted_reqs_total));
+    for (int32_t r = 0; r < in->n_dp; r++) /* 1 + accepted drafts per verify step (0: none yet) */
+        json_object_set_new(json_array_get(a, (size_t)r), "avg_spec_accept_length",
+                            json_real(ld[r].spec_verify_total > 0
+                                          ? 1.0 + (double)ld[r].spec_accepted_total /
+                                                      (double)ld[r].spec_verify_total
+                                          : 0.0));
     return a;
 }
 
@@ -437,6 +443,11 @@ static json_t *server_info(ms_frontend *fe)
         json_object_set_new(o, "internal_states", load_json(fe));
         json_object_set_new(o, "ep_num_redundant_experts", json_integer(in->n_redundant_experts));
         json_object_set_new(o, "num_physical_experts", json_integer(in->n_physical_experts));
+        ms_dp_load ld[MS_SERVE_MAX_DP];
+        ms_serve_hub_read_load(fe->hub, ld, in->n_dp);
+        int64_t v = 0, a = 0;
+        for (int32_t r = 0; r < in->n_dp; r++) v += ld[r].spec_verify_total, a += ld[r].spec_accepted_total;
+        json_object_set_new(o, "avg_spec_accept_length", json_real(v > 0 ? 1.0 + (double)a / (double)v : 0.0));
     }
     return o;
 }

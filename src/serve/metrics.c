@@ -263,6 +263,25 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
         for (int32_t r = 0; r < n; r++)
             put(&o, "sglang:num_retracted_requests_total{model_name=\"%s\",dp_rank=\"%d\"} %lld\n",
                 md, r, (long long)ld[r].num_retracted_reqs_total);
+        head(&o, "sglang:spec_accept_length", "gauge",
+             "Speculative decoding: 1 + accepted draft tokens per verify step (0: none yet).");
+        for (int32_t r = 0; r < n; r++)
+            put(&o, "sglang:spec_accept_length{model_name=\"%s\",dp_rank=\"%d\"} %.9g\n", md, r,
+                ld[r].spec_verify_total > 0 ? 1.0 + (double)ld[r].spec_accepted_total /
+                                                        (double)ld[r].spec_verify_total
+                                            : 0.0);
+        static const char *sn[] = {"sglang:spec_verify_steps_total", "sglang:spec_draft_tokens_total",
+                                   "sglang:spec_accepted_tokens_total"};
+        static const char *sh[] = {"Speculative verify steps since start-up.",
+                                   "Draft tokens proposed since start-up.",
+                                   "Draft tokens accepted since start-up."};
+        for (int k = 0; k < 3; k++) {
+            head(&o, sn[k], "counter", sh[k]);
+            for (int32_t r = 0; r < n; r++)
+                put(&o, "%s{model_name=\"%s\",dp_rank=\"%d\"} %lld\n", sn[k], md, r,
+                    (long long)(k == 0 ? ld[r].spec_verify_total
+                                : k == 1 ? ld[r].spec_drafted_total : ld[r].spec_accepted_total));
+        }
         free(ld);
         if (info->recorder) { /* SGLang's summary name; per layer: our own gauge */
             ms_expert_recorder *r = info->recorder;

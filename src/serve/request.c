@@ -38,6 +38,7 @@ struct ms_serve_req_priv {
     float *top_lps;   /* [cap][n_top] */
     int32_t n_top;
     int32_t cached_tokens;
+    int32_t spec_verify_ct, spec_accepted;
     double t_first;
 };
 
@@ -276,6 +277,24 @@ int ms_serve_req_push(ms_serve_req *r, int32_t id, float logprob, const int32_t 
 out:
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+void ms_serve_req_set_spec(ms_serve_req *r, int32_t verify_ct, int32_t accepted)
+{
+    struct ms_serve_req_priv *p = r->priv;
+    pthread_mutex_lock(&p->mu);
+    p->spec_verify_ct = verify_ct;
+    p->spec_accepted = accepted;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void ms_serve_req_spec(const ms_serve_req *r, int32_t *verify_ct, int32_t *accepted)
+{
+    struct ms_serve_req_priv *p = r->priv;
+    pthread_mutex_lock(&p->mu);
+    *verify_ct = p->spec_verify_ct;
+    *accepted = p->spec_accepted;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void ms_serve_req_set_cached_tokens(ms_serve_req *r, int32_t cached_tokens)

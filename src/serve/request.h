@@ -112,6 +112,8 @@ int ms_serve_req_error_status(const ms_serve_req *r);
 /* Timing from the engine side (seconds, ms_now_s clock; 0 if not yet). */
 double ms_serve_req_t_first_token(const ms_serve_req *r);
 int32_t ms_serve_req_cached_tokens(const ms_serve_req *r);
+/* Speculative decoding so far: its verify steps and accepted draft tokens. */
+void ms_serve_req_spec(const ms_serve_req *r, int32_t *verify_ct, int32_t *accepted);
 size_t ms_serve_req_n_generated(const ms_serve_req *r);
 /* Marks the request aborted (idempotent); the caller then posts MS_MSG_ABORT. */
 void ms_serve_req_mark_aborted(ms_serve_req *r);
@@ -125,6 +127,7 @@ int ms_serve_req_push(ms_serve_req *r, int32_t id, float logprob, const int32_t 
                       const float *top_lps);
 /* Prefix-cache hits of the prompt, reported once after prefill (for usage/metrics). */
 void ms_serve_req_set_cached_tokens(ms_serve_req *r, int32_t cached_tokens);
+void ms_serve_req_set_spec(ms_serve_req *r, int32_t verify_ct, int32_t accepted);
 /* Finishes the request (first call wins); matched_stop_id is the stop token id
  * for STOP (-1 for EOS-less stops), msg a reason for ABORT/ERROR (may be NULL). */
 void ms_serve_req_finish(ms_serve_req *r, enum ms_serve_finish kind, int32_t matched_stop_id,
@@ -168,6 +171,8 @@ typedef struct ms_dp_load {
     double gen_throughput; /* tokens/s, recent */
     int64_t num_retracted_reqs_total;
     int64_t num_steps_total;
+    /* speculative decoding (cumulative): verify steps, drafted and accepted tokens */
+    int64_t spec_verify_total, spec_drafted_total, spec_accepted_total;
 } ms_dp_load;
 
 /* ---- the hub ---- */

@@ -27,6 +27,8 @@ struct req {
     int64_t seq;             /* arrival order */
     int32_t mask_ids[MS_REQ_MAX_STOP_IDS + 1]; /* masked while n_out < in.min_new: EOS, stop ids */
     int n_mask;
+    int n_draft;             /* drafts waiting at ids[n_ids ..] for the next verify */
+    int32_t spec_verify_ct, spec_accepted;
     struct req *next;        /* in the waiting or running list */
 };
 
@@ -41,7 +43,12 @@ struct ms_sched {
     ms_batch_seq *batch;
     struct req **batch_req;
     int n_batch, cap_batch;
-    float *logits;           /* [max_running][vocab] */
+    float *logits;           /* [max_running (S+1) + 1][vocab] */
+    float *hidden;           /* spec_hidden: [cap_hidden][hidden_dim] every fed row's state */
+    int64_t cap_hidden, n_logit_rows, n_hidden_rows;
+    ms_sched_draft *jobs;    /* [cap_batch] the last commit's draft jobs */
+    struct req **job_req;    /* [cap_batch] their requests */
+    int n_jobs;
     ms_sched_event *events;
     int n_events, cap_events;
     ms_sample_seq *to_sample; /* [cap_batch] what each batch sequence samples from */
@@ -72,10 +79,20 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_cache *cache, m
     s->cap_events = 2 * p->max_running + 16;
     s->batch = calloc((size_t)s->cap_batch, sizeof *s->batch);
     s->batch_req = calloc((size_t)s->cap_batch, sizeof *s->batch_req);
-    s->logits = ms_alloc_aligned((size_t)p->max_running * (size_t)p->vocab, sizeof(float));
+    int S = p->spec_steps > 0 ? p->spec_steps : 0;
+    s->logits = ms_alloc_aligned((size_t)(p->max_running * (S + 1) + 1) * (size_t)p->vocab,
+                                 sizeof(float));
+    s->jobs = calloc((size_t)s->cap_batch, sizeof *s->jobs);
+    s->job_req = calloc((size_t)s->cap_batch, sizeof *s->job_req);
+    if (!s->job_req) s->jobs = (free(s->jobs), NULL);
+    if (p->spec_hidden && S > 0) {
+        s->cap_hidden = p->chunk_tokens + (int64_t)(p->max_running + 1) * (S + 1);
+        s->hidden = ms_alloc_aligned((size_t)(s->cap_hidden * p->hidden_dim), sizeof(float));
+        if (!s->hidden) s->jobs = (free(s->jobs), NULL);
+    }
     s->events = calloc((size_t)s->cap_events, sizeof *s->events);
     s->to_sample = calloc((size_t)s->cap_batch, sizeof *s->to_sample);
-    if (ms_radix_new(&s->radix, cache) || !s->batch || !s->batch_req || !s->logits ||
+    if (ms_radix_new(&s->radix, cache) || !s->batch || !s->batch_req || !s->logits || !s->jobs ||
         !s->events || !s->to_sample) {
         ms_sched_free(s);
         return ms_err(err, MS_ENOMEM, "scheduler: out of memory");
@@ -112,6 +129,9 @@ void ms_sched_free(ms_sched *s)
     free(s->batch);
     free(s->batch_req);
     ms_free_aligned(s->logits);
+    ms_free_aligned(s->hidden);
+    free(s->jobs);
+    free(s->job_req);
     free(s->events);
     free(s->to_sample);
     ms_kv_seq_deinit(&s->match);
@@ -195,6 +215,8 @@ static ms_sched_event *new_event(ms_sched *s, const struct req *r, int32_t token
     e->prompt_tokens = r->n_prompt;
     e->cached_tokens = r->n_cached < 0 ? 0 : r->n_cached;
     e->completion_tokens = r->n_out;
+    e->spec_verify_ct = r->spec_verify_ct;
+    e->spec_accepted = r->spec_accepted;
     return e;
 }
 
@@ -235,6 +257,7 @@ int ms_sched_abort(ms_sched *s, uint64_t id)
     for (int l = 0; l < 2; l++)
         for (struct req *r = lists[l]; r; r = r->next)
             if (r->in.id == id) {
+                s->n_jobs = 0; /* the draft jobs may name it */
                 new_event(s, r, -1, MS_FINISH_ABORT);
                 finish_req(s, r, MS_FINISH_ABORT, 0);
                 return 0;
@@ -256,6 +279,7 @@ static int take_pages(ms_sched *s, struct req *r, int64_t upto)
 static void retract(ms_sched *s, struct req *r)
 {
     r->step_n = 0;
+    r->n_draft = 0;
     unlink_from(&s->running, r);
     s->n_running--;
     release_pages(s, r);
@@ -344,16 +368,27 @@ static int admit(ms_sched *s, struct req *r)
 static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
 {
     ms_batch_seq *b = &s->batch[s->n_batch];
+    int nd = r->n_kv + 1 == r->n_ids ? r->n_draft : 0; /* a verify: the last token + drafts */
     b->tokens = r->ids + r->n_kv;
     b->n_tokens = (int32_t)n_tokens;
     b->start_pos = r->n_kv;
     b->kv = &r->kv;
-    b->logits = r->n_kv + n_tokens == r->n_ids ? s->logits + (int64_t)s->n_batch * s->p.vocab : NULL;
-    b->n_logits = b->logits ? 1 : 0;
+    b->logits = r->n_kv + n_tokens == r->n_ids + nd
+                    ? s->logits + s->n_logit_rows * s->p.vocab : NULL;
+    b->n_logits = b->logits ? 1 + nd : 0;
+    s->n_logit_rows += b->n_logits;
     /* a generated token being fed back is a decode; prompt tokens are a prefill chunk
-     * (a retracted request's regenerated history too).  Verify rows come with drafts. */
-    b->kind = n_tokens == 1 && r->n_kv >= r->n_prompt ? MS_SEQ_DECODE : MS_SEQ_PREFILL;
+     * (a retracted request's regenerated history too); a token with drafts, a verify */
+    b->kind = nd > 0 ? MS_SEQ_VERIFY
+              : n_tokens == 1 && r->n_kv >= r->n_prompt ? MS_SEQ_DECODE : MS_SEQ_PREFILL;
     b->hidden = NULL;
+    b->n_hidden = 0;
+    b->hidden_in = NULL;
+    if (s->hidden && s->n_hidden_rows + n_tokens <= s->cap_hidden) {
+        b->hidden = s->hidden + s->n_hidden_rows * s->p.hidden_dim;
+        b->n_hidden = (int32_t)n_tokens;
+        s->n_hidden_rows += n_tokens;
+    }
     s->batch_req[s->n_batch++] = r;
 }
 
@@ -384,6 +419,8 @@ static struct req *pick_waiting(ms_sched *s)
 int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
 {
     s->n_batch = 0;
+    s->n_jobs = 0;
+    s->n_logit_rows = s->n_hidden_rows = 0;
     s->new_token_ratio = MS_MAX(RATIO_MIN, s->new_token_ratio - RATIO_DECAY);
     int64_t budget = s->p.chunk_tokens;
     /* running requests: decode tokens and continuing prefill chunks.  Growing
@@ -396,13 +433,14 @@ int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
         struct req *r = s->batch_req[i];
         if (r->state != ST_RUNNING) continue;
         int64_t left = r->n_ids - r->n_kv;
-        r->step_n = left == 1 ? 1 : prompt_chunk(s, left, budget);
+        if (left != 1) r->n_draft = 0;
+        r->step_n = left == 1 ? 1 + r->n_draft : prompt_chunk(s, left, budget);
         if (r->step_n <= 0) continue;
         if (grow(s, r, r->n_kv + r->step_n)) {
             r->step_n = 0; /* r itself was retracted */
             continue;
         }
-        if (left > 1) budget -= r->step_n;
+        budget -= left > 1 ? r->step_n : r->n_draft; /* verify rows count against the budget */
     }
     for (struct req *r = s->running; r; r = r->next)
         if (r->step_n > 0 && s->n_batch < s->cap_batch) add_seq(s, r, r->step_n);
@@ -468,47 +506,156 @@ int ms_sched_to_sample(ms_sched *s, const ms_sample_seq **seqs)
         q->bias = r->in.bias;
         q->n_mask = r->n_out < r->in.min_new ? r->n_mask : 0; /* min_new_tokens: no stop before it */
         q->mask_ids = r->mask_ids;
+        q->mask_rows = (int)MS_MAX(0, MS_MIN(r->in.min_new - r->n_out, 1 << 20));
+        q->n_draft = q->logits && sq->kind == MS_SEQ_VERIFY ? sq->n_logits - 1 : 0;
+        q->draft = r->ids + r->n_ids;
     }
     *seqs = s->to_sample;
     return s->n_batch;
 }
 
+/* Drafts by n-gram lookup (vLLM's prompt lookup): the longest suffix of ids
+ * (ngram_max down to ngram_min tokens) that occurred before, latest match
+ * first; the tokens after that occurrence.  Returns how many (<= want). */
+static int ngram_drafts(const ms_sched *s, const struct req *r, int want, int32_t *out)
+{
+    const int32_t *ids = r->ids;
+    int64_t n = r->n_ids;
+    for (int k = MS_MIN(s->p.ngram_max, (int)(n - 1)); k >= MS_MAX(s->p.ngram_min, 1); k--)
+        for (int64_t st = n - k - 1; st >= 0; st--) {
+            if (memcmp(ids + st, ids + n - k, sizeof(int32_t) * (size_t)k)) continue;
+            int m = (int)MS_MIN((int64_t)want, n - (st + k));
+            memcpy(out, ids + st + k, sizeof(int32_t) * (size_t)m);
+            return m;
+        }
+    return 0;
+}
+
+/* After its step: how many drafts a decoding request may take next (its
+ * length and context limits), 0 while prefilling. */
+static int draft_room(const ms_sched *s, const struct req *r)
+{
+    if (s->p.spec_steps <= 0 || r->n_kv + 1 != r->n_ids) return 0;
+    int64_t room = MS_MIN(r->in.max_new - r->n_out - 1, s->p.context_len - r->n_ids);
+    return (int)MS_MAX(0, MS_MIN((int64_t)s->p.spec_steps, room));
+}
+
+/* The request's next drafts: n-gram lookup here, or a job for the caller
+ * (the draft layer's extend over the positions just accepted, fed from start). */
+static void plan_drafts(ms_sched *s, struct req *r, const ms_batch_seq *sq, int64_t start)
+{
+    int want = draft_room(s, r);
+    r->n_draft = 0;
+    if (s->p.spec_steps <= 0) return;
+    if (s->p.spec_ngram) {
+        if (want > 0) r->n_draft = ngram_drafts(s, r, want, r->ids + r->n_ids);
+        return;
+    }
+    if (s->p.spec_hidden && !sq->hidden) return; /* no hidden rows kept: no draft this time */
+    /* the chain's later steps write the draft layer's entries at n_kv .. n_kv+want-2 */
+    if (want > 1 && take_pages(s, r, r->n_kv + want - 1)) want = 1;
+    s->job_req[s->n_jobs] = r;
+    ms_sched_draft *j = &s->jobs[s->n_jobs++];
+    memset(j, 0, sizeof *j);
+    j->id = r->in.id;
+    j->want = want;
+    j->seq.tokens = r->ids + start + 1;
+    j->seq.n_tokens = (int32_t)(r->n_kv - start);
+    j->seq.start_pos = start;
+    j->seq.kv = &r->kv;
+    j->seq.kind = sq->kind == MS_SEQ_PREFILL ? MS_SEQ_PREFILL : MS_SEQ_VERIFY; /* absorbed form */
+    j->seq.hidden_in = sq->hidden;
+}
+
+int ms_sched_drafts(ms_sched *s, ms_sched_draft **jobs)
+{
+    *jobs = s->jobs;
+    return s->n_jobs;
+}
+
+void ms_sched_set_draft(ms_sched *s, int job, const int32_t *tokens, int n)
+{
+    if (job < 0 || job >= s->n_jobs) return;
+    struct req *r = s->job_req[job];
+    n = MS_MAX(0, MS_MIN(n, s->jobs[job].want));
+    memcpy(r->ids + r->n_ids, tokens, sizeof(int32_t) * (size_t)n);
+    r->n_draft = n;
+}
+
+/* Emits pick k of a step for r; returns its finish (MS_FINISH_NONE: go on). */
+static int emit(ms_sched *s, struct req *r, const ms_sample_pick *pk, const float *logits)
+{
+    int32_t t = pk->token;
+    int fin = MS_FINISH_NONE;
+    r->n_out++;
+    s->st.generated_tokens_total++;
+    if (push_id(r, t)) fin = MS_FINISH_ERROR;
+    else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
+    else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;
+    ms_sched_event *e = new_event(s, r, t, fin);
+    if (e) e->logits = logits;
+    if (e && r->in.top_logprobs >= 0) {
+        e->logprob = pk->logprob;
+        e->n_top = MS_MIN(pk->n_top, MS_SCHED_MAX_TOP_LOGPROBS);
+        memcpy(e->top_ids, pk->top_ids, sizeof(int32_t) * (size_t)e->n_top);
+        memcpy(e->top_lps, pk->top_lps, sizeof(float) * (size_t)e->n_top);
+    }
+    return fin;
+}
+
 int ms_sched_commit(ms_sched *s, const ms_sample_pick *picks, const ms_sched_event **events)
 {
+    int at = 0; /* this sequence's first pick (ms_sample_batch's layout) */
+    s->n_jobs = 0;
     for (int b = 0; b < s->n_batch; b++) {
         struct req *r = s->batch_req[b];
         const ms_batch_seq *sq = &s->batch[b];
-        r->n_kv += sq->n_tokens;
+        int nd = s->to_sample[b].n_draft, first = at;
+        at += nd + 1;
+        int64_t start = r->n_kv;
+        if (nd > 0) { /* a verify: the positions of accepted drafts stay, the rest roll back */
+            int m = 0;
+            while (m <= nd && picks && picks[first + m].token >= 0) m++;
+            m = MS_MAX(m, 1);
+            r->n_kv += m;
+            ms_kv_cache_truncate(s->cache, &r->kv, r->n_kv + 1);
+            r->spec_verify_ct++;
+            r->spec_accepted += m - 1;
+            s->st.spec_verify_total++;
+            s->st.spec_drafted_total += nd;
+            s->st.spec_accepted_total += m - 1;
+        } else {
+            r->n_kv += sq->n_tokens;
+            if (sq->kind == MS_SEQ_DECODE && s->p.spec_steps > 0) {
+                r->spec_verify_ct++; /* a verify without drafts (accept length 1) */
+                s->st.spec_verify_total++;
+            }
+        }
+        r->n_draft = 0;
         ms_kv_cache_slide(s->cache, &r->kv, r->n_kv); /* windowed streams drop what slid out */
-        if (!sq->logits) continue;
-        if (sq->n_tokens > 1 || r->n_out == 0) cache_prompt(s, r);
+        if (!sq->logits) {
+            plan_drafts(s, r, sq, start);
+            continue;
+        }
+        if (sq->kind == MS_SEQ_PREFILL || r->n_out == 0) cache_prompt(s, r);
         if (r->n_out >= r->in.max_new) { /* max_new_tokens = 0 */
             new_event(s, r, -1, MS_FINISH_LENGTH);
             finish_req(s, r, MS_FINISH_LENGTH, 1);
             continue;
         }
-        if (!picks || picks[b].token < 0 || picks[b].token >= s->p.vocab) { /* caller's bug */
-            new_event(s, r, -1, MS_FINISH_ERROR);
-            finish_req(s, r, MS_FINISH_ERROR, 0);
-            continue;
-        }
-        const ms_sample_pick *pk = &picks[b];
-        int32_t t = pk->token;
         int fin = MS_FINISH_NONE;
-        r->n_out++;
-        s->st.generated_tokens_total++;
-        if (push_id(r, t)) fin = MS_FINISH_ERROR;
-        else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
-        else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;
-        ms_sched_event *e = new_event(s, r, t, fin);
-        if (e) e->logits = sq->logits;
-        if (e && r->in.top_logprobs >= 0) {
-            e->logprob = pk->logprob;
-            e->n_top = MS_MIN(pk->n_top, MS_SCHED_MAX_TOP_LOGPROBS);
-            memcpy(e->top_ids, pk->top_ids, sizeof(int32_t) * (size_t)e->n_top);
-            memcpy(e->top_lps, pk->top_lps, sizeof(float) * (size_t)e->n_top);
+        for (int k = 0; k <= nd && fin == MS_FINISH_NONE; k++) {
+            const ms_sample_pick *pk = picks ? &picks[first + k] : NULL;
+            if (k > 0 && pk->token < 0) break;
+            if (!pk || pk->token < 0 || pk->token >= s->p.vocab) { /* caller's bug */
+                new_event(s, r, -1, MS_FINISH_ERROR);
+                fin = MS_FINISH_ERROR;
+                break;
+            }
+            fin = emit(s, r, pk, sq->logits + (int64_t)k * s->p.vocab);
         }
-        if (fin != MS_FINISH_NONE) finish_req(s, r, fin, 1);
+        if (fin != MS_FINISH_NONE) finish_req(s, r, fin, fin != MS_FINISH_ERROR);
+        else plan_drafts(s, r, sq, start);
     }
     s->n_batch = 0;
     *events = s->events;

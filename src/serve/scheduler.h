@@ -43,6 +43,15 @@ typedef struct ms_sched_params {
      * one-token chunk would take the decode forward, which rounds differently);
      * a one-token prompt is always one token */
     int deterministic;
+    /* speculative decoding: a decoding request with drafts feeds its last token and
+     * its n_draft drafts as one verify row (n_draft + 1 positions, logits of each) */
+    int spec_steps;       /* S, drafts per verify; 0: no speculation */
+    int spec_ngram;       /* 1: drafts come from n-gram lookup in the request's own ids;
+                           * 0: from ms_sched_set_draft (the draft layer, or a test) */
+    int spec_hidden;      /* 1: keep the hidden states of every fed position (hidden_dim
+                           * floats each) for the draft layer's extend */
+    int64_t hidden_dim;
+    int ngram_min, ngram_max; /* n-gram match lengths tried, longest first */
 } ms_sched_params;
 
 /* One generated token (or a finish without a token). */
@@ -56,6 +65,7 @@ typedef struct ms_sched_event {
     int finish;           /* enum ms_finish_kind */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     const float *logits;  /* [vocab] the token was sampled from (borrowed until the next build) */
+    int32_t spec_verify_ct, spec_accepted; /* the request's verify steps and accepted drafts */
 } ms_sched_event;
 
 typedef struct ms_sched_stats {
@@ -68,7 +78,21 @@ typedef struct ms_sched_stats {
     int64_t prompt_tokens_total, cached_prompt_tokens_total; /* for the cache hit rate */
     int64_t queued_prefill_tokens; /* tokens whose KV is still to compute (not the next decode) */
     int64_t decode_tokens_left;    /* max_new not generated yet, running and waiting */
+    int64_t spec_verify_total, spec_drafted_total, spec_accepted_total; /* cumulative */
 } ms_sched_stats;
+
+/* After a commit with speculation: one per request that ran and goes on.  seq
+ * is the draft layer's extend over the positions the target just accepted
+ * (tokens ids[start+1 ..], hidden_in the target's hidden rows, kv its pages;
+ * logits NULL: the caller points logits/hidden at its own buffers).  want:
+ * drafts it may propose now (0 while still prefilling or at its length
+ * limit); the draft chain's later steps write positions seq's end .. +want-2,
+ * which its pages already cover. */
+typedef struct ms_sched_draft {
+    ms_batch_seq seq;
+    int want;
+    uint64_t id;
+} ms_sched_draft;
 
 typedef struct ms_sched ms_sched;
 
@@ -94,6 +118,10 @@ int ms_sched_to_sample(ms_sched *s, const ms_sample_seq **seqs);
  * them; NULL when nothing was sampled), advances and finishes requests;
  * returns the events of this step (borrowed until the next build). */
 int ms_sched_commit(ms_sched *s, const ms_sample_pick *picks, const ms_sched_event **events);
+/* The draft jobs of the last commit (borrowed until the next build or abort). */
+int ms_sched_drafts(ms_sched *s, ms_sched_draft **jobs);
+/* Sets job `job`'s drafts for its next step (n <= want; 0: a plain decode). */
+void ms_sched_set_draft(ms_sched *s, int job, const int32_t *tokens, int n);
 /* Events produced outside a step (aborts); drained by the same commit call
  * or by this function when no step runs. */
 int ms_sched_take_pending(ms_sched *s, const ms_sched_event **events);

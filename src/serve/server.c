@@ -330,6 +330,7 @@ static void deliver(ms_engine *e, struct table *t)
             ms_serve_req_set_cached_tokens(l->req, (int32_t)x->cached_tokens);
             l->got_first = 1;
         }
+        ms_serve_req_set_spec(l->req, x->spec_verify_ct, x->spec_accepted);
         if (x->token >= 0)
             ms_serve_req_push(l->req, x->token, x->logprob, x->n_top ? x->top_ids : NULL,
                               x->n_top ? x->top_lps : NULL);
@@ -350,7 +351,32 @@ struct thr {
     double t0;
     int64_t base[MS_SERVE_MAX_DP], last[MS_SERVE_MAX_DP];
     double rate[MS_SERVE_MAX_DP];
+    int64_t spec_at_step, spec_v, spec_d, spec_a; /* the decode log line's last totals */
 };
+
+/* SGLang's decode log line with speculative decoding's accept length and rate
+ * over the steps since the last line (every 40 steps while requests decode). */
+static void decode_log(const ms_engine_load *loads, int n, int64_t steps, struct thr *th)
+{
+    int64_t run = 0, wait = 0, used = 0, total = 0, v = 0, d = 0, a = 0;
+    for (int i = 0; i < n; i++) {
+        const ms_sched_stats *st = &loads[i].st;
+        run += st->n_running, wait += st->n_waiting, used += st->used_tokens;
+        total += st->total_tokens, v += st->spec_verify_total;
+        d += st->spec_drafted_total, a += st->spec_accepted_total;
+    }
+    if (v == th->spec_v || steps - th->spec_at_step < 40) return;
+    double g = 0;
+    for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) g += th->rate[i];
+    MS_LOG(MS_INFO, "sched",
+           "Decode batch. #running-req: %lld, #token: %lld, token usage: %.2f, accept len: %.2f, "
+           "accept rate: %.2f, gen throughput (token/s): %.2f, #queue-req: %lld",
+           (long long)run, (long long)used, total ? (double)used / (double)total : 0,
+           1.0 + (double)(a - th->spec_a) / (double)(v - th->spec_v),
+           d > th->spec_d ? (double)(a - th->spec_a) / (double)(d - th->spec_d) : 0, g,
+           (long long)wait);
+    th->spec_at_step = steps, th->spec_v = v, th->spec_d = d, th->spec_a = a;
+}
 
 static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *th)
 {
@@ -377,9 +403,13 @@ static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *
                                               : 0,
                         .gen_throughput = th->rate[i],
                         .num_retracted_reqs_total = st->n_retracted,
-                        .num_steps_total = steps};
+                        .num_steps_total = steps,
+                        .spec_verify_total = st->spec_verify_total,
+                        .spec_drafted_total = st->spec_drafted_total,
+                        .spec_accepted_total = st->spec_accepted_total};
         ms_serve_hub_publish_load(hub, i, &l);
     }
+    decode_log(loads, n, steps, th);
     ms_serve_hub_heartbeat(hub);
 }
 

@@ -159,6 +159,12 @@ static json_t *generate_meta(ms_session *s)
     if (s->finish)
         json_object_set_new(m, "e2e_latency", json_real(ms_now_s() - s->req->t_arrival_s));
     if (s->lp) json_object_set(m, "output_token_logprobs", s->lp);
+    int32_t vct, acc;
+    ms_serve_req_spec(s->req, &vct, &acc);
+    if (vct > 0) { /* speculative decoding (SGLang's names) */
+        json_object_set_new(m, "spec_verify_ct", json_integer(vct));
+        json_object_set_new(m, "spec_accepted_tokens", json_integer(acc));
+    }
     return m;
 }
 

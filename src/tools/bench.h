@@ -208,6 +208,7 @@ typedef struct ms_bench_run_info {
     double random_range_ratio;
     const ms_bench_slo *slo;
     int peak_in_flight;
+    double spec_accept_length; /* the server's avg_spec_accept_length; 0: not reported */
 } ms_bench_run_info;
 
 void ms_bench_report_print(FILE *f, const ms_bench_run_info *info, const ms_bench_metrics *m);

@@ -52,6 +52,8 @@ void ms_bench_report_print(FILE *f, const ms_bench_run_info *in, const ms_bench_
     fprintf(f, "%-40s %.2f\n", "Total token throughput (tok/s):", m->total_throughput);
     fprintf(f, "%-40s %.2f\n", "Concurrency:", m->concurrency);
     fprintf(f, "%-40s %d\n", "Peak requests in flight:", in->peak_in_flight);
+    if (in->spec_accept_length > 0) /* SGLang prints it when the server reports one */
+        fprintf(f, "%-40s %.2f\n", "Accept length:", in->spec_accept_length);
     if (m->has_slo) {
         fprintf(f, "%-40s %lld\n", "Requests meeting the SLOs:", (long long)m->good);
         fprintf(f, "%-40s %.2f\n", "Request goodput (req/s):", m->request_goodput);
@@ -134,7 +136,8 @@ json_t *ms_bench_report_json(const ms_bench_run_info *in, const ms_bench_metrics
     put_stats(o, "itl", &m->itl_ms, true);
     json_object_set_new(o, "concurrency", json_real(m->concurrency));
     json_object_set_new(o, "max_concurrent_requests", json_integer(in->peak_in_flight));
-    json_object_set_new(o, "accept_length", json_null());
+    json_object_set_new(o, "accept_length",
+                        in->spec_accept_length > 0 ? json_real(in->spec_accept_length) : json_null());
     if (m->has_slo) {
         const ms_bench_slo *s = in->slo;
         json_t *slo = json_object();

@@ -391,11 +391,11 @@ static size_t collect(char *p, size_t sz, size_t nm, void *ud)
     return n;
 }
 
-/* GET base/v1/models → data[0].id (owned), or NULL. */
-static char *discover_model(const char *base, const char *api_key)
+/* GET base + path → its JSON body (owned), or NULL. */
+static json_t *get_json(const char *base, const char *path, const char *api_key)
 {
     char url[2048];
-    snprintf(url, sizeof url, "%s/v1/models", base);
+    snprintf(url, sizeof url, "%s%s", base, path);
     CURL *e = curl_easy_init();
     if (!e) return NULL;
     json_t *acc = NULL;
@@ -412,19 +412,34 @@ static char *discover_model(const char *base, const char *api_key)
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 5000L);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     long status = 0;
-    char *id = NULL;
+    json_t *o = NULL;
     if (curl_easy_perform(e) == CURLE_OK &&
-        !curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status) && status == 200 && acc) {
-        json_t *o = json_loads(json_string_value(acc), 0, NULL);
-        const char *s =
-            json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
-        if (s) id = strdup(s);
-        json_decref(o);
-    }
+        !curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status) && status == 200 && acc)
+        o = json_loads(json_string_value(acc), 0, NULL);
     json_decref(acc);
     curl_slist_free_all(h);
     curl_easy_cleanup(e);
+    return o;
+}
+
+/* GET base/v1/models → data[0].id (owned), or NULL. */
+static char *discover_model(const char *base, const char *api_key)
+{
+    json_t *o = get_json(base, "/v1/models", api_key);
+    const char *s =
+        json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
+    char *id = s ? strdup(s) : NULL;
+    json_decref(o);
     return id;
+}
+
+/* The server's speculative accept length (/server_info avg_spec_accept_length), 0: none. */
+static double server_accept_length(const char *base, const char *api_key)
+{
+    json_t *o = get_json(base, "/server_info", api_key);
+    double v = json_number_value(json_object_get(o, "avg_spec_accept_length"));
+    json_decref(o);
+    return v > 0 ? v : 0;
 }
 
 static int load_tokenizer(const char *path, ms_tokenizer **tok, ms_errbuf *err)
@@ -453,7 +468,8 @@ static void raise_nofile(void)
 
 /* One run over the dataset; fills *m and appends/prints.  Returns 0 or an error. */
 static int run_once(const opts *o, const ms_bench_client_cfg *cc, const ms_bench_dataset *ds,
-                    double rate, int maxc, ms_bench_metrics *m, ms_errbuf *err)
+                    double rate, int maxc, const char *base, const char *api_key,
+                    ms_bench_metrics *m, ms_errbuf *err)
 {
     ms_bench_result *res = calloc(ds->n, sizeof *res);
     if (!res) return ms_err(err, MS_ENOMEM, "out of memory");
@@ -477,7 +493,8 @@ static int run_once(const opts *o, const ms_bench_client_cfg *cc, const ms_bench
                                   .sharegpt_output_len = o->data.sharegpt_output_len,
                                   .random_range_ratio = o->data.random_range_ratio,
                                   .slo = &o->slo,
-                                  .peak_in_flight = ro.peak_in_flight};
+                                  .peak_in_flight = ro.peak_in_flight,
+                                  .spec_accept_length = server_accept_length(base, api_key)};
         ms_bench_report_print(stdout, &info, m);
         for (size_t i = 0, shown = 0; i < ds->n && shown < 3; i++)
             if (!res[i].ok) {
@@ -616,7 +633,8 @@ int ms_cmd_bench(int argc, char **argv)
     int64_t completed = 0;
     if (!o.sweep) {
         ms_bench_metrics m;
-        if ((rc = run_once(&o, &cc, &ds, o.request_rate, (int)o.max_concurrency, &m, &err)))
+        if ((rc = run_once(&o, &cc, &ds, o.request_rate, (int)o.max_concurrency, base, api_key, &m,
+                          &err)))
             goto fail_curl;
         completed = m.completed;
     } else {
@@ -631,7 +649,8 @@ int ms_cmd_bench(int argc, char **argv)
             pts[i].value = v;
             fprintf(stderr, "bench: sweep point %s=%g\n", o.sweep_axis, v);
             rc = run_once(&o, &cc, &ds, conc ? o.request_rate : v,
-                          conc ? (int)v : (int)o.max_concurrency, &pts[i].m, &err);
+                          conc ? (int)v : (int)o.max_concurrency, base, api_key, &pts[i].m,
+                          &err);
             if (rc) goto fail_curl;
             completed += pts[i].m.completed;
         }

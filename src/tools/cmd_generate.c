@@ -441,16 +441,20 @@ int ms_cmd_generate(int argc, char **argv)
         if (ms_engine_step(e, &err)) goto comm_fail;
         ms_engine_step_stats st;
         ms_engine_last_step(e, &st);
-        n_prefill += st.rows - st.decode_rows;
-        n_decode += st.decode_rows;
-        if (st.rows > st.decode_rows) {
+        int64_t pre = st.rows - st.decode_rows - st.verify_rows; /* prefill-chunk rows */
+        n_prefill += pre;
+        const ms_engine_event *ev;
+        int n_ev = ms_engine_events(e, &ev);
+        int64_t made = 0; /* tokens this step decoded (a verify gives several) */
+        for (int i = 0; i < n_ev; i++)
+            made += ev[i].ev.token >= 0 && ev[i].ev.completion_tokens > 1;
+        n_decode += made;
+        if (pre > 0) {
             t_prefill += st.seconds;
         } else {
             t_decode += st.seconds;
-            n_decode_timed += st.decode_rows;
+            n_decode_timed += made;
         }
-        const ms_engine_event *ev;
-        int n_ev = ms_engine_events(e, &ev);
         for (int i = 0; i < n_ev; i++) {
             const ms_sched_event *x = &ev[i].ev;
             if (x->id >= (uint64_t)n_seqs) continue;
@@ -473,6 +477,14 @@ int ms_cmd_generate(int argc, char **argv)
     printf("timing: prefill_tokens=%lld prefill_tok_s=%.2f decode_tokens=%lld decode_tok_s=%.2f\n",
            (long long)n_prefill, t_prefill > 0 ? (double)n_prefill / t_prefill : 0.0,
            (long long)n_decode, t_decode > 0 ? (double)n_decode_timed / t_decode : 0.0);
+    const ms_engine_load *ld;
+    int64_t sv = 0, sd = 0, sa = 0;
+    for (int i = 0, nl = ms_engine_loads(e, &ld); i < nl; i++)
+        sv += ld[i].st.spec_verify_total, sd += ld[i].st.spec_drafted_total,
+            sa += ld[i].st.spec_accepted_total;
+    if (sv > 0)
+        printf("spec: verify_steps=%lld drafted=%lld accepted=%lld accept_len=%.3f\n", (long long)sv,
+               (long long)sd, (long long)sa, 1.0 + (double)sa / (double)sv);
     fflush(stdout);
     rc = failed;
     goto out;
