@@ -112,7 +112,7 @@ static ms_sched *mk(int pages, int S)
     if (ms_kv_cache_new(&pool, &spec, PS, np, MS_DT_F32, 0, &e)) return NULL;
     free(shadow);
     shadow = calloc((size_t)pages * PS, sizeof *shadow);
-    ms_sched_params p = {PS, 8, 16, MS_SCHED_FCFS, 1000, VOCAB, -1, S, 0, 0, 0, 1, 4};
+    ms_sched_params p = {PS, 8, 16, MS_SCHED_FCFS, 1000, VOCAB, -1, 0, S, 0, 0, 0, 1, 4};
     ms_sched *s;
     if (ms_sched_new(&s, &p, pool, &e)) return NULL;
     return s;
