@@ -54,9 +54,22 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c)
 {
     int64_t off = r * m->ld + c;
     switch (m->dtype) {
-    case MS_DT_F32: return ((const float *)m->data)[off];
-    case MS_DT_BF16: return ms_bf16_to_f32(((const uint16_t *)m->data)[off]);
-    case MS_DT_F16: return ms_f16_to_f32(((const uint16_t *)m->data)[off]);
+    /* memcpy loads: a checkpoint mixing 1-byte and 2-byte tensors leaves views unaligned */
+    case MS_DT_F32: {
+        float v;
+        memcpy(&v, (const char *)m->data + 4 * off, sizeof v);
+        return v;
+    }
+    case MS_DT_BF16: {
+        uint16_t v;
+        memcpy(&v, (const char *)m->data + 2 * off, sizeof v);
+        return ms_bf16_to_f32(v);
+    }
+    case MS_DT_F16: {
+        uint16_t v;
+        memcpy(&v, (const char *)m->data + 2 * off, sizeof v);
+        return ms_f16_to_f32(v);
+    }
     case MS_DT_F8E4M3: {
         float s = m->scale[((m->r0 + r) / 128) * m->scale_ld + (m->c0 + c) / 128];
         return ms_fp8e4m3_to_f32(((const uint8_t *)m->data)[off]) * s;
