@@ -1,4 +1,4 @@
-// FUZZ_SOURCES: src/serve/openai.c src/serve/chat.c src/serve/detok.c src/serve/request.c src/base/error.c src/base/util.c src/base/log.c
+// FUZZ_SOURCES: src/serve/openai.c src/serve/wire.c src/serve/chat.c src/serve/chat_v4.c src/serve/chat_dsml.c src/serve/detok.c src/serve/request.c src/base/error.c src/base/util.c src/base/log.c
 // FUZZ_LIBS: -ljansson -lm -pthread
 /* fuzz_request.c — libFuzzer target for everything a client's body reaches
  * before the engine: the request parsers of /v1/chat/completions,
