@@ -93,6 +93,24 @@ if "$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 4 --out "$M4" 2>/dev
     else
         bad "tiny-v4: one rank failed"; tail -5 "$tmp/ref.out"
     fi
+    # FP8 + FP4 experts (the release's format): routed experts stay FP4 in the 2 MiB-page
+    # copy; --tp 2 slices them at 32-column scale blocks, --tp 4 between blocks, the
+    # DP-attention/deepep layout places whole experts per EP rank
+    M5=$tmp/model5
+    if "$MOESERVE" mkmodel --preset tiny-v4 --dtype fp8-fp4 --seed 11 --out "$M5" 2>/dev/null; then
+        common=(--model "$M5" --dtype float32 --prompt-ids "$P4" --prompt-ids "$P2" --prompt-ids "$P3"
+                --max-new-tokens 17 --ignore-eos --threads 1 --comm-timeout-s 60)
+        if timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1; then
+            # shellcheck disable=SC2086
+            for L in "--tp 2" "--tp 4" "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend deepep"; do
+                check_layout "tiny-v4 fp8-fp4 $L" $L
+            done
+        else
+            bad "tiny-v4 fp8-fp4: one rank failed"; tail -5 "$tmp/ref.out"
+        fi
+    else
+        bad "tiny-v4 fp8-fp4: mkmodel failed"
+    fi
     common=(--model "$M" --dtype float32 --prompt-ids "$P1" --prompt-ids "$P2" --prompt-ids "$P3"
             --max-new-tokens 17 --ignore-eos --threads 1 --comm-timeout-s 60)
 else

@@ -49,4 +49,19 @@ print("top-k margin %s, routing margin %s" % (d.get("min_topk_margin"), d.get("m
 else
     echo "note: tests/ref/v4_ref.py (the independent reference) is not in this tree yet"
 fi
+# FP8 + FP4 e2m1 experts (mkmodel --dtype fp8-fp4, the release's format): moeserve keeps
+# the experts in FP4 and --dtype float32 dequantises them exactly; v4_ref.py dequantises
+# the same I8 codes and UE8M0 scales (seed 11: top-k and routing margins above 3e-4)
+M4=$tmp/model4
+if "$MOESERVE" mkmodel --preset tiny-v4 --dtype fp8-fp4 --seed 11 --out "$M4" 2>/dev/null &&
+   timeout 120 "$MOESERVE" generate --model "$M4" --dtype float32 --prompt-ids "$P" --max-new-tokens $N \
+        --ignore-eos --threads 2 --dump-logits "$tmp/ms4.jsonl" >"$tmp/g4.out" 2>&1 &&
+   timeout 300 "$PY" tests/ref/v4_ref.py --model "$M4" --prompt-ids "$P" --decode $((N - 1)) \
+        --out "$tmp/ref4.json" >"$tmp/ref4.err" 2>&1 &&
+   "$PY" tests/compare_logits.py "$tmp/ref4.json" "$tmp/ms4.jsonl" >"$tmp/cmp4" 2>&1; then
+    ok "fp8-fp4 checkpoint vs tests/ref/v4_ref.py: $(grep 'max relative' "$tmp/cmp4")"
+else
+    bad "fp8-fp4 checkpoint vs tests/ref/v4_ref.py" \
+        "$(tail -5 "$tmp/g4.out" "$tmp/ref4.err" "$tmp/cmp4" 2>/dev/null)"
+fi
 report

@@ -571,14 +571,6 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
     m->family = &ms_family_deepseek_v4;
     ms_v4_cfg *c = &m->v4->c;
     rc = ms_v4_cfg_parse(root, c, err);
-    if (!rc) {
-        const char *ed = json_string_value(json_object_get(root, "expert_dtype"));
-        if (ed && !strcmp(ed, "fp4"))
-            rc = ms_err(err, MS_EUNSUPPORTED,
-                        "%s: FP4 (e2m1) routed experts (expert_dtype \"fp4\") are not loadable "
-                        "yet: their kernels are not built; use a BF16, FP32 or FP8 checkpoint",
-                        dir);
-    }
     /* the MoE code's view of the config */
     ms_config *mc = &m->cfg;
     snprintf(mc->model_type, sizeof mc->model_type, "deepseek_v4");

@@ -6,8 +6,8 @@
  * per 128×128 block) is F8_E8M0 (UE8M0, 2^(e−127)) or F32 and becomes the
  * f32 multipliers ms_mat takes; vectors are copied to f32; tid2eid (I64 or
  * I32) to int32 with every id checked.  Routed experts go through
- * load_expert_mat, the one place an FP4 (I8-packed e2m1) expert matrix
- * would be bound; FP4 is refused for now.  This rank's heads, output
+ * load_expert_mat, which binds FP4 (I8-packed e2m1, per-32 UE8M0) expert
+ * matrices as MS_DT_F4E2M1 views (kept in FP4).  This rank's heads, output
  * groups, experts and expert slices are narrowed from the shard.  The MTP
  * block is validated and kept (not run).  Start-up, main thread.
  */
@@ -118,19 +118,17 @@ static int load_f32_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols, c
 #define load_vec(L, out, n, ...)                                                                   \
     ms_model_load_vec((L)->m->st, out, n, (L)->count ? &(L)->n_params : NULL, (L)->err, __VA_ARGS__)
 
-/* One routed expert's matrix: the plug point for FP4 (e2m1, two codes per I8
- * byte, low nibble first, per-32 UE8M0 scales [rows][cols/32]: quant_load.h's
- * ms_load_fp4_mat); refused until the weight placement (weights.c) copies
- * FP4 views. */
+/* One routed expert's matrix: FP4 (e2m1, two codes per I8 byte, low nibble
+ * first, per-32 UE8M0 scales [rows][cols/32], a 255 (NaN) scale refused
+ * naming the tensor: quant_load.h's ms_load_fp4_mat) when stored as I8,
+ * else load_mat's dtypes. */
 static int load_expert_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols,
                            const char *name)
 {
-    const ms_tensor *t = ms_st_find(L->m->st, name);
-    if (t && t->dtype == MS_DT_I8)
-        return ms_err(L->err, MS_EUNSUPPORTED,
-                      "%s: tensor '%s': FP4 (e2m1) expert weights are not supported yet", t->file,
-                      name);
-    return load_mat(L, out, rows, cols, "%s", name);
+    if (!ms_st_is_fp4(L->m->st, name)) return load_mat(L, out, rows, cols, "%s", name);
+    int rc = ms_load_fp4_mat(L->m->st, name, rows, cols, out, L->err);
+    if (!rc && L->count) L->n_params += rows * cols;
+    return rc;
 }
 
 static int load_ffn(struct ld *L, ms_ffn_w *f, int64_t inter, const char *p, int expert)

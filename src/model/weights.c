@@ -252,6 +252,10 @@ int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int l
         return ms_err(err, MS_ELAYOUT, "layer %d: %s width %lld is not divisible by %d ranks", layer,
                       what, (long long)inter, parts);
     int64_t n = inter / parts, r0 = (int64_t)part * n;
+    if (f->down.dtype == MS_DT_F4E2M1 && n % 2)
+        return ms_err(err, MS_ELAYOUT,
+                      "layer %d: %s width %lld over %d ranks splits an FP4 byte (odd %lld)", layer,
+                      what, (long long)inter, parts, (long long)n);
     f->gate = ms_mat_slice(&f->gate, r0, n, 0, f->gate.cols);
     f->up = ms_mat_slice(&f->up, r0, n, 0, f->up.cols);
     f->down = ms_mat_slice(&f->down, 0, f->down.rows, r0, n);
@@ -334,9 +338,8 @@ static void prefault(ms_mat *w, void *arg)
 {
     (void)arg;
     if (!w->data || w->rows <= 0) return;
-    size_t esz = (size_t)ms_dtype_size(w->dtype);
     uintptr_t a = (uintptr_t)w->data & ~(uintptr_t)4095;
-    uintptr_t b = (uintptr_t)w->data + (size_t)((w->rows - 1) * w->ld + w->cols) * esz;
+    uintptr_t b = (uintptr_t)w->data + (size_t)ms_dtype_bytes(w->dtype, (w->rows - 1) * w->ld + w->cols);
     if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0) return;
     volatile unsigned char sink = 0;
     for (uintptr_t p = a; p < b; p += 4096) sink ^= *(const volatile unsigned char *)(p < (uintptr_t)w->data ? (uintptr_t)w->data : p);
@@ -375,7 +378,8 @@ static void note_bad(struct place *p, const ms_mat *w, int64_t at)
 static void copy_checked(struct place *p, const ms_mat *w, char *dst, const char *src, size_t bytes,
                          ms_dtype dt, int64_t first, int scale)
 {
-    size_t esz = (size_t)ms_dtype_size(dt), piece = ((size_t)256 << 10) / esz * esz;
+    size_t esz = ms_dtype_size(dt) ? (size_t)ms_dtype_size(dt) : 1, /* FP4: bytes, no NaN codes */
+        piece = ((size_t)256 << 10) / esz * esz;
     for (size_t o = 0; o < bytes; o += piece) {
         size_t n = bytes - o < piece ? bytes - o : piece;
         memcpy(dst + o, src + o, n);
@@ -391,7 +395,18 @@ static void copy_checked(struct place *p, const ms_mat *w, char *dst, const char
 static size_t view_bytes(const ms_mat *w)
 {
     if (!w->data || w->rows <= 0 || w->cols <= 0) return 0;
-    return ((size_t)(w->rows * w->cols) * (size_t)ms_dtype_size(w->dtype) + 63) & ~(size_t)63;
+    return ((size_t)ms_dtype_bytes(w->dtype, w->rows * w->cols) + 63) & ~(size_t)63;
+}
+
+/* FP4 views' UE8M0 scale bytes: the view's own [rows][cols / 32] when it
+ * starts on a 32-column block (compacted; every V4 expert view and TP slice
+ * does), else its rows' whole stored scale rows.  The loader has refused a
+ * 255 (NaN) byte naming the tensor (ms_load_fp4_mat); FP4 codes have no NaN. */
+static size_t fp4_scale_bytes(const ms_mat *w)
+{
+    if (w->dtype != MS_DT_F4E2M1 || !view_bytes(w)) return 0;
+    int64_t per_row = w->c0 % 32 ? w->scale_ld : (w->cols + 31) / 32;
+    return (size_t)(w->rows * per_row);
 }
 
 /* FP8 block scales up to the view's last row block (indexed through r0/c0
@@ -404,13 +419,14 @@ static size_t scale_bytes(const ms_mat *w)
 
 static void place_count(ms_mat *w, void *arg)
 {
-    ((struct place *)arg)->cap += view_bytes(w) + ((scale_bytes(w) + 63) & ~(size_t)63);
+    ((struct place *)arg)->cap += view_bytes(w) + ((scale_bytes(w) + 63) & ~(size_t)63) +
+                                  ((fp4_scale_bytes(w) + 63) & ~(size_t)63);
 }
 
 static void place_copy(ms_mat *w, void *arg)
 {
     struct place *p = arg;
-    size_t n = view_bytes(w), esz = (size_t)ms_dtype_size(w->dtype), row = (size_t)w->cols * esz;
+    size_t n = view_bytes(w), row = (size_t)ms_dtype_bytes(w->dtype, w->cols);
     if (!n || p->used + n > p->cap) return;
     char *dst = p->base + p->used;
     const char *src = w->data;
@@ -418,11 +434,25 @@ static void place_copy(ms_mat *w, void *arg)
         copy_checked(p, w, dst, src, (size_t)w->rows * row, w->dtype, 0, 0);
     else
         for (int64_t r = 0; r < w->rows; r++)
-            copy_checked(p, w, dst + r * row, src + (size_t)(r * w->ld) * esz, row, w->dtype,
-                         r * w->cols, 0);
+            copy_checked(p, w, dst + r * row, src + (size_t)ms_dtype_bytes(w->dtype, r * w->ld),
+                         row, w->dtype, r * w->cols, 0);
     w->data = dst;
     w->ld = w->cols;
     p->used += n;
+    size_t fb = fp4_scale_bytes(w);
+    if (fb && p->used + ((fb + 63) & ~(size_t)63) <= p->cap) {
+        /* the view's scale rows, re-based so that the copy is the stored matrix */
+        int64_t per_row = (int64_t)fb / w->rows, c_first = w->c0 % 32 ? 0 : w->c0 / 32;
+        uint8_t *sd = (uint8_t *)p->base + p->used;
+        for (int64_t r = 0; r < w->rows; r++)
+            memcpy(sd + r * per_row, w->e8scale + (w->r0 + r) * w->scale_ld + c_first,
+                   (size_t)per_row);
+        w->e8scale = sd;
+        w->scale_ld = per_row;
+        w->r0 = 0;
+        if (!(w->c0 % 32)) w->c0 = 0;
+        p->used += (fb + 63) & ~(size_t)63;
+    }
     size_t sb = scale_bytes(w), sb64 = (sb + 63) & ~(size_t)63;
     if (sb && p->used + sb64 <= p->cap) {
         copy_checked(p, w, p->base + p->used, (const char *)w->scale, sb, MS_DT_F32, 0, 1);
@@ -505,11 +535,11 @@ static void check_rows(void *arg, int tid, int nt)
 {
     struct check_job *j = arg;
     const ms_mat *w = j->w;
-    int64_t b, e, esz = ms_dtype_size(w->dtype);
+    int64_t b, e;
     ms_pool_range(w->rows, tid, nt, 1, &b, &e);
     for (int64_t r = b; r < e; r++) {
-        int64_t i =
-            ms_dtype_find_nonfinite(w->dtype, (const char *)w->data + r * w->ld * esz, w->cols);
+        int64_t i = ms_dtype_find_nonfinite(
+            w->dtype, (const char *)w->data + ms_dtype_bytes(w->dtype, r * w->ld), w->cols);
         if (i < 0) continue;
         int64_t at = r * w->cols + i, cur = atomic_load(&j->first);
         while (at < cur && !atomic_compare_exchange_weak(&j->first, &cur, at)) {

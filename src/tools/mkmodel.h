@@ -39,7 +39,7 @@ int ms_mkmodel_mkdir_p(const char *path);
 
 /* DeepSeek-V4 presets: 1 when name is one ("tiny-v4", "small-v4"). */
 int ms_mkmodel_v4_is_preset(const char *name);
-/* Writes a V4 preset's checkpoint; dtype MS_MK_FP8_FP4 is refused (no FP4 kernels yet). */
+/* Writes a V4 preset's checkpoint (MS_MK_FP8_FP4: FP4 routed experts, FP8 elsewhere). */
 int ms_mkmodel_v4_write(const char *preset, int dtype, uint64_t seed, const char *out_dir,
                         int64_t shard_bytes, ms_errbuf *err);
 

@@ -10,8 +10,11 @@
  * projections, the indexer's wq_b, the experts and the MTP projections as
  * e4m3 with one UE8M0 (F8_E8M0) power-of-two scale per 128×128 block, as
  * the release does; embeddings, head, gate, compressors, weights_proj and
- * the F32 tensors stay as they are.  fp8-fp4 (FP4 experts) is refused until
- * its kernels exist.  Main thread only.
+ * the F32 tensors stay as they are.  --dtype fp8-fp4 is fp8 with the routed
+ * experts (MTP's too) in FP4 e2m1 as the release stores them: I8 bytes of two
+ * codes (low nibble = even column), one UE8M0 scale 2^ceil(log2(amax / 6))
+ * per 32 columns of a row (`.scale`, F8_E8M0 [rows][cols / 32]), and
+ * "expert_dtype": "fp4" in config.json.  Main thread only.
  */
 #include "tools/mkmodel.h"
 #include "tools/mkmodel_tok.h"
@@ -106,7 +109,8 @@ static json_t *config_json(const v4_preset *p, int dtype)
     INT("eos_token_id", 1);
     json_object_set_new(o, "tie_word_embeddings", json_false());
     json_object_set_new(o, "torch_dtype", json_string(dtype == MS_MK_FP32 ? "float32" : "bfloat16"));
-    if (dtype == MS_MK_FP8)
+    if (dtype == MS_MK_FP8_FP4) json_object_set_new(o, "expert_dtype", json_string("fp4"));
+    if (dtype == MS_MK_FP8 || dtype == MS_MK_FP8_FP4)
         json_object_set_new(o, "quantization_config",
                             json_pack("{s:s,s:s,s:s,s:s,s:[i,i]}", "activation_scheme", "dynamic",
                                       "fmt", "e4m3", "quant_method", "fp8", "scale_fmt", "ue8m0",
@@ -118,7 +122,7 @@ static json_t *config_json(const v4_preset *p, int dtype)
 
 /* ---- tensors ---- */
 
-enum { T_UNI, T_FP8_W, T_FP8_S, T_TID };
+enum { T_UNI, T_FP8_W, T_FP8_S, T_FP4_W, T_FP4_S, T_TID };
 
 typedef struct tensor_gen {
     char name[160];  /* the values' stream: a weight's name, also for its scales */
@@ -158,15 +162,36 @@ static float *values(const tensor_gen *g)
     return v;
 }
 
-/* UE8M0 exponent byte of a block: the power of two >= amax / 448. */
-static int block_exp(const float *v, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1)
+/* UE8M0 exponent byte of a block: the power of two >= amax / top (448 FP8, 6 FP4). */
+static int block_exp(const float *v, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                     double top)
 {
     float amax = 0;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(v[r * cols + c]));
     if (amax == 0) return 127;
-    int e = (int)ceil(log2((double)amax / 448.0));
+    int e = (int)ceil(log2((double)amax / top));
     return MS_MIN(MS_MAX(e + 127, 1), 254);
+}
+
+/* FP4 codes (T_FP4_W, [rows][cols / 2] bytes) or their per-32 scales (T_FP4_S). */
+static void fill_fp4(const tensor_gen *g, const float *v, uint8_t *buf)
+{
+    int64_t nb = g->cols / 32;
+    for (int64_t r = 0; r < g->rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            int e = block_exp(v, g->cols, r, r + 1, 32 * b, 32 * b + 32, 6.0);
+            if (g->kind == T_FP4_S) {
+                buf[r * nb + b] = (uint8_t)e;
+                continue;
+            }
+            float s = ms_e8m0_to_f32((uint8_t)e);
+            const float *x = v + r * g->cols + 32 * b;
+            uint8_t *o = buf + r * (g->cols / 2) + 16 * b;
+            for (int i = 0; i < 16; i++)
+                o[i] = (uint8_t)(ms_f32_to_fp4e2m1(x[2 * i] / s) |
+                                 ms_f32_to_fp4e2m1(x[2 * i + 1] / s) << 4);
+        }
 }
 
 static int fill_tensor(void *ctx, const char *name, void *buf, size_t nbytes, ms_errbuf *err)
@@ -193,7 +218,9 @@ static int fill_tensor(void *ctx, const char *name, void *buf, size_t nbytes, ms
     float *v = values(g);
     if (!v) return ms_err(err, MS_ENOMEM, "out of memory generating %s", g->name);
     int64_t n = g->rows * g->cols, br = (g->rows + 127) / 128, bc = (g->cols + 127) / 128;
-    if (g->kind == T_UNI) {
+    if (g->kind == T_FP4_W || g->kind == T_FP4_S) {
+        fill_fp4(g, v, buf);
+    } else if (g->kind == T_UNI) {
         if (g->dt == MS_DT_F32) memcpy(buf, v, sizeof(float) * (size_t)n);
         else
             for (int64_t i = 0; i < n; i++) ((uint16_t *)buf)[i] = ms_f32_to_bf16(v[i]);
@@ -202,7 +229,7 @@ static int fill_tensor(void *ctx, const char *name, void *buf, size_t nbytes, ms
             for (int64_t bj = 0; bj < bc; bj++) {
                 int64_t r0 = bi * 128, r1 = MS_MIN(g->rows, r0 + 128), c0 = bj * 128,
                         c1 = MS_MIN(g->cols, c0 + 128);
-                int e = block_exp(v, g->cols, r0, r1, c0, c1);
+                int e = block_exp(v, g->cols, r0, r1, c0, c1, 448.0);
                 if (g->kind == T_FP8_S) {
                     ((uint8_t *)buf)[bi * bc + bj] = (uint8_t)e;
                     continue;
@@ -244,20 +271,31 @@ static int uni(struct v4gen *G, const char *name, int64_t rows, int64_t cols, in
                                 fill_tensor, g, G->err);
 }
 
+enum { Q_NONE, Q_FP8, Q_EXPERT }; /* linear()'s quantised: never, FP8, FP8 or FP4 (routed experts) */
+
 /* A linear weight [rows][cols] of variance gain²/cols; FP8 (+ .scale) when
- * quantised and --dtype fp8. */
+ * quantised and --dtype fp8 or fp8-fp4, FP4 (+ .scale) for a routed expert
+ * under fp8-fp4. */
 static int linear(struct v4gen *G, const char *name, int64_t rows, int64_t cols, float gain,
                   int quantised)
 {
     float amp = gain * sqrtf(3.0f / (float)cols);
-    if (!quantised || G->dtype != MS_MK_FP8) return uni(G, name, rows, cols, 0, 0, amp, 0);
-    tensor_gen *g = new_gen(G, name, T_FP8_W), *s = new_gen(G, name, T_FP8_S);
+    int fp4 = quantised == Q_EXPERT && G->dtype == MS_MK_FP8_FP4;
+    if (!quantised || (G->dtype != MS_MK_FP8 && G->dtype != MS_MK_FP8_FP4))
+        return uni(G, name, rows, cols, 0, 0, amp, 0);
+    if (fp4 && cols % 32)
+        return ms_err(G->err, MS_EINVAL, "%s: FP4 needs columns in multiples of 32, not %lld",
+                      name, (long long)cols);
+    tensor_gen *g = new_gen(G, name, fp4 ? T_FP4_W : T_FP8_W),
+               *s = new_gen(G, name, fp4 ? T_FP4_S : T_FP8_S);
     if (!g || !s) return ms_err(G->err, MS_ENOMEM, "out of memory");
     g->rows = s->rows = rows, g->cols = s->cols = cols, g->amp = s->amp = amp;
-    const int64_t shape[2] = {rows, cols}, sshape[2] = {(rows + 127) / 128, (cols + 127) / 128};
+    const int64_t shape[2] = {rows, fp4 ? cols / 2 : cols},
+                  sshape[2] = {fp4 ? rows : (rows + 127) / 128, fp4 ? cols / 32 : (cols + 127) / 128};
     char sname[200];
     snprintf(sname, sizeof sname, "%.*s.scale", (int)strlen(name) - 7, name); /* X.weight */
-    int rc = ms_st_writer_add_gen(G->w, name, MS_DT_F8E4M3, 2, shape, fill_tensor, g, G->err);
+    int rc = ms_st_writer_add_gen(G->w, name, fp4 ? MS_DT_I8 : MS_DT_F8E4M3, 2, shape,
+                                  fill_tensor, g, G->err);
     if (!rc) rc = ms_st_writer_add_gen(G->w, sname, MS_DT_F8E8M0, 2, sshape, fill_tensor, s, G->err);
     return rc;
 }
@@ -274,13 +312,14 @@ static int hc_site(struct v4gen *G, const char *p, int64_t M, int n_scale)
     return rc;
 }
 
-static int ffn(struct v4gen *G, const char *p, int64_t inter)
+static int ffn(struct v4gen *G, const char *p, int64_t inter, int routed)
 {
     char n[200];
     int64_t D = G->p->D;
-    int rc = linear(G, NAME("%s.w1.weight", p), inter, D, 1, 1);
-    if (!rc) rc = linear(G, NAME("%s.w3.weight", p), inter, D, 1, 1);
-    if (!rc) rc = linear(G, NAME("%s.w2.weight", p), D, inter, 0.5f, 1);
+    int q = routed ? Q_EXPERT : Q_FP8;
+    int rc = linear(G, NAME("%s.w1.weight", p), inter, D, 1, q);
+    if (!rc) rc = linear(G, NAME("%s.w3.weight", p), inter, D, 1, q);
+    if (!rc) rc = linear(G, NAME("%s.w2.weight", p), D, inter, 0.5f, q);
     return rc;
 }
 
@@ -333,10 +372,10 @@ static int block(struct v4gen *G, const char *p, int ratio, int hash)
     }
     for (int e = 0; e < P->E && !rc; e++) {
         snprintf(q, sizeof q, "%s.ffn.experts.%d", p, e);
-        rc = ffn(G, q, P->inter);
+        rc = ffn(G, q, P->inter, 1);
     }
     snprintf(q, sizeof q, "%s.ffn.shared_experts", p);
-    if (!rc) rc = ffn(G, q, P->inter);
+    if (!rc) rc = ffn(G, q, P->inter, 0);
     return rc;
 }
 
@@ -373,10 +412,6 @@ int ms_mkmodel_v4_write(const char *preset, int dtype, uint64_t seed, const char
     for (size_t i = 0; i < MS_ARRAY_LEN(presets); i++)
         if (!strcmp(presets[i].name, preset)) P = &presets[i];
     if (!P) return ms_err(err, MS_ENOENT, "unknown V4 preset '%s'", preset);
-    if (dtype == MS_MK_FP8_FP4)
-        return ms_err(err, MS_EUNSUPPORTED,
-                      "--dtype fp8-fp4: FP4 (e2m1) routed experts are not built yet; use bf16, "
-                      "fp32 or fp8");
     if (ms_mkmodel_mkdir_p(out_dir) != 0)
         return ms_err(err, MS_EIO, "%s: cannot create directory: %s", out_dir, strerror(errno));
     char path[1200];
