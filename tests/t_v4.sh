@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# t_v4.sh — DeepSeek-V4 end to end on tiny-v4: mkmodel's fp8-fp4 refusal; `generate`
+# t_v4.sh — DeepSeek-V4 end to end on tiny-v4: an fp8-fp4 checkpoint (FP4 experts) generating
+# in auto mode (the AVX-512 FP4 kernel; its numbers are checked in t_v4ref.sh); `generate`
 # greedy under --dtype float32 the same whether the prompt is prefilled in one chunk
 # or in chunks of 7 (--chunked-prefill-size); `serve` answers the same completion twice
 # with the same tokens and reports cached_tokens 0 both times (a prefix hit would need
@@ -15,9 +16,12 @@ trap serve_cleanup EXIT
 M=$tmp/model
 "$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 9 --out "$M" 2>/dev/null ||
     { echo "0 passed, 1 failed"; exit 1; }
-out=$("$MOESERVE" mkmodel --preset tiny-v4 --dtype fp8-fp4 --out "$tmp/x" 2>&1)
-rc=$?
-t "mkmodel fp8-fp4 refused (FP4 experts not built)" '[ $rc -eq 2 ] && echo "$out" | grep -q FP4'
+"$MOESERVE" mkmodel --preset tiny-v4 --dtype fp8-fp4 --seed 9 --out "$tmp/x" >/dev/null 2>&1
+P4=$(seq -s, 3 70)
+out=$(timeout 120 "$MOESERVE" generate --model "$tmp/x" --prompt-ids "$P4" --max-new-tokens 12 \
+      --ignore-eos --ids --threads 2 2>&1)
+t "fp8-fp4 checkpoint (expert_dtype fp4) generates in auto mode" \
+  'grep -q "\"expert_dtype\": \"fp4\"" "$tmp/x/config.json" && echo "$out" | grep -q "decode_tokens=11"'
 
 P=$(/usr/bin/python3 -c 'print(",".join(str((i * 53 + 7) % 1000 + 2) for i in range(140)))')
 g=(generate --model "$M" --dtype float32 --prompt-ids "$P" --max-new-tokens 12 --ignore-eos --ids --threads 2)

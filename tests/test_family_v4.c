@@ -262,6 +262,39 @@ TEST(fp8_checkpoint_close_to_fp32)
     ms_model_free(m8);
 }
 
+/* The threaded attention (prefill rows on the pool, decode rows as matmuls)
+ * against its scalar twin (attn_ref): a 150-token prefill's every row and 8
+ * decode steps, 1e-5 relative, greedy identical. */
+TEST(threaded_attention_matches_reference)
+{
+    CHECK(model != NULL);
+    enum { STEPS = 8 };
+    float *lp[2], *ld[2];
+    int32_t g[2][STEPS];
+    for (int ref = 0; ref < 2; ref++) {
+        model->v4->attn_ref = ref;
+        ms_kv_seq q, q2;
+        ms_kv_cache *a = new_cache(model, &q, &q2);
+        CHECK(a);
+        lp[ref] = malloc(sizeof(float) * (size_t)(V * N));
+        ld[ref] = malloc(sizeof(float) * (size_t)(V * STEPS));
+        CHECK(lp[ref] && ld[ref]);
+        CHECK(forward1(model, a, &q, toks, N, 0, N, lp[ref], NULL) == 0);
+        int32_t tok = argmax(lp[ref] + (N - 1) * V, V);
+        for (int i = 0; i < STEPS; i++) {
+            CHECK(forward1(model, a, &q, &tok, 1, N + i, 1, ld[ref] + i * V, NULL) == 0);
+            g[ref][i] = tok = argmax(ld[ref] + i * V, V);
+        }
+        free_cache(a, &q, &q2);
+    }
+    model->v4->attn_ref = 0;
+    double ep = rel_err(lp[0], lp[1], V * N), ed = rel_err(ld[0], ld[1], V * STEPS);
+    fprintf(stderr, "  threaded vs reference attention: prefill %.3g, decode %.3g\n", ep, ed);
+    CHECKF(ep <= 1e-5 && ed <= 1e-5, "prefill %.3g decode %.3g", ep, ed);
+    CHECK(!memcmp(g[0], g[1], sizeof g[0]));
+    for (int i = 0; i < 2; i++) free(lp[i]), free(ld[i]);
+}
+
 /* Sets byte `at` of tensor `name` in dir/model.safetensors to v (the header's data_offsets). */
 static int poke_tensor(const char *dir, const char *name, int64_t at, uint8_t v)
 {
@@ -418,6 +451,7 @@ int main(void)
     RUN(batch_and_split_layers);
     RUN(fp8_checkpoint_close_to_fp32);
     RUN(fp4_checkpoint);
+    RUN(threaded_attention_matches_reference);
     RUN(refusals);
     ms_model_free(model);
     char cmd[160];

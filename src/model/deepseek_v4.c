@@ -257,20 +257,45 @@ static int ws_reserve(ms_model *m, int64_t T)
     return 0;
 }
 
-int ms_v4_ws_attn_reserve(ms_model *m, int64_t S)
+int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
 {
     ms_v4_ws *w = &m->v4->ws;
     const ms_v4_cfg *c = &m->v4->c;
-    if (S <= w->cap_S) return 0;
+    if (n_win > w->cap_win) {
+        n_win = MS_MAX(n_win, 2 * w->cap_win);
+        GROW_F(w->win, n_win * c->hd);
+        w->cap_win = n_win;
+    }
+    int nt = ms_pool_size(m->pool) > 0 ? ms_pool_size(m->pool) : 1;
+    if (S <= w->cap_S && nt <= w->n_th) return 0;
     S = MS_MAX(MS_MAX(S, 2 * w->cap_S), 256);
     GROW_F(w->cand, S * c->hd);
     GROW_F(w->sc, S * m->n_local_heads);
     GROW_F(w->isc, S);
     GROW_F(w->ik, S * c->idx_hd);
     GROW_F(w->iscore, S * c->n_idx_heads);
+    GROW_F(w->cbuf, S * c->hd);
+    GROW_F(w->iscore_t, S * c->n_idx_heads);
     free(w->sel);
     w->sel = malloc(sizeof(int32_t) * (size_t)S);
     if (!w->sel) return MS_ENOMEM;
+    for (int i = 0; i < w->n_th; i++) {
+        ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc);
+        free(w->th[i].sel), free(w->th[i].cand);
+    }
+    free(w->th);
+    w->n_th = 0;
+    w->cap_S = 0;
+    if (!(w->th = calloc((size_t)nt, sizeof *w->th))) return MS_ENOMEM;
+    w->n_th = nt;
+    for (int i = 0; i < nt; i++) {
+        struct v4_th *t = &w->th[i];
+        t->isc = ms_alloc_aligned((size_t)S, sizeof(float));
+        t->sc = ms_alloc_aligned((size_t)S, sizeof(float));
+        t->sel = malloc(sizeof(int32_t) * (size_t)S);
+        t->cand = malloc(sizeof(float *) * (size_t)S);
+        if (!t->isc || !t->sc || !t->sel || !t->cand) return MS_ENOMEM;
+    }
     w->cap_S = S;
     return 0;
 }
@@ -281,6 +306,12 @@ static void ws_free(ms_v4_ws *w)
                      w->qr, w->q,  w->kv,  w->o,   w->z,    w->ca,   w->cg,  w->iq,
                      w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
+    ms_free_aligned(w->win), ms_free_aligned(w->cbuf), ms_free_aligned(w->iscore_t);
+    for (int i = 0; i < w->n_th; i++) {
+        ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc);
+        free(w->th[i].sel), free(w->th[i].cand);
+    }
+    free(w->th);
     free(w->tok);
     free(w->sel);
     ms_mlp_ws_free(&w->mlp);

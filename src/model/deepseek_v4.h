@@ -99,6 +99,17 @@ typedef struct ms_v4_ws {
     float *ik;           /* [cap_S][ihd] one query's index keys */
     float *iscore;       /* [nI][cap_S] per-head index products */
     int32_t *sel;        /* [cap_S] selected entries */
+    /* the threaded path (deepseek_v4_attn.c): one sequence's entries loaded once */
+    float *win;          /* [cap_win][hd] window entries of a chunk's positions */
+    int64_t cap_win;
+    float *cbuf;         /* [cap_S][hd] its C128 entries, or a prefill's C4 entries */
+    float *iscore_t;     /* [nI][cap_S] a decode row's per-head index products */
+    struct v4_th {       /* per pool thread: one query row's scratch (rows path) */
+        float *isc, *sc;           /* [cap_S] index scores, one head's attention scores */
+        int32_t *sel;              /* [cap_S] selected C4 entries */
+        const float **cand;        /* [cap_S] candidate rows */
+    } *th;
+    int n_th;
     float *hn, *logits;  /* [T][D], [cap_logits][vocab] */
     int64_t cap_logits;
     ms_mlp_ws mlp;
@@ -115,6 +126,7 @@ struct ms_v4 {
     float **scales;      /* f32 copies of UE8M0 block scales (owned) */
     int64_t n_scales, cap_scales;
     ms_v4_ws ws;
+    int attn_ref;        /* 1: attention by the scalar one-row-at-a-time reference (tests) */
 };
 
 /* Stream indices of the V4 kv_spec. */
@@ -133,6 +145,8 @@ int64_t ms_v4_local_weight_bytes(const ms_model *m);
  * entries, compressed entries, index keys and compressor state. */
 int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                     int l, ms_errbuf *err);
-int ms_v4_ws_attn_reserve(ms_model *m, int64_t S);
+/* Candidate scratch for contexts up to S entries and n_win window rows (the
+ * threaded path's shared window span), per pool thread too. */
+int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win);
 
 #endif

@@ -16,13 +16,24 @@
  * entries at the window's first position, index keys per 4 tokens.  Every
  * attention-TP member computes the shared KV, the compressors and the whole
  * indexer (replicated, the same top-k everywhere) and its own heads.
- * Main thread only.
+ *
+ * The candidate attention runs on the pool (attend_seq): a sequence's window
+ * span, C128 entries and index keys (and a prefill's C4 entries) are loaded
+ * once into float rows (load_entry), then a prefill chunk's query rows are
+ * shared by the threads (each row as the reference computes it, bit for
+ * bit), while a decode row spreads its index products and its heads over
+ * the threads as matmuls (FP32, ~1e-6 relative to the reference; the
+ * indexer's per-key sums keep one order whatever the split, so every
+ * attention-TP member picks the same top-k).  attend_rows_ref, the
+ * one-row-at-a-time scalar code, stays as the twin the tests compare
+ * against (ms_v4.attn_ref).  Main thread only (it drives the pool).
  */
 #include "base/util.h"
 #include "model/deepseek_v4.h"
 #include "parallel/comm.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 static int store_entry(const ms_kv_view *v, int stream, int layer, int64_t pos, const float *src,
@@ -186,6 +197,276 @@ static void attend(ms_model *m, const float *sink, const float *q, int64_t ncand
     }
 }
 
+/* The reference twin of attend_all: one query row at a time on the calling
+ * thread, its candidates copied into ws->cand (window, then C128, then the
+ * indexer's C4 choice), attend(), inverse RoPE. */
+static int attend_rows_ref(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                           int n_seqs, int l)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = &m->v4->layers[l];
+    int64_t H = m->n_local_heads, hd = c->hd, dr = c->dr, ratio = lw->ratio, W = c->window;
+    const float *inv = ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
+    int rc = 0;
+    int64_t t = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_kv_view v = {cache, seqs[i].kv};
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
+            int64_t pos = seqs[i].start_pos + j, n = 0;
+            for (int64_t p = MS_MAX(0, pos - W + 1); p <= pos && !rc; p++)
+                rc = load_entry(&v, V4_S_WINDOW, l, p, w->cand + n++ * hd, hd);
+            if (ratio == 128)
+                for (int64_t e = 0; e < (pos + 1) / 128 && !rc; e++)
+                    rc = load_entry(&v, V4_S_C128, l, e * 128, w->cand + n++ * hd, hd);
+            if (ratio == 4 && !rc) {
+                int64_t ns = index_select(m, &v, l, t, pos, &rc);
+                for (int64_t e = 0; e < ns && !rc; e++)
+                    rc = load_entry(&v, V4_S_C4, l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
+                                    hd);
+            }
+            if (rc) return rc;
+            float *o = w->o + t * H * hd;
+            attend(m, lw->sink, w->q + t * H * hd, n, o);
+            ms_rope_interleaved(o + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
+        }
+    }
+    return 0;
+}
+
+/* ---- the threaded path ---- */
+
+/* One sequence's chunk: rows t0 .. t0 + n_rows at positions pos0 ..; its
+ * entries as float rows: window positions wp0 .. (ws->win), C128 entries
+ * 0 .. n128 or C4 entries 0 .. n_c4 (ws->cbuf), index keys 0 .. n_ik (ws->ik). */
+struct seq_job {
+    ms_model *m;
+    const v4_layer *lw;
+    ms_kv_view v;
+    int l;
+    int64_t t0, n_rows, pos0, wp0, n_win, n128, n_c4, n_ik;
+    int64_t t, pos, ncand; /* the decode path's row and its candidate count */
+    const float *p;        /* the decode path's softmax weights [H][ncand] */
+    _Atomic int rc;
+    _Atomic int64_t next;  /* the next unclaimed item (ms_pool_run_dynamic) */
+};
+
+/* Runs fn over J's items claimed from J->next by whichever threads join
+ * (on this thread alone when `work`, in entry rows, is under a pool
+ * hand-off's worth). */
+static void run_claimed(ms_model *m, struct seq_job *J, ms_pool_fn fn, int64_t work)
+{
+    atomic_store(&J->next, 0);
+    if (work < 256) fn(J, 0, 1);
+    else ms_pool_run_dynamic(m->pool, fn, J);
+}
+
+/* Loads the chunk's entries, claimed 64 at a time. */
+static void load_fn(void *arg, int tid, int nt)
+{
+    struct seq_job *J = arg;
+    const ms_v4_cfg *c = &J->m->v4->c;
+    ms_v4_ws *w = &J->m->v4->ws;
+    int64_t hd = c->hd, ihd = c->idx_hd, n_c = J->n128 + J->n_c4;
+    int64_t total = J->n_win + n_c + J->n_ik;
+    (void)tid, (void)nt;
+    for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < total;)
+    for (int64_t i = b; i < MS_MIN(b + 64, total); i++) {
+        int rc;
+        if (i < J->n_win)
+            rc = load_entry(&J->v, V4_S_WINDOW, J->l, J->wp0 + i, w->win + i * hd, hd);
+        else if (i < J->n_win + n_c)
+            rc = J->n128 ? load_entry(&J->v, V4_S_C128, J->l, (i - J->n_win) * 128,
+                                      w->cbuf + (i - J->n_win) * hd, hd)
+                         : load_entry(&J->v, V4_S_C4, J->l, (i - J->n_win) * 4,
+                                      w->cbuf + (i - J->n_win) * hd, hd);
+        else
+            rc = load_entry(&J->v, V4_S_INDEX, J->l, (i - J->n_win - n_c) * 4,
+                            w->ik + (i - J->n_win - n_c) * ihd, ihd);
+        if (rc) {
+            atomic_store(&J->rc, rc);
+            return;
+        }
+    }
+}
+
+/* Index scores of row t over keys 0 .. n (the reference's sums, in its order). */
+static void index_scores(const ms_v4_cfg *c, const float *ik, const float *iq, const float *iw,
+                         int64_t n, float *isc)
+{
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd;
+    for (int64_t j = 0; j < n; j++) {
+        float s = 0;
+        for (int64_t h = 0; h < nI; h++)
+            s += iw[h] * fmaxf(ms_dot_f32(iq + h * ihd, ik + j * ihd, ihd), 0.0f);
+        isc[j] = s;
+    }
+}
+
+/* Sink attention of heads [h0, h1) of one query row over candidate rows
+ * cand[0 .. n) (attend's arithmetic; sc: one head's scores). */
+static void attend_ptrs(const ms_v4_cfg *c, const float *sink, const float *q,
+                        const float *const *cand, int64_t n, int64_t h0, int64_t h1, float *sc,
+                        float *o)
+{
+    int64_t hd = c->hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = h0; h < h1; h++) {
+        float z = -INFINITY, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            sc[i] = scale * ms_dot_f32(q + h * hd, cand[i], hd);
+            z = sc[i] > z ? sc[i] : z;
+        }
+        for (int64_t i = 0; i < n; i++) den += sc[i] = expf(sc[i] - z);
+        den += expf(sink[h] - z);
+        float *oh = o + h * hd;
+        memset(oh, 0, sizeof(float) * (size_t)hd);
+        for (int64_t i = 0; i < n; i++) ms_axpy_f32(oh, sc[i] / den, cand[i], hd);
+    }
+}
+
+/* Prefill rows, claimed one at a time. */
+static void rows_fn(void *arg, int tid, int nt)
+{
+    struct seq_job *J = arg;
+    ms_model *m = J->m;
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    struct v4_th *th = &w->th[tid];
+    int64_t H = m->n_local_heads, hd = c->hd, dr = c->dr, ratio = J->lw->ratio, W = c->window;
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd;
+    const float *inv = ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
+    (void)nt;
+    for (int64_t j; (j = atomic_fetch_add(&J->next, 1)) < J->n_rows;) {
+        int64_t t = J->t0 + j, pos = J->pos0 + j, n = 0;
+        for (int64_t p = MS_MAX(0, pos - W + 1); p <= pos; p++)
+            th->cand[n++] = w->win + (p - J->wp0) * hd;
+        if (ratio == 128)
+            for (int64_t e = 0; e < (pos + 1) / 128; e++) th->cand[n++] = w->cbuf + e * hd;
+        if (ratio == 4 && (pos + 1) / 4 > 0) {
+            int64_t nk = (pos + 1) / 4;
+            index_scores(c, w->ik, w->iq + t * nI * ihd, w->iw + t * nI, nk, th->isc);
+            int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
+            ms_topk(th->isc, nk, k, th->sel);
+            for (int e = 0; e < k; e++) th->cand[n++] = w->cbuf + (int64_t)th->sel[e] * hd;
+        }
+        float *o = w->o + t * H * hd;
+        attend_ptrs(c, J->lw->sink, w->q + t * H * hd, th->cand, n, 0, H, th->sc, o);
+        ms_rope_interleaved(o + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
+    }
+}
+
+/* A decode row's weighted sums of its heads: o[h] = p[h] · cand, heads claimed. */
+static void decode_ctx_fn(void *arg, int tid, int nt)
+{
+    struct seq_job *J = arg;
+    const ms_v4_cfg *c = &J->m->v4->c;
+    ms_v4_ws *w = &J->m->v4->ws;
+    int64_t hd = c->hd, H = J->m->n_local_heads;
+    (void)tid, (void)nt;
+    for (int64_t h; (h = atomic_fetch_add(&J->next, 1)) < H;) {
+        const float *ph = J->p + h * J->ncand;
+        float *oh = w->o + J->t * H * hd + h * hd;
+        memset(oh, 0, sizeof(float) * (size_t)hd);
+        for (int64_t i = 0; i < J->ncand; i++) ms_axpy_f32(oh, ph[i], w->cand + i * hd, hd);
+    }
+}
+
+/* One decode row: index products and attention scores as matmuls over the
+ * pool, the top-k and the softmax on this thread, then the heads' sums. */
+static int decode_row(struct seq_job *J)
+{
+    ms_model *m = J->m;
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = J->lw;
+    int64_t H = m->n_local_heads, hd = c->hd, dr = c->dr, ratio = lw->ratio, W = c->window;
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, t = J->t, pos = J->pos, n = 0;
+    const float *inv = ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
+    int64_t p0 = MS_MAX(0, pos - W + 1);
+    memcpy(w->cand, w->win + (p0 - J->wp0) * hd, sizeof(float) * (size_t)((pos - p0 + 1) * hd));
+    n = pos - p0 + 1;
+    if (ratio == 128) {
+        int64_t n128 = (pos + 1) / 128;
+        memcpy(w->cand + n * hd, w->cbuf, sizeof(float) * (size_t)(n128 * hd));
+        n += n128;
+    }
+    if (ratio == 4 && (pos + 1) / 4 > 0) {
+        int64_t nk = (pos + 1) / 4;
+        ms_mat K = ms_mat_whole(MS_DT_F32, nk, ihd, w->ik, NULL);
+        ms_matmul(&m->kctx, w->iscore_t, nk, w->iq + t * nI * ihd, ihd, nI, &K, 0);
+        const float *iw = w->iw + t * nI;
+        for (int64_t j = 0; j < nk; j++) {
+            float s = 0;
+            for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(w->iscore_t[h * nk + j], 0.0f);
+            w->isc[j] = s;
+        }
+        int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
+        ms_topk(w->isc, nk, k, w->sel);
+        for (int e = 0; e < k; e++) {
+            int rc = load_entry(&J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
+                                hd);
+            if (rc) return rc;
+        }
+    }
+    /* scores [H][n] = q · candᵀ, softmax with the sink per head */
+    ms_mat C = ms_mat_whole(MS_DT_F32, n, hd, w->cand, NULL);
+    ms_matmul(&m->kctx, w->sc, n, w->q + t * H * hd, hd, H, &C, 0);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = 0; h < H; h++) {
+        float *s = w->sc + h * n, z = -INFINITY, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            s[i] *= scale;
+            z = s[i] > z ? s[i] : z;
+        }
+        for (int64_t i = 0; i < n; i++) den += s[i] = expf(s[i] - z);
+        den += expf(lw->sink[h] - z);
+        for (int64_t i = 0; i < n; i++) s[i] /= den;
+    }
+    J->ncand = n;
+    J->p = w->sc;
+    run_claimed(m, J, decode_ctx_fn, H * n / 8);
+    ms_rope_interleaved(w->o + t * H * hd + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
+    return 0;
+}
+
+/* Every query row of the batch, a sequence at a time. */
+static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                      int l)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    const v4_layer *lw = &m->v4->layers[l];
+    int nt = ms_pool_size(m->pool) > 0 ? ms_pool_size(m->pool) : 1;
+    int64_t t = 0;
+    for (int i = 0; i < n_seqs; t += MS_MAX(seqs[i].n_tokens, 0), i++) {
+        const ms_batch_seq *sq = &seqs[i];
+        if (sq->n_tokens <= 0) continue;
+        int64_t pos0 = sq->start_pos, last = pos0 + sq->n_tokens - 1;
+        int rows = sq->n_tokens >= 2 * nt;
+        struct seq_job J = {.m = m, .lw = lw, .v = {cache, sq->kv}, .l = l, .t0 = t,
+                            .n_rows = sq->n_tokens, .pos0 = pos0,
+                            .wp0 = MS_MAX(0, pos0 - c->window + 1)};
+        J.n_win = last - J.wp0 + 1;
+        J.n128 = lw->ratio == 128 ? (last + 1) / 128 : 0;
+        J.n_c4 = lw->ratio == 4 && rows ? (last + 1) / 4 : 0;
+        J.n_ik = lw->ratio == 4 ? (last + 1) / 4 : 0;
+        atomic_init(&J.rc, 0);
+        atomic_init(&J.next, 0);
+        run_claimed(m, &J, load_fn, J.n_win + J.n128 + J.n_c4 + J.n_ik);
+        if (atomic_load(&J.rc)) return atomic_load(&J.rc);
+        if (rows) {
+            run_claimed(m, &J, rows_fn, 256);
+            continue;
+        }
+        for (int64_t j = 0; j < sq->n_tokens; j++) {
+            J.t = t + j, J.pos = pos0 + j;
+            int rc = decode_row(&J);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
 int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                     int l, ms_errbuf *err)
 {
@@ -199,7 +480,7 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
     const float *inv = ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
     int rc;
     if (T == 0) return 0;
-    if (ms_v4_ws_attn_reserve(m, W + m->fwd_S / 4 + m->fwd_S / 128 + 8))
+    if (ms_v4_ws_attn_reserve(m, W + m->fwd_S / 4 + m->fwd_S / 128 + 8, T + W))
         return ms_err(err, MS_ENOMEM, "out of memory (attention workspace)");
     /* queries and the shared KV entry */
     ms_mm_call in[2] = {{w->qr, c->q_lora, w->u, D, T, &lw->wq_a, 0, 0},
@@ -240,33 +521,11 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
                 ms_rope_interleaved(w->iq + t * nI * ihd + ihd - dr, nI, ihd, dr, inv,
                                     seqs[i].start_pos + j);
     }
-    /* attention, one query row at a time */
-    t = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        ms_kv_view v = {cache, seqs[i].kv};
-        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
-            int64_t pos = seqs[i].start_pos + j, n = 0;
-            rc = 0;
-            for (int64_t p = MS_MAX(0, pos - W + 1); p <= pos && !rc; p++)
-                rc = load_entry(&v, V4_S_WINDOW, l, p, w->cand + n++ * hd, hd);
-            if (ratio == 128)
-                for (int64_t e = 0; e < (pos + 1) / 128 && !rc; e++)
-                    rc = load_entry(&v, V4_S_C128, l, e * 128, w->cand + n++ * hd, hd);
-            if (ratio == 4 && !rc) {
-                int64_t ns = index_select(m, &v, l, t, pos, &rc);
-                for (int64_t e = 0; e < ns && !rc; e++)
-                    rc = load_entry(&v, V4_S_C4, l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
-                                    hd);
-            }
-            if (rc)
-                return ms_err(err, MS_EINTERNAL,
-                              "layer %d: a cache entry of position %lld's candidates is missing",
-                              l, (long long)pos);
-            float *o = w->o + t * H * hd;
-            attend(m, lw->sink, w->q + t * H * hd, n, o);
-            ms_rope_interleaved(o + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
-        }
-    }
+    rc = m->v4->attn_ref ? attend_rows_ref(m, cache, seqs, n_seqs, l)
+                         : attend_all(m, cache, seqs, n_seqs, l);
+    if (rc)
+        return ms_err(err, MS_EINTERNAL, "layer %d: a cache entry of a query's candidates is missing",
+                      l);
     /* grouped low-rank output: z_g = wo_a[g] · o_g, f = wo_b · z */
     int64_t hg = H / G * hd; /* values of one group */
     ms_mat wa[64];

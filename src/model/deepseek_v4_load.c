@@ -336,16 +336,21 @@ int ms_v4_load(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
     if (rc) return rc;
     m->n_mtp_layers = c->n_mtp;
     m->n_params = L.n_params;
-    /* weight bytes per decoded token: all but the embedding and the unselected experts */
-    int64_t b = ms_mat_bytes(&m->lm_head);
+    /* weight bytes per decoded token: all this rank's views but the embedding
+     * (one row) and its routed experts, plus K experts per layer (of the
+     * layer's local share: slices under MoE TP) */
+    int64_t b = ms_v4_local_weight_bytes(m) - ms_mat_bytes(&m->embed);
+    int n_loc = ms_shard_n_experts(m->shard, c->E);
     for (int l = 0; l < c->n_layers; l++) {
         const v4_layer *lw = &v->layers[l];
-        const ms_ffn_w *e = &lw->experts[ms_shard_expert(m->shard, l, 0)];
-        b += (ms_mat_bytes(&e->gate) + ms_mat_bytes(&e->up) +
-              ms_mat_bytes(&e->down)) * c->K;
+        for (int s = 0; s < n_loc; s++) {
+            const ms_ffn_w *e = &lw->experts[ms_shard_expert(m->shard, l, s)];
+            int64_t eb = ms_mat_bytes(&e->gate) + ms_mat_bytes(&e->up) + ms_mat_bytes(&e->down);
+            b -= eb;
+            if (s == 0) b += eb * c->K;
+        }
     }
-    m->active_bytes_per_token = b + ms_v4_local_weight_bytes(m) - ms_mat_bytes(&m->embed) -
-                                ms_mat_bytes(&m->lm_head);
+    m->active_bytes_per_token = b;
     return 0;
 }
 

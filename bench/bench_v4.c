@@ -1,0 +1,308 @@
+/* bench_v4.c — DeepSeek-V4 speed on the small-v4 preset (arch.md §2; the
+ * checkpoints are written under build/models/ on first use: small-v4 BF16
+ * and small-v4-fp8-fp4, FP4 routed experts + FP8 elsewhere, as released).
+ * The model API with a one-sequence BF16 KV cache (the engine's auto
+ * dtype), --threads threads, auto precision.
+ *
+ * Rows (key=value), all measured in one run so ratios are comparable:
+ *   dram     read bandwidth with the same threads (GB/s; the roofline's)
+ *   prefill  a ctx-token prompt (512, 8192) in chunks of 2048 rows (the
+ *            engine's default chunk): tokens/s
+ *   decode   batch 1 at ctx 1024, 8192, 65024 (64K less room for the steps): median step (ms/token) over
+ *            --steps greedy-free steps, tok/s, bytes read per token (active
+ *            weights + the cache entries the step reads: window, C128, all
+ *            index keys, the top-k C4 entries) and the roofline ratio =
+ *            bytes / bandwidth / step time.  The ctx tokens' cache entries
+ *            are written with random values (fill=random: the step's cost
+ *            does not depend on them; a 64K prefill would take minutes
+ *            here); one row decodes after the real 8192-token prefill
+ *            (fill=prefill) to check that.  x_1k = step at ctx / step at 1K
+ *            (target <= 2 at 64K).  Each ctx alternates the threaded
+ *            attention with its scalar twin (attn=ref, ms_v4.attn_ref), two
+ *            runs each: x_ref = ref step / threaded step.
+ *   fp8fp4   batch-1 decode at ctx 1024 of the FP8+FP4 checkpoint against
+ *            BF16, alternating, two of each: x_bf16 (target >= 1.6)
+ * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
+ * Validation: every step's logits finite before a figure is printed.
+ */
+#include "base/util.h"
+#include "kernels/probe.h"
+#include "model/deepseek_v4.h"
+#include "model/family.h"
+#include "model/model.h"
+#include "tools/mkmodel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { PS = 64, CHUNK = 2048 };
+
+static int threads = 2, steps = 16, quick = 0;
+static const char *model_dir = "build/models";
+
+static int ensure_model(const char *name, int dtype, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", model_dir, name);
+    char cfg[1200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    struct stat st;
+    if (stat(cfg, &st) == 0) return 0;
+    mkdir(model_dir, 0755);
+    ms_errbuf err = {{0}};
+    fprintf(stderr, "bench_v4: writing %s ...\n", out);
+    if (ms_mkmodel_v4_write("small-v4", dtype, 1, out, 0, &err)) {
+        fprintf(stderr, "bench_v4: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One sequence's cache for `tokens` positions. */
+struct seq {
+    ms_kv_cache *c;
+    ms_kv_seq q;
+};
+
+static int seq_open(ms_model *m, struct seq *s, int64_t tokens)
+{
+    ms_kv_spec spec;
+    ms_errbuf err = {{0}};
+    ms_kv_spec_opts o = {.elem_bytes = 2, .page_size = PS, .attn_tp = 1};
+    int32_t pages[MS_KV_MAX_STREAMS];
+    if (ms_model_kv_spec(m, &o, &spec, &err)) goto fail;
+    ms_kv_cache_pages_for(&spec, PS, tokens, 1, CHUNK, pages);
+    for (int i = 0; i < spec.n_streams; i++) /* the window stream whole: no sliding here */
+        if (spec.streams[i].window > 0) pages[i] = (int32_t)((tokens + PS - 1) / PS + 2);
+    if (ms_kv_cache_new(&s->c, &spec, PS, pages, MS_DT_BF16, 1, &err)) goto fail;
+    ms_kv_seq_init(&s->q);
+    if (ms_kv_cache_reserve(s->c, &s->q, tokens)) {
+        snprintf(err.msg, sizeof err.msg, "cannot reserve %lld tokens", (long long)tokens);
+        goto fail;
+    }
+    return 0;
+fail:
+    fprintf(stderr, "bench_v4: cache: %s\n", err.msg);
+    return -1;
+}
+
+static void seq_close(struct seq *s)
+{
+    ms_kv_cache_release(s->c, &s->q);
+    ms_kv_seq_deinit(&s->q);
+    ms_kv_cache_free(s->c);
+}
+
+/* Random BF16 entries for what a step at position ctx reads (the window,
+ * every C4 / C128 entry and index key below ctx), a zeroed compressor state. */
+static void fill_random(ms_model *m, struct seq *s, int64_t ctx)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_kv_view v = {s->c, &s->q};
+    uint64_t rng = 77;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int st = V4_S_WINDOW; st <= V4_S_INDEX; st++) {
+            int64_t every = st == V4_S_WINDOW ? 1 : st == V4_S_C128 ? 128 : 4;
+            int64_t p0 = st == V4_S_WINDOW ? MS_MAX(0, ctx - c->window) : 0;
+            for (int64_t p = p0; p + every <= ctx; p += every) {
+                uint16_t *e = ms_kv_view_entry(&v, st, l, p);
+                if (!e) break; /* the stream does not cover this layer */
+                int64_t n = ms_kv_view_entry_elems(&v, st);
+                for (int64_t i = 0; i < n; i++)
+                    e[i] = ms_f32_to_bf16((float)(2.0 * ms_rng_uniform(&rng) - 1.0) * 1.7f);
+            }
+        }
+    ms_kv_spec spec = *ms_kv_cache_spec(s->c);
+    double sb = ms_kv_spec_state_bytes(&spec, 0, c->n_layers);
+    void *stb = ms_kv_view_state(&v);
+    if (stb) memset(stb, 0, (size_t)sb);
+}
+
+static int forward(ms_model *m, struct seq *s, const int32_t *t, int n, int64_t pos, float *logits)
+{
+    ms_batch_seq sq = {.tokens = t, .n_tokens = n, .start_pos = pos, .kv = &s->q,
+                       .logits = logits, .n_logits = 1,
+                       .kind = n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL};
+    ms_errbuf err = {{0}};
+    int rc = ms_model_forward(m, s->c, &sq, 1, &err);
+    if (rc) fprintf(stderr, "bench_v4: forward: %s\n", err.msg);
+    int64_t V = ms_model_shape_of(m)->vocab;
+    for (int64_t i = 0; !rc && i < V; i++)
+        if (!isfinite(logits[i])) {
+            fprintf(stderr, "bench_v4: logit %lld not finite\n", (long long)i);
+            rc = -1;
+        }
+    return rc;
+}
+
+/* Median decode step (s) of `steps` steps from position ctx. */
+static double decode_median(ms_model *m, struct seq *s, int64_t ctx, float *logits)
+{
+    double *t = malloc(sizeof(double) * (size_t)steps);
+    if (!t) return -1;
+    uint64_t rng = 5 + (uint64_t)ctx;
+    for (int i = 0; i < steps; i++) {
+        int32_t tok = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
+        double t0 = ms_now_s();
+        if (forward(m, s, &tok, 1, ctx + i, logits)) {
+            free(t);
+            return -1;
+        }
+        t[i] = ms_now_s() - t0;
+    }
+    qsort(t, (size_t)steps, sizeof *t, cmp_d);
+    double med = t[steps / 2];
+    free(t);
+    return med;
+}
+
+/* Cache bytes (BF16) a decode step at ctx reads. */
+static double cache_bytes(const ms_model *m, int64_t ctx)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    double b = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        b += (double)MS_MIN(ctx + 1, c->window) * c->hd * 2;
+        if (c->ratio[l] == 128) b += (double)((ctx + 1) / 128) * c->hd * 2;
+        if (c->ratio[l] == 4)
+            b += (double)((ctx + 1) / 4) * c->idx_hd * 2 +
+                 (double)MS_MIN((ctx + 1) / 4, c->idx_topk) * c->hd * 2;
+    }
+    return b;
+}
+
+static ms_model *open_model(const char *dir)
+{
+    ms_model *m = NULL;
+    ms_errbuf err = {{0}};
+    ms_model_opts mo = {.threads = threads, .exact = 0};
+    if (ms_model_open(&m, dir, &mo, &err)) fprintf(stderr, "bench_v4: %s: %s\n", dir, err.msg);
+    return m;
+}
+
+/* A real ctx-token prefill into s: tokens/s. */
+static double prefill(ms_model *m, struct seq *s, int64_t ctx, float *logits)
+{
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
+    if (!ids) return -1;
+    uint64_t rng = 1000 + (uint64_t)ctx;
+    for (int64_t i = 0; i < ctx; i++) ids[i] = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
+    double t0 = ms_now_s();
+    for (int64_t p = 0; p < ctx; p += CHUNK)
+        if (forward(m, s, ids + p, (int)MS_MIN(CHUNK, ctx - p), p, logits)) {
+            free(ids);
+            return -1;
+        }
+    double dt = ms_now_s() - t0;
+    free(ids);
+    return (double)ctx / dt;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--model-dir") && i + 1 < argc) model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else {
+            fprintf(stderr, "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]\n");
+            return 2;
+        }
+    }
+    if (steps < 1) steps = 1;
+    if (quick) steps = MS_MIN(steps, 6);
+    char d16[1100], d4[1100];
+    if (ensure_model("small-v4", MS_MK_BF16, d16, sizeof d16) ||
+        ensure_model("small-v4-fp8-fp4", MS_MK_FP8_FP4, d4, sizeof d4))
+        return 1;
+    ms_model *m = open_model(d16), *m4 = open_model(d4);
+    if (!m || !m4) return 1;
+    float *logits = malloc(sizeof(float) * (size_t)ms_model_shape_of(m)->vocab);
+    if (!logits) return 1;
+    double bw = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, 3);
+    printf("dram threads=%d read_gbps=%.2f\n", threads, bw);
+    fflush(stdout);
+
+    /* prefill 512 and 8192, then decode after the real 8192 */
+    const int64_t pctx[2] = {512, 8192};
+    for (int i = 0; i < 2; i++) {
+        struct seq s;
+        if (seq_open(m, &s, pctx[i] + steps)) return 1;
+        double tps = prefill(m, &s, pctx[i], logits);
+        if (tps < 0) return 1;
+        printf("prefill model=small-v4 dtype=bf16 ctx=%lld threads=%d tok_s=%.1f\n",
+               (long long)pctx[i], threads, tps);
+        if (i == 1) {
+            double st = decode_median(m, &s, pctx[i], logits);
+            if (st < 0) return 1;
+            printf("decode model=small-v4 dtype=bf16 ctx=%lld fill=prefill attn=threaded "
+                   "ms_token=%.2f tok_s=%.2f\n",
+                   (long long)pctx[i], st * 1e3, 1 / st);
+        }
+        seq_close(&s);
+        fflush(stdout);
+    }
+
+    /* the decode curve: threaded and reference alternating */
+    const int64_t ctxs[3] = {1024, 8192, 65536 - 512}; /* 64K: below max_position_embeddings */
+    double st1k = 0;
+    for (int i = 0; i < 3; i++) {
+        int64_t ctx = ctxs[i];
+        struct seq s;
+        if (seq_open(m, &s, ctx + 4 * steps + 1)) return 1;
+        fill_random(m, &s, ctx);
+        double best[2][2];
+        int64_t at = ctx;
+        for (int rep = 0; rep < 2; rep++)
+            for (int ref = 0; ref < 2; ref++) {
+                m->v4->attn_ref = ref;
+                /* each run decodes further on: the entries it wrote are as real as a decode's */
+                best[ref][rep] = decode_median(m, &s, at, logits);
+                if (best[ref][rep] < 0) return 1;
+                at += steps;
+            }
+        m->v4->attn_ref = 0;
+        double st = MS_MIN(best[0][0], best[0][1]), sr = MS_MIN(best[1][0], best[1][1]);
+        if (i == 0) st1k = st;
+        double bytes = (double)ms_model_active_bytes_per_token(m) + cache_bytes(m, ctx);
+        printf("decode model=small-v4 dtype=bf16 ctx=%lld fill=random attn=threaded ms_token=%.2f "
+               "tok_s=%.2f bytes_token=%.1fMB roofline=%.3f x_1k=%.2f ref_ms_token=%.2f "
+               "x_ref=%.2f\n",
+               (long long)ctx, st * 1e3, 1 / st, bytes / 1e6, bytes / (bw * 1e9) / st, st / st1k,
+               sr * 1e3, sr / st);
+        fflush(stdout);
+        seq_close(&s);
+    }
+
+    /* FP8 + FP4 experts against BF16, batch 1 at ctx 1024, alternating */
+    double b16 = 1e30, b4 = 1e30;
+    for (int rep = 0; rep < 2; rep++)
+        for (int k = 0; k < 2; k++) {
+            ms_model *mm = k ? m4 : m;
+            struct seq s;
+            if (seq_open(mm, &s, 1024 + steps + 1)) return 1;
+            fill_random(mm, &s, 1024);
+            double st = decode_median(mm, &s, 1024, logits);
+            seq_close(&s);
+            if (st < 0) return 1;
+            if (k) b4 = MS_MIN(b4, st);
+            else b16 = MS_MIN(b16, st);
+        }
+    printf("fp8fp4 model=small-v4 ctx=1024 bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
+           "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB x_bf16=%.2f\n",
+           b16 * 1e3, b4 * 1e3, ms_model_active_bytes_per_token(m) / 1e6,
+           ms_model_active_bytes_per_token(m4) / 1e6, b16 / b4);
+    free(logits);
+    ms_model_free(m);
+    ms_model_free(m4);
+    return 0;
+}
