@@ -275,7 +275,6 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
     GROW_F(w->ik, S * c->idx_hd);
     GROW_F(w->iscore, S * c->n_idx_heads);
     GROW_F(w->cbuf, S * c->hd);
-    GROW_F(w->iscore_t, S * c->n_idx_heads);
     free(w->sel);
     w->sel = malloc(sizeof(int32_t) * (size_t)S);
     if (!w->sel) return MS_ENOMEM;
@@ -306,7 +305,7 @@ static void ws_free(ms_v4_ws *w)
                      w->qr, w->q,  w->kv,  w->o,   w->z,    w->ca,   w->cg,  w->iq,
                      w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
-    ms_free_aligned(w->win), ms_free_aligned(w->cbuf), ms_free_aligned(w->iscore_t);
+    ms_free_aligned(w->win), ms_free_aligned(w->cbuf);
     for (int i = 0; i < w->n_th; i++) {
         ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc);
         free(w->th[i].sel), free(w->th[i].cand);

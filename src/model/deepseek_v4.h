@@ -103,8 +103,7 @@ typedef struct ms_v4_ws {
     float *win;          /* [cap_win][hd] window entries of a chunk's positions */
     int64_t cap_win;
     float *cbuf;         /* [cap_S][hd] its C128 entries, or a prefill's C4 entries */
-    float *iscore_t;     /* [nI][cap_S] a decode row's per-head index products */
-    struct v4_th {       /* per pool thread: one query row's scratch (rows path) */
+    struct v4_th {       /* per pool thread: one query row's scratch (th[0].cand: a decode row's) */
         float *isc, *sc;           /* [cap_S] index scores, one head's attention scores */
         int32_t *sel;              /* [cap_S] selected C4 entries */
         const float **cand;        /* [cap_S] candidate rows */

@@ -20,11 +20,12 @@
  * The candidate attention runs on the pool (attend_seq): a sequence's window
  * span, C128 entries and index keys (and a prefill's C4 entries) are loaded
  * once into float rows (load_entry), then a prefill chunk's query rows are
- * shared by the threads (each row as the reference computes it, bit for
- * bit), while a decode row spreads its index products and its heads over
- * the threads as matmuls (FP32, ~1e-6 relative to the reference; the
- * indexer's per-key sums keep one order whatever the split, so every
- * attention-TP member picks the same top-k).  attend_rows_ref, the
+ * claimed by the threads, while a decode row spreads its index keys and
+ * then its heads over them; either way each value is computed as the
+ * reference computes it, so results equal it bit for bit whatever the
+ * split (and every attention-TP member picks the same top-k).  The pool
+ * jobs claim work from a counter (ms_pool_run_dynamic): a thread that an
+ * oversubscribed core delays holds nothing up.  attend_rows_ref, the
  * one-row-at-a-time scalar code, stays as the twin the tests compare
  * against (ms_v4.attn_ref).  Main thread only (it drives the pool).
  */
@@ -246,7 +247,6 @@ struct seq_job {
     int l;
     int64_t t0, n_rows, pos0, wp0, n_win, n128, n_c4, n_ik;
     int64_t t, pos, ncand; /* the decode path's row and its candidate count */
-    const float *p;        /* the decode path's softmax weights [H][ncand] */
     _Atomic int rc;
     _Atomic int64_t next;  /* the next unclaimed item (ms_pool_run_dynamic) */
 };
@@ -356,24 +356,34 @@ static void rows_fn(void *arg, int tid, int nt)
     }
 }
 
-/* A decode row's weighted sums of its heads: o[h] = p[h] · cand, heads claimed. */
-static void decode_ctx_fn(void *arg, int tid, int nt)
+/* A decode row's index scores, keys claimed 64 at a time. */
+static void decode_index_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
     const ms_v4_cfg *c = &J->m->v4->c;
     ms_v4_ws *w = &J->m->v4->ws;
-    int64_t hd = c->hd, H = J->m->n_local_heads;
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos + 1) / 4;
     (void)tid, (void)nt;
-    for (int64_t h; (h = atomic_fetch_add(&J->next, 1)) < H;) {
-        const float *ph = J->p + h * J->ncand;
-        float *oh = w->o + J->t * H * hd + h * hd;
-        memset(oh, 0, sizeof(float) * (size_t)hd);
-        for (int64_t i = 0; i < J->ncand; i++) ms_axpy_f32(oh, ph[i], w->cand + i * hd, hd);
-    }
+    for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;)
+        index_scores(c, w->ik + b * ihd, w->iq + J->t * nI * ihd, w->iw + J->t * nI,
+                     MS_MIN(64, nk - b), w->isc + b);
 }
 
-/* One decode row: index products and attention scores as matmuls over the
- * pool, the top-k and the softmax on this thread, then the heads' sums. */
+/* A decode row's heads, claimed one at a time (candidates: ws->th[0].cand). */
+static void decode_heads_fn(void *arg, int tid, int nt)
+{
+    struct seq_job *J = arg;
+    const ms_v4_cfg *c = &J->m->v4->c;
+    ms_v4_ws *w = &J->m->v4->ws;
+    int64_t H = J->m->n_local_heads, hd = c->hd;
+    (void)nt;
+    for (int64_t h; (h = atomic_fetch_add(&J->next, 1)) < H;)
+        attend_ptrs(c, J->lw->sink, w->q + J->t * H * hd, w->th[0].cand, J->ncand, h, h + 1,
+                    w->th[tid].sc, w->o + J->t * H * hd);
+}
+
+/* One decode row: its index scores over the keys, then its heads, on the
+ * pool (the reference's arithmetic, split); the top-k on this thread. */
 static int decode_row(struct seq_job *J)
 {
     ms_model *m = J->m;
@@ -381,52 +391,27 @@ static int decode_row(struct seq_job *J)
     ms_v4_ws *w = &m->v4->ws;
     const v4_layer *lw = J->lw;
     int64_t H = m->n_local_heads, hd = c->hd, dr = c->dr, ratio = lw->ratio, W = c->window;
-    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, t = J->t, pos = J->pos, n = 0;
+    int64_t pos = J->pos, n = 0;
     const float *inv = ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
-    int64_t p0 = MS_MAX(0, pos - W + 1);
-    memcpy(w->cand, w->win + (p0 - J->wp0) * hd, sizeof(float) * (size_t)((pos - p0 + 1) * hd));
-    n = pos - p0 + 1;
-    if (ratio == 128) {
-        int64_t n128 = (pos + 1) / 128;
-        memcpy(w->cand + n * hd, w->cbuf, sizeof(float) * (size_t)(n128 * hd));
-        n += n128;
-    }
+    const float **cand = w->th[0].cand;
+    for (int64_t p = MS_MAX(0, pos - W + 1); p <= pos; p++) cand[n++] = w->win + (p - J->wp0) * hd;
+    if (ratio == 128)
+        for (int64_t e = 0; e < (pos + 1) / 128; e++) cand[n++] = w->cbuf + e * hd;
     if (ratio == 4 && (pos + 1) / 4 > 0) {
         int64_t nk = (pos + 1) / 4;
-        ms_mat K = ms_mat_whole(MS_DT_F32, nk, ihd, w->ik, NULL);
-        ms_matmul(&m->kctx, w->iscore_t, nk, w->iq + t * nI * ihd, ihd, nI, &K, 0);
-        const float *iw = w->iw + t * nI;
-        for (int64_t j = 0; j < nk; j++) {
-            float s = 0;
-            for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(w->iscore_t[h * nk + j], 0.0f);
-            w->isc[j] = s;
-        }
+        run_claimed(m, J, decode_index_fn, nk * c->n_idx_heads / 16);
         int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
         ms_topk(w->isc, nk, k, w->sel);
         for (int e = 0; e < k; e++) {
-            int rc = load_entry(&J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
+            int rc = load_entry(&J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd,
                                 hd);
             if (rc) return rc;
+            cand[n++] = w->cand + e * hd;
         }
-    }
-    /* scores [H][n] = q · candᵀ, softmax with the sink per head */
-    ms_mat C = ms_mat_whole(MS_DT_F32, n, hd, w->cand, NULL);
-    ms_matmul(&m->kctx, w->sc, n, w->q + t * H * hd, hd, H, &C, 0);
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = 0; h < H; h++) {
-        float *s = w->sc + h * n, z = -INFINITY, den = 0;
-        for (int64_t i = 0; i < n; i++) {
-            s[i] *= scale;
-            z = s[i] > z ? s[i] : z;
-        }
-        for (int64_t i = 0; i < n; i++) den += s[i] = expf(s[i] - z);
-        den += expf(lw->sink[h] - z);
-        for (int64_t i = 0; i < n; i++) s[i] /= den;
     }
     J->ncand = n;
-    J->p = w->sc;
-    run_claimed(m, J, decode_ctx_fn, H * n / 8);
-    ms_rope_interleaved(w->o + t * H * hd + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
+    run_claimed(m, J, decode_heads_fn, H * n / 8);
+    ms_rope_interleaved(w->o + J->t * H * hd + hd - dr, H, hd, dr, inv, -pos); /* de-rotate */
     return 0;
 }
 
