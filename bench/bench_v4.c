@@ -8,7 +8,8 @@
  *   dram     read bandwidth with the same threads (GB/s; the roofline's)
  *   prefill  a ctx-token prompt (512, 8192) in chunks of 2048 rows (the
  *            engine's default chunk): tokens/s
- *   decode   batch 1 at ctx 1024, 8192, 65024 (64K less room for the steps): median step (ms/token) over
+ *   decode   batch 1 at ctx 1024, 8192, 65024 (64K less room for the steps): median step (ms/token)
+ * over
  *            --steps greedy-free steps, tok/s, bytes read per token (active
  *            weights + the cache entries the step reads: window, C128, all
  *            index keys, the top-k C4 entries) and the roofline ratio =
@@ -128,8 +129,12 @@ static void fill_random(ms_model *m, struct seq *s, int64_t ctx)
 
 static int forward(ms_model *m, struct seq *s, const int32_t *t, int n, int64_t pos, float *logits)
 {
-    ms_batch_seq sq = {.tokens = t, .n_tokens = n, .start_pos = pos, .kv = &s->q,
-                       .logits = logits, .n_logits = 1,
+    ms_batch_seq sq = {.tokens = t,
+                       .n_tokens = n,
+                       .start_pos = pos,
+                       .kv = &s->q,
+                       .logits = logits,
+                       .n_logits = 1,
                        .kind = n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL};
     ms_errbuf err = {{0}};
     int rc = ms_model_forward(m, s->c, &sq, 1, &err);
@@ -209,12 +214,17 @@ static double prefill(ms_model *m, struct seq *s, int64_t ctx, float *logits)
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--model-dir") && i + 1 < argc) model_dir = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--model-dir") && i + 1 < argc)
+            model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
         else {
-            fprintf(stderr, "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]\n");
+            fprintf(stderr,
+                    "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]\n");
             return 2;
         }
     }
@@ -294,8 +304,10 @@ int main(int argc, char **argv)
             double st = decode_median(mm, &s, 1024, logits);
             seq_close(&s);
             if (st < 0) return 1;
-            if (k) b4 = MS_MIN(b4, st);
-            else b16 = MS_MIN(b16, st);
+            if (k)
+                b4 = MS_MIN(b4, st);
+            else
+                b16 = MS_MIN(b16, st);
         }
     printf("fp8fp4 model=small-v4 ctx=1024 bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
            "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB x_bf16=%.2f\n",
