@@ -59,6 +59,8 @@ static void usage(FILE *f)
             "  --ep-dispatch-dtype fp32|bf16  --comm-stats  --comm-timeout-s S\n"
             "  --skip-server-warmup (no oneDNN prepack and warm-up prompt before the prompts,\n"
             "                        as `serve`)\n"
+            "  --enable-deterministic-inference (as `serve`: each prompt's output does not\n"
+            "                        depend on the other prompts run beside it; slower)\n"
             "launch flags (SGLang names):\n%s",
             ms_launch_help());
     ms_flag_kinds_print_help(f);
@@ -124,6 +126,7 @@ static int parse_kept(void *ctx, int argc, char **argv)
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
         if (!strcmp(a, "--skip-server-warmup")) { o->skip_warmup = 1; continue; }
         if (!strcmp(a, "--comm-stats")) { o->comm_stats = 1; continue; }
+        if (!strcmp(a, "--enable-deterministic-inference")) { o->eo.deterministic = 1; continue; }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "generate: %s %s\n", a,
                     strncmp(a, "--", 2) ? "is not a flag" : "needs a value (or is unknown)");

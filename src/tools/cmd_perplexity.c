@@ -89,6 +89,8 @@ static void usage(FILE *f)
             "  --scored-text F  write the UTF-8 bytes of the scored tokens (for compressors)\n"
             "  --parallel N     windows computed side by side (default 16)\n"
             "  --threads N  --dtype auto|float32|bfloat16  --comm-timeout-s S\n"
+            "  --enable-deterministic-inference  as `serve`: each position's log-probs do not\n"
+            "                   depend on the other windows run beside it (any --parallel)\n"
             "launch flags (SGLang names; --page-size defaults to 1 here):\n%s",
             ms_launch_help());
     ms_flag_kinds_print_help(f);
@@ -120,6 +122,10 @@ static int parse_kept(void *ctx, int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
+        }
+        if (!strcmp(a, "--enable-deterministic-inference")) {
+            o->eo.deterministic = 1;
+            continue;
         }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "perplexity: %s %s\n", a,
