@@ -582,10 +582,8 @@ out:
     ms_frontend_close(fe);
     ms_serve_hub_free(hub);
     ms_tokenizer_free(tok);
-    /* tell the other ranks to exit */
-    ms_engine_shutdown(e);
     ms_errbuf e2;
-    ms_engine_step(e, &e2);
+    ms_engine_finish(e, &e2); /* tell the other ranks to exit */
     return rc;
 }
 
@@ -623,10 +621,8 @@ int ms_cmd_serve(int argc, char **argv)
         MS_LOG(MS_INFO, "serve", "resolved layout:\n%s", table);
         rc = rank0_loop(e, &o, &err);
     } else {
-        int r;
-        while ((r = ms_engine_step(e, &err)) == 0) {}
-        rc = r < 0 ? 1 : 0;
-        if (r < 0) MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
+        rc = ms_engine_follow(e, &err) ? 1 : 0;
+        if (rc) MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
     }
     ms_engine_close(e);
     pthread_t wd;

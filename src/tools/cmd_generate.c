@@ -411,17 +411,14 @@ int ms_cmd_generate(int argc, char **argv)
         if (W > 1) ms_comm_abort(1);
         goto out;
     }
-    if (rank != 0) { /* follow rank 0's steps until told to exit */
-        int r;
-        while ((r = ms_engine_step(e, &err)) == 0) {}
-        if (r < 0) goto comm_fail;
+    if (rank != 0) {
+        if (ms_engine_follow(e, &err)) goto comm_fail;
         rc = 0;
         goto out;
     }
     if (o.dump && !(dump = fopen(o.dump, "w"))) {
         fprintf(stderr, "generate: --dump-logits %s: cannot open\n", o.dump);
-        ms_engine_shutdown(e);
-        ms_engine_step(e, &err);
+        ms_engine_finish(e, &err);
         goto out;
     }
     int n_dp = ms_engine_n_dp(e);
@@ -431,8 +428,7 @@ int ms_cmd_generate(int argc, char **argv)
                              .ignore_eos = o.ignore_eos, .top_logprobs = -1, .dp_rank = i % n_dp};
         if (ms_engine_submit(e, &in, &err)) {
             fprintf(stderr, "generate: prompt %d: %s\n", i, err.msg);
-            ms_engine_shutdown(e);
-            ms_engine_step(e, &err);
+            ms_engine_finish(e, &err);
             goto out;
         }
     }
@@ -474,8 +470,7 @@ int ms_cmd_generate(int argc, char **argv)
             }
         }
     }
-    ms_engine_shutdown(e);
-    if (ms_engine_step(e, &err) < 0) goto comm_fail;
+    if (ms_engine_finish(e, &err)) goto comm_fail;
     print_results(&o, seqs, n_seqs);
     printf("timing: prefill_tokens=%lld prefill_tok_s=%.2f decode_tokens=%lld decode_tok_s=%.2f\n",
            (long long)n_prefill, t_prefill > 0 ? (double)n_prefill / t_prefill : 0.0,

@@ -668,16 +668,13 @@ int ms_cmd_perplexity(int argc, char **argv)
         if (W > 1) ms_comm_abort(1);
         goto out;
     }
-    if (rank != 0) { /* follow rank 0's steps until told to exit */
-        int r;
-        while ((r = ms_engine_step(e, &err)) == 0) {}
-        if (r < 0) goto comm_fail;
+    if (rank != 0) {
+        if (ms_engine_follow(e, &err)) goto comm_fail;
         rc = 0;
         goto out;
     }
     rc = perplexity_rank0(e, &o, &t, cfg.vocab);
-    ms_engine_shutdown(e);
-    if (ms_engine_step(e, &err) < 0) goto comm_fail;
+    if (ms_engine_finish(e, &err)) goto comm_fail;
     goto out;
 comm_fail:
     fprintf(stderr, "perplexity: rank %d: %s\n", rank, err.msg);
