@@ -4,7 +4,8 @@
 # started drains it (in-flight streams finish, new requests and /health get
 # 503, exit code 0, no process left); a second SIGINT stops at once (streams
 # end with finish_reason abort, exit 0); under your own mpirun, SIGUSR1 to
-# mpirun (forwarded to every rank) or SIGTERM to rank 0 drain the same way.
+# mpirun (forwarded to every rank) or SIGTERM to rank 0 drain the same way, and SIGTERM
+# to mpirun drains within the time its --mca odls_base_sigkill_timeout gives (case 4).
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} # OpenMPI keeps its allocations until exit
@@ -94,4 +95,38 @@ for how in usr1-mpirun term-rank0; do
     t "user-run mpirun, $how: exit code $rc, streams finished, no rank left" \
         '[ "$rc" = 0 ] && all_end_with 2 length && no_rank_left'
 done
+# 4. SIGTERM to a user-run mpirun: Open MPI 4.1 sends every rank SIGCONT at once, SIGTERM
+# odls_base_sigkill_timeout (G) seconds later, SIGKILL G seconds after that, and exits 1
+# whatever the ranks do.  With G above the drain, rank 0 drains on that SIGTERM (here
+# --shutdown-timeout 1 then ends the long streams with abort), the other ranks keep
+# stepping until rank 0 ends the run, and every rank exits 0 by itself before the
+# SIGKILL (each says so: MPI_Finalize waits for an aborting mpirun, so a rank that saw
+# its SIGCONT stops waiting after 1 s; gone before 2G; the streams end with [DONE]).
+G=6
+FLAGS="$FLAGS --shutdown-timeout 1"
+if start term-mpirun $MPI --mca odls_base_sigkill_timeout $G; then
+    streams 2 6000 || bad "term-mpirun: 2 streams did not all start"
+    ranks=$(pgrep -P "$PID" | tr '\n' ' ' | sed 's/ $//')
+    t0=$SECONDS
+    kill -TERM "$PID"
+    hc=
+    for _ in $(seq 1 $((G * 20 + 60))); do
+        hc=$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$PORT/health")
+        [ "$hc" = 503 ] && break
+        sleep 0.05
+    done
+    code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "http://127.0.0.1:$PORT/v1/completions" \
+        -d '{"prompt":"x","max_tokens":2}')
+    gone=
+    for _ in $(seq 1 $((G * 30))); do
+        # exited: gone or a zombie (mpirun reaps its children only at its end)
+        ps -o stat= -p "${ranks// /,}" 2>/dev/null | grep -qv '^Z' || { gone=$((SECONDS - t0)); break; }
+        sleep 0.1
+    done
+    wait_exit $((3 * G))
+    wait "${SPIDS[@]}" 2>/dev/null
+    n0=$(grep -c "exiting with status 0" "$tmp/term-mpirun.log")
+    t "SIGTERM to a user-run mpirun (--mca odls_base_sigkill_timeout $G): drained after ~$G s (/health $hc, a new request $code), the streams ended with [DONE], $n0 of 2 ranks exited 0, gone after ${gone:-never} s (< $((2 * G)): before the SIGKILL), mpirun exit code $rc (Open MPI's 1), no rank left" \
+        '[ "$hc" = 503 ] && [ "$code" = 503 ] && all_end_with 2 abort && [ "$n0" = 2 ] && [ -n "$ranks" ] && [ -n "$gone" ] && [ "$gone" -lt $((2 * G)) ] && no_rank_left'
+fi
 report

@@ -299,6 +299,36 @@ static int same(const char *got, const char *want)
     return 0;
 }
 
+/* Both formats refuse the same malformed assistant tool calls (ms_chat_check_calls)
+ * and render the well-formed one (an earlier turn: V4 reads a last assistant turn
+ * with add_generation_prompt as a user turn, as the release does). */
+TEST(tool_calls_checked_both_formats)
+{
+    static const char *const bad[] = {
+        "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":{\"function\":{\"name\":\"f\"}}},{\"role\":\"user\",\"content\":\"y\"}]",
+        "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"function\":{\"name\":\"f\"}},{\"function\":{\"name\":5}}]},"
+        "{\"role\":\"user\",\"content\":\"y\"}]",
+    };
+    const char *good = "[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\","
+                       "\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"f\","
+                       "\"arguments\":\"{}\"}}]},{\"role\":\"user\",\"content\":\"y\"}]";
+    int rc;
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char *s3 = render(bad[k], NULL, -1, &rc);
+        CHECKF(rc == MS_EINVAL && !s3, "V3 format, case %zu: rc %d", k, rc);
+        char *s4 = render4(bad[k], NULL, 0, 0, 1, &rc);
+        CHECKF(rc == MS_EINVAL && !s4, "V4 format, case %zu: rc %d", k, rc);
+    }
+    char *s3 = render(good, NULL, -1, &rc);
+    CHECK(rc == 0 && s3 && strstr(s3, "f"));
+    free(s3);
+    char *s4 = render4(good, NULL, 0, 0, 1, &rc);
+    CHECK(rc == 0 && s4 && strstr(s4, "name=\"f\""));
+    free(s4);
+}
+
 /* Thinking mode with tools (the shape of the release's test case 1, hand-written):
  * the request's tools on the system turn, a call with a string and a number,
  * its result merged into a user turn, reasoning kept (tools present). */
@@ -709,6 +739,7 @@ int main(void)
     RUN(template_errors);
     RUN(tool_call_parse_streaming);
     RUN(reasoning_split);
+    RUN(tool_calls_checked_both_formats);
     RUN(v4_encode_thinking_tools);
     RUN(v4_encode_thinking_modes);
     RUN(v4_encode_roles_and_results);

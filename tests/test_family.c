@@ -6,6 +6,7 @@
  * and hidden states), and run_layers(0, m) + run_layers(m, L) equals
  * run_layers(0, L); each to 1e-4 relative with the same greedy tokens. */
 #include "harness.h"
+#include "family_util.h"
 #include "model/family.h"
 #include "plan/plan.h"
 #include "tools/mkmodel.h"
@@ -157,59 +158,14 @@ static int open_model(void)
 /* A cache of the model's streams with two sequences holding 32 tokens each. */
 static ms_kv_cache *new_cache(ms_kv_seq *q0, ms_kv_seq *q1)
 {
-    static ms_kv_spec spec;
-    ms_errbuf err;
-    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = PS, .attn_tp = 1};
-    ms_kv_cache *c = NULL;
-    int32_t pages[MS_KV_MAX_STREAMS] = {MAXP};
-    if (ms_model_kv_spec(model, &o, &spec, &err) ||
-        ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_F32, 0, &err))
-        return NULL;
-    ms_kv_seq_init(q0), ms_kv_seq_init(q1);
-    if (ms_kv_cache_reserve(c, q0, 32) || ms_kv_cache_reserve(c, q1, 32)) {
-        ms_kv_cache_free(c);
-        return NULL;
-    }
-    return c;
-}
-
-static void free_cache(ms_kv_cache *c, ms_kv_seq *q0, ms_kv_seq *q1)
-{
-    ms_kv_cache_release(c, q0), ms_kv_cache_release(c, q1);
-    ms_kv_seq_deinit(q0), ms_kv_seq_deinit(q1);
-    ms_kv_cache_free(c);
-}
-
-/* max |a - b| / max |b| over n values */
-static double rel_err(const float *a, const float *b, int64_t n)
-{
-    double d = 0, m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = fabs((double)a[i] - b[i]), y = fabs((double)b[i]);
-        if (x > d) d = x;
-        if (y > m) m = y;
-    }
-    return m > 0 ? d / m : d;
-}
-
-static int32_t argmax(const float *x, int64_t n)
-{
-    int32_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = (int32_t)i;
-    return best;
+    return fam_cache_new(model, PS, MAXP, 0, 32, q0, q1);
 }
 
 /* One sequence through the whole forward. */
 static int forward1(const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *toks, int n,
                     int64_t pos, int kind, int n_logits, float *logits, float *hidden)
 {
-    ms_batch_seq sq = {.tokens = toks, .n_tokens = n, .start_pos = pos, .kv = kv,
-                       .logits = logits, .n_logits = n_logits, .kind = kind, .hidden = hidden};
-    ms_errbuf err;
-    int rc = ms_model_forward(model, c, &sq, 1, &err);
-    if (rc) fprintf(stderr, "forward: %s\n", err.msg);
-    return rc;
+    return fam_forward1(model, c, kv, toks, n, pos, kind, n_logits, logits, hidden);
 }
 
 enum { N = 12, K = 3 };

@@ -12,6 +12,7 @@
  * FP4 scale refused naming its tensor, the sqrt-softplus / hash gate, the
  * clamped SwiGLU, and clear refusals (a wrong tensor shape). */
 #include "harness.h"
+#include "family_util.h"
 #include "model/deepseek_v4.h"
 #include "model/family.h"
 #include "moe/moe.h"
@@ -35,60 +36,14 @@ static int32_t toks[N + 8];
 
 static ms_kv_cache *new_cache(ms_model *m, ms_kv_seq *q0, ms_kv_seq *q1)
 {
-    static ms_kv_spec spec;
-    ms_errbuf err;
-    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = PS, .attn_tp = 1};
-    ms_kv_cache *c = NULL;
-    int32_t pages[MS_KV_MAX_STREAMS] = {MAXP, MAXP, MAXP, MAXP};
-    if (ms_model_kv_spec(m, &o, &spec, &err) ||
-        ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_F32, 2, &err)) {
-        fprintf(stderr, "cache: %s\n", err.msg);
-        return NULL;
-    }
-    ms_kv_seq_init(q0), ms_kv_seq_init(q1);
-    if (ms_kv_cache_reserve(c, q0, N + 8) || ms_kv_cache_reserve(c, q1, N + 8)) {
-        ms_kv_cache_free(c);
-        return NULL;
-    }
-    return c;
-}
-
-static void free_cache(ms_kv_cache *c, ms_kv_seq *q0, ms_kv_seq *q1)
-{
-    ms_kv_cache_release(c, q0), ms_kv_cache_release(c, q1);
-    ms_kv_seq_deinit(q0), ms_kv_seq_deinit(q1);
-    ms_kv_cache_free(c);
-}
-
-static double rel_err(const float *a, const float *b, int64_t n)
-{
-    double d = 0, m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = fabs((double)a[i] - b[i]), y = fabs((double)b[i]);
-        if (!(x <= d)) d = x; /* NaN counts */
-        if (y > m) m = y;
-    }
-    return m > 0 ? d / m : d;
-}
-
-static int32_t argmax(const float *x, int64_t n)
-{
-    int32_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = (int32_t)i;
-    return best;
+    return fam_cache_new(m, PS, MAXP, 2, N + 8, q0, q1);
 }
 
 static int forward1(ms_model *m, const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *t,
                     int n, int64_t pos, int n_logits, float *logits, float *hidden)
 {
-    ms_batch_seq sq = {.tokens = t, .n_tokens = n, .start_pos = pos, .kv = kv, .logits = logits,
-                       .n_logits = n_logits, .kind = n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL,
-                       .hidden = hidden};
-    ms_errbuf err;
-    int rc = ms_model_forward(m, c, &sq, 1, &err);
-    if (rc) fprintf(stderr, "forward: %s\n", err.msg);
-    return rc;
+    return fam_forward1(m, c, kv, t, n, pos, n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL, n_logits,
+                        logits, hidden);
 }
 
 static int make_model(char *dir, int dtype, ms_model **out)

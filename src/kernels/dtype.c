@@ -41,24 +41,22 @@ static int64_t find_lanes(const unsigned char *v, int64_t n, int esz, uint64_t a
     return -1;
 }
 
+/* Per dtype: element bytes, then abs / add / top of find_lanes for 8 bytes of lanes. */
+static const struct {
+    int esz;
+    uint64_t abs, add, top;
+} nonfinite_lanes[MS_DT_COUNT] = {
+    [MS_DT_F32] = {4, 0x7fffffff7fffffffull, 0x0080000000800000ull, 0x8000000080000000ull},
+    [MS_DT_BF16] = {2, 0x7fff7fff7fff7fffull, 0x0080008000800080ull, 0x8000800080008000ull},
+    [MS_DT_F16] = {2, 0x7fff7fff7fff7fffull, 0x0400040004000400ull, 0x8000800080008000ull},
+    [MS_DT_F8E4M3] = {1, 0x7f7f7f7f7f7f7f7full, 0x0101010101010101ull, 0x8080808080808080ull},
+};
+
 int64_t ms_dtype_find_nonfinite(ms_dtype t, const void *p, int64_t n)
 {
-    switch (t) {
-    case MS_DT_F32:
-        return find_lanes(p, n, 4, 0x7fffffff7fffffffull, 0x0080000000800000ull,
-                          0x8000000080000000ull);
-    case MS_DT_BF16:
-        return find_lanes(p, n, 2, 0x7fff7fff7fff7fffull, 0x0080008000800080ull,
-                          0x8000800080008000ull);
-    case MS_DT_F16:
-        return find_lanes(p, n, 2, 0x7fff7fff7fff7fffull, 0x0400040004000400ull,
-                          0x8000800080008000ull);
-    case MS_DT_F8E4M3:
-        return find_lanes(p, n, 1, 0x7f7f7f7f7f7f7f7full, 0x0101010101010101ull,
-                          0x8080808080808080ull);
-    default:
-        return -1;
-    }
+    if ((unsigned)t >= MS_DT_COUNT || !nonfinite_lanes[t].esz) return -1;
+    return find_lanes(p, n, nonfinite_lanes[t].esz, nonfinite_lanes[t].abs,
+                      nonfinite_lanes[t].add, nonfinite_lanes[t].top);
 }
 
 int ms_dtype_parse(const char *name)

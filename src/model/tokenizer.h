@@ -57,6 +57,16 @@ typedef struct ms_tok_added {
     const char *content;
     bool special; /* skipped by decode(skip_special) */
 } ms_tok_added;
+/* The 15 added tokens DeepSeek-V3 and V4 both carry in this order, from
+ * <｜fim▁hole｜> to <｜tool▁sep｜> (initialisers of ms_tok_added). */
+#define MS_TOK_DS_FIM_CHAT_TOOLS                                                                   \
+    {"<｜fim▁hole｜>", false}, {"<｜fim▁begin｜>", false}, {"<｜fim▁end｜>", false},                 \
+        {"<｜User｜>", false}, {"<｜Assistant｜>", false}, {"<|EOT|>", true},                       \
+        {"<｜tool▁calls▁begin｜>", false}, {"<｜tool▁calls▁end｜>", false},                          \
+        {"<｜tool▁call▁begin｜>", false}, {"<｜tool▁call▁end｜>", false},                            \
+        {"<｜tool▁outputs▁begin｜>", false}, {"<｜tool▁outputs▁end｜>", false},                      \
+        {"<｜tool▁output▁begin｜>", false}, {"<｜tool▁output▁end｜>", false},                        \
+        {"<｜tool▁sep｜>", false}
 /* The same with the special tokens tail[0..n_tail) (instead of DeepSeek-V3's)
  * at ids tail_at.. when they fit above the learned tokens, else ending the
  * vocabulary; placeholders fill the rest. */

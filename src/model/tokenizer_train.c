@@ -34,21 +34,7 @@ static const char DS_RE_MAIN[] =
 static const ms_tok_added DS_TAIL[] = {
     {"<think>", false},
     {"</think>", false},
-    {"<｜fim▁hole｜>", false},
-    {"<｜fim▁begin｜>", false},
-    {"<｜fim▁end｜>", false},
-    {"<｜User｜>", false},
-    {"<｜Assistant｜>", false},
-    {"<|EOT|>", true},
-    {"<｜tool▁calls▁begin｜>", false},
-    {"<｜tool▁calls▁end｜>", false},
-    {"<｜tool▁call▁begin｜>", false},
-    {"<｜tool▁call▁end｜>", false},
-    {"<｜tool▁outputs▁begin｜>", false},
-    {"<｜tool▁outputs▁end｜>", false},
-    {"<｜tool▁output▁begin｜>", false},
-    {"<｜tool▁output▁end｜>", false},
-    {"<｜tool▁sep｜>", false},
+    MS_TOK_DS_FIM_CHAT_TOOLS,
 };
 #define N_HEAD          3
 #define N_TAIL          ((int32_t)MS_ARRAY_LEN(DS_TAIL))

@@ -43,6 +43,21 @@ int ms_chat_content_text(const json_t *c, size_t idx, struct sb *out, ms_errbuf 
     return 0;
 }
 
+int ms_chat_check_calls(const json_t *calls, size_t idx, ms_errbuf *e)
+{
+    if (!json_is_array(calls))
+        return ms_err(e, MS_EINVAL, "messages[%zu].tool_calls must be an array", idx);
+    size_t i;
+    const json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        if (!json_is_string(json_object_get(json_object_get(c, "function"), "name")))
+            return ms_err(e, MS_EINVAL,
+                          "messages[%zu].tool_calls[%zu].function.name must be a string", idx, i);
+    }
+    return 0;
+}
+
 static int render_tools(const json_t *tools, struct sb *b, ms_errbuf *e)
 {
     if (!json_is_array(tools)) return ms_err(e, MS_EINVAL, "tools must be an array");
@@ -85,8 +100,8 @@ static int render_tools(const json_t *tools, struct sb *b, ms_errbuf *e)
 
 static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf *e)
 {
-    if (!json_is_array(calls))
-        return ms_err(e, MS_EINVAL, "messages[%zu].tool_calls must be an array", idx);
+    int rc = ms_chat_check_calls(calls, idx, e);
+    if (rc) return rc;
     size_t i;
     const json_t *c;
     json_array_foreach(calls, i, c)
@@ -94,9 +109,6 @@ static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf
         const json_t *fn = json_object_get(c, "function");
         const json_t *name = json_object_get(fn, "name");
         const json_t *args = json_object_get(fn, "arguments");
-        if (!json_is_string(name))
-            return ms_err(e, MS_EINVAL,
-                          "messages[%zu].tool_calls[%zu].function.name must be a string", idx, i);
         if (i == 0) sb_add(b, MS_CHAT_CALLS_BEGIN);
         sb_add(b, MS_CHAT_CALL_BEGIN);
         sb_add(b, json_string_value(name));
@@ -176,9 +188,7 @@ int ms_chat_render(const json_t *messages, const json_t *tools, const ms_chat_op
             const char *end = strstr(text, MS_CHAT_THINK_END);
             if (end) text = end + strlen(MS_CHAT_THINK_END);
             sb_add(&b, text);
-            if (calls && !json_is_null(calls) && json_array_size(calls)) {
-                if ((rc = render_calls(calls, i, &b, e))) goto out;
-            }
+            if (calls && !json_is_null(calls) && (rc = render_calls(calls, i, &b, e))) goto out;
             sb_add(&b, MS_CHAT_EOS);
             is_tool = 0;
         } else if (!strcmp(role, "tool")) {

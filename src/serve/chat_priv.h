@@ -50,6 +50,10 @@ static inline void sb_add(struct sb *b, const char *s)
 /* Text of messages[idx].content: a string, null (""), or [{type:"text", text}]. */
 int ms_chat_content_text(const json_t *c, size_t idx, struct sb *out, ms_errbuf *e);
 
+/* messages[idx].tool_calls is an array whose every function.name is a string
+ * (what both formats' renderers then read without looking again), else MS_EINVAL. */
+int ms_chat_check_calls(const json_t *calls, size_t idx, ms_errbuf *e);
+
 /* ---- parser helpers (chat.c) ---- */
 /* Appends text to the delta and to the totals (reasoning or content). */
 void ms_chat_emit_text(ms_chat_parser *p, ms_chat_delta *d, int reasoning, const char *s, size_t n);

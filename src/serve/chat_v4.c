@@ -138,19 +138,15 @@ static void render_params(const json_t *args, struct sb *b)
     json_decref(obj);
 }
 
-static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf *e)
+/* calls: checked when the message was read (ms_chat_check_calls) */
+static void render_calls(const json_t *calls, struct sb *b)
 {
-    if (!json_is_array(calls))
-        return ms_err(e, MS_EINVAL, "messages[%zu].tool_calls must be an array", idx);
     size_t i;
     const json_t *c;
     json_array_foreach(calls, i, c)
     {
         const json_t *fn = json_object_get(c, "function");
         const json_t *name = json_object_get(fn, "name");
-        if (!json_is_string(name))
-            return ms_err(e, MS_EINVAL,
-                          "messages[%zu].tool_calls[%zu].function.name must be a string", idx, i);
         sb_add(b, i ? "\n" : "\n\n" MS_CHAT_DSML_CALLS "\n");
         sb_add(b, MS_CHAT_DSML_INVOKE " name=\"");
         sb_add(b, json_string_value(name));
@@ -159,7 +155,6 @@ static int render_calls(const json_t *calls, size_t idx, struct sb *b, ms_errbuf
         sb_add(b, "\n" MS_CHAT_DSML_INVOKE_END);
     }
     if (json_array_size(calls)) sb_add(b, "\n" MS_CHAT_DSML_CALLS_END);
-    return 0;
 }
 
 static void msgs_free(v4msg *m, int n)
@@ -269,10 +264,7 @@ static int preprocess(const json_t *messages, const json_t *tools, int gen_promp
             goto oom;
         const json_t *calls = json_object_get(msg, "tool_calls");
         if (ri == R_ASSISTANT && calls && !json_is_null(calls)) {
-            if (!json_is_array(calls)) {
-                rc = ms_err(e, MS_EINVAL, "messages[%zu].tool_calls must be an array", i);
-                goto fail;
-            }
+            if ((rc = ms_chat_check_calls(calls, i, e))) goto fail;
             o->calls = calls;
         }
         const json_t *mt = json_object_get(msg, "tools");
@@ -428,7 +420,7 @@ int ms_chat_render_v4(const json_t *messages, const json_t *tools, const ms_chat
                 sb_add(&b, MS_CHAT_THINK_END);
             }
             sb_add(&b, x->content);
-            if (x->calls) rc = render_calls(x->calls, (size_t)i, &b, e);
+            if (x->calls) render_calls(x->calls, &b);
             sb_add(&b, MS_CHAT_EOS);
             break;
         }

@@ -113,6 +113,20 @@ int ms_engine_flush_cache(ms_engine *e)
 
 void ms_engine_shutdown(ms_engine *e) { e->pend_flags |= CF_EXIT; }
 
+int ms_engine_finish(ms_engine *e, ms_errbuf *err)
+{
+    ms_engine_shutdown(e);
+    int r = ms_engine_step(e, err);
+    return r < 0 ? r : 0;
+}
+
+int ms_engine_follow(ms_engine *e, ms_errbuf *err)
+{
+    int r;
+    while ((r = ms_engine_step(e, err)) == 0) {}
+    return r < 0 ? r : 0;
+}
+
 /* Finishes the control block: header and aborts; returns its body (e->ctrl). */
 static size_t seal_ctrl(ms_engine *e)
 {

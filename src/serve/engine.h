@@ -130,11 +130,15 @@ int ms_engine_submit(ms_engine *e, const ms_req_params *in, ms_errbuf *err);
 void ms_engine_abort(ms_engine *e, uint64_t id);
 int ms_engine_flush_cache(ms_engine *e);          /* MS_EBUSY while requests run */
 void ms_engine_shutdown(ms_engine *e);
+/* rank 0: ms_engine_shutdown, then the step that carries it to every rank.  0 or <0. */
+int ms_engine_finish(ms_engine *e, ms_errbuf *err);
 /* rank 0: requests submitted and not finished, or control pending. */
 int ms_engine_busy(const ms_engine *e);
 
 /* Every rank: one lockstep step.  Returns 0, 1 when told to exit, or <0. */
 int ms_engine_step(ms_engine *e, ms_errbuf *err);
+/* Every rank but 0: steps as rank 0 says until it ends the run.  0, or <0 on a failure. */
+int ms_engine_follow(ms_engine *e, ms_errbuf *err);
 /* rank 0: the events of the last step (borrowed until the next step). */
 int ms_engine_events(const ms_engine *e, const ms_engine_event **ev);
 void ms_engine_last_step(const ms_engine *e, ms_engine_step_stats *st);

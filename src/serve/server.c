@@ -10,7 +10,8 @@
  * self-relaunch's supervisor sends through mpirun: comm_launch.c) drains: new
  * requests get 503, running ones finish (within --shutdown-timeout, default
  * no limit as SGLang), then every rank exits 0; a second signal stops at once.
- * Main thread only.
+ * The other ranks ignore those signals and exit when rank 0 ends the run.
+ * Main thread only (and one watchdog thread at exit, finalize_watchdog).
  */
 #include "base/log.h"
 #include "base/util.h"
@@ -25,11 +26,13 @@
 #include "tools/commands.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct serve_opts {
     ms_flag_screen screen; /* GPU-only flags to warn about (argv borrowed) */
@@ -414,14 +417,42 @@ static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *
 }
 
 /* Stop signals that arrive while the model loads (rank 0), replayed into the
- * hub once it exists; the other ranks ignore the supervisor's SIGUSR1 (they
- * exit when rank 0 tells them to). */
+ * hub once it exists.  The other ranks ignore SIGTERM, SIGINT and SIGUSR1 and
+ * exit when rank 0 ends the run: a launcher that signals one rank signals them
+ * all (the supervisor's SIGUSR1; Open MPI's SIGTERM on its way to SIGKILL, which
+ * still ends a wedged job), and a rank that died of it would cut every stream. */
 static volatile sig_atomic_t early_stops;
 
 static void on_early_stop(int sig)
 {
     (void)sig;
     early_stops++;
+}
+
+/* Open MPI's mpirun, told to stop (SIGTERM/SIGINT to it), sends every rank
+ * SIGCONT first, and from then on its daemon never answers MPI_Finalize's PMIx
+ * handshake (the ranks would wait there for its SIGKILL).  A rank that saw
+ * SIGCONT gives the shutdown barrier and MPI_Finalize FINALIZE_GRACE_S, then
+ * exits with its status; a stray SIGCONT only bounds a finalise that takes ms. */
+#define FINALIZE_GRACE_S 1
+static volatile sig_atomic_t saw_cont;
+static int finalize_rc;
+
+static void on_cont(int sig)
+{
+    (void)sig;
+    saw_cont = 1;
+}
+
+static void *finalize_watchdog(void *arg)
+{
+    (void)arg;
+    sleep(FINALIZE_GRACE_S);
+    MS_LOG(MS_WARN, "serve", "MPI_Finalize unanswered after %d s (the launcher is ending the job): "
+           "exiting with status %d", FINALIZE_GRACE_S, finalize_rc);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(finalize_rc);
 }
 
 static void install_early_signals(int rank)
@@ -431,10 +462,25 @@ static void install_early_signals(int rank)
     sa.sa_handler = rank == 0 ? on_early_stop : SIG_IGN;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
-    if (rank == 0) {
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
-    }
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_cont;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGCONT, &sa, NULL);
+}
+
+/* Under a user-run Open MPI mpirun, SIGTERM to mpirun is its own abort: the ranks
+ * get SIGTERM odls_base_sigkill_timeout seconds later and SIGKILL as long after
+ * that, and mpirun exits 1 (README, "Stopping"). */
+static void note_user_mpirun(int W)
+{
+    if (W < 2 || getenv("MOESERVE_RELAUNCHED") || !getenv("OMPI_COMM_WORLD_SIZE")) return;
+    const char *g = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    MS_LOG(MS_INFO, "serve",
+           "stop: SIGUSR1 to mpirun or SIGTERM to rank 0 drains (exit 0); SIGTERM to mpirun "
+           "reaches the ranks after %s s and SIGKILL %s s later, so it drains within that only "
+           "(mpirun --mca odls_base_sigkill_timeout S sets it) and mpirun exits 1",
+           g && *g ? g : "1", g && *g ? g : "1");
 }
 
 static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
@@ -536,10 +582,8 @@ out:
     ms_frontend_close(fe);
     ms_serve_hub_free(hub);
     ms_tokenizer_free(tok);
-    /* tell the other ranks to exit */
-    ms_engine_shutdown(e);
     ms_errbuf e2;
-    ms_engine_step(e, &e2);
+    ms_engine_finish(e, &e2); /* tell the other ranks to exit */
     return rc;
 }
 
@@ -559,7 +603,10 @@ int ms_cmd_serve(int argc, char **argv)
     if ((rc = ms_engine_start("serve", &o.eo, o.comm_timeout_s, argc + 1, argv - 1, &cfg, &lay, &W,
                               &rank)))
         return rc;
-    if (rank == 0) ms_flag_screen_warn(&o.screen, "serve");
+    if (rank == 0) {
+        ms_flag_screen_warn(&o.screen, "serve");
+        note_user_mpirun(W);
+    }
     rc = 1;
     install_early_signals(rank);
     ms_engine *e = NULL;
@@ -574,12 +621,15 @@ int ms_cmd_serve(int argc, char **argv)
         MS_LOG(MS_INFO, "serve", "resolved layout:\n%s", table);
         rc = rank0_loop(e, &o, &err);
     } else {
-        int r;
-        while ((r = ms_engine_step(e, &err)) == 0) {}
-        rc = r < 0 ? 1 : 0;
-        if (r < 0) MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
+        rc = ms_engine_follow(e, &err) ? 1 : 0;
+        if (rc) MS_LOG(MS_ERROR, "serve", "rank %d: %s", rank, err.msg);
     }
     ms_engine_close(e);
+    pthread_t wd;
+    if (W > 1 && saw_cont) {
+        finalize_rc = rc;
+        if (pthread_create(&wd, NULL, finalize_watchdog, NULL) == 0) pthread_detach(wd);
+    }
     if (W > 1 && ms_comm_deinit(&err)) rc = 1;
     return rc;
 }

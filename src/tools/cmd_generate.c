@@ -59,6 +59,8 @@ static void usage(FILE *f)
             "  --ep-dispatch-dtype fp32|bf16  --comm-stats  --comm-timeout-s S\n"
             "  --skip-server-warmup (no oneDNN prepack and warm-up prompt before the prompts,\n"
             "                        as `serve`)\n"
+            "  --enable-deterministic-inference (as `serve`: each prompt's output does not\n"
+            "                        depend on the other prompts run beside it; slower)\n"
             "launch flags (SGLang names):\n%s",
             ms_launch_help());
     ms_flag_kinds_print_help(f);
@@ -124,6 +126,7 @@ static int parse_kept(void *ctx, int argc, char **argv)
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
         if (!strcmp(a, "--skip-server-warmup")) { o->skip_warmup = 1; continue; }
         if (!strcmp(a, "--comm-stats")) { o->comm_stats = 1; continue; }
+        if (!strcmp(a, "--enable-deterministic-inference")) { o->eo.deterministic = 1; continue; }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "generate: %s %s\n", a,
                     strncmp(a, "--", 2) ? "is not a flag" : "needs a value (or is unknown)");
@@ -408,17 +411,14 @@ int ms_cmd_generate(int argc, char **argv)
         if (W > 1) ms_comm_abort(1);
         goto out;
     }
-    if (rank != 0) { /* follow rank 0's steps until told to exit */
-        int r;
-        while ((r = ms_engine_step(e, &err)) == 0) {}
-        if (r < 0) goto comm_fail;
+    if (rank != 0) {
+        if (ms_engine_follow(e, &err)) goto comm_fail;
         rc = 0;
         goto out;
     }
     if (o.dump && !(dump = fopen(o.dump, "w"))) {
         fprintf(stderr, "generate: --dump-logits %s: cannot open\n", o.dump);
-        ms_engine_shutdown(e);
-        ms_engine_step(e, &err);
+        ms_engine_finish(e, &err);
         goto out;
     }
     int n_dp = ms_engine_n_dp(e);
@@ -428,8 +428,7 @@ int ms_cmd_generate(int argc, char **argv)
                              .ignore_eos = o.ignore_eos, .top_logprobs = -1, .dp_rank = i % n_dp};
         if (ms_engine_submit(e, &in, &err)) {
             fprintf(stderr, "generate: prompt %d: %s\n", i, err.msg);
-            ms_engine_shutdown(e);
-            ms_engine_step(e, &err);
+            ms_engine_finish(e, &err);
             goto out;
         }
     }
@@ -471,8 +470,7 @@ int ms_cmd_generate(int argc, char **argv)
             }
         }
     }
-    ms_engine_shutdown(e);
-    if (ms_engine_step(e, &err) < 0) goto comm_fail;
+    if (ms_engine_finish(e, &err)) goto comm_fail;
     print_results(&o, seqs, n_seqs);
     printf("timing: prefill_tokens=%lld prefill_tok_s=%.2f decode_tokens=%lld decode_tok_s=%.2f\n",
            (long long)n_prefill, t_prefill > 0 ? (double)n_prefill / t_prefill : 0.0,

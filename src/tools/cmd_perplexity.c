@@ -89,6 +89,8 @@ static void usage(FILE *f)
             "  --scored-text F  write the UTF-8 bytes of the scored tokens (for compressors)\n"
             "  --parallel N     windows computed side by side (default 16)\n"
             "  --threads N  --dtype auto|float32|bfloat16  --comm-timeout-s S\n"
+            "  --enable-deterministic-inference  as `serve`: each position's log-probs do not\n"
+            "                   depend on the other windows run beside it (any --parallel)\n"
             "launch flags (SGLang names; --page-size defaults to 1 here):\n%s",
             ms_launch_help());
     ms_flag_kinds_print_help(f);
@@ -120,6 +122,10 @@ static int parse_kept(void *ctx, int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
+        }
+        if (!strcmp(a, "--enable-deterministic-inference")) {
+            o->eo.deterministic = 1;
+            continue;
         }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "perplexity: %s %s\n", a,
@@ -662,16 +668,13 @@ int ms_cmd_perplexity(int argc, char **argv)
         if (W > 1) ms_comm_abort(1);
         goto out;
     }
-    if (rank != 0) { /* follow rank 0's steps until told to exit */
-        int r;
-        while ((r = ms_engine_step(e, &err)) == 0) {}
-        if (r < 0) goto comm_fail;
+    if (rank != 0) {
+        if (ms_engine_follow(e, &err)) goto comm_fail;
         rc = 0;
         goto out;
     }
     rc = perplexity_rank0(e, &o, &t, cfg.vocab);
-    ms_engine_shutdown(e);
-    if (ms_engine_step(e, &err) < 0) goto comm_fail;
+    if (ms_engine_finish(e, &err)) goto comm_fail;
     goto out;
 comm_fail:
     fprintf(stderr, "perplexity: rank %d: %s\n", rank, err.msg);

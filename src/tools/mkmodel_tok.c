@@ -18,21 +18,7 @@
 #define V4_TAIL_AT 128800 /* the first id of the table at the release's vocabulary size */
 
 static const ms_tok_added V4_TAIL[] = {
-    {"<｜fim▁hole｜>", false},
-    {"<｜fim▁begin｜>", false},
-    {"<｜fim▁end｜>", false},
-    {"<｜User｜>", false},
-    {"<｜Assistant｜>", false},
-    {"<|EOT|>", true},
-    {"<｜tool▁calls▁begin｜>", false},
-    {"<｜tool▁calls▁end｜>", false},
-    {"<｜tool▁call▁begin｜>", false},
-    {"<｜tool▁call▁end｜>", false},
-    {"<｜tool▁outputs▁begin｜>", false},
-    {"<｜tool▁outputs▁end｜>", false},
-    {"<｜tool▁output▁begin｜>", false},
-    {"<｜tool▁output▁end｜>", false},
-    {"<｜tool▁sep｜>", false},
+    MS_TOK_DS_FIM_CHAT_TOOLS,
     {"<｜begin▁of▁repo▁name｜>", false},
     {"<｜end▁of▁repo▁name｜>", false},
     {"<｜begin▁of▁file▁name｜>", false},
