@@ -80,6 +80,9 @@ srv() { # name, flags...: starts a server, runs the requests, leaves answers in 
     PID=
 }
 srv plain && srv eagle --speculative-algorithm EAGLE --speculative-num-steps 3
+export SGLANG_SIMULATE_ACC_LEN=2.5 # accepts drafts, so the log line's figures are not all 1 and 0
+srv sim --speculative-algorithm EAGLE --speculative-num-steps 3 --decode-log-interval 4
+unset SGLANG_SIMULATE_ACC_LEN
 for i in 1 2 3 4; do
     a=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$tmp/plain.$i" 2>&1)
     b=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$tmp/eagle.$i" 2>&1)
@@ -109,6 +112,23 @@ print("OK" if ok else "BAD %s %s %s %s %s %s" % (v, dr, a, L, info.get("avg_spec
 PY
 )
 t "metrics consistent ($chk)" '[ "$chk" = OK ]'
+# SGLang's decode log line (scheduler_metrics_mixin's field order): accept len = 1 + accepted /
+# verifies, accept rate = accepted / (verifies x S), so len - 1 = rate x S on every line
+chk=$(/usr/bin/python3 - "$tmp/sim.log" 3 <<'PY'
+import re, sys
+S = int(sys.argv[2])
+pat = re.compile(r"Decode batch\. #running-req: (\d+), #token: (\d+), token usage: ([0-9.]+), "
+                 r"accept len: ([0-9.]+), accept rate: ([0-9.]+), gen throughput \(token/s\): "
+                 r"([0-9.]+), #queue-req: (\d+)$")
+lines = [l for l in open(sys.argv[1]) if "Decode batch" in l]
+m = [pat.search(l.rstrip("\n")) for l in lines]
+bad = [l for l, x in zip(lines, m) if not x or not (1 <= float(x.group(4)) <= S + 1
+       and 0 <= float(x.group(5)) <= 1 and abs(float(x.group(4)) - 1 - S * float(x.group(5))) <= 0.02)]
+some = any(x and float(x.group(4)) > 1.2 for x in m)
+print("OK %d" % len(lines) if lines and some and not bad else "BAD %d lines: %s" % (len(lines), (bad or lines)[:2]))
+PY
+)
+t "decode log line: SGLang's fields, accept len - 1 = accept rate x S ($chk)" '[ "${chk%% *}" = OK ]'
 t "moeserve bench prints the server's accept length" 'grep -q "^Accept length:" "$tmp/eagle.bench"'
 t "moeserve bench: no accept length without speculation" '! grep -q "^Accept length:" "$tmp/plain.bench"'
 t "plain server: accept length 0 (no speculation)" 'grep -q "^sglang:spec_accept_length{.*} 0$" "$tmp/plain.metrics"'

@@ -137,6 +137,15 @@ int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }
 int ms_model_n_mtp_layers(const ms_model *m) { return m->n_mtp_layers; }
 int ms_model_has_draft(const ms_model *m) { return m->family->draft && m->mtp != NULL; }
 
+int32_t ms_draft_out_rows(const ms_batch_seq *sq)
+{
+    if (sq->n_tokens <= 0) return 0;
+    int32_t n = 1;
+    if (sq->logits) n = MS_MAX(n, sq->n_logits);
+    if (sq->hidden) n = MS_MAX(n, sq->n_hidden > 0 ? sq->n_hidden : sq->logits ? sq->n_logits : 1);
+    return MS_MIN(n, sq->n_tokens);
+}
+
 int ms_model_draft_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
                            int n_seqs, ms_errbuf *err)
 {

@@ -120,7 +120,7 @@ void ms_moe_ws_free(ms_moe_ws *ws)
  * static ranges of `align` items (a pool hand-off costs ~1.5 µs, more than
  * these loops take for a few rows).  Each item is computed the same way on
  * any thread. */
-enum { PAR_MIN_ROWS = 8 };
+enum { PAR_MIN_ROWS = 64 };
 
 struct par {
     void (*fn)(void *arg, int64_t begin, int64_t end, int tid);

@@ -34,6 +34,8 @@ struct ms_spec {
     float *logits;           /* [cap][V] */
     float *hid, *hid_next;   /* [cap][D] the chain's hidden rows, in and out */
     int *job_of;             /* [cap] the job of each round's sequence */
+    ms_batch_seq *cnt;       /* [cap_cnt] a round's rows as the draft's MoE sees them */
+    int cap_cnt;
     /* attention-TP members: the leader's round, received */
     ms_batch_seq *mseqs;
     ms_kv_seq *mkv;
@@ -108,6 +110,7 @@ void ms_engine_spec_free(ms_engine *e)
     free(sp->tok);
     free(sp->drafts);
     free(sp->job_of);
+    free(sp->cnt);
     ms_free_aligned(sp->logits);
     ms_free_aligned(sp->hid);
     ms_free_aligned(sp->hid_next);
@@ -202,14 +205,25 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
     return 0;
 }
 
-/* One round on every rank: share, count, run the draft layer. */
+/* One round on every rank: share, count, run the draft layer.  The counts are
+ * of the rows the draft's MoE sees (ms_draft_out_rows: at least one for each
+ * sequence with tokens, so a rank with cache writes to do still runs). */
 static int round_fwd(ms_engine *e, const ms_batch_seq *seqs, int n, int64_t *all_rows,
                      ms_errbuf *err)
 {
+    struct ms_spec *sp = e->spec;
     int rc;
     if (e->W > 1 && e->lay.attn_tp > 1 && (rc = share_round(e, &seqs, &n, err))) return rc;
+    if (n > sp->cap_cnt) {
+        free(sp->cnt);
+        sp->cnt = calloc((size_t)n, sizeof *sp->cnt);
+        sp->cap_cnt = sp->cnt ? n : 0;
+        if (!sp->cnt) return ms_err(err, MS_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) sp->cnt[i].n_tokens = ms_draft_out_rows(&seqs[i]);
     int64_t replica_rows, all_dec;
-    if ((rc = ms_engine_count_rows(e, seqs, n, &replica_rows, all_rows, &all_dec, err))) return rc;
+    if ((rc = ms_engine_count_rows(e, sp->cnt, n, &replica_rows, all_rows, &all_dec, err)))
+        return rc;
     if (replica_rows > 0 && (rc = ms_model_draft_forward(e->m, e->cache, seqs, n, err))) return rc;
     return 0;
 }
