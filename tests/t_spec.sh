@@ -3,7 +3,8 @@
 # greedy output identical with and without --speculative-algorithm EAGLE (S = 1, 3)
 # and NGRAM, on one rank, --tp 2 and --tp 2 --dp 2 --enable-dp-attention
 # --moe-a2a-backend deepep (--dtype float32), for prompts of several lengths in
-# one batch (a repetitive one for the n-gram drafts); the same through a server
+# one batch (a repetitive one for the n-gram drafts), EAGLE with a draft token map too; the same
+# through a server
 # with concurrent requests and a stop string; the refusals (trees, draft-token
 # counts, EAGLE3, DSPARK, a model without an MTP layer).
 set -u
@@ -14,11 +15,12 @@ serve_setup
 P="--prompt-ids 5,6,7,8,9,10 --prompt-ids 11,12,13 --prompt-ids 3,4,5,3,4,5,3,4,5,3,4,5,3,4 --prompt-ids 40"
 gen() { timeout 180 "$MOESERVE" generate --model "$M" $P --max-new-tokens 21 --dtype float32 --ids \
     --ignore-eos --threads 1 "$@" 2>"$tmp/err" | grep '^ids:'; }
+seq 0 3 400 | tr '\n' ' ' >"$tmp/map.txt" # a draft vocabulary of 134 ids (FR-Spec's token map)
 for L in "" "--tp 2" "--tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep"; do
     ref=$(gen $L)
     t "plain run [$L]" '[ "$(printf "%s\n" "$ref" | wc -l)" -eq 4 ]'
     for A in "EAGLE --speculative-num-steps 1" "EAGLE --speculative-num-steps 3" "NEXTN --speculative-num-steps 2" \
-             "NGRAM --speculative-num-steps 3"; do
+             "NGRAM --speculative-num-steps 3" "EAGLE --speculative-num-steps 2 --speculative-token-map $tmp/map.txt"; do
         out=$(gen $L --speculative-algorithm $A)
         if [ "$out" = "$ref" ]; then ok "greedy identical: $A [$L]"; else
             bad "greedy identical: $A [$L]" "$(diff <(echo "$ref") <(echo "$out"); tail -5 "$tmp/err")"; fi
@@ -41,6 +43,13 @@ refuse "draft tokens != S + 1 refused" "num-draft-tokens 5" --speculative-algori
     --speculative-num-steps 3 --speculative-num-draft-tokens 5
 refuse "EAGLE3 refused (draft model)" "draft model" --speculative-algorithm EAGLE3
 refuse "DSPARK refused (V4.1 head)" "V4.1" --speculative-algorithm DSPARK
+refuse "token map: a .pt refused (text ids)" "PyTorch file" --speculative-algorithm EAGLE \
+    --speculative-token-map "$tmp/map.pt"
+echo "5 7 5" >"$tmp/dup.txt"
+refuse "token map: an id twice refused" "token 5 twice" --speculative-algorithm EAGLE \
+    --speculative-token-map "$tmp/dup.txt"
+refuse "token map: NGRAM refused (no draft head)" "only for the MTP draft" --speculative-algorithm NGRAM \
+    --speculative-token-map "$tmp/map.txt"
 refuse "NGRAM trees refused" "bfs-breadth 2" --speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 2
 "$MOESERVE" mkmodel --preset tiny-v2 --seed 7 --out "$tmp/v2" >/dev/null 2>&1
 o=$(timeout 60 "$MOESERVE" generate --model "$tmp/v2" --prompt-ids 5,6 --max-new-tokens 2 \

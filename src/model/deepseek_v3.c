@@ -656,10 +656,10 @@ static int32_t n_hidden_rows(const ms_batch_seq *sq)
  * norm, or the draft layer's shared_head.norm); the logit rows as one GEMM
  * through the LM head. */
 static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const float *norm,
-                     ms_errbuf *err)
+                     const ms_mat *head, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
-    int64_t D = c->hidden_size, t = 0, n_rows = 0, n_want = 0;
+    int64_t D = c->hidden_size, t = 0, n_rows = 0, n_want = 0, V = head->rows;
     ms_model_ws *ws = m->ws;
     if (m->fwd_T == 0) return 0;
     for (int i = 0; i < n_seqs; i++) { /* each sequence's trailing rows into hn */
@@ -693,15 +693,13 @@ static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const fl
         r += nr;
         k += nl;
     }
-    if (n_want > 0)
-        ms_matmul(&m->kctx, ws->logits, c->vocab_size, ws->u, D, n_want, &m->lm_head, 0);
+    if (n_want > 0) ms_matmul(&m->kctx, ws->logits, V, ws->u, D, n_want, head, 0);
     ph_mark(PH_HEAD);
     k = 0;
-    for (int i = 0; i < n_seqs; i++) {
+    for (int i = 0; i < n_seqs; i++) { /* row r of a sequence at logits + r * V */
         int32_t nl = n_logit_rows(&seqs[i]);
         if (nl == 0) continue;
-        memcpy(seqs[i].logits, ws->logits + k * c->vocab_size,
-               sizeof(float) * (size_t)(nl * c->vocab_size));
+        memcpy(seqs[i].logits, ws->logits + k * V, sizeof(float) * (size_t)(nl * V));
         k += nl;
     }
     return 0;
@@ -709,7 +707,7 @@ static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const fl
 
 static int dsv3_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
 {
-    return head_rows(m, seqs, n_seqs, m->final_norm, err);
+    return head_rows(m, seqs, n_seqs, m->final_norm, &m->lm_head, err);
 }
 
 /* The MTP layer (the first after the main stack, arch.md §1.7) over a batch
@@ -745,7 +743,9 @@ static int dsv3_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
     ph_mark(PH_EH);
     const ms_batch_seq *kept = seqs;
     rc = layers(m, cache, seqs, n_seqs, c->n_layers, c->n_layers + 1, &kept, err);
-    if (!rc) rc = head_rows(m, kept, n_seqs, w->head_norm, err);
+    if (!rc)
+        rc = head_rows(m, kept, n_seqs, w->head_norm, m->draft_vocab ? &m->draft_head : &m->lm_head,
+                       err);
     ph_set = 0;
     return rc;
 }
