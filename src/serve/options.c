@@ -36,6 +36,16 @@ static int num(const char *flag, const char *v, double lo, double hi, double *ou
     return 0;
 }
 
+static int integer(const char *flag, const char *v, double lo, double hi, int *out, ms_errbuf *e)
+{
+    double d;
+    int rc = num(flag, v, lo, hi, &d, e);
+    if (rc) return rc;
+    if (d != (int)d) return ms_err(e, MS_EINVAL, "%s: expected an integer, got '%s'", flag, v);
+    *out = (int)d;
+    return 0;
+}
+
 static int str(const char *flag, const char *v, char *dst, size_t cap, ms_errbuf *e)
 {
     if (strlen(v) >= cap)
@@ -155,21 +165,13 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
         if (!(rc = num(name, val, 1, 3600, &d, e))) o->header_timeout_s = (int)d;
         break;
     case 15:
-        if (!(rc = num(name, val, 1, 1e6, &d, e))) {
-            if (d != (int)d)
-                return ms_err(e, MS_EINVAL, "%s: expected an integer, got '%s'", name, val);
-            o->stream_interval = (int)d;
-        }
+        rc = integer(name, val, 1, 1e6, &o->stream_interval, e);
         break;
     case 17:
         if (!(rc = num(name, val, 0, 65536, &d, e))) o->max_connections_per_client = (int)d;
         break;
     case 18:
-        if (!(rc = num(name, val, 1, 1e9, &d, e))) {
-            if (d != (int)d)
-                return ms_err(e, MS_EINVAL, "%s: expected an integer, got '%s'", name, val);
-            o->decode_log_interval = (int)d;
-        }
+        rc = integer(name, val, 1, 1e9, &o->decode_log_interval, e);
         break;
     default:
         break;
