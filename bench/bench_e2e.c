@@ -19,6 +19,12 @@
  *             the default on the same BF16 model: decode batch 1 and 32 (tokens
  *             per median step) and a 512-token prefill, each mode's runs
  *             alternating (two of each), x = deterministic / default
+ *   spec      speculative decoding (EAGLE, the MTP layer of small-v3-mtp: small-v3
+ *             with num_nextn_predict_layers 1) at S = 1 with SGLANG_SIMULATE_ACC_LEN
+ *             2 against plain decoding of the same model, batch 1, 4, 16 and 32, then
+ *             the same with a 4096-id draft token map (ids 0..4095); each against
+ *             plain, alternating (two each; two engines open at a time, ~2 GB
+ *             each); tokens / decode time, x = spec / plain
  * Usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] [--rows ...]
  * Validation: the BF16 and FP8 engines must produce finite logits and
  * non-degenerate greedy output before anything is timed.
@@ -36,10 +42,10 @@
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
-static const char *rows = "decode,prefill,batch,fp8,det"; /* --rows: which rows to run */
+static const char *rows = "decode,prefill,batch,fp8,det,spec"; /* --rows: which rows to run */
 static const char *model_dir = "build/models";
 
-static int ensure_model(const char *name, int dtype, char *out, size_t cap)
+static int ensure_model(const char *name, int dtype, char *out, size_t cap, int mtp)
 {
     snprintf(out, cap, "%s/%s", model_dir, name);
     char cfg[1200];
@@ -50,6 +56,7 @@ static int ensure_model(const char *name, int dtype, char *out, size_t cap)
     ms_config c;
     ms_errbuf err = {{0}};
     ms_mkmodel_preset("small-v3", &c);
+    c.num_nextn_predict_layers = mtp;
     fprintf(stderr, "bench_e2e: writing %s ...\n", out);
     if (ms_mkmodel_write(&c, dtype, 1, out, 0, &err)) {
         fprintf(stderr, "bench_e2e: %s\n", err.msg);
@@ -105,16 +112,18 @@ static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct r
         }
         ms_engine_step_stats st;
         ms_engine_last_step(e, &st);
-        if (st.rows > st.decode_rows) {
-            r->prefill_s += st.seconds;
-            r->prefill_tokens += st.rows - st.decode_rows;
-        } else if (st.rows > 0) {
-            t_dec += st.seconds;
-            r->decode_tokens += st.decode_rows;
-            if (n_steps < new_tokens + 16) steps[n_steps++] = st.seconds;
-        }
         const ms_engine_event *ev;
         int n = ms_engine_events(e, &ev);
+        int64_t pre = st.rows - st.decode_rows - st.verify_rows, made = 0;
+        for (int i = 0; i < n; i++) made += ev[i].ev.token >= 0;
+        if (pre > 0) {
+            r->prefill_s += st.seconds;
+            r->prefill_tokens += pre;
+        } else if (st.rows > 0) { /* decode and verify rows: the tokens they emitted */
+            t_dec += st.seconds;
+            r->decode_tokens += made;
+            if (n_steps < new_tokens + 16) steps[n_steps++] = st.seconds;
+        }
         for (int i = 0; i < n; i++) {
             if (!isfinite(ev[i].ev.logprob)) return -1;
             if (ev[i].ev.token != last) distinct++;
@@ -132,12 +141,20 @@ static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct r
     return 0;
 }
 
-static ms_engine *open_engine(const char *dir, int deterministic)
+static ms_engine *open_engine(const char *dir, int deterministic, int spec_steps,
+                              const char *token_map)
 {
     ms_engine_opts o;
     ms_engine_opts_init(&o);
     o.model_path = dir;
     o.deterministic = deterministic;
+    if (spec_steps > 0) {
+        o.launch.spec = MS_SPEC_EAGLE;
+        o.launch.speculative_num_steps = spec_steps;
+        if (token_map)
+            snprintf(o.launch.speculative_token_map, sizeof o.launch.speculative_token_map, "%s",
+                     token_map);
+    }
     o.threads = threads;
     o.max_total_tokens = 65536;
     o.max_running_default = 64;
@@ -168,11 +185,11 @@ int main(int argc, char **argv)
     ms_log_init(0);
     ms_log_threshold = MS_WARN;
     char bf16[1200], fp8[1200];
-    if (ensure_model("small-v3", MS_MK_BF16, bf16, sizeof bf16) ||
-        ensure_model("small-v3-fp8", MS_MK_FP8, fp8, sizeof fp8))
+    if (ensure_model("small-v3", MS_MK_BF16, bf16, sizeof bf16, 0) ||
+        ensure_model("small-v3-fp8", MS_MK_FP8, fp8, sizeof fp8, 0))
         return 1;
     int new_tokens = quick ? 32 : 96;
-    ms_engine *e = open_engine(bf16, 0);
+    ms_engine *e = open_engine(bf16, 0, 0, NULL);
     if (!e) return 1;
     const ms_model *m = ms_engine_model(e);
     int nt = ms_pool_size(ms_model_threads(m));
@@ -240,7 +257,7 @@ int main(int argc, char **argv)
     }
     ms_errbuf err;
     if (strstr(rows, "fp8")) { /* BF16 and FP8 decodes alternate, two of each */
-        ms_engine *e8 = open_engine(fp8, 0);
+        ms_engine *e8 = open_engine(fp8, 0, 0, NULL);
         if (!e8) return 1;
         const ms_model *m8 = ms_engine_model(e8);
         struct run r8, rbf;
@@ -264,7 +281,7 @@ int main(int argc, char **argv)
         ms_engine_close(e8);
     }
     if (strstr(rows, "det")) { /* default and deterministic runs alternate, two of each */
-        ms_engine *ed = open_engine(bf16, 1);
+        ms_engine *ed = open_engine(bf16, 1, 0, NULL);
         if (!ed) return 1;
         struct run a, b;
         double d1[2] = {0}, d32[2] = {0}, pf[2] = {0}; /* [default, deterministic] seconds */
@@ -293,6 +310,48 @@ int main(int argc, char **argv)
         ms_engine_shutdown(ed);
         ms_engine_step(ed, &err);
         ms_engine_close(ed);
+    }
+    if (strstr(rows, "spec")) { /* plain and speculative runs alternate at each batch size */
+        ms_engine_shutdown(e);
+        ms_engine_step(e, &err);
+        ms_engine_close(e);
+        char mtp[1200];
+        if (ensure_model("small-v3-mtp", MS_MK_BF16, mtp, sizeof mtp, 1)) return 1;
+        char map[1300];
+        snprintf(map, sizeof map, "%s/token-map-4096.txt", model_dir);
+        FILE *f = fopen(map, "w");
+        for (int i = 0; f && i < 4096; i++) fprintf(f, "%d\n", i);
+        if (!f || fclose(f)) return 1;
+        e = open_engine(mtp, 0, 0, NULL);
+        struct run a;
+        if (!e || run(e, 1, 16, 8, &a, 40)) return 1; /* warm-up */
+        static const int batches[] = {1, 4, 16, 32};
+        for (int v = 0; v < 2; v++) { /* the full draft head, then the token map; one at a time */
+            setenv("SGLANG_SIMULATE_ACC_LEN", "2", 1);
+            ms_engine *es = open_engine(mtp, 0, 1, v ? map : NULL);
+            unsetenv("SGLANG_SIMULATE_ACC_LEN");
+            if (!es || run(es, 1, 16, 8, &a, 41)) return 1;
+            for (int bi = 0; bi < 4; bi++) {
+                int B = batches[bi], n_new = quick ? 16 : B > 4 ? 32 : 64;
+                double t[2] = {0}, tok[2] = {0}; /* [plain, spec]: decode seconds, tokens */
+                for (int i = 0; i < 2; i++)
+                    for (int mode = 0; mode < 2; mode++) {
+                        uint64_t salt = 50 + 20 * (uint64_t)v + 4 * (uint64_t)bi + 2 * (uint64_t)i;
+                        if (run(mode ? es : e, B, 16, n_new, &a, salt + (uint64_t)mode)) return 1;
+                        t[mode] += a.decode_tokens / a.decode_tok_s;
+                        tok[mode] += (double)a.decode_tokens;
+                    }
+                printf("spec model=small-v3-mtp dtype=bf16 batch=%d threads=%d S=1 accept_len=2 "
+                       "draft_head=%s plain_tok_s=%.2f spec_tok_s=%.2f x_plain=%.3f (alternating, "
+                       "two each; SGLANG_SIMULATE_ACC_LEN=2)\n",
+                       B, nt, v ? "map4096" : "full", tok[0] / t[0], tok[1] / t[1],
+                       (tok[1] / t[1]) / (tok[0] / t[0]));
+                fflush(stdout);
+            }
+            ms_engine_shutdown(es);
+            ms_engine_step(es, &err);
+            ms_engine_close(es);
+        }
     }
     ms_engine_shutdown(e);
     ms_engine_step(e, &err);

@@ -24,31 +24,36 @@
 #include <string.h>
 
 /* Optional phase timing (MOESERVE_PROFILE=1): wall seconds per phase of the
- * forward, printed when the model is freed.  Costs two clock reads per phase. */
-enum { PH_QKV, PH_ATTN_DEC, PH_ATTN_PRE, PH_O, PH_MLP, PH_MOE, PH_HEAD, PH_N };
-static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode", "attn prefill", "o_proj",
-                                          "dense mlp",      "moe",         "lm_head"};
-static double ph_sec[PH_N];
-static int ph_on = -1;
+ * forward, the target's and the MTP draft layer's apart, printed when the model
+ * is freed.  Costs two clock reads per phase. */
+enum { PH_QKV, PH_ATTN_DEC, PH_ATTN_PRE, PH_O, PH_MLP, PH_MOE, PH_HEAD, PH_EH, PH_N };
+static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode", "attn prefill",
+                                          "o_proj",         "dense mlp",   "moe",
+                                          "lm_head",        "eh_proj+norms"};
+static double ph_sec[2][PH_N]; /* [0] the target's forward, [1] the draft's */
+static int ph_on = -1, ph_set;
 static double ph_t;
 static void ph_mark(int phase)
 {
     if (ph_on < 0) ph_on = getenv("MOESERVE_PROFILE") != NULL;
     if (!ph_on) return;
     double now = ms_now_s();
-    if (phase >= 0) ph_sec[phase] += now - ph_t;
+    if (phase >= 0) ph_sec[ph_set][phase] += now - ph_t;
     ph_t = now;
 }
 
 void ms_model_profile_print(void)
 {
     if (ph_on <= 0) return;
-    if (ph_sec[PH_N - 1] + ph_sec[PH_MOE] + ph_sec[PH_MLP] == 0) return;
     double tot = 0;
-    for (int i = 0; i < PH_N; i++) tot += ph_sec[i];
-    for (int i = 0; i < PH_N; i++)
-        fprintf(stderr, "profile %-16s %8.3f s %5.1f%%\n", ph_name[i], ph_sec[i],
-                tot > 0 ? 100 * ph_sec[i] / tot : 0);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < PH_N; i++) tot += ph_sec[s][i];
+    if (tot == 0) return;
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < PH_N; i++)
+            if (ph_sec[s][i] > 0 || (s == 0 && i < PH_EH))
+                fprintf(stderr, "profile %s%-16s %8.3f s %5.1f%%\n", s ? "draft " : "",
+                        ph_name[i], ph_sec[s][i], 100 * ph_sec[s][i] / tot);
     memset(ph_sec, 0, sizeof ph_sec); /* each print covers the time since the last */
 }
 
@@ -81,6 +86,8 @@ struct ms_model_ws {
     int64_t cap_aseq;
     float *hn;     /* [T][D] final normed rows of the logit (and hidden) positions */
     float *cat;    /* [T][2D] the draft layer's [enorm(embedding), hnorm(hidden)] */
+    ms_batch_seq *kseq; /* [cap_kseq] the draft's sequences cut to their output rows */
+    int cap_kseq;
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
     ms_mlp_ws mlp;
@@ -102,6 +109,7 @@ void ms_model_ws_free(ms_model_ws *ws)
     ms_mlp_ws_free(&ws->mlp);
     free(ws->pptr);
     free(ws->aseq);
+    free(ws->kseq);
     free(ws);
 }
 
@@ -496,10 +504,48 @@ static int dsv3_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errb
     return 0;
 }
 
+/* The draft layer past its cache write: every sequence cut to its last
+ * ms_draft_out_rows positions (family.h), their q and residual rows packed
+ * to the front; *seqs and *T become the cut batch. */
+static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs, int64_t *T)
+{
+    ms_model_ws *ws = m->ws;
+    const ms_config *c = &m->cfg;
+    int64_t D = c->hidden_size, qw = m->n_local_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    if (n_seqs > ws->cap_kseq) {
+        void *p = realloc(ws->kseq, sizeof *ws->kseq * (size_t)n_seqs);
+        if (!p) return MS_ENOMEM;
+        ws->kseq = p;
+        ws->cap_kseq = n_seqs;
+    }
+    int64_t t = 0, k = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_batch_seq b = (*seqs)[i];
+        int32_t keep = ms_draft_out_rows(&b), drop = b.n_tokens > 0 ? b.n_tokens - keep : 0;
+        t += drop;
+        for (int32_t j = 0; j < keep; j++, t++, k++) { /* k <= t: forward moves */
+            memmove(ws->q + k * qw, ws->q + t * qw, sizeof(float) * (size_t)qw);
+            memmove(ws->x + k * D, ws->x + t * D, sizeof(float) * (size_t)D);
+        }
+        if (drop > 0) {
+            b.tokens += drop;
+            b.start_pos += drop;
+            b.n_tokens = keep;
+            if (b.hidden_in) b.hidden_in += (int64_t)drop * D;
+        }
+        ws->kseq[i] = b;
+    }
+    *seqs = ws->kseq;
+    *T = m->fwd_T = k;
+    return 0;
+}
+
 /* Checkpoint layers [first, last) (the MTP layers follow the main stack) over
- * the residual rows embed (or the previous range) left. */
+ * the residual rows embed (or the previous range) left.  keep (the draft
+ * layer): past the first layer's cache write only each sequence's output
+ * rows go on, and *keep is set to the cut batch (keep_out_rows). */
 static int layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
-                  int first, int last, ms_errbuf *err)
+                  int first, int last, const ms_batch_seq **keep, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
     int64_t D = c->hidden_size, H = m->n_local_heads, dn = c->qk_nope_head_dim,
@@ -542,6 +588,12 @@ static int layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seq
                 ms_kv_view v = {cache, sq->kv};
                 store_row(&v, l, pos, ws->kva + t * (kvr + dr), kvr + dr);
             }
+        }
+        if (keep && l == first) {
+            if (keep_out_rows(m, &seqs, n_seqs, &T) ||
+                ws_reserve_decode(m, ms_kv_cache_page_size(cache), seqs, n_seqs))
+                return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
+            *keep = seqs;
         }
         ph_mark(PH_QKV);
         attn_decode(m, lw, l, cache, seqs, n_seqs);
@@ -589,7 +641,7 @@ static int dsv3_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch
     if (first < 0 || last > m->cfg.n_layers || first > last)
         return ms_err(err, MS_EINVAL, "layers [%d, %d) outside the model's %d", first, last,
                       m->cfg.n_layers);
-    return layers(m, cache, seqs, n_seqs, first, last, err);
+    return layers(m, cache, seqs, n_seqs, first, last, NULL, err);
 }
 
 /* Sequence i's hidden-state rows: its last n_hidden positions (0: its logit rows). */
@@ -604,10 +656,10 @@ static int32_t n_hidden_rows(const ms_batch_seq *sq)
  * norm, or the draft layer's shared_head.norm); the logit rows as one GEMM
  * through the LM head. */
 static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const float *norm,
-                     ms_errbuf *err)
+                     const ms_mat *head, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
-    int64_t D = c->hidden_size, t = 0, n_rows = 0, n_want = 0;
+    int64_t D = c->hidden_size, t = 0, n_rows = 0, n_want = 0, V = head->rows;
     ms_model_ws *ws = m->ws;
     if (m->fwd_T == 0) return 0;
     for (int i = 0; i < n_seqs; i++) { /* each sequence's trailing rows into hn */
@@ -641,15 +693,13 @@ static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const fl
         r += nr;
         k += nl;
     }
-    if (n_want > 0)
-        ms_matmul(&m->kctx, ws->logits, c->vocab_size, ws->u, D, n_want, &m->lm_head, 0);
+    if (n_want > 0) ms_matmul(&m->kctx, ws->logits, V, ws->u, D, n_want, head, 0);
     ph_mark(PH_HEAD);
     k = 0;
-    for (int i = 0; i < n_seqs; i++) {
+    for (int i = 0; i < n_seqs; i++) { /* row r of a sequence at logits + r * V */
         int32_t nl = n_logit_rows(&seqs[i]);
         if (nl == 0) continue;
-        memcpy(seqs[i].logits, ws->logits + k * c->vocab_size,
-               sizeof(float) * (size_t)(nl * c->vocab_size));
+        memcpy(seqs[i].logits, ws->logits + k * V, sizeof(float) * (size_t)(nl * V));
         k += nl;
     }
     return 0;
@@ -657,7 +707,7 @@ static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const fl
 
 static int dsv3_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
 {
-    return head_rows(m, seqs, n_seqs, m->final_norm, err);
+    return head_rows(m, seqs, n_seqs, m->final_norm, &m->lm_head, err);
 }
 
 /* The MTP layer (the first after the main stack, arch.md §1.7) over a batch
@@ -675,10 +725,14 @@ static int dsv3_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
     if (rc) return rc;
     ms_model_ws *ws = m->ws;
     int64_t T = m->fwd_T;
+    ph_set = 1;
+    ph_mark(-1);
     for (int i = 0; i < n_seqs; i++) {
         const ms_batch_seq *sq = &seqs[i];
-        if (sq->n_tokens > 0 && !sq->hidden_in)
+        if (sq->n_tokens > 0 && !sq->hidden_in) {
+            ph_set = 0;
             return ms_err(err, MS_EINVAL, "draft forward: sequence %d has no hidden_in", i);
+        }
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             ms_rmsnorm(ws->cat + t * 2 * D, ws->x + t * D, w->enorm, 1, D, D, c->rms_norm_eps);
             ms_rmsnorm(ws->cat + t * 2 * D + D, sq->hidden_in + (int64_t)j * D, w->hnorm, 1, D, D,
@@ -686,8 +740,13 @@ static int dsv3_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
         }
     }
     if (T > 0) ms_matmul(&m->kctx, ws->x, D, ws->cat, 2 * D, T, &w->eh_proj, 0);
-    rc = layers(m, cache, seqs, n_seqs, c->n_layers, c->n_layers + 1, err);
-    if (!rc) rc = head_rows(m, seqs, n_seqs, w->head_norm, err);
+    ph_mark(PH_EH);
+    const ms_batch_seq *kept = seqs;
+    rc = layers(m, cache, seqs, n_seqs, c->n_layers, c->n_layers + 1, &kept, err);
+    if (!rc)
+        rc = head_rows(m, kept, n_seqs, w->head_norm, m->draft_vocab ? &m->draft_head : &m->lm_head,
+                       err);
+    ph_set = 0;
     return rc;
 }
 

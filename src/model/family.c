@@ -137,6 +137,53 @@ int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }
 int ms_model_n_mtp_layers(const ms_model *m) { return m->n_mtp_layers; }
 int ms_model_has_draft(const ms_model *m) { return m->family->draft && m->mtp != NULL; }
 
+int32_t ms_draft_out_rows(const ms_batch_seq *sq)
+{
+    if (sq->n_tokens <= 0) return 0;
+    int32_t n = 1;
+    if (sq->logits) n = MS_MAX(n, sq->n_logits);
+    if (sq->hidden) n = MS_MAX(n, sq->n_hidden > 0 ? sq->n_hidden : sq->logits ? sq->n_logits : 1);
+    return MS_MIN(n, sq->n_tokens);
+}
+
+int ms_model_set_draft_vocab(ms_model *m, const int32_t *ids, int64_t n, ms_errbuf *err)
+{
+    const ms_mat *H = &m->lm_head;
+    int64_t D = H->cols;
+    if (n <= 0 || n > H->rows)
+        return ms_err(err, MS_EINVAL, "draft vocabulary of %lld ids (the model has %lld)",
+                      (long long)n, (long long)H->rows);
+    uint16_t *w = ms_alloc_aligned((size_t)(n * D), sizeof(uint16_t));
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)n);
+    if (!w || !v) {
+        ms_free_aligned(w);
+        free(v);
+        return ms_err(err, MS_ENOMEM, "out of memory (draft head)");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= H->rows) {
+            ms_free_aligned(w);
+            free(v);
+            return ms_err(err, MS_ERANGE, "draft vocabulary: token id %d outside [0, %lld)",
+                          ids[i], (long long)H->rows);
+        }
+        v[i] = ids[i];
+        for (int64_t d = 0; d < D; d++) w[i * D + d] = ms_f32_to_bf16(ms_mat_get(H, ids[i], d));
+    }
+    ms_free_aligned((void *)m->draft_head.data);
+    free(m->draft_vocab);
+    m->draft_head = ms_mat_whole(MS_DT_BF16, n, D, w, NULL);
+    m->draft_vocab = v;
+    m->n_draft_vocab = n;
+    return 0;
+}
+
+int64_t ms_model_draft_vocab(const ms_model *m, const int32_t **ids)
+{
+    *ids = m->draft_vocab;
+    return m->draft_vocab ? m->n_draft_vocab : 0;
+}
+
 int ms_model_draft_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
                            int n_seqs, ms_errbuf *err)
 {

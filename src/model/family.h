@@ -166,7 +166,18 @@ int ms_model_n_mtp_layers(const ms_model *m);
 int ms_model_has_draft(const ms_model *m);
 /* One step of the draft layer over seqs (hidden_in set on each; see
  * ms_batch_seq): its KV entries go to the cache layer after the main stack
- * (the kv_spec covers it when draft_tokens > 0).  Returns 0 or MS_E*. */
+ * (the kv_spec covers it when draft_tokens > 0).  Only a sequence's last
+ * ms_draft_out_rows positions run the layer past its cache write (attention
+ * output, MoE, head): the draft is a single layer, so nothing reads the other
+ * positions' outputs; the MoE and its collectives see those rows only, and
+ * the rows_per_rank counts of the step must be of them.  Returns 0 or MS_E*. */
+int32_t ms_draft_out_rows(const ms_batch_seq *sq); /* max(1, logit rows, hidden rows) */
+/* The draft's LM head over ids[0..n) only (SGLang's --speculative-token-map,
+ * FR-Spec): a BF16 copy of those lm_head rows; the draft forward's logits are
+ * then [n] wide, column j the logit of ids[j].  The drafts change, never the
+ * output (verification).  ms_model_draft_vocab: n and the ids (0: full vocab). */
+int ms_model_set_draft_vocab(ms_model *m, const int32_t *ids, int64_t n, ms_errbuf *err);
+int64_t ms_model_draft_vocab(const ms_model *m, const int32_t **ids);
 int ms_model_draft_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
                            int n_seqs, ms_errbuf *err);
 /* Bytes of the weight views this rank reads (its shard; embeddings and head included). */

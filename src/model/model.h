@@ -67,6 +67,9 @@ struct ms_model {
     ms_layer_w *layers;  /* [n_layers] (MTP layers are not loaded into the main stack) */
     int n_mtp_layers;    /* present in the checkpoint, validated (layers n_layers..) */
     ms_mtp_w *mtp;       /* [n_mtp_layers] their extras; NULL when absent (no draft) */
+    ms_mat draft_head;   /* [n_draft_vocab][D] BF16 rows of lm_head (--speculative-token-map) */
+    int32_t *draft_vocab;/* [n_draft_vocab] their token ids; NULL: the draft uses lm_head */
+    int64_t n_draft_vocab;
     float *rope_inv_freq;/* [qk_rope_head_dim/2] */
     float softmax_scale;
     const ms_shard *shard; /* borrowed; NULL on a single rank */

@@ -187,6 +187,9 @@ static void free_mtp(ms_model *m)
     }
     free(m->mtp);
     m->mtp = NULL;
+    ms_free_aligned((void *)m->draft_head.data);
+    free(m->draft_vocab);
+    m->draft_vocab = NULL;
 }
 
 static void free_layer(ms_layer_w *lw)

@@ -117,10 +117,11 @@ void ms_moe_ws_free(ms_moe_ws *ws)
 
 /* ---- row-parallel helpers: the per-row work between the expert GEMMs ----
  * From PAR_MIN_ROWS rows of work, [0, n) is split over the pool in equal
- * static ranges of `align` items (a pool hand-off costs ~1.5 µs, more than
- * these loops take for a few rows).  Each item is computed the same way on
- * any thread. */
-enum { PAR_MIN_ROWS = 8 };
+ * static ranges of `align` items: below it the loops (a few µs) cost less
+ * than a hand-off, which is ~1.5 µs quiet but a scheduler slice when the
+ * cores are shared (bench/RESULTS.md, "Speculative decoding").  Each item is
+ * computed the same way on any thread. */
+enum { PAR_MIN_ROWS = 64 };
 
 struct par {
     void (*fn)(void *arg, int64_t begin, int64_t end, int tid);

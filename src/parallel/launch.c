@@ -102,7 +102,8 @@ enum {
     O_TP, O_DP, O_PP, O_DPA, O_EP, O_A2A, O_DENSE_TP, O_MOE_DP, O_CP, O_RUNNING, O_CHUNK,
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
-    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS
+    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS,
+    O_TOKEN_MAP
 };
 static const struct {
     const char *name;
@@ -143,6 +144,8 @@ static const struct {
     {"--speculative-ngram-min-match-window-size", F_INT, O_NG_MIN, 1, 64, "N   NGRAM: shortest match (default 1)"},
     {"--speculative-ngram-max-match-window-size", F_INT, O_NG_MAX, 1, 64, "N   NGRAM: longest match (default 12)"},
     {"--speculative-ngram-max-bfs-breadth", F_INT, O_NG_BFS, 1, 64, "N   NGRAM tree breadth (only 1: chains)"},
+    {"--speculative-token-map", F_STR, O_TOKEN_MAP, 0, 0,
+     "F   EAGLE's draft head over these token ids only (FR-Spec's hot tokens; text)"},
     {"--ep-num-redundant-experts", F_INT, O_REDUNDANT, 0, MS_LAUNCH_MAX_REDUNDANT,
      "N   redundant physical expert slots (EPLB)"},
     {"--deepep-max-dispatch-tokens-per-rank", F_INT, O_DISPATCH, 1, MS_LAUNCH_MAX_DISPATCH,
@@ -232,6 +235,12 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
         l->hicache_ratio = r;
         return 1;
     }
+    case O_TOKEN_MAP:
+        if (strlen(v) >= sizeof l->speculative_token_map)
+            return ms_err(err, MS_EINVAL, "%s: path longer than %zu bytes", flag,
+                          sizeof l->speculative_token_map - 1);
+        snprintf(l->speculative_token_map, sizeof l->speculative_token_map, "%s", v);
+        return 1;
     case O_EXPERT_LOC:
         if (strlen(v) >= sizeof l->init_expert_location)
             return ms_err(err, MS_EINVAL, "%s: path longer than %zu bytes", flag,

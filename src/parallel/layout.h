@@ -56,6 +56,7 @@ typedef struct ms_launch {
     int speculative_eagle_topk;      /* --speculative-eagle-topk: 0 = unset */
     int ngram_min, ngram_max;        /* --speculative-ngram-min/max-match-window-size (0: unset) */
     int ngram_bfs_breadth;           /* --speculative-ngram-max-bfs-breadth (0: unset) */
+    char speculative_token_map[512]; /* --speculative-token-map: "" = the full vocabulary */
     int ep_num_redundant_experts;    /* --ep-num-redundant-experts */
     int deepep_max_dispatch_tokens;  /* --deepep-max-dispatch-tokens-per-rank or env
                                       * SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (128) */

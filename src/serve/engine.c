@@ -440,7 +440,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     int64_t replica_rows, all_rows, all_dec;
     if ((rc = ms_engine_count_rows(e, batch, n, &replica_rows, &all_rows, &all_dec, err))) return rc;
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
+    double t_fwd = ms_now_s();
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
+    double t_smp = ms_now_s();
     /* the pass's expert hits, summed over all ranks (every rank knows all_rows) */
     if (e->rec && all_rows > 0 &&
         (rc = ms_expert_recorder_end_pass(e->rec, e->W > 1 ? e->gs.world : NULL, err)))
@@ -454,7 +456,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
         ms_sample_batch(e->sampler, ss, ns, e->picks);
         n_ev = ms_sched_commit(e->sched, e->picks, &ev);
     }
+    double t_drf = ms_now_s();
     if (e->spec && (rc = ms_engine_spec_draft(e, err))) return rc; /* every rank */
+    double t_end = ms_now_s();
     if ((rc = gather_events(e, ev, n_ev, err))) return rc;
     if (e->rank == 0) { /* every DP rank reported as of this step */
         for (int i = 0; i < e->n_dp; i++) {
@@ -474,6 +478,9 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     for (int i = 0; i < n; i++)
         if (batch[i].kind == MS_SEQ_VERIFY) e->last.verify_rows += batch[i].n_tokens;
     e->last.seconds = ms_now_s() - t0;
+    e->last.forward_s = t_smp - t_fwd;
+    e->last.sample_s = t_drf - t_smp;
+    e->last.draft_s = t_end - t_drf;
     return 0;
 }
 

@@ -68,6 +68,8 @@ typedef struct ms_engine_step_stats {
     int64_t decode_rows;   /* of which single-token decode rows */
     int64_t verify_rows;   /* of which in speculative verify rows (this rank's DP group) */
     double seconds;        /* wall time of the step on this rank */
+    /* its parts: the target's forward, sampling with the commit, the draft chain */
+    double forward_s, sample_s, draft_s;
 } ms_engine_step_stats;
 
 typedef struct ms_engine ms_engine;
@@ -139,6 +141,8 @@ int ms_engine_busy(const ms_engine *e);
 int ms_engine_step(ms_engine *e, ms_errbuf *err);
 /* Every rank but 0: steps as rank 0 says until it ends the run.  0, or <0 on a failure. */
 int ms_engine_follow(ms_engine *e, ms_errbuf *err);
+/* Speculative decoding's drafts per verify (S; 0 without speculation). */
+int ms_engine_spec_steps(const ms_engine *e);
 /* rank 0: the events of the last step (borrowed until the next step). */
 int ms_engine_events(const ms_engine *e, const ms_engine_event **ev);
 void ms_engine_last_step(const ms_engine *e, ms_engine_step_stats *st);

@@ -82,6 +82,5 @@ int ms_engine_count_rows(ms_engine *e, const ms_batch_seq *batch, int n, int64_t
 int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *err);
 int ms_engine_spec_draft(ms_engine *e, ms_errbuf *err);
 void ms_engine_spec_free(ms_engine *e);
-int ms_engine_spec_steps(const ms_engine *e);
 int ms_engine_spec_mtp(const ms_engine *e);
 #endif

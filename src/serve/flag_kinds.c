@@ -53,6 +53,7 @@ static const struct {
     {"--speculative-ngram-min-match-window-size", OURS, NULL},
     {"--speculative-ngram-max-match-window-size", OURS, NULL},
     {"--speculative-ngram-max-bfs-breadth", OURS, NULL},
+    {"--speculative-token-map", OURS, NULL},
     {"--speculative-", NOT_BUILT, "this speculative-decoding option"},
     {"--enable-hierarchical-cache", NOT_BUILT, "the HiCache host tier"},
     {"--hicache-", NOT_BUILT, "the HiCache host tier"},

@@ -39,6 +39,7 @@ typedef struct ms_frontend_opts {
                                   within (30 s) of connect or of the previous response */
     int health_timeout_s;      /* /health_generate deadline (20 s) */
     int stream_interval;       /* --stream-interval: SSE chunk every N tokens (1) */
+    int decode_log_interval;   /* --decode-log-interval: the decode log line every N steps (40) */
 } ms_frontend_opts;
 
 void ms_frontend_opts_init(ms_frontend_opts *o);

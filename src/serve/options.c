@@ -22,6 +22,7 @@ void ms_frontend_opts_init(ms_frontend_opts *o)
     o->header_timeout_s = 30;
     o->health_timeout_s = 20;
     o->stream_interval = 1;
+    o->decode_log_interval = 40; /* SGLang's default */
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out, ms_errbuf *e)
@@ -32,6 +33,16 @@ static int num(const char *flag, const char *v, double lo, double hi, double *ou
     if (errno || end == v || *end || !(d >= lo && d <= hi))
         return ms_err(e, MS_EINVAL, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, v);
     *out = d;
+    return 0;
+}
+
+static int integer(const char *flag, const char *v, double lo, double hi, int *out, ms_errbuf *e)
+{
+    double d;
+    int rc = num(flag, v, lo, hi, &d, e);
+    if (rc) return rc;
+    if (d != (int)d) return ms_err(e, MS_EINVAL, "%s: expected an integer, got '%s'", flag, v);
+    *out = (int)d;
     return 0;
 }
 
@@ -62,7 +73,8 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
                                   "--http-header-timeout",
                                   "--stream-interval",
                                   "--enable-cache-report",
-                                  "--max-connections-per-client"};
+                                  "--max-connections-per-client",
+                                  "--decode-log-interval"};
     const char *a = argv[i], *val = NULL;
     char name[64];
     const char *eq = strchr(a, '=');
@@ -153,14 +165,13 @@ int ms_frontend_parse_flag(ms_frontend_opts *o, int argc, char **argv, int i, ms
         if (!(rc = num(name, val, 1, 3600, &d, e))) o->header_timeout_s = (int)d;
         break;
     case 15:
-        if (!(rc = num(name, val, 1, 1e6, &d, e))) {
-            if (d != (int)d)
-                return ms_err(e, MS_EINVAL, "%s: expected an integer, got '%s'", name, val);
-            o->stream_interval = (int)d;
-        }
+        rc = integer(name, val, 1, 1e6, &o->stream_interval, e);
         break;
     case 17:
         if (!(rc = num(name, val, 0, 65536, &d, e))) o->max_connections_per_client = (int)d;
+        break;
+    case 18:
+        rc = integer(name, val, 1, 1e9, &o->decode_log_interval, e);
         break;
     default:
         break;
@@ -192,6 +203,7 @@ void ms_frontend_print_flags(FILE *f)
         "  --http-header-timeout S    request headers must arrive within S s (30)\n"
         "  --health-timeout S         /health_generate deadline (20)\n"
         "  --stream-interval N        SSE: the first token, then one chunk per N tokens (1)\n"
+        "  --decode-log-interval N    the decode log line (accept len/rate) every N steps (40)\n"
         "  --enable-cache-report      accepted: usage always reports\n"
         "                             prompt_tokens_details.cached_tokens\n");
 }

@@ -354,31 +354,31 @@ struct thr {
     double t0;
     int64_t base[MS_SERVE_MAX_DP], last[MS_SERVE_MAX_DP];
     double rate[MS_SERVE_MAX_DP];
-    int64_t spec_at_step, spec_v, spec_d, spec_a; /* the decode log line's last totals */
+    int64_t spec_at_step, spec_v, spec_a; /* the decode log line's last totals */
+    int log_every, spec_steps;            /* --decode-log-interval; drafts per verify (S) */
 };
 
 /* SGLang's decode log line with speculative decoding's accept length and rate
- * over the steps since the last line (every 40 steps while requests decode). */
+ * over the steps since the last line (every --decode-log-interval steps while
+ * requests decode), as SGLang's scheduler: accept len = tokens per verify,
+ * accept rate = accepted drafts / (verifies x drafts per verify). */
 static void decode_log(const ms_engine_load *loads, int n, int64_t steps, struct thr *th)
 {
-    int64_t run = 0, wait = 0, used = 0, total = 0, v = 0, d = 0, a = 0;
+    int64_t run = 0, wait = 0, used = 0, total = 0, v = 0, a = 0;
     for (int i = 0; i < n; i++) {
         const ms_sched_stats *st = &loads[i].st;
         run += st->n_running, wait += st->n_waiting, used += st->used_tokens;
-        total += st->total_tokens, v += st->spec_verify_total;
-        d += st->spec_drafted_total, a += st->spec_accepted_total;
+        total += st->total_tokens, v += st->spec_verify_total, a += st->spec_accepted_total;
     }
-    if (v == th->spec_v || steps - th->spec_at_step < 40) return;
-    double g = 0;
+    if (v == th->spec_v || steps - th->spec_at_step < th->log_every) return;
+    double g = 0, dv = (double)(v - th->spec_v), da = (double)(a - th->spec_a);
     for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) g += th->rate[i];
     MS_LOG(MS_INFO, "sched",
            "Decode batch. #running-req: %lld, #token: %lld, token usage: %.2f, accept len: %.2f, "
            "accept rate: %.2f, gen throughput (token/s): %.2f, #queue-req: %lld",
            (long long)run, (long long)used, total ? (double)used / (double)total : 0,
-           1.0 + (double)(a - th->spec_a) / (double)(v - th->spec_v),
-           d > th->spec_d ? (double)(a - th->spec_a) / (double)(d - th->spec_d) : 0, g,
-           (long long)wait);
-    th->spec_at_step = steps, th->spec_v = v, th->spec_d = d, th->spec_a = a;
+           1.0 + da / dv, th->spec_steps > 0 ? da / (dv * th->spec_steps) : 0, g, (long long)wait);
+    th->spec_at_step = steps, th->spec_v = v, th->spec_a = a;
 }
 
 static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *th)
@@ -505,7 +505,7 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     if (!(hub = ms_serve_hub_new(&info, err))) goto out;
     ms_serve_hub_install_signals(hub);
     for (int i = 0; i < early_stops && i < 2; i++) ms_serve_hub_request_stop(hub);
-    struct thr th = {0};
+    struct thr th = {.log_every = o->fo.decode_log_interval, .spec_steps = ms_engine_spec_steps(e)};
     publish(e, hub, 0, &th);
     if (ms_frontend_open(&fe, &o->fo, hub, &codec, err)) {
         MS_LOG(MS_ERROR, "serve", "%s", err->msg);

@@ -28,12 +28,16 @@ struct ms_spec {
     int mtp;                 /* 1: the MTP chain runs here */
     int cap;                 /* jobs (max_running + 1) */
     int64_t D, V;
+    int64_t Vd;              /* the draft head's width: V, or the token map's size */
+    const int32_t *vocab;    /* [Vd] the token map's ids; NULL: column j is token j */
     ms_batch_seq *seqs;      /* [cap] one round's batch */
     int32_t *tok;            /* [cap] chain tokens (the last draft of each job) */
     int32_t *drafts;         /* [cap][S] */
     float *logits;           /* [cap][V] */
     float *hid, *hid_next;   /* [cap][D] the chain's hidden rows, in and out */
     int *job_of;             /* [cap] the job of each round's sequence */
+    ms_batch_seq *cnt;       /* [cap_cnt] a round's rows as the draft's MoE sees them */
+    int cap_cnt;
     /* attention-TP members: the leader's round, received */
     ms_batch_seq *mseqs;
     ms_kv_seq *mkv;
@@ -41,6 +45,55 @@ struct ms_spec {
     uint8_t *buf;
     size_t cap_buf;
 };
+
+/* --speculative-token-map: token ids as text (SGLang's file is a torch .pt of
+ * them, which needs Python to read), separated by whitespace or commas; no
+ * id twice.  Sets the draft head to those rows. */
+static int load_token_map(ms_engine *e, const char *path, int64_t V, ms_errbuf *err)
+{
+    size_t n = strlen(path);
+    if (n > 3 && !strcasecmp(path + n - 3, ".pt"))
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--speculative-token-map %s: a PyTorch file cannot be read here; give the "
+                      "hot token ids as text (e.g. python3 -c 'import torch,sys; "
+                      "print(*torch.load(sys.argv[1]).tolist())' %s > map.txt)", path, path);
+    char *buf = NULL;
+    size_t len = 0;
+    if (ms_read_file(path, (size_t)1 << 26, &buf, &len))
+        return ms_err(err, MS_EIO, "--speculative-token-map %s: cannot read it", path);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)V);
+    uint8_t *seen = calloc((size_t)V, 1);
+    int64_t k = 0;
+    int rc = ids && seen ? 0 : ms_err(err, MS_ENOMEM, "out of memory");
+    for (char *p = buf; !rc && p < buf + len;) {
+        if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == ',') {
+            p++;
+            continue;
+        }
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= V)
+            rc = ms_err(err, MS_EINVAL, "--speculative-token-map %s: byte %ld: expected a token "
+                        "id in [0, %lld)", path, (long)(p - buf), (long long)V);
+        else if (seen[v])
+            rc = ms_err(err, MS_EINVAL, "--speculative-token-map %s: token %ld twice", path, v);
+        else
+            seen[v] = 1, ids[k++] = (int32_t)v, p = end;
+    }
+    if (!rc && k == 0) rc = ms_err(err, MS_EINVAL, "--speculative-token-map %s: no ids", path);
+    if (!rc) rc = ms_model_set_draft_vocab(e->m, ids, k, err);
+    free(buf);
+    free(ids);
+    free(seen);
+    return rc;
+}
+
+/* The draft's token from its logits row (the argmax; through the token map). */
+static int32_t draft_token(const struct ms_spec *sp, const float *logits)
+{
+    int32_t j = ms_sampler_argmax(logits, sp->Vd);
+    return sp->vocab ? sp->vocab[j] : j;
+}
 
 int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *err)
 {
@@ -74,6 +127,9 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
                       "--speculative-algorithm EAGLE: %s has no MTP layer with its enorm, hnorm, "
                       "eh_proj and shared_head.norm (num_nextn_predict_layers %d)",
                       e->o.model_path, shape->n_mtp_layers);
+    if (l->speculative_token_map[0] && l->spec != MS_SPEC_EAGLE)
+        return ms_err(err, MS_EUNSUPPORTED, "--speculative-token-map: only for the MTP draft's "
+                      "head (--speculative-algorithm EAGLE|NEXTN|MTP)");
     struct ms_spec *sp = calloc(1, sizeof *sp);
     if (!sp) return ms_err(err, MS_ENOMEM, "out of memory");
     e->spec = sp;
@@ -82,6 +138,11 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
     sp->cap = e->max_running_rank + 1;
     sp->D = shape->hidden;
     sp->V = shape->vocab;
+    int rc;
+    if (l->speculative_token_map[0] && (rc = load_token_map(e, l->speculative_token_map, sp->V, err)))
+        return rc;
+    sp->Vd = ms_model_draft_vocab(e->m, &sp->vocab);
+    if (sp->Vd == 0) sp->Vd = sp->V;
     if (sp->mtp) {
         sp->seqs = calloc((size_t)sp->cap, sizeof *sp->seqs);
         sp->tok = calloc((size_t)sp->cap, sizeof *sp->tok);
@@ -95,8 +156,10 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
             return ms_err(err, MS_ENOMEM, "out of memory (draft buffers)");
     }
     if (e->rank == 0)
-        MS_LOG(MS_INFO, "spec", "speculative decoding: %s, %d steps, %d draft tokens per verify",
-               sp->mtp ? "EAGLE (the checkpoint's MTP layer)" : "NGRAM (prompt lookup)", S, S + 1);
+        MS_LOG(MS_INFO, "spec",
+               "speculative decoding: %s, %d steps, %d draft tokens per verify, draft head over "
+               "%lld of %lld tokens", sp->mtp ? "EAGLE (the checkpoint's MTP layer)" : "NGRAM (prompt lookup)",
+               S, S + 1, (long long)(sp->mtp ? sp->Vd : 0), (long long)sp->V);
     return 0;
 }
 
@@ -108,6 +171,7 @@ void ms_engine_spec_free(ms_engine *e)
     free(sp->tok);
     free(sp->drafts);
     free(sp->job_of);
+    free(sp->cnt);
     ms_free_aligned(sp->logits);
     ms_free_aligned(sp->hid);
     ms_free_aligned(sp->hid_next);
@@ -202,14 +266,25 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
     return 0;
 }
 
-/* One round on every rank: share, count, run the draft layer. */
+/* One round on every rank: share, count, run the draft layer.  The counts are
+ * of the rows the draft's MoE sees (ms_draft_out_rows: at least one for each
+ * sequence with tokens, so a rank with cache writes to do still runs). */
 static int round_fwd(ms_engine *e, const ms_batch_seq *seqs, int n, int64_t *all_rows,
                      ms_errbuf *err)
 {
+    struct ms_spec *sp = e->spec;
     int rc;
     if (e->W > 1 && e->lay.attn_tp > 1 && (rc = share_round(e, &seqs, &n, err))) return rc;
+    if (n > sp->cap_cnt) {
+        free(sp->cnt);
+        sp->cnt = calloc((size_t)n, sizeof *sp->cnt);
+        sp->cap_cnt = sp->cnt ? n : 0;
+        if (!sp->cnt) return ms_err(err, MS_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) sp->cnt[i].n_tokens = ms_draft_out_rows(&seqs[i]);
     int64_t replica_rows, all_dec;
-    if ((rc = ms_engine_count_rows(e, seqs, n, &replica_rows, all_rows, &all_dec, err))) return rc;
+    if ((rc = ms_engine_count_rows(e, sp->cnt, n, &replica_rows, all_rows, &all_dec, err)))
+        return rc;
     if (replica_rows > 0 && (rc = ms_model_draft_forward(e->m, e->cache, seqs, n, err))) return rc;
     return 0;
 }
@@ -238,7 +313,7 @@ int ms_engine_spec_draft(ms_engine *e, ms_errbuf *err)
     for (int i = 0; i < n; i++) {
         int j = sp->job_of[i];
         if (jobs[j].want <= 0) continue;
-        sp->tok[m] = ms_sampler_argmax(sp->logits + (int64_t)i * sp->V, sp->V);
+        sp->tok[m] = draft_token(sp, sp->logits + (int64_t)i * sp->V);
         sp->drafts[(int64_t)j * sp->steps] = sp->tok[m];
         memcpy(sp->hid + (int64_t)m * sp->D, sp->hid_next + (int64_t)i * sp->D,
                sizeof(float) * (size_t)sp->D);
@@ -269,7 +344,7 @@ int ms_engine_spec_draft(ms_engine *e, ms_errbuf *err)
         for (int i = 0; i < m; i++) {
             int j = sp->job_of[i];
             if (jobs[j].want < k) continue;
-            sp->tok[m2] = ms_sampler_argmax(sp->logits + (int64_t)i2 * sp->V, sp->V);
+            sp->tok[m2] = draft_token(sp, sp->logits + (int64_t)i2 * sp->V);
             sp->drafts[(int64_t)j * sp->steps + k - 1] = sp->tok[m2];
             memmove(sp->hid + (int64_t)m2 * sp->D, sp->hid_next + (int64_t)i2 * sp->D,
                     sizeof(float) * (size_t)sp->D);

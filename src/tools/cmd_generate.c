@@ -435,6 +435,8 @@ int ms_cmd_generate(int argc, char **argv)
     int failed = 0; /* a prompt refused by its DP rank */
     double t_prefill = 0, t_decode = 0;
     int64_t n_prefill = 0, n_decode = 0, n_decode_timed = 0;
+    int64_t n_dsteps = 0;
+    double t_part[3] = {0, 0, 0}; /* decode steps: forward, sample, draft */
     int64_t V = cfg.vocab;
     while (ms_engine_busy(e)) {
         if (ms_engine_step(e, &err)) goto comm_fail;
@@ -453,6 +455,8 @@ int ms_cmd_generate(int argc, char **argv)
         } else {
             t_decode += st.seconds;
             n_decode_timed += made;
+            n_dsteps++;
+            t_part[0] += st.forward_s, t_part[1] += st.sample_s, t_part[2] += st.draft_s;
         }
         for (int i = 0; i < n_ev; i++) {
             const ms_sched_event *x = &ev[i].ev;
@@ -483,6 +487,11 @@ int ms_cmd_generate(int argc, char **argv)
     if (sv > 0)
         printf("spec: verify_steps=%lld drafted=%lld accepted=%lld accept_len=%.3f\n", (long long)sv,
                (long long)sd, (long long)sa, 1.0 + (double)sa / (double)sv);
+    if (n_dsteps > 0) /* where a decode step's time went, ms per step */
+        printf("decode_step_ms: steps=%lld total=%.3f forward=%.3f sample=%.3f draft=%.3f "
+               "other=%.3f\n", (long long)n_dsteps, 1e3 * t_decode / n_dsteps,
+               1e3 * t_part[0] / n_dsteps, 1e3 * t_part[1] / n_dsteps, 1e3 * t_part[2] / n_dsteps,
+               1e3 * (t_decode - t_part[0] - t_part[1] - t_part[2]) / n_dsteps);
     fflush(stdout);
     rc = failed;
     goto out;
