@@ -25,20 +25,29 @@
  *             the same with a 4096-id draft token map (ids 0..4095); each against
  *             plain, alternating (two each; two engines open at a time, ~2 GB
  *             each); tokens / decode time, x = spec / plain
+ *   dnnl      BF16 prefill of 512 and 2048 tokens with oneDNN at M >= 128
+ *             (the default) against the mm_bf16 tiles at every M, in the same
+ *             engine, alternating (three of each): x = tiles / oneDNN
+ * Runs with OMP_WAIT_POLICY=passive (re-executes itself to set it, as
+ * moeserve does): with libgomp's default, oneDNN's threads spin after each
+ * call against the kernel pool and every oneDNN figure is too low.
  * Usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] [--rows ...]
  * Validation: the BF16 and FP8 engines must produce finite logits and
  * non-degenerate greedy output before anything is timed.
  */
 #include "base/log.h"
 #include "base/util.h"
+#include "kernels/kernels.h"
 #include "kernels/probe.h"
 #include "serve/engine.h"
 #include "tools/mkmodel.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
@@ -167,6 +176,9 @@ static ms_engine *open_engine(const char *dir, int deterministic, int spec_steps
 
 int main(int argc, char **argv)
 {
+    /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv); /* on failure, go on with the default */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -178,7 +190,7 @@ int main(int argc, char **argv)
             rows = argv[++i];
         else {
             fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,fp8,det]\n");
+                            "[--rows decode,prefill,batch,fp8,det,spec,dnnl]\n");
             return 2;
         }
     }
@@ -279,6 +291,30 @@ int main(int argc, char **argv)
         ms_engine_shutdown(e8);
         ms_engine_step(e8, &err);
         ms_engine_close(e8);
+    }
+    if (strstr(rows, "dnnl")) { /* oneDNN at large M against the tiles, alternating */
+        static const int lens[] = {512, 2048};
+        struct run a;
+        if (run(e, 1, 512, 2, &a, 200)) return 1; /* warm-up: oneDNN's first reorders */
+        for (int l = 0; l < 2; l++) {
+            double tok_s[2][3];
+            for (int i = 0; i < 3; i++)
+                for (int mode = 0; mode < 2; mode++) { /* 0: default (oneDNN), 1: tiles */
+                    int64_t old = mode ? ms_kernels_set_dnnl_min_m(INT64_MAX) : 0;
+                    int rc = run(e, 1, lens[l], 2, &a, 300 + 10 * (uint64_t)l + 2 * (uint64_t)i + (uint64_t)mode);
+                    if (mode) ms_kernels_set_dnnl_min_m(old);
+                    if (rc) return 1;
+                    tok_s[mode][i] = (double)a.prefill_tokens / a.prefill_s;
+                }
+            qsort(tok_s[0], 3, sizeof(double), cmp_d);
+            qsort(tok_s[1], 3, sizeof(double), cmp_d);
+            printf("dnnl model=small-v3 dtype=bf16 threads=%d prompt=%d dnnl_prefill_tok_s=%.1f "
+                   "tiles_prefill_tok_s=%.1f x_tiles=%.3f runs=%.0f/%.0f/%.0f,%.0f/%.0f/%.0f "
+                   "(alternating, three each, medians)\n",
+                   nt, lens[l], tok_s[0][1], tok_s[1][1], tok_s[1][1] / tok_s[0][1], tok_s[0][0],
+                   tok_s[0][1], tok_s[0][2], tok_s[1][0], tok_s[1][1], tok_s[1][2]);
+            fflush(stdout);
+        }
     }
     if (strstr(rows, "det")) { /* default and deterministic runs alternate, two of each */
         ms_engine *ed = open_engine(bf16, 1, 0, NULL);

@@ -11,7 +11,10 @@
  * Weights rotate through >= 256 MiB of copies so they stream from DRAM, and
  * start 8 bytes past a 64-byte boundary (as safetensors data in an mmap).
  * Every configuration is validated against ms_matmul_ref before it is timed.
- * Usage: bench_kernels [--quick] [--threads N]
+ *   --dispatch: BF16 at prefill M (128 .. 2048) on small-v3's and V3's
+ *            projection shapes, the tiles (dnnl=0) and oneDNN (dnnl=1)
+ *            alternating twice: the measurement behind mm_dnnl.c's MIN_M.
+ * Usage: bench_kernels [--quick] [--dispatch] [--threads N]
  */
 #include "base/threadpool.h"
 #include "base/util.h"
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int quick;
 
@@ -175,14 +179,32 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
 
 int main(int argc, char **argv)
 {
-    int only_threads = 0;
+    /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv); /* on failure, go on with the default */
+    int only_threads = 0, dispatch = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
     static const int64_t gemv[][2] = {{512, 512}, {2048, 512}, {4096, 1024}, {7168, 2048}, {2048, 7168}, {7168, 7168}};
     static const int64_t bigm[] = {16, 64, 512};
+    if (dispatch) { /* K, N: small-v3 q_a, kv_b, o, dense up, dense down; V3 expert gate/up */
+        static const int64_t shp[][2] = {{1024, 384}, {256, 2048}, {1024, 1024},
+                                         {1024, 2816}, {2816, 1024}, {7168, 2048}};
+        static const int64_t dm[] = {128, 256, 512, 2048};
+        int nt = only_threads ? only_threads : 2;
+        ms_pool *pool = ms_pool_new(nt);
+        quick = 1;
+        for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++)
+            for (size_t m = 0; m < sizeof dm / sizeof dm[0]; m++)
+                for (int rep = 0; rep < 4; rep++) /* tiles, oneDNN, tiles, oneDNN */
+                    bench_matmul(pool, nt, isa, MS_DT_BF16, 0, rep & 1, dm[m], shp[s][0], shp[s][1]);
+        ms_pool_free(pool);
+        return 0;
+    }
     for (int nt = 1; nt <= 2; nt++) {
         if (only_threads && nt != only_threads) continue;
         ms_pool *pool = ms_pool_new(nt);
