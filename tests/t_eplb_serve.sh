@@ -7,7 +7,7 @@
 # model the EPLB placement of a recorded distribution raises balancedness (the
 # recorder's sglang:eplb_balancedness) over the trivial one on the same workload; and
 # the plan prices the slots as the engine loads them; and the refusals (EP 1, no
-# all-to-all, a placement of the wrong width, --enable-eplb).
+# all-to-all, a placement of the wrong width).  Runtime rebalancing: t_eplb_run.sh.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
@@ -103,5 +103,4 @@ check_err "need the all-to-all MoE path" --tp 2 --ep-size 2 --ep-num-redundant-e
 check_err "the launch 18 (16 routed + --ep-num-redundant-experts 2)" --tp 2 --moe-a2a-backend deepep \
     --ep-num-redundant-experts 2 --init-expert-location "$tmp/narrow.json"
 check_err "expected auto|deepseek|deepseek_hierarchical" --eplb-algorithm waterfill
-check_err "EPLB runtime rebalancing" --enable-eplb
 report
