@@ -9,9 +9,9 @@
 # that much at a fixed memory budget).  Runtime rebalancing (--enable-eplb, MODE=runtime,
 # EP=2 or EP=4): two served rounds of 32 requests, the placement rebalanced from the
 # recorded window after every ITERS forward passes (ITERS ~ one round's passes): the
-# balancedness of round 1 (before: trivial + R redundant) and round 2 (after); decode
-# step time of `generate` 32 prompts with and without --enable-eplb; the staging buffer
-# in KV tokens.  One row per configuration.  Noisy on a shared machine: compare rows of
+# balancedness and wall time of round 1 (before: trivial + R redundant) and round 2
+# (after), against the same two rounds without --enable-eplb, interleaved twice (ONCE=1:
+# once); the staging buffer in KV tokens.  One row per configuration.  Noisy on a shared machine: compare rows of
 # one run.
 set -u
 BUILD=${BUILD:-build}
@@ -65,7 +65,7 @@ timed() { # rest: flags; prints decode_tok_s weight_GB bytes_per_token
     bpt=$(grep -o '[0-9]* B per token' "$tmp/g.err" | head -1 | grep -o '^[0-9]*')
     echo "$dec $wb $bpt"
 }
-rounds() { # $1 label, rest: flags; two rounds of 32; prints round-1 and round-2 balancedness
+rounds() { # $1 label, rest: flags; two rounds of 32: balancedness and wall seconds of each
     local label=$1
     shift
     local p
@@ -73,45 +73,47 @@ rounds() { # $1 label, rest: flags; two rounds of 32; prints round-1 and round-2
     "$MS" serve --model-path "$M" --port "$p" --threads 1 --enable-metrics "${EP[@]}" "$@" \
         >"$tmp/$label.log" 2>&1 &
     PID=$!
-    for _ in $(seq 1 1200); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.1; done
+    for _ in $(seq 1 6000); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.1; done
     for r in 1 2; do
+        local t0=$(date +%s.%N)
         for i in $(seq 1 32); do
             curl -s -X POST "http://127.0.0.1:$p/generate" -d "{\"text\": \"Request $i asks about item $((i * 7 % 13)) and more\", \"sampling_params\": {\"max_new_tokens\": $NEW, \"temperature\": 0, \"ignore_eos\": true}}" >/dev/null &
         done
         wait $(jobs -p | grep -v "^$PID$") 2>/dev/null
+        echo "$t0 $(date +%s.%N)" >"$tmp/$label.$r.t"
         curl -s "http://127.0.0.1:$p/metrics" >"$tmp/$label.$r.metrics"
     done
     kill "$PID" 2>/dev/null
     wait "$PID" 2>/dev/null
     PID=
-    /usr/bin/python3 - "$tmp/$label.1.metrics" "$tmp/$label.2.metrics" <<'PY'
+    /usr/bin/python3 - "$tmp/$label" <<'PY'
 import re, sys
 def sn(path):
     m = open(path).read()
     s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
     n = float(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
     return s, n
-(s1, n1), (s2, n2) = sn(sys.argv[1]), sn(sys.argv[2])
-print(f"{s1 / n1:.4f} {(s2 - s1) / (n2 - n1):.4f} {int(n1)} {int(n2 - n1)}")
+b = sys.argv[1]
+(s1, n1), (s2, n2) = sn(b + ".1.metrics"), sn(b + ".2.metrics")
+t = [list(map(float, open(b + ".%d.t" % r).read().split())) for r in (1, 2)]
+print(f"{s1 / n1:.4f} {(s2 - s1) / (n2 - n1):.4f} {int(n1)} {int(n2 - n1)} {t[0][1] - t[0][0]:.1f} {t[1][1] - t[1][0]:.1f}")
 PY
 }
 if [ "$MODE" = runtime ]; then
     RT=(--ep-num-redundant-experts "$R" --enable-eplb --eplb-rebalance-num-iterations "$ITERS")
-    read -r rb0 rb1 rn0 rn1 < <(rounds runtime "${RT[@]}")
-    st=$(grep -o '+ [0-9.]* MiB EPLB staging' "$tmp/runtime.log" | head -1 | grep -o '[0-9.]*')
-    moves=$(grep -c "moved at forward pass" "$tmp/runtime.log")
-    mt=$(grep -o 'rebalance end at forward pass [0-9]* time=[0-9.]*s' "$tmp/runtime.log" | head -1 | grep -o 'time=[0-9.]*s')
-    if [ "$NEP" = 2 ]; then
-        read -r d0 w0 bpt < <(timed --ep-num-redundant-experts "$R")
-        read -r d1 w1 _ < <(timed "${RT[@]}" --eplb-rebalance-num-iterations 4)
-        read -r d2 w2 _ < <(timed --ep-num-redundant-experts "$R")
-        read -r d3 w3 _ < <(timed "${RT[@]}" --eplb-rebalance-num-iterations 4)
-        kv=$(/usr/bin/python3 -c "print(int(round($st * 1048576 / $bpt)))" 2>/dev/null)
-        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 mode=runtime redundant=$R iters=$ITERS balancedness_round1=$rb0 balancedness_round2=$rb1 passes=$rn0+$rn1 layer_moves=$moves first_rebalance_$mt staging_mib=$st staging_kv_tokens=$kv kv_bytes_per_token=$bpt"
-        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 generate_decode_tok_s static=$d0,$d2 enable_eplb(iters 4)=$d1,$d3 step_ms static=$(/usr/bin/python3 -c "print(f'{32000 / $d0:.1f},{32000 / $d2:.1f}')") eplb=$(/usr/bin/python3 -c "print(f'{32000 / $d1:.1f},{32000 / $d3:.1f}')")"
-    else
-        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 mode=runtime redundant=$R iters=$ITERS balancedness_round1=$rb0 balancedness_round2=$rb1 passes=$rn0+$rn1 layer_moves=$moves first_rebalance_$mt staging_mib=$st"
-    fi
+    for k in 1 2; do # interleaved: static (trivial + R redundant), then runtime EPLB
+        read -r sb0 sb1 sn0 sn1 st0 st1 < <(rounds static --ep-num-redundant-experts "$R")
+        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 mode=static redundant=$R balancedness_round1=$sb0 balancedness_round2=$sb1 passes=$sn0+$sn1 round1_s=$st0 round2_s=$st1"
+        read -r rb0 rb1 rn0 rn1 rt0 rt1 < <(rounds runtime "${RT[@]}")
+        stg=$(grep -o '+ [0-9.]* MiB EPLB staging' "$tmp/runtime.log" | head -1 | grep -o '[0-9.]*')
+        bpt=$(grep -o '[0-9]* B per token' "$tmp/runtime.log" | head -1 | grep -o '^[0-9]*')
+        moves=$(grep -c "moved at forward pass" "$tmp/runtime.log")
+        mt=$(grep -o 'rebalance end at forward pass [0-9]* time=[0-9.]*s' "$tmp/runtime.log" | head -1 | grep -o 'time=[0-9.]*s')
+        kv=$(/usr/bin/python3 -c "print(int(round($stg * 1048576 / $bpt)))" 2>/dev/null)
+        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 mode=runtime redundant=$R iters=$ITERS balancedness_round1=$rb0 balancedness_round2=$rb1 passes=$rn0+$rn1 round1_s=$rt0 round2_s=$rt1 layer_moves=$moves first_rebalance_$mt staging_mib=$stg staging_kv_tokens=$kv kv_bytes_per_token=$bpt"
+        grep "rebalance start\|rebalance end" "$tmp/runtime.log" | sed 's/^/  # /'
+        [ "${ONCE:-0}" = 1 ] && break
+    done
     exit 0
 fi
 read -r b0 n0 < <(served trivial)

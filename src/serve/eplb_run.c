@@ -6,7 +6,9 @@
  * (SGLang: skip when avg > threshold; 1.0, the default, never skips); then the routed
  * layers move to the new placement, all at once or --eplb-rebalance-layers-per-chunk
  * per forward pass (the first chunk one pass after the plan, as SGLang yields before
- * each chunk when there are several).
+ * each chunk when there are several).  An expert a rank keeps stays in its slot
+ * (vLLM's preserve_intragpu_slots; SGLang moves it), so only the rank's new experts
+ * move.
  *
  * Moving one layer, on every rank of the EP group together, between two forwards: each
  * slot whose expert changes gets the new expert's bytes from a slot of this rank that
@@ -44,6 +46,7 @@ struct ms_eplb_run {
     uint8_t *staging;     /* [per_rank][max slot bytes] */
     size_t staging_bytes;
     ms_comm_p2p *ops;     /* [2 · R] */
+    int32_t *scr;         /* [E + 2 · per_rank] keep_slots' */
     int64_t rebalances, skipped, slots_moved, slots_received;
 };
 
@@ -55,6 +58,7 @@ static void run_free(struct ms_eplb_run *r)
     free(r->w);
     ms_free_aligned(r->staging);
     free(r->ops);
+    free(r->scr);
     free(r);
 }
 
@@ -108,7 +112,8 @@ int ms_eplb_run_open(ms_engine *e, ms_errbuf *err)
     r->lc = malloc(sizeof(int64_t) * (size_t)r->L * (size_t)r->E);
     r->w = malloc(sizeof(float) * (size_t)r->L * (size_t)r->E);
     r->ops = malloc(sizeof *r->ops * (size_t)(2 * r->R));
-    if (!r->staging || !r->lc || !r->w || !r->ops)
+    r->scr = malloc(sizeof(int32_t) * (size_t)(r->E + 2 * r->per_rank));
+    if (!r->staging || !r->lc || !r->w || !r->ops || !r->scr)
         return ms_err(err, MS_ENOMEM, "out of memory for EPLB's %.1f MiB staging buffer",
                       (double)r->staging_bytes / (1 << 20));
     if (e->shard.tp_group->rank != r->me || e->shard.tp_group->size != r->n_ranks)
@@ -219,6 +224,32 @@ static int move_chunk(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
     return 0;
 }
 
+/* Within each rank, an expert the rank keeps stays in its old slot (vLLM's
+ * preserve_intragpu_slots): the rank's set of experts, and so the balance, is the
+ * balancer's; only the order of its slots changes, so fewer bytes move.
+ * scr: [E + 2 · per_rank]. */
+static void keep_slots(int32_t *row, const int32_t *old, int n_ranks, int per_rank, int E,
+                       int32_t *scr)
+{
+    int32_t *cnt = scr, *out = scr + E, *lst = out + per_rank;
+    for (int r = 0; r < n_ranks; r++) {
+        int32_t *nw = row + (size_t)r * per_rank;
+        const int32_t *od = old + (size_t)r * per_rank;
+        memset(cnt, 0, sizeof(int32_t) * (size_t)E);
+        for (int s = 0; s < per_rank; s++) cnt[nw[s]]++;
+        for (int s = 0; s < per_rank; s++) { /* kept where it was */
+            out[s] = cnt[od[s]] > 0 ? od[s] : -1;
+            if (out[s] >= 0) cnt[od[s]]--;
+        }
+        int k = 0, j = 0;
+        for (int s = 0; s < per_rank; s++) /* the rest, in the balancer's order */
+            if (cnt[nw[s]] > 0) cnt[nw[s]]--, lst[k++] = nw[s];
+        for (int s = 0; s < per_rank; s++)
+            if (out[s] < 0) out[s] = lst[j++];
+        memcpy(nw, out, sizeof(int32_t) * (size_t)per_rank);
+    }
+}
+
 /* The plan from the recorded window (every rank computes the same one from the same
  * all-rank sums). */
 static int make_plan(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
@@ -242,12 +273,15 @@ static int make_plan(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
     r->plan = pl.phy2log;
     pl.phy2log = NULL;
     ms_eplb_plan_free(&pl);
-    for (int l = 0; l < r->L; l++) { /* a layer with nothing recorded keeps its placement */
+    for (int l = 0; l < r->L; l++) {
         int64_t s = 0;
         for (int x = 0; x < r->E; x++) s += r->lc[(size_t)l * r->E + x];
-        if (!s && e->expert_maps[l].n_physical == r->R)
-            memcpy(r->plan + (size_t)l * r->R, e->expert_maps[l].logical_of,
-                   sizeof(int32_t) * (size_t)r->R);
+        int32_t *row = r->plan + (size_t)l * r->R;
+        const int32_t *old = e->expert_maps[l].logical_of;
+        if (!s) /* a layer with nothing recorded keeps its placement */
+            memcpy(row, old, sizeof(int32_t) * (size_t)r->R);
+        else
+            keep_slots(row, old, r->n_ranks, r->per_rank, r->E, r->scr);
     }
     r->next_layer = 0;
     r->t_start = ms_now_s();
