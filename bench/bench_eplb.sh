@@ -70,7 +70,8 @@ rounds() { # $1 label, rest: flags; two rounds of 32: balancedness and wall seco
     shift
     local p
     p=$(port)
-    "$MS" serve --model-path "$M" --port "$p" --threads 1 --enable-metrics "${EP[@]}" "$@" \
+    "$MS" serve --model-path "$M" --port "$p" --threads 1 --enable-metrics "${EP[@]}" \
+        --expert-distribution-recorder-mode stat "$@" \
         >"$tmp/$label.log" 2>&1 &
     PID=$!
     for _ in $(seq 1 6000); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.1; done
