@@ -13,13 +13,7 @@ MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 . "$(dirname "$0")/lib.sh"
 serve_setup
-"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --route-skew 1.2 --out "$tmp/skew" 2>/dev/null
-S=$tmp/skew
-P1="0,17,400,999,3,250,64,12,900,33,1,2,3,4,5,6,7,8,9,10,11,12,13"
-common=(--model "$S" --dtype float32 --prompt-ids "$P1" --prompt-ids "0,5" --max-new-tokens 12
-        --ignore-eos --threads 1 --comm-timeout-s 60)
-timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1 ||
-    { bad "1-rank run" "$(tail -5 "$tmp/ref.out")"; report; exit 1; }
+eplb_setup
 check_run() { # $1 = label, rest = flags; the run's log stays in $tmp/l.out
     local label=$1
     shift
@@ -104,16 +98,8 @@ sys.exit(0 if ok and len(a[\"output_ids\"]) == 4 else 1)" "$tmp/r1.json" "$tmp/r
         '/usr/bin/python3 -c "import sys; s, l, p = map(float, sys.argv[1:]); sys.exit(0 if s > 0 and abs(s / 2**20 - l) < 0.06 and abs(p - s) <= 0.001 * s else 1)" "$st" "$lg" "$pl"'
 fi
 # refusals
-check_err() { # $1 = expected text, rest = flags
-    local want=$1
-    shift
-    local out
-    out=$(timeout 60 "$MOESERVE" generate --model "$S" --prompt-ids 0 --threads 1 "$@" 2>&1)
-    if [ $? -ne 0 ] && echo "$out" | grep -q -- "$want"; then ok "refuses $* ($want)"
-    else bad "refuses $*" "$out"; fi
-}
-check_err "nothing to balance" --enable-eplb
-check_err "needs the all-to-all" --tp 2 --ep-size 2 --enable-eplb
-MOESERVE_WEIGHTS=mmap check_err "cannot be rewritten" --tp 2 --moe-a2a-backend deepep --enable-eplb
-check_err "expected a number in \[0, 1\]" --eplb-min-rebalancing-utilization-threshold 2
+eplb_refuses "nothing to balance" --enable-eplb
+eplb_refuses "needs the all-to-all" --tp 2 --ep-size 2 --enable-eplb
+MOESERVE_WEIGHTS=mmap eplb_refuses "cannot be rewritten" --tp 2 --moe-a2a-backend deepep --enable-eplb
+eplb_refuses "expected a number in \[0, 1\]" --eplb-min-rebalancing-utilization-threshold 2
 report
