@@ -71,10 +71,14 @@ rounds() { # $1 label, rest: flags; two rounds of 32: balancedness and wall seco
     local p
     p=$(port)
     "$MS" serve --model-path "$M" --port "$p" --threads 1 --enable-metrics "${EP[@]}" \
-        --expert-distribution-recorder-mode stat "$@" \
+        --expert-distribution-recorder-mode stat --max-total-tokens 65536 "$@" \
         >"$tmp/$label.log" 2>&1 &
     PID=$!
-    for _ in $(seq 1 6000); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.1; done
+    for _ in $(seq 1 6000); do
+        curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break
+        kill -0 "$PID" 2>/dev/null || { tail -3 "$tmp/$label.log" >&2; break; }
+        sleep 0.1
+    done
     for r in 1 2; do
         local t0=$(date +%s.%N)
         for i in $(seq 1 32); do
