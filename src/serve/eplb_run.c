@@ -219,8 +219,10 @@ static int move_chunk(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
         ms_expert_recorder_take_window(e->rec, r->lc);
     }
     if (e->rank == 0)
-        MS_LOG(MS_INFO, "eplb", "[EPLBManager] rebalance end at forward pass %lld time=%.3fs",
-               (long long)r->pass_id, ms_now_s() - r->t_start);
+        MS_LOG(MS_INFO, "eplb", "[EPLBManager] rebalance end at forward pass %lld time=%.3fs "
+               "(%lld done, %lld skipped; rank 0 rewrote %lld slots, %lld received)",
+               (long long)r->pass_id, ms_now_s() - r->t_start, (long long)r->rebalances,
+               (long long)r->skipped, (long long)r->slots_moved, (long long)r->slots_received);
     return 0;
 }
 
@@ -302,13 +304,4 @@ int ms_eplb_run_step(ms_engine *e, ms_errbuf *err)
     int rc = make_plan(e, r, err);
     if (rc || !r->plan) return rc;
     return r->per_chunk > 0 ? 0 : move_chunk(e, r, err); /* one chunk: at once */
-}
-
-void ms_eplb_run_counts(const ms_engine *e, int64_t *rebalances, int64_t *skipped,
-                        int64_t *slots_moved)
-{
-    const struct ms_eplb_run *r = e->eplb;
-    *rebalances = r ? r->rebalances : 0;
-    *skipped = r ? r->skipped : 0;
-    *slots_moved = r ? r->slots_moved : 0;
 }

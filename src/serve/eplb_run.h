@@ -20,8 +20,5 @@ int ms_eplb_run_step(ms_engine *e, ms_errbuf *err);
 void ms_eplb_run_free(ms_engine *e);
 /* Bytes of the staging buffer (0 without EPLB): counted in the KV budget. */
 size_t ms_eplb_run_staging_bytes(const ms_engine *e);
-/* Rebalances done, skipped by the threshold, and slots rewritten on this rank. */
-void ms_eplb_run_counts(const ms_engine *e, int64_t *rebalances, int64_t *skipped,
-                        int64_t *slots_moved);
 
 #endif
