@@ -6,8 +6,13 @@
 # R placed by DeepSeek's EPLB from the distribution recorded in the first run (SGLang's
 # record-then-relaunch flow; runtime rebalancing is not built); and what the R redundant
 # slots cost: weight bytes per rank, and those bytes in KV tokens (the KV pool shrinks by
-# that much at a fixed memory budget).  One row per configuration.  Noisy on a shared
-# machine: compare rows of one run.
+# that much at a fixed memory budget).  Runtime rebalancing (--enable-eplb, MODE=runtime,
+# EP=2 or EP=4): two served rounds of 32 requests, the placement rebalanced from the
+# recorded window after every ITERS forward passes (ITERS ~ one round's passes): the
+# balancedness and wall time of round 1 (before: trivial + R redundant) and round 2
+# (after), against the same two rounds without --enable-eplb, interleaved twice (ONCE=1:
+# once); the staging buffer in KV tokens.  One row per configuration.  Noisy on a shared machine: compare rows of
+# one run.
 set -u
 BUILD=${BUILD:-build}
 MS=$BUILD/moeserve
@@ -19,7 +24,10 @@ M=${MODEL:-$BUILD/models/small-v3-skew$SKEW}
 tmp=$(mktemp -d)
 PID=
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$tmp"' EXIT
-EP=(--tp 2 --moe-a2a-backend deepep)
+NEP=${EP:-2}
+EP=(--tp "$NEP" --moe-a2a-backend deepep)
+MODE=${MODE:-static}
+ITERS=${ITERS:-16}
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 served() { # $1 label, rest: flags; 32 concurrent requests; dump in $tmp/$1.json
     local label=$1
@@ -57,6 +65,62 @@ timed() { # rest: flags; prints decode_tok_s weight_GB bytes_per_token
     bpt=$(grep -o '[0-9]* B per token' "$tmp/g.err" | head -1 | grep -o '^[0-9]*')
     echo "$dec $wb $bpt"
 }
+rounds() { # $1 label, rest: flags; two rounds of 32: balancedness and wall seconds of each
+    local label=$1
+    shift
+    local p
+    p=$(port)
+    "$MS" serve --model-path "$M" --port "$p" --threads 1 --enable-metrics "${EP[@]}" \
+        --expert-distribution-recorder-mode stat --max-total-tokens 65536 "$@" \
+        >"$tmp/$label.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 6000); do
+        curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break
+        kill -0 "$PID" 2>/dev/null || { tail -3 "$tmp/$label.log" >&2; break; }
+        sleep 0.1
+    done
+    for r in 1 2; do
+        local t0=$(date +%s.%N)
+        for i in $(seq 1 32); do
+            curl -s -X POST "http://127.0.0.1:$p/generate" -d "{\"text\": \"Request $i asks about item $((i * 7 % 13)) and more\", \"sampling_params\": {\"max_new_tokens\": $NEW, \"temperature\": 0, \"ignore_eos\": true}}" >/dev/null &
+        done
+        wait $(jobs -p | grep -v "^$PID$") 2>/dev/null
+        echo "$t0 $(date +%s.%N)" >"$tmp/$label.$r.t"
+        curl -s "http://127.0.0.1:$p/metrics" >"$tmp/$label.$r.metrics"
+    done
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=
+    /usr/bin/python3 - "$tmp/$label" <<'PY'
+import re, sys
+def sn(path):
+    m = open(path).read()
+    s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
+    n = float(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
+    return s, n
+b = sys.argv[1]
+(s1, n1), (s2, n2) = sn(b + ".1.metrics"), sn(b + ".2.metrics")
+t = [list(map(float, open(b + ".%d.t" % r).read().split())) for r in (1, 2)]
+print(f"{s1 / n1:.4f} {(s2 - s1) / (n2 - n1):.4f} {int(n1)} {int(n2 - n1)} {t[0][1] - t[0][0]:.1f} {t[1][1] - t[1][0]:.1f}")
+PY
+}
+if [ "$MODE" = runtime ]; then
+    RT=(--ep-num-redundant-experts "$R" --enable-eplb --eplb-rebalance-num-iterations "$ITERS")
+    for k in 1 2; do # interleaved: static (trivial + R redundant), then runtime EPLB
+        read -r sb0 sb1 sn0 sn1 st0 st1 < <(rounds static --ep-num-redundant-experts "$R")
+        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 mode=static redundant=$R balancedness_round1=$sb0 balancedness_round2=$sb1 passes=$sn0+$sn1 round1_s=$st0 round2_s=$st1"
+        read -r rb0 rb1 rn0 rn1 rt0 rt1 < <(rounds runtime "${RT[@]}")
+        stg=$(grep -o '+ [0-9.]* MiB EPLB staging' "$tmp/runtime.log" | head -1 | grep -o '[0-9.]*')
+        bpt=$(grep -o '[0-9]* B per token' "$tmp/runtime.log" | head -1 | grep -o '^[0-9]*')
+        moves=$(grep -c "moved at forward pass" "$tmp/runtime.log")
+        mt=$(grep -o 'rebalance end at forward pass [0-9]* time=[0-9.]*s' "$tmp/runtime.log" | head -1 | grep -o 'time=[0-9.]*s')
+        kv=$(/usr/bin/python3 -c "print(int(round($stg * 1048576 / $bpt)))" 2>/dev/null)
+        echo "model=small-v3 route_skew=$SKEW ep=$NEP batch=32 mode=runtime redundant=$R iters=$ITERS balancedness_round1=$rb0 balancedness_round2=$rb1 passes=$rn0+$rn1 round1_s=$rt0 round2_s=$rt1 layer_moves=$moves first_rebalance_$mt staging_mib=$stg staging_kv_tokens=$kv kv_bytes_per_token=$bpt"
+        grep "rebalance start\|rebalance end" "$tmp/runtime.log" | sed 's/^/  # /'
+        [ "${ONCE:-0}" = 1 ] && break
+    done
+    exit 0
+fi
 read -r b0 n0 < <(served trivial)
 cp "$tmp/trivial.json" "$tmp/rec.json"
 read -r b1 n1 < <(served eplb --ep-num-redundant-experts "$R" --init-expert-location "$tmp/rec.json")

@@ -29,6 +29,8 @@ IMPL = {
     "--expert-distribution-recorder-mode": "stat",
     "--expert-distribution-recorder-buffer-size": "100", "--eplb-algorithm": "deepseek",
     "--enable-deterministic-inference": None,
+    "--eplb-rebalance-num-iterations": "100", "--eplb-rebalance-layers-per-chunk": "2",
+    "--eplb-min-rebalancing-utilization-threshold": "0.9",
 }
 
 GPU = {
@@ -50,9 +52,8 @@ NOT_BUILT = {
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
     "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
-    "--swa-full-tokens-ratio": "0.1", "--enable-eplb": None,
-    "--enable-waterfill": None,
-    "--eplb-rebalance-num-iterations": "100", "--enable-prefill-delayer": None,
+    "--swa-full-tokens-ratio": "0.1",
+    "--enable-waterfill": None, "--enable-prefill-delayer": None,
     "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
     "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,
     "--enable-unified-cache-external-linker": None,

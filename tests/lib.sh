@@ -65,3 +65,24 @@ serve_up() {
     bad "$name: server did not start" "$(tail -20 "$tmp/$name.log")"
     return 1
 }
+# The EPLB tests' setup (t_eplb_serve.sh, t_eplb_run.sh): a skewed tiny-v3 in $S, the
+# generate flags of the layout comparisons in common[], the 1-rank float32 run's logits
+# in $tmp/ref.jsonl.  After serve_setup.
+eplb_setup() {
+    "$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --route-skew 1.2 --out "$tmp/skew" 2>/dev/null
+    S=$tmp/skew
+    P1="0,17,400,999,3,250,64,12,900,33,1,2,3,4,5,6,7,8,9,10,11,12,13"
+    common=(--model "$S" --dtype float32 --prompt-ids "$P1" --prompt-ids "0,5" --max-new-tokens 12
+            --ignore-eos --threads 1 --comm-timeout-s 60)
+    timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1 ||
+        { bad "1-rank run" "$(tail -5 "$tmp/ref.out")"; report; exit 1; }
+}
+# Passes when `generate` on $S with the flags after $1 fails saying $1.
+eplb_refuses() {
+    local want=$1
+    shift
+    local out
+    out=$(timeout 60 "$MOESERVE" generate --model "$S" --prompt-ids 0 --threads 1 "$@" 2>&1)
+    if [ $? -ne 0 ] && echo "$out" | grep -q -- "$want"; then ok "refuses $* ($want)"
+    else bad "refuses $*" "$out"; fi
+}

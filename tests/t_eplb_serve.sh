@@ -7,19 +7,13 @@
 # model the EPLB placement of a recorded distribution raises balancedness (the
 # recorder's sglang:eplb_balancedness) over the trivial one on the same workload; and
 # the plan prices the slots as the engine loads them; and the refusals (EP 1, no
-# all-to-all, a placement of the wrong width, --enable-eplb).
+# all-to-all, a placement of the wrong width).  Runtime rebalancing: t_eplb_run.sh.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 . "$(dirname "$0")/lib.sh"
 serve_setup
-"$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --route-skew 1.2 --out "$tmp/skew" 2>/dev/null
-S=$tmp/skew
-P1="0,17,400,999,3,250,64,12,900,33,1,2,3,4,5,6,7,8,9,10,11,12,13"
-common=(--model "$S" --dtype float32 --prompt-ids "$P1" --prompt-ids "0,5" --max-new-tokens 12
-        --ignore-eos --threads 1 --comm-timeout-s 60)
-timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1 ||
-    { bad "1-rank run" "$(tail -5 "$tmp/ref.out")"; report; exit 1; }
+eplb_setup
 # a recorded distribution (layer 0 dense): experts 0 and 1 hot
 /usr/bin/python3 -c "
 import json
@@ -90,18 +84,9 @@ t "skewed model, EP 2: balancedness trivial $b_triv -> EPLB-placed (2 redundant)
     '/usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) + 0.02 else 1)" "$b_triv" "$b_eplb"'
 t "/server_info names the slots" 'grep -Eq "\"ep_num_redundant_experts\": ?2" "$tmp/eplb.info" && grep -Eq "\"num_physical_experts\": ?18" "$tmp/eplb.info"'
 # refusals
-check_err() { # $1 = expected text, rest = flags
-    local want=$1
-    shift
-    local out
-    out=$(timeout 60 "$MOESERVE" generate --model "$S" --prompt-ids 0 --threads 1 "$@" 2>&1)
-    if [ $? -ne 0 ] && echo "$out" | grep -q -- "$want"; then ok "refuses $* ($want)"
-    else bad "refuses $*" "$out"; fi
-}
-check_err "nothing to balance" --ep-num-redundant-experts 2
-check_err "need the all-to-all MoE path" --tp 2 --ep-size 2 --ep-num-redundant-experts 2
-check_err "the launch 18 (16 routed + --ep-num-redundant-experts 2)" --tp 2 --moe-a2a-backend deepep \
+eplb_refuses "nothing to balance" --ep-num-redundant-experts 2
+eplb_refuses "need the all-to-all MoE path" --tp 2 --ep-size 2 --ep-num-redundant-experts 2
+eplb_refuses "the launch 18 (16 routed + --ep-num-redundant-experts 2)" --tp 2 --moe-a2a-backend deepep \
     --ep-num-redundant-experts 2 --init-expert-location "$tmp/narrow.json"
-check_err "expected auto|deepseek|deepseek_hierarchical" --eplb-algorithm waterfill
-check_err "EPLB runtime rebalancing" --enable-eplb
+eplb_refuses "expected auto|deepseek|deepseek_hierarchical" --eplb-algorithm waterfill
 report

@@ -787,6 +787,49 @@ TEST(matmul_dnnl_prepack_ahead)
     stored_free(&f8);
 }
 
+/* ms_kernels_dnnl_refresh (an EPLB slot rewritten in place): the held copy is reordered
+ * again from the new contents, in the same space.  The new contents keep the 8 values
+ * the fingerprint samples, so without the refresh the stale copy would be used. */
+TEST(matmul_dnnl_refresh)
+{
+    if (best_isa < MS_ISA_AVX512BF16 || !ms_kernels_dnnl_available()) return;
+    uint64_t rng = 17;
+    int64_t M = 160, N = 72, K = 136;
+    stored a, b;
+    stored_make(&a, MS_DT_BF16, N, K, &rng);
+    stored_make(&b, MS_DT_BF16, N, K, &rng);
+    float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
+    float *emu = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+    ms_kctx kc = {pool, 0, best_isa, 0};
+    ms_kernels_dnnl_clear();
+    ms_kernels_set_dnnl(1);
+    CHECK(ms_kernels_dnnl_refresh(&kc, &a.whole) == -1); /* nothing held yet */
+    CHECK(ms_kernels_dnnl_prepack(&kc, &a.whole) == 0);
+    ms_matmul(&kc, y, N, x, K, M, &a.whole, 0);
+    size_t held = ms_kernels_dnnl_bytes();
+    uint16_t *d = a.data, keep[8];
+    int64_t at[8];
+    for (int i = 0; i < 8; i++) { /* mm_dnnl.c's fingerprint samples */
+        at[i] = (N - 1) * i / 7 * K + (K - 1) * (i * 5 % 8) / 7;
+        keep[i] = d[at[i]];
+    }
+    memcpy(a.data, b.data, (size_t)(N * K) * 2);
+    for (int i = 0; i < 8; i++) d[at[i]] = keep[i];
+    CHECK(ms_kernels_dnnl_refresh(&kc, &a.whole) == 0);
+    CHECK(ms_kernels_dnnl_bytes() == held);
+    emulate_bf16(emu, N, x, K, M, &a.whole, 0, 0);
+    ms_matmul(&kc, y, N, x, K, M, &a.whole, 0);
+    CHECKF(rel_err(y, emu, M, N, N) <= 1e-5, "after refresh: %g", rel_err(y, emu, M, N, N));
+    CHECK(ms_kernels_dnnl_bytes() == held);
+    ms_kernels_dnnl_clear();
+    free(x);
+    free(y);
+    free(emu);
+    stored_free(&a);
+    stored_free(&b);
+}
+
 /* The oneDNN path: prepacked once, used (bytes held), invalidated by
  * forget / by new contents under the same pointer, and switchable off. */
 TEST(matmul_dnnl_prepack)
@@ -841,6 +884,7 @@ int main(void)
     RUN(matmul_fp4_all_paths);
     RUN(matmul_dnnl_prepack);
     RUN(matmul_dnnl_prepack_ahead);
+    RUN(matmul_dnnl_refresh);
     RUN(matmul_batch_same_as_single);
     RUN(matmul_fp8_plain_rows);
     RUN(matmul_same_bits_any_pool);

@@ -123,6 +123,11 @@ void ms_kernels_set_dnnl(int on);
  * returns the previous value.  Main thread only. */
 int64_t ms_kernels_set_dnnl_min_m(int64_t m);
 void ms_kernels_dnnl_forget(const void *data);
+/* W's contents changed in place (an EPLB slot rewritten): its prepacked copy, if one is
+ * held for W->data at W's shape, is reordered again into the same space (no new
+ * space taken).  0: refreshed; -1: none held (or it failed and was dropped).  Main
+ * thread only. */
+int ms_kernels_dnnl_refresh(const ms_kctx *k, const ms_mat *W);
 void ms_kernels_dnnl_clear(void);
 size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
 /* 1 when oneDNN runs BF16 here (its own CPUID reading lists AVX512_BF16 and

@@ -199,6 +199,19 @@ void ms_kernels_dnnl_clear(void)
     g.yb_elems = 0;
 }
 
+/* 64 sampled bytes of the weights: detects a pointer reused for new data. */
+static uint64_t fingerprint(const ms_mat *W)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < 8; i++) {
+        int64_t r = (W->rows - 1) * i / 7, c = (W->cols - 1) * (i * 5 % 8) / 7;
+        uint64_t v = 0;
+        memcpy(&v, (const uint16_t *)W->data + r * W->ld + c, 2);
+        h = (h ^ v) * 1099511628211ull;
+    }
+    return h;
+}
+
 void ms_kernels_dnnl_forget(const void *data)
 {
     for (size_t i = 0; i < g.cap_packs; i++)
@@ -225,18 +238,42 @@ void ms_kernels_dnnl_forget(const void *data)
         }
 }
 
-/* 64 sampled bytes of the weights: detects a pointer reused for new data. */
-static uint64_t fingerprint(const ms_mat *W)
+static dnnl_primitive_t reorder_get(const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *wmd);
+
+int ms_kernels_dnnl_refresh(const ms_kctx *k, const ms_mat *W)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (int i = 0; i < 8; i++) {
-        int64_t r = (W->rows - 1) * i / 7, c = (W->cols - 1) * (i * 5 % 8) / 7;
-        uint64_t v = 0;
-        memcpy(&v, (const uint16_t *)W->data + r * W->ld + c, 2);
-        h = (h ^ v) * 1099511628211ull;
+    for (size_t i = 0; i < g.cap_packs; i++) {
+        pack_ent *p = &g.packs[i];
+        if (p->data != W->data) continue;
+        if (p->n != W->rows || p->k != W->cols || p->ld != W->ld) {
+            ms_kernels_dnnl_forget(W->data);
+            return -1;
+        }
+        dnnl_memory_desc_t plain;
+        dnnl_dims_t dims = {W->cols, W->rows}, strides = {1, W->ld};
+        dnnl_memory_t src = NULL;
+        dnnl_primitive_t reorder;
+        int ok = dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) ==
+                     dnnl_success &&
+                 dnnl_memory_create(&src, &plain, g.eng, (void *)W->data) == dnnl_success &&
+                 (reorder = reorder_get(&plain, &p->md)) != NULL;
+        if (ok) {
+            if (k) ms_pool_park(k->pool); /* the reorder runs on oneDNN's threads */
+            dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, p->mem}};
+            ok = dnnl_primitive_execute(reorder, g.stream, 2, args) == dnnl_success;
+            dnnl_stream_wait(g.stream);
+        }
+        if (src) dnnl_memory_destroy(src);
+        if (!ok) {
+            ms_kernels_dnnl_forget(W->data);
+            return -1;
+        }
+        p->fp = fingerprint(W);
+        return 0;
     }
-    return h;
+    return -1;
 }
+
 
 static pack_ent *pack_find(const ms_mat *W, uint64_t fp)
 {

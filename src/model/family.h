@@ -180,6 +180,21 @@ int ms_model_set_draft_vocab(ms_model *m, const int32_t *ids, int64_t n, ms_errb
 int64_t ms_model_draft_vocab(const ms_model *m, const int32_t **ids);
 int ms_model_draft_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
                            int n_seqs, ms_errbuf *err);
+/* Physical expert slots (EPLB; model/expert_slots.c).  Layer l's routed experts on
+ * this rank are ms_model_expert_slots(m, l) slots (0: a dense layer, or a family
+ * whose slots are not built: DeepSeek-V4), slot s holding the logical expert
+ * ms_shard_expert(shard, l, s).  A slot is one blob of _slot_bytes (0: not
+ * rewritable: the weights are read from the file mapping, MOESERVE_WEIGHTS=mmap);
+ * _slot_blob is its bytes (borrowed, read-only).  _slot_write copies a blob of
+ * another slot of the layer (any rank's: same shapes and dtypes) into slot s and
+ * refreshes the slot's derived copies (FP8 plain-row flags, oneDNN prepacks);
+ * after the shard's map of the layer changed, _slots_bind points the compute's
+ * logical views at the slots again.  Main thread, between forwards. */
+int ms_model_expert_slots(const ms_model *m, int layer);
+size_t ms_model_expert_slot_bytes(const ms_model *m, int layer);
+const void *ms_model_expert_slot_blob(const ms_model *m, int layer, int slot);
+int ms_model_expert_slot_write(ms_model *m, int layer, int slot, const void *blob, ms_errbuf *err);
+void ms_model_expert_slots_bind(ms_model *m, int layer);
 /* Bytes of the weight views this rank reads (its shard; embeddings and head included). */
 int64_t ms_model_local_weight_bytes(const ms_model *m);
 /* Prepacks every BF16 weight view of this rank for oneDNN now (all but the

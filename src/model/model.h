@@ -41,7 +41,11 @@ typedef struct ms_layer_w {
     ms_ffn_w dense;               /* !is_moe */
     ms_mat router;                /* [E][D] */
     float *e_bias;                /* [E] f32, NULL when absent */
-    ms_ffn_w *experts;            /* [E] */
+    ms_ffn_w *experts;            /* [E] by logical id: the views the MoE compute reads; a held
+                                   * expert's is its slot's (expert_slots.c), the rest empty */
+    ms_ffn_w *slots;              /* [n_slots] this rank's physical expert slots, each its own copy */
+    int n_slots;
+    size_t slot_bytes;            /* one slot's bytes in the arena (0: not rewritable) */
     ms_ffn_w shared;              /* n_shared_experts > 0: width n_shared*moe_inter */
 } ms_layer_w;
 
@@ -106,6 +110,15 @@ int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int6
  * 2 MiB-page arena or faults in the file mapping (MOESERVE_WEIGHTS), refusing a NaN or
  * infinity, and marks FP8 plain rows (weights.c; m->arena, m->f8_plain: the caller frees). */
 int ms_model_place(ms_model *m, ms_errbuf *err);
+/* Per-slot routed experts (expert_slots.c).  _init: after the layer is loaded and
+ * sharded, slot s takes the (file) views of the logical expert the shard's map puts
+ * there; _place: after the weights were placed, measures each MoE layer's slot blobs
+ * and binds the logical views to the slots. */
+int ms_dsv3_slots_init(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err);
+void ms_dsv3_slots_place(ms_model *m);
+/* Arena bytes of a placed view and of its FP8 block scales (weights.c's arithmetic). */
+size_t ms_model_view_bytes(const ms_mat *w);
+size_t ms_model_scale_bytes(const ms_mat *w);
 /* Narrows an FFN's views to part `part` of `parts` of its intermediate width
  * (no copies); MS_ELAYOUT naming `what` and the layer when it does not divide. */
 int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer,

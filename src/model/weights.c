@@ -200,6 +200,7 @@ static void free_layer(ms_layer_w *lw)
     free(lw->kv_a_norm);
     free(lw->e_bias);
     free(lw->experts);
+    free(lw->slots);
 }
 
 int ms_model_init_kernels(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
@@ -229,9 +230,8 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
     b += c->q_lora_rank > 0 ? ms_mat_bytes(&lw->q_a) + ms_mat_bytes(&lw->q_b) : ms_mat_bytes(&lw->q);
     if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
     b += ms_mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
-    if (topk > 0) return b + ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, 0)]) * topk;
-    for (int s = 0; s < ms_shard_n_experts(m->shard, c->n_routed_experts); s++)
-        b += ffn_bytes(&lw->experts[ms_shard_expert(m->shard, l, s)]);
+    if (topk > 0) return b + ffn_bytes(&lw->slots[0]) * topk;
+    for (int s = 0; s < lw->n_slots; s++) b += ffn_bytes(&lw->slots[s]);
     return b;
 }
 
@@ -315,7 +315,6 @@ static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
         return;
     }
     const ms_config *c = &m->cfg;
-    int n_local = ms_shard_n_experts(m->shard, c->n_routed_experts);
     fn(&m->lm_head, arg);
     for (int l = 0; l < c->n_layers; l++) {
         ms_layer_w *lw = &m->layers[l];
@@ -326,9 +325,9 @@ static void each_view(ms_model *m, void (*fn)(ms_mat *, void *), void *arg)
         if (lw->is_moe) fn(&lw->router, arg);
         for (int i = 0; i < 2; i++)
             if (f[i]) fn(&f[i]->gate, arg), fn(&f[i]->up, arg), fn(&f[i]->down, arg);
-        if (lw->is_moe)
-            for (int s = 0; s < n_local; s++) {
-                ms_ffn_w *x = &lw->experts[ms_shard_expert(m->shard, l, s)];
+        if (lw->is_moe) /* each physical slot (expert_slots.c): its own copy */
+            for (int s = 0; s < lw->n_slots; s++) {
+                ms_ffn_w *x = &lw->slots[s];
                 fn(&x->gate, arg), fn(&x->up, arg), fn(&x->down, arg);
             }
     }
@@ -395,7 +394,7 @@ static void copy_checked(struct place *p, const ms_mat *w, char *dst, const char
     }
 }
 
-static size_t view_bytes(const ms_mat *w)
+size_t ms_model_view_bytes(const ms_mat *w)
 {
     if (!w->data || w->rows <= 0 || w->cols <= 0) return 0;
     return ((size_t)ms_dtype_bytes(w->dtype, w->rows * w->cols) + 63) & ~(size_t)63;
@@ -407,29 +406,29 @@ static size_t view_bytes(const ms_mat *w)
  * 255 (NaN) byte naming the tensor (ms_load_fp4_mat); FP4 codes have no NaN. */
 static size_t fp4_scale_bytes(const ms_mat *w)
 {
-    if (w->dtype != MS_DT_F4E2M1 || !view_bytes(w)) return 0;
+    if (w->dtype != MS_DT_F4E2M1 || !ms_model_view_bytes(w)) return 0;
     int64_t per_row = w->c0 % 32 ? w->scale_ld : (w->cols + 31) / 32;
     return (size_t)(w->rows * per_row);
 }
 
 /* FP8 block scales up to the view's last row block (indexed through r0/c0
  * as in the file: the blocks above r0 are copied too). */
-static size_t scale_bytes(const ms_mat *w)
+size_t ms_model_scale_bytes(const ms_mat *w)
 {
-    if (w->dtype != MS_DT_F8E4M3 || !w->scale || !view_bytes(w)) return 0;
+    if (w->dtype != MS_DT_F8E4M3 || !w->scale || !ms_model_view_bytes(w)) return 0;
     return (size_t)((w->r0 + w->rows - 1) / 128 + 1) * (size_t)w->scale_ld * sizeof(float);
 }
 
 static void place_count(ms_mat *w, void *arg)
 {
-    ((struct place *)arg)->cap += view_bytes(w) + ((scale_bytes(w) + 63) & ~(size_t)63) +
+    ((struct place *)arg)->cap += ms_model_view_bytes(w) + ((ms_model_scale_bytes(w) + 63) & ~(size_t)63) +
                                   ((fp4_scale_bytes(w) + 63) & ~(size_t)63);
 }
 
 static void place_copy(ms_mat *w, void *arg)
 {
     struct place *p = arg;
-    size_t n = view_bytes(w), row = (size_t)ms_dtype_bytes(w->dtype, w->cols);
+    size_t n = ms_model_view_bytes(w), row = (size_t)ms_dtype_bytes(w->dtype, w->cols);
     if (!n || p->used + n > p->cap) return;
     char *dst = p->base + p->used;
     const char *src = w->data;
@@ -456,7 +455,7 @@ static void place_copy(ms_mat *w, void *arg)
         if (!(w->c0 % 32)) w->c0 = 0;
         p->used += (fb + 63) & ~(size_t)63;
     }
-    size_t sb = scale_bytes(w), sb64 = (sb + 63) & ~(size_t)63;
+    size_t sb = ms_model_scale_bytes(w), sb64 = (sb + 63) & ~(size_t)63;
     if (sb && p->used + sb64 <= p->cap) {
         copy_checked(p, w, p->base + p->used, (const char *)w->scale, sb, MS_DT_F32, 0, 1);
         w->scale = (const float *)(p->base + p->used);
@@ -487,8 +486,9 @@ static void view_name(const ms_model *m, const ms_mat *w, char *buf, size_t cap)
             snprintf(buf, cap, "model.layers.%d.mlp.gate.weight", l);
             return;
         }
-        for (int e = -2; e < (lw->is_moe ? c->n_routed_experts : 0); e++) {
-            const ms_ffn_w *f = e == -2 ? &lw->dense : e == -1 ? &lw->shared : &lw->experts[e];
+        for (int s = -2; s < (lw->is_moe ? lw->n_slots : 0); s++) {
+            int e = s < 0 ? s : ms_shard_expert(m->shard, l, s);
+            const ms_ffn_w *f = s == -2 ? &lw->dense : s == -1 ? &lw->shared : &lw->slots[s];
             const ms_mat *fm[] = {&f->gate, &f->up, &f->down};
             for (int i = 0; i < 3; i++) {
                 if (w != fm[i]) continue;
@@ -554,11 +554,11 @@ static void check_rows(void *arg, int tid, int nt)
 static void check_view(ms_mat *w, void *arg)
 {
     struct place *p = arg;
-    if (!view_bytes(w) || p->bad) return;
+    if (!ms_model_view_bytes(w) || p->bad) return;
     struct check_job j = {w, INT64_MAX};
     ms_pool_run(p->pool, check_rows, &j);
     if (j.first != INT64_MAX) note_bad(p, w, j.first);
-    size_t sb = scale_bytes(w);
+    size_t sb = ms_model_scale_bytes(w);
     int64_t k = sb ? ms_dtype_find_nonfinite(MS_DT_F32, w->scale, (int64_t)(sb / 4)) : -1;
     if (k >= 0) note_bad(p, w, -1 - k);
 }
@@ -766,6 +766,7 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
         int64_t before = L.n_params;
         rc = load_layer(&L, &m->layers[l], l);
         if (!rc && m->shard) rc = shard_layer(m, &m->layers[l], l, err);
+        if (!rc && m->layers[l].is_moe) rc = ms_dsv3_slots_init(m, &m->layers[l], l, err);
         if (rc) goto fail;
         if (l >= c->n_layers) L.n_params = before; /* MTP layers: not part of the main stack */
     }
@@ -799,6 +800,7 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
     double t_pf = ms_now_s();
     rc = place_weights(m, err);
     if (rc) goto fail;
+    ms_dsv3_slots_place(m);
     mark_plain_rows(m);
     MS_LOG(MS_DEBUG, "model", "weights placed in %.2f s", ms_now_s() - t_pf);
     MS_LOG(MS_INFO, "model",

@@ -23,6 +23,7 @@ struct ms_expert_recorder {
     int64_t *ring_id;   /* [window] forward pass id of each kept pass */
     int head, count;
     int recording;
+    int pinned;         /* EPLB runs: recording always (stop does not stop it) */
     int64_t passes;     /* passes with routed tokens */
     double *layer_bal;  /* [L] last pass */
     double bal_hist[BAL_HIST];
@@ -160,7 +161,7 @@ void ms_expert_recorder_start(ms_expert_recorder *r)
 void ms_expert_recorder_stop(ms_expert_recorder *r)
 {
     pthread_mutex_lock(&r->mu);
-    r->recording = 0;
+    r->recording = r->pinned; /* EPLB's window keeps recording */
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -171,10 +172,47 @@ static json_t *int64_row(const int64_t *v, int n)
     return a;
 }
 
+/* Adds the window's pass k (0: oldest) to lc[L][E] through the current maps; mu held. */
+static const int64_t *window_pass(ms_expert_recorder *r, int k, int64_t *lc)
+{
+    size_t n = (size_t)r->L * r->R;
+    int first = (r->head - r->count + r->window) % r->window;
+    const int64_t *slot = r->ring + (size_t)((first + k) % r->window) * n;
+    for (int l = 0; l < r->L; l++) {
+        const ms_expert_map *m = r->maps ? &r->maps[l] : NULL;
+        for (int p = 0; p < r->R; p++) {
+            int e = m ? m->logical_of[p] : p;
+            if (e >= 0 && e < r->E) lc[(size_t)l * r->E + e] += slot[(size_t)l * r->R + p];
+        }
+    }
+    return slot;
+}
+
+int ms_expert_recorder_take_window(ms_expert_recorder *r, int64_t *lc)
+{
+    memset(lc, 0, sizeof(int64_t) * (size_t)r->L * (size_t)r->E);
+    pthread_mutex_lock(&r->mu);
+    int count = r->count;
+    for (int k = 0; k < count; k++) window_pass(r, k, lc);
+    r->head = r->count = 0;
+    pthread_mutex_unlock(&r->mu);
+    return count;
+}
+
+void ms_expert_recorder_lock(ms_expert_recorder *r) { pthread_mutex_lock(&r->mu); }
+void ms_expert_recorder_unlock(ms_expert_recorder *r) { pthread_mutex_unlock(&r->mu); }
+
+void ms_expert_recorder_record_always(ms_expert_recorder *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->recording = 1;
+    r->pinned = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
 json_t *ms_expert_recorder_dump(ms_expert_recorder *r)
 {
     int L = r->L, E = r->E, R = r->R;
-    size_t n = (size_t)L * R;
     int64_t *lc = calloc((size_t)L * E, sizeof(int64_t)), *tmp = malloc(sizeof(int64_t) * (size_t)R);
     json_t *o = json_object(), *p2l = json_array(), *lcj = json_array(), *recs = json_array();
     if (!lc || !tmp || !o || !p2l || !lcj || !recs) {
@@ -186,14 +224,7 @@ json_t *ms_expert_recorder_dump(ms_expert_recorder *r)
     pthread_mutex_lock(&r->mu);
     int first = (r->head - r->count + r->window) % r->window;
     for (int k = 0; k < r->count; k++) {
-        const int64_t *slot = r->ring + (size_t)((first + k) % r->window) * n;
-        for (int l = 0; l < L; l++) {
-            const ms_expert_map *m = r->maps ? &r->maps[l] : NULL;
-            for (int p = 0; p < R; p++) {
-                int e = m ? m->logical_of[p] : p;
-                if (e >= 0 && e < E) lc[(size_t)l * E + e] += slot[(size_t)l * R + p];
-            }
-        }
+        const int64_t *slot = window_pass(r, k, lc);
         if (r->mode == MS_REC_PER_PASS) {
             json_t *pc = json_array();
             for (int l = 0; l < L; l++) json_array_append_new(pc, int64_row(slot + (size_t)l * R, R));
@@ -205,13 +236,13 @@ json_t *ms_expert_recorder_dump(ms_expert_recorder *r)
     int count = r->count;
     int64_t passes = r->passes;
     r->head = r->count = 0; /* a dump resets */
-    pthread_mutex_unlock(&r->mu);
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++) { /* the placement as the counts were mapped (under mu) */
         const ms_expert_map *m = r->maps ? &r->maps[l] : NULL;
         for (int p = 0; p < R; p++) tmp[p] = m ? m->logical_of[p] : p;
         json_array_append_new(p2l, int64_row(tmp, R));
         json_array_append_new(lcj, int64_row(lc + (size_t)l * E, E));
     }
+    pthread_mutex_unlock(&r->mu);
     free(lc);
     free(tmp);
     json_object_set_new(o, "mode", json_string(r->mode == MS_REC_PER_PASS ? "per_pass" : "stat"));

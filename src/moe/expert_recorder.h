@@ -57,6 +57,17 @@ void ms_expert_recorder_stop(ms_expert_recorder *r);
  * clears it (SGLang's dump resets).  A new reference, NULL when out of memory. */
 struct json_t *ms_expert_recorder_dump(ms_expert_recorder *r);
 
+/* EPLB's input (serve/eplb_run.c): the window's logical counts lc[L][E] (each kept pass
+ * mapped through the maps at the time of the call) summed; clears the window as a dump
+ * does.  Returns the passes summed. */
+int ms_expert_recorder_take_window(ms_expert_recorder *r, int64_t *lc);
+/* The maps (borrowed) change only under this lock (dumps on other threads read them). */
+void ms_expert_recorder_lock(ms_expert_recorder *r);
+void ms_expert_recorder_unlock(ms_expert_recorder *r);
+/* Records from now on whatever /stop_expert_distribution_record says (EPLB's window,
+ * SGLang: the EPLB manager starts recording). */
+void ms_expert_recorder_record_always(ms_expert_recorder *r);
+
 typedef struct ms_recorder_stats {
     int64_t passes;          /* forward passes seen (with routed tokens) */
     double last;             /* the last pass's balancedness (mean over MoE layers) */

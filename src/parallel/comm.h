@@ -109,6 +109,7 @@ enum ms_comm_kind {
     MS_COMM_A2A_COMBINE,
     MS_COMM_BCAST,
     MS_COMM_GATHER,
+    MS_COMM_P2P,
     MS_COMM_N_KINDS
 };
 const char *ms_comm_kind_name(enum ms_comm_kind k);
@@ -143,6 +144,17 @@ int ms_comm_gatherv(ms_group *g, const void *send, size_t send_bytes, void *recv
                     const size_t *recv_bytes, const size_t *recv_displs, int root, ms_errbuf *e);
 int ms_comm_gather(ms_group *g, const void *send, size_t bytes, void *recv, int root, ms_errbuf *e);
 int ms_comm_barrier(ms_group *g, ms_errbuf *e);
+/* One exchange of point-to-point transfers (EPLB's expert moves): each op a send to or a
+ * receive from group rank peer of bytes (< 2 GiB) at buf.  Every op's peer posts the
+ * matching op; between one pair, sends and receives match in the order posted (one tag
+ * for all).  All posted at once and waited together, with the collectives' deadline.
+ * Ops to oneself are refused (copy locally).  0 or an error. */
+typedef struct ms_comm_p2p {
+    int peer, is_recv;
+    void *buf; /* a send's is read only */
+    size_t bytes;
+} ms_comm_p2p;
+int ms_comm_exchange(ms_group *g, const ms_comm_p2p *ops, int n, ms_errbuf *e);
 
 /* ---- the step protocol's control block -------------------------------------------------- *
  * Group rank 0 sends a control block of any size to the group; the others wait for it with

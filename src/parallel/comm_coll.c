@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define P2P_TAG        4343 /* point-to-point tag of ms_comm_exchange */
 #define CTRL_TAG       4242 /* point-to-point tag of control headers (collectives use another space) */
 #define CTRL_HDR_BYTES 16
 
@@ -344,6 +345,43 @@ int ms_comm_barrier(ms_group *g, ms_errbuf *e)
     int mrc = MPI_Ibarrier(g->priv->comm, &req);
     if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, "barrier", e);
     return ms_comm_wait(g, &req, 1, true, "barrier", 0, e);
+}
+
+int ms_comm_exchange(ms_group *g, const ms_comm_p2p *ops, int n, ms_errbuf *e)
+{
+    const char *op = "exchange (p2p)";
+    int rc = ms_comm_check(g, op, e);
+    if (rc) return rc;
+    if (n <= 0) return 0;
+    MPI_Request *req = calloc((size_t)n, sizeof *req);
+    if (!req) return ms_err(e, MS_ENOMEM, "out of memory in %s", op);
+    uint64_t sent = 0, recv = 0;
+    size_t total = 0;
+    double t0 = ms_now_s();
+    int posted = 0;
+    for (; posted < n; posted++) {
+        const ms_comm_p2p *o = &ops[posted];
+        if (o->peer < 0 || o->peer >= g->size || o->peer == g->rank || o->bytes > INT_MAX) {
+            rc = ms_err(e, MS_EINVAL, "%s: op %d: peer %d of %d (self: %d), %zu bytes", op, posted,
+                        o->peer, g->size, g->rank, o->bytes);
+            break;
+        }
+        int mrc = o->is_recv ? MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, P2P_TAG,
+                                         g->priv->comm, &req[posted])
+                             : MPI_Isend(o->buf, (int)o->bytes, MPI_BYTE, o->peer, P2P_TAG,
+                                         g->priv->comm, &req[posted]);
+        if (mrc != MPI_SUCCESS) {
+            rc = ms_comm_mpi_fail(g, mrc, op, e);
+            break;
+        }
+        *(o->is_recv ? &recv : &sent) += o->bytes;
+        total += o->bytes;
+    }
+    if (!rc) rc = ms_comm_wait(g, req, n, true, op, total, e);
+    else if (posted > 0) ms_comm_mark_broken(g, "an exchange failed with transfers posted");
+    if (!rc) ms_comm_stats_add(g, MS_COMM_P2P, sent, sent, recv, ms_now_s() - t0);
+    free(req);
+    return rc;
 }
 
 /* ---- control blocks --------------------------------------------------------------------- */

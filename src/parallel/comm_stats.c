@@ -29,7 +29,7 @@ const char *ms_comm_kind_name(enum ms_comm_kind k)
 {
     static const char *names[MS_COMM_N_KINDS] = {"allreduce",    "allgather",   "reduce_scatter",
                                                  "a2a_dispatch", "a2a_combine", "bcast",
-                                                 "gather"};
+                                                 "gather",       "p2p"};
     return (unsigned)k < MS_COMM_N_KINDS ? names[k] : "unknown";
 }
 

@@ -25,6 +25,8 @@ void ms_launch_init(ms_launch *l)
     l->page_size = 1; /* SGLang's; serve/generate use 16 unless page_size_set */
     l->compress_state_bytes = 4; /* SGLANG_DSV4_COMPRESS_STATE_DTYPE default float32 */
     l->hicache_ratio = 2.0;      /* SGLang's --hicache-ratio default */
+    l->eplb_rebalance_num_iterations = 1000; /* SGLang's defaults */
+    l->eplb_min_utilization = 1.0;
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -102,8 +104,8 @@ enum {
     O_TP, O_DP, O_PP, O_DPA, O_EP, O_A2A, O_DENSE_TP, O_MOE_DP, O_CP, O_RUNNING, O_CHUNK,
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
-    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS,
-    O_TOKEN_MAP
+    O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_EPLB, O_EPLB_ITERS, O_EPLB_CHUNK, O_EPLB_THRESH,
+    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP
 };
 static const struct {
     const char *name;
@@ -169,6 +171,14 @@ static const struct {
      "                                               or a recorded distribution (\"logical_count\": EPLB places once)"},
     {"--eplb-algorithm", F_STR, O_EPLB_ALGO, 0, 0,
      "A   auto|deepseek|deepseek_hierarchical: the policy placing a recorded distribution"},
+    {"--enable-eplb", F_SWITCH, O_EPLB, 0, 0,
+     "    rebalance the expert placement at run time from the recorded window (EP > 1, a2a)"},
+    {"--eplb-rebalance-num-iterations", F_INT, O_EPLB_ITERS, 1, 1 << 30,
+     "N   forward passes between rebalances (default 1000)"},
+    {"--eplb-rebalance-layers-per-chunk", F_INT, O_EPLB_CHUNK, 1, MS_LAUNCH_MAX_WIDTH,
+     "N   layers moved per forward pass (default: all at once)"},
+    {"--eplb-min-rebalancing-utilization-threshold", F_STR, O_EPLB_THRESH, 0, 0,
+     "X   skip a rebalance while the average balancedness is above X (default 1.0: never)"},
 };
 
 const char *ms_launch_help(void)
@@ -253,6 +263,15 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
             return ms_err(err, MS_EINVAL, "%s '%s': expected auto|deepseek|deepseek_hierarchical",
                           flag, v);
         return 1;
+    case O_EPLB_THRESH: {
+        char *end = NULL;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || !v[0] || *end || !(x >= 0.0 && x <= 1.0))
+            return ms_err(err, MS_EINVAL, "%s '%s': expected a number in [0, 1]", flag, v);
+        l->eplb_min_utilization = x;
+        return 1;
+    }
     case O_DISAGG:
         if (!strcasecmp(v, "null") || !strcasecmp(v, "none")) l->disagg = MS_DISAGG_NONE;
         else if (!strcasecmp(v, "prefill")) l->disagg = MS_DISAGG_PREFILL;
@@ -282,6 +301,8 @@ static void set_int(ms_launch *l, int id, int v)
     case O_NG_MAX: l->ngram_max = v; break;
     case O_NG_BFS: l->ngram_bfs_breadth = v; break;
     case O_REDUNDANT: l->ep_num_redundant_experts = v; break;
+    case O_EPLB_ITERS: l->eplb_rebalance_num_iterations = v; break;
+    case O_EPLB_CHUNK: l->eplb_rebalance_layers_per_chunk = v; break;
     case O_DISPATCH: l->deepep_max_dispatch_tokens = v; break;
     case O_PAGE: l->page_size = v, l->page_size_set = true; break;
     }
@@ -297,6 +318,7 @@ static void set_switch(ms_launch *l, int id)
     case O_HICACHE: l->enable_hierarchical_cache = true; break;
     case O_UMBP: l->enable_umbp = true; break;
     case O_W4A4: l->megamoe_w4a4 = true; break;
+    case O_EPLB: l->enable_eplb = true; break;
     }
 }
 

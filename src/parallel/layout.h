@@ -77,6 +77,10 @@ typedef struct ms_launch {
     char init_expert_location[512];  /* --init-expert-location: "" = trivial (slot p holds
                                       * p mod E), else a placement or recorded JSON file */
     int eplb_algorithm;              /* --eplb-algorithm: MS_EPLB_* (parallel/eplb.h), auto */
+    bool enable_eplb;                /* --enable-eplb: runtime rebalancing (serve/eplb_run.c) */
+    int eplb_rebalance_num_iterations;   /* forward passes between rebalances (1000) */
+    int eplb_rebalance_layers_per_chunk; /* layers moved per pass (0: all at once, SGLang's None) */
+    double eplb_min_utilization;     /* --eplb-min-rebalancing-utilization-threshold (1.0) */
 } ms_launch;
 
 /* Fills l with SGLang's defaults. */

@@ -92,6 +92,14 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
     ms_plan_weights_compute(in, lay, r);
 
     /* memory budget per device */
+    /* --enable-eplb: moving a layer stages this rank's slots of it (serve/eplb_run.c) */
+    r->eplb_staging_bytes_per_rank = 0;
+    if (in->launch.enable_eplb && in->model.n_routed > 0) {
+        double el, sc;
+        ms_plan_expert_bytes(in, &el, &sc);
+        r->eplb_staging_bytes_per_rank =
+            lay->experts_per_rank * (el + sc) / (lay->moe_tp > 0 ? lay->moe_tp : 1);
+    }
     double mem = in->have_gpu ? in->gpu.mem_gb * 1e9 : 0;
     r->have_memory = mem > 0;
     r->mem_bytes = mem;
@@ -106,7 +114,7 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
             snprintf(r->budget_basis, sizeof r->budget_basis, "%.0f GB x mem-fraction-static %.2f%s",
                      in->gpu.mem_gb, frac, in->mem_fraction >= 0 ? "" : " (default)");
         }
-        r->headroom_bytes = r->budget_bytes - r->weights_bytes_per_rank;
+        r->headroom_bytes = r->budget_bytes - r->weights_bytes_per_rank - r->eplb_staging_bytes_per_rank;
         r->fits = r->headroom_bytes >= 0;
         if (!r->fits) {
             snprintf(msg, sizeof msg,
@@ -139,7 +147,8 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
         double state = ms_plan_state_request_bytes(m, in->launch.compress_state_bytes, a, b);
         double pool = in->kv_pool_gib >= 0
                           ? in->kv_pool_gib * 1073741824.0
-                          : r->budget_bytes - ms_plan_stage_weight_bytes(in, lay, s);
+                          : r->budget_bytes - ms_plan_stage_weight_bytes(in, lay, s) -
+                                r->eplb_staging_bytes_per_rank;
         if (r->have_memory && !r->fits) pool = 0;
         if (pool < 0) pool = 0;
         double per_token = req / (double)L;

@@ -90,6 +90,7 @@ typedef struct ms_plan_result {
     ms_plan_bytes per_rank[MS_WC_COUNT];       /* on the fullest rank (pipeline stage) */
     double weights_total_bytes, weights_bytes_per_rank;
     double attention_replication_bytes;        /* attention a DP rank holds beyond 1/tp */
+    double eplb_staging_bytes_per_rank;        /* --enable-eplb: one layer's slots, staged */
     double recipe_min_weight_bytes;
     /* memory */
     bool have_memory;

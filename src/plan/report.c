@@ -50,6 +50,9 @@ int ms_plan_print(FILE *f, const ms_plan_input *in, const ms_plan_result *r)
         if (v > 0) fprintf(f, " %s %.2f,", ms_plan_component_name(k), v / 1e9);
     }
     fprintf(f, " (GB)\n");
+    if (r->eplb_staging_bytes_per_rank > 0)
+        fprintf(f, "            + EPLB staging (one layer's expert slots): %.1f MiB per rank\n",
+                r->eplb_staging_bytes_per_rank / 1048576.0);
     if (r->attention_replication_bytes > 0)
         fprintf(f, "            attention replicated beyond 1/tp: %.2f GB per rank\n",
                 r->attention_replication_bytes / 1e9);
@@ -133,6 +136,7 @@ void *ms_plan_to_json(const ms_plan_input *in, const ms_plan_result *r)
     json_object_set_new(o, "fits", r->have_memory ? json_boolean(r->fits) : json_null());
     json_object_set_new(o, "weights_bytes_total", json_real(r->weights_total_bytes));
     json_object_set_new(o, "weights_bytes_per_rank", json_real(r->weights_bytes_per_rank));
+    json_object_set_new(o, "eplb_staging_bytes_per_rank", json_real(r->eplb_staging_bytes_per_rank));
     json_object_set_new(o, "recipe_min_weight_bytes",
                         jreal_or_null(r->recipe_min_weight_bytes, r->recipe_min_weight_bytes > 0));
     json_object_set_new(o, "attention_replication_bytes", json_real(r->attention_replication_bytes));

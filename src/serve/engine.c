@@ -5,6 +5,7 @@
  * warmup.c.  Main thread only. */
 #include "serve/engine.h"
 #include "serve/engine_priv.h"
+#include "serve/eplb_run.h"
 
 #include "base/log.h"
 #include "base/util.h"
@@ -447,6 +448,8 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     if (e->rec && all_rows > 0 &&
         (rc = ms_expert_recorder_end_pass(e->rec, e->W > 1 ? e->gs.world : NULL, err)))
         return rc;
+    /* EPLB: maybe plan, maybe move a chunk of layers, between this forward and the next */
+    if (e->eplb && all_rows > 0 && (rc = ms_eplb_run_step(e, err))) return rc;
     /* 5. sample and report */
     const ms_sched_event *ev = NULL;
     int n_ev = 0;

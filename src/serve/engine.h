@@ -123,6 +123,8 @@ int64_t ms_engine_pool_tokens(const ms_engine *e); /* KV pool tokens of each DP 
 int ms_engine_max_running_per_rank(const ms_engine *e);
 int64_t ms_engine_chunk_per_rank(const ms_engine *e);
 int64_t ms_engine_context_length(const ms_engine *e);
+/* --enable-eplb's staging buffer on this rank (0: off; counted in the KV budget). */
+size_t ms_engine_eplb_staging_bytes(const ms_engine *e);
 
 /* rank 0: queue a request for the DP rank in->dp_rank (-1: the router's choice).
  * Checks the context length now (MS_ECONTEXT with the token counts); the DP rank's

@@ -6,6 +6,7 @@
  */
 #include "serve/engine.h"
 #include "serve/engine_priv.h"
+#include "serve/eplb_run.h"
 
 #include "base/log.h"
 #include "base/util.h"
@@ -44,6 +45,10 @@ void ms_engine_opts_init(ms_engine_opts *o)
 static int size_pool(ms_engine *e, ms_errbuf *err)
 {
     const ms_model_shape *c = ms_model_shape_of(e->m);
+    char stag[64] = "";
+    if (ms_eplb_run_staging_bytes(e))
+        snprintf(stag, sizeof stag, ", + %.1f MiB EPLB staging",
+                 (double)ms_eplb_run_staging_bytes(e) / (1 << 20));
     /* --kv-cache-dtype fp8_e4m3: e4m3 rows (the family's kv_spec sizes them
      * from elem_bytes 1); otherwise the activations' dtype */
     ms_dtype dt = !strcasecmp(e->o.launch.kv_cache_dtype, "fp8_e4m3") ? MS_DT_F8E4M3
@@ -58,10 +63,11 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     (void)c;
     int64_t per_tok = ms_kv_spec_token_bytes(&spec);
     int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
+    int64_t staging = (int64_t)ms_eplb_run_staging_bytes(e);
     ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
                           .mem_fraction_static = e->o.mem_fraction_static,
                           .avail_bytes = e->avail0, .weight_bytes = weights,
-                          .copy_bytes = packed, .page_size = e->o.page_size};
+                          .copy_bytes = packed + staging, .page_size = e->o.page_size};
     int64_t tokens;
     if ((rc = ms_kv_budget_tokens(&spec, &bi, &tokens, err))) return rc;
     /* every rank must agree (members mirror their leader's page ids): take the minimum */
@@ -82,10 +88,10 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     e->pool_tokens = ms_kv_cache_tokens(e->cache);
     MS_LOG(MS_INFO, "engine",
            "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
-           "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN)",
+           "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN%s)",
            (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
-           (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20));
+           (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20), stag);
     for (int st = 0; spec.n_streams > 1 && st < spec.n_streams; st++) { /* V4: each pool */
         const ms_kv_stream *k = &spec.streams[st];
         int64_t span = (int64_t)e->o.page_size * k->tokens_per_entry;
@@ -219,7 +225,9 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
                         : MS_MAX(1, o->chunk_default / MS_MAX(e->lay.attn_dp, 1));
     e->max_running_rank = max_running;
     e->chunk_rank = chunk;
-    if ((rc = ms_engine_spec_open(e, ms, err)) || (rc = size_pool(e, err))) goto fail;
+    if ((rc = ms_engine_spec_open(e, ms, err)) || (rc = ms_eplb_run_open(e, err)) ||
+        (rc = size_pool(e, err)))
+        goto fail;
     if (e->is_leader) {
         int S = ms_engine_spec_steps(e);
         ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
@@ -259,16 +267,21 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         goto fail;
     }
     e->g_displs = e->g_bytes + e->W;
-    if (o->recorder_mode && e->n_expert_maps > 0) {
+    /* EPLB reads the recorder's window: stat unless a mode was given, at most one
+     * rebalance interval of passes (SGLang's buffer size defaults to it) */
+    int rec_mode = e->eplb && !o->recorder_mode ? MS_REC_STAT : o->recorder_mode;
+    int rec_window = e->eplb ? MS_MIN(o->recorder_window, o->launch.eplb_rebalance_num_iterations)
+                             : o->recorder_window;
+    if (rec_mode && e->n_expert_maps > 0) {
         const ms_expert_map *m0 = &e->expert_maps[0];
-        e->rec = ms_expert_recorder_new(o->recorder_mode, ms->n_layers, m0->n_logical,
-                                        m0->n_physical, m0->n_ranks, o->recorder_window,
-                                        e->W > 1 ? e->expert_maps : NULL);
+        e->rec = ms_expert_recorder_new(rec_mode, ms->n_layers, m0->n_logical, m0->n_physical,
+                                        m0->n_ranks, rec_window, e->W > 1 ? e->expert_maps : NULL);
         if (!e->rec) {
             rc = ms_err(err, MS_ENOMEM, "out of memory for the expert distribution recorder");
             goto fail;
         }
         ms_expert_recorder_set_active(e->rec);
+        if (e->eplb) ms_expert_recorder_record_always(e->rec);
     }
     for (int i = 0; i < e->n_dp; i++) e->loads[i].dp_rank = i;
     if (e->rank == 0) {
@@ -293,6 +306,7 @@ void ms_engine_close(ms_engine *e)
     ms_kv_cache_free(e->cache);
     ms_model_free(e->m);
     ms_expert_recorder_free(e->rec);
+    ms_eplb_run_free(e);
     if (e->have_groups) ms_comm_groups_deinit(&e->gs);
     for (int l = 0; l < e->n_expert_maps; l++) ms_expert_map_deinit(&e->expert_maps[l]);
     free(e->expert_maps);

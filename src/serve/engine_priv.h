@@ -21,6 +21,7 @@ struct ms_engine {
     ms_expert_map *expert_maps; /* [n_expert_maps]: per layer; the shard points here */
     int n_expert_maps;
     struct ms_expert_recorder *rec; /* NULL: no recorder */
+    struct ms_eplb_run *eplb;       /* --enable-eplb (eplb_run.c); NULL: off */
     ms_step_ctx step;      /* rows of this step (the shard and the MLP layers read it) */
     ms_model *m;
     ms_kv_cache *cache;    /* this rank's KV cache (its streams' pools) */

@@ -60,9 +60,12 @@ static const struct {
     {"--disaggregation-mode", NOT_BUILT, "prefill/decode disaggregation"}, /* "null": ok */
     {"--disaggregation-", NOT_BUILT, "prefill/decode disaggregation"},
     {"--swa-full-tokens-ratio", NOT_BUILT, "a separate sliding-window KV pool"},
-    {"--enable-eplb", NOT_BUILT, "EPLB runtime rebalancing"},
-    {"--eplb-algorithm", NOT_BUILT, NULL}, /* implemented (launch.c): every value is fine */
-    {"--eplb-", NOT_BUILT, "EPLB runtime rebalancing"},
+    {"--enable-eplb", OURS, NULL},
+    {"--eplb-algorithm", OURS, NULL},
+    {"--eplb-rebalance-num-iterations", OURS, NULL},
+    {"--eplb-rebalance-layers-per-chunk", OURS, NULL},
+    {"--eplb-min-rebalancing-utilization-threshold", OURS, NULL},
+    {"--eplb-", NOT_BUILT, "this EPLB option"},
     {"--enable-waterfill", NOT_BUILT,
      "waterfill (its semantics could not be confirmed in SGLang's code)"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
@@ -103,7 +106,6 @@ static int lookup(const char *name, size_t len)
 /* Values of implemented flags that belong to the table's kinds after all. */
 static int value_is_fine(const char *flag, const char *v)
 {
-    if (!strcmp(flag, "--eplb-algorithm")) return 1; /* the start-up placement's policy */
     if (!strcmp(flag, "--speculative-algorithm")) /* EAGLE3 and DSPARK are refused */
         return v && (!strcasecmp(v, "none") || !strcasecmp(v, "EAGLE") || !strcasecmp(v, "NEXTN") ||
                      !strcasecmp(v, "MTP") || !strcasecmp(v, "NGRAM"));

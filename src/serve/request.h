@@ -160,6 +160,8 @@ typedef struct ms_engine_info {
     struct ms_expert_recorder *recorder; /* rank 0's expert distribution recorder, or NULL */
     int32_t n_physical_experts;  /* routed + --ep-num-redundant-experts slots per layer */
     int32_t n_redundant_experts;
+    int32_t enable_eplb;         /* --enable-eplb */
+    int64_t eplb_staging_bytes;  /* its staging buffer on each rank (in the KV budget) */
 } ms_engine_info;
 
 typedef struct ms_dp_load {

@@ -287,6 +287,8 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     info->recorder = ms_engine_recorder(e);
     info->n_physical_experts = lay->n_physical_experts;
     info->n_redundant_experts = lay->n_physical_experts - lay->n_routed_experts;
+    info->enable_eplb = o->eo.launch.enable_eplb;
+    info->eplb_staging_bytes = (int64_t)ms_engine_eplb_staging_bytes(e);
 }
 
 static void admit(ms_engine *e, struct table *t, ms_serve_req *r, uint64_t id)
