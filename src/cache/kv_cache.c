@@ -7,6 +7,7 @@
 
 #include "base/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,22 +38,43 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Tokens a windowed stream must keep behind the newest one. */
 static int64_t keep_tokens(const ms_kv_stream *st) { return st->window + st->window_slack; }
 
+/* Pages one sequence's window keeps in stream st (one partial page at each end). */
+static int64_t window_pages(const ms_kv_stream *st, int64_t span)
+{
+    return ceil_div(keep_tokens(st), span) + 2;
+}
+
 void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens, int max_seqs,
-                           int64_t step_tokens, int32_t *pages)
+                           int64_t step_tokens, int64_t window_tokens, int32_t *pages)
 {
     for (int s = 0; s < spec->n_streams; s++) {
         const ms_kv_stream *st = &spec->streams[s];
         int64_t span = (int64_t)page_size * st->tokens_per_entry, n;
-        if (st->window > 0) /* each sequence's window (+ a page each side), and the step's
-                             * new tokens, which the sequences share */
-            n = (int64_t)max_seqs * (ceil_div(keep_tokens(st), span) + 2) +
-                ceil_div(step_tokens, span);
-        else if (st->tokens_per_entry > 1) /* compressed: the tokens' entries, rounded up */
+        if (st->window > 0) { /* each sequence's window (+ a page each side), and the step's
+                               * new tokens, which the sequences share */
+            int64_t one = window_pages(st, span) + ceil_div(step_tokens, span);
+            n = window_tokens > 0 ? MS_MAX(ceil_div(window_tokens, span), one)
+                                  : (int64_t)max_seqs * window_pages(st, span) +
+                                        ceil_div(step_tokens, span);
+        } else if (st->tokens_per_entry > 1) { /* compressed: the tokens' entries, rounded up */
             n = ceil_div(tokens, span);
-        else
+        } else {
             n = tokens / span;
+        }
         pages[s] = (int32_t)MS_MIN(MS_MAX(n, 1), (int64_t)INT32_MAX - 1);
     }
+}
+
+double ms_kv_cache_pages_bytes(const ms_kv_spec *spec, int page_size, const int32_t *pages,
+                               int window_only)
+{
+    double b = 0;
+    for (int s = 0; s < spec->n_streams; s++) {
+        const ms_kv_stream *st = &spec->streams[s];
+        if (st->n_layers == 0 || (window_only && st->window <= 0)) continue;
+        b += (double)pages[s] * page_size * st->entry_bytes * st->n_layers;
+    }
+    return b;
 }
 
 int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
@@ -166,16 +188,24 @@ int ms_kv_cache_seq_capacity(const ms_kv_cache *c, ms_kv_seq *seq, int64_t upto)
     return 0;
 }
 
-int64_t ms_kv_cache_pages_needed(const ms_kv_cache *c, const ms_kv_seq *seq, int64_t upto,
-                                 int64_t *need)
+/* Pages each stream needs for [0, upto), windowed streams only for [0, win_upto). */
+static int64_t needed(const ms_kv_cache *c, const ms_kv_seq *seq, int64_t upto, int64_t win_upto,
+                      int64_t *need)
 {
     int64_t sum = 0;
     for (int s = 0; s < c->n_streams; s++) {
-        int64_t n = c->pools[s] ? MS_MAX(pages_upto(c, s, upto) - seq->n_pages[s], 0) : 0;
+        int64_t u = c->spec.streams[s].window > 0 ? win_upto : upto;
+        int64_t n = c->pools[s] ? MS_MAX(pages_upto(c, s, u) - seq->n_pages[s], 0) : 0;
         if (need) need[s] = n;
         sum += n;
     }
     return sum;
+}
+
+int64_t ms_kv_cache_pages_needed(const ms_kv_cache *c, const ms_kv_seq *seq, int64_t upto,
+                                 int64_t *need)
+{
+    return needed(c, seq, upto, upto, need);
 }
 
 int ms_kv_cache_fits(const ms_kv_cache *c, const int64_t *need)
@@ -187,8 +217,13 @@ int ms_kv_cache_fits(const ms_kv_cache *c, const int64_t *need)
 
 int ms_kv_cache_reserve(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto)
 {
+    return ms_kv_cache_reserve_prompt(c, seq, upto, upto);
+}
+
+int ms_kv_cache_reserve_prompt(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto, int64_t win_upto)
+{
     int64_t need[MS_KV_MAX_STREAMS];
-    ms_kv_cache_pages_needed(c, seq, upto, need);
+    needed(c, seq, upto, MS_MIN(win_upto, upto), need);
     int want_state = c->n_state > 0 && seq->state_slot < 0;
     if (!ms_kv_cache_fits(c, need) || (want_state && c->n_state_free == 0)) return MS_EFULL;
     for (int s = 0; s < c->n_streams; s++) {
@@ -322,4 +357,41 @@ void *ms_kv_view_state(const ms_kv_view *v)
     const ms_kv_cache *c = v->cache;
     if (!c->state || v->seq->state_slot < 0) return NULL;
     return c->state + (size_t)v->seq->state_slot * c->state_bytes;
+}
+
+size_t ms_kv_view_state_bytes(const ms_kv_view *v) { return v->cache->state_bytes; }
+
+int ms_kv_cache_pool_info(const ms_kv_cache *c, ms_kv_pool_info *out)
+{
+    int n = 0;
+    for (int s = 0; s < c->n_streams; s++) {
+        const ms_kv_stream *st = &c->spec.streams[s];
+        if (!c->pools[s]) continue;
+        ms_kv_pool_info *o = &out[n++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->name, sizeof o->name, "%s", st->name);
+        o->pages = c->pools[s]->n_pages;
+        o->page_tokens = (int64_t)c->page_size * st->tokens_per_entry;
+        o->tokens = (int64_t)o->pages * o->page_tokens;
+        o->window = st->window;
+        o->n_layers = st->n_layers;
+        o->entry_bytes = st->entry_bytes;
+        o->bytes = (double)o->pages * c->page_size * st->entry_bytes * st->n_layers;
+    }
+    return n;
+}
+
+double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens)
+{
+    double x = c->n_state > 0 ? (double)c->n_state : 1e300;
+    if (n_tokens <= 0) return 0;
+    for (int s = 0; s < c->n_streams; s++) {
+        const ms_kv_stream *st = &c->spec.streams[s];
+        if (!c->pools[s]) continue;
+        int64_t span = (int64_t)c->page_size * st->tokens_per_entry;
+        int64_t need = st->window > 0 ? MS_MIN(window_pages(st, span), ceil_div(n_tokens, span))
+                                      : pages_upto(c, s, n_tokens);
+        if (need > 0) x = MS_MIN(x, (double)c->pools[s]->n_pages / (double)need);
+    }
+    return x;
 }

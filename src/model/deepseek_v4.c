@@ -303,7 +303,8 @@ static void ws_free(ms_v4_ws *w)
 {
     float *bufs[] = {w->X,  w->Xn, w->mix, w->pre, w->post, w->comb, w->u,   w->f,
                      w->qr, w->q,  w->kv,  w->o,   w->z,    w->ca,   w->cg,  w->iq,
-                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits};
+                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits,
+                     w->cstate};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
     ms_free_aligned(w->win), ms_free_aligned(w->cbuf);
     for (int i = 0; i < w->n_th; i++) {

@@ -109,6 +109,8 @@ typedef struct ms_v4_ws {
         const float **cand;        /* [cap_S] candidate rows */
     } *th;
     int n_th;
+    float *cstate;       /* [cap_cstate] one compressor's state in f32 (BF16-stored state) */
+    int64_t cap_cstate;
     float *hn, *logits;  /* [T][D], [cap_logits][vocab] */
     int64_t cap_logits;
     ms_mlp_ws mlp;

@@ -72,6 +72,36 @@ static int64_t comp_state_floats(const v4_comp *cp)
     return 2 * (c * cp->ratio) * (c * cp->d);
 }
 
+/* The compressor state of one sequence as f32 for the step: the slot itself
+ * when it stores F32, else (BF16, --compress-state-dtype bf16) a copy in
+ * ws->cstate that state_close rounds back.  n: floats; at: their offset in
+ * the slot's values.  The state's dtype is the slot's bytes ÷ its values. */
+static float *state_open(ms_model *m, const ms_kv_view *v, int64_t at, int64_t n, int *bf16)
+{
+    uint8_t *raw = ms_kv_view_state(v);
+    int64_t values = m->v4->state_off[m->v4->c.n_layers];
+    if (!raw || values <= 0) return NULL;
+    *bf16 = ms_kv_view_state_bytes(v) == (size_t)values * 2;
+    if (!*bf16) return (float *)raw + at;
+    ms_v4_ws *w = &m->v4->ws;
+    if (n > w->cap_cstate) {
+        ms_free_aligned(w->cstate);
+        w->cstate = ms_alloc_aligned((size_t)n, sizeof(float));
+        w->cap_cstate = w->cstate ? n : 0;
+        if (!w->cstate) return NULL;
+    }
+    const uint16_t *h = (const uint16_t *)raw + at;
+    for (int64_t i = 0; i < n; i++) w->cstate[i] = ms_bf16_to_f32(h[i]);
+    return w->cstate;
+}
+
+static void state_close(const ms_kv_view *v, int64_t at, int64_t n, const float *f, int bf16)
+{
+    if (!bf16) return;
+    uint16_t *h = (uint16_t *)ms_kv_view_state(v) + at;
+    for (int64_t i = 0; i < n; i++) h[i] = ms_f32_to_bf16(f[i]);
+}
+
 /* One token at pos into the compressor state (kv, sc: [c'·m][c'·d]) from its
  * projections a, g (c'·d); returns 1 with the pooled entry in out[d] when
  * pos closes a window.  Overlap: the token fills slot m + pos mod m; the
@@ -127,9 +157,10 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
         const ms_batch_seq *sq = &seqs[i];
         if (sq->n_tokens <= 0) continue;
         ms_kv_view v = {cache, sq->kv};
-        float *st = ms_kv_view_state(&v);
-        if (!st) return ms_err(err, MS_EINTERNAL, "sequence %d holds no compressor state", i);
-        float *kv = st + m->v4->state_off[l] + state_at, *sc = kv + half;
+        int bf16 = 0;
+        int64_t at = m->v4->state_off[l] + state_at;
+        float *kv = state_open(m, &v, at, 2 * half, &bf16), *sc = kv + half;
+        if (!kv) return ms_err(err, MS_EINTERNAL, "sequence %d holds no compressor state", i);
         if (sq->start_pos == 0) { /* a fresh sequence: empty windows */
             memset(kv, 0, sizeof(float) * (size_t)half);
             for (int64_t k = 0; k < half; k++) sc[k] = -INFINITY;
@@ -144,6 +175,7 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
                 return ms_err(err, MS_EINTERNAL, "layer %d: no cache entry for position %lld", l,
                               (long long)p0);
         }
+        state_close(&v, at, 2 * half, kv, bf16);
     }
     return 0;
 }
