@@ -42,9 +42,10 @@ TEST(pages_per_step_and_window_slide)
     CHECK(v4_spec(3) == 0);
     int32_t pages[MS_KV_MAX_STREAMS];
     ms_kv_cache_pages_for(&spec, PS, 4096, 2, 16, 0, pages);
-    /* full-history streams: 4096 tokens of each; the window: 2 × (⌈131 / 4⌉ + 2) + 16 / 4 */
+    /* full-history streams: 4096 tokens of each; the window: 2 sequences × 2 windows (the
+     * running one, the one kept at the last share unit) × (⌈131 / 4⌉ + 2) + 16 / 4 */
     CHECK(pages[C4] == 4096 / 16 && pages[C128] == 4096 / 512 && pages[IDX] == 4096 / 16);
-    CHECK(pages[WIN] == 2 * (33 + 2) + 4);
+    CHECK(pages[WIN] == 2 * 2 * (33 + 2) + 4);
     ms_kv_cache *c;
     ms_errbuf err;
     CHECKF(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 2, &err) == 0, "%s", err.msg);
@@ -70,10 +71,12 @@ TEST(pages_per_step_and_window_slide)
     /* a c4 page every 16 tokens, a c128 page every 512 */
     CHECK(c4_steps == 63 && c128_steps == 2);
     CHECK(q.n_pages[C4] == 63 && q.n_pages[C128] == 2 && q.n_pages[IDX] == 63);
-    /* the window holds only the pages of the last 131 tokens: entries 869..999 */
-    CHECK(q.n_pages[WIN] == 250 && q.first_live[WIN] == 869 / PS);
-    CHECK(live_pages(&q, WIN) == 250 - 217);
-    CHECK(ms_kv_cache_n_free(c, WIN) == pages[WIN] - 33);
+    /* the window holds only the pages of the last 131 tokens (entries 869..999) and of
+     * the 131 before the last share unit, 512 (entries 381..511) */
+    CHECK(q.n_pages[WIN] == 250 && q.first_live[WIN] == 381 / PS);
+    CHECK(live_pages(&q, WIN) == (250 - 217) + (128 - 95));
+    CHECK(q.pages[WIN][128] == -1 && q.pages[WIN][216] == -1 && q.pages[WIN][127] >= 0);
+    CHECK(ms_kv_cache_n_free(c, WIN) == pages[WIN] - 66);
     CHECK(q.state_slot >= 0);
     ms_kv_cache_release(c, &q);
     for (int s = 0; s < 4; s++) CHECK(ms_kv_cache_n_free(c, s) == pages[s]);
@@ -204,14 +207,14 @@ TEST(swa_full_tokens_ratio_and_capacity)
     CHECK(tokens == (int64_t)(1000000000.0 / floor(full)));
     bi.fixed_bytes = 1100000000LL; /* nothing left */
     CHECK(ms_kv_budget_tokens(&spec, &bi, &tokens, &err) == MS_ENOMEM);
-    /* the window pool: r × N tokens, at least one request's window (⌈128 / 4⌉ + 2) and a step */
+    /* the window pool: r × N tokens, at least one request's window (2 × (⌈128 / 4⌉ + 2)) and a step */
     int32_t pages[MS_KV_MAX_STREAMS];
     ms_kv_cache_pages_for(&spec, PS, 100000, 8, 16, 10000, pages);
     CHECK(pages[WIN] == 2500 && pages[C4] == 100000 / 16);
     ms_kv_cache_pages_for(&spec, PS, 100000, 8, 16, 10, pages);
-    CHECK(pages[WIN] == 34 + 4);
+    CHECK(pages[WIN] == 68 + 4);
     ms_kv_cache_pages_for(&spec, PS, 4096, 2, 16, 0, pages);
-    CHECK(pages[WIN] == 2 * 34 + 4);
+    CHECK(pages[WIN] == 2 * 68 + 4);
     ms_kv_cache *c;
     CHECK(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 8, &err) == 0);
     ms_kv_pool_info pi[MS_KV_MAX_STREAMS];
@@ -219,10 +222,10 @@ TEST(swa_full_tokens_ratio_and_capacity)
     CHECK(!strcmp(pi[C4].name, "c4") && pi[C4].pages == 256 && pi[C4].page_tokens == 16 &&
           pi[C4].tokens == 4096 && pi[C4].window == 0 && pi[C4].n_layers == 21);
     CHECK(pi[C128].page_tokens == 512 && pi[C128].tokens == 4096 && pi[C128].n_layers == 20);
-    CHECK(pi[WIN].window == 128 && pi[WIN].n_layers == 43 && pi[WIN].pages == 72);
+    CHECK(pi[WIN].window == 128 && pi[WIN].n_layers == 43 && pi[WIN].pages == 140);
     CHECK_NEAR(pi[IDX].bytes, 256.0 * PS * 68 * 21, 1e-6);
-    /* 1024-token requests: 4 fit the histories, the windows hold 72 / 34 of them */
-    CHECK_NEAR(ms_kv_cache_concurrency(c, 1024), 72.0 / 34, 1e-12);
+    /* 1024-token requests: 4 fit the histories, the windows hold 140 / 68 of them */
+    CHECK_NEAR(ms_kv_cache_concurrency(c, 1024), 140.0 / 68, 1e-12);
     CHECK_NEAR(ms_kv_cache_concurrency(c, 4096), 1.0, 1e-12);
     CHECK(ms_kv_cache_concurrency(c, 8192) < 1);
     ms_kv_cache_free(c);

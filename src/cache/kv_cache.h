@@ -46,7 +46,7 @@ void ms_kv_seq_deinit(ms_kv_seq *s); /* frees the tables (release first) */
  * pages' worth of tokens).  Windowed ones: window_tokens > 0 (SGLang's
  * --swa-full-tokens-ratio × tokens) gives them that many tokens, but never
  * fewer than one sequence's window plus one step; window_tokens 0 sizes them
- * for max_seqs × (the pages of window + slack, and one partial page at each
+ * for max_seqs × 2 × (the pages of window + slack, and one partial page at each
  * end) plus the pages of one step's tokens, which the sequences share. */
 void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens, int max_seqs,
                            int64_t step_tokens, int64_t window_tokens, int32_t *pages);
@@ -117,7 +117,10 @@ int ms_kv_cache_reserve_prompt(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto, int
 void ms_kv_cache_release(ms_kv_cache *c, ms_kv_seq *seq);
 /* After the sequence computed tokens [0, n_done): frees the pages of
  * windowed streams that no longer hold any of the last window + slack
- * tokens.  Returns the pages released (references dropped). */
+ * tokens, except those holding the window + slack before the last multiple
+ * of ms_kv_cache_share_unit (a prefix hit there needs them; they go when
+ * the next multiple is reached).  Returns the pages released (references
+ * dropped). */
 int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done);
 /* Rollback (rejected speculative positions): seq keeps only the pages that
  * cover tokens [0, upto) and drops its references on the rest.  Returns the

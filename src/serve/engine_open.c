@@ -93,6 +93,7 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt),
                           .state_bytes = e->o.launch.compress_state_bytes,
                           .page_size = e->o.page_size, .attn_tp = e->lay.attn_tp,
+                          .prefix_carry = 1,
                           .draft_tokens = ms_engine_spec_mtp(e) ? ms_engine_spec_steps(e) + 1 : 0};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
     if (rc) return rc;

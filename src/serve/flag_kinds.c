@@ -212,7 +212,8 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
     ms_errbuf e;
     const char *model_type = "a model it cannot read";
     int v4_cache = 0; /* the model has V4's window pool and compressor state */
-    if ((s->n_family || (l && (l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4))) &&
+    int fp8 = l && !strcasecmp(l->kv_cache_dtype, "fp8_e4m3");
+    if ((s->n_family || fp8 || (l && (l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4))) &&
         model_path && !ms_family_load(model_path, 1, NULL, &shape, &e)) {
         model_type = shape.name;
         v4_cache = shape.window > 0 && shape.n_ratios > 0;
@@ -251,6 +252,11 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                 "%s: --swa-full-tokens-ratio: not implemented for this model: %s (%s) has no "
                 "sliding-window "
                 "KV pool (a DeepSeek-V4 setting here)\n", cmd, model_path, model_type);
+    if (fp8 && v4_cache && bad++ >= 0)
+        fprintf(out,
+                "%s: --kv-cache-dtype fp8_e4m3: not implemented for DeepSeek-V4 (its packed "
+                "584-byte FP8 + BF16-rope entries are not built; V3's MLA cache takes it)\n",
+                cmd);
     if (l && model_path && !v4_cache && l->compress_state_bytes != 4 && !l->compress_state_flag)
         MS_LOG(MS_WARN, cmd,
                "SGLANG_DSV4_COMPRESS_STATE_DTYPE: without effect on %s (%s): the model has no "
