@@ -12,12 +12,7 @@ set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 . "$(dirname "$0")/lib.sh"
-tmp=$(mktemp -d)
-PID=
-trap serve_cleanup EXIT
-M=$tmp/model
-"$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 9 --out "$M" 2>/dev/null ||
-    { echo "0 passed, 1 failed"; exit 1; }
+serve_setup --preset tiny-v4 --dtype bf16 --seed 9
 "$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$tmp/v3" 2>/dev/null ||
     { echo "0 passed, 1 failed"; exit 1; }
 PY=/usr/bin/python3
@@ -109,9 +104,7 @@ EOF
         t "admission ${k}x max_total_num_tokens: $n requests of $((T / 2)) tokens, $done_n completed" \
             '[ $done_n -eq $n ]'
     done
-    kill "$PID" 2>/dev/null
-    wait "$PID" 2>/dev/null
-    PID=
+    serve_down
 else
     bad "serve did not start" "$(tail -5 "$tmp/v4.log")"
 fi
@@ -149,9 +142,7 @@ EOF2
 )
         t "prefix hit ($x): $r" '[ "${r#ok}" != "$r" ]'
     done
-    kill "$PID" 2>/dev/null
-    wait "$PID" 2>/dev/null
-    PID=
+    serve_down
 else
     bad "serve (prefix hits) did not start" "$(tail -5 "$tmp/hit.log")"
 fi
@@ -171,9 +162,7 @@ if serve_up swa "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 2 -
         >"$tmp/long.json"
     c=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["meta_info"]["completion_tokens"])' "$tmp/long.json" 2>&1)
     t "a 400-token request in a 36-token window pool: $c tokens generated" '[ "$c" = 100 ]'
-    kill "$PID" 2>/dev/null
-    wait "$PID" 2>/dev/null
-    PID=
+    serve_down
 else
     bad "serve --swa-full-tokens-ratio did not start" "$(tail -5 "$tmp/swa.log")"
 fi

@@ -188,6 +188,17 @@ const char *ms_launch_help(void)
     return buf;
 }
 
+/* A number in (0, hi] into *r; -1 (r untouched) otherwise. */
+static int parse_ratio(const char *v, double hi, double *r)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || !v[0] || *end || !(x > 0.0 && x <= hi)) return -1;
+    *r = x;
+    return 0;
+}
+
 static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_errbuf *err)
 {
     switch (id) {
@@ -230,24 +241,14 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
         l->compress_state_flag = true;
         return 1;
     }
-    case O_SWA_RATIO: {
-        char *end = NULL;
-        errno = 0;
-        double r = strtod(v, &end);
-        if (errno || !v[0] || *end || !(r > 0.0 && r <= 1.0))
+    case O_SWA_RATIO:
+        if (parse_ratio(v, 1.0, &l->swa_full_tokens_ratio))
             return ms_err(err, MS_EINVAL, "%s '%s': expected a number in (0, 1]", flag, v);
-        l->swa_full_tokens_ratio = r;
         return 1;
-    }
-    case O_HICACHE_RATIO: {
-        char *end = NULL;
-        errno = 0;
-        double r = strtod(v, &end);
-        if (errno || !v[0] || *end || !(r > 0.0 && r <= 1000.0))
+    case O_HICACHE_RATIO:
+        if (parse_ratio(v, 1000.0, &l->hicache_ratio))
             return ms_err(err, MS_EINVAL, "%s '%s': expected a number in (0, 1000]", flag, v);
-        l->hicache_ratio = r;
         return 1;
-    }
     case O_TOKEN_MAP:
         if (strlen(v) >= sizeof l->speculative_token_map)
             return ms_err(err, MS_EINVAL, "%s: path longer than %zu bytes", flag,
