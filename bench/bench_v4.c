@@ -80,7 +80,7 @@ static int seq_open(ms_model *m, struct seq *s, int64_t tokens)
     ms_kv_spec_opts o = {.elem_bytes = 2, .page_size = PS, .attn_tp = 1};
     int32_t pages[MS_KV_MAX_STREAMS];
     if (ms_model_kv_spec(m, &o, &spec, &err)) goto fail;
-    ms_kv_cache_pages_for(&spec, PS, tokens, 1, CHUNK, pages);
+    ms_kv_cache_pages_for(&spec, PS, tokens, 1, CHUNK, 0, pages);
     for (int i = 0; i < spec.n_streams; i++) /* the window stream whole: no sliding here */
         if (spec.streams[i].window > 0) pages[i] = (int32_t)((tokens + PS - 1) / PS + 2);
     if (ms_kv_cache_new(&s->c, &spec, PS, pages, MS_DT_BF16, 1, &err)) goto fail;

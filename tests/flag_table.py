@@ -52,7 +52,6 @@ NOT_BUILT = {
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
     "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
-    "--swa-full-tokens-ratio": "0.1",
     "--enable-waterfill": None, "--enable-prefill-delayer": None,
     "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
     "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,
@@ -68,12 +67,14 @@ NOT_BUILT_VALUES = {"--speculative-algorithm": ["EAGLE3"],
 
 IMPL_VALUES = {"--tool-call-parser": ["deepseekv4"], "--reasoning-parser": ["deepseek-v4"]}
 
-V4 = {"--enable-deepseek-v4-fp4-indexer": None, "--compress-state-dtype": "bf16"}
+V4 = {"--enable-deepseek-v4-fp4-indexer": None, "--compress-state-dtype": "bf16",
+      "--swa-full-tokens-ratio": "0.1"}
 
 MULTI = {"--nnodes": "2", "--node-rank": "0", "--dist-init-addr": "10.0.0.1:5000"}
 
 # SGLANG_* environment variables: read by the engine, or ignored with a warning
-ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "SGLANG_SIMULATE_ACC_LEN"}
+ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "SGLANG_SIMULATE_ACC_LEN",
+            "SGLANG_DSV4_COMPRESS_STATE_DTYPE"}
 
 
 def kind_of(flag, values):

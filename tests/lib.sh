@@ -31,19 +31,26 @@ report() {
     [ "$fail" -eq 0 ]
 }
 
-# Server tests (t_stop.sh, t_sampling.sh).  serve_setup: a temporary
-# directory $tmp, removed at exit with every process whose command line names
-# it, and the tiny-v3 model $M in it.  free_port prints a free loopback port.
-# serve_up NAME CMD...: runs CMD (a server on $PORT) in the background, its log
-# in $tmp/NAME.log, sets PID, and waits for /health (60 s); a server that
-# never answers is a failure (returns 1).
+# Server tests (t_stop.sh, t_sampling.sh).  serve_setup [MKMODEL ARGS]: a
+# temporary directory $tmp, removed at exit with every process whose command
+# line names it, and the model $M in it (mkmodel's ARGS, default tiny-v3 seed 7).
+# free_port prints a free loopback port.  serve_up NAME CMD...: runs CMD (a
+# server on $PORT) in the background, its log in $tmp/NAME.log, sets PID, and
+# waits for /health (60 s); a server that never answers is a failure (returns
+# 1).  serve_down stops it (SIGTERM, waits) and clears PID.
 serve_setup() {
     tmp=$(mktemp -d)
     PID=
     trap serve_cleanup EXIT
     M=$tmp/model
-    "$MOESERVE" mkmodel --preset tiny-v3 --seed 7 --out "$M" 2>/dev/null ||
+    [ $# -gt 0 ] || set -- --preset tiny-v3 --seed 7
+    "$MOESERVE" mkmodel "$@" --out "$M" 2>/dev/null ||
         { echo "0 passed, 1 failed"; exit 1; }
+}
+serve_down() {
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=
 }
 serve_cleanup() {
     [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null

@@ -6,6 +6,7 @@
  * slide out; sharing of every stream's pages as a prefix hit does; the
  * state slots; exhaustion (all or nothing) and retraction; and the view. */
 #include "harness.h"
+#include "cache/kv_budget.h"
 #include "cache/kv_cache.h"
 #include "model/family.h"
 #include "plan/plan.h"
@@ -40,10 +41,11 @@ TEST(pages_per_step_and_window_slide)
 {
     CHECK(v4_spec(3) == 0);
     int32_t pages[MS_KV_MAX_STREAMS];
-    ms_kv_cache_pages_for(&spec, PS, 4096, 2, 16, pages);
-    /* full-history streams: 4096 tokens of each; the window: 2 × (⌈131 / 4⌉ + 2) + 16 / 4 */
+    ms_kv_cache_pages_for(&spec, PS, 4096, 2, 16, 0, pages);
+    /* full-history streams: 4096 tokens of each; the window: 2 sequences × 2 windows (the
+     * running one, the one kept at the last share unit) × (⌈131 / 4⌉ + 2) + 16 / 4 */
     CHECK(pages[C4] == 4096 / 16 && pages[C128] == 4096 / 512 && pages[IDX] == 4096 / 16);
-    CHECK(pages[WIN] == 2 * (33 + 2) + 4);
+    CHECK(pages[WIN] == 2 * 2 * (33 + 2) + 4);
     ms_kv_cache *c;
     ms_errbuf err;
     CHECKF(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 2, &err) == 0, "%s", err.msg);
@@ -69,10 +71,12 @@ TEST(pages_per_step_and_window_slide)
     /* a c4 page every 16 tokens, a c128 page every 512 */
     CHECK(c4_steps == 63 && c128_steps == 2);
     CHECK(q.n_pages[C4] == 63 && q.n_pages[C128] == 2 && q.n_pages[IDX] == 63);
-    /* the window holds only the pages of the last 131 tokens: entries 869..999 */
-    CHECK(q.n_pages[WIN] == 250 && q.first_live[WIN] == 869 / PS);
-    CHECK(live_pages(&q, WIN) == 250 - 217);
-    CHECK(ms_kv_cache_n_free(c, WIN) == pages[WIN] - 33);
+    /* the window holds only the pages of the last 131 tokens (entries 869..999) and of
+     * the 131 before the last share unit, 512 (entries 381..511) */
+    CHECK(q.n_pages[WIN] == 250 && q.first_live[WIN] == 381 / PS);
+    CHECK(live_pages(&q, WIN) == (250 - 217) + (128 - 95));
+    CHECK(q.pages[WIN][128] == -1 && q.pages[WIN][216] == -1 && q.pages[WIN][127] >= 0);
+    CHECK(ms_kv_cache_n_free(c, WIN) == pages[WIN] - 66);
     CHECK(q.state_slot >= 0);
     ms_kv_cache_release(c, &q);
     for (int s = 0; s < 4; s++) CHECK(ms_kv_cache_n_free(c, s) == pages[s]);
@@ -85,7 +89,7 @@ TEST(sharing_every_stream)
 {
     CHECK(v4_spec(0) == 0);
     int32_t pages[MS_KV_MAX_STREAMS];
-    ms_kv_cache_pages_for(&spec, PS, 4096, 4, 1024, pages); /* steps of up to 1024 tokens */
+    ms_kv_cache_pages_for(&spec, PS, 4096, 4, 1024, 0, pages); /* steps of up to 1024 tokens */
     ms_kv_cache *c;
     ms_errbuf err;
     CHECK(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 4, &err) == 0);
@@ -179,11 +183,63 @@ TEST(view_reads_what_was_written)
     ms_kv_cache_free(c);
 }
 
+/* --swa-full-tokens-ratio as SGLang's DSV4 pool configurator: the whole-
+ * history pools (c4, c128, index keys: the compressed histories span the whole
+ * context) hold N tokens, the window pool r × N, N from the budget ÷ (their
+ * bytes per token + r × the window's); without r the windows are sized by the
+ * running requests; capacity per pool and the maximum concurrency. */
+TEST(swa_full_tokens_ratio_and_capacity)
+{
+    CHECK(v4_spec(0) == 0);
+    /* Flash: 21 CSA layers, 20 HCA, 43 in all; 584-byte main entries, 68-byte MXFP4 keys */
+    double full = 584.0 * 21 / 4 + 584.0 * 20 / 128 + 68.0 * 21 / 4, win = 584.0 * 43;
+    CHECK((double)ms_kv_spec_token_bytes(&spec) == floor(full));
+    CHECK_NEAR(ms_kv_spec_window_token_bytes(&spec), win, 1e-9);
+    ms_kv_budget_in bi = {.mem_fraction_static = 0.5, .avail_bytes = 4000000000LL,
+                          .weight_bytes = 900000000LL, .fixed_bytes = 100000000LL,
+                          .swa_ratio = 0.1, .page_size = PS};
+    int64_t tokens;
+    ms_errbuf err;
+    CHECK(ms_kv_budget_tokens(&spec, &bi, &tokens, &err) == 0);
+    CHECK(tokens == (int64_t)(1000000000.0 / (floor(full) + 0.1 * win)));
+    bi.swa_ratio = 0; /* the windows are fixed bytes: every byte left goes to the histories */
+    CHECK(ms_kv_budget_tokens(&spec, &bi, &tokens, &err) == 0);
+    CHECK(tokens == (int64_t)(1000000000.0 / floor(full)));
+    bi.fixed_bytes = 1100000000LL; /* nothing left */
+    CHECK(ms_kv_budget_tokens(&spec, &bi, &tokens, &err) == MS_ENOMEM);
+    /* the window pool: r × N tokens, at least one request's window (2 × (⌈128 / 4⌉ + 2)) and a step */
+    int32_t pages[MS_KV_MAX_STREAMS];
+    ms_kv_cache_pages_for(&spec, PS, 100000, 8, 16, 10000, pages);
+    CHECK(pages[WIN] == 2500 && pages[C4] == 100000 / 16);
+    ms_kv_cache_pages_for(&spec, PS, 100000, 8, 16, 10, pages);
+    CHECK(pages[WIN] == 68 + 4);
+    ms_kv_cache_pages_for(&spec, PS, 4096, 2, 16, 0, pages);
+    CHECK(pages[WIN] == 2 * 68 + 4);
+    ms_kv_cache *c;
+    CHECK(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 8, &err) == 0);
+    ms_kv_pool_info pi[MS_KV_MAX_STREAMS];
+    CHECK(ms_kv_cache_pool_info(c, pi) == 4);
+    CHECK(!strcmp(pi[C4].name, "c4") && pi[C4].pages == 256 && pi[C4].page_tokens == 16 &&
+          pi[C4].tokens == 4096 && pi[C4].window == 0 && pi[C4].n_layers == 21);
+    CHECK(pi[C128].page_tokens == 512 && pi[C128].tokens == 4096 && pi[C128].n_layers == 20);
+    CHECK(pi[WIN].window == 128 && pi[WIN].n_layers == 43 && pi[WIN].pages == 140);
+    CHECK_NEAR(pi[IDX].bytes, 256.0 * PS * 68 * 21, 1e-6);
+    /* 1024-token requests: 4 fit the histories, the windows hold 140 / 68 of them */
+    CHECK_NEAR(ms_kv_cache_concurrency(c, 1024), 140.0 / 68, 1e-12);
+    CHECK_NEAR(ms_kv_cache_concurrency(c, 4096), 1.0, 1e-12);
+    CHECK(ms_kv_cache_concurrency(c, 8192) < 1);
+    ms_kv_cache_free(c);
+    CHECK(ms_kv_cache_new(&c, &spec, PS, pages, MS_DT_BF16, 1, &err) == 0);
+    CHECK_NEAR(ms_kv_cache_concurrency(c, 1024), 1.0, 1e-12); /* one state slot */
+    ms_kv_cache_free(c);
+}
+
 int main(void)
 {
     RUN(pages_per_step_and_window_slide);
     RUN(sharing_every_stream);
     RUN(exhaustion_is_all_or_nothing_and_retraction_frees);
     RUN(view_reads_what_was_written);
+    RUN(swa_full_tokens_ratio_and_capacity);
     return TEST_REPORT();
 }

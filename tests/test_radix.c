@@ -190,12 +190,14 @@ TEST(per_stream_pages_and_window_hits)
           out.n_pages[3] == 64 && out.pages[2][1] == a.pages[2][1]);
     CHECK(ms_kv_cache_share(cache, &b, &out, 512) == 0 && b.pages[1][63] == a.pages[1][63]);
     ms_kv_cache_release(cache, &b);
-    /* a sequence whose window slid before it was cached: the tree holds no window
-     * pages for it, so a hit needing that window is not usable */
+    /* a sequence whose window slid before it was cached keeps only the window
+     * before its last share unit (512): a hit there is usable, one at the first
+     * unit (256), whose window slid out, is not */
     ms_radix_flush(r);
     ms_kv_cache_slide(cache, &a, 600);
     CHECK(ms_radix_insert(r, t, 600, &a, &l) == 0);
-    CHECK(ms_radix_match(r, t, 600, &out, &l) == 0);
+    CHECK(ms_radix_match(r, t, 600, &out, &l) == 512);
+    CHECK(ms_radix_match(r, t, 300, &out, &l) == 0);
     ms_kv_cache_release(cache, &a);
     ms_radix_free(r);
     for (int st = 0; st < 4; st++) CHECK(ms_kv_cache_n_free(cache, st) == pages[st]);

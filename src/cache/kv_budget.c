@@ -34,24 +34,36 @@ int64_t ms_kv_spec_token_bytes(const ms_kv_spec *s)
     return (int64_t)b;
 }
 
+double ms_kv_spec_window_token_bytes(const ms_kv_spec *s)
+{
+    double b = 0;
+    for (int i = 0; i < s->n_streams; i++) {
+        const ms_kv_stream *st = &s->streams[i];
+        if (st->window > 0) b += st->entry_bytes * st->n_layers / st->tokens_per_entry;
+    }
+    return b;
+}
+
 int ms_kv_budget_tokens(const ms_kv_spec *s, const ms_kv_budget_in *in, int64_t *tokens,
                         ms_errbuf *err)
 {
     *tokens = in->max_total_tokens;
     if (*tokens > 0) return 0;
-    int64_t per_tok = ms_kv_spec_token_bytes(s);
+    double per_tok = (double)ms_kv_spec_token_bytes(s) +
+                     in->swa_ratio * ms_kv_spec_window_token_bytes(s);
     if (per_tok <= 0) return ms_err(err, MS_EINVAL, "the model's KV cache has no streams");
-    /* SGLang's static share: weights (+ their copies) and the KV pool */
+    /* SGLang's static share: weights (+ their copies) and the KV pools */
     int64_t budget = (int64_t)(in->mem_fraction_static * (double)in->avail_bytes) -
-                     in->weight_bytes - in->copy_bytes;
-    *tokens = budget > 0 ? budget / per_tok : 0;
+                     in->weight_bytes - in->copy_bytes - in->fixed_bytes;
+    *tokens = budget > 0 ? (int64_t)((double)budget / per_tok) : 0;
     if (*tokens < in->page_size)
         return ms_err(err, MS_ENOMEM,
                       "no memory left for the KV cache: %.2f GB available to this rank × "
-                      "--mem-fraction-static %.2f minus %.2f GB of weights and %.2f GB of "
-                      "their oneDNN copies; use --max-total-tokens or raise "
-                      "--mem-fraction-static",
+                      "--mem-fraction-static %.2f minus %.2f GB of weights, %.2f GB of "
+                      "their oneDNN copies and %.3f GB of fixed pools (windows, state); use "
+                      "--max-total-tokens or raise --mem-fraction-static",
                       (double)in->avail_bytes / 1e9, in->mem_fraction_static,
-                      (double)in->weight_bytes / 1e9, (double)in->copy_bytes / 1e9);
+                      (double)in->weight_bytes / 1e9, (double)in->copy_bytes / 1e9,
+                      (double)in->fixed_bytes / 1e9);
     return 0;
 }

@@ -22,16 +22,26 @@ int ms_kv_ranks_on_host(int world_size);
 /* Bytes one token costs across every stream that grows with the history
  * (all layers; a windowed stream's tokens are bounded and counted apart). */
 int64_t ms_kv_spec_token_bytes(const ms_kv_spec *s);
+/* Bytes one token costs in the windowed streams (all layers they cover). */
+double ms_kv_spec_window_token_bytes(const ms_kv_spec *s);
 
 typedef struct ms_kv_budget_in {
     int64_t max_total_tokens;   /* > 0: this many, no memory arithmetic */
     double mem_fraction_static;
     int64_t avail_bytes;        /* MemAvailable / ranks on the host, before the load */
     int64_t weight_bytes, copy_bytes;
+    int64_t fixed_bytes;        /* pools that do not scale with the tokens: the per-sequence
+                                 * state slots, and the window pools when swa_ratio is 0 */
+    double swa_ratio;           /* --swa-full-tokens-ratio (0: unset): the window pools hold
+                                 * swa_ratio × the tokens of the whole-history pools */
     int page_size;
 } ms_kv_budget_in;
 
-/* Tokens of cache for this rank (not yet rounded to pages); MS_ENOMEM with a
+/* Tokens of whole history for this rank (not yet rounded to pages), SGLang's
+ * DeepSeek-V4 rule: the whole-history pools (V4's c4, c128 and index keys:
+ * the compressed histories span the whole context) hold N tokens and the
+ * window pool swa_ratio × N, so N = (budget − fixed_bytes) ÷ (whole-history
+ * bytes per token + swa_ratio × window bytes per token).  MS_ENOMEM with a
  * message naming the flags when not even one page fits. */
 int ms_kv_budget_tokens(const ms_kv_spec *s, const ms_kv_budget_in *in, int64_t *tokens,
                         ms_errbuf *err);

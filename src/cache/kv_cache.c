@@ -7,6 +7,7 @@
 
 #include "base/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,25 +35,55 @@ void ms_kv_seq_deinit(ms_kv_seq *s)
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Entries one page of a stream holds (page_entries, else the page size). */
+static int page_entries(const ms_kv_stream *st, int page_size)
+{
+    return st->page_entries > 0 ? st->page_entries : page_size;
+}
+static int pe_of(const ms_kv_cache *c, int s) { return page_entries(&c->spec.streams[s], c->page_size); }
+
 /* Tokens a windowed stream must keep behind the newest one. */
 static int64_t keep_tokens(const ms_kv_stream *st) { return st->window + st->window_slack; }
 
+/* Pages one sequence's window keeps in stream st (one partial page at each end),
+ * twice: the running window and the one kept at its last share unit (a prefix
+ * hit there needs it; ms_kv_cache_slide). */
+static int64_t window_pages(const ms_kv_stream *st, int64_t span)
+{
+    return 2 * (ceil_div(keep_tokens(st), span) + 2);
+}
+
 void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens, int max_seqs,
-                           int64_t step_tokens, int32_t *pages)
+                           int64_t step_tokens, int64_t window_tokens, int32_t *pages)
 {
     for (int s = 0; s < spec->n_streams; s++) {
         const ms_kv_stream *st = &spec->streams[s];
-        int64_t span = (int64_t)page_size * st->tokens_per_entry, n;
-        if (st->window > 0) /* each sequence's window (+ a page each side), and the step's
-                             * new tokens, which the sequences share */
-            n = (int64_t)max_seqs * (ceil_div(keep_tokens(st), span) + 2) +
-                ceil_div(step_tokens, span);
-        else if (st->tokens_per_entry > 1) /* compressed: the tokens' entries, rounded up */
+        int64_t span = (int64_t)page_entries(st, page_size) * st->tokens_per_entry, n;
+        if (st->window > 0) { /* each sequence's window (+ a page each side), and the step's
+                               * new tokens, which the sequences share */
+            int64_t one = window_pages(st, span) + ceil_div(step_tokens, span);
+            n = window_tokens > 0 ? MS_MAX(ceil_div(window_tokens, span), one)
+                                  : (int64_t)max_seqs * window_pages(st, span) +
+                                        ceil_div(step_tokens, span);
+        } else if (st->tokens_per_entry > 1) { /* compressed: the tokens' entries, rounded up */
             n = ceil_div(tokens, span);
-        else
+        } else {
             n = tokens / span;
+        }
         pages[s] = (int32_t)MS_MIN(MS_MAX(n, 1), (int64_t)INT32_MAX - 1);
     }
+}
+
+double ms_kv_cache_pages_bytes(const ms_kv_spec *spec, int page_size, const int32_t *pages,
+                               int window_only)
+{
+    double b = 0;
+    for (int s = 0; s < spec->n_streams; s++) {
+        const ms_kv_stream *st = &spec->streams[s];
+        if (st->n_layers == 0 || (window_only && st->window <= 0)) continue;
+        b += (double)pages[s] * page_entries(st, page_size) * st->entry_bytes * st->n_layers;
+    }
+    return b;
 }
 
 int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
@@ -77,7 +108,8 @@ int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
             c->layer_slot[s][l] = ms_kv_stream_covers(st, l) ? (int16_t)n++ : -1;
         if (n == 0) continue;
         ms_dtype sdt = st->dtype == MS_DT_U8 ? MS_DT_U8 : dt;
-        if ((rc = ms_kv_pool_new(&c->pools[s], n, st->entry_elems, page_size, pages[s], sdt, err)))
+        if ((rc = ms_kv_pool_new(&c->pools[s], n, st->entry_elems, page_entries(st, page_size),
+                                 pages[s], sdt, err)))
             goto fail;
     }
     double sb = ms_kv_spec_state_bytes(spec, 0, spec->n_layers);
@@ -131,7 +163,7 @@ int64_t ms_kv_cache_tokens(const ms_kv_cache *c)
     for (int s = 0; s < c->n_streams; s++) {
         const ms_kv_stream *st = &c->spec.streams[s];
         if (!c->pools[s] || st->window > 0) continue;
-        t = MS_MIN(t, (int64_t)c->pools[s]->n_pages * c->page_size * st->tokens_per_entry);
+        t = MS_MIN(t, (int64_t)c->pools[s]->n_pages * pe_of(c, s) * st->tokens_per_entry);
     }
     return t == INT64_MAX ? 0 : t;
 }
@@ -140,7 +172,7 @@ int64_t ms_kv_cache_tokens(const ms_kv_cache *c)
  * tokens_per_entry tokens are all in. */
 static int64_t pages_upto(const ms_kv_cache *c, int s, int64_t upto)
 {
-    return ceil_div(upto / c->spec.streams[s].tokens_per_entry, c->page_size);
+    return ceil_div(upto / c->spec.streams[s].tokens_per_entry, pe_of(c, s));
 }
 
 int64_t ms_kv_cache_free_tokens(const ms_kv_cache *c)
@@ -149,7 +181,7 @@ int64_t ms_kv_cache_free_tokens(const ms_kv_cache *c)
     for (int s = 0; s < c->n_streams; s++) {
         const ms_kv_stream *st = &c->spec.streams[s];
         if (!c->pools[s] || st->window > 0) continue;
-        t = MS_MIN(t, (int64_t)ms_kv_pool_n_free(c->pools[s]) * c->page_size * st->tokens_per_entry);
+        t = MS_MIN(t, (int64_t)ms_kv_pool_n_free(c->pools[s]) * pe_of(c, s) * st->tokens_per_entry);
     }
     return t == INT64_MAX ? 0 : t;
 }
@@ -166,16 +198,24 @@ int ms_kv_cache_seq_capacity(const ms_kv_cache *c, ms_kv_seq *seq, int64_t upto)
     return 0;
 }
 
-int64_t ms_kv_cache_pages_needed(const ms_kv_cache *c, const ms_kv_seq *seq, int64_t upto,
-                                 int64_t *need)
+/* Pages each stream needs for [0, upto), windowed streams only for [0, win_upto). */
+static int64_t needed(const ms_kv_cache *c, const ms_kv_seq *seq, int64_t upto, int64_t win_upto,
+                      int64_t *need)
 {
     int64_t sum = 0;
     for (int s = 0; s < c->n_streams; s++) {
-        int64_t n = c->pools[s] ? MS_MAX(pages_upto(c, s, upto) - seq->n_pages[s], 0) : 0;
+        int64_t u = c->spec.streams[s].window > 0 ? win_upto : upto;
+        int64_t n = c->pools[s] ? MS_MAX(pages_upto(c, s, u) - seq->n_pages[s], 0) : 0;
         if (need) need[s] = n;
         sum += n;
     }
     return sum;
+}
+
+int64_t ms_kv_cache_pages_needed(const ms_kv_cache *c, const ms_kv_seq *seq, int64_t upto,
+                                 int64_t *need)
+{
+    return needed(c, seq, upto, upto, need);
 }
 
 int ms_kv_cache_fits(const ms_kv_cache *c, const int64_t *need)
@@ -187,8 +227,13 @@ int ms_kv_cache_fits(const ms_kv_cache *c, const int64_t *need)
 
 int ms_kv_cache_reserve(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto)
 {
+    return ms_kv_cache_reserve_prompt(c, seq, upto, upto);
+}
+
+int ms_kv_cache_reserve_prompt(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto, int64_t win_upto)
+{
     int64_t need[MS_KV_MAX_STREAMS];
-    ms_kv_cache_pages_needed(c, seq, upto, need);
+    needed(c, seq, upto, MS_MIN(win_upto, upto), need);
     int want_state = c->n_state > 0 && seq->state_slot < 0;
     if (!ms_kv_cache_fits(c, need) || (want_state && c->n_state_free == 0)) return MS_EFULL;
     for (int s = 0; s < c->n_streams; s++) {
@@ -227,20 +272,25 @@ static int64_t first_needed(const ms_kv_cache *c, int s, int64_t n)
 {
     const ms_kv_stream *st = &c->spec.streams[s];
     int64_t from = MS_MAX(n - keep_tokens(st), 0) / st->tokens_per_entry;
-    return from / c->page_size;
+    return from / pe_of(c, s);
 }
 
 int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done)
 {
-    int64_t freed = 0;
+    int64_t freed = 0, unit = ms_kv_cache_share_unit(c);
+    int64_t P = n_done / unit * unit; /* the last share unit: its window is kept */
     for (int s = 0; s < c->n_streams; s++) {
         if (!c->pools[s] || c->spec.streams[s].window <= 0) continue;
         int64_t upto = MS_MIN(first_needed(c, s, n_done), seq->n_pages[s]);
+        int64_t kf = upto, kt = upto; /* pages kept for a prefix hit at P */
+        if (P > 0) kf = first_needed(c, s, P), kt = MS_MIN(pages_upto(c, s, P), upto);
         for (int64_t i = seq->first_live[s]; i < upto; i++) {
+            if (i >= kf && i < kt) continue;
             if (seq->pages[s][i] >= 0) ms_kv_pool_unref(c->pools[s], seq->pages[s][i]), freed++;
             seq->pages[s][i] = -1;
         }
-        if (upto > seq->first_live[s]) seq->first_live[s] = upto;
+        int64_t first = kf < kt ? kf : upto;
+        if (first > seq->first_live[s]) seq->first_live[s] = first;
     }
     return freed;
 }
@@ -264,7 +314,7 @@ int64_t ms_kv_cache_share_unit(const ms_kv_cache *c)
 {
     int64_t u = c->page_size;
     for (int s = 0; s < c->n_streams; s++)
-        if (c->pools[s]) u = MS_MAX(u, (int64_t)c->page_size * c->spec.streams[s].tokens_per_entry);
+        if (c->pools[s]) u = MS_MAX(u, (int64_t)pe_of(c, s) * c->spec.streams[s].tokens_per_entry);
     return u; /* the tokens_per_entry values (1, 4, 128) divide one another */
 }
 
@@ -284,7 +334,7 @@ int ms_kv_cache_share(ms_kv_cache *c, ms_kv_seq *dst, const ms_kv_seq *src, int6
     for (int s = 0; s < c->n_streams; s++) {
         for (int64_t i = 0; i < to[s]; i++) {
             dst->pages[s][i] = i < from[s] ? -1 : src->pages[s][i];
-            if (i >= from[s]) ms_kv_pool_ref(c->pools[s], dst->pages[s][i]);
+            if (dst->pages[s][i] >= 0) ms_kv_pool_ref(c->pools[s], dst->pages[s][i]);
         }
         dst->n_pages[s] = to[s];
         dst->first_live[s] = from[s];
@@ -299,10 +349,13 @@ void *ms_kv_view_entry(const ms_kv_view *v, int stream, int layer, int64_t pos)
     if (stream < 0 || stream >= c->n_streams || layer < 0 || layer >= c->spec.n_layers) return NULL;
     int slot = c->layer_slot[stream][layer];
     if (slot < 0) return NULL;
-    int64_t e = pos / c->spec.streams[stream].tokens_per_entry, pg = e / c->page_size;
-    if (pg < v->seq->first_live[stream] || pg >= v->seq->n_pages[stream]) return NULL;
+    int pe = pe_of(c, stream);
+    int64_t e = pos / c->spec.streams[stream].tokens_per_entry, pg = e / pe;
+    if (pg < v->seq->first_live[stream] || pg >= v->seq->n_pages[stream] ||
+        v->seq->pages[stream][pg] < 0)
+        return NULL;
     return ms_kv_pool_row(c->pools[stream], slot, v->seq->pages[stream][pg],
-                          (int)(e % c->page_size));
+                          (int)(e % pe));
 }
 
 int64_t ms_kv_view_entry_elems(const ms_kv_view *v, int stream)
@@ -322,4 +375,41 @@ void *ms_kv_view_state(const ms_kv_view *v)
     const ms_kv_cache *c = v->cache;
     if (!c->state || v->seq->state_slot < 0) return NULL;
     return c->state + (size_t)v->seq->state_slot * c->state_bytes;
+}
+
+size_t ms_kv_view_state_bytes(const ms_kv_view *v) { return v->cache->state_bytes; }
+
+int ms_kv_cache_pool_info(const ms_kv_cache *c, ms_kv_pool_info *out)
+{
+    int n = 0;
+    for (int s = 0; s < c->n_streams; s++) {
+        const ms_kv_stream *st = &c->spec.streams[s];
+        if (!c->pools[s]) continue;
+        ms_kv_pool_info *o = &out[n++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->name, sizeof o->name, "%s", st->name);
+        o->pages = c->pools[s]->n_pages;
+        o->page_tokens = (int64_t)pe_of(c, s) * st->tokens_per_entry;
+        o->tokens = (int64_t)o->pages * o->page_tokens;
+        o->window = st->window;
+        o->n_layers = st->n_layers;
+        o->entry_bytes = st->entry_bytes;
+        o->bytes = (double)o->pages * pe_of(c, s) * st->entry_bytes * st->n_layers;
+    }
+    return n;
+}
+
+double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens)
+{
+    double x = c->n_state > 0 ? (double)c->n_state : 1e300;
+    if (n_tokens <= 0) return 0;
+    for (int s = 0; s < c->n_streams; s++) {
+        const ms_kv_stream *st = &c->spec.streams[s];
+        if (!c->pools[s]) continue;
+        int64_t span = (int64_t)pe_of(c, s) * st->tokens_per_entry;
+        int64_t need = st->window > 0 ? MS_MIN(window_pages(st, span), ceil_div(n_tokens, span))
+                                      : pages_upto(c, s, n_tokens);
+        if (need > 0) x = MS_MIN(x, (double)c->pools[s]->n_pages / (double)need);
+    }
+    return x;
 }

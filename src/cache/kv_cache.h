@@ -43,11 +43,37 @@ void ms_kv_seq_deinit(ms_kv_seq *s); /* frees the tables (release first) */
  * `max_seqs` sequences that add at most step_tokens tokens per step (the
  * prefill chunk): whole-history streams tokens / tokens_per_entry /
  * page_size (rounded up for compressed streams, whose pages span 4 or 128
- * pages' worth of tokens); windowed ones max_seqs × (the pages of window + slack, and
- * one partial page at each end) plus the pages of one step's tokens, which
- * the sequences share. */
+ * pages' worth of tokens).  Windowed ones: window_tokens > 0 (SGLang's
+ * --swa-full-tokens-ratio × tokens) gives them that many tokens, but never
+ * fewer than one sequence's window plus one step; window_tokens 0 sizes them
+ * for max_seqs × 2 × (the pages of window + slack, and one partial page at each
+ * end) plus the pages of one step's tokens, which the sequences share. */
 void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens, int max_seqs,
-                           int64_t step_tokens, int32_t *pages);
+                           int64_t step_tokens, int64_t window_tokens, int32_t *pages);
+/* Bytes of pages[s] pages of every stream (one page holds page_size entries of
+ * each covered layer). */
+double ms_kv_cache_pages_bytes(const ms_kv_spec *spec, int page_size, const int32_t *pages,
+                               int window_only);
+
+/* One pool as the start-up log and /server_info report it. */
+typedef struct ms_kv_pool_info {
+    char name[16];
+    int32_t pages;
+    int64_t page_tokens;   /* tokens one page spans (page_size × tokens_per_entry) */
+    int64_t tokens;        /* tokens of history its pages span (pages × page_tokens) */
+    int64_t window;        /* 0: whole history; N: each sequence keeps its last N (+ slack) */
+    int n_layers;
+    double entry_bytes;    /* one entry of one layer */
+    double bytes;          /* the pool */
+} ms_kv_pool_info;
+
+/* Fills out[0..n_streams) for the streams that cover a layer; returns how many. */
+int ms_kv_cache_pool_info(const ms_kv_cache *c, ms_kv_pool_info *out);
+/* How many n_tokens-long sequences the pools hold at once (vLLM's "maximum
+ * concurrency"): the smallest over the pools of its pages ÷ the pages one
+ * such sequence holds (a windowed pool: its window, one partial page each
+ * end), capped by the state slots.  Fractional. */
+double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens);
 
 /* Builds the pools: pages[s] pages of stream s, values in dt (streams whose
  * values are a packed format, MS_DT_U8, keep their bytes); n_state_slots
@@ -82,11 +108,19 @@ int ms_kv_cache_fits(const ms_kv_cache *c, const int64_t *need);
  * when the spec has state: all or nothing, MS_EFULL (nothing taken) when a
  * stream is short, MS_ENOMEM when a table cannot grow. */
 int ms_kv_cache_reserve(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto);
+/* The same for a prompt computed in chunks: the whole-history streams up to
+ * upto, the windowed ones only up to win_upto (the first chunk's end), since
+ * their pages behind the window are freed between chunks (ms_kv_cache_slide)
+ * and later chunks reserve theirs as they come (ms_kv_cache_reserve). */
+int ms_kv_cache_reserve_prompt(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto, int64_t win_upto);
 /* Drops every page reference and the state slot of seq (it holds nothing after). */
 void ms_kv_cache_release(ms_kv_cache *c, ms_kv_seq *seq);
 /* After the sequence computed tokens [0, n_done): frees the pages of
  * windowed streams that no longer hold any of the last window + slack
- * tokens.  Returns the pages released (references dropped). */
+ * tokens, except those holding the window + slack before the last multiple
+ * of ms_kv_cache_share_unit (a prefix hit there needs them; they go when
+ * the next multiple is reached).  Returns the pages released (references
+ * dropped). */
 int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done);
 /* Rollback (rejected speculative positions): seq keeps only the pages that
  * cover tokens [0, upto) and drops its references on the rest.  Returns the
@@ -115,7 +149,8 @@ void *ms_kv_view_entry(const ms_kv_view *v, int stream, int layer, int64_t pos);
 int64_t ms_kv_view_entry_elems(const ms_kv_view *v, int stream);
 ms_dtype ms_kv_view_dtype(const ms_kv_view *v, int stream);
 int ms_kv_view_page_size(const ms_kv_view *v);
-/* The sequence's state slot bytes (NULL without state). */
+/* The sequence's state slot bytes (NULL without state), and one slot's size. */
 void *ms_kv_view_state(const ms_kv_view *v);
+size_t ms_kv_view_state_bytes(const ms_kv_view *v);
 
 #endif

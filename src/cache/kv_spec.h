@@ -30,6 +30,8 @@ typedef struct ms_kv_stream {
     int tokens_per_entry;   /* 1, 4, 128 */
     int64_t window;         /* 0: whole history; N: only the last N tokens */
     int64_t window_slack;   /* extra tokens kept past the window (draft tokens of a verify) */
+    int page_entries;       /* entries per page; 0: the cache's page size (V4's carry
+                             * snapshots: 1 per page_size × 128 tokens) */
     int n_layers;           /* layers covered (popcount of layer_mask) */
     uint64_t layer_mask[MS_KV_MAX_LAYERS / 64];
 } ms_kv_stream;
@@ -40,6 +42,9 @@ typedef struct ms_kv_spec {
     ms_kv_stream streams[MS_KV_MAX_STREAMS];
     /* fixed-size per-sequence state (V4's compressor carry): bytes of each layer, 0 none */
     double state_layer_bytes[MS_KV_MAX_LAYERS];
+    /* a stream snapshots what a prefix hit needs of the state at every share unit
+     * (V4's 'carry'), so the radix tree may match sequences with state */
+    bool state_snapshots;
 } ms_kv_spec;
 
 /* What the cache's owner chooses: the dtype of plainly stored values
@@ -52,6 +57,8 @@ typedef struct ms_kv_spec_opts {
     int page_size;
     int attn_tp;
     int draft_tokens;
+    int prefix_carry;       /* V4: add the 'carry' stream that makes prefix hits possible
+                             * (the engine; the planner leaves it out, as SGLang has none) */
 } ms_kv_spec_opts;
 
 void ms_kv_spec_init(ms_kv_spec *s, int n_layers);

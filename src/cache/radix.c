@@ -37,10 +37,11 @@ int ms_radix_new(ms_radix **out, ms_kv_cache *cache)
     r->n_streams = ms_kv_cache_n_streams(cache);
     for (int s = 0; s < r->n_streams; s++)
         r->per_unit[s] = ms_kv_cache_pool(cache, s)
-                             ? r->unit / ((int64_t)ms_kv_cache_page_size(cache) *
+                             ? r->unit / ((int64_t)ms_kv_cache_pool(cache, s)->page_size *
                                           sp->streams[s].tokens_per_entry)
                              : 0;
-    r->has_state = ms_kv_spec_state_bytes(sp, 0, sp->n_layers) > 0;
+    /* state without snapshots: a hit could not restore it, so nothing matches */
+    r->has_state = ms_kv_spec_state_bytes(sp, 0, sp->n_layers) > 0 && !sp->state_snapshots;
     r->root.lock_ref = 1; /* the root is never evicted */
     *out = r;
     return 0;

@@ -178,6 +178,11 @@ int64_t ms_v4_state_floats(int ratio, int hd, int ihd)
     return st;
 }
 
+int64_t ms_v4_carry_values(int hd, int ihd)
+{
+    return 2 * 4 * (2 * (int64_t)hd) + 2 * 4 * (2 * (int64_t)ihd);
+}
+
 /* Every layer a window of main entries (plus the verify's draft slack); CSA
  * layers (ratio 4) one main entry and one index key per 4 tokens; HCA layers
  * (ratio 128) one main entry per 128 tokens.  elem_bytes 0 or 1 (the
@@ -205,9 +210,22 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
     ms_kv_stream *idx = ms_kv_spec_add(out, "index", key, key_n, dt, 4, 0, 0);
     if (!win || !c4 || !c128 || !idx) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
     double sb = o->state_bytes > 0 ? o->state_bytes : 4;
+    /* the carry a prefix hit needs at a share unit (page_size × 128 tokens, where the
+     * ratio-128 windows are empty): each CSA layer's two overlapping compressors'
+     * previous window, one entry per unit (deepseek_v4_attn.c saves and restores it) */
+    ms_kv_stream *carry = NULL;
+    if (o->prefix_carry && o->page_size > 0) {
+        int64_t n = ms_v4_carry_values(s->head_dim, s->index_head_dim);
+        carry = ms_kv_spec_add(out, "carry", (double)n * sb, (int64_t)(n * sb), MS_DT_U8,
+                               o->page_size * 128, 0, 0);
+        if (!carry) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
+        carry->page_entries = 1;
+        out->state_snapshots = true;
+    }
     for (int l = 0; l < s->n_layers; l++) {
         int ratio = l < s->n_ratios ? s->compress_ratios[l] : 0;
         ms_kv_stream_cover(win, l);
+        if (ratio == 4 && carry) ms_kv_stream_cover(carry, l);
         if (ratio == 4) ms_kv_stream_cover(c4, l), ms_kv_stream_cover(idx, l);
         if (ratio == 128) ms_kv_stream_cover(c128, l);
         if (ratio) ms_kv_spec_add_state(out, l, ms_v4_state_floats(ratio, s->head_dim,
@@ -303,7 +321,8 @@ static void ws_free(ms_v4_ws *w)
 {
     float *bufs[] = {w->X,  w->Xn, w->mix, w->pre, w->post, w->comb, w->u,   w->f,
                      w->qr, w->q,  w->kv,  w->o,   w->z,    w->ca,   w->cg,  w->iq,
-                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits};
+                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits,
+                     w->cstate};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
     ms_free_aligned(w->win), ms_free_aligned(w->cbuf);
     for (int i = 0; i < w->n_th; i++) {

@@ -109,6 +109,8 @@ typedef struct ms_v4_ws {
         const float **cand;        /* [cap_S] candidate rows */
     } *th;
     int n_th;
+    float *cstate;       /* [cap_cstate] one compressor's state in f32 (BF16-stored state) */
+    int64_t cap_cstate;
     float *hn, *logits;  /* [T][D], [cap_logits][vocab] */
     int64_t cap_logits;
     ms_mlp_ws mlp;
@@ -128,8 +130,12 @@ struct ms_v4 {
     int attn_ref;        /* 1: attention by the scalar one-row-at-a-time reference (tests) */
 };
 
-/* Stream indices of the V4 kv_spec. */
-enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3 };
+/* Stream indices of the V4 kv_spec (V4_S_CARRY: only in the engine's spec). */
+enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3, V4_S_CARRY = 4 };
+
+/* State values of one CSA layer's carry snapshot: the main and the indexer
+ * compressor's previous window, kv and score rows [4][2·d] each. */
+int64_t ms_v4_carry_values(int hd, int ihd);
 
 /* Floats of compressor state of one layer (main + indexer), 0 for ratio 0. */
 int64_t ms_v4_state_floats(int ratio, int hd, int ihd);

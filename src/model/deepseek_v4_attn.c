@@ -72,6 +72,72 @@ static int64_t comp_state_floats(const v4_comp *cp)
     return 2 * (c * cp->ratio) * (c * cp->d);
 }
 
+/* The compressor state of one sequence as f32 for the step: the slot itself
+ * when it stores F32, else (BF16, --compress-state-dtype bf16) a copy in
+ * ws->cstate that state_close rounds back.  n: floats; at: their offset in
+ * the slot's values.  The state's dtype is the slot's bytes ÷ its values. */
+static float *state_open(ms_model *m, const ms_kv_view *v, int64_t at, int64_t n, int *bf16)
+{
+    uint8_t *raw = ms_kv_view_state(v);
+    int64_t values = m->v4->state_off[m->v4->c.n_layers];
+    if (!raw || values <= 0) return NULL;
+    *bf16 = ms_kv_view_state_bytes(v) == (size_t)values * 2;
+    if (!*bf16) return (float *)raw + at;
+    ms_v4_ws *w = &m->v4->ws;
+    if (n > w->cap_cstate) {
+        ms_free_aligned(w->cstate);
+        w->cstate = ms_alloc_aligned((size_t)n, sizeof(float));
+        w->cap_cstate = w->cstate ? n : 0;
+        if (!w->cstate) return NULL;
+    }
+    const uint16_t *h = (const uint16_t *)raw + at;
+    for (int64_t i = 0; i < n; i++) w->cstate[i] = ms_bf16_to_f32(h[i]);
+    return w->cstate;
+}
+
+static void state_close(const ms_kv_view *v, int64_t at, int64_t n, const float *f, int bf16)
+{
+    if (!bf16) return;
+    uint16_t *h = (uint16_t *)ms_kv_view_state(v) + at;
+    for (int64_t i = 0; i < n; i++) h[i] = ms_f32_to_bf16(f[i]);
+}
+
+/* The carry snapshot (stream V4_S_CARRY) of an overlapping compressor: rows
+ * 0..m−1 of its kv and score state (the previous window), [kv m·c'd][score
+ * m·c'd] at `off` values into the entry of the share unit ending at pos + 1,
+ * in the state's dtype.  Saved after a unit's last token; restored when a
+ * chunk starts at a unit: after a prefix hit it is the state the tokens
+ * before the match left, and for a sequence that just computed them it is
+ * the state it already holds (the same values, so restoring changes
+ * nothing).  The ratio-128 compressor needs none: at a multiple of 128 its
+ * window is empty and every slot is written before it pools. */
+static int64_t carry_unit(const ms_kv_view *v)
+{
+    const ms_kv_spec *sp = ms_kv_cache_spec(v->cache);
+    return sp->n_streams > V4_S_CARRY ? sp->streams[V4_S_CARRY].tokens_per_entry : 0;
+}
+
+static void carry_copy(const ms_kv_view *v, int l, int64_t pos, int64_t off, float *kv, float *sc,
+                       int64_t n, int bf16, int save)
+{
+    uint8_t *e = ms_kv_view_entry(v, V4_S_CARRY, l, pos);
+    if (!e) return;
+    float *rows[2] = {kv, sc};
+    for (int k = 0; k < 2; k++) {
+        int64_t at = off + k * n;
+        if (bf16) {
+            uint16_t *h = (uint16_t *)e + at;
+            for (int64_t i = 0; i < n; i++)
+                if (save) h[i] = ms_f32_to_bf16(rows[k][i]);
+                else rows[k][i] = ms_bf16_to_f32(h[i]);
+        } else if (save) {
+            memcpy((float *)e + at, rows[k], sizeof(float) * (size_t)n);
+        } else {
+            memcpy(rows[k], (float *)e + at, sizeof(float) * (size_t)n);
+        }
+    }
+}
+
 /* One token at pos into the compressor state (kv, sc: [c'·m][c'·d]) from its
  * projections a, g (c'·d); returns 1 with the pooled entry in out[d] when
  * pos closes a window.  Overlap: the token fills slot m + pos mod m; the
@@ -112,7 +178,8 @@ static int comp_token(const v4_comp *cp, float *kv, float *sc, const float *a, c
  * entry (normed, roped at the window's first position) into `stream`.
  * state_at: the compressor's offset in the layer's state, in floats. */
 static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
-                    int l, const v4_comp *cp, int stream, int64_t state_at, ms_errbuf *err)
+                    int l, const v4_comp *cp, int stream, int64_t state_at, int64_t carry_at,
+                    ms_errbuf *err)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
@@ -127,16 +194,23 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
         const ms_batch_seq *sq = &seqs[i];
         if (sq->n_tokens <= 0) continue;
         ms_kv_view v = {cache, sq->kv};
-        float *st = ms_kv_view_state(&v);
-        if (!st) return ms_err(err, MS_EINTERNAL, "sequence %d holds no compressor state", i);
-        float *kv = st + m->v4->state_off[l] + state_at, *sc = kv + half;
+        int bf16 = 0;
+        int64_t at = m->v4->state_off[l] + state_at;
+        float *kv = state_open(m, &v, at, 2 * half, &bf16), *sc = kv + half;
+        if (!kv) return ms_err(err, MS_EINTERNAL, "sequence %d holds no compressor state", i);
+        int64_t unit = cp->overlap ? carry_unit(&v) : 0, carry_n = cp->ratio * cd;
         if (sq->start_pos == 0) { /* a fresh sequence: empty windows */
             memset(kv, 0, sizeof(float) * (size_t)half);
             for (int64_t k = 0; k < half; k++) sc[k] = -INFINITY;
+        } else if (unit && sq->start_pos % unit == 0) {
+            carry_copy(&v, l, sq->start_pos - 1, carry_at, kv, sc, carry_n, bf16, 0);
         }
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             int64_t pos = sq->start_pos + j;
-            if (!comp_token(cp, kv, sc, w->ca + t * cd, w->cg + t * cd, pos, out)) continue;
+            int closed = comp_token(cp, kv, sc, w->ca + t * cd, w->cg + t * cd, pos, out);
+            if (unit && (pos + 1) % unit == 0)
+                carry_copy(&v, l, pos, carry_at, kv, sc, carry_n, bf16, 1);
+            if (!closed) continue;
             int64_t p0 = pos + 1 - cp->ratio;
             ms_rmsnorm(out, out, cp->norm, 1, cp->d, cp->d, c->eps);
             ms_rope_interleaved(out + cp->d - c->dr, 1, cp->d, c->dr, m->v4->inv_freq_comp, p0);
@@ -144,6 +218,7 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
                 return ms_err(err, MS_EINTERNAL, "layer %d: no cache entry for position %lld", l,
                               (long long)p0);
         }
+        state_close(&v, at, 2 * half, kv, bf16);
     }
     return 0;
 }
@@ -489,11 +564,11 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
     }
     /* compressed entries (and the indexer's keys and queries) before any query reads them */
     if (ratio && (rc = compress(m, cache, seqs, n_seqs, l, &lw->comp,
-                                ratio == 4 ? V4_S_C4 : V4_S_C128, 0, err)))
+                                ratio == 4 ? V4_S_C4 : V4_S_C128, 0, 0, err)))
         return rc;
     if (ratio == 4) {
         if ((rc = compress(m, cache, seqs, n_seqs, l, &lw->icomp, V4_S_INDEX,
-                           comp_state_floats(&lw->comp), err)))
+                           comp_state_floats(&lw->comp), 2 * 4 * (2 * (int64_t)hd), err)))
             return rc;
         ms_mm_call ic[2] = {{w->iq, nI * ihd, w->qr, c->q_lora, T, &lw->iwq_b, 0, 0},
                             {w->iw, nI, w->u, D, T, &lw->iwproj, 0, 0}};

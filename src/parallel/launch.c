@@ -105,7 +105,7 @@ enum {
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
     O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_EPLB, O_EPLB_ITERS, O_EPLB_CHUNK, O_EPLB_THRESH,
-    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP
+    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP, O_SWA_RATIO
 };
 static const struct {
     const char *name;
@@ -160,7 +160,10 @@ static const struct {
     {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32 (serve: the activation dtype or fp8_e4m3)"},
     {"--page-size", F_INT, O_PAGE, 1, MS_LAUNCH_MAX_PAGE, "N   KV page size in tokens, any N (serve/generate default 16; plan: SGLang's 1)"},
     {"--compress-state-dtype", F_STR, O_STATE_DTYPE, 0, 0,
-     "T   V4 compressor state fp32|bf16 (env SGLANG_DSV4_COMPRESS_STATE_DTYPE; plan only)"},
+     "T   V4 compressor state fp32|bf16 (env SGLANG_DSV4_COMPRESS_STATE_DTYPE)"},
+    {"--swa-full-tokens-ratio", F_STR, O_SWA_RATIO, 0, 0,
+     "R   sliding-window pool tokens ÷ whole-history pool tokens, (0, 1] (V4; default:\n"
+     "                                               each running request's window)"},
     {"--enable-hierarchical-cache", F_SWITCH, O_HICACHE, 0, 0, "    HiCache host tier (plan only)"},
     {"--hicache-ratio", F_STR, O_HICACHE_RATIO, 0, 0, "R   host/device token ratio (default 2; plan only)"},
     {"--enable-unified-cache-external-linker", F_SWITCH, O_UMBP, 0, 0, "    UMBP external KV store (plan only)"},
@@ -193,6 +196,17 @@ const char *ms_launch_help(void)
         off += (size_t)n;
     }
     return buf;
+}
+
+/* A number in (0, hi] into *r; -1 (r untouched) otherwise. */
+static int parse_ratio(const char *v, double hi, double *r)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || !v[0] || *end || !(x > 0.0 && x <= hi)) return -1;
+    *r = x;
+    return 0;
 }
 
 static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_errbuf *err)
@@ -234,17 +248,17 @@ static int set_string(ms_launch *l, int id, const char *flag, const char *v, ms_
         int b = parse_state_dtype(v);
         if (!b) return ms_err(err, MS_EINVAL, "%s '%s': expected fp32|float32|bf16|bfloat16", flag, v);
         l->compress_state_bytes = b;
+        l->compress_state_flag = true;
         return 1;
     }
-    case O_HICACHE_RATIO: {
-        char *end = NULL;
-        errno = 0;
-        double r = strtod(v, &end);
-        if (errno || !v[0] || *end || !(r > 0.0 && r <= 1000.0))
+    case O_SWA_RATIO:
+        if (parse_ratio(v, 1.0, &l->swa_full_tokens_ratio))
+            return ms_err(err, MS_EINVAL, "%s '%s': expected a number in (0, 1]", flag, v);
+        return 1;
+    case O_HICACHE_RATIO:
+        if (parse_ratio(v, 1000.0, &l->hicache_ratio))
             return ms_err(err, MS_EINVAL, "%s '%s': expected a number in (0, 1000]", flag, v);
-        l->hicache_ratio = r;
         return 1;
-    }
     case O_TOKEN_MAP:
         if (strlen(v) >= sizeof l->speculative_token_map)
             return ms_err(err, MS_EINVAL, "%s: path longer than %zu bytes", flag,

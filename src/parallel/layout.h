@@ -69,6 +69,9 @@ typedef struct ms_launch {
     bool page_size_set;              /* --page-size given (serve/generate default to 16) */
     int compress_state_bytes;        /* --compress-state-dtype / SGLANG_DSV4_COMPRESS_STATE_DTYPE:
                                       * 4 (fp32, default) or 2 (bf16) */
+    bool compress_state_flag;        /* --compress-state-dtype given (not only the variable) */
+    double swa_full_tokens_ratio;    /* --swa-full-tokens-ratio in (0, 1]: the window pool's
+                                      * tokens ÷ the whole-history pools' (0: unset) */
     bool enable_hierarchical_cache;  /* --enable-hierarchical-cache (HiCache) */
     double hicache_ratio;            /* --hicache-ratio (host/device tokens, default 2.0) */
     bool enable_umbp;                /* --enable-unified-cache-external-linker (UMBP) */

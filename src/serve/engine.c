@@ -55,6 +55,14 @@ int ms_engine_is_rank0(const ms_engine *e) { return e->rank == 0; }
 struct ms_expert_recorder *ms_engine_recorder(const ms_engine *e) { return e->rec; }
 int ms_engine_n_dp(const ms_engine *e) { return e->n_dp; }
 int64_t ms_engine_pool_tokens(const ms_engine *e) { return e->pool_tokens; }
+int ms_engine_kv_pools(const ms_engine *e, ms_kv_pool_info *out)
+{
+    return ms_kv_cache_pool_info(e->cache, out);
+}
+double ms_engine_kv_concurrency(const ms_engine *e, int64_t n_tokens)
+{
+    return ms_kv_cache_concurrency(e->cache, n_tokens);
+}
 int ms_engine_max_running_per_rank(const ms_engine *e) { return e->max_running_rank; }
 int64_t ms_engine_chunk_per_rank(const ms_engine *e) { return e->chunk_rank; }
 int64_t ms_engine_context_length(const ms_engine *e) { return e->ctx_len; }

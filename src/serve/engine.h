@@ -120,6 +120,10 @@ const ms_layout *ms_engine_layout(const ms_engine *e);
 int ms_engine_is_rank0(const ms_engine *e);
 int ms_engine_n_dp(const ms_engine *e);            /* DP ranks: replicas × attn_dp */
 int64_t ms_engine_pool_tokens(const ms_engine *e); /* KV pool tokens of each DP rank */
+/* Each pool of a DP rank (every DP rank has the same pools); returns how many. */
+int ms_engine_kv_pools(const ms_engine *e, ms_kv_pool_info *out);
+/* n_tokens-long requests one DP rank's pools hold at once (fractional). */
+double ms_engine_kv_concurrency(const ms_engine *e, int64_t n_tokens);
 int ms_engine_max_running_per_rank(const ms_engine *e);
 int64_t ms_engine_chunk_per_rank(const ms_engine *e);
 int64_t ms_engine_context_length(const ms_engine *e);

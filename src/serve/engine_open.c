@@ -42,6 +42,46 @@ void ms_engine_opts_init(ms_engine_opts *o)
     o->recorder_window = 1000; /* SGLang's default without EPLB */
 }
 
+/* The capacity lines of the start-up log: each pool per DP rank, the concurrency
+ * for context-length requests and what a max_position_embeddings-long request
+ * needs and whether this rank admits it. */
+static void log_capacity(const ms_engine *e, const ms_kv_spec *spec, int64_t max_pos)
+{
+    ms_kv_pool_info pi[MS_KV_MAX_STREAMS];
+    int n = ms_kv_cache_pool_info(e->cache, pi);
+    for (int i = 0; spec->n_streams > 1 && i < n; i++) /* V4: each pool */
+        MS_LOG(MS_INFO, "engine",
+               "KV pool '%s' per DP rank: %d pages of %lld tokens = %lld tokens of %s, %d layers, "
+               "%.0f B per entry per layer, %.1f MiB",
+               pi[i].name, pi[i].pages, (long long)pi[i].page_tokens, (long long)pi[i].tokens,
+               pi[i].window ? "windows (each sequence keeps its last window + slack)"
+                            : "whole history",
+               pi[i].n_layers, pi[i].entry_bytes, pi[i].bytes / (1 << 20));
+    int64_t L = e->ctx_len;
+    MS_LOG(MS_INFO, "engine",
+           "maximum concurrency for %lld-token requests: %.2fx per DP rank (%d DP ranks, "
+           "--max-running-requests %d per rank)",
+           (long long)L, ms_kv_cache_concurrency(e->cache, L), e->n_dp, e->max_running_rank);
+    if (max_pos <= 0) return;
+    double kv = ms_kv_spec_request_bytes(spec, 0, spec->n_layers, max_pos);
+    double st = ms_kv_spec_state_bytes(spec, 0, spec->n_layers);
+    double conc = ms_kv_cache_concurrency(e->cache, max_pos);
+    char why[160];
+    if (max_pos > e->ctx_len)
+        snprintf(why, sizeof why, "refused: the context length is %lld (--context-length)",
+                 (long long)e->ctx_len);
+    else if (conc < 1)
+        snprintf(why, sizeof why,
+                 "refused at admission: the pools hold %.2f of it (raise --max-total-tokens or "
+                 "--mem-fraction-static)", conc);
+    else
+        snprintf(why, sizeof why, "admitted, %.2fx at once", conc);
+    MS_LOG(MS_INFO, "engine",
+           "a %lld-token request (max_position_embeddings) holds %.3f GiB (%.0f B per token) of "
+           "KV cache + %.2f MiB of compressor state on each rank of its attention group: %s",
+           (long long)max_pos, kv / 1073741824.0, kv / (double)max_pos, st / 1048576.0, why);
+}
+
 static int size_pool(ms_engine *e, ms_errbuf *err)
 {
     const ms_model_shape *c = ms_model_shape_of(e->m);
@@ -55,19 +95,31 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
                   : e->o.exact                                        ? MS_DT_F32
                                                                       : MS_DT_BF16;
     ms_kv_spec spec;
-    ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .page_size = e->o.page_size,
-                          .attn_tp = e->lay.attn_tp,
+    ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt),
+                          .state_bytes = e->o.launch.compress_state_bytes,
+                          .page_size = e->o.page_size, .attn_tp = e->lay.attn_tp,
+                          .prefix_carry = 1,
                           .draft_tokens = ms_engine_spec_mtp(e) ? ms_engine_spec_steps(e) + 1 : 0};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
     if (rc) return rc;
-    (void)c;
     int64_t per_tok = ms_kv_spec_token_bytes(&spec);
+    double ratio = e->o.launch.swa_full_tokens_ratio;
+    if (ratio > 0 && ms_kv_spec_window_token_bytes(&spec) <= 0)
+        return ms_err(err, MS_EINVAL,
+                      "--swa-full-tokens-ratio: the model has no sliding-window KV pool");
+    /* the pools that do not grow with the tokens: state slots, and the windows sized by
+     * the running requests when no ratio is given */
+    int32_t pages[MS_KV_MAX_STREAMS];
+    ms_kv_cache_pages_for(&spec, e->o.page_size, 0, e->max_running_rank, e->chunk_rank, 0, pages);
+    double fixed = (double)e->max_running_rank * ms_kv_spec_state_bytes(&spec, 0, spec.n_layers) +
+                   (ratio > 0 ? 0 : ms_kv_cache_pages_bytes(&spec, e->o.page_size, pages, 1));
     int64_t weights = ms_model_local_weight_bytes(e->m), packed = (int64_t)e->prepacked_bytes;
     int64_t staging = (int64_t)ms_eplb_run_staging_bytes(e);
     ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
                           .mem_fraction_static = e->o.mem_fraction_static,
                           .avail_bytes = e->avail0, .weight_bytes = weights,
-                          .copy_bytes = packed + staging, .page_size = e->o.page_size};
+                          .copy_bytes = packed + staging, .fixed_bytes = (int64_t)fixed,
+                          .swa_ratio = ratio, .page_size = e->o.page_size};
     int64_t tokens;
     if ((rc = ms_kv_budget_tokens(&spec, &bi, &tokens, err))) return rc;
     /* every rank must agree (members mirror their leader's page ids): take the minimum */
@@ -80,28 +132,24 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
         free(all);
         if (rc) return rc;
     }
-    int32_t pages[MS_KV_MAX_STREAMS];
-    ms_kv_cache_pages_for(&spec, e->o.page_size, tokens, e->max_running_rank, e->chunk_rank, pages);
+    ms_kv_cache_pages_for(&spec, e->o.page_size, tokens, e->max_running_rank, e->chunk_rank,
+                          (int64_t)(ratio * (double)tokens), pages);
     if ((rc = ms_kv_cache_new(&e->cache, &spec, e->o.page_size, pages, dt, e->max_running_rank,
                               err)))
         return rc;
     e->pool_tokens = ms_kv_cache_tokens(e->cache);
+    if (e->rank != 0) return 0;
     MS_LOG(MS_INFO, "engine",
            "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
            "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN%s)",
            (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
            (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20), stag);
-    for (int st = 0; spec.n_streams > 1 && st < spec.n_streams; st++) { /* V4: each pool */
-        const ms_kv_stream *k = &spec.streams[st];
-        int64_t span = (int64_t)e->o.page_size * k->tokens_per_entry;
-        MS_LOG(MS_INFO, "engine",
-               "KV pool '%s': %d pages of %lld tokens (%s%lld), %d layers, %.0f B per entry "
-               "per layer",
-               k->name, ms_kv_cache_n_pages(e->cache, st), (long long)span,
-               k->window ? "window of " : "", (long long)(k->window ? k->window : span),
-               k->n_layers, k->entry_bytes);
-    }
+    if (ms_kv_spec_window_token_bytes(&spec) > 0)
+        MS_LOG(MS_INFO, "engine", "sliding-window pool: %s", ratio > 0
+               ? "--swa-full-tokens-ratio × the whole-history tokens (at least one request's window)"
+               : "each running request's window (no --swa-full-tokens-ratio)");
+    log_capacity(e, &spec, c->max_context);
     return 0;
 }
 

@@ -59,7 +59,6 @@ static const struct {
     {"--hicache-", NOT_BUILT, "the HiCache host tier"},
     {"--disaggregation-mode", NOT_BUILT, "prefill/decode disaggregation"}, /* "null": ok */
     {"--disaggregation-", NOT_BUILT, "prefill/decode disaggregation"},
-    {"--swa-full-tokens-ratio", NOT_BUILT, "a separate sliding-window KV pool"},
     {"--enable-eplb", OURS, NULL},
     {"--eplb-algorithm", OURS, NULL},
     {"--eplb-rebalance-num-iterations", OURS, NULL},
@@ -79,7 +78,6 @@ static const struct {
      "tokenizer workers (requests are tokenized on their connection threads)"},
     /* another model family (refused naming the model) */
     {"--enable-deepseek-v4-fp4-indexer", V4_ONLY, NULL},
-    {"--compress-state-dtype", V4_ONLY, NULL},
     /* multi-node: mpirun spans machines */
     {"--nnodes", MULTINODE, NULL},
     {"--node-rank", MULTINODE, NULL},
@@ -89,7 +87,7 @@ static const struct {
 
 /* SGLANG_* environment variables this engine reads. */
 static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
-                                 "SGLANG_SIMULATE_ACC_LEN"};
+                                 "SGLANG_SIMULATE_ACC_LEN", "SGLANG_DSV4_COMPRESS_STATE_DTYPE"};
 
 static int lookup(const char *name, size_t len)
 {
@@ -215,8 +213,13 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
     ms_model_shape shape; /* the family table's reading of config.json */
     ms_errbuf e;
     const char *model_type = "a model it cannot read";
-    if (s->n_family && model_path && !ms_family_load(model_path, 1, NULL, &shape, &e))
+    int v4_cache = 0; /* the model has V4's window pool and compressor state */
+    int fp8 = l && !strcasecmp(l->kv_cache_dtype, "fp8_e4m3");
+    if ((s->n_family || fp8 || (l && (l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4))) &&
+        model_path && !ms_family_load(model_path, 1, NULL, &shape, &e)) {
         model_type = shape.name;
+        v4_cache = shape.window > 0 && shape.n_ratios > 0;
+    }
     char f[256];
     for (int i = 0; i < s->n_refused; i++, bad++) {
         snprintf(f, sizeof f, "%s%s%s", s->refused[i], s->refused_val[i] ? " " : "",
@@ -237,11 +240,35 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
                     s->why[i]);
     }
     for (int i = 0; i < s->n_family; i++, bad++)
+        if (v4_cache)
+            fprintf(out, "%s: %s: not implemented (MXFP4 index keys are not built in moeserve)\n",
+                    cmd, s->family_flags[i]);
+        else
+            fprintf(out,
+                    "%s: %s%s%s: not implemented for this model: a DeepSeek-V4 flag, and %s is %s\n",
+                    cmd, s->family_flags[i], s->family_val[i] ? " " : "",
+                    s->family_val[i] ? s->family_val[i] : "",
+                    model_path ? model_path : "--model-path", model_type);
+    if (l && model_path && !v4_cache && l->swa_full_tokens_ratio > 0 && bad++ >= 0)
         fprintf(out,
-                "%s: %s%s%s: not implemented for this model: a DeepSeek-V4 flag, and %s is %s\n",
-                cmd, s->family_flags[i], s->family_val[i] ? " " : "",
-                s->family_val[i] ? s->family_val[i] : "", model_path ? model_path : "--model-path",
-                model_type);
+                "%s: --swa-full-tokens-ratio: not implemented for this model: %s (%s) has no "
+                "sliding-window "
+                "KV pool (a DeepSeek-V4 setting here)\n", cmd, model_path, model_type);
+    if (fp8 && v4_cache && bad++ >= 0)
+        fprintf(out,
+                "%s: --kv-cache-dtype fp8_e4m3: not implemented for DeepSeek-V4 (its packed "
+                "584-byte FP8 + BF16-rope entries are not built; V3's MLA cache takes it)\n",
+                cmd);
+    if (l && model_path && !v4_cache && l->compress_state_bytes != 4 && !l->compress_state_flag)
+        MS_LOG(MS_WARN, cmd,
+               "SGLANG_DSV4_COMPRESS_STATE_DTYPE: without effect on %s (%s): the model has no "
+               "compressor state", model_path, model_type);
+    if (l && model_path && !v4_cache && l->compress_state_flag && l->compress_state_bytes != 4 &&
+        bad++ >= 0)
+        fprintf(out,
+                "%s: --compress-state-dtype bf16: not implemented for this model: %s (%s) has "
+                "no compressor state (a DeepSeek-V4 setting)\n",
+                cmd, model_path, model_type);
     if (s->n_multinode) {
         int w = l ? l->tp * (l->enable_dp_attention ? 1 : l->dp) * l->pp : 0;
         int per = s->nnodes > 0 && w % s->nnodes == 0 ? w / s->nnodes : 0;
@@ -346,12 +373,13 @@ void ms_flag_kinds_print_help(FILE *f)
             "  --speculative-algorithm none|EAGLE|NEXTN|MTP|NGRAM and --disaggregation-mode null\n"
             "  are accepted; --kv-cache-dtype takes auto, the activation dtype (bf16; fp32 with\n"
             "  --dtype float32) or fp8_e4m3 (refused: fp16, fp8_e5m2).\n"
-            "DeepSeek-V4 only (refused on other models): --enable-deepseek-v4-fp4-indexer,\n"
-            "  --compress-state-dtype\n"
+            "DeepSeek-V4 only (refused on other models): --swa-full-tokens-ratio,\n"
+            "  --compress-state-dtype (env SGLANG_DSV4_COMPRESS_STATE_DTYPE); refused everywhere:\n"
+            "  --enable-deepseek-v4-fp4-indexer (MXFP4 index keys not built)\n"
             "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
             "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
             "  --enable-dp-attention)\n"
             "SGLANG_* environment variables read: SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK,\n"
-            "  SGLANG_SIMULATE_ACC_LEN (benchmarks only);\n"
+            "  SGLANG_DSV4_COMPRESS_STATE_DTYPE, SGLANG_SIMULATE_ACC_LEN (benchmarks only);\n"
             "  any other one set is named in a start-up warning as ignored.\n");
 }

@@ -441,6 +441,30 @@ static json_t *server_info(ms_frontend *fe)
         json_object_set_new(o, "max_total_num_tokens",
                             json_integer((json_int_t)(in->n_dp > 0 ? in->max_total_num_tokens[0] : 0)));
         json_object_set_new(o, "internal_states", load_json(fe));
+        json_t *pools = json_array(); /* every DP rank holds these pools (kv_pool_replicated:
+                                       * the attention-TP members hold the same tokens) */
+        for (int i = 0; i < in->n_kv_pools; i++) {
+            const ms_kv_pool_info *p = &in->kv_pools[i];
+            json_array_append_new(
+                pools, json_pack("{s:s,s:i,s:I,s:I,s:I,s:i,s:f,s:f}", "name", p->name, "pages",
+                                 p->pages, "page_tokens", (json_int_t)p->page_tokens, "tokens",
+                                 (json_int_t)p->tokens, "window", (json_int_t)p->window,
+                                 "num_layers", p->n_layers, "entry_bytes", p->entry_bytes,
+                                 "bytes", p->bytes));
+        }
+        json_object_set_new(o, "kv_pools_per_dp_rank", pools);
+        json_object_set_new(o, "num_dp_ranks", json_integer(in->n_dp));
+        json_object_set_new(o, "swa_full_tokens_ratio", in->swa_full_tokens_ratio > 0
+                                                            ? json_real(in->swa_full_tokens_ratio)
+                                                            : json_null());
+        json_object_set_new(o, "max_position_embeddings",
+                            json_integer((json_int_t)in->max_position_embeddings));
+        json_object_set_new(
+            o, "max_concurrency_per_dp_rank",
+            json_pack("{s:I,s:f,s:I,s:f}", "context_length", (json_int_t)in->context_len,
+                      "requests", in->max_concurrency_ctx, "max_position_embeddings",
+                      (json_int_t)in->max_position_embeddings, "requests_at_max_position",
+                      in->max_concurrency_max_pos));
         json_object_set_new(o, "ep_num_redundant_experts", json_integer(in->n_redundant_experts));
         json_object_set_new(o, "num_physical_experts", json_integer(in->n_physical_experts));
         json_object_set_new(o, "enable_eplb", json_boolean(in->enable_eplb));

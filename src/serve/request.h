@@ -30,6 +30,7 @@
 #define MS_SERVE_REQUEST_H
 
 #include "base/error.h"
+#include "cache/kv_cache.h"
 #include "serve/wire.h"
 
 #include <stddef.h>
@@ -152,6 +153,11 @@ typedef struct ms_engine_info {
     int kv_pool_replicated; /* 1 under attention TP (every member holds the same tokens) */
     int32_t n_dp;           /* entries below (= attn_dp_size, or dp replicas) */
     int64_t max_total_num_tokens[MS_SERVE_MAX_DP]; /* KV capacity per DP rank */
+    int n_kv_pools;                                 /* the pools of one DP rank (all alike) */
+    ms_kv_pool_info kv_pools[MS_KV_MAX_STREAMS];
+    double swa_full_tokens_ratio;                   /* 0: windows sized by running requests */
+    int64_t max_position_embeddings;
+    double max_concurrency_ctx, max_concurrency_max_pos; /* requests of context_len / max_pos */
     int32_t max_running_requests, max_running_requests_per_rank;
     int32_t chunked_prefill_size, chunked_prefill_size_per_rank;
     int32_t max_prefill_tokens;

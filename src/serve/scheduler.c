@@ -265,15 +265,24 @@ int ms_sched_abort(ms_sched *s, uint64_t id)
     return MS_ENOENT;
 }
 
-/* Reserves r's pages for tokens [0, upto) in every stream, evicting cached
- * prefixes (least recently used first) while a stream is short. */
-static int take_pages(ms_sched *s, struct req *r, int64_t upto)
+/* Reserves r's pages for tokens [0, upto) in every stream (windowed streams
+ * only to win_upto), evicting cached prefixes (least recently used first)
+ * while a stream is short. */
+static int take_pages_upto(ms_sched *s, struct req *r, int64_t upto, int64_t win_upto)
 {
     int rc;
-    while ((rc = ms_kv_cache_reserve(s->cache, &r->kv, upto)) == MS_EFULL)
+    while ((rc = ms_kv_cache_reserve_prompt(s->cache, &r->kv, upto, win_upto)) == MS_EFULL)
         if (ms_radix_evict(s->radix, 1) == 0) break;
     return rc;
 }
+
+static int take_pages(ms_sched *s, struct req *r, int64_t upto)
+{
+    return take_pages_upto(s, r, upto, upto);
+}
+
+static int64_t prompt_chunk(const ms_sched *s, int64_t left, int64_t budget);
+
 
 /* Moves a running request back to the front of the waiting queue. */
 static void retract(ms_sched *s, struct req *r)
@@ -330,7 +339,7 @@ static int64_t running_reserve(const ms_sched *s)
     return (int64_t)t;
 }
 
-static int admit(ms_sched *s, struct req *r)
+static int admit(ms_sched *s, struct req *r, int64_t budget)
 {
     int ps = s->p.page_size;
     /* admission control: the prompt plus its expected decode must fit beside what
@@ -349,7 +358,10 @@ static int admit(ms_sched *s, struct req *r)
         return MS_ENOMEM;
     ms_radix_lock(s->radix, node);
     int rc = matched > 0 ? ms_kv_cache_share(s->cache, &r->kv, &s->match, matched) : 0;
-    if (!rc) rc = take_pages(s, r, r->n_ids);
+    /* the prompt's whole history now; the windows for its first chunk (later chunks
+     * grow them after the previous chunk's slide) */
+    if (!rc)
+        rc = take_pages_upto(s, r, r->n_ids, matched + prompt_chunk(s, r->n_ids - matched, budget));
     if (rc) {
         ms_kv_cache_release(s->cache, &r->kv);
         ms_radix_unlock(s->radix, node);
@@ -448,7 +460,7 @@ int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
     while (s->waiting && s->n_running < s->p.max_running && budget > 0 &&
            s->n_batch < s->cap_batch) {
         struct req *r = pick_waiting(s);
-        if (admit(s, r) != 0) break;
+        if (admit(s, r, budget) != 0) break;
         unlink_from(&s->waiting, r);
         s->n_waiting--;
         r->state = ST_RUNNING;

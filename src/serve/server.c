@@ -276,6 +276,11 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     info->kv_pool_replicated = lay->attn_tp > 1;
     info->n_dp = MS_MIN(ms_engine_n_dp(e), MS_SERVE_MAX_DP);
     for (int i = 0; i < info->n_dp; i++) info->max_total_num_tokens[i] = ms_engine_pool_tokens(e);
+    info->n_kv_pools = ms_engine_kv_pools(e, info->kv_pools);
+    info->swa_full_tokens_ratio = o->eo.launch.swa_full_tokens_ratio;
+    info->max_position_embeddings = ms_model_shape_of(m)->max_context;
+    info->max_concurrency_ctx = ms_engine_kv_concurrency(e, info->context_len);
+    info->max_concurrency_max_pos = ms_engine_kv_concurrency(e, info->max_position_embeddings);
     info->max_running_requests_per_rank = ms_engine_max_running_per_rank(e);
     info->max_running_requests = info->max_running_requests_per_rank * ms_engine_n_dp(e);
     info->chunked_prefill_size_per_rank = (int32_t)ms_engine_chunk_per_rank(e);
