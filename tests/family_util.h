@@ -11,19 +11,21 @@
 #include <math.h>
 #include <stdio.h>
 
-/* pages_per_stream pages of page_size in every stream of m's spec, n_state
+/* pages_per_stream pages of page_size in every stream of m's spec built with
+ * o (its page_size and attn_tp set here) and values in dt, n_state
  * sequence-state slots, and q0, q1 each holding reserve tokens; NULL on failure. */
-static ms_kv_cache *fam_cache_new(ms_model *m, int page_size, int32_t pages_per_stream,
-                                  int n_state, int64_t reserve, ms_kv_seq *q0, ms_kv_seq *q1)
+static ms_kv_cache *fam_cache_new_opts(ms_model *m, ms_kv_spec_opts o, ms_dtype dt, int page_size,
+                                       int32_t pages_per_stream, int n_state, int64_t reserve,
+                                       ms_kv_seq *q0, ms_kv_seq *q1)
 {
     static ms_kv_spec spec;
     ms_errbuf err;
-    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = page_size, .attn_tp = 1};
+    o.page_size = page_size, o.attn_tp = 1;
     ms_kv_cache *c = NULL;
     int32_t pages[MS_KV_MAX_STREAMS];
     for (int s = 0; s < MS_KV_MAX_STREAMS; s++) pages[s] = pages_per_stream;
     if (ms_model_kv_spec(m, &o, &spec, &err) ||
-        ms_kv_cache_new(&c, &spec, page_size, pages, MS_DT_F32, n_state, &err)) {
+        ms_kv_cache_new(&c, &spec, page_size, pages, dt, n_state, &err)) {
         fprintf(stderr, "cache: %s\n", err.msg);
         return NULL;
     }
@@ -33,6 +35,15 @@ static ms_kv_cache *fam_cache_new(ms_model *m, int page_size, int32_t pages_per_
         return NULL;
     }
     return c;
+}
+
+/* The same with F32 values (the --dtype float32 cache). */
+static ms_kv_cache *fam_cache_new(ms_model *m, int page_size, int32_t pages_per_stream,
+                                  int n_state, int64_t reserve, ms_kv_seq *q0, ms_kv_seq *q1)
+{
+    ms_kv_spec_opts o = {.elem_bytes = 4};
+    return fam_cache_new_opts(m, o, MS_DT_F32, page_size, pages_per_stream, n_state, reserve, q0,
+                              q1);
 }
 
 static void free_cache(ms_kv_cache *c, ms_kv_seq *q0, ms_kv_seq *q1)

@@ -59,6 +59,13 @@ check attention_ai 'round(d["attention_ai"]["flop_per_byte_tp1"]) == 224 and rou
     --model deepseek-v4-flash --gpu b200 --tp 8
 check flash_payload 'round(d["kv_bytes_per_request"]/2**30, 2) == 3.43 and round(d["kv_bytes_per_token"]) == 3517 and round(d["tokens_per_rank_exact"]/1e6, 2) == 9.77' -- \
     --model deepseek-v4-flash --tp 1 --kv-pool-gib 32 --context-len 1048576
+# the V4 cache formats follow the same kv_spec: --kv-cache-dtype bf16 gives 1024-byte entries
+# and 256-byte keys (21 x 1280/4 + 20 x 1024/128 + the rings), the FP4 indexer 68-byte keys
+check flash_bf16 'round(d["kv_bytes_per_token"]) == 6885' -- \
+    --model deepseek-v4-flash --tp 1 --kv-pool-gib 32 --context-len 1048576 --kv-cache-dtype bf16
+check flash_bf16_fp4_indexer 'round(d["kv_bytes_per_token"]) == 5898' -- \
+    --model deepseek-v4-flash --tp 1 --kv-pool-gib 32 --context-len 1048576 --kv-cache-dtype bf16 \
+    --enable-deepseek-v4-fp4-indexer
 check pro_4_b200 'd["fits"] is False and d["tokens_per_rank"] == 0 and d["weights_bytes_total"] > 768e9 and d["recipe_min_weight_bytes"] == 960e9 and any(v["rule"] == "weights_fit" for v in d["violations"])' -- \
     --model deepseek-v4-pro --gpu b200 --num-gpus 4 --tp 4
 # seed 002: Qwen3-235B fp8 on 8 H100

@@ -197,8 +197,13 @@ TEST(seed000_v4_payload_and_table)
     }
     /* 21 CSA layers × (584+68)/4 + 20 HCA × 584/128 + 43 × 128 × 584 per request */
     CHECK(setup("deepseek-v4-flash", NULL, "--tp 1") == 0);
-    double b = ms_plan_kv_request_bytes(&in.model, 0, 1, 0, 43, 1048576);
+    double b = ms_plan_kv_request_bytes(&in.model, 0, MS_KV_INDEX_DEPLOYED, 1, 0, 43, 1048576);
     CHECK(b == 21.0 * 262144 * 652 + 20.0 * 8192 * 584 + 43.0 * 128 * 584);
+    /* --kv-cache-dtype bf16: 1024-byte entries and 256-byte keys; MXFP4 keys with the flag */
+    double bb = ms_plan_kv_request_bytes(&in.model, 2, MS_KV_INDEX_DEPLOYED, 1, 0, 43, 1048576);
+    CHECK(bb == 21.0 * 262144 * (1024 + 256) + 20.0 * 8192 * 1024 + 43.0 * 128 * 1024);
+    double bf = ms_plan_kv_request_bytes(&in.model, 2, MS_KV_INDEX_MXFP4, 1, 0, 43, 1048576);
+    CHECK(bf == 21.0 * 262144 * (1024 + 68) + 20.0 * 8192 * 1024 + 43.0 * 128 * 1024);
     /* compressor state (excluded from the payload): fp32 default, bf16 halves it */
     double s32 = ms_plan_state_request_bytes(&in.model, 4, 0, 43);
     CHECK(s32 == 4.0 * (21 * (2 * 8 * 1024 + 2 * 8 * 256) + 20 * (2 * 128 * 512)));

@@ -107,7 +107,9 @@ int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
         for (int l = 0; l < spec->n_layers; l++)
             c->layer_slot[s][l] = ms_kv_stream_covers(st, l) ? (int16_t)n++ : -1;
         if (n == 0) continue;
-        ms_dtype sdt = st->dtype == MS_DT_U8 ? MS_DT_U8 : dt;
+        /* packed streams keep their bytes; under an FP8 cache each stream keeps the
+         * dtype its spec gives (V3's latent e4m3, V4's plain index keys BF16/F32) */
+        ms_dtype sdt = st->dtype == MS_DT_U8 || dt == MS_DT_F8E4M3 ? st->dtype : dt;
         if ((rc = ms_kv_pool_new(&c->pools[s], n, st->entry_elems, page_entries(st, page_size),
                                  pages[s], sdt, err)))
             goto fail;

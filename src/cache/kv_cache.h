@@ -76,7 +76,8 @@ int ms_kv_cache_pool_info(const ms_kv_cache *c, ms_kv_pool_info *out);
 double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens);
 
 /* Builds the pools: pages[s] pages of stream s, values in dt (streams whose
- * values are a packed format, MS_DT_U8, keep their bytes); n_state_slots
+ * values are a packed format, MS_DT_U8, keep their bytes; with dt F8E4M3,
+ * --kv-cache-dtype fp8_e4m3, every stream keeps its spec's dtype); n_state_slots
  * sequence-state slots of the spec's state bytes (0: none). */
 int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
                     const int32_t *pages, ms_dtype dt, int n_state_slots, ms_errbuf *err);

@@ -47,12 +47,24 @@ typedef struct ms_kv_spec {
     bool state_snapshots;
 } ms_kv_spec;
 
+/* V4's index keys (ms_kv_spec_opts.index_key). */
+enum {
+    MS_KV_INDEX_DEPLOYED = 0, /* the planner's default: MXFP4 when the main entries are
+                               * packed (elem_bytes 0 or 1), else plain values */
+    MS_KV_INDEX_PLAIN,        /* plain values: elem_bytes', or act_bytes' when elem_bytes is 1 */
+    MS_KV_INDEX_MXFP4,        /* --enable-deepseek-v4-fp4-indexer: e2m1 + UE8M0 per 32 */
+};
+
 /* What the cache's owner chooses: the dtype of plainly stored values
  * (elem_bytes: 0 = the model's own, BF16, 2 bytes), the state dtype's bytes,
  * the page size in tokens, the attention-TP width (GQA shards its KV heads)
  * and the most draft tokens a verify may write (window slack). */
 typedef struct ms_kv_spec_opts {
-    int elem_bytes;         /* 0: 2 (BF16); 4 (F32), 1 (FP8) */
+    int elem_bytes;         /* 0: 2 (BF16); 4 (F32), 1 (FP8: V3's e4m3 rows, V4's
+                             * packed 584-byte entries) */
+    int act_bytes;          /* the activations' bytes (2 BF16, 4 F32; 0: 2): values that
+                             * stay plain under an FP8 cache (V4's plain index keys) */
+    int index_key;          /* MS_KV_INDEX_*: V4's index-key format */
     int state_bytes;        /* bytes per state value; 0: 4 (F32) */
     int page_size;
     int attn_tp;

@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/util.h"
+#include "kernels/kvq.h"
 #include "model/config_json.h"
 #include "model/planner_families.h"
 #include "model/safetensors.h"
@@ -20,11 +21,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* V4 deployed entry formats (the planner's default): a 584-byte main entry
- * (448 FP8 + 64 BF16 rope + 7 UE8M0 + 1 pad) and a 68-byte MXFP4 index key
- * (64 B + 4 UE8M0). */
-#define V4_MAIN_ENTRY 584.0
-#define V4_INDEX_KEY 68.0
+/* V4 deployed entry formats (kernels/kvq.h; the planner's default): the FP8
+ * ds main entry (V4-Flash: 448 FP8 + 64 BF16 rope + 7 UE8M0 + 1 pad = 584
+ * bytes) and the MXFP4 index key (128 values: 64 B + 4 UE8M0 = 68 bytes). */
 
 /* ---- config ---- */
 
@@ -67,6 +66,7 @@ static int v4_parse(const json_t *root, ms_model_shape *m, ms_errbuf *err)
     int64_t v;
     m->attn = MS_ATTN_V4;
     m->n_kv_heads = 0; /* one shared KV */
+    if (!json_object_get(root, "qk_rope_head_dim")) m->qk_rope = 64; /* ms_v4_cfg_parse's default */
 #define GET(key, lo, hi, def, dst)                                                                 \
     do {                                                                                           \
         if ((rc = ms_jget_int(&g, key, def, lo, hi, &v))) return rc;                               \
@@ -185,29 +185,42 @@ int64_t ms_v4_carry_values(int hd, int ihd)
 
 /* Every layer a window of main entries (plus the verify's draft slack); CSA
  * layers (ratio 4) one main entry and one index key per 4 tokens; HCA layers
- * (ratio 128) one main entry per 128 tokens.  elem_bytes 0 or 1 (the
- * planner's default, FP8): the deployed packed entries; 2 or 4: plain BF16 or
- * F32 values, which the forward reads.  State: each compressed layer's
- * kv_state + score_state, each [c'·m][c'·d] (c' = 2 for ratio 4), and the
- * CSA indexer's own pair (arch.md §2.7), of state_bytes each (0: F32). */
+ * (ratio 128) one main entry per 128 tokens.  Main entries: elem_bytes 0 or
+ * 1 (the planner's default; --kv-cache-dtype fp8_e4m3) the packed FP8 ds
+ * entry, 2 or 4 plain BF16 or F32 values.  Index keys (o->index_key): MXFP4,
+ * or plain values (elem_bytes', the activations' under an FP8 cache); the
+ * planner's default MXFP4 with packed main entries.  The forward tells the
+ * formats apart by the streams' dtype (MS_DT_U8: packed).  State: each
+ * compressed layer's kv_state + score_state, each [c'·m][c'·d] (c' = 2 for
+ * ratio 4), and the CSA indexer's own pair (arch.md §2.7), of state_bytes
+ * each (0: F32). */
 static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_spec *out,
                       ms_errbuf *err)
 {
     ms_kv_spec_init(out, s->n_layers);
-    int b = o->elem_bytes;
-    double main = V4_MAIN_ENTRY, key = V4_INDEX_KEY;
-    int64_t main_n = (int64_t)V4_MAIN_ENTRY, key_n = (int64_t)V4_INDEX_KEY;
-    ms_dtype dt = MS_DT_U8;
-    if (b == 2 || b == 4) {
-        dt = b == 4 ? MS_DT_F32 : MS_DT_BF16;
-        main_n = s->head_dim, key_n = s->index_head_dim;
-        main = (double)main_n * b, key = (double)key_n * b;
+    int b = o->elem_bytes, packed = b == 0 || b == 1;
+    int ab = o->act_bytes == 4 ? 4 : 2, kb = b == 2 || b == 4 ? b : ab;
+    int fp4 = o->index_key == MS_KV_INDEX_MXFP4 || (o->index_key == MS_KV_INDEX_DEPLOYED && packed);
+    int64_t main_n = s->head_dim, key_n = s->index_head_dim;
+    double main = (double)main_n * b, key = (double)key_n * kb;
+    ms_dtype dt = b == 4 ? MS_DT_F32 : MS_DT_BF16, kdt = kb == 4 ? MS_DT_F32 : MS_DT_BF16;
+    if (packed) {
+        main_n = ms_kvq_fp8ds_bytes(s->head_dim, s->qk_rope);
+        main = (double)main_n, dt = MS_DT_U8;
+    }
+    if (fp4 && (s->index_head_dim & (s->index_head_dim - 1)))
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "MXFP4 index keys: index_head_dim %d is not a power of two (the Hadamard "
+                      "rotation)", s->index_head_dim);
+    if (fp4) {
+        key_n = ms_kvq_mxfp4_bytes(s->index_head_dim);
+        key = (double)key_n, kdt = MS_DT_U8;
     }
     ms_kv_stream *win = ms_kv_spec_add(out, "window", main, main_n, dt, 1, s->window,
                                        o->draft_tokens);
     ms_kv_stream *c4 = ms_kv_spec_add(out, "c4", main, main_n, dt, 4, 0, 0);
     ms_kv_stream *c128 = ms_kv_spec_add(out, "c128", main, main_n, dt, 128, 0, 0);
-    ms_kv_stream *idx = ms_kv_spec_add(out, "index", key, key_n, dt, 4, 0, 0);
+    ms_kv_stream *idx = ms_kv_spec_add(out, "index", key, key_n, kdt, 4, 0, 0);
     if (!win || !c4 || !c128 || !idx) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
     double sb = o->state_bytes > 0 ? o->state_bytes : 4;
     /* the carry a prefix hit needs at a share unit (page_size × 128 tokens, where the

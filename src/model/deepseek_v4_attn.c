@@ -9,9 +9,12 @@
  * attention with the learned sink over the window + compressed candidates;
  * inverse RoPE on the output; the grouped low-rank output projection.
  *
- * The indexer's Hadamard rotation of q and k is left out: it is orthogonal
- * and applied to both, so their products are unchanged (it matters only for
- * the FP4 quantisation simulation, which --dtype float32 does not run).
+ * The indexer's Hadamard rotation of q and k is left out with plain index
+ * keys: it is orthogonal and applied to both, so their products are
+ * unchanged.  With MXFP4 keys (--enable-deepseek-v4-fp4-indexer) keys and
+ * queries are rotated, then quantised (keys at write, queries per step), as
+ * SGLang's FP4 indexer does; --kv-cache-dtype fp8_e4m3 stores the main
+ * entries as FP8 ds entries (kernels/kvq.h).  Both dequantise when loaded.
  * Cache streams (deepseek_v4.h V4_S_*): window entries per token, c4 / c128
  * entries at the window's first position, index keys per 4 tokens.  Every
  * attention-TP member computes the shared KV, the compressors and the whole
@@ -30,6 +33,7 @@
  * against (ms_v4.attn_ref).  Main thread only (it drives the pool).
  */
 #include "base/util.h"
+#include "kernels/kvq.h"
 #include "model/deepseek_v4.h"
 #include "parallel/comm.h"
 
@@ -37,30 +41,52 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static int store_entry(const ms_kv_view *v, int stream, int layer, int64_t pos, const float *src,
-                       int64_t n)
+/* One cache entry of n values from src (store) or into dst (load), in its
+ * stream's format: F32 or BF16 values, or packed (MS_DT_U8, kernels/kvq.h):
+ * the index stream's MXFP4 keys — rotated by the normalised Hadamard matrix
+ * before they are quantised, as SGLang's FP4 indexer does, so a load returns
+ * the rotated key (index_rotate_q rotates the queries to match: the products
+ * keep their value) — and the main streams' FP8 ds entries (e4m3 nope dims
+ * with UE8M0 scales per 64, BF16 rope dims).  Quantised at write,
+ * dequantised at read into float rows the attention then uses. */
+static int store_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer,
+                       int64_t pos, const float *src, int64_t n)
 {
     void *dst = ms_kv_view_entry(v, stream, layer, pos);
     if (!dst) return MS_EINTERNAL;
-    if (ms_kv_view_dtype(v, stream) == MS_DT_F32) {
+    ms_dtype dt = ms_kv_view_dtype(v, stream);
+    if (dt == MS_DT_F32) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
-    } else {
+    } else if (dt == MS_DT_BF16) {
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = ms_f32_to_bf16(src[i]);
+    } else if (stream == V4_S_INDEX) {
+        float r[4096];
+        if (n > 4096) return MS_EINTERNAL;
+        memcpy(r, src, sizeof(float) * (size_t)n);
+        ms_kvq_hadamard(r, n);
+        ms_kvq_mxfp4_pack(r, n, dst);
+    } else {
+        ms_kvq_fp8ds_pack(src, n, m->v4->c.dr, dst);
     }
     return 0;
 }
 
-static int load_entry(const ms_kv_view *v, int stream, int layer, int64_t pos, float *dst,
-                      int64_t n)
+static int load_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer,
+                      int64_t pos, float *dst, int64_t n)
 {
     const void *src = ms_kv_view_entry(v, stream, layer, pos);
     if (!src) return MS_EINTERNAL;
-    if (ms_kv_view_dtype(v, stream) == MS_DT_F32) {
+    ms_dtype dt = ms_kv_view_dtype(v, stream);
+    if (dt == MS_DT_F32) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
-    } else {
+    } else if (dt == MS_DT_BF16) {
         const uint16_t *h = src;
         for (int64_t i = 0; i < n; i++) dst[i] = ms_bf16_to_f32(h[i]);
+    } else if (stream == V4_S_INDEX) {
+        ms_kvq_mxfp4_unpack(src, n, dst);
+    } else {
+        ms_kvq_fp8ds_unpack(src, n, m->v4->c.dr, dst);
     }
     return 0;
 }
@@ -214,7 +240,7 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
             int64_t p0 = pos + 1 - cp->ratio;
             ms_rmsnorm(out, out, cp->norm, 1, cp->d, cp->d, c->eps);
             ms_rope_interleaved(out + cp->d - c->dr, 1, cp->d, c->dr, m->v4->inv_freq_comp, p0);
-            if (store_entry(&v, stream, l, p0, out, cp->d))
+            if (store_entry(m, &v, stream, l, p0, out, cp->d))
                 return ms_err(err, MS_EINTERNAL, "layer %d: no cache entry for position %lld", l,
                               (long long)p0);
         }
@@ -234,7 +260,7 @@ static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, 
     int64_t n = (pos + 1) / 4, nI = c->n_idx_heads, ihd = c->idx_hd;
     if (n == 0) return 0;
     for (int64_t j = 0; j < n; j++)
-        if ((*rc = load_entry(v, V4_S_INDEX, l, j * 4, w->ik + j * ihd, ihd))) return 0;
+        if ((*rc = load_entry(m, v, V4_S_INDEX, l, j * 4, w->ik + j * ihd, ihd))) return 0;
     const float *iq = w->iq + t * nI * ihd;
     for (int64_t h = 0; h < nI; h++)
         for (int64_t j = 0; j < n; j++)
@@ -291,14 +317,14 @@ static int attend_rows_ref(ms_model *m, const ms_kv_cache *cache, const ms_batch
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
             int64_t pos = seqs[i].start_pos + j, n = 0;
             for (int64_t p = MS_MAX(0, pos - W + 1); p <= pos && !rc; p++)
-                rc = load_entry(&v, V4_S_WINDOW, l, p, w->cand + n++ * hd, hd);
+                rc = load_entry(m, &v, V4_S_WINDOW, l, p, w->cand + n++ * hd, hd);
             if (ratio == 128)
                 for (int64_t e = 0; e < (pos + 1) / 128 && !rc; e++)
-                    rc = load_entry(&v, V4_S_C128, l, e * 128, w->cand + n++ * hd, hd);
+                    rc = load_entry(m, &v, V4_S_C128, l, e * 128, w->cand + n++ * hd, hd);
             if (ratio == 4 && !rc) {
                 int64_t ns = index_select(m, &v, l, t, pos, &rc);
                 for (int64_t e = 0; e < ns && !rc; e++)
-                    rc = load_entry(&v, V4_S_C4, l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
+                    rc = load_entry(m, &v, V4_S_C4, l, (int64_t)w->sel[e] * 4, w->cand + n++ * hd,
                                     hd);
             }
             if (rc) return rc;
@@ -349,14 +375,14 @@ static void load_fn(void *arg, int tid, int nt)
     for (int64_t i = b; i < MS_MIN(b + 64, total); i++) {
         int rc;
         if (i < J->n_win)
-            rc = load_entry(&J->v, V4_S_WINDOW, J->l, J->wp0 + i, w->win + i * hd, hd);
+            rc = load_entry(J->m, &J->v, V4_S_WINDOW, J->l, J->wp0 + i, w->win + i * hd, hd);
         else if (i < J->n_win + n_c)
-            rc = J->n128 ? load_entry(&J->v, V4_S_C128, J->l, (i - J->n_win) * 128,
+            rc = J->n128 ? load_entry(J->m, &J->v, V4_S_C128, J->l, (i - J->n_win) * 128,
                                       w->cbuf + (i - J->n_win) * hd, hd)
-                         : load_entry(&J->v, V4_S_C4, J->l, (i - J->n_win) * 4,
+                         : load_entry(J->m, &J->v, V4_S_C4, J->l, (i - J->n_win) * 4,
                                       w->cbuf + (i - J->n_win) * hd, hd);
         else
-            rc = load_entry(&J->v, V4_S_INDEX, J->l, (i - J->n_win - n_c) * 4,
+            rc = load_entry(J->m, &J->v, V4_S_INDEX, J->l, (i - J->n_win - n_c) * 4,
                             w->ik + (i - J->n_win - n_c) * ihd, ihd);
         if (rc) {
             atomic_store(&J->rc, rc);
@@ -478,7 +504,7 @@ static int decode_row(struct seq_job *J)
         int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
         ms_topk(w->isc, nk, k, w->sel);
         for (int e = 0; e < k; e++) {
-            int rc = load_entry(&J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd,
+            int rc = load_entry(m, &J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd,
                                 hd);
             if (rc) return rc;
             cand[n++] = w->cand + e * hd;
@@ -557,7 +583,7 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
             int64_t pos = seqs[i].start_pos + j;
             ms_rope_interleaved(w->q + t * H * hd + hd - dr, H, hd, dr, inv, pos);
             ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
-            if (store_entry(&v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
+            if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
                 return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
                               l, (long long)pos);
         }
@@ -580,6 +606,12 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
             for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++)
                 ms_rope_interleaved(w->iq + t * nI * ihd + ihd - dr, nI, ihd, dr, inv,
                                     seqs[i].start_pos + j);
+        ms_kv_view v0 = {cache, seqs[0].kv};
+        if (ms_kv_view_dtype(&v0, V4_S_INDEX) == MS_DT_U8) /* MXFP4 keys: rotate and */
+            for (int64_t r = 0; r < T * nI; r++) {          /* quantise the queries too */
+                ms_kvq_hadamard(w->iq + r * ihd, ihd);
+                ms_kvq_mxfp4_round(w->iq + r * ihd, ihd);
+            }
     }
     rc = m->v4->attn_ref ? attend_rows_ref(m, cache, seqs, n_seqs, l)
                          : attend_all(m, cache, seqs, n_seqs, l);

@@ -105,7 +105,7 @@ enum {
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
     O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_EPLB, O_EPLB_ITERS, O_EPLB_CHUNK, O_EPLB_THRESH,
-    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP, O_SWA_RATIO
+    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP, O_SWA_RATIO, O_FP4_INDEXER
 };
 static const struct {
     const char *name;
@@ -164,6 +164,8 @@ static const struct {
     {"--swa-full-tokens-ratio", F_STR, O_SWA_RATIO, 0, 0,
      "R   sliding-window pool tokens ÷ whole-history pool tokens, (0, 1] (V4; default:\n"
      "                                               each running request's window)"},
+    {"--enable-deepseek-v4-fp4-indexer", F_SWITCH, O_FP4_INDEXER, 0, 0,
+     "    V4 index keys (and the indexer's queries) as MXFP4, 68 bytes per key of 128"},
     {"--enable-hierarchical-cache", F_SWITCH, O_HICACHE, 0, 0, "    HiCache host tier (plan only)"},
     {"--hicache-ratio", F_STR, O_HICACHE_RATIO, 0, 0, "R   host/device token ratio (default 2; plan only)"},
     {"--enable-unified-cache-external-linker", F_SWITCH, O_UMBP, 0, 0, "    UMBP external KV store (plan only)"},
@@ -333,6 +335,7 @@ static void set_switch(ms_launch *l, int id)
     case O_UMBP: l->enable_umbp = true; break;
     case O_W4A4: l->megamoe_w4a4 = true; break;
     case O_EPLB: l->enable_eplb = true; break;
+    case O_FP4_INDEXER: l->v4_fp4_indexer = true; break;
     }
 }
 

@@ -72,6 +72,7 @@ typedef struct ms_launch {
     bool compress_state_flag;        /* --compress-state-dtype given (not only the variable) */
     double swa_full_tokens_ratio;    /* --swa-full-tokens-ratio in (0, 1]: the window pool's
                                       * tokens ÷ the whole-history pools' (0: unset) */
+    bool v4_fp4_indexer;             /* --enable-deepseek-v4-fp4-indexer: MXFP4 index keys */
     bool enable_hierarchical_cache;  /* --enable-hierarchical-cache (HiCache) */
     double hicache_ratio;            /* --hicache-ratio (host/device tokens, default 2.0) */
     bool enable_umbp;                /* --enable-unified-cache-external-linker (UMBP) */

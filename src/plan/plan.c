@@ -143,7 +143,9 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
     for (int s = 0; s < pp; s++) {
         int a, b;
         ms_plan_stage_layers(m->n_layers, pp, s, &a, &b);
-        double req = ms_plan_kv_request_bytes(m, kvb, lay->attn_tp, a, b, L);
+        double req = ms_plan_kv_request_bytes(
+            m, kvb, in->launch.v4_fp4_indexer ? MS_KV_INDEX_MXFP4 : MS_KV_INDEX_DEPLOYED,
+            lay->attn_tp, a, b, L);
         double state = ms_plan_state_request_bytes(m, in->launch.compress_state_bytes, a, b);
         double pool = in->kv_pool_gib >= 0
                           ? in->kv_pool_gib * 1073741824.0

@@ -144,9 +144,11 @@ void ms_plan_stage_layers(int n_layers, int pp, int stage, int *first, int *end)
 double ms_plan_stage_weight_bytes(const ms_plan_input *in, const ms_layout *lay, int stage);
 /* One routed expert's weight-element and scale bytes in the chosen format. */
 void ms_plan_expert_bytes(const ms_plan_input *in, double *elem, double *scale);
-/* KV and state bytes of one request over layers [first, end), from the family's kv_spec. */
-double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int attn_tp,
-                                int first_layer, int end_layer, int64_t context_len);
+/* KV and state bytes of one request over layers [first, end), from the family's kv_spec
+ * (index_key: V4's index-key format, MS_KV_INDEX_*). */
+double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int index_key,
+                                int attn_tp, int first_layer, int end_layer,
+                                int64_t context_len);
 double ms_plan_state_request_bytes(const ms_plan_model *m, int state_bytes, int first_layer,
                                    int end_layer);
 double ms_plan_expected_distinct_ranks(int n_experts, int topk, int n_ranks);

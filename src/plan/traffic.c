@@ -23,29 +23,30 @@ static double gqa_kv_heads_per_rank(const ms_plan_model *m, int attn_tp)
 }
 
 /* The family's cache streams for this rank (model/family.h kv_spec): kv_bytes is
- * --kv-cache-dtype's bytes (0 = the model's BF16), state_bytes the compressor
- * state's. */
-static void spec_of(const ms_plan_model *m, int kv_bytes, int state_bytes, int attn_tp,
-                    ms_kv_spec *spec)
+ * --kv-cache-dtype's bytes (0 = the model's BF16), index_key V4's index-key format
+ * (MS_KV_INDEX_*), state_bytes the compressor state's. */
+static void spec_of(const ms_plan_model *m, int kv_bytes, int index_key, int state_bytes,
+                    int attn_tp, ms_kv_spec *spec)
 {
-    ms_kv_spec_opts o = {.elem_bytes = kv_bytes, .state_bytes = state_bytes, .page_size = 1,
-                         .attn_tp = attn_tp, .draft_tokens = 0};
+    ms_kv_spec_opts o = {.elem_bytes = kv_bytes, .index_key = index_key,
+                         .state_bytes = state_bytes, .page_size = 1, .attn_tp = attn_tp,
+                         .draft_tokens = 0};
     ms_errbuf err;
     if (ms_family_kv_spec(m, &o, spec, &err)) ms_kv_spec_init(spec, m->n_layers);
 }
 
-double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int attn_tp, int first,
-                                int end, int64_t L)
+double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int index_key,
+                                int attn_tp, int first, int end, int64_t L)
 {
     ms_kv_spec spec; /* ~37 KiB */
-    spec_of(m, kv_bytes, 0, attn_tp, &spec);
+    spec_of(m, kv_bytes, index_key, 0, attn_tp, &spec);
     return ms_kv_spec_request_bytes(&spec, first, end, L);
 }
 
 double ms_plan_state_request_bytes(const ms_plan_model *m, int state_bytes, int first, int end)
 {
     ms_kv_spec spec;
-    spec_of(m, 0, state_bytes, 1, &spec);
+    spec_of(m, 0, 0, state_bytes, 1, &spec);
     return ms_kv_spec_state_bytes(&spec, first, end);
 }
 

@@ -1,5 +1,5 @@
 /* flag_kinds.c — the table of SGLang launch flags that `serve` and `generate` do not
- * parse themselves (GPU-only tuning, features not built, another model family,
+ * parse themselves (GPU-only tuning, features not built,
  * multi-node), the screening of argv against it, the start-up warnings and refusals.
  * Implemented flags are not listed here: their parsers own them.  Main thread only.
  */
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum kind { GPU_ONLY = 1, NOT_BUILT, V4_ONLY, MULTINODE, OURS /* implemented: an exception to a prefix */ };
+enum kind { GPU_ONLY = 1, NOT_BUILT, MULTINODE, OURS /* implemented: an exception to a prefix */ };
 
 /* name: the flag, or a prefix ending in '-' (matching every flag that starts with it);
  * the first match wins, so exceptions to a prefix come before it. */
@@ -76,8 +76,6 @@ static const struct {
     {"--unified-cache-external-linker-", NOT_BUILT, "the UMBP external KV store"},
     {"--tokenizer-worker-num", NOT_BUILT,
      "tokenizer workers (requests are tokenized on their connection threads)"},
-    /* another model family (refused naming the model) */
-    {"--enable-deepseek-v4-fp4-indexer", V4_ONLY, NULL},
     /* multi-node: mpirun spans machines */
     {"--nnodes", MULTINODE, NULL},
     {"--node-rank", MULTINODE, NULL},
@@ -169,9 +167,6 @@ static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu
             s->refused[s->n_refused] = a;
             s->refused_val[s->n_refused] = j > i + 1 ? argv[i + 1] : NULL;
             s->why[s->n_refused++] = table[k].why;
-        } else if (kd == V4_ONLY && s->n_family < MS_FLAG_SCREEN_MAX) {
-            s->family_val[s->n_family] = j > i + 1 ? argv[i + 1] : NULL;
-            s->family_flags[s->n_family++] = a;
         } else if (kd == MULTINODE) {
             s->n_multinode++;
             if (len == 8 && !strncmp(a, "--nnodes", len) && v) s->nnodes = atoi(v);
@@ -214,8 +209,7 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
     ms_errbuf e;
     const char *model_type = "a model it cannot read";
     int v4_cache = 0; /* the model has V4's window pool and compressor state */
-    int fp8 = l && !strcasecmp(l->kv_cache_dtype, "fp8_e4m3");
-    if ((s->n_family || fp8 || (l && (l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4))) &&
+    if ((l && (l->v4_fp4_indexer || l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4)) &&
         model_path && !ms_family_load(model_path, 1, NULL, &shape, &e)) {
         model_type = shape.name;
         v4_cache = shape.window > 0 && shape.n_ratios > 0;
@@ -239,26 +233,16 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
             fprintf(out, "%s: %s: not implemented (%s is not built in moeserve)\n", cmd, f,
                     s->why[i]);
     }
-    for (int i = 0; i < s->n_family; i++, bad++)
-        if (v4_cache)
-            fprintf(out, "%s: %s: not implemented (MXFP4 index keys are not built in moeserve)\n",
-                    cmd, s->family_flags[i]);
-        else
-            fprintf(out,
-                    "%s: %s%s%s: not implemented for this model: a DeepSeek-V4 flag, and %s is %s\n",
-                    cmd, s->family_flags[i], s->family_val[i] ? " " : "",
-                    s->family_val[i] ? s->family_val[i] : "",
-                    model_path ? model_path : "--model-path", model_type);
+    if (l && model_path && !v4_cache && l->v4_fp4_indexer && bad++ >= 0)
+        fprintf(out,
+                "%s: --enable-deepseek-v4-fp4-indexer: not implemented for this model: a "
+                "DeepSeek-V4 flag, and %s is %s (no indexer)\n",
+                cmd, model_path, model_type);
     if (l && model_path && !v4_cache && l->swa_full_tokens_ratio > 0 && bad++ >= 0)
         fprintf(out,
                 "%s: --swa-full-tokens-ratio: not implemented for this model: %s (%s) has no "
                 "sliding-window "
                 "KV pool (a DeepSeek-V4 setting here)\n", cmd, model_path, model_type);
-    if (fp8 && v4_cache && bad++ >= 0)
-        fprintf(out,
-                "%s: --kv-cache-dtype fp8_e4m3: not implemented for DeepSeek-V4 (its packed "
-                "584-byte FP8 + BF16-rope entries are not built; V3's MLA cache takes it)\n",
-                cmd);
     if (l && model_path && !v4_cache && l->compress_state_bytes != 4 && !l->compress_state_flag)
         MS_LOG(MS_WARN, cmd,
                "SGLANG_DSV4_COMPRESS_STATE_DTYPE: without effect on %s (%s): the model has no "
@@ -374,8 +358,8 @@ void ms_flag_kinds_print_help(FILE *f)
             "  are accepted; --kv-cache-dtype takes auto, the activation dtype (bf16; fp32 with\n"
             "  --dtype float32) or fp8_e4m3 (refused: fp16, fp8_e5m2).\n"
             "DeepSeek-V4 only (refused on other models): --swa-full-tokens-ratio,\n"
-            "  --compress-state-dtype (env SGLANG_DSV4_COMPRESS_STATE_DTYPE); refused everywhere:\n"
-            "  --enable-deepseek-v4-fp4-indexer (MXFP4 index keys not built)\n"
+            "  --compress-state-dtype (env SGLANG_DSV4_COMPRESS_STATE_DTYPE),\n"
+            "  --enable-deepseek-v4-fp4-indexer (MXFP4 index keys)\n"
             "Multi-node (--nnodes, --node-rank, --dist-init-addr): refused; run\n"
             "  mpirun -np W --hostfile HOSTS moeserve serve ... (W = tp, x dp without\n"
             "  --enable-dp-attention)\n"

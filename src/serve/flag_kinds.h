@@ -24,14 +24,11 @@ typedef struct ms_flag_screen {
     const char *refused_val[MS_FLAG_SCREEN_MAX]; /* its separate value argument, or NULL */
     const char *why[MS_FLAG_SCREEN_MAX];         /* the reason of each (static text) */
     int n_refused;
-    const char *family_flags[MS_FLAG_SCREEN_MAX]; /* DeepSeek-V4-only flags or values */
-    const char *family_val[MS_FLAG_SCREEN_MAX];
-    int n_family;
     int n_multinode, nnodes; /* --nnodes / --node-rank / --dist-init-addr */
     int overflow;            /* more flags of one kind than fit: refused */
 } ms_flag_screen;
 
-/* Walks argv[1..argc-1]: GPU-only, refused, family and multi-node flags (with their
+/* Walks argv[1..argc-1]: GPU-only, refused and multi-node flags (with their
  * values) are recorded in s and left out; every other argument is copied, in order, to
  * kept (capacity argc; kept[0] = argv[0]), for the command's own parser, which still
  * rejects unknown flags.  Returns the number of kept entries. */
