@@ -80,7 +80,8 @@ echo '{"physical_to_logical_map": [[0, 0]]}' >"$tmp/bad.json"
 
 # DeepSeek-V4 (tiny-v4: window 8, ratio-4 and ratio-128 layers, hash layers): a 133-token
 # prompt crosses a 128-token entry, the decode steps cross 4-token ones; attention TP
-# replicates the window / compressed / index streams and the compressor state
+# replicates the window / compressed / index streams and the compressor state (also with
+# --kv-cache-dtype fp8_e4m3 --enable-deepseek-v4-fp4-indexer)
 M4=$tmp/model4
 if "$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 4 --out "$M4" 2>/dev/null; then
     P4=$(/usr/bin/python3 -c 'print(",".join(str((i * 37 + 11) % 1000 + 2) for i in range(133)))')
@@ -110,6 +111,18 @@ if "$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 4 --out "$M4" 2>/dev
         fi
     else
         bad "tiny-v4 fp8-fp4: mkmodel failed"
+    fi
+    # the deployed cache formats (FP8 ds main entries, MXFP4 index keys): every rank
+    # quantises the same entries the same way, so the layouts equal one rank with them
+    common=(--model "$M4" --dtype float32 --prompt-ids "$P4" --prompt-ids "$P2" --prompt-ids "$P3"
+            --max-new-tokens 17 --ignore-eos --threads 1 --comm-timeout-s 60
+            --kv-cache-dtype fp8_e4m3 --enable-deepseek-v4-fp4-indexer)
+    if timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1; then
+        # shellcheck disable=SC2086
+        for L in "--tp 2" "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend deepep" \
+                 "--tp 4 --dp 2 --enable-dp-attention"; do check_layout "tiny-v4 fp8 cache, fp4 keys $L" $L; done
+    else
+        bad "tiny-v4 fp8 cache, fp4 keys: one rank failed"; tail -5 "$tmp/ref.out"
     fi
     common=(--model "$M" --dtype float32 --prompt-ids "$P1" --prompt-ids "$P2" --prompt-ids "$P3"
             --max-new-tokens 17 --ignore-eos --threads 1 --comm-timeout-s 60)

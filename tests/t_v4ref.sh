@@ -7,7 +7,8 @@
 #    on moeserve's tokens), which also prints the smallest indexer top-k / routing margin;
 #  - tests/ref/v4_ref.py, the independent reference, when it is present
 #    (--model DIR --prompt-ids IDS --decode N-1 --out FILE: the prefill's and N-1 steps'
-#    logits, in deepseek_ref.py's golden layout), with its own margins.
+#    logits, in deepseek_ref.py's golden layout), with its own margins;
+#  - the FP8 ds main entries and MXFP4 index keys against v4_ref.py's simulations.
 # Needs Debian's /usr/bin/python3 with numpy and torch.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
@@ -48,6 +49,31 @@ print("top-k margin %s, routing margin %s" % (d.get("min_topk_margin"), d.get("m
     fi
 else
     echo "note: tests/ref/v4_ref.py (the independent reference) is not in this tree yet"
+fi
+# the deployed cache formats against v4_ref.py's simulations of them (written from arch.md
+# §2.7 / §2.11, not from the engine): --enable-deepseek-v4-fp4-indexer (MXFP4 keys and
+# queries, Hadamard-rotated) to 1e-4 (measured 6e-7); with --kv-cache-dtype fp8_e4m3 too
+# to 1e-2 (measured 4.6e-3: the engine's float32 kv lands on the other side of an e4m3
+# rounding boundary from float64's for a value or two, and this random-weight model
+# amplifies a 6 % step of one value), greedy tokens identical in both; the codecs
+# themselves agree bit for bit (test_kvq.c against their definitions)
+if [ -f tests/ref/v4_ref.py ]; then
+    for c in "auto:--enable-deepseek-v4-fp4-indexer:--fp4-indexer:1e-4" \
+             "fp8_e4m3:--enable-deepseek-v4-fp4-indexer:--kv-fp8 --fp4-indexer:1e-2"; do
+        IFS=: read -r kd ef rf tol <<<"$c"
+        # shellcheck disable=SC2086
+        if timeout 120 "$MOESERVE" generate --model "$M" --dtype float32 --prompt-ids "$P" \
+                --max-new-tokens $N --ignore-eos --threads 2 --kv-cache-dtype "$kd" $ef \
+                --dump-logits "$tmp/q.jsonl" >"$tmp/q.out" 2>&1 &&
+           timeout 300 "$PY" tests/ref/v4_ref.py --model "$M" --prompt-ids "$P" --decode $((N - 1)) \
+                $rf --out "$tmp/qref.json" >"$tmp/qref.err" 2>&1 &&
+           "$PY" tests/compare_logits.py "$tmp/qref.json" "$tmp/q.jsonl" --tol "$tol" >"$tmp/cmpq" 2>&1; then
+            ok "--kv-cache-dtype $kd $ef vs v4_ref.py $rf: $(grep 'max relative' "$tmp/cmpq") (tol $tol)"
+        else
+            bad "--kv-cache-dtype $kd $ef vs v4_ref.py $rf" \
+                "$(tail -5 "$tmp/q.out" "$tmp/qref.err" "$tmp/cmpq" 2>/dev/null)"
+        fi
+    done
 fi
 # FP8 + FP4 e2m1 experts (mkmodel --dtype fp8-fp4, the release's format): moeserve keeps
 # the experts in FP4 and --dtype float32 dequantises them exactly; v4_ref.py dequantises

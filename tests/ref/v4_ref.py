@@ -6,13 +6,20 @@ per-head RMS norm, interleaved RoPE on the last rope dims, sliding window, learn
 RoPE, grouped low-rank output), the compressor (ratio 4 overlapping, ratio 128), the CSA lightning
 indexer, and MoE (sqrt-softplus, bias for selection only, tid2eid hash routing, clamped SwiGLU,
 shared expert).  Written from ../shared/reference/arch.md §0, §2, §5.2, not from the C engine.
-No activation / KV / indexer quantisation simulation (the engine's --dtype float32 has none);
-the indexer's Hadamard rotation is omitted too (orthogonal: q·k is unchanged).
+No activation / KV / indexer quantisation simulation by default (the engine's --dtype float32
+has none); the indexer's Hadamard rotation is omitted too (orthogonal: q·k is unchanged).
+--kv-fp8 simulates the deployed main KV entries (--kv-cache-dtype fp8_e4m3): every window kv
+and compressed entry's nope dims quantised to e4m3 in blocks of 64 with a power-of-two
+scale 2^ceil(log2(max(amax, 1e-4) / 448)), its rope dims rounded to BF16 (arch.md §2.11).
+--fp4-indexer simulates MXFP4 index keys (--enable-deepseek-v4-fp4-indexer): index keys and
+the indexer's roped queries rotated by the normalised Sylvester Hadamard matrix, then
+quantised to e2m1 in blocks of 32 with scale 2^ceil(log2(max(amax, 1e-4) / 6)), nearest
+value, ties to the even code (arch.md §2.7).  Written from those definitions.
 
 Interface (Debian's /usr/bin/python3, numpy):
 
     v4_ref.py --model DIR --prompt-ids 1,2,3 --decode N [--greedy] --out FILE.json
-              [--digits 10] [--no-incremental-check]
+              [--digits 10] [--no-incremental-check] [--kv-fp8] [--fp4-indexer]
 
 DIR holds config.json (HF names, arch.md §2.2) and model.safetensors (or shards + index) with
 the official tensor names (arch.md §2.3): BF16/F16/F32, FP8 e4m3 with `.scale` block scales
@@ -278,6 +285,72 @@ def hc_head(cfg, X, fn, base, scale):
 
 
 # ----------------------------------------------------------------------------------------------
+# Cache quantisation simulations (--kv-fp8, --fp4-indexer)
+
+
+def pow2_ceil_exp(v):
+    """ceil(log2(v)) for v > 0, exactly (frexp: v = m 2^k, m in [0.5, 1))."""
+    m, k = np.frexp(v)
+    return k - (m == 0.5)
+
+
+def blocks_scale(x, n, qmax):
+    """x [..., d] in blocks of n along the last axis -> per-value scale 2^ceil(log2(amax/qmax))."""
+    d = x.shape[-1]
+    s = np.empty_like(x)
+    for b in range(0, d, n):
+        amax = np.maximum(np.abs(x[..., b:b + n]).max(axis=-1, keepdims=True), 1e-4)
+        s[..., b:b + n] = np.ldexp(1.0, pow2_ceil_exp(amax / qmax))
+    return s
+
+
+def e4m3_round(v):
+    """Nearest e4m3fn value (3 mantissa bits, subnormal step 2^-9), ties to even, |v| <= 448."""
+    a = np.abs(v)
+    e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    step = np.where(a < 2.0 ** -6, 2.0 ** -9, np.ldexp(1.0, (np.maximum(e, -6) - 3).astype(int)))
+    return np.clip(np.round(v / step) * step, -448.0, 448.0)
+
+
+def bf16_round(v):
+    """Nearest BF16 value (through float32), ties to even."""
+    u = np.asarray(v, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def fp8ds_sim(x, dr):
+    """Main KV entries [..., hd]: e4m3 nope dims (block 64), BF16 rope dims."""
+    nope = x.shape[-1] - dr
+    y = np.array(x, dtype=np.float64)
+    s = blocks_scale(y[..., :nope], 64, 448.0)
+    y[..., :nope] = e4m3_round(np.clip(y[..., :nope] / s, -448.0, 448.0)) * s
+    y[..., nope:] = bf16_round(y[..., nope:])
+    return y
+
+
+def fp4_round(v):
+    """Nearest e2m1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6), ties to the even code, saturating."""
+    a = np.minimum(np.abs(v), 6.0)
+    step = np.where(a < 2.0, 0.5, np.where(a < 4.0, 1.0, 2.0))
+    return np.sign(v) * np.minimum(np.round(a / step) * step, 6.0)
+
+
+def hadamard(d):
+    h = np.ones((1, 1))
+    while h.shape[0] < d:
+        h = np.block([[h, h], [h, -h]])
+    return h / math.sqrt(d)
+
+
+def mxfp4_sim(x):
+    """Index keys / queries [..., d]: Hadamard-rotated, then e2m1 in blocks of 32."""
+    y = np.asarray(x, dtype=np.float64) @ hadamard(x.shape[-1]).T
+    s = blocks_scale(y, 32, 6.0)
+    return fp4_round(y / s) * s
+
+
+# ----------------------------------------------------------------------------------------------
 # Layer weights
 
 
@@ -311,6 +384,7 @@ class Layer:
             self.idx_wq_b = ck.linear(i + "wq_b", (cfg.n_idx * cfg.d_idx, cfg.q_lora))
             self.idx_wproj = ck.linear(i + "weights_proj", (cfg.n_idx, D))
             self.idx = self._compressor(ck, i + "compressor.", D, cfg.d_idx, 4)
+            self.idx["index"] = True
         f = p + "ffn."
         self.gate = ck.linear(f + "gate", (cfg.n_exp, D))
         self.hash = L < cfg.n_hash
@@ -351,6 +425,7 @@ class V4Model:
         self.hc_head_w = (ck.plain("hc_head_fn", (n, n * D)), ck.plain("hc_head_base", (n,)),
                           ck.plain("hc_head_scale", (1,)))
         self.layers = [Layer(ck, cfg, L) for L in range(cfg.n_layers)]
+        self.kv_fp8 = self.fp4_indexer = False  # the cache simulations (main(): the flags)
         unused = [k for k in ck.where if k not in ck.used and not k.startswith("mtp.")]
         if unused:
             raise ValueError(f"{len(unused)} tensors not used, e.g. {sorted(unused)[:5]}")
@@ -382,7 +457,10 @@ class V4Model:
     def _finish_entries(self, c, e, pos, theta):
         """RMSNorm(norm) then RoPE on the last rope dims at the window's first position."""
         e = rms(e, c["norm"], self.cfg.eps)
-        return rope_tail(e, pos, theta, self.cfg.dr) if len(pos) else e
+        e = rope_tail(e, pos, theta, self.cfg.dr) if len(pos) else e
+        if c.get("index"):
+            return mxfp4_sim(e) if self.fp4_indexer else e
+        return fp8ds_sim(e, self.cfg.dr) if self.kv_fp8 else e
 
     # --- indexer, definition form (arch.md §2.8) ---------------------------------------------
 
@@ -392,6 +470,8 @@ class V4Model:
         T = u.shape[0]
         q = (qr @ ly.idx_wq_b.T).reshape(T, cfg.n_idx, cfg.d_idx)
         q = rope_tail(q, pos, theta, cfg.dr)
+        if self.fp4_indexer:
+            q = mxfp4_sim(q)
         w = (u @ ly.idx_wproj.T) * (cfg.d_idx ** -0.5 * cfg.n_idx ** -0.5)        # [T, n_idx]
         s = np.einsum("th,thj->tj", w, np.maximum(np.einsum("thd,jd->thj", q, keys), 0.0))
         valid = np.arange(keys.shape[0])[None, :] < ((np.asarray(pos) + 1) // 4)[:, None]
@@ -419,7 +499,7 @@ class V4Model:
         q = rms((qr @ ly.wq_b.T).reshape(len(pos), cfg.n_heads, cfg.hd), None, cfg.eps)
         q = rope_tail(q, pos, th, cfg.dr)
         kv = rope_tail(rms(u @ ly.wkv.T, ly.kv_norm, cfg.eps), pos, th, cfg.dr)
-        return qr, q, kv
+        return qr, q, fp8ds_sim(kv, cfg.dr) if self.kv_fp8 else kv
 
     def attend(self, ly, q, cand, p):
         """One query: q [H,hd], candidates cand [nc,hd] (K = V) -> projected output [D]."""
@@ -649,11 +729,14 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--digits", type=int, default=10, help="significant digits per logit")
     ap.add_argument("--no-incremental-check", action="store_true")
+    ap.add_argument("--kv-fp8", action="store_true", help="simulate FP8 ds main KV entries")
+    ap.add_argument("--fp4-indexer", action="store_true", help="simulate MXFP4 index keys/queries")
     a = ap.parse_args(argv)
     ids = [int(t) for t in a.prompt_ids.replace(" ", "").split(",") if t]
     if not ids or not (0 <= a.decode <= 4096) or not (1 <= a.digits <= 17):
         ap.error("need >= 1 prompt id, 0 <= --decode <= 4096, 1 <= --digits <= 17")
     model = V4Model(V4Checkpoint(a.model))
+    model.kv_fp8, model.fp4_indexer = a.kv_fp8, a.fp4_indexer
     r = generate(model, ids, a.decode, not a.no_incremental_check)
     fl = lambda x: [float(f"{v:.{a.digits}g}") for v in x.tolist()]  # noqa: E731
     r["prefill_logits"] = fl(r["prefill_logits"])
