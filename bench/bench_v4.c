@@ -23,10 +23,17 @@
  *            runs each: x_ref = ref step / threaded step.
  *   fp8fp4   batch-1 decode at ctx 1024 of the FP8+FP4 checkpoint against
  *            BF16, alternating, two of each: x_bf16 (target >= 1.6)
+ *   kvq      batch-1 decode at ctx 1024 and 65024 with the deployed cache
+ *            formats (--kv-cache-dtype fp8_e4m3 --enable-deepseek-v4-fp4-indexer:
+ *            FP8 ds entries, MXFP4 keys, dequantised as attention loads them)
+ *            against the BF16 cache, alternating, two of each: x_bf16 (no target;
+ *            the cost or gain of dequantising in place of reading BF16)
  * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
+ *                 [--rows prefill,decode,fp8fp4,kvq] (default: all)
  * Validation: every step's logits finite before a figure is printed.
  */
 #include "base/util.h"
+#include "kernels/kvq.h"
 #include "kernels/probe.h"
 #include "model/deepseek_v4.h"
 #include "model/family.h"
@@ -43,6 +50,9 @@ enum { PS = 64, CHUNK = 2048 };
 
 static int threads = 2, steps = 16, quick = 0;
 static const char *model_dir = "build/models";
+static const char *rows; /* --rows: the rows to run (NULL: all) */
+
+static int want(const char *row) { return !rows || strstr(rows, row); }
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap)
 {
@@ -73,17 +83,20 @@ struct seq {
     ms_kv_seq q;
 };
 
-static int seq_open(ms_model *m, struct seq *s, int64_t tokens)
+static int seq_open_q(ms_model *m, struct seq *s, int64_t tokens, int packed)
 {
     ms_kv_spec spec;
     ms_errbuf err = {{0}};
-    ms_kv_spec_opts o = {.elem_bytes = 2, .page_size = PS, .attn_tp = 1};
+    ms_kv_spec_opts o = {.elem_bytes = packed ? 1 : 2, .act_bytes = 2, .page_size = PS,
+                         .attn_tp = 1,
+                         .index_key = packed ? MS_KV_INDEX_MXFP4 : MS_KV_INDEX_PLAIN};
     int32_t pages[MS_KV_MAX_STREAMS];
     if (ms_model_kv_spec(m, &o, &spec, &err)) goto fail;
     ms_kv_cache_pages_for(&spec, PS, tokens, 1, CHUNK, 0, pages);
     for (int i = 0; i < spec.n_streams; i++) /* the window stream whole: no sliding here */
         if (spec.streams[i].window > 0) pages[i] = (int32_t)((tokens + PS - 1) / PS + 2);
-    if (ms_kv_cache_new(&s->c, &spec, PS, pages, MS_DT_BF16, 1, &err)) goto fail;
+    if (ms_kv_cache_new(&s->c, &spec, PS, pages, packed ? MS_DT_F8E4M3 : MS_DT_BF16, 1, &err))
+        goto fail;
     ms_kv_seq_init(&s->q);
     if (ms_kv_cache_reserve(s->c, &s->q, tokens)) {
         snprintf(err.msg, sizeof err.msg, "cannot reserve %lld tokens", (long long)tokens);
@@ -93,6 +106,11 @@ static int seq_open(ms_model *m, struct seq *s, int64_t tokens)
 fail:
     fprintf(stderr, "bench_v4: cache: %s\n", err.msg);
     return -1;
+}
+
+static int seq_open(ms_model *m, struct seq *s, int64_t tokens)
+{
+    return seq_open_q(m, s, tokens, 0);
 }
 
 static void seq_close(struct seq *s)
@@ -117,6 +135,15 @@ static void fill_random(ms_model *m, struct seq *s, int64_t ctx)
                 uint16_t *e = ms_kv_view_entry(&v, st, l, p);
                 if (!e) break; /* the stream does not cover this layer */
                 int64_t n = ms_kv_view_entry_elems(&v, st);
+                if (ms_kv_view_dtype(&v, st) == MS_DT_U8) { /* packed: pack random values */
+                    float x[512];
+                    int64_t d = st == V4_S_INDEX ? c->idx_hd : c->hd;
+                    for (int64_t i = 0; i < d && i < 512; i++)
+                        x[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0) * 1.7f;
+                    if (st == V4_S_INDEX) ms_kvq_mxfp4_pack(x, d, (uint8_t *)e);
+                    else ms_kvq_fp8ds_pack(x, d, c->dr, (uint8_t *)e);
+                    continue;
+                }
                 for (int64_t i = 0; i < n; i++)
                     e[i] = ms_f32_to_bf16((float)(2.0 * ms_rng_uniform(&rng) - 1.0) * 1.7f);
             }
@@ -222,9 +249,12 @@ int main(int argc, char **argv)
             steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
+            rows = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]\n");
+                    "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
+                    "[--rows prefill,decode,fp8fp4,kvq]\n");
             return 2;
         }
     }
@@ -234,8 +264,8 @@ int main(int argc, char **argv)
     if (ensure_model("small-v4", MS_MK_BF16, d16, sizeof d16) ||
         ensure_model("small-v4-fp8-fp4", MS_MK_FP8_FP4, d4, sizeof d4))
         return 1;
-    ms_model *m = open_model(d16), *m4 = open_model(d4);
-    if (!m || !m4) return 1;
+    ms_model *m = open_model(d16), *m4 = want("fp8fp4") ? open_model(d4) : NULL;
+    if (!m || (want("fp8fp4") && !m4)) return 1;
     float *logits = malloc(sizeof(float) * (size_t)ms_model_shape_of(m)->vocab);
     if (!logits) return 1;
     double bw = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, 3);
@@ -244,7 +274,7 @@ int main(int argc, char **argv)
 
     /* prefill 512 and 8192, then decode after the real 8192 */
     const int64_t pctx[2] = {512, 8192};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && want("prefill"); i++) {
         struct seq s;
         if (seq_open(m, &s, pctx[i] + steps)) return 1;
         double tps = prefill(m, &s, pctx[i], logits);
@@ -265,7 +295,7 @@ int main(int argc, char **argv)
     /* the decode curve: threaded and reference alternating */
     const int64_t ctxs[3] = {1024, 8192, 65536 - 512}; /* 64K: below max_position_embeddings */
     double st1k = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && want("decode"); i++) {
         int64_t ctx = ctxs[i];
         struct seq s;
         if (seq_open(m, &s, ctx + 4 * steps + 1)) return 1;
@@ -295,7 +325,7 @@ int main(int argc, char **argv)
 
     /* FP8 + FP4 experts against BF16, batch 1 at ctx 1024, alternating */
     double b16 = 1e30, b4 = 1e30;
-    for (int rep = 0; rep < 2; rep++)
+    for (int rep = 0; rep < 2 && want("fp8fp4"); rep++)
         for (int k = 0; k < 2; k++) {
             ms_model *mm = k ? m4 : m;
             struct seq s;
@@ -309,10 +339,32 @@ int main(int argc, char **argv)
             else
                 b16 = MS_MIN(b16, st);
         }
-    printf("fp8fp4 model=small-v4 ctx=1024 bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
-           "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB x_bf16=%.2f\n",
-           b16 * 1e3, b4 * 1e3, ms_model_active_bytes_per_token(m) / 1e6,
-           ms_model_active_bytes_per_token(m4) / 1e6, b16 / b4);
+    if (want("fp8fp4"))
+        printf("fp8fp4 model=small-v4 ctx=1024 bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
+               "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB x_bf16=%.2f\n",
+               b16 * 1e3, b4 * 1e3, ms_model_active_bytes_per_token(m) / 1e6,
+               ms_model_active_bytes_per_token(m4) / 1e6, b16 / b4);
+    fflush(stdout);
+
+    /* the deployed cache formats against the BF16 cache, batch 1, alternating */
+    const int64_t qctx[2] = {1024, 65536 - 512};
+    for (int i = 0; i < (quick ? 1 : 2) && want("kvq"); i++) {
+        double bq[2] = {1e30, 1e30};
+        for (int rep = 0; rep < 2; rep++)
+            for (int k = 0; k < 2; k++) {
+                struct seq s;
+                if (seq_open_q(m, &s, qctx[i] + steps + 1, k)) return 1;
+                fill_random(m, &s, qctx[i]);
+                double st = decode_median(m, &s, qctx[i], logits);
+                seq_close(&s);
+                if (st < 0) return 1;
+                bq[k] = MS_MIN(bq[k], st);
+            }
+        printf("kvq model=small-v4 dtype=bf16 ctx=%lld bf16_cache_ms_token=%.2f "
+               "fp8_fp4_cache_ms_token=%.2f x_bf16=%.2f\n",
+               (long long)qctx[i], bq[0] * 1e3, bq[1] * 1e3, bq[0] / bq[1]);
+        fflush(stdout);
+    }
     free(logits);
     ms_model_free(m);
     ms_model_free(m4);
