@@ -87,8 +87,10 @@ void ms_kvq_fp8ds_unpack(const uint8_t *e, int64_t hd, int64_t dr, float *x)
 {
     int64_t nope = hd - dr;
     const uint8_t *scales = e + nope + 2 * dr;
-    for (int64_t i = 0; i < nope; i++)
-        x[i] = ms_fp8e4m3_to_f32(e[i]) * ms_e8m0_to_f32(scales[i / FP8_BLOCK]);
+    for (int64_t i0 = 0; i0 < nope; i0 += FP8_BLOCK) { /* a block's scale once */
+        float s = ms_e8m0_to_f32(scales[i0 / FP8_BLOCK]);
+        for (int64_t i = i0; i < nope && i < i0 + FP8_BLOCK; i++) x[i] = ms_fp8e4m3_to_f32(e[i]) * s;
+    }
     for (int64_t i = 0; i < dr; i++)
         x[nope + i] = ms_bf16_to_f32((uint16_t)(e[nope + 2 * i] | e[nope + 2 * i + 1] << 8));
 }
@@ -115,9 +117,11 @@ void ms_kvq_mxfp4_pack(const float *x, int64_t n, uint8_t *e)
 void ms_kvq_mxfp4_unpack(const uint8_t *e, int64_t n, float *x)
 {
     const uint8_t *scales = e + (n + 1) / 2;
-    for (int64_t i = 0; i < n; i++)
-        x[i] = ms_fp4e2m1_to_f32((uint8_t)(i & 1 ? e[i / 2] >> 4 : e[i / 2])) *
-               ms_e8m0_to_f32(scales[i / FP4_BLOCK]);
+    for (int64_t i0 = 0; i0 < n; i0 += FP4_BLOCK) { /* a block's scale once */
+        float s = ms_e8m0_to_f32(scales[i0 / FP4_BLOCK]);
+        for (int64_t i = i0; i < n && i < i0 + FP4_BLOCK; i++)
+            x[i] = ms_fp4e2m1_to_f32((uint8_t)(i & 1 ? e[i / 2] >> 4 : e[i / 2])) * s;
+    }
 }
 
 void ms_kvq_mxfp4_round(float *x, int64_t n)
