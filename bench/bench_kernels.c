@@ -14,7 +14,15 @@
  *   --dispatch: BF16 at prefill M (128 .. 2048) on small-v3's and V3's
  *            projection shapes, the tiles (dnnl=0) and oneDNN (dnnl=1)
  *            alternating twice: the measurement behind mm_dnnl.c's MIN_M.
- * Usage: bench_kernels [--quick] [--dispatch] [--threads N]
+ *   --decode: the decode GEMVs (M = 1, 2, 4, 8) on small-v3/small-v4 shapes
+ *            (K = 1024 and 512, 4 MiB of BF16 each) and V3's K = 7168: BF16,
+ *            FP8, FP4 through the FP32 kernel (isa=avx512, what ran before
+ *            the bf16 one) and FP4 at the best ISA, one after the other, two
+ *            rounds: weight GB/s per kernel against the BF16 row of the same
+ *            round (x_bf16_gbs, the target: 1.0).
+ * FP8 weights carry the plain-row flags the model loader gives them
+ * (ms_mat_f8_scan) wherever a kernel reads them.
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--threads N]
  */
 #include "base/threadpool.h"
 #include "base/util.h"
@@ -89,6 +97,9 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return mref > 0 ? mx / mref : mx;
 }
 
+/* Weight GB/s of the last bench_matmul row. */
+static double last_gbs;
+
 static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact, int dnnl, int64_t M,
                          int64_t K, int64_t N)
 {
@@ -125,12 +136,18 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     for (int c = 1; c < copies; c++) memcpy(wbuf + (size_t)c * stride + 8, w0, wbytes);
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     ms_mat *W = malloc(sizeof(ms_mat) * (size_t)copies);
+    ms_kctx kc = {pool, exact, isa, 0};
+    uint8_t *plain = NULL; /* FP8: the loader's plain-row flags, where a kernel reads them */
+    if (dt == MS_DT_F8E4M3 && ms_kernels_f8_plain_used(&kc) && (plain = malloc((size_t)N))) {
+        ms_mat whole = ms_mat_whole(dt, N, K, w0, scale);
+        ms_mat_f8_scan(&whole, plain);
+    }
     for (int c = 0; c < copies; c++) {
         char *base = wbuf + (size_t)c * stride + 8;
         W[c] = fp4 ? ms_mat_fp4(N, K, base, (const uint8_t *)base + codes)
                    : ms_mat_whole(dt, N, K, base, dt == MS_DT_F8E4M3 ? scale : NULL);
+        W[c].f8_plain = plain;
     }
-    ms_kctx kc = {pool, exact, isa, 0};
 
     /* validate (and time the reference twin) on the first rows */
     int64_t mref = M < 4 ? M : 4;
@@ -141,7 +158,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     ms_matmul(&kc, y, N, x, K, M, &W[0], 0);
     double first_ms = (ms_now_s() - t0) * 1e3;
     double err = rel_err(y, ref, mref * N);
-    int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32 && !fp4;
+    int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32; /* bf16 activations */
     const char *status = err <= (bf ? 1e-2 : 1e-5) ? "ok" : "WRONG";
 
     double flop = 2.0 * (double)M * (double)N * (double)K;
@@ -166,10 +183,12 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
            best * 1e6, flop / best / 1e9, (double)wbytes / best / 1e9, ref_gflops,
            flop / best / 1e9 / ref_gflops, err, status, dnnl, first_ms,
            (double)ms_kernels_dnnl_bytes() / 1048576.0);
+    last_gbs = (double)wbytes / best / 1e9;
     ms_kernels_set_dnnl(0); /* frees the prepacked copies of these weights */
     ms_kernels_set_dnnl_min_m(min_m);
     fflush(stdout);
     free(W);
+    free(plain);
     free(x);
     free(y);
     free(ref);
@@ -182,15 +201,46 @@ int main(int argc, char **argv)
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
         execv("/proc/self/exe", argv); /* on failure, go on with the default */
-    int only_threads = 0, dispatch = 0;
+    int only_threads = 0, dispatch = 0, decode = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
     static const int64_t gemv[][2] = {{512, 512}, {2048, 512}, {4096, 1024}, {7168, 2048}, {2048, 7168}, {7168, 7168}};
     static const int64_t bigm[] = {16, 64, 512};
+    if (decode) { /* K, N: 2048 rows of 1024 (gate+up of 4 small experts), 4096 of 512, V3 */
+        static const int64_t shp[][2] = {{1024, 2048}, {512, 4096}, {7168, 2048}};
+        static const int64_t dm[] = {1, 2, 4, 8};
+        int nt = only_threads ? only_threads : 2;
+        ms_pool *pool = ms_pool_new(nt);
+        quick = 1;
+        bench_dram(pool, nt, isa);
+        for (int round = 0; round < 2; round++)
+            for (size_t si = 0; si < sizeof shp / sizeof shp[0]; si++)
+                for (size_t mi = 0; mi < sizeof dm / sizeof dm[0]; mi++) {
+                    int64_t K = shp[si][0], N = shp[si][1], M = dm[mi];
+                    bench_matmul(pool, nt, isa, MS_DT_BF16, 0, 0, M, K, N);
+                    double g16 = last_gbs;
+                    bench_matmul(pool, nt, isa, MS_DT_F8E4M3, 0, 0, M, K, N);
+                    double g8 = last_gbs, g4o = 0;
+                    if (isa > MS_ISA_AVX512) {
+                        bench_matmul(pool, nt, MS_ISA_AVX512, MS_DT_F4E2M1, 0, 0, M, K, N);
+                        g4o = last_gbs;
+                    }
+                    bench_matmul(pool, nt, isa, MS_DT_F4E2M1, 0, 0, M, K, N);
+                    printf("decode_gemv round=%d M=%ld K=%ld N=%ld bf16_gbs=%.1f fp8_gbs=%.1f "
+                           "fp4_f32_gbs=%.1f fp4_gbs=%.1f x_bf16_gbs fp8=%.2f fp4_f32=%.2f "
+                           "fp4=%.2f\n",
+                           round, (long)M, (long)K, (long)N, g16, g8, g4o, last_gbs, g8 / g16,
+                           g4o / g16, last_gbs / g16);
+                    fflush(stdout);
+                }
+        ms_pool_free(pool);
+        return 0;
+    }
     if (dispatch) { /* K, N: small-v3 q_a, kv_b, o, dense up, dense down; V3 expert gate/up */
         static const int64_t shp[][2] = {{1024, 384}, {256, 2048}, {1024, 1024},
                                          {1024, 2816}, {2816, 1024}, {7168, 2048}};
