@@ -188,39 +188,42 @@ AI void f4_rows(const mm_task *t, const float *xp, int64_t ldxp, const int MB, c
     for (; n < n1; n++) f4_tile(t, xp, ldxp, MB, 1, m0, n);
 }
 
-int ms_mm_fp4_nt(const mm_task *t, int64_t n0, int64_t n1)
+/* Both kernels' entry: -1 for a view they do not take, 1 when K = 0 (y
+ * zeroed unless accumulating: done), 0 to go on. */
+static int f4_view_check(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     if (W->dtype != MS_DT_F4E2M1 || W->c0 % 32 || W->ld % 2 || W->cols % 2) return -1;
-    const int64_t K = W->cols, ldxp = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
-    if (K <= 0) {
-        for (int64_t m = 0; m < t->M; m++)
-            for (int64_t n = n0; n < n1; n++)
-                if (!t->accumulate) t->y[m * t->ldy + n] = 0.0f;
-        return 0;
+    if (W->cols > 0) return 0;
+    for (int64_t m = 0; m < t->M && !t->accumulate; m++)
+        for (int64_t n = n0; n < n1; n++) t->y[m * t->ldy + n] = 0.0f;
+    return 1;
+}
+
+/* Both kernels' loop: weight rows [n0, n1) in blocks of F4_ROW_BLOCK, each
+ * taken by every group of up to 4 activation rows; ROWS(t, xp, ld, MB, R,
+ * m0, nb, ne) with R = R1 .. R4 weight rows per tile for MB = 1 .. 4. */
+#define F4_BLOCKS(ROWS, xp, ld, R1, R2, R3, R4)                                                    \
+    for (int64_t nb = n0; nb < n1; nb += F4_ROW_BLOCK) {                                           \
+        int64_t ne = nb + F4_ROW_BLOCK < n1 ? nb + F4_ROW_BLOCK : n1;                              \
+        for (int64_t m0 = 0; m0 < t->M; m0 += 4) {                                                 \
+            switch (t->M - m0 < 4 ? t->M - m0 : 4) {                                               \
+            case 1: ROWS(t, xp, ld, 1, R1, m0, nb, ne); break;                                     \
+            case 2: ROWS(t, xp, ld, 2, R2, m0, nb, ne); break;                                     \
+            case 3: ROWS(t, xp, ld, 3, R3, m0, nb, ne); break;                                     \
+            default: ROWS(t, xp, ld, 4, R4, m0, nb, ne); break;                                    \
+            }                                                                                      \
+        }                                                                                          \
     }
+
+int ms_mm_fp4_nt(const mm_task *t, int64_t n0, int64_t n1)
+{
+    int st = f4_view_check(t, n0, n1);
+    if (st) return st < 0 ? -1 : 0;
+    const int64_t K = t->W->cols, ldxp = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
     const float *xp = f4_prep(t, K, ldxp);
     if (!xp) return -1;
-    for (int64_t nb = n0; nb < n1; nb += F4_ROW_BLOCK) {
-        int64_t ne = nb + F4_ROW_BLOCK < n1 ? nb + F4_ROW_BLOCK : n1;
-        for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
-            int64_t mb = t->M - m0 < 4 ? t->M - m0 : 4;
-            switch (mb) {
-            case 1:
-                f4_rows(t, xp, ldxp, 1, 8, m0, nb, ne);
-                break;
-            case 2:
-                f4_rows(t, xp, ldxp, 2, 4, m0, nb, ne);
-                break;
-            case 3:
-                f4_rows(t, xp, ldxp, 3, 2, m0, nb, ne);
-                break;
-            default:
-                f4_rows(t, xp, ldxp, 4, 2, m0, nb, ne);
-                break;
-            }
-        }
-    }
+    F4_BLOCKS(f4_rows, xp, ldxp, 8, 4, 2, 2);
     return 0;
 }
 
@@ -317,11 +320,9 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
         const __mmask64 bm = left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
         const __m512i sidx = _mm512_add_epi32(sidx0, _mm512_set1_epi32(4 * (int)(c & 3)));
         const uint16_t *xc = xq + m0 * ldq + c * F4_CHUNK;
-        __m512i xv[4][4];
+        __m512i xv[4]; /* one activation row: held across the R weight rows */
 #pragma GCC unroll 4
-        for (int m = 0; m < MB; m++)
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) xv[m][k] = _mm512_loadu_si512(xc + m * ldq + 32 * k);
+        for (int k = 0; k < 4 && MB == 1; k++) xv[k] = _mm512_loadu_si512(xc + 32 * k);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512i v = _mm512_maskz_loadu_epi8(bm, wr[r] + 64 * c);
@@ -332,11 +333,12 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
             __m512i w3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tbl);
             __m512 s = _mm512_permutexvar_ps(sidx, _mm512_load_ps(sv[r]));
 #pragma GCC unroll 4
-            for (int m = 0; m < MB; m++) {
-                __m512 tt = f4b_dp(_mm512_setzero_ps(), xv[m][0], w0);
-                tt = f4b_dp(tt, xv[m][1], w1);
-                tt = f4b_dp(tt, xv[m][2], w2);
-                tt = f4b_dp(tt, xv[m][3], w3);
+            for (int m = 0; m < MB; m++) { /* MB > 1: activations from L1, not registers */
+                const uint16_t *xm = xc + m * ldq;
+                __m512 tt = f4b_dp(_mm512_setzero_ps(), MB == 1 ? xv[0] : _mm512_loadu_si512(xm), w0);
+                tt = f4b_dp(tt, MB == 1 ? xv[1] : _mm512_loadu_si512(xm + 32), w1);
+                tt = f4b_dp(tt, MB == 1 ? xv[2] : _mm512_loadu_si512(xm + 64), w2);
+                tt = f4b_dp(tt, MB == 1 ? xv[3] : _mm512_loadu_si512(xm + 96), w3);
                 acc[m][r] = _mm512_fmadd_ps(tt, s, acc[m][r]);
             }
         }
@@ -361,29 +363,12 @@ AI void f4b_rows(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
 
 int ms_mm_fp4_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
 {
-    const ms_mat *W = t->W;
-    if (W->dtype != MS_DT_F4E2M1 || W->c0 % 32 || W->ld % 2 || W->cols % 2) return -1;
-    const int64_t K = W->cols, ldq = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
-    if (K <= 0) {
-        for (int64_t m = 0; m < t->M; m++)
-            for (int64_t n = n0; n < n1; n++)
-                if (!t->accumulate) t->y[m * t->ldy + n] = 0.0f;
-        return 0;
-    }
+    int st = f4_view_check(t, n0, n1);
+    if (st) return st < 0 ? -1 : 0;
+    const int64_t K = t->W->cols, ldq = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
     const uint16_t *xq = f4b_prep(t, K, ldq);
     if (!xq) return -1;
-    for (int64_t nb = n0; nb < n1; nb += F4_ROW_BLOCK) {
-        int64_t ne = nb + F4_ROW_BLOCK < n1 ? nb + F4_ROW_BLOCK : n1;
-        for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
-            int64_t mb = t->M - m0 < 4 ? t->M - m0 : 4;
-            switch (mb) {
-            case 1: f4b_rows(t, xq, ldq, 1, 4, m0, nb, ne); break; /* 4: faster than 2 or 8 */
-            case 2: f4b_rows(t, xq, ldq, 2, 4, m0, nb, ne); break;
-            case 3: f4b_rows(t, xq, ldq, 3, 4, m0, nb, ne); break;
-            default: f4b_rows(t, xq, ldq, 4, 4, m0, nb, ne); break;
-            }
-        }
-    }
+    F4_BLOCKS(f4b_rows, xq, ldq, 4, 4, 4, 4); /* 4 rows at M = 1: faster than 2 or 8 */
     return 0;
 }
 
