@@ -368,7 +368,9 @@ int ms_mm_fp4_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
     const int64_t K = t->W->cols, ldq = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
     const uint16_t *xq = f4b_prep(t, K, ldq);
     if (!xq) return -1;
-    F4_BLOCKS(f4b_rows, xq, ldq, 4, 4, 4, 4); /* 4 rows at M = 1: faster than 2 or 8 */
+    /* M = 1: one weight row at a time, one forward stream (DRAM-cold faster than 2 or 4
+     * rows per tile, L2-hot slower: bench/RESULTS.md, "Why the code is so") */
+    F4_BLOCKS(f4b_rows, xq, ldq, 1, 4, 4, 4);
     return 0;
 }
 
