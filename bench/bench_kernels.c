@@ -14,7 +14,22 @@
  *   --dispatch: BF16 at prefill M (128 .. 2048) on small-v3's and V3's
  *            projection shapes, the tiles (dnnl=0) and oneDNN (dnnl=1)
  *            alternating twice: the measurement behind mm_dnnl.c's MIN_M.
- * Usage: bench_kernels [--quick] [--dispatch] [--threads N]
+ *   --decode: the decode GEMVs (M = 1, 2, 4, 8) on small-v3/small-v4 shapes
+ *            (K = 1024 and 512, 4 MiB of BF16 each) and V3's K = 7168: BF16,
+ *            FP8, FP4 through the FP32 kernel (isa=avx512, what ran before
+ *            the bf16 one) and FP4 at the best ISA, one after the other, two
+ *            rounds: weight GB/s per kernel against the BF16 row of the same
+ *            round (x_bf16_gbs, the target: 1.0).
+ *   --moe:   one MoE decode token as moe.c issues it, on small-v3/small-v4's
+ *            expert shape (hidden 1024, 512 per expert, top-6 of 64, two
+ *            layers of experts so the set is far larger than L3): per layer
+ *            one batch of the 6 experts' gate and up (M = 1), then one of
+ *            their down projections; BF16, FP8 (128x128 scales), FP4 through
+ *            the FP32 kernel (isa=avx512) and FP4 at the best ISA, 32 tokens
+ *            each in turn, 5 rounds; best round: weight GB/s and x_bf16_gbs.
+ * FP8 weights carry the plain-row flags the model loader gives them
+ * (ms_mat_f8_scan) wherever a kernel reads them.
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--threads N]
  */
 #include "base/threadpool.h"
 #include "base/util.h"
@@ -89,6 +104,9 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return mref > 0 ? mx / mref : mx;
 }
 
+/* Weight GB/s of the last bench_matmul row. */
+static double last_gbs;
+
 static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact, int dnnl, int64_t M,
                          int64_t K, int64_t N)
 {
@@ -125,12 +143,18 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     for (int c = 1; c < copies; c++) memcpy(wbuf + (size_t)c * stride + 8, w0, wbytes);
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     ms_mat *W = malloc(sizeof(ms_mat) * (size_t)copies);
+    ms_kctx kc = {pool, exact, isa, 0};
+    uint8_t *plain = NULL; /* FP8: the loader's plain-row flags, where a kernel reads them */
+    if (dt == MS_DT_F8E4M3 && ms_kernels_f8_plain_used(&kc) && (plain = malloc((size_t)N))) {
+        ms_mat whole = ms_mat_whole(dt, N, K, w0, scale);
+        ms_mat_f8_scan(&whole, plain);
+    }
     for (int c = 0; c < copies; c++) {
         char *base = wbuf + (size_t)c * stride + 8;
         W[c] = fp4 ? ms_mat_fp4(N, K, base, (const uint8_t *)base + codes)
                    : ms_mat_whole(dt, N, K, base, dt == MS_DT_F8E4M3 ? scale : NULL);
+        W[c].f8_plain = plain;
     }
-    ms_kctx kc = {pool, exact, isa, 0};
 
     /* validate (and time the reference twin) on the first rows */
     int64_t mref = M < 4 ? M : 4;
@@ -141,7 +165,7 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     ms_matmul(&kc, y, N, x, K, M, &W[0], 0);
     double first_ms = (ms_now_s() - t0) * 1e3;
     double err = rel_err(y, ref, mref * N);
-    int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32 && !fp4;
+    int bf = !exact && isa >= MS_ISA_AVX512BF16 && dt != MS_DT_F32; /* bf16 activations */
     const char *status = err <= (bf ? 1e-2 : 1e-5) ? "ok" : "WRONG";
 
     double flop = 2.0 * (double)M * (double)N * (double)K;
@@ -166,10 +190,12 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
            best * 1e6, flop / best / 1e9, (double)wbytes / best / 1e9, ref_gflops,
            flop / best / 1e9 / ref_gflops, err, status, dnnl, first_ms,
            (double)ms_kernels_dnnl_bytes() / 1048576.0);
+    last_gbs = (double)wbytes / best / 1e9;
     ms_kernels_set_dnnl(0); /* frees the prepacked copies of these weights */
     ms_kernels_set_dnnl_min_m(min_m);
     fflush(stdout);
     free(W);
+    free(plain);
     free(x);
     free(y);
     free(ref);
@@ -177,20 +203,179 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     ms_free_aligned(wbuf);
 }
 
+/* ---- one MoE decode token (--moe) ---- */
+
+enum { MOE_E = 64, MOE_L = 2, MOE_TOPK = 6, MOE_D = 1024, MOE_F = 512 };
+
+/* Experts [MOE_L][MOE_E] of dtype dt (index 3: FP4 too), gate/up [F][D], down [D][F]. */
+struct moe_set {
+    ms_mat w[MOE_L][MOE_E][3];
+    void *buf;
+    float *scale;
+    uint8_t *plain;
+    double bytes_token; /* weight bytes one token reads (top-k of each layer) */
+};
+
+static int moe_set_make(struct moe_set *S, ms_dtype dt, const ms_kctx *kc, uint64_t *rng)
+{
+    int fp4 = dt == MS_DT_F4E2M1;
+    size_t codes = (size_t)ms_dtype_bytes(dt, (int64_t)MOE_F * MOE_D);
+    size_t mbytes = codes + (fp4 ? (size_t)MOE_F * MOE_D / 32 : 0), n = (size_t)MOE_L * MOE_E * 3;
+    size_t stride = (mbytes + 4095) & ~(size_t)4095;
+    S->buf = ms_alloc_aligned(n, stride);
+    S->scale = malloc(sizeof(float) * 8 * 4);
+    S->plain = malloc(n * MOE_D);
+    if (!S->buf || !S->scale || !S->plain) return -1;
+    for (int i = 0; i < 32; i++) S->scale[i] = (float)(0.001 + 0.01 * ms_rng_uniform(rng));
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *b = (uint8_t *)S->buf + i * stride;
+        for (size_t j = 0; j < mbytes; j++) { /* FP4 scales 2^-8 .. 2^-1; FP8 / BF16 random */
+            uint32_t r = (uint32_t)(ms_rng_next(rng) >> 24);
+            if (dt == MS_DT_F8E4M3 && (r & 0x78) == 0) r |= 0x08; /* plain codes, as most */
+            if (dt == MS_DT_F8E4M3 && (r & 0x7f) == 0x7f) r ^= 1;
+            b[j] = fp4 && j >= codes ? (uint8_t)(119 + r % 8) : (uint8_t)r;
+        }
+        if (dt == MS_DT_BF16) /* finite bf16: clear the exponent's top bit */
+            for (size_t j = 1; j < mbytes; j += 2) b[j] &= 0x3f;
+        int l = (int)(i / (MOE_E * 3)), e = (int)(i / 3 % MOE_E), p = (int)(i % 3);
+        int64_t R = p == 2 ? MOE_D : MOE_F, C = p == 2 ? MOE_F : MOE_D;
+        S->w[l][e][p] = fp4 ? ms_mat_fp4(R, C, b, b + codes)
+                            : ms_mat_whole(dt, R, C, b, dt == MS_DT_F8E4M3 ? S->scale : NULL);
+    }
+    if (dt == MS_DT_F8E4M3 && ms_kernels_f8_plain_used(kc))
+        for (size_t i = 0; i < n; i++) { /* the loader's flags, MOE_D bytes per matrix */
+            ms_mat *W = &S->w[i / (MOE_E * 3)][i / 3 % MOE_E][i % 3];
+            ms_mat_f8_scan(W, S->plain + i * MOE_D);
+            W->f8_plain = S->plain + i * MOE_D;
+        }
+    S->bytes_token = (double)MOE_L * MOE_TOPK * 3 * (double)ms_mat_bytes(&S->w[0][0][0]);
+    return 0;
+}
+
+static void moe_set_free(struct moe_set *S)
+{
+    ms_free_aligned(S->buf);
+    free(S->scale);
+    free(S->plain);
+}
+
+/* n_tok tokens through the set: seconds. */
+static double moe_tokens(const ms_kctx *kc, struct moe_set *S, int n_tok, uint64_t *rng,
+                         const float *x, float *g, float *u, float *y)
+{
+    ms_mm_call c[2 * MOE_TOPK];
+    double t0 = ms_now_s();
+    for (int t = 0; t < n_tok; t++)
+        for (int l = 0; l < MOE_L; l++) {
+            int ex[MOE_TOPK];
+            for (int j = 0; j < MOE_TOPK; j++) ex[j] = (int)(ms_rng_next(rng) % MOE_E);
+            for (int j = 0; j < MOE_TOPK; j++) {
+                c[2 * j] = (ms_mm_call){g + j * MOE_F, MOE_F, x, MOE_D, 1, &S->w[l][ex[j]][0], 0, 0};
+                c[2 * j + 1] = (ms_mm_call){u + j * MOE_F, MOE_F, x, MOE_D, 1, &S->w[l][ex[j]][1], 0, 0};
+            }
+            ms_matmul_batch(kc, c, 2 * MOE_TOPK);
+            for (int j = 0; j < MOE_TOPK; j++)
+                c[j] = (ms_mm_call){y + j * MOE_D, MOE_D, g + j * MOE_F, MOE_F, 1, &S->w[l][ex[j]][2], 0, 0};
+            ms_matmul_batch(kc, c, MOE_TOPK);
+        }
+    return ms_now_s() - t0;
+}
+
+static void bench_moe(int nt, int isa)
+{
+    ms_pool *pool = ms_pool_new(nt);
+    uint64_t rng = 4321;
+    static const ms_dtype dts[4] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F4E2M1, MS_DT_F4E2M1};
+    static const char *names[4] = {"bf16", "fp8", "fp4_f32", "fp4"};
+    int isas[4] = {isa, isa, isa > MS_ISA_AVX512 ? MS_ISA_AVX512 : isa, isa};
+    struct moe_set S[4];
+    float *x = malloc(sizeof(float) * MOE_D), *g = malloc(sizeof(float) * MOE_TOPK * MOE_F);
+    float *u = malloc(sizeof(float) * MOE_TOPK * MOE_F), *y = malloc(sizeof(float) * MOE_TOPK * MOE_D);
+    if (!x || !g || !u || !y) exit(1);
+    for (int i = 0; i < MOE_D; i++) x[i] = frand(&rng);
+    for (int i = 0; i < MOE_TOPK * MOE_F; i++) g[i] = frand(&rng);
+    for (int d = 0; d < 4; d++) {
+        ms_kctx kc = {pool, 0, isas[d], 0};
+        if (d == 3) S[3] = S[2]; /* the same FP4 weights */
+        else if (moe_set_make(&S[d], dts[d], &kc, &rng)) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+    }
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    enum { TOK = 32 };
+    for (int round = 0; round < 6; round++)
+        for (int d = 0; d < 4; d++) {
+            ms_kctx kc = {pool, 0, isas[d], 0};
+            double t = moe_tokens(&kc, &S[d], TOK, &rng, x, g, u, y) / TOK;
+            if (round > 0 && t < best[d]) best[d] = t; /* round 0 pages everything in */
+        }
+    double g16 = S[0].bytes_token / best[0] / 1e9;
+    for (int d = 0; d < 4; d++)
+        printf("moe threads=%d isa=%s wdtype=%s experts=%dx%d top=%d token_us=%.1f "
+               "bytes_token=%.0f weight_gbs=%.1f x_bf16_gbs=%.2f\n",
+               nt, ms_isa_name(isas[d]), names[d], MOE_L, MOE_E, MOE_TOPK, best[d] * 1e6,
+               S[d].bytes_token, S[d].bytes_token / best[d] / 1e9,
+               S[d].bytes_token / best[d] / 1e9 / g16);
+    fflush(stdout);
+    for (int d = 0; d < 3; d++) moe_set_free(&S[d]);
+    free(x);
+    free(g);
+    free(u);
+    free(y);
+    ms_pool_free(pool);
+}
+
 int main(int argc, char **argv)
 {
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
         execv("/proc/self/exe", argv); /* on failure, go on with the default */
-    int only_threads = 0, dispatch = 0;
+    int only_threads = 0, dispatch = 0, decode = 0, moe = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (!strcmp(argv[i], "--moe")) moe = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
     static const int64_t gemv[][2] = {{512, 512}, {2048, 512}, {4096, 1024}, {7168, 2048}, {2048, 7168}, {7168, 7168}};
     static const int64_t bigm[] = {16, 64, 512};
+    if (moe) {
+        bench_moe(only_threads ? only_threads : 2, isa);
+        return 0;
+    }
+    if (decode) { /* K, N: 2048 rows of 1024 (gate+up of 4 small experts), 4096 of 512, V3 */
+        static const int64_t shp[][2] = {{1024, 2048}, {512, 4096}, {7168, 2048}};
+        static const int64_t dm[] = {1, 2, 4, 8};
+        int nt = only_threads ? only_threads : 2;
+        ms_pool *pool = ms_pool_new(nt);
+        quick = 1;
+        bench_dram(pool, nt, isa);
+        for (int round = 0; round < 2; round++)
+            for (size_t si = 0; si < sizeof shp / sizeof shp[0]; si++)
+                for (size_t mi = 0; mi < sizeof dm / sizeof dm[0]; mi++) {
+                    int64_t K = shp[si][0], N = shp[si][1], M = dm[mi];
+                    bench_matmul(pool, nt, isa, MS_DT_BF16, 0, 0, M, K, N);
+                    double g16 = last_gbs;
+                    bench_matmul(pool, nt, isa, MS_DT_F8E4M3, 0, 0, M, K, N);
+                    double g8 = last_gbs, g4o = 0;
+                    if (isa > MS_ISA_AVX512) {
+                        bench_matmul(pool, nt, MS_ISA_AVX512, MS_DT_F4E2M1, 0, 0, M, K, N);
+                        g4o = last_gbs;
+                    }
+                    bench_matmul(pool, nt, isa, MS_DT_F4E2M1, 0, 0, M, K, N);
+                    printf("decode_gemv round=%d M=%ld K=%ld N=%ld bf16_gbs=%.1f fp8_gbs=%.1f "
+                           "fp4_f32_gbs=%.1f fp4_gbs=%.1f x_bf16_gbs fp8=%.2f fp4_f32=%.2f "
+                           "fp4=%.2f\n",
+                           round, (long)M, (long)K, (long)N, g16, g8, g4o, last_gbs, g8 / g16,
+                           g4o / g16, last_gbs / g16);
+                    fflush(stdout);
+                }
+        ms_pool_free(pool);
+        return 0;
+    }
     if (dispatch) { /* K, N: small-v3 q_a, kv_b, o, dense up, dense down; V3 expert gate/up */
         static const int64_t shp[][2] = {{1024, 384}, {256, 2048}, {1024, 1024},
                                          {1024, 2816}, {2816, 1024}, {7168, 2048}};

@@ -22,14 +22,17 @@
  *            attention with its scalar twin (attn=ref, ms_v4.attn_ref), two
  *            runs each: x_ref = ref step / threaded step.
  *   fp8fp4   batch-1 decode at ctx 1024 of the FP8+FP4 checkpoint against
- *            BF16, alternating, two of each: x_bf16 (target >= 1.6)
+ *            BF16, alternating, --pairs of each (default 2): x_bf16 (target
+ *            >= 1.6), and each checkpoint's weight GB/s (bytes / step)
  *   kvq      batch-1 decode at ctx 1024 and 65024 with the deployed cache
  *            formats (--kv-cache-dtype fp8_e4m3 --enable-deepseek-v4-fp4-indexer:
  *            FP8 ds entries, MXFP4 keys, dequantised as attention loads them)
  *            against the BF16 cache, alternating, two of each: x_bf16 (no target;
  *            the cost or gain of dequantising in place of reading BF16)
+ * --rows picks the rows (a comma list of prefill, decode, fp8fp4, kvq; all by
+ * default; dram always).
  * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
- *                 [--rows prefill,decode,fp8fp4,kvq] (default: all)
+ *                 [--rows LIST] [--pairs N]
  * Validation: every step's logits finite before a figure is printed.
  */
 #include "base/util.h"
@@ -48,7 +51,7 @@
 
 enum { PS = 64, CHUNK = 2048 };
 
-static int threads = 2, steps = 16, quick = 0;
+static int threads = 2, steps = 16, quick = 0, pairs = 2;
 static const char *model_dir = "build/models";
 static const char *rows; /* --rows: the rows to run (NULL: all) */
 
@@ -251,14 +254,16 @@ int main(int argc, char **argv)
             quick = 1;
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
             rows = argv[++i];
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
+            pairs = atoi(argv[++i]);
         else {
-            fprintf(stderr,
-                    "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
-                    "[--rows prefill,decode,fp8fp4,kvq]\n");
+            fprintf(stderr, "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
+                            "[--rows prefill,decode,fp8fp4,kvq] [--pairs N]\n");
             return 2;
         }
     }
     if (steps < 1) steps = 1;
+    if (pairs < 1) pairs = 1;
     if (quick) steps = MS_MIN(steps, 6);
     char d16[1100], d4[1100];
     if (ensure_model("small-v4", MS_MK_BF16, d16, sizeof d16) ||
@@ -325,7 +330,7 @@ int main(int argc, char **argv)
 
     /* FP8 + FP4 experts against BF16, batch 1 at ctx 1024, alternating */
     double b16 = 1e30, b4 = 1e30;
-    for (int rep = 0; rep < 2 && want("fp8fp4"); rep++)
+    for (int rep = 0; rep < pairs && want("fp8fp4"); rep++)
         for (int k = 0; k < 2; k++) {
             ms_model *mm = k ? m4 : m;
             struct seq s;
@@ -339,11 +344,15 @@ int main(int argc, char **argv)
             else
                 b16 = MS_MIN(b16, st);
         }
-    if (want("fp8fp4"))
-        printf("fp8fp4 model=small-v4 ctx=1024 bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
-               "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB x_bf16=%.2f\n",
-               b16 * 1e3, b4 * 1e3, ms_model_active_bytes_per_token(m) / 1e6,
-               ms_model_active_bytes_per_token(m4) / 1e6, b16 / b4);
+    if (want("fp8fp4")) {
+        double by16 = (double)ms_model_active_bytes_per_token(m),
+               by4 = (double)ms_model_active_bytes_per_token(m4);
+        printf("fp8fp4 model=small-v4 ctx=1024 pairs=%d bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
+               "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB bf16_gbs=%.1f fp8fp4_gbs=%.1f "
+               "x_bf16=%.2f target=1.60 %s\n",
+               pairs, b16 * 1e3, b4 * 1e3, by16 / 1e6, by4 / 1e6, by16 / b16 / 1e9,
+               by4 / b4 / 1e9, b16 / b4, b16 / b4 >= 1.6 ? "met" : "not_met");
+    }
     fflush(stdout);
 
     /* the deployed cache formats against the BF16 cache, batch 1, alternating */

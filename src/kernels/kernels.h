@@ -98,9 +98,11 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * (mm_widen.c; ~1e-7 relative, like the exact path).
  * F4E2M1 weights: exact = 1 or AVX2 only, the exact kernels above (codes
  * times the scale, one f32 product each, FP32 FMA); exact = 0 on AVX-512 with
- * views at c0 % 32 == 0, mm_fp4.c (FP32 activations and FMA over the codes,
- * each 32-column sum times its scale; ~1e-6 relative); x·W (nn) with FP4
- * weights runs the scalar path.
+ * views at c0 % 32 == 0, mm_fp4.c: on AVX512_BF16 activations rounded once
+ * to bf16 and vdpbf16ps over the codes (about 1e-3 relative, as BF16
+ * weights), without it FP32 activations and FMA (~1e-6 relative), each
+ * 32-column sum times its scale; x·W (nn) with FP4 weights runs the scalar
+ * path.
  * Results do not depend on the pool size.  No allocation per call (per-thread
  * scratch is grown on demand and kept).  Any data alignment.
  * Attention fits the same calls: scores[h][t] = q[h]·cache[t] is ms_matmul

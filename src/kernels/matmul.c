@@ -4,7 +4,8 @@
  * dtype, splits the output columns over the pool and runs it: mm_bf16.c
  * (auto mode, BF16/FP8 weights, AVX512_BF16), mm_dnnl.c (auto mode, BF16
  * weights, large M), mm_widen.c (auto mode, BF16/FP8 weights, AVX-512
- * without AVX512_BF16), mm_fp4.c (auto mode, FP4 weights, AVX-512),
+ * without AVX512_BF16), mm_fp4.c (auto mode, FP4 weights, AVX-512 with
+ * or without AVX512_BF16),
  * mm_avx512.c / mm_avx2.c (exact FP32), or the portable
  * scalar path here.  Also CPU feature detection, the per-thread scratch and
  * the bulk conversions.  Call from the rank's main thread (kernels.h).
@@ -169,7 +170,7 @@ static void scalar_nn(const mm_task *t, int64_t n0, int64_t n1)
 
 /* ---- dispatch ---- */
 
-enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16, P_WIDEN, P_FP4 };
+enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16, P_WIDEN, P_FP4, P_FP4BF };
 
 struct mm_job {
     mm_task t;
@@ -214,6 +215,10 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
         if (ms_mm_fp4_nt(t, b, e) == 0) break;
         ms_mm_avx512_nt(t, b, e); /* a view it does not take, or no scratch */
         break;
+    case P_FP4BF:
+        if (ms_mm_fp4_bf16_nt(t, b, e) == 0) break;
+        ms_mm_avx512_nt(t, b, e);
+        break;
     case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
     case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
     default: scalar_nt(t, b, e); break;
@@ -227,7 +232,9 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
         W->dtype != MS_DT_F8E4M3 && W->dtype != MS_DT_F4E2M1)
         return P_SCALAR; /* ms_mat_get gives NaN: keep the behaviour of the reference */
     if (W->dtype == MS_DT_F4E2M1)
-        return isa >= MS_ISA_AVX512 ? (k->exact || k->batch_invariant ? P_AVX512 : P_FP4)
+        return isa >= MS_ISA_AVX512 ? (k->exact || k->batch_invariant ? P_AVX512
+                                       : isa >= MS_ISA_AVX512BF16 ? P_FP4BF
+                                                                  : P_FP4)
                : isa >= MS_ISA_AVX2 ? P_AVX2
                                     : P_SCALAR;
     if (isa >= MS_ISA_AVX512BF16 && !k->exact &&

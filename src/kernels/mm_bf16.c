@@ -234,7 +234,12 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * from M = 4 the tiles are as fast, so they take over.
  *
  * The tiles (BF16 from M = 4, FP8 from M = 2) do more arithmetic per weight
- * byte and prefetch the next tile.  (Why these choices, measured:
+ * byte and prefetch the next tile.
+ *
+ * F8_GEMV_SUMS: an FP8 row at M = 1 takes 128 codes a step into four sums,
+ * not 64 into two: with two, every step waited for the previous step's
+ * vdpbf16ps (its latency, ~6 cycles per 64 bytes, held an L2-hot FP8 GEMV
+ * at half the BF16 GEMV's bytes per second).  (Why these choices, measured:
  * bench/RESULTS.md, "Why the code is so".) */
 AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *xb, int64_t ldxb,
                  const char *p, int64_t K, float *y, int64_t ldy, int accumulate)
@@ -246,6 +251,22 @@ AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *x
     for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm512_setzero_ps();
     int64_t k = 0;
     __m512i wa, wb;
+    if (isf8 && MB == 1) { /* 128 codes a step into two more sums (F8_GEMV_SUMS) */
+        __m512 c0 = _mm512_setzero_ps(), c1 = c0;
+        for (; k + 128 <= Kf; k += 128) {
+            __m512i wc, wd;
+            _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);
+            _mm_prefetch(p + k + 64 + F8_PF_BYTES, _MM_HINT_T0);
+            f8_lanes(isf8, L, _mm512_loadu_si512(p + k), &wa, &wb);
+            f8_lanes(isf8, L, _mm512_loadu_si512(p + k + 64), &wc, &wd);
+            a[0][0] = dp(a[0][0], _mm512_loadu_si512(xb + k), wa);
+            a[0][1] = dp(a[0][1], _mm512_loadu_si512(xb + k + 32), wb);
+            c0 = dp(c0, _mm512_loadu_si512(xb + k + 64), wc);
+            c1 = dp(c1, _mm512_loadu_si512(xb + k + 96), wd);
+        }
+        a[0][0] = _mm512_add_ps(a[0][0], c0);
+        a[0][1] = _mm512_add_ps(a[0][1], c1);
+    }
     for (; k < Kf; k += 64) {
         if (isf8) {
             _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);

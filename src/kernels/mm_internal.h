@@ -30,8 +30,9 @@ typedef struct mm_task {
  * thread exits.  NULL when out of memory (callers then fall back to a path
  * that needs none).  MM_SCR_X holds mm_bf16.c's prepared activations, which
  * it reuses across calls of one run, MM_SCR_XW mm_widen.c's (likewise),
- * MM_SCR_F4X mm_fp4.c's (likewise); nothing else writes them. */
-enum { MM_SCR_X, MM_SCR_XW, MM_SCR_W, MM_SCR_F4X, MM_SCR_N };
+ * MM_SCR_F4X and MM_SCR_F4B mm_fp4.c's two kernels' (likewise); nothing else
+ * writes them. */
+enum { MM_SCR_X, MM_SCR_XW, MM_SCR_W, MM_SCR_F4X, MM_SCR_F4B, MM_SCR_N };
 void *ms_mm_scratch(int slot, size_t bytes);
 
 /* Exact FP32 paths (dequantise weights to f32, FP32 FMA). */
@@ -63,6 +64,8 @@ int ms_mm_widen_nn(const mm_task *t, int64_t n0, int64_t n1); /* FP8 W at c0 % 6
  * 0, or -1 (nothing written) for a view it does not take (c0 % 32 != 0, odd
  * ld) or when its scratch could not be allocated. */
 int ms_mm_fp4_nt(const mm_task *t, int64_t n0, int64_t n1);
+/* The same on AVX512_BF16 with activations rounded to bf16 (vdpbf16ps). */
+int ms_mm_fp4_bf16_nt(const mm_task *t, int64_t n0, int64_t n1);
 
 /* oneDNN path for BF16 weights at large M (mm_dnnl.c).  Returns 0 when it
  * computed the whole product, -1 when it declined (caller uses a hand
