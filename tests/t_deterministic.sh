@@ -2,7 +2,10 @@
 # t_deterministic.sh — `--enable-deterministic-inference` (issue 29 item 6) in serve,
 # generate and perplexity on the tiny-v3 model (BF16 weights, --dtype auto): 16
 # concurrent greedy requests to `serve` give exactly the tokens each gives alone over
-# 200 tokens, and without the flag the same check sees batch-dependent tokens (tests/deterministic_test.py).  The kernel-level
+# 200 tokens, also with a KV pool small enough that requests are retracted and their
+# prompt + generated tokens recomputed in prefill chunks (the retraction counter must
+# be > 0), and without the flag the same check sees batch-dependent tokens
+# (tests/deterministic_test.py).  The kernel-level
 # property (each row of an M-row product has the bits of M = 1, every path) is
 # build/tests/test_kernels' matmul_batch_invariant.  Then the same flag in `generate`
 # (prompts together against each alone) and `perplexity` (--parallel and --threads
