@@ -245,6 +245,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     ms_model_opts mo = {.threads = o->threads, .exact = o->exact,
                         .batch_invariant = o->deterministic, .shard = NULL};
     if (e->W > 1) {
+        ms_comm_set_fixed_order(o->deterministic); /* sums over ranks in rank order */
         if ((rc = build_shard(e, err))) goto fail;
         mo.shard = &e->shard;
     } else {
