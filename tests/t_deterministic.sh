@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # t_deterministic.sh — `--enable-deterministic-inference` (issue 29 item 6) in serve,
-# generate and perplexity on the tiny-v3 model (BF16 weights, --dtype auto): 16
+# generate and perplexity on the tiny-v3 model (BF16 weights, --dtype auto; serve on tiny-v4 too): 16
 # concurrent greedy requests to `serve` give exactly the tokens each gives alone over
 # 200 tokens, also with a KV pool small enough that requests are retracted and their
 # prompt + generated tokens recomputed in prefill chunks (the retraction counter must
@@ -22,6 +22,11 @@ serve_setup
 out=$(/usr/bin/python3 tests/deterministic_test.py "$M" 200 2>&1)
 printf '%s\n' "$out" | grep -v '^[0-9]* passed'
 add_counts "$out" || bad "deterministic_test.py" "$out"
+# the same on tiny-v4 (its own attention, compressors and window pools)
+"$MOESERVE" mkmodel --preset tiny-v4 --seed 7 --out "$tmp/v4" >/dev/null 2>&1 || bad "mkmodel tiny-v4"
+out=$(/usr/bin/python3 tests/deterministic_test.py "$tmp/v4" 200 2>&1)
+printf '%s\n' "$out" | grep -E '^(ok|FAIL)' | sed 's/^\(ok  \|FAIL\) /&[tiny-v4] /'
+add_counts "$out" || bad "deterministic_test.py tiny-v4" "$out"
 # `generate` with the flag (same meaning as serve's): 6 prompts run together give
 # each prompt's tokens alone, over 80 tokens; without it the same check sees
 # differences (so it can tell).  --threads 2: the pool splits each product.
