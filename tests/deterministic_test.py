@@ -11,7 +11,12 @@ mixed with decodes, and prefix-cache hits on the alone runs' pages).  Prompt len
 include 17 and 33 ids (page 16: a prefix hit leaves one token to compute) and two
 prompts share a 40-token prefix.  With the flag, every request's tokens must equal its
 tokens alone; without it, some must differ (the fast paths round by batch size), or
-the test could not tell the two apart.  Prints `N passed, N failed`.
+the test could not tell the two apart.  Then the flag again with a KV pool of
+--max-total-tokens 1024 and 768 (16 x (prompt + TOKENS) would need ~4,200) and chunks
+of 29 and 64 tokens: requests are retracted (the test reads sglang:num_retracted_requests_total,
+so it cannot pass without one) and re-run their prompt and generated tokens through
+the prefill forward in chunks that start and end anywhere; their tokens must still
+equal the alone run's.  Prints `N passed, N failed`.
 """
 import os
 import sys
@@ -46,17 +51,27 @@ def generate(p, ids):
     return json.loads(body)["output_ids"] if s == 200 else "HTTP %d" % s
 
 
-def run(flags):
-    """(alone outputs, concurrent outputs, server log) for one server."""
+def retracted(p):
+    """sglang:num_retracted_requests_total summed over DP ranks (-1: no metric)."""
+    import urllib.request
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % p.port, timeout=30) as r:
+        text = r.read().decode()
+    vals = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+            if ln.startswith("sglang:num_retracted_requests_total{")]
+    return sum(vals) if vals else -1
+
+
+def run(flags, alone_too=True):
+    """(alone outputs, concurrent outputs, server log, retractions) for one server."""
     p = sp.Proc(["serve", "--model-path", MODEL, "--dtype", "auto", "--threads", "2",
                  "--max-running-requests", str(N_REQ), "--skip-server-warmup"] + flags,
                 deadline_s=120)
     if not p.started:
         out = p.output()
         p.stop()
-        return None, None, out
+        return None, None, out, 0
     ps = prompts()
-    alone = [generate(p, ids) for ids in ps]
+    alone = [generate(p, ids) for ids in ps] if alone_too else None
     conc = [None] * N_REQ
 
     def worker(i):
@@ -70,9 +85,10 @@ def run(flags):
         t.start()
     for t in threads:
         t.join()
+    n_retracted = retracted(p) if "--enable-metrics" in flags else 0
     out = p.output()
     p.stop()
-    return alone, conc, out
+    return alone, conc, out, n_retracted
 
 
 def first_diff(a, b):
@@ -84,7 +100,8 @@ def first_diff(a, b):
     return min(len(a), len(b)) if len(a) != len(b) else -1
 
 
-alone, conc, log = run(["--enable-deterministic-inference"])
+alone, conc, log, _ = run(["--enable-deterministic-inference"])
+det_alone = alone
 if alone is None:
     sp.check("deterministic server starts", False, log[-1500:])
 else:
@@ -98,7 +115,24 @@ else:
     sp.check("deterministic: the start-up log names batch-invariant products",
              "batch-invariant products" in log, log[-800:])
 
-alone, conc, log = run([])
+# Retractions: a pool too small for the 16 at once, the flag on; compared with the
+# alone run above (a pool size changes no arithmetic).
+for pool, chunk in (("1024", "29"), ("768", "64")):
+    _, conc, log, n_retracted = run(["--enable-deterministic-inference", "--enable-metrics",
+                                     "--max-total-tokens", pool, "--chunked-prefill-size", chunk],
+                                    alone_too=False)
+    what = "KV pool %s, chunk %s" % (pool, chunk)
+    if conc is None or det_alone is None:
+        sp.check("deterministic server (%s) starts" % what, False, log[-1500:])
+        continue
+    sp.check("%s: requests were retracted (%d; the check is not vacuous)" % (what, n_retracted),
+             n_retracted > 0, log[-800:])
+    bad = [(i, first_diff(det_alone[i], conc[i])) for i in range(N_REQ) if det_alone[i] != conc[i]]
+    sp.check("deterministic, %s: 16 concurrent greedy requests, some retracted and recomputed, "
+             "give exactly their tokens alone over %d tokens" % (what, TOKENS), not bad,
+             "request, first differing position: %s" % bad)
+
+alone, conc, log, _ = run([])
 if alone is None:
     sp.check("default server starts", False, log[-1500:])
 else:

@@ -2,6 +2,7 @@
 # t_comm.sh — the communication layer across real MPI ranks (moeserve comm-check under mpirun,
 # oversubscribed on this 2-core machine).  Every run has a hard deadline (timeout -k); a hang is
 # a failure.  Covers: every collective at awkward sizes and byte accounting (np 2 and 4), the
+# fixed-order sums of --enable-deterministic-inference (rank order at every size), the
 # self-relaunch without mpirun, the world-size check under mpirun, the deadline when a rank skips
 # a collective, a rank killed mid-run, rank 0 killed while the others wait idle, and the idle
 # wait's CPU use and wake latency.  Prints "N passed, N failed".
@@ -40,6 +41,20 @@ for np in 2 4; do
     n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
     if [ $rc -eq 0 ] && [ "$n_ok" -eq $np ]; then ok "collectives np=$np (${wall%.*}s)"; else bad "collectives np=$np rc=$rc" "$out"; fi
 done
+
+# 2b. fixed-order sums (--enable-deterministic-inference): every collective again with them on
+# (np 4: groups of 4, 2 and 3), and the sums' bits equal ((v0 + v1) + v2) + v3 at every size;
+# without them, with Open MPI's ring all-reduce (its grouping follows the size), some sums
+# change with the message size, so the order check can tell
+run 60 "${MPIRUN[@]}" -np 4 "$M" comm-check --fixed-order 1
+n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
+if [ $rc -eq 0 ] && [ "$n_ok" -eq 4 ]; then ok "collectives np=4 with fixed-order sums"; else bad "collectives np=4 --fixed-order 1 rc=$rc" "$out"; fi
+run 60 "${MPIRUN[@]}" -np 4 "$M" comm-check --mode order --fixed-order 1
+n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
+if [ $rc -eq 0 ] && [ "$n_ok" -eq 4 ]; then ok "fixed-order sums: all-reduce, reduce-scatter(v) in rank order at every size (np 4)"; else bad "fixed-order sums rc=$rc" "$out"; fi
+run 60 "${MPIRUN[@]}" --mca coll_libnbc_iallreduce_algorithm 1 -np 4 "$M" comm-check --mode order --fixed-order 0
+dep=$(printf '%s\n' "$out" | sed -nE 's/^ORDER rank 0 of 4 fixed=0: .*change with the size ([0-9]+)$/\1/p')
+if [ $rc -eq 0 ] && [ "${dep:-0}" -gt 0 ]; then ok "without them MPI's ring all-reduce changes $dep sums with the size (the check can tell)"; else bad "MPI ring order rc=$rc dep=${dep:-?}" "$out"; fi
 
 # 3. self-relaunch: no mpirun, no root variables in the environment
 run 30 env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$M" comm-check --np 2 --mode hello

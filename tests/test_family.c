@@ -4,8 +4,12 @@
  * under --dtype float32 on a tiny random model: a prefill of N tokens equals
  * N decode steps, a verify of k+1 positions equals k+1 decode steps (logits
  * and hidden states), and run_layers(0, m) + run_layers(m, L) equals
- * run_layers(0, L); each to 1e-4 relative with the same greedy tokens. */
+ * run_layers(0, L); each to 1e-4 relative with the same greedy tokens.  And
+ * with batch-invariant products (--enable-deterministic-inference) on BF16
+ * weights under --dtype auto: a position's logits have the same bits as a
+ * decode step or in prefill chunks of any length beside another sequence. */
 #include "harness.h"
+#include "base/util.h"
 #include "family_util.h"
 #include "model/family.h"
 #include "plan/plan.h"
@@ -265,6 +269,78 @@ TEST(run_layers_split_equals_whole)
     free_cache(b, &pb, &pb2);
 }
 
+/* Positions [0, P) of one prompt under bm: as P decode steps (ref), then split
+ * into prefill chunks by each row of splits, each chunk in a batch with another
+ * sequence's decode row; returns how many positions' logits differ in bits from
+ * ref over all splits (-1 on a forward error). */
+enum { P = 30 };
+static int chunk_bit_diffs(ms_model *bm, const int32_t *ids)
+{
+    static const int splits[][5] = {{30}, {7, 7, 7, 9}, {1, 29}, {13, 16, 1}, {2, 3, 5, 20}};
+    ms_kv_seq a, a2, b, b2;
+    ms_kv_cache *ca = fam_cache_new(bm, PS, MAXP, 0, 32, &a, &a2),
+                *cb = fam_cache_new(bm, PS, MAXP, 0, 32, &b, &b2);
+    float *ref = malloc(sizeof(float) * (size_t)(P * V)), *got = malloc(sizeof(float) * (size_t)(P * V));
+    float *other = malloc(sizeof(float) * (size_t)V);
+    int n_diff = -1;
+    if (!ca || !cb || !ref || !got || !other) goto out;
+    for (int i = 0; i < P; i++)
+        if (fam_forward1(bm, ca, &a, ids + i, 1, i, MS_SEQ_DECODE, 1, ref + (int64_t)i * V, NULL))
+            goto out;
+    n_diff = 0;
+    for (size_t s = 0; s < MS_ARRAY_LEN(splits); s++) {
+        int pos = 0;
+        for (int k = 0; k < 5 && splits[s][k] > 0; k++) {
+            int n = splits[s][k];
+            ms_batch_seq sq[2] = {
+                {.tokens = ids + pos, .n_tokens = n, .start_pos = pos, .kv = &b,
+                 .logits = got + (int64_t)pos * V, .n_logits = n, .kind = MS_SEQ_PREFILL},
+                {.tokens = ids + P - 1 - k, .n_tokens = 1, .start_pos = k, .kv = &b2,
+                 .logits = other, .n_logits = 1, .kind = MS_SEQ_DECODE}};
+            ms_errbuf err;
+            if (ms_model_forward(bm, cb, sq, 2, &err)) {
+                fprintf(stderr, "forward: %s\n", err.msg);
+                n_diff = -1;
+                goto out;
+            }
+            pos += n;
+        }
+        for (int i = 0; i < P; i++)
+            n_diff += memcmp(got + (int64_t)i * V, ref + (int64_t)i * V, sizeof(float) * (size_t)V) != 0;
+    }
+out:
+    free(ref), free(got), free(other);
+    if (ca) free_cache(ca, &a, &a2);
+    if (cb) free_cache(cb, &b, &b2);
+    return n_diff;
+}
+
+TEST(deterministic_positions_bit_identical)
+{
+    CHECK(model != NULL);
+    char dir[64] = "/tmp/ms_family_bf16_XXXXXX";
+    ms_config cfg;
+    ms_errbuf err;
+    CHECK(mkdtemp(dir) && ms_mkmodel_preset("tiny-v3", &cfg) == 0);
+    CHECKF(ms_mkmodel_write(&cfg, MS_MK_BF16, 7, dir, 0, &err) == 0, "%s", err.msg);
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = 3 + (i * 37) % 900;
+    for (int inv = 1; inv >= 0; inv--) {
+        ms_model *bm = NULL;
+        ms_model_opts mo = {.threads = 2, .batch_invariant = inv};
+        CHECKF(ms_model_open(&bm, dir, &mo, &err) == 0, "%s", err.msg);
+        int d = bm ? chunk_bit_diffs(bm, ids) : -1;
+        if (inv)
+            CHECKF(d == 0, "batch-invariant: %d of %d positions differ in bits", d, 5 * P);
+        else /* the default mode's prefill form rounds otherwise: the check can tell */
+            CHECKF(d > 0, "default mode: no position differs (%d)", d);
+        ms_model_free(bm);
+    }
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
 int main(void)
 {
     RUN(match_and_shape);
@@ -274,6 +350,7 @@ int main(void)
     RUN(prefill_equals_decode_steps);
     RUN(verify_equals_decode_steps);
     RUN(run_layers_split_equals_whole);
+    RUN(deterministic_positions_bit_identical);
     ms_model_free(model);
     if (model_dir[0]) {
         char cmd[128];

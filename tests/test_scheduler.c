@@ -84,7 +84,9 @@ static ms_sched *mk(ms_kv_cache **pool, int pages, int max_running, int chunk)
     int32_t np[MS_KV_MAX_STREAMS] = {pages};
     if (ms_kv_cache_new(pool, &spec, PS, np, MS_DT_F32, 0, &e)) return NULL;
     shadow = calloc((size_t)pages * PS, sizeof *shadow);
-    ms_sched_params p = {PS, max_running, chunk, MS_SCHED_FCFS, 1000, VOCAB, -1, 0, 0, 0, 0, 0, 0, 0};
+    ms_sched_params p = {.page_size = PS, .max_running = max_running, .chunk_tokens = chunk,
+                         .policy = MS_SCHED_FCFS, .context_len = 1000, .vocab = VOCAB,
+                         .eos_id = -1};
     ms_sched *s;
     if (ms_sched_new(&s, &p, *pool, &e)) return NULL;
     return s;

@@ -112,7 +112,9 @@ static ms_sched *mk(int pages, int S)
     if (ms_kv_cache_new(&pool, &spec, PS, np, MS_DT_F32, 0, &e)) return NULL;
     free(shadow);
     shadow = calloc((size_t)pages * PS, sizeof *shadow);
-    ms_sched_params p = {PS, 8, 16, MS_SCHED_FCFS, 1000, VOCAB, -1, 0, S, 0, 0, 0, 1, 4};
+    ms_sched_params p = {.page_size = PS, .max_running = 8, .chunk_tokens = 16,
+                         .policy = MS_SCHED_FCFS, .context_len = 1000, .vocab = VOCAB,
+                         .eos_id = -1, .spec_steps = S, .ngram_min = 1, .ngram_max = 4};
     ms_sched *s;
     if (ms_sched_new(&s, &p, pool, &e)) return NULL;
     return s;

@@ -182,10 +182,21 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
 
 /* Sequences whose rows take the absorbed form: decodes, and verify rows
  * (each of their positions one decode row over the context up to it: the
- * same causal attention, and a verify then costs what its rows cost). */
-static int absorbed(const ms_batch_seq *sq)
+ * same causal attention, and a verify then costs what its rows cost).  Under
+ * --enable-deterministic-inference every row does, prefill chunks too: the
+ * naive form's sums (q·k over dn + dr, p·v over the expanded values) are not
+ * the absorbed form's (over kvr + dr, then W_UV), so a position computed in a
+ * prefill chunk would round unlike the same position decoded, and a retracted
+ * request (its prompt and generated tokens recomputed as prefill chunks) or a
+ * prefix hit that leaves one token would part from the request run alone.
+ * In the absorbed form row j of a chunk is one decode row over positions
+ * 0 .. start + j (ms_attn_decode sums each row alone, in one order), so a
+ * position's attention has the same bits in a decode step, in a chunk of any
+ * length and at any chunk boundary. */
+static int absorbed(const ms_model *m, const ms_batch_seq *sq)
 {
-    return sq->n_tokens == 1 || (sq->kind == MS_SEQ_VERIFY && sq->n_tokens > 0);
+    if (sq->n_tokens <= 0) return 0;
+    return sq->n_tokens == 1 || sq->kind == MS_SEQ_VERIFY || m->kctx.batch_invariant;
 }
 
 /* Page-table and sequence arrays for the decode rows of this batch (grown,
@@ -194,7 +205,7 @@ static int ws_reserve_decode(ms_model *m, int page_size, const ms_batch_seq *seq
 {
     ms_model_ws *ws = m->ws;
     int64_t rows = 0;
-    for (int i = 0; i < n_seqs; i++) rows += absorbed(&seqs[i]) ? seqs[i].n_tokens : 0;
+    for (int i = 0; i < n_seqs; i++) rows += absorbed(m, &seqs[i]) ? seqs[i].n_tokens : 0;
     /* sized from the workspace's context capacity (which doubles), not from
      * this step's lengths, so a context crossing a page boundary grows nothing */
     int64_t pages = rows * (ws->cap_S / page_size + 1);
@@ -407,7 +418,7 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
             dv = c->v_head_dim, kvr = c->kv_lora_rank, row = kvr + dr;
     int64_t qd = dn + dr, n = 0, t = 0;
     for (int i = 0; i < n_seqs; i++) { /* pack the decode rows' queries */
-        if (absorbed(&seqs[i]))
+        if (absorbed(m, &seqs[i]))
             for (int32_t j = 0; j < seqs[i].n_tokens; j++)
                 memcpy(ws->dq + n++ * H * qd, ws->q + (t + j) * H * qd,
                        sizeof(float) * (size_t)(H * qd));
@@ -422,7 +433,7 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
     int64_t i = 0, np = 0; /* every decode row's pages into one table, then one kernel call */
     for (int q = 0; q < n_seqs; q++) {
         const ms_batch_seq *sq = &seqs[q];
-        if (!absorbed(sq)) continue;
+        if (!absorbed(m, sq)) continue;
         int64_t S_all = sq->start_pos + sq->n_tokens; /* its rows share one page table */
         const void **pp = ws->pptr + np;
         ms_kv_view v = {cache, sq->kv};
@@ -438,7 +449,7 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
     absorb_heads(m, lw, 1, n); /* o = ctx · W_UVᵀ */
     i = t = 0;
     for (int q = 0; q < n_seqs; q++) { /* unpack into the batch's rows */
-        if (absorbed(&seqs[q]))
+        if (absorbed(m, &seqs[q]))
             for (int32_t j = 0; j < seqs[q].n_tokens; j++)
                 memcpy(ws->attn + (t + j) * H * dv, ws->dout + i++ * H * dv,
                        sizeof(float) * (size_t)(H * dv));
@@ -602,7 +613,7 @@ static int layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seq
         for (int i = 0; i < n_seqs; i++) {
             const ms_batch_seq *sq = &seqs[i];
             ms_kv_view v = {cache, sq->kv};
-            if (!absorbed(sq))
+            if (!absorbed(m, sq))
                 attn_naive(m, lw, l, &v, sq->start_pos, sq->n_tokens, ws->q + t * H * qd,
                            ws->attn + t * H * dv);
             t += sq->n_tokens;

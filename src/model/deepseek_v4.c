@@ -687,9 +687,10 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
             m->v4->state_off[l] + ms_v4_state_floats(c->ratio[l], c->hd, c->idx_hd);
     MS_LOG(MS_INFO, "model",
            "loaded %s: deepseek_v4, %d layers (+%d MTP kept, not run), %lld params, isa %s, "
-           "%d threads, %s activations",
+           "%d threads, %s activations%s",
            dir, c->n_layers, c->n_mtp, (long long)m->n_params, ms_isa_name(m->kctx.isa),
-           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto");
+           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto",
+           m->kctx.batch_invariant ? ", batch-invariant products" : "");
     *out = m;
     return 0;
 fail:

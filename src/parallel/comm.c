@@ -63,6 +63,10 @@ double ms_comm_timeout(void)
 {
     return ms_comm_st.opts.timeout_s;
 }
+void ms_comm_set_fixed_order(bool on)
+{
+    ms_comm_st.fixed_order = on;
+}
 
 int ms_comm_group_world_rank(const ms_group *g, int i)
 {
@@ -540,7 +544,10 @@ int ms_comm_deinit(ms_errbuf *e)
         free(s->peers);
         free(s->ctrl_hdr);
         free(s->ctrl_body);
+        ms_free_aligned(s->fixed_buf);
     }
+    s->fixed_buf = NULL;
+    s->fixed_cap = 0;
     s->peers = NULL;
     s->ctrl_hdr = s->ctrl_body = NULL;
     s->ctrl_body_cap = 0;

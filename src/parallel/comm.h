@@ -51,6 +51,11 @@ void ms_comm_abort(int exit_code) __attribute__((noreturn));
 
 void ms_comm_set_timeout(double timeout_s); /* changes the deadline of later calls */
 double ms_comm_timeout(void);
+/* on (--enable-deterministic-inference): every sum over more than two ranks (all-reduce,
+ * reduce-scatter) adds the ranks' values in rank order, ((v0 + v1) + v2) + ..., whatever the
+ * message size (MPI_SUM's grouping is the library's and follows the size); two ranks' sum is
+ * the same either way and keeps MPI's.  Bytes as MPI's bandwidth-optimal algorithms. */
+void ms_comm_set_fixed_order(bool on);
 
 /* ---- groups ----------------------------------------------------------------------------- */
 

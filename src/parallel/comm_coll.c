@@ -82,6 +82,48 @@ static int finish(ms_group *g, MPI_Request *r, int mrc, const char *op, size_t b
     return 0;
 }
 
+/* ---- fixed-order sums (ms_comm_set_fixed_order) ---------------------------------------- */
+
+/* The one sum over ranks under --enable-deterministic-inference.  send holds the group's
+ * blocks in rank order (block j: counts[j] floats); block j goes to rank j (one all-to-all),
+ * which adds the copies it receives in rank order, ((b0 + b1) + b2) + ..., into recv
+ * (counts[rank] floats; recv may be send's own block: send is read before recv is written).
+ * MPI_SUM leaves the grouping to the library, which picks its algorithm (recursive doubling,
+ * ring, Rabenseifner...) by the message size, so over more than two ranks the bits of an
+ * element could follow the batch's row count; here they cannot.  Not recorded in the stats
+ * (the callers record what the MPI call would have). */
+static int fixed_sum(ms_group *g, const char *op, const float *send, const size_t *counts,
+                     float *recv, ms_errbuf *e)
+{
+    struct ms_group_priv *p = g->priv;
+    int n = g->size, me = g->rank;
+    size_t off = 0, mine = counts[me];
+    for (int j = 0; j < n; j++) {
+        if (counts[j] > INT_MAX || off > INT_MAX || mine * (size_t)j > INT_MAX)
+            return ms_err(e, MS_ETOOBIG, "%s on group '%s': %zu floats exceed MPI's count limit",
+                          op, g->name, counts[j]);
+        p->ia[j] = (int)counts[j], p->ib[j] = (int)off; /* what goes to j */
+        p->ic[j] = (int)mine, p->id[j] = (int)(mine * (size_t)j); /* j's copy of my block */
+        off += counts[j];
+    }
+    if (ms_grow_scratch_f32(&ms_comm_st.fixed_buf, &ms_comm_st.fixed_cap,
+                            (int64_t)mine * n > 0 ? (int64_t)mine * n : 1))
+        return ms_err(e, MS_ENOMEM, "%s on group '%s': out of memory", op, g->name);
+    float *b = ms_comm_st.fixed_buf; /* [n][mine] */
+    MPI_Request req;
+    int mrc = MPI_Ialltoallv(send, p->ia, p->ib, MPI_FLOAT, b, p->ic, p->id, MPI_FLOAT, p->comm,
+                             &req);
+    if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, op, e);
+    int rc = ms_comm_wait(g, &req, 1, true, op, mine * 4, e);
+    if (rc) return rc;
+    for (size_t i = 0; i < mine; i++) {
+        float s = b[i];
+        for (int j = 1; j < n; j++) s += b[(size_t)j * mine + i];
+        recv[i] = s;
+    }
+    return 0;
+}
+
 /* ---- collectives ------------------------------------------------------------------------ */
 
 int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
@@ -102,6 +144,19 @@ int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
         return 0;
     }
     MPI_Request req;
+    if (ms_comm_st.fixed_order && g->size > 2) { /* fixed_sum of each rank's block, gathered */
+        struct ms_group_priv *p = g->priv;
+        size_t *cnt = p->sa, *dsp = p->sb;
+        for (uint64_t j = 0, o = 0; j < n; o += cnt[j], j++) {
+            cnt[j] = (size_t)(c / n + (j < c % n ? 1 : 0));
+            dsp[j] = (size_t)o;
+        }
+        if ((rc = fixed_sum(g, op, buf, cnt, buf + dsp[r], e))) return rc;
+        for (int j = 0; j < g->size; j++) p->ia[j] = (int)cnt[j], p->ib[j] = (int)dsp[j];
+        int mrc = MPI_Iallgatherv(MPI_IN_PLACE, p->ia[r], MPI_FLOAT, buf, p->ia, p->ib, MPI_FLOAT,
+                                  p->comm, &req);
+        return finish(g, &req, mrc, op, count * 4, MS_COMM_ALLREDUCE, 4 * c, moved, moved, t0, e);
+    }
     int mrc =
         MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, g->priv->comm, &req);
     return finish(g, &req, mrc, op, count * 4, MS_COMM_ALLREDUCE, 4 * c, moved, moved, t0, e);
@@ -184,6 +239,14 @@ int ms_comm_reduce_scatter_f32(ms_group *g, const float *send, float *recv, size
                       op, g->name, count_per_rank);
     uint64_t n = (uint64_t)g->size, b = 4 * (uint64_t)count_per_rank;
     double t0 = ms_now_s();
+    if (ms_comm_st.fixed_order && g->size > 2) {
+        size_t *cnt = g->priv->sa;
+        for (int j = 0; j < g->size; j++) cnt[j] = count_per_rank;
+        if ((rc = fixed_sum(g, op, send, cnt, recv, e))) return rc;
+        ms_comm_stats_add(g, MS_COMM_REDUCE_SCATTER, b * n, b * (n - 1), b * (n - 1),
+                          ms_now_s() - t0);
+        return 0;
+    }
     MPI_Request req;
     int mrc = MPI_Ireduce_scatter_block(send, recv, (int)count_per_rank, MPI_FLOAT, MPI_SUM,
                                         g->priv->comm, &req);
@@ -204,6 +267,13 @@ int ms_comm_reduce_scatterv_f32(ms_group *g, const float *send, float *recv, con
         return rc;
     uint64_t mine = 4 * (uint64_t)counts[g->rank];
     double t0 = ms_now_s();
+    if (ms_comm_st.fixed_order && n > 2) {
+        if ((rc = fixed_sum(g, op, send, counts, recv, e))) return rc;
+        ms_comm_stats_add(g, MS_COMM_REDUCE_SCATTER, 4 * (uint64_t)total,
+                          4 * sum_except(counts, n, g->rank), mine * (uint64_t)(n - 1),
+                          ms_now_s() - t0);
+        return 0;
+    }
     MPI_Request req;
     int mrc = MPI_Ireduce_scatter(send, recv, g->priv->ia, MPI_FLOAT, MPI_SUM, g->priv->comm, &req);
     return finish(g, &req, mrc, op, (size_t)mine, MS_COMM_REDUCE_SCATTER, 4 * (uint64_t)total,

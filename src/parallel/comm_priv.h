@@ -54,6 +54,9 @@ struct ms_comm_state {
     unsigned char *ctrl_hdr;  /* 2 × (16 + MS_COMM_CTRL_INLINE): receive half, send half */
     unsigned char *ctrl_body; /* reassembled control body */
     size_t ctrl_body_cap;
+    bool fixed_order; /* ms_comm_set_fixed_order */
+    float *fixed_buf; /* [size][block] the received blocks of a fixed-order sum (grow-only) */
+    int64_t fixed_cap;
 };
 
 extern struct ms_comm_state ms_comm_st;

@@ -249,6 +249,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     ms_model_opts mo = {.threads = o->threads, .exact = o->exact,
                         .batch_invariant = o->deterministic, .shard = NULL};
     if (e->W > 1) {
+        ms_comm_set_fixed_order(o->deterministic); /* sums over ranks in rank order */
         if ((rc = build_shard(e, err))) goto fail;
         mo.shard = &e->shard;
     } else {
@@ -282,11 +283,19 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         goto fail;
     if (e->is_leader) {
         int S = ms_engine_spec_steps(e);
-        ms_sched_params sp = {o->page_size, max_running, chunk, o->schedule_policy, e->ctx_len,
-                              ms->vocab, ms->eos_token_id, o->deterministic, S, S > 0 && !ms_engine_spec_mtp(e),
-                              ms_engine_spec_mtp(e), ms->hidden,
-                              o->launch.ngram_min > 0 ? o->launch.ngram_min : 1,
-                              o->launch.ngram_max > 0 ? o->launch.ngram_max : 12};
+        ms_sched_params sp = {.page_size = o->page_size,
+                              .max_running = max_running,
+                              .chunk_tokens = chunk,
+                              .policy = o->schedule_policy,
+                              .context_len = e->ctx_len,
+                              .vocab = ms->vocab,
+                              .eos_id = ms->eos_token_id,
+                              .spec_steps = S,
+                              .spec_ngram = S > 0 && !ms_engine_spec_mtp(e),
+                              .spec_hidden = ms_engine_spec_mtp(e),
+                              .hidden_dim = ms->hidden,
+                              .ngram_min = o->launch.ngram_min > 0 ? o->launch.ngram_min : 1,
+                              .ngram_max = o->launch.ngram_max > 0 ? o->launch.ngram_max : 12};
         if ((rc = ms_sched_new(&e->sched, &sp, e->cache, err)) ||
             (rc = ms_sample_new(&e->sampler, ms->vocab, err)))
             goto fail;

@@ -281,9 +281,6 @@ static int take_pages(ms_sched *s, struct req *r, int64_t upto)
     return take_pages_upto(s, r, upto, upto);
 }
 
-static int64_t prompt_chunk(const ms_sched *s, int64_t left, int64_t budget);
-
-
 /* Moves a running request back to the front of the waiting queue. */
 static void retract(ms_sched *s, struct req *r)
 {
@@ -352,7 +349,6 @@ static int admit(ms_sched *s, struct req *r, int64_t budget)
     int64_t unit = ms_kv_cache_share_unit(s->cache);
     int64_t limit = ((r->n_ids - 1) / unit) * unit; /* the last token must be computed */
     if (matched > limit) matched = limit;
-    if (s->p.deterministic && matched > 0 && r->n_ids - matched < 2) matched -= unit;
     /* room in the page tables for the whole generation: decode never reallocates */
     if (ms_kv_cache_seq_capacity(s->cache, &r->kv, r->n_ids + r->in.max_new - r->n_out + ps))
         return MS_ENOMEM;
@@ -361,7 +357,7 @@ static int admit(ms_sched *s, struct req *r, int64_t budget)
     /* the prompt's whole history now; the windows for its first chunk (later chunks
      * grow them after the previous chunk's slide) */
     if (!rc)
-        rc = take_pages_upto(s, r, r->n_ids, matched + prompt_chunk(s, r->n_ids - matched, budget));
+        rc = take_pages_upto(s, r, r->n_ids, matched + MS_MIN(r->n_ids - matched, budget));
     if (rc) {
         ms_kv_cache_release(s->cache, &r->kv);
         ms_radix_unlock(s->radix, node);
@@ -404,14 +400,6 @@ static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
     s->batch_req[s->n_batch++] = r;
 }
 
-/* Prompt tokens of the next chunk: left (> 0) within budget; in deterministic mode
- * the chunk leaves no single prompt token behind (one fewer, or one over budget). */
-static int64_t prompt_chunk(const ms_sched *s, int64_t left, int64_t budget)
-{
-    int64_t n = MS_MIN(left, budget);
-    if (s->p.deterministic && left > 1 && left - n == 1) n = n >= 3 ? n - 1 : left;
-    return n;
-}
 
 static struct req *pick_waiting(ms_sched *s)
 {
@@ -446,7 +434,7 @@ int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
         if (r->state != ST_RUNNING) continue;
         int64_t left = r->n_ids - r->n_kv;
         if (left != 1) r->n_draft = 0;
-        r->step_n = left == 1 ? 1 + r->n_draft : prompt_chunk(s, left, budget);
+        r->step_n = left == 1 ? 1 + r->n_draft : MS_MIN(left, budget);
         if (r->step_n <= 0) continue;
         if (grow(s, r, r->n_kv + r->step_n)) {
             r->step_n = 0; /* r itself was retracted */
@@ -468,7 +456,7 @@ int ms_sched_build(ms_sched *s, const ms_batch_seq **batch)
         while (*pp) pp = &(*pp)->next;
         *pp = r;
         s->n_running++;
-        int64_t n = prompt_chunk(s, r->n_ids - r->n_kv, budget);
+        int64_t n = MS_MIN(r->n_ids - r->n_kv, budget);
         if (r->n_ids - r->n_kv > 1) budget -= n;
         add_seq(s, r, n);
     }

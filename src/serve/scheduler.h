@@ -37,12 +37,6 @@ typedef struct ms_sched_params {
     int64_t context_len;
     int64_t vocab;
     int64_t eos_id;       /* -1: none */
-    /* 1 (--enable-deterministic-inference): no prompt chunk of one token (a prefix
-     * hit or a chunk boundary leaves at least two), so every prompt position goes
-     * through the prefill forward whatever the cache and the batch hold (a
-     * one-token chunk would take the decode forward, which rounds differently);
-     * a one-token prompt is always one token */
-    int deterministic;
     /* speculative decoding: a decoding request with drafts feeds its last token and
      * its n_draft drafts as one verify row (n_draft + 1 positions, logits of each) */
     int spec_steps;       /* S, drafts per verify; 0: no speculation */

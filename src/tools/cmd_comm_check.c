@@ -4,7 +4,9 @@
  * Modes (--mode): collectives (default: every collective at awkward sizes against a computed
  * expectation, the standard groups, control blocks, byte accounting), hello, timeout (the last
  * rank skips a collective), kill (a rank SIGKILLs itself mid-run), kill-idle (rank 0 dies while
- * the others wait idle), idle (CPU use and wake latency of the idle wait), bench (latencies).
+ * the others wait idle), idle (CPU use and wake latency of the idle wait), bench (latencies),
+ * order (the sums' bits against the rank-order sum, --fixed-order 0 and 1; prints ORDER lines).
+ * --fixed-order 1 runs the mode with ms_comm_set_fixed_order on.
  * Started without mpirun and --np > 1 it relaunches itself under mpirun.  Main thread only.
  */
 #include "parallel/comm.h"
@@ -12,6 +14,7 @@
 
 #include "base/util.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -451,6 +454,82 @@ static void mode_collectives(void)
     ms_comm_group_free(odd);
 }
 
+/* ---- order mode ------------------------------------------------------------------------- */
+
+/* Rank r's value j: magnitudes 2^-20 .. 2^20 and both signs, so the grouping of a sum shows. */
+static float oval(int r, size_t j)
+{
+    uint64_t st = ((uint64_t)r << 40) ^ j, x = ms_rng_next(&st);
+    float m = (float)(x & 0xffffff) / (float)(1 << 24) + 0.5f;
+    return ldexpf((x >> 24) & 1 ? -m : m, (int)((x >> 25) % 41) - 20);
+}
+
+/* Elements of the world's all-reduce, reduce-scatter and reduce-scatterv (at sizes where MPI
+ * may pick different algorithms) whose bits differ from ((v0 + v1) + v2) + ...; one ORDER line
+ * per rank with the counts.  With --fixed-order 1 each count must be 0 (checked); with 0 the
+ * counts say whether this MPI's order differs from the rank order at all. */
+static void mode_order(bool fixed)
+{
+    ms_group *g = ms_comm_world();
+    int n = g->size;
+    static const size_t sizes[] = {1, 7, 1024, 65537, 300001};
+    size_t diff_ar = 0, diff_rs = 0, diff_rsv = 0, size_dep = 0, prev_n = 0;
+    float *prev = NULL; /* the previous size's all-reduce [prev_n] */
+    for (size_t s = 0; s < MS_ARRAY_LEN(sizes); s++) {
+        size_t c = sizes[s] * (size_t)n, blk = sizes[s];
+        float *b = malloc(c * sizeof *b), *r = malloc(c * sizeof *r);
+        size_t *cnt = malloc((size_t)n * sizeof *cnt);
+        if (!b || !r || !cnt) abort();
+        for (size_t j = 0; j < c; j++) b[j] = oval(g->rank, j);
+        CKRC(ms_comm_reduce_scatter_f32(g, b, r, blk, &ck_e));
+        for (size_t j = 0; j < blk; j++) {
+            size_t e = (size_t)g->rank * blk + j;
+            float want = oval(0, e);
+            for (int q = 1; q < n; q++) want += oval(q, e);
+            diff_rs += memcmp(&want, &r[j], 4) != 0;
+        }
+        size_t off = 0, mine_off = 0; /* uneven blocks: rank q gets (q + 1) · c / (n(n+1)/2) */
+        for (int q = 0; q < n; q++) {
+            cnt[q] = q == n - 1 ? c - off : c * (size_t)(q + 1) / (size_t)(n * (n + 1) / 2);
+            if (q == g->rank) mine_off = off;
+            off += cnt[q];
+        }
+        CKRC(ms_comm_reduce_scatterv_f32(g, b, r, cnt, &ck_e));
+        for (size_t j = 0; j < cnt[g->rank]; j++) {
+            float want = oval(0, mine_off + j);
+            for (int q = 1; q < n; q++) want += oval(q, mine_off + j);
+            diff_rsv += memcmp(&want, &r[j], 4) != 0;
+        }
+        CKRC(ms_comm_allreduce_f32(g, b, c, &ck_e));
+        size_t d = 0;
+        for (size_t j = 0; j < c; j++) {
+            float want = oval(0, j);
+            for (int q = 1; q < n; q++) want += oval(q, j);
+            d += memcmp(&want, &b[j], 4) != 0;
+        }
+        diff_ar += d;
+        size_t dp = 0; /* the first elements hold the same values at every size */
+        for (size_t j = 0; j < MS_MIN(c, prev_n); j++) dp += memcmp(&prev[j], &b[j], 4) != 0;
+        size_dep += dp;
+        if (g->rank == 0)
+            printf("ORDER allreduce of %zu floats: %zu not in rank order, %zu of the first %zu "
+                   "unlike the previous size's\n", c, d, dp, MS_MIN(c, prev_n));
+        free(prev);
+        prev = b, prev_n = c, b = NULL;
+        free(b);
+        free(r);
+        free(cnt);
+    }
+    free(prev);
+    printf("ORDER rank %d of %d fixed=%d: not in rank order: allreduce %zu, reduce_scatter %zu, "
+           "reduce_scatterv %zu; allreduce sums that change with the size %zu\n", g->rank, n,
+           fixed, diff_ar, diff_rs, diff_rsv, size_dep);
+    if (fixed)
+        CK(diff_ar + diff_rs + diff_rsv + size_dep == 0,
+           "fixed order: %zu + %zu + %zu sums not in rank order, %zu change with the size",
+           diff_ar, diff_rs, diff_rsv, size_dep);
+}
+
 /* ---- failure modes ---------------------------------------------------------------------- */
 
 static int mode_timeout(void)
@@ -690,13 +769,15 @@ int ms_cmd_comm_check(int argc, char **argv)
     int np = 0, iters = 200; /* np 0: whatever mpirun started (1 without mpirun) */
     double idle_s = 2.0;
     const char *mode = "collectives";
+    bool fixed = false;
     ms_comm_opts opts;
     ms_comm_opts_default(&opts);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: moeserve comm-check [--np N] [--mode collectives|hello|timeout|kill|"
-                   "kill-idle|idle|bench] [--comm-timeout-s S] [--comm-spin-us U] "
+                   "kill-idle|idle|bench|order] [--fixed-order 0|1] [--comm-timeout-s S] "
+                   "[--comm-spin-us U] "
                    "[--comm-max-sleep-us U] "
                    "[--iters N] [--idle-s S]\n");
             return 0;
@@ -720,6 +801,8 @@ int ms_cmd_comm_check(int argc, char **argv)
             iters = atoi(v);
         else if (!strcmp(a, "--idle-s"))
             idle_s = atof(v);
+        else if (!strcmp(a, "--fixed-order"))
+            fixed = atoi(v) != 0;
         else {
             fprintf(stderr, "comm-check: unknown flag '%s'\n", a);
             return 2;
@@ -741,6 +824,7 @@ int ms_cmd_comm_check(int argc, char **argv)
         return 2;
     }
     me = ms_comm_world_rank();
+    ms_comm_set_fixed_order(fixed);
     int status = 0;
     if (!strcmp(mode, "hello")) {
         printf("HELLO rank %d of %d pid %d\n", me, ms_comm_world_size(), (int)getpid());
@@ -756,6 +840,10 @@ int ms_cmd_comm_check(int argc, char **argv)
         status = mode_idle(idle_s);
     } else if (!strcmp(mode, "bench")) {
         status = mode_bench(iters);
+    } else if (!strcmp(mode, "order")) {
+        mode_order(fixed);
+        printf("comm-check rank %d: %d passed, %d failed\n", me, n_pass, n_fail);
+        status = n_fail ? 1 : 0;
     } else {
         fprintf(stderr, "comm-check: unknown mode '%s'\n", mode);
         status = 2;

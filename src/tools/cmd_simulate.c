@@ -284,9 +284,13 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
         goto out;
     }
     int64_t pages = (o->pool_tokens + o->page_size - 1) / o->page_size;
-    ms_sched_params sp = {
-        (int)o->page_size, (int)o->max_running, o->chunk, o->lpm ? MS_SCHED_LPM : MS_SCHED_FCFS,
-        1L << 30,          SIM_VOCAB,           -1, 0, 0, 0, 0, 0, 0, 0};
+    ms_sched_params sp = {.page_size = (int)o->page_size,
+                          .max_running = (int)o->max_running,
+                          .chunk_tokens = o->chunk,
+                          .policy = o->lpm ? MS_SCHED_LPM : MS_SCHED_FCFS,
+                          .context_len = 1L << 30,
+                          .vocab = SIM_VOCAB,
+                          .eos_id = -1};
     /* one stream of one value per token: the simulation needs only its pages */
     static ms_kv_spec spec;
     ms_kv_spec_init(&spec, 1);
