@@ -41,6 +41,7 @@ typedef struct ms_engine_opts {
     int prepack;                 /* prepack BF16 weights for oneDNN before sizing the KV pool */
     int recorder_mode;           /* --expert-distribution-recorder-mode: MS_REC_* (0: none) */
     int recorder_window;         /* --expert-distribution-recorder-buffer-size (passes) */
+    int64_t recorder_max_tokens; /* --expert-distribution-recorder-max-tokens (per_token rows) */
     int deterministic;           /* --enable-deterministic-inference: batch-invariant outputs */
 } ms_engine_opts;
 

@@ -538,7 +538,7 @@ static enum MHD_Result do_recorder(ms_frontend *fe, struct conn *c)
     if (!r)
         return send_error(c, 400,
                           "the expert distribution recorder is off: start the server with "
-                          "--expert-distribution-recorder-mode stat|per_pass", NULL);
+                          "--expert-distribution-recorder-mode stat|per_pass|per_token", NULL);
     if (c->route == R_REC_START) ms_expert_recorder_start(r);
     else if (c->route == R_REC_STOP) ms_expert_recorder_stop(r);
     else {
