@@ -298,6 +298,7 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     snprintf(info->load_balance_method, sizeof info->load_balance_method, "%s",
              ms_lb_name(o->eo.router.policy));
     info->recorder = ms_engine_recorder(e);
+    info->weight_bytes_rank0 = ms_model_local_weight_bytes(m);
     info->n_physical_experts = lay->n_physical_experts;
     info->n_redundant_experts = lay->n_physical_experts - lay->n_routed_experts;
     info->enable_eplb = o->eo.launch.enable_eplb;
