@@ -54,6 +54,7 @@ TEST(window_and_balancedness)
     CHECK(st.passes == 4 && st.recording);
     /* the last pass: 2 hits on logical 3 = slot 1, rank 0 */
     CHECK_NEAR(st.last, (1 + 1e-5) / (2 + 1e-5), 1e-9);
+    CHECK(st.touched_max == 1.0 && st.touched_mean == 0.5); /* one slot read, on rank 0 */
     ms_expert_recorder_free(r);
     ms_expert_map_deinit(&maps[0]);
     ms_expert_map_deinit(&maps[1]);

@@ -45,6 +45,7 @@ struct ms_expert_recorder {
     double *layer_bal;  /* [L] last pass */
     double bal_hist[BAL_HIST];
     double bal_sum;
+    double touched_max, touched_mean; /* the last pass (ms_recorder_stats) */
     double *load;       /* [n_ranks] scratch */
     /* per_token: the token rows of the kept passes, world rank 0 */
     int32_t *tok;       /* [max_tokens][META + L·K], row a at a mod max_tokens */
@@ -277,7 +278,7 @@ int ms_expert_recorder_end_pass(ms_expert_recorder *r, ms_group *world, ms_errbu
     if (keep_tok && (rc = gather_tokens(r, world, err))) return rc;
     int root = !world || world->rank == 0;
     int per = r->R / r->n_ranks, n_moe = 0;
-    double bal = 0.0;
+    double bal = 0.0, t_max = 0.0, t_all = 0.0;
     pthread_mutex_lock(&r->mu);
     for (int l = 0; l < r->L; l++) {
         const float *row = r->pass + (size_t)l * r->R;
@@ -288,9 +289,18 @@ int ms_expert_recorder_end_pass(ms_expert_recorder *r, ms_group *world, ms_errbu
         r->layer_bal[l] = ms_eplb_balancedness(r->load, r->n_ranks);
         bal += r->layer_bal[l];
         n_moe++;
+        int most = 0, hit = 0;
+        for (int g = 0; g < r->n_ranks; g++) {
+            int k = 0;
+            for (int s = 0; s < per; s++) k += row[g * per + s] > 0;
+            most = k > most ? k : most;
+            hit += k;
+        }
+        t_max += most, t_all += (double)hit / r->n_ranks;
     }
     if (n_moe) {
         bal /= n_moe;
+        r->touched_max = t_max / n_moe, r->touched_mean = t_all / n_moe;
         r->bal_hist[r->passes % BAL_HIST] = bal;
         r->bal_sum += bal;
         if (tok ? keep_tok : r->recording) {
@@ -502,6 +512,7 @@ void ms_expert_recorder_stats(ms_expert_recorder *r, ms_recorder_stats *st)
         *avg[w] = k ? s / (double)k : 1.0;
     }
     st->last = r->passes ? r->bal_hist[(r->passes - 1) % BAL_HIST] : 1.0;
+    st->touched_max = r->touched_max, st->touched_mean = r->touched_mean;
     pthread_mutex_unlock(&r->mu);
 }
 

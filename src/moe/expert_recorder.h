@@ -98,6 +98,9 @@ typedef struct ms_recorder_stats {
     double last;             /* the last pass's balancedness (mean over MoE layers) */
     double avg10, avg100, avg1000; /* over the last 10 / 100 / 1000 passes */
     double sum;              /* Σ over all passes of the per-pass balancedness */
+    /* the last pass, mean over MoE layers: the slots with any hit (expert weights read)
+     * on the EP rank with the most of them, and on the average rank */
+    double touched_max, touched_mean;
     int recording;
 } ms_recorder_stats;
 

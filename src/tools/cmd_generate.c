@@ -442,7 +442,7 @@ int ms_cmd_generate(int argc, char **argv)
     double t_part[3] = {0, 0, 0}; /* decode steps: forward, sample, draft */
     int64_t V = cfg.vocab;
     /* --enable-eplb: decode steps before the first decision, deciding or moving, after */
-    struct { int64_t steps, n_bal; double s, bal; } ph[3] = {{0}};
+    struct { int64_t steps, n_bal; double s, bal, tmax, tmean; } ph[3] = {{0}};
     ms_expert_recorder *rec = ms_engine_recorder(e);
     ms_recorder_stats rs0 = {0};
     while (ms_engine_busy(e)) {
@@ -473,7 +473,8 @@ int ms_cmd_generate(int argc, char **argv)
             ph[k].steps++, ph[k].s += st.seconds;
             ms_recorder_stats rs1;
             if (rec && (ms_expert_recorder_stats(rec, &rs1), rs1.passes > rs0.passes))
-                ph[k].bal += rs1.last, ph[k].n_bal++;
+                ph[k].bal += rs1.last, ph[k].n_bal++, ph[k].tmax += rs1.touched_max,
+                    ph[k].tmean += rs1.touched_mean;
         }
         for (int i = 0; i < n_ev; i++) {
             const ms_sched_event *x = &ev[i].ev;
@@ -512,16 +513,21 @@ int ms_cmd_generate(int argc, char **argv)
     if (o.eo.launch.enable_eplb) {
         ms_engine_eplb_state es;
         ms_engine_eplb_progress(e, &es);
-        double ms[3], b[3];
+        double ms[3], b[3], tx[3], tm[3];
         for (int k = 0; k < 3; k++) {
+            double nb = ph[k].n_bal ? (double)ph[k].n_bal : 1;
             ms[k] = ph[k].steps ? 1e3 * ph[k].s / (double)ph[k].steps : 0;
-            b[k] = ph[k].n_bal ? ph[k].bal / (double)ph[k].n_bal : 0;
+            b[k] = ph[k].bal / nb, tx[k] = ph[k].tmax / nb, tm[k] = ph[k].tmean / nb;
         }
+        /* touched: expert slots with a token per MoE layer and step, on the rank with the
+         * most (max) and on the average rank (mean) — the expert weights a rank reads */
         printf("eplb_decode_step_ms: before_steps=%lld before=%.3f before_balancedness=%.4f "
-               "moving_steps=%lld moving=%.3f after_steps=%lld after=%.3f "
-               "after_balancedness=%.4f decisions=%lld skipped=%lld\n",
-               (long long)ph[0].steps, ms[0], b[0], (long long)ph[1].steps, ms[1],
-               (long long)ph[2].steps, ms[2], b[2], (long long)es.decisions, (long long)es.skipped);
+               "before_touched_max=%.2f before_touched_mean=%.2f moving_steps=%lld moving=%.3f "
+               "after_steps=%lld after=%.3f after_balancedness=%.4f after_touched_max=%.2f "
+               "after_touched_mean=%.2f decisions=%lld skipped=%lld\n",
+               (long long)ph[0].steps, ms[0], b[0], tx[0], tm[0], (long long)ph[1].steps, ms[1],
+               (long long)ph[2].steps, ms[2], b[2], tx[2], tm[2], (long long)es.decisions,
+               (long long)es.skipped);
     }
     fflush(stdout);
     rc = failed;
