@@ -11,7 +11,17 @@
 # recorded window after every ITERS forward passes (ITERS ~ one round's passes): the
 # balancedness and wall time of round 1 (before: trivial + R redundant) and round 2
 # (after), against the same two rounds without --enable-eplb, interleaved twice (ONCE=1:
-# once); the staging buffer in KV tokens.  One row per configuration.  Noisy on a shared machine: compare rows of
+# once); the staging buffer in KV tokens.  Step time (MODE=steps, EP=2 or EP=4): one
+# `generate` of 32 prompts x NEW_TOKENS (30) greedy tokens with R redundant slots and
+# --enable-eplb every ITERS (16) passes, so the run holds one rebalance at pass 16: the
+# decode steps' time (ms per step at batch 32) and balancedness before it and after it
+# (generate's eplb_decode_step_ms line); the control is the same run with
+# --eplb-min-rebalancing-utilization-threshold 0 (the decision at pass 16 is skipped,
+# nothing moves), which measures how step time drifts with the context alone; the two
+# interleaved REPS (2) times; ratio = (after / before with EPLB) / (after / before in the
+# control).  Then what the R redundant slots and the staging buffer cost per rank, in bytes
+# and KV tokens, from `moeserve plan` (which prices them as the engine loads them:
+# t_eplb_serve.sh).  One row per configuration.  Noisy on a shared machine: compare rows of
 # one run.
 set -u
 BUILD=${BUILD:-build}
@@ -104,6 +114,44 @@ t = [list(map(float, open(b + ".%d.t" % r).read().split())) for r in (1, 2)]
 print(f"{s1 / n1:.4f} {(s2 - s1) / (n2 - n1):.4f} {int(n1)} {int(n2 - n1)} {t[0][1] - t[0][0]:.1f} {t[1][1] - t[1][0]:.1f}")
 PY
 }
+if [ "$MODE" = steps ]; then
+    NEW=${NEW_TOKENS_STEPS:-30}
+    for i in $(seq 1 32); do echo "Prompt number $i talks about item $((i * 7 % 13)) in some detail"; done >"$tmp/p.txt"
+    steps_run() { # rest: flags; prints the eplb_decode_step_ms fields
+        "$MS" generate --model "$M" --prompt-file "$tmp/p.txt" --max-new-tokens "$NEW" --ignore-eos \
+            --threads 1 "${EP[@]}" --ep-num-redundant-experts "$R" --enable-eplb \
+            --eplb-rebalance-num-iterations "$ITERS" "$@" >"$tmp/s.out" 2>"$tmp/s.err" ||
+            { tail -3 "$tmp/s.err" >&2; return 1; }
+        grep '^eplb_decode_step_ms:' "$tmp/s.out" | sed 's/^eplb_decode_step_ms: //'
+    }
+    field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+    ratios=()
+    for k in $(seq 1 "${REPS:-2}"); do
+        e=$(steps_run) || exit 1
+        c=$(steps_run --eplb-min-rebalancing-utilization-threshold 0) || exit 1
+        echo "model=$(basename "$M") ep=$NEP batch=32 run=eplb redundant=$R iters=$ITERS $e"
+        echo "model=$(basename "$M") ep=$NEP batch=32 run=control redundant=$R iters=$ITERS $c"
+        r=$(/usr/bin/python3 -c "import sys; a, b, c, d = map(float, sys.argv[1:]); print(f'{(b / a) / (d / c):.3f}')" \
+            "$(field "$e" before)" "$(field "$e" after)" "$(field "$c" before)" "$(field "$c" after)")
+        ratios+=("$r")
+        echo "ep=$NEP rep=$k step_ms eplb $(field "$e" before) -> $(field "$e" after), control $(field "$c" before) -> $(field "$c" after); balancedness eplb $(field "$e" before_balancedness) -> $(field "$e" after_balancedness), control $(field "$c" before_balancedness) -> $(field "$c" after_balancedness); ratio (after/before, eplb over control) $r (target < 1: EPLB shortens the step)"
+        [ "${ONCE:-0}" = 1 ] && break
+    done
+    pj() { "$MS" plan --model-config "$M/config.json" --gpu cpu --gpu-mem-gb 64 "${EP[@]}" "$@" --json 2>/dev/null; }
+    pj --ep-num-redundant-experts 0 >"$tmp/p0.json"
+    pj --ep-num-redundant-experts "$R" --enable-eplb >"$tmp/p1.json"
+    /usr/bin/python3 - "$tmp/p0.json" "$tmp/p1.json" "$R" "$NEP" "${ratios[*]}" <<'PY'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+bpt = b["kv_bytes_per_token"]
+w = b["weights_bytes_per_rank"] - a["weights_bytes_per_rank"]
+st = b["eplb_staging_bytes_per_rank"]
+print(f"ep={sys.argv[4]} redundant={sys.argv[3]} redundant_bytes_per_rank={w:.0f} ({w / 2**20:.1f} MiB) "
+      f"= {w / bpt:.0f} KV tokens; staging_bytes_per_rank={st:.0f} ({st / 2**20:.1f} MiB) = {st / bpt:.0f} "
+      f"KV tokens; kv_bytes_per_token={bpt:.0f}; step-time ratios {sys.argv[5]}")
+PY
+    exit 0
+fi
 if [ "$MODE" = runtime ]; then
     RT=(--ep-num-redundant-experts "$R" --enable-eplb --eplb-rebalance-num-iterations "$ITERS")
     for k in 1 2; do # interleaved: static (trivial + R redundant), then runtime EPLB

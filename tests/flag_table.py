@@ -52,7 +52,7 @@ NOT_BUILT = {
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
     "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
-    "--enable-waterfill": None, "--enable-prefill-delayer": None,
+    "--enable-waterfill": None, "--enable-deepep-waterfill": None, "--enable-prefill-delayer": None,
     "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
     "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,
     "--enable-unified-cache-external-linker": None,

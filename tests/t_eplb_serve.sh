@@ -83,6 +83,11 @@ b_eplb=$(bal_run eplb --ep-num-redundant-experts 2 --init-expert-location "$tmp/
 t "skewed model, EP 2: balancedness trivial $b_triv -> EPLB-placed (2 redundant) $b_eplb" \
     '/usr/bin/python3 -c "import sys; sys.exit(0 if float(sys.argv[2]) > float(sys.argv[1]) + 0.02 else 1)" "$b_triv" "$b_eplb"'
 t "/server_info names the slots" 'grep -Eq "\"ep_num_redundant_experts\": ?2" "$tmp/eplb.info" && grep -Eq "\"num_physical_experts\": ?18" "$tmp/eplb.info"'
+# what the 2 slots cost: /server_info's weight bytes (rank 0) against moeserve plan's
+p2=$(pw 2)
+wi=$(/usr/bin/python3 -c "import json,sys; print((json.load(open(sys.argv[2]))['weight_bytes_per_rank'] - json.load(open(sys.argv[1]))['weight_bytes_per_rank']) / 1e6)" "$tmp/triv.info" "$tmp/eplb.info" 2>&1)
+t "/server_info prices the 2 slots as moeserve plan does ($wi MB; plan $pa -> $p2 MB)" \
+    '/usr/bin/python3 -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - (float(sys.argv[3]) - float(sys.argv[2]))) <= 0.1 and float(sys.argv[1]) > 0 else 1)" "$wi" "$pa" "$p2"'
 # refusals
 eplb_refuses "nothing to balance" --ep-num-redundant-experts 2
 eplb_refuses "need the all-to-all MoE path" --tp 2 --ep-size 2 --ep-num-redundant-experts 2

@@ -7,7 +7,11 @@
 # summing to logical_count; a `mkmodel --route-skew 1.2` model routes served tokens with
 # the skew it was calibrated for (expert 0 near its 1/top-k cap, the first quarter of the
 # experts well over a quarter of the hits); balancedness in /metrics (sglang:eplb_balancedness); the
-# endpoints refuse clearly when the recorder is off, a .pt dump, and per_token.
+# endpoints refuse clearly when the recorder is off and a .pt dump.  per_token, on 1 rank,
+# EP 2 (all-to-all) and DP-attention 2 (gathered MoE): the dump's tokens are the batch's
+# (prompt then 7 decode steps, positions 0..26) and each token's top-k experts, mapped
+# back to logical ids, are the float64 reference's routing of those tokens
+# (tests/ref/route_ref.py); each record's counts are its tokens' hits.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
@@ -46,7 +50,7 @@ if mode == "per_pass":
     recs = d["records"]
     assert len(recs) == d["num_passes"] == 8, f"{len(recs)} records"
     for l in range(L):
-        s = [sum(r["physical_count"][l][p] for r in recs) for p in range(E)]
+        s = [sum(r["global_physical_count"][l][p] for r in recs) for p in range(E)]
         assert s == lc[l], f"layer {l}: records do not sum to logical_count"
 print("ok", d["num_passes"], "passes")
 PY
@@ -73,7 +77,7 @@ t "EP 2: layer balancedness $bal in [0.5, 1]" \
 /usr/bin/python3 - "$tmp/ep2.metrics" "$tmp/one.json" <<'PY' >"$tmp/balchk" 2>&1
 import json, re, sys
 m, d = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
-last = d["records"][-1]["physical_count"]
+last = d["records"][-1]["global_physical_count"]
 for l, row in enumerate(last):
     if not sum(row):
         continue
@@ -117,6 +121,69 @@ t "recorder off: 400 naming the flag" 'echo "$r" | grep -q "expert-distribution-
 kill "$PID" 2>/dev/null
 wait "$PID" 2>/dev/null
 PID=
-err=$("$MOESERVE" serve --model-path "$M" --expert-distribution-recorder-mode per_token 2>&1)
-t "per_token refused as not implemented" 'echo "$err" | grep -q "per_token: not implemented"'
+# per_token: the recorded tokens and their experts against the float64 reference
+tokcheck() { # $1 dump; prints "ok ..." when the records are the batch and its routing
+    /usr/bin/python3 - "$1" "$M" "$PROMPT" "$tmp/route.json" <<'PY'
+import hashlib, json, os, subprocess, sys
+path, model, prompt, route = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+cfg = json.load(open(model + "/config.json"))
+K, E, L = cfg["num_experts_per_tok"], cfg["n_routed_experts"], cfg["num_hidden_layers"]
+d = json.load(open(path))
+recs = d["records"]
+assert d["mode"] == "per_token" and len(recs) == 8, f"{len(recs)} records"
+ids = sum((r["input_ids"] for r in recs), [])
+pos = sum((r["positions"] for r in recs), [])
+assert ids[:20] == prompt and len(ids) == 27, ids
+assert pos == list(range(27)), pos
+assert [r["forward_mode"] for r in recs] == ["EXTEND"] + ["DECODE"] * 7
+assert [r["extend_seq_lens"] for r in recs] == [[20]] + [[1]] * 7
+route += "." + hashlib.md5(str(ids).encode()).hexdigest()
+if not os.path.exists(route):
+    subprocess.run(["/usr/bin/python3", os.environ["REF"], "--model", model, "--ids",
+                    ",".join(map(str, ids)), "--out", route], check=True)
+ref = json.load(open(route))
+p2l = d["last_physical_to_logical_map"]
+for l in range(L):
+    rows = sum((r["topk_ids_of_layer"][l] for r in recs), [])
+    assert len(rows) == 27 and all(len(x) == K for x in rows), f"layer {l}: shape"
+    if ref["topk"][l] is None:
+        assert all(p == -1 for x in rows for p in x), f"dense layer {l} routed"
+        continue
+    for t, x in enumerate(rows):
+        got = sorted(p2l[l][p] for p in x)
+        assert got == sorted(ref["topk"][l][t]), f"layer {l} token {t}: {got} vs {sorted(ref['topk'][l][t])}"
+    for r in recs: # each record's counts are its own tokens' hits
+        h = [0] * len(p2l[l])
+        for x in r["topk_ids_of_layer"][l]:
+            for p in x:
+                h[p] += 1
+        assert h == r["global_physical_count"][l], f"layer {l}: counts"
+print(f"ok 27 tokens x {L} layers, route margin {ref['route_margin']:.1e}, slot 0 holds {p2l[1][0]} of {len(p2l[1])}")
+PY
+}
+export REF="$(dirname "$0")/ref/route_ref.py"
+BODY="{\"input_ids\": $PROMPT, \"sampling_params\": {\"max_new_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}}"
+run_batch tok1 --expert-distribution-recorder-mode per_token
+out=$(tokcheck "$tmp/tok1.json" 2>&1)
+t "per_token, 1 rank: the batch's tokens and their top-k = the float64 reference's routing ($out)" \
+    'echo "$out" | grep -q "^ok"'
+# EP 2 with 2 redundant slots and a reversed placement: the dump's ids are physical
+/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); E=c["n_routed_experts"]
+json.dump({"physical_to_logical_map": [list(range(E))[::-1] + [0, 1]] * c["num_hidden_layers"]}, open(sys.argv[2], "w"))' \
+    "$M/config.json" "$tmp/rev.json"
+run_batch tokep2 --tp 2 --moe-a2a-backend deepep --expert-distribution-recorder-mode per_token \
+    --expert-distribution-recorder-max-tokens 64 --ep-num-redundant-experts 2 --init-expert-location "$tmp/rev.json"
+out=$(tokcheck "$tmp/tokep2.json" 2>&1)
+t "per_token, EP 2 all-to-all, 2 redundant slots, reversed placement: the same ($out)" \
+    'echo "$out" | grep -q "^ok.*slot 0 holds $(( $(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[\"n_routed_experts\"])" "$M/config.json") - 1 )) of"'
+run_batch tokdp2 --tp 2 --dp 2 --enable-dp-attention --expert-distribution-recorder-mode per_token
+out=$(tokcheck "$tmp/tokdp2.json" 2>&1)
+t "per_token, DP-attention 2 (gathered MoE): the same ($out)" 'echo "$out" | grep -q "^ok"'
+# the cap: 20 rows keep the last 20 tokens' passes only (the 20-token prefill and 7 decodes: 7)
+run_batch tokcap --expert-distribution-recorder-mode per_token --expert-distribution-recorder-max-tokens 20
+out=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["records"]; print(d["max_tokens"], len(r), sum(len(x["input_ids"]) for x in r), d["num_passes"], sum(map(sum, d["logical_count"])))' "$tmp/tokcap.json" 2>&1)
+t "per_token --expert-distribution-recorder-max-tokens 20: 7 decode records kept of 8 passes, logical_count whole ($out)" \
+    '[ "$out" = "20 7 7 8 $(( 27 * $(/usr/bin/python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c[\"num_experts_per_tok\"] * (c[\"num_hidden_layers\"] - c[\"first_k_dense_replace\"]))" "$M/config.json") ))" ]'
+err=$("$MOESERVE" serve --model-path "$M" --expert-distribution-recorder-mode per_tok 2>&1)
+t "an unknown recorder mode refused naming the modes" 'echo "$err" | grep -q "expected stat, per_pass or per_token"'
 report

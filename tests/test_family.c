@@ -12,6 +12,7 @@
 #include "base/util.h"
 #include "family_util.h"
 #include "model/family.h"
+#include "model/model.h" /* expert_slot_write_refreshes_fp8_rows: a slot's views */
 #include "plan/plan.h"
 #include "tools/mkmodel.h"
 
@@ -341,6 +342,59 @@ TEST(deterministic_positions_bit_identical)
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
 }
 
+/* EPLB's slot rewrite (ms_model_expert_slot_write) refreshes a slot's derived copies: an
+ * FP8 slot rewritten with rows of smallest-normal codes (plain), then with rows where every
+ * other code is zero (not plain), has plain-row flags that follow its rows (the auto-mode
+ * kernels that read them convert plain rows with integer operations; this check fails
+ * without the rescan), and multiplies as the reference twin does after each rewrite (which
+ * a stale flag did not visibly break on the AVX512_BF16 host this was written on). */
+TEST(expert_slot_write_refreshes_fp8_rows)
+{
+    char dir[] = "/tmp/ms_slots_XXXXXX";
+    ms_config cfg;
+    ms_errbuf err;
+    CHECK(mkdtemp(dir) && !ms_mkmodel_preset("tiny-v3", &cfg));
+    CHECKF(!ms_mkmodel_write(&cfg, MS_MK_FP8, 7, dir, 0, &err), "%s", err.msg);
+    ms_model *m = NULL;
+    ms_model_opts mo = {.threads = 1, .exact = 0};
+    CHECKF(!ms_model_open(&m, dir, &mo, &err), "%s", err.msg);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+    int l = (int)cfg.first_k_dense_replace;
+    size_t sb = ms_model_expert_slot_bytes(m, l);
+    ms_ffn_w *f = &m->layers[l].slots[0];
+    const ms_mat *g = &f->gate; /* [moe_inter][hidden] FP8 */
+    CHECKF(sb > 0 && g->dtype == MS_DT_F8E4M3, "slot bytes %zu", sb);
+    int plain_used = ms_kernels_f8_plain_used(&m->kctx);
+    CHECK(!plain_used || g->f8_plain); /* the loader marks rows only for those kernels */
+    uint8_t *blob = malloc(sb);
+    int64_t R = g->rows, C = g->cols; /* the blob opens with the gate rows (expert_slots.c) */
+    float *x = malloc(sizeof(float) * (size_t)C), *y = malloc(sizeof(float) * (size_t)R),
+          *yr = malloc(sizeof(float) * (size_t)R);
+    CHECK(blob && x && y && yr);
+    for (int64_t c = 0; c < C; c++) x[c] = (float)((c * 37 % 101) - 50) / 50.0f;
+    double worst[2] = {0, 0};
+    for (int pass = 0; pass < 2; pass++) { /* 0: every code the smallest normal (plain rows);
+                                            * 1: every other code zero (no plain row) */
+        memcpy(blob, ms_model_expert_slot_blob(m, l, 0), sb);
+        for (int64_t r = 0; r < R; r++) {
+            uint8_t *row = blob + r * g->ld;
+            for (int64_t c = 0; c < C; c++)
+                row[c] = pass && c % 2 ? 0x00 : (uint8_t)((row[c] & 0x80) | 0x08);
+        }
+        CHECKF(!ms_model_expert_slot_write(m, l, 0, blob, &err), "%s", err.msg);
+        if (plain_used) CHECK(g->f8_plain[g->r0 - g->f8_plain_r0 + R - 1] == !pass);
+        ms_matmul(&m->kctx, y, R, x, C, 1, g, 0);
+        ms_matmul_ref(yr, R, x, C, 1, g, 0);
+        worst[pass] = rel_err(y, yr, R);
+    }
+    CHECKF(worst[0] < 2e-2 && worst[1] < 2e-2, "plain rows %.3g, rows with zero codes %.3g",
+           worst[0], worst[1]);
+    free(blob), free(x), free(y), free(yr);
+    ms_model_free(m);
+}
+
 int main(void)
 {
     RUN(match_and_shape);
@@ -351,6 +405,7 @@ int main(void)
     RUN(verify_equals_decode_steps);
     RUN(run_layers_split_equals_whole);
     RUN(deterministic_positions_bit_identical);
+    RUN(expert_slot_write_refreshes_fp8_rows);
     ms_model_free(model);
     if (model_dir[0]) {
         char cmd[128];

@@ -3,9 +3,14 @@
  * summed over all ranks, kept over a sliding window of passes; and each pass's
  * balancedness per layer ((mean + 1e-5) / (max + 1e-5) of per-EP-rank load).
  *
- * Modes: stat (the window's sum is dumped) and per_pass (each pass of the window is
- * dumped with its physical counts).  The dump is JSON with SGLang's field names
- * ("logical_count" [L][E] summed over the window, "physical_to_logical_map" [L][R]).
+ * Modes: stat (the window's sum is dumped), per_pass (each pass of the window is
+ * dumped with its "global_physical_count" [L][R]) and per_token (each pass also with
+ * its tokens: "input_ids", "positions", "extend_seq_lens", "forward_mode" and
+ * "topk_ids_of_layer" [L][n_tokens][top-k], the physical expert each token went to;
+ * at most max_tokens token rows are kept, the oldest passes' rows dropped first).  The
+ * dump is JSON with SGLang's field names ("logical_count" [L][E] summed over the
+ * window, "physical_to_logical_map" [L][R]; SGLang writes torch .pt pickles, which C
+ * cannot: the JSON carries the same fields).
  *
  * Threads: ms_expert_recorder_add and _end_pass run on the engine's main thread (the
  * pass buffer is theirs); start / stop / dump / the statistics readers may run on any
@@ -22,19 +27,24 @@
 
 #include <stdint.h>
 
-enum ms_recorder_mode { MS_REC_OFF = 0, MS_REC_STAT, MS_REC_PER_PASS };
+enum ms_recorder_mode { MS_REC_OFF = 0, MS_REC_STAT, MS_REC_PER_PASS, MS_REC_PER_TOKEN };
 
-/* "stat" | "per_pass" → MS_REC_*; "per_token" → MS_EUNSUPPORTED; else MS_EINVAL.  The
- * reason goes to err, naming the flag. */
+#define MS_REC_MAX_TOKENS_DEFAULT 65536 /* per_token: token rows kept (all passes, all ranks) */
+
+/* "stat" | "per_pass" | "per_token" → MS_REC_*; else MS_EINVAL, the reason in err
+ * naming the flag. */
 int ms_recorder_mode_parse(const char *v, int *mode, ms_errbuf *err);
 
 typedef struct ms_expert_recorder ms_expert_recorder;
 
 /* n_layers rows of n_physical slots, owned per_rank = n_physical / n_ranks by each EP
- * rank; window: passes kept (>= 1).  maps[n_layers]: the placement (borrowed; NULL:
- * the identity with n_logical = n_physical).  NULL when out of memory. */
+ * rank; window: passes kept (>= 1); top_k: the gate's k; max_tokens: per_token's cap
+ * on token rows kept (>= 1; other modes ignore it).  maps[n_layers]: the placement
+ * (borrowed; NULL: the identity with n_logical = n_physical).  NULL when out of memory
+ * or a size is out of range. */
 ms_expert_recorder *ms_expert_recorder_new(int mode, int n_layers, int n_logical, int n_physical,
-                                           int n_ranks, int window, const ms_expert_map *maps);
+                                           int n_ranks, int window, int top_k, int64_t max_tokens,
+                                           const ms_expert_map *maps);
 void ms_expert_recorder_free(ms_expert_recorder *r);
 
 /* The recorder the MLP layers feed (NULL: none). */
@@ -46,14 +56,29 @@ ms_expert_recorder *ms_expert_recorder_active(void);
 void ms_expert_recorder_add(ms_expert_recorder *r, int layer, const ms_expert_map *map,
                             const int32_t *idx, int64_t n, int K);
 
+/* per_token: the pass's tokens, one sequence of n ids at positions start_pos.. of kind
+ * MS_REC_SEQ_* per call, in the order the forward lays out its rows.  The first rank of
+ * each DP group (attention-TP rank 0) calls it for its group's batch; no-op in the
+ * other modes.  Main thread.  Across ranks, the rows the ranks route (add) and the
+ * tokens their DP leaders give here both come out in world rank order: DP group 0's
+ * rows first, each group's in its batch order. */
+enum { MS_REC_SEQ_EXTEND = 0, MS_REC_SEQ_DECODE = 1, MS_REC_SEQ_VERIFY = 2 };
+void ms_expert_recorder_add_seq(ms_expert_recorder *r, const int32_t *ids, int32_t n,
+                                int64_t start_pos, int kind);
+
 /* Ends a forward pass: sums the pass over world (NULL: one rank; every rank of world
  * calls it), updates the balancedness statistics, and keeps the pass in the window
- * while recording.  0 or a communication error. */
+ * while recording (per_token: also gathers every rank's token rows to world rank 0,
+ * the rank that dumps).  0 or a communication error. */
 int ms_expert_recorder_end_pass(ms_expert_recorder *r, ms_group *world, ms_errbuf *err);
+
+/* Forgets the pass so far (a forward that is no serving pass: the warm-up).  Main thread. */
+void ms_expert_recorder_discard_pass(ms_expert_recorder *r);
 
 void ms_expert_recorder_start(ms_expert_recorder *r); /* clears the window, records */
 void ms_expert_recorder_stop(ms_expert_recorder *r);
-/* The window as JSON (see above; "mode", "num_passes", "forward_pass_id" too), and
+/* The window as JSON (see above; "mode", "num_passes", "forward_pass_id" too; per_pass
+ * and per_token: "records", one per kept pass, and "last_physical_to_logical_map"), and
  * clears it (SGLang's dump resets).  A new reference, NULL when out of memory. */
 struct json_t *ms_expert_recorder_dump(ms_expert_recorder *r);
 
@@ -73,6 +98,9 @@ typedef struct ms_recorder_stats {
     double last;             /* the last pass's balancedness (mean over MoE layers) */
     double avg10, avg100, avg1000; /* over the last 10 / 100 / 1000 passes */
     double sum;              /* Σ over all passes of the per-pass balancedness */
+    /* the last pass, mean over MoE layers: the slots with any hit (expert weights read)
+     * on the EP rank with the most of them, and on the average rank */
+    double touched_max, touched_mean;
     int recording;
 } ms_recorder_stats;
 

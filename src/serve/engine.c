@@ -449,6 +449,10 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     int64_t replica_rows, all_rows, all_dec;
     if ((rc = ms_engine_count_rows(e, batch, n, &replica_rows, &all_rows, &all_dec, err))) return rc;
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
+    if (e->rec && e->is_leader) /* per_token: the tokens of the group's rows, in row order */
+        for (int i = 0; i < n; i++)
+            ms_expert_recorder_add_seq(e->rec, batch[i].tokens, batch[i].n_tokens, batch[i].start_pos,
+                                       batch[i].kind);
     double t_fwd = ms_now_s();
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
     double t_smp = ms_now_s();

@@ -41,6 +41,7 @@ typedef struct ms_engine_opts {
     int prepack;                 /* prepack BF16 weights for oneDNN before sizing the KV pool */
     int recorder_mode;           /* --expert-distribution-recorder-mode: MS_REC_* (0: none) */
     int recorder_window;         /* --expert-distribution-recorder-buffer-size (passes) */
+    int64_t recorder_max_tokens; /* --expert-distribution-recorder-max-tokens (per_token rows) */
     int deterministic;           /* --enable-deterministic-inference: batch-invariant outputs */
 } ms_engine_opts;
 
@@ -129,6 +130,13 @@ int64_t ms_engine_chunk_per_rank(const ms_engine *e);
 int64_t ms_engine_context_length(const ms_engine *e);
 /* --enable-eplb's staging buffer on this rank (0: off; counted in the KV budget). */
 size_t ms_engine_eplb_staging_bytes(const ms_engine *e);
+/* --enable-eplb's progress (all 0 when off): rebalance decisions taken (planned or
+ * skipped), of them skipped, and whether a plan is still moving layers. */
+typedef struct ms_engine_eplb_state {
+    int64_t decisions, skipped;
+    int moving;
+} ms_engine_eplb_state;
+void ms_engine_eplb_progress(const ms_engine *e, ms_engine_eplb_state *st);
 
 /* rank 0: queue a request for the DP rank in->dp_rank (-1: the router's choice).
  * Checks the context length now (MS_ECONTEXT with the token counts); the DP rank's

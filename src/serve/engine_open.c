@@ -40,6 +40,7 @@ void ms_engine_opts_init(ms_engine_opts *o)
     o->max_running_default = 256;
     o->chunk_default = 2048;
     o->recorder_window = 1000; /* SGLang's default without EPLB */
+    o->recorder_max_tokens = MS_REC_MAX_TOKENS_DEFAULT;
 }
 
 /* The capacity lines of the start-up log: each pool per DP rank, the concurrency
@@ -336,7 +337,8 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     if (rec_mode && e->n_expert_maps > 0) {
         const ms_expert_map *m0 = &e->expert_maps[0];
         e->rec = ms_expert_recorder_new(rec_mode, ms->n_layers, m0->n_logical, m0->n_physical,
-                                        m0->n_ranks, rec_window, e->W > 1 ? e->expert_maps : NULL);
+                                        m0->n_ranks, rec_window, ms->topk, o->recorder_max_tokens,
+                                        e->W > 1 ? e->expert_maps : NULL);
         if (!e->rec) {
             rc = ms_err(err, MS_ENOMEM, "out of memory for the expert distribution recorder");
             goto fail;

@@ -47,7 +47,7 @@ struct ms_eplb_run {
     size_t staging_bytes;
     ms_comm_p2p *ops;     /* [2 · R] */
     int32_t *scr;         /* [E + 2 · per_rank] keep_slots' */
-    int64_t rebalances, skipped, slots_moved, slots_received;
+    int64_t decisions, rebalances, skipped, slots_moved, slots_received;
 };
 
 static void run_free(struct ms_eplb_run *r)
@@ -70,6 +70,13 @@ void ms_eplb_run_free(ms_engine *e)
 
 size_t ms_eplb_run_staging_bytes(const ms_engine *e) { return e->eplb ? e->eplb->staging_bytes : 0; }
 size_t ms_engine_eplb_staging_bytes(const ms_engine *e) { return ms_eplb_run_staging_bytes(e); }
+
+void ms_engine_eplb_progress(const ms_engine *e, ms_engine_eplb_state *st)
+{
+    const struct ms_eplb_run *r = e->eplb;
+    *st = (ms_engine_eplb_state){.decisions = r ? r->decisions : 0, .skipped = r ? r->skipped : 0,
+                                 .moving = r && r->plan};
+}
 
 int ms_eplb_run_open(ms_engine *e, ms_errbuf *err)
 {
@@ -256,6 +263,7 @@ static void keep_slots(int32_t *row, const int32_t *old, int n_ranks, int per_ra
  * all-rank sums). */
 static int make_plan(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
 {
+    r->decisions++;
     int n = ms_expert_recorder_take_window(e->rec, r->lc);
     ms_recorder_stats st;
     ms_expert_recorder_stats(e->rec, &st);

@@ -65,8 +65,16 @@ static const struct {
     {"--eplb-rebalance-layers-per-chunk", OURS, NULL},
     {"--eplb-min-rebalancing-utilization-threshold", OURS, NULL},
     {"--eplb-", NOT_BUILT, "this EPLB option"},
+    /* SGLang's DeepEPWaterfillBalancer (layers/moe/deepep_waterfill.py; the flag was
+     * --enable-deepep-waterfill before v0.5.16): the shared expert becomes a (k+1)-th
+     * routed expert with a slot on every EP rank, each token's copy sent to a lightly
+     * loaded rank among those its routed experts live on; it forces shared-expert fusion */
     {"--enable-waterfill", NOT_BUILT,
-     "waterfill (its semantics could not be confirmed in SGLang's code)"},
+     "SGLang's waterfill (the shared expert dispatched like a routed one to a lightly "
+     "loaded EP rank, on top of shared-expert fusion)"},
+    {"--enable-deepep-waterfill", NOT_BUILT,
+     "SGLang's waterfill (the shared expert dispatched like a routed one to a lightly "
+     "loaded EP rank, on top of shared-expert fusion)"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
     {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},

@@ -469,6 +469,7 @@ static json_t *server_info(ms_frontend *fe)
         json_object_set_new(o, "num_physical_experts", json_integer(in->n_physical_experts));
         json_object_set_new(o, "enable_eplb", json_boolean(in->enable_eplb));
         json_object_set_new(o, "eplb_staging_bytes", json_integer((json_int_t)in->eplb_staging_bytes));
+        json_object_set_new(o, "weight_bytes_per_rank", json_integer((json_int_t)in->weight_bytes_rank0));
         ms_dp_load ld[MS_SERVE_MAX_DP];
         ms_serve_hub_read_load(fe->hub, ld, in->n_dp);
         int64_t v = 0, a = 0;
@@ -538,7 +539,7 @@ static enum MHD_Result do_recorder(ms_frontend *fe, struct conn *c)
     if (!r)
         return send_error(c, 400,
                           "the expert distribution recorder is off: start the server with "
-                          "--expert-distribution-recorder-mode stat|per_pass", NULL);
+                          "--expert-distribution-recorder-mode stat|per_pass|per_token", NULL);
     if (c->route == R_REC_START) ms_expert_recorder_start(r);
     else if (c->route == R_REC_STOP) ms_expert_recorder_stop(r);
     else {

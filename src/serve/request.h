@@ -168,6 +168,7 @@ typedef struct ms_engine_info {
     int32_t n_redundant_experts;
     int32_t enable_eplb;         /* --enable-eplb */
     int64_t eplb_staging_bytes;  /* its staging buffer on each rank (in the KV budget) */
+    int64_t weight_bytes_rank0;  /* the weights rank 0 holds (its expert slots included) */
 } ms_engine_info;
 
 typedef struct ms_dp_load {

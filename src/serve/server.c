@@ -70,12 +70,16 @@ static void usage(FILE *f)
             "  --shutdown-timeout S              after SIGTERM/SIGINT, running requests may take\n"
             "                                    S s to finish, then are aborted (default 0: no\n"
             "                                    limit, as SGLang; a second signal stops at once)\n"
-            "  --expert-distribution-recorder-mode stat|per_pass\n"
+            "  --expert-distribution-recorder-mode stat|per_pass|per_token\n"
             "                                    record routed expert hits per layer and\n"
             "                                    physical expert (/start_, /stop_,\n"
-            "                                    /dump_expert_distribution_record; per_token\n"
-            "                                    is not built)\n"
+            "                                    /dump_expert_distribution_record as JSON);\n"
+            "                                    per_pass: each pass's counts; per_token: each\n"
+            "                                    pass's tokens and their top-k experts\n"
             "  --expert-distribution-recorder-buffer-size N  passes kept (default 1000)\n"
+            "  --expert-distribution-recorder-max-tokens N   per_token: token rows kept, all\n"
+            "                                    passes and ranks (default 65536; each row\n"
+            "                                    4 x (3 + layers x top-k) bytes on rank 0)\n"
             "  --enable-deterministic-inference  outputs independent of the batch: fixed\n"
             "                                    reduction orders for every batch size, chunk\n"
             "                                    split and retraction, sums over ranks in rank\n"
@@ -188,6 +192,10 @@ static int parse_kept(void *ctx, int argc, char **argv)
             long x = strtol(v, &end, 10);
             if (!*v || *end || x < 1 || x > 1000000) goto bad;
             o->eo.recorder_window = (int)x;
+        } else if (!strcmp(a, "--expert-distribution-recorder-max-tokens")) {
+            long long x = strtoll(v, &end, 10);
+            if (!*v || *end || x < 1 || x > 100000000) goto bad;
+            o->eo.recorder_max_tokens = x;
         } else if (!strcmp(a, "--shutdown-timeout")) {
             double x = strtod(v, &end);
             if (!*v || *end || !(x >= 0 && x <= 1e7)) goto bad;
@@ -291,6 +299,7 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     snprintf(info->load_balance_method, sizeof info->load_balance_method, "%s",
              ms_lb_name(o->eo.router.policy));
     info->recorder = ms_engine_recorder(e);
+    info->weight_bytes_rank0 = ms_model_local_weight_bytes(m);
     info->n_physical_experts = lay->n_physical_experts;
     info->n_redundant_experts = lay->n_physical_experts - lay->n_routed_experts;
     info->enable_eplb = o->eo.launch.enable_eplb;

@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/util.h"
+#include "moe/expert_recorder.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,7 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     double t0 = ms_now_s();
     rc = ms_model_forward(e->m, e->cache, &seq, 1, err);
     st->forward_s = ms_now_s() - t0;
+    if (e->rec) ms_expert_recorder_discard_pass(e->rec); /* its routing is no serving pass */
     if (!rc) st->forward_tokens = n;
 out:
     ms_kv_cache_release(e->cache, &kv);

@@ -1,6 +1,8 @@
 /* cmd_generate.c — `moeserve generate`: run prompts through the engine
  * (engine.h) on any launch shape and print the text, ids, timing and
- * optionally every step's logits (--dump-logits, JSON lines).
+ * optionally every step's logits (--dump-logits, JSON lines).  With --enable-eplb,
+ * the decode steps' time and balancedness before the first rebalance decision, in
+ * steps that decided or moved, and after (the EPLB step-time benchmark's figure).
  *
  * Prompts go to the DP ranks round robin, so DP layouts are exercised
  * (including ranks left idle); output, logits and timing come from rank 0
@@ -11,6 +13,7 @@
 #include "base/log.h"
 #include "base/util.h"
 #include "model/tokenizer.h"
+#include "moe/expert_recorder.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "serve/engine.h"
@@ -438,10 +441,18 @@ int ms_cmd_generate(int argc, char **argv)
     int64_t n_dsteps = 0;
     double t_part[3] = {0, 0, 0}; /* decode steps: forward, sample, draft */
     int64_t V = cfg.vocab;
+    /* --enable-eplb: decode steps before the first decision, deciding or moving, after */
+    struct { int64_t steps, n_bal; double s, bal, tmax, tmean; } ph[3] = {{0}};
+    ms_expert_recorder *rec = ms_engine_recorder(e);
+    ms_recorder_stats rs0 = {0};
     while (ms_engine_busy(e)) {
+        ms_engine_eplb_state es0, es1;
+        ms_engine_eplb_progress(e, &es0);
+        if (rec) ms_expert_recorder_stats(rec, &rs0);
         if (ms_engine_step(e, &err)) goto comm_fail;
         ms_engine_step_stats st;
         ms_engine_last_step(e, &st);
+        ms_engine_eplb_progress(e, &es1);
         int64_t pre = st.rows - st.decode_rows - st.verify_rows; /* prefill-chunk rows */
         n_prefill += pre;
         const ms_engine_event *ev;
@@ -457,6 +468,13 @@ int ms_cmd_generate(int argc, char **argv)
             n_decode_timed += made;
             n_dsteps++;
             t_part[0] += st.forward_s, t_part[1] += st.sample_s, t_part[2] += st.draft_s;
+            int k = es0.moving || es1.moving || es1.decisions != es0.decisions ? 1
+                    : es1.decisions ? 2 : 0;
+            ph[k].steps++, ph[k].s += st.seconds;
+            ms_recorder_stats rs1;
+            if (rec && (ms_expert_recorder_stats(rec, &rs1), rs1.passes > rs0.passes))
+                ph[k].bal += rs1.last, ph[k].n_bal++, ph[k].tmax += rs1.touched_max,
+                    ph[k].tmean += rs1.touched_mean;
         }
         for (int i = 0; i < n_ev; i++) {
             const ms_sched_event *x = &ev[i].ev;
@@ -492,6 +510,25 @@ int ms_cmd_generate(int argc, char **argv)
                "other=%.3f\n", (long long)n_dsteps, 1e3 * t_decode / n_dsteps,
                1e3 * t_part[0] / n_dsteps, 1e3 * t_part[1] / n_dsteps, 1e3 * t_part[2] / n_dsteps,
                1e3 * (t_decode - t_part[0] - t_part[1] - t_part[2]) / n_dsteps);
+    if (o.eo.launch.enable_eplb) {
+        ms_engine_eplb_state es;
+        ms_engine_eplb_progress(e, &es);
+        double ms[3], b[3], tx[3], tm[3];
+        for (int k = 0; k < 3; k++) {
+            double nb = ph[k].n_bal ? (double)ph[k].n_bal : 1;
+            ms[k] = ph[k].steps ? 1e3 * ph[k].s / (double)ph[k].steps : 0;
+            b[k] = ph[k].bal / nb, tx[k] = ph[k].tmax / nb, tm[k] = ph[k].tmean / nb;
+        }
+        /* touched: expert slots with a token per MoE layer and step, on the rank with the
+         * most (max) and on the average rank (mean) — the expert weights a rank reads */
+        printf("eplb_decode_step_ms: before_steps=%lld before=%.3f before_balancedness=%.4f "
+               "before_touched_max=%.2f before_touched_mean=%.2f moving_steps=%lld moving=%.3f "
+               "after_steps=%lld after=%.3f after_balancedness=%.4f after_touched_max=%.2f "
+               "after_touched_mean=%.2f decisions=%lld skipped=%lld\n",
+               (long long)ph[0].steps, ms[0], b[0], tx[0], tm[0], (long long)ph[1].steps, ms[1],
+               (long long)ph[2].steps, ms[2], b[2], tx[2], tm[2], (long long)es.decisions,
+               (long long)es.skipped);
+    }
     fflush(stdout);
     rc = failed;
     goto out;
