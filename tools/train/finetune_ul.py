@@ -15,7 +15,7 @@ usage: finetune_ul.py --model DIR --out DIR --ids TRAIN.bin [--updates 8] [--lr 
        [--bul 8] [--bmle 8] [--prefix 16] [--gen 48] [--alpha 1.0] [--seed 7]
 TRAIN.bin: the train ids of the checkpoint's tokenizer (train.py's WORK/train.bin).
 """
-import argparse, os, sys, time, shutil
+import argparse, json, os, sys, time, shutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np, torch, torch.nn.functional as F
 import train as T
@@ -71,5 +71,14 @@ for u in range(a.updates):
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
     print("upd %d rep-frac %.3f ul %.4f mle %.3f mtp %.3f %.0f s" % (u, mt.float().mean().item(), ul.item(), main_l.item(), mtp_l.item(), time.time() - t0), flush=True)
 os.makedirs(a.out, exist_ok=True)
+info_path = os.path.join(a.out, "train.json")   # train.py's record of the run, when there
+info = json.load(open(info_path)) if os.path.exists(info_path) else {}
 T.export(m, a.out)
-shutil.copy(os.path.join(a.model, "tokenizer.json"), a.out)
+if os.path.abspath(a.model) != os.path.abspath(a.out):
+    shutil.copy(os.path.join(a.model, "tokenizer.json"), a.out)
+info["finetune_ul"] = {"command": " ".join(["/usr/bin/python3", "tools/train/finetune_ul.py"] + sys.argv[1:]),
+                       "args": vars(a), "seconds": round(time.time() - t0, 1),
+                       "uptime_end": T.uptime(), "loadavg_end": os.getloadavg()}
+with open(info_path, "w") as f:
+    json.dump(info, f, indent=2)
+    f.write("\n")
