@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -149,11 +150,12 @@ def uptime():
         return ""
 
 
-def lr_at(step, steps, peak, warmup):
+def lr_at(step, steps, peak, warmup, floor):
+    """Linear warm-up to peak, then cosine to floor × peak at the last step."""
     if step < warmup:
         return peak * (step + 1) / warmup
     p = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 def unlikelihood(lp, inp, tgt):
@@ -200,6 +202,10 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--lr-floor", type=float, default=0.1,
+                    help="the cosine ends at this fraction of --lr")
+    ap.add_argument("--snapshot-every", type=int, default=0,
+                    help="also write the checkpoint every N steps to WORK/snap/stepN (recipe work)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ul", type=float, default=UL_WEIGHT,
@@ -270,7 +276,7 @@ def main():
             curve.write("%d\t%d\t\t\t\t%s\t%s\t%.1f%s\n" % (step, step * a.batch * S, held[0], held[1],
                                                            time.time() - t0, "\t" if ulcol else ""))
             break
-        lr = lr_at(step, a.steps, a.lr, a.warmup)
+        lr = lr_at(step, a.steps, a.lr, a.warmup, a.lr_floor)
         for grp in opt.param_groups:
             grp["lr"] = lr
         starts = torch.randint(0, len(ids) - S - 1, (a.batch,), generator=g)
@@ -290,6 +296,11 @@ def main():
             step, step * a.batch * S, lr, main_l.item(), mtp_l.item(), held[0], held[1], el,
             "\t%.4f" % ul_l.item() if ulcol else ""))
         curve.flush()
+        if a.snapshot_every and (step + 1) % a.snapshot_every == 0 and step + 1 < a.steps:
+            snap = os.path.join(a.work, "snap", "step%d" % (step + 1))
+            os.makedirs(snap, exist_ok=True)
+            export(model, snap)
+            shutil.copy(os.path.join(a.out, "tokenizer.json"), snap)
         if step % 10 == 0:
             print("step %d/%d loss %.3f mtp %.3f%s held %s lr %.2e %.0f s (load %.1f)" % (
                 step, a.steps, main_l.item(), mtp_l.item(),

@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""finetune_ul.py — sequence-level unlikelihood fine-tuning of a checkpoint written by
+train.py (Welleck et al. 2019, "Neural Text Generation with Unlikelihood Training" §5.2),
+a recipe experiment against greedy loops (issue 24), not part of `make train`.
+
+Each update: greedy continuations (--gen tokens, bf16 autocast, no KV cache) of --bul
+data prefixes of --prefix tokens; every generated token inside a 4-gram that already
+occurred in the sequence gets -log(1 - p(token)); plus the MLE + MTP_WEIGHT × MTP loss
+of train.py on --bmle data windows of 256.  AdamW, no weight decay, fixed seed, 2
+threads; the gate bias is left as loaded.  Writes the fine-tuned checkpoint (config,
+BF16 safetensors, tokenizer files) to --out.  What it did to models/small-code's
+recipe: tools/train/README.md ("Recipe experiments").
+
+usage: finetune_ul.py --model DIR --out DIR --ids TRAIN.bin [--updates 8] [--lr 1e-4]
+       [--bul 8] [--bmle 8] [--prefix 16] [--gen 48] [--alpha 1.0] [--seed 7]
+TRAIN.bin: the train ids of the checkpoint's tokenizer (train.py's WORK/train.bin).
+"""
+import argparse, json, os, sys, time, shutil
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np, torch, torch.nn.functional as F
+import train as T
+from check_logits import load_model
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", required=True); ap.add_argument("--out", required=True)
+ap.add_argument("--ids", required=True)
+ap.add_argument("--updates", type=int, default=8); ap.add_argument("--lr", type=float, default=1e-4)
+ap.add_argument("--bul", type=int, default=8); ap.add_argument("--bmle", type=int, default=8)
+ap.add_argument("--prefix", type=int, default=16); ap.add_argument("--gen", type=int, default=48)
+ap.add_argument("--alpha", type=float, default=1.0); ap.add_argument("--seed", type=int, default=7)
+a = ap.parse_args()
+torch.set_num_threads(2); torch.set_flush_denormal(True); torch.manual_seed(a.seed)
+m = load_model(a.model, torch.float32)
+for l in m.model.layers:
+    if hasattr(l.mlp, "gate"):
+        l.mlp.gate.e_score_correction_bias = l.mlp.gate.e_score_correction_bias.float()
+ids = torch.from_numpy(np.fromfile(a.ids, dtype="<i4").astype(np.int64))
+opt = torch.optim.AdamW(m.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+g = torch.Generator().manual_seed(a.seed)
+def greedy(x, n):
+    """x [B, P] ids -> [B, P + n]: n greedy tokens appended (full forward per token)."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(n):
+            nxt = m(x)[:, -1].float().argmax(-1, keepdim=True)
+            x = torch.cat([x, nxt], 1)
+    return x
+def marks(seq, k):
+    """seq [S] ids -> bool [S]: positions >= k inside a 4-gram seen earlier in seq."""
+    s = seq.tolist(); S = len(s); mk = [False] * S; seen = set()
+    for i in range(S - 3):
+        ng = tuple(s[i:i + 4])
+        if ng in seen and i + 3 >= k:
+            for j in range(max(i, k), i + 4): mk[j] = True
+        seen.add(ng)
+    return torch.tensor(mk)
+t0 = time.time()
+for u in range(a.updates):
+    st = torch.randint(0, len(ids) - 300, (a.bul,), generator=g)
+    pre = torch.stack([ids[s:s + a.prefix] for s in st.tolist()])
+    m.eval(); seq = greedy(pre, a.gen); m.train()
+    mk = torch.stack([marks(r, a.prefix) for r in seq])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lg = m(seq[:, :-1])
+    lp = F.log_softmax(lg.float(), -1).gather(2, seq[:, 1:].unsqueeze(-1)).squeeze(-1)  # log p(x_t)
+    mt = mk[:, 1:]
+    ul = -(torch.log((1 - lp.exp()).clamp(min=1e-5)) * mt).sum() / max(1, mt.numel())
+    st2 = torch.randint(0, len(ids) - 258, (a.bmle,), generator=g)
+    x = torch.stack([ids[s:s + 257] for s in st2.tolist()])
+    main_l, mtp_l, _ = T.losses(m, x)
+    loss = main_l + T.MTP_WEIGHT * mtp_l + a.alpha * ul
+    opt.zero_grad(set_to_none=True); loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
+    print("upd %d rep-frac %.3f ul %.4f mle %.3f mtp %.3f %.0f s" % (u, mt.float().mean().item(), ul.item(), main_l.item(), mtp_l.item(), time.time() - t0), flush=True)
+os.makedirs(a.out, exist_ok=True)
+info_path = os.path.join(a.out, "train.json")   # train.py's record of the run, when there
+info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+T.export(m, a.out)
+if os.path.abspath(a.model) != os.path.abspath(a.out):
+    shutil.copy(os.path.join(a.model, "tokenizer.json"), a.out)
+info["finetune_ul"] = {"command": " ".join(["/usr/bin/python3", "tools/train/finetune_ul.py"] + sys.argv[1:]),
+                       "args": vars(a), "seconds": round(time.time() - t0, 1),
+                       "uptime_end": T.uptime(), "loadavg_end": os.getloadavg()}
+with open(info_path, "w") as f:
+    json.dump(info, f, indent=2)
+    f.write("\n")
