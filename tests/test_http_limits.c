@@ -9,21 +9,28 @@
 #include <signal.h>
 #include <sys/resource.h>
 
-/* Starts a long streaming request on a raw socket and returns the fd after
- * the first bytes of the body arrived. */
-static int start_stream(int p, const char *rid)
+/* Sends a raw POST /v1/completions with body on fd (Connection: close). */
+static void send_completion(int fd, const char *body)
 {
-    int fd = hc_connect(p);
-    char body[512], req[1024];
-    snprintf(
-        body, sizeof body,
-        "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true%s%s%s}",
-        rid ? ",\"rid\":\"" : "", rid ? rid : "", rid ? "\"" : "");
+    char req[1024];
     int n = snprintf(req, sizeof req,
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
                      "close\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     hc_send_all(fd, req, (size_t)n);
+}
+
+/* Starts a long streaming request on a raw socket and returns the fd after
+ * the first bytes of the body arrived. */
+static int start_stream(int p, const char *rid)
+{
+    int fd = hc_connect(p);
+    char body[512];
+    snprintf(
+        body, sizeof body,
+        "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true%s%s%s}",
+        rid ? ",\"rid\":\"" : "", rid ? rid : "", rid ? "\"" : "");
+    send_completion(fd, body);
     char buf[512];
     struct pollfd pf = {.fd = fd, .events = POLLIN};
     if (poll(&pf, 1, 5000) <= 0 || recv(fd, buf, sizeof buf, 0) <= 0) {
@@ -63,12 +70,7 @@ TEST(disconnect_aborts)
     /* non-stream request, client gone while waiting */
     fd = hc_connect(port);
     const char *body = "{\"prompt\":\"abcdefghij\",\"max_tokens\":300,\"ignore_eos\":true}";
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
-                     "close\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    hc_send_all(fd, req, (size_t)n);
+    send_completion(fd, body);
     CHECK(wait_until(&eng.n_active, 1, 2.0));
     close(fd);
     CHECK(wait_until(&eng.n_active, 0, 2.0));
@@ -112,14 +114,9 @@ TEST(queue_full_503)
     usleep(20000); /* the engine is past any pop in progress */
     int fds[2];
     const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
-                     "close\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
     for (int i = 0; i < 2; i++) {
         fds[i] = hc_connect(port_q);
-        hc_send_all(fds[i], req, (size_t)n);
+        send_completion(fds[i], body);
     }
     double end = hc_now() + 2;
     while (ms_serve_hub_n_queued(hub) < 2 && hc_now() < end) usleep(1000);
@@ -382,12 +379,7 @@ TEST(watchdog_marks_unhealthy)
     atomic_store(&eng.stalled, 1);
     int fd = hc_connect(port_q);
     const char *body = "{\"prompt\":\"ab\",\"max_tokens\":2}";
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
-                     "close\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    hc_send_all(fd, req, (size_t)n);
+    send_completion(fd, body);
     double end = hc_now() + 5;
     int st = 0;
     while (hc_now() < end) {

@@ -107,6 +107,16 @@ AI __m512 f4_scales16(const uint8_t *s, int64_t n)
     return _mm512_castsi512_ps(b);
 }
 
+/* Weight rows [n, n + R) of W: their codes (wr) and UE8M0 scales (sr), R <= 8. */
+AI void f4_row_ptrs(const ms_mat *W, int64_t n, const int R, const uint8_t **wr, const uint8_t **sr)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        wr[r] = (const uint8_t *)W->data + (n + r) * (W->ld / 2);
+        sr[r] = W->e8scale + (W->r0 + n + r) * W->scale_ld + W->c0 / 32;
+    }
+}
+
 /* Activation rows [m0, m0 + MB) × weight rows [n, n + R), all of K. */
 AI void f4_tile(const mm_task *t, const float *xp, int64_t ldxp, const int MB, const int R,
                 int64_t m0, int64_t n)
@@ -117,11 +127,7 @@ AI void f4_tile(const mm_task *t, const float *xp, int64_t ldxp, const int MB, c
                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *wr[8], *sr[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        wr[r] = (const uint8_t *)W->data + (n + r) * (W->ld / 2);
-        sr[r] = W->e8scale + (W->r0 + n + r) * W->scale_ld + W->c0 / 32;
-    }
+    f4_row_ptrs(W, n, R, wr, sr);
     __m512 acc[4][8];
     float sv[8][16] __attribute__((aligned(64))) = {{0}}; /* filled at chunk 0 */
 #pragma GCC unroll 4
@@ -300,11 +306,7 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
         (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *wr[8], *sr[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        wr[r] = (const uint8_t *)W->data + (n + r) * (W->ld / 2);
-        sr[r] = W->e8scale + (W->r0 + n + r) * W->scale_ld + W->c0 / 32;
-    }
+    f4_row_ptrs(W, n, R, wr, sr);
     __m512 acc[4][8];
     float sv[8][16] __attribute__((aligned(64))) = {{0}}; /* filled at chunk 0 */
 #pragma GCC unroll 4
