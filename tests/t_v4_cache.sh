@@ -7,7 +7,9 @@
 # tokens add up to k × max_total_num_tokens all complete); --swa-full-tokens-ratio
 # sizing the window pool, and a window pool of a few dozen tokens serving a request
 # ten times longer (its window pages are released while it runs); prefix hits on V4
-# (the repeat of a prompt, and a prompt sharing its first 256 tokens) equal to cold runs.
+# (the repeat of a prompt, a prompt sharing its first 256 tokens, and one sharing an
+# earlier unit of a longer cached prompt, whose window slid out long before: the window
+# and carry snapshots of every unit) equal to cold runs, cached_tokens what was skipped.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
@@ -58,14 +60,17 @@ if serve_up v4 "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 2 --
 import json, sys
 j = json.load(open(sys.argv[1])); T = int(sys.argv[2])
 pools = {p["name"]: p for p in j["kv_pools_per_dp_rank"]}
-assert sorted(pools) == ["c128", "c4", "carry", "index", "window"], sorted(pools)
+assert sorted(pools) == ["c128", "c4", "carry", "index", "window", "wsnap"], sorted(pools)
 assert j["max_total_num_tokens"] == T and j["num_dp_ranks"] == 1, j["max_total_num_tokens"]
-for n in ("c4", "c128", "index", "carry"):   # whole history: T tokens (page 1: 4, 128 a page)
+for n in ("c4", "c128", "index", "carry", "wsnap"):   # whole history: T tokens (page 1: 4, 128 a page)
     assert pools[n]["window"] == 0 and pools[n]["tokens"] == T, (n, pools[n])
 assert pools["c4"]["page_tokens"] == 4 and pools["c128"]["page_tokens"] == 128
 # the carry snapshot per 128 tokens of each CSA layer: 2 compressors x kv, score [4][2 d] f32
 assert pools["carry"]["page_tokens"] == 128 and pools["carry"]["num_layers"] == 2
 assert pools["carry"]["entry_bytes"] == (2 * 4 * 2 * 64 + 2 * 4 * 2 * 32) * 4, pools["carry"]
+# the window snapshot per 128 tokens of every layer: the 8 entries before the unit (BF16)
+assert pools["wsnap"]["page_tokens"] == 128 and pools["wsnap"]["num_layers"] == 5
+assert pools["wsnap"]["entry_bytes"] == 8 * 64 * 2, pools["wsnap"]
 w = pools["window"]
 assert w["window"] == 8 and w["num_layers"] == 5 and w["page_tokens"] == 1, w
 c = j["max_concurrency_per_dp_rank"]   # 16 windows of 10 pages fit; the histories hold 512
@@ -105,9 +110,11 @@ else
 fi
 
 # prefix hits (page size 1: share units of 128 tokens): a repeat of a 300-token prompt
-# matches 256 tokens (the window kept before the last unit, the compressor carry
-# snapshot there), and a prompt sharing only those 256 tokens too; both give the cold
-# run's tokens and log-probabilities (float32: within 1e-4)
+# matches 256 tokens (the window and compressor carry snapshots there), a prompt sharing
+# only those 256 tokens too, and a 300-token prompt sharing the first 300 tokens of a
+# cached 700-token one (whose window at 256 slid out while it ran) matches 256 of them,
+# an earlier unit than its last (640); all give the cold run's tokens and
+# log-probabilities (float32: within 1e-4)
 PORT=$(free_port)
 if serve_up hit "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 2 --page-size 1 \
         --dtype float32; then
@@ -120,7 +127,13 @@ if serve_up hit "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 2 -
     comp "$C" >"$tmp/c_hit.json"
     curl -s -m 30 -X POST "http://127.0.0.1:$PORT/flush_cache" >/dev/null
     comp "$C" >"$tmp/c_cold.json"
-    for x in a c; do
+    L=$($PY -c 'print(",".join(str((i * 29 + 3) % 1000 + 2) for i in range(700)))')
+    E=$($PY -c 'print(",".join(str((i * 29 + 3) % 1000 + 2) if i < 300 else str((i * 13) % 900 + 7) for i in range(300)))')
+    comp "$L" >/dev/null
+    comp "$E" >"$tmp/e_hit.json"
+    curl -s -m 30 -X POST "http://127.0.0.1:$PORT/flush_cache" >/dev/null
+    comp "$E" >"$tmp/e_cold.json"
+    for x in a c e; do
         r=$($PY tests/prefix_hit_compare.py "$tmp/${x}_cold.json" "$tmp/${x}_hit.json" 256 2>&1)
         t "prefix hit ($x): $r" '[ "${r#ok}" != "$r" ]'
     done
@@ -129,21 +142,21 @@ else
     bad "serve (prefix hits) did not start" "$(tail -5 "$tmp/hit.log")"
 fi
 
-# --swa-full-tokens-ratio 0.01: the window pool is its floor, one request's two windows
-# (2 × (8 tokens + a page at each end)) and one 16-token chunk: 36 tokens; a 400-token
+# --swa-full-tokens-ratio 0.01: the window pool is its floor, one request's window
+# (8 tokens + a page at each end: the window snapshots make a second one needless) and one 16-token chunk: 26 tokens; a 400-token
 # request completes in it only because its window pages are released as it runs
 PORT=$(free_port)
 if serve_up swa "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 2 --page-size 1 \
         --max-total-tokens $T --swa-full-tokens-ratio 0.01 --chunked-prefill-size 16; then
     info >"$tmp/swa.json"
     w=$($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); print([p["tokens"] for p in j["kv_pools_per_dp_rank"] if p["name"] == "window"][0], j["swa_full_tokens_ratio"])' "$tmp/swa.json" 2>&1)
-    t "--swa-full-tokens-ratio 0.01: window pool $w (36 tokens, ratio 0.01)" '[ "$w" = "36 0.01" ]'
+    t "--swa-full-tokens-ratio 0.01: window pool $w (26 tokens, ratio 0.01)" '[ "$w" = "26 0.01" ]'
     ids=$($PY -c "print(','.join(str((j * 17) % 1000 + 2) for j in range(300)))")
     curl -s -m 300 "http://127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' \
         -d "{\"input_ids\": [$ids], \"sampling_params\": {\"max_new_tokens\": 100, \"temperature\": 0, \"ignore_eos\": true}}" \
         >"$tmp/long.json"
     c=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["meta_info"]["completion_tokens"])' "$tmp/long.json" 2>&1)
-    t "a 400-token request in a 36-token window pool: $c tokens generated" '[ "$c" = 100 ]'
+    t "a 400-token request in a 26-token window pool: $c tokens generated" '[ "$c" = 100 ]'
     serve_down
 else
     bad "serve --swa-full-tokens-ratio did not start" "$(tail -5 "$tmp/swa.log")"

@@ -205,11 +205,58 @@ TEST(per_stream_pages_and_window_hits)
     ms_kv_cache_free(cache);
 }
 
+/* V4's engine spec (the carry and window snapshot streams): the tree holds no
+ * window pages, so a prefix hit is usable at every unit of a cached prefix,
+ * also at units whose window slid out while the request ran; the hit's window
+ * starts as its own pages (reserved next, filled by the forward). */
+TEST(snapshot_streams_hit_at_every_unit)
+{
+    const char *v4 = "{\"model_type\":\"deepseek_v4\",\"vocab_size\":1000,\"hidden_size\":64,"
+                     "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"head_dim\":16,"
+                     "\"sliding_window\":8,\"index_head_dim\":8,\"compress_ratios\":[0,4,128,4]}";
+    ms_model_shape s;
+    ms_errbuf err;
+    ms_kv_spec spec;
+    ms_kv_spec_opts o = {.elem_bytes = 4, .page_size = 2, .attn_tp = 1, .prefix_carry = 1};
+    CHECK(ms_family_parse(v4, NULL, &s, &err) == 0 && ms_family_kv_spec(&s, &o, &spec, &err) == 0);
+    CHECK(spec.n_streams == 6 && spec.state_snapshots && !strcmp(spec.streams[5].name, "wsnap"));
+    CHECK(spec.streams[5].entry_bytes == 8 * 16 * 4 && spec.streams[5].n_layers == 4);
+    int32_t pages[MS_KV_MAX_STREAMS] = {400, 128, 8, 128, 8, 8};
+    CHECK(ms_kv_cache_new(&cache, &spec, 2, pages, MS_DT_F32, 2, &err) == 0);
+    page = 2;
+    ms_radix *r;
+    CHECK(ms_radix_new(&r, cache) == 0 && ms_kv_cache_share_unit(cache) == 256);
+    int32_t t[800];
+    for (int i = 0; i < 800; i++) t[i] = i % 97;
+    ms_kv_seq a, out, b;
+    ms_kv_seq_init(&out), ms_kv_seq_init(&b);
+    take(&a, 800);
+    ms_kv_cache_slide(cache, &a, 800); /* only the last window is left */
+    CHECK(a.first_live[0] == (800 - 8) / 2);
+    ms_radix_node *l;
+    CHECK(ms_radix_insert(r, t, 800, &a, &l) == 0 && ms_radix_cached_tokens(r) == 768);
+    CHECK(ms_radix_match(r, t, 800, &out, &l) == 768);
+    CHECK(ms_radix_match(r, t, 300, &out, &l) == 256); /* an earlier unit */
+    CHECK(out.n_pages[0] == 0 && out.n_pages[1] == 32 && out.n_pages[4] == 1 && out.n_pages[5] == 1);
+    int32_t free_win = ms_kv_cache_n_free(cache, 0);
+    CHECK(ms_kv_cache_share(cache, &b, &out, 256) == 0);
+    CHECK(b.n_pages[0] == (256 - 8) / 2 && b.first_live[0] == b.n_pages[0]);
+    CHECK(b.pages[5][0] == a.pages[5][0] && ms_kv_cache_n_free(cache, 0) == free_win);
+    CHECK(ms_kv_cache_reserve(cache, &b, 260) == 0); /* its own window from 248 */
+    CHECK(ms_kv_cache_n_free(cache, 0) == free_win - 6 && b.pages[0][124] >= 0);
+    ms_kv_cache_release(cache, &a), ms_kv_cache_release(cache, &b);
+    ms_radix_free(r);
+    for (int st = 0; st < 6; st++) CHECK(ms_kv_cache_n_free(cache, st) == pages[st]);
+    ms_kv_seq_deinit(&a), ms_kv_seq_deinit(&b), ms_kv_seq_deinit(&out);
+    ms_kv_cache_free(cache);
+}
+
 int main(void)
 {
     RUN(match_insert_split_evict);
     RUN(lru_order);
     RUN(split_of_a_locked_node_unlocks_whole);
     RUN(per_stream_pages_and_window_hits);
+    RUN(snapshot_streams_hit_at_every_unit);
     return TEST_REPORT();
 }

@@ -46,11 +46,11 @@ static int pe_of(const ms_kv_cache *c, int s) { return page_entries(&c->spec.str
 static int64_t keep_tokens(const ms_kv_stream *st) { return st->window + st->window_slack; }
 
 /* Pages one sequence's window keeps in stream st (one partial page at each end),
- * twice: the running window and the one kept at its last share unit (a prefix
- * hit there needs it; ms_kv_cache_slide). */
-static int64_t window_pages(const ms_kv_stream *st, int64_t span)
+ * twice without snapshots: the running window and the one kept at its last share
+ * unit (a prefix hit there needs it; ms_kv_cache_slide). */
+static int64_t window_pages(const ms_kv_spec *spec, const ms_kv_stream *st, int64_t span)
 {
-    return 2 * (ceil_div(keep_tokens(st), span) + 2);
+    return (spec->state_snapshots ? 1 : 2) * (ceil_div(keep_tokens(st), span) + 2);
 }
 
 void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens, int max_seqs,
@@ -61,9 +61,9 @@ void ms_kv_cache_pages_for(const ms_kv_spec *spec, int page_size, int64_t tokens
         int64_t span = (int64_t)page_entries(st, page_size) * st->tokens_per_entry, n;
         if (st->window > 0) { /* each sequence's window (+ a page each side), and the step's
                                * new tokens, which the sequences share */
-            int64_t one = window_pages(st, span) + ceil_div(step_tokens, span);
+            int64_t one = window_pages(spec, st, span) + ceil_div(step_tokens, span);
             n = window_tokens > 0 ? MS_MAX(ceil_div(window_tokens, span), one)
-                                  : (int64_t)max_seqs * window_pages(st, span) +
+                                  : (int64_t)max_seqs * window_pages(spec, st, span) +
                                         ceil_div(step_tokens, span);
         } else if (st->tokens_per_entry > 1) { /* compressed: the tokens' entries, rounded up */
             n = ceil_div(tokens, span);
@@ -280,7 +280,8 @@ static int64_t first_needed(const ms_kv_cache *c, int s, int64_t n)
 int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done)
 {
     int64_t freed = 0, unit = ms_kv_cache_share_unit(c);
-    int64_t P = n_done / unit * unit; /* the last share unit: its window is kept */
+    /* the last share unit: its window is kept, unless the model snapshots it */
+    int64_t P = c->spec.state_snapshots ? 0 : n_done / unit * unit;
     for (int s = 0; s < c->n_streams; s++) {
         if (!c->pools[s] || c->spec.streams[s].window <= 0) continue;
         int64_t upto = MS_MIN(first_needed(c, s, n_done), seq->n_pages[s]);
@@ -325,9 +326,13 @@ int ms_kv_cache_share(ms_kv_cache *c, ms_kv_seq *dst, const ms_kv_seq *src, int6
     if (n_tokens % ms_kv_cache_share_unit(c) || n_tokens > src->n_tokens) return MS_EINVAL;
     int64_t from[MS_KV_MAX_STREAMS], to[MS_KV_MAX_STREAMS];
     for (int s = 0; s < c->n_streams; s++) {
+        int win = c->pools[s] && c->spec.streams[s].window > 0;
         to[s] = c->pools[s] ? pages_upto(c, s, n_tokens) : 0;
-        from[s] = c->pools[s] && c->spec.streams[s].window > 0 ? first_needed(c, s, n_tokens) : 0;
-        if (from[s] < src->first_live[s] || to[s] > src->n_pages[s]) return MS_EINVAL;
+        from[s] = win ? first_needed(c, s, n_tokens) : 0;
+        /* snapshots: the window's pages are dst's own, reserved next and filled
+         * by the forward from the snapshot at n_tokens */
+        if (win && c->spec.state_snapshots) to[s] = from[s];
+        else if (from[s] < src->first_live[s] || to[s] > src->n_pages[s]) return MS_EINVAL;
         void *p = dst->pages[s];
         int rc = ms_grow_array(&p, &dst->cap_pages[s], to[s], sizeof(int32_t));
         dst->pages[s] = p;
@@ -409,7 +414,8 @@ double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens)
         const ms_kv_stream *st = &c->spec.streams[s];
         if (!c->pools[s]) continue;
         int64_t span = (int64_t)pe_of(c, s) * st->tokens_per_entry;
-        int64_t need = st->window > 0 ? MS_MIN(window_pages(st, span), ceil_div(n_tokens, span))
+        int64_t need = st->window > 0 ? MS_MIN(window_pages(&c->spec, st, span),
+                                               ceil_div(n_tokens, span))
                                       : pages_upto(c, s, n_tokens);
         if (need > 0) x = MS_MIN(x, (double)c->pools[s]->n_pages / (double)need);
     }

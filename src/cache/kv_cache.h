@@ -118,9 +118,10 @@ int ms_kv_cache_reserve_prompt(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto, int
 void ms_kv_cache_release(ms_kv_cache *c, ms_kv_seq *seq);
 /* After the sequence computed tokens [0, n_done): frees the pages of
  * windowed streams that no longer hold any of the last window + slack
- * tokens, except those holding the window + slack before the last multiple
- * of ms_kv_cache_share_unit (a prefix hit there needs them; they go when
- * the next multiple is reached).  Returns the pages released (references
+ * tokens, except, without snapshot streams (spec state_snapshots), those
+ * holding the window + slack before the last multiple of
+ * ms_kv_cache_share_unit (a prefix hit there needs them; they go when the
+ * next multiple is reached).  Returns the pages released (references
  * dropped). */
 int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done);
 /* Rollback (rejected speculative positions): seq keeps only the pages that
@@ -129,8 +130,12 @@ int64_t ms_kv_cache_slide(ms_kv_cache *c, ms_kv_seq *seq, int64_t n_done);
 int64_t ms_kv_cache_truncate(ms_kv_cache *c, ms_kv_seq *seq, int64_t upto);
 /* dst (holding nothing) takes a reference on src's pages that cover tokens
  * [0, n_tokens) of every stream (n_tokens in whole pages of every stream),
- * as a prefix hit does.  Returns 0, MS_EINVAL when a stream of src no
- * longer holds that prefix (a window slid past it), MS_ENOMEM. */
+ * as a prefix hit does; with snapshot streams (spec state_snapshots) not on
+ * the windowed streams' pages: dst's window starts at the first page its
+ * window + slack needs before n_tokens, to be reserved as its own and filled
+ * by the forward from the window snapshot.  Returns 0, MS_EINVAL when a
+ * stream of src no longer holds that prefix (a window slid past it),
+ * MS_ENOMEM. */
 int ms_kv_cache_share(ms_kv_cache *c, ms_kv_seq *dst, const ms_kv_seq *src, int64_t n_tokens);
 /* Tokens of a prefix that can be shared in whole pages of every stream. */
 int64_t ms_kv_cache_share_unit(const ms_kv_cache *c);

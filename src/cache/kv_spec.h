@@ -42,8 +42,10 @@ typedef struct ms_kv_spec {
     ms_kv_stream streams[MS_KV_MAX_STREAMS];
     /* fixed-size per-sequence state (V4's compressor carry): bytes of each layer, 0 none */
     double state_layer_bytes[MS_KV_MAX_LAYERS];
-    /* a stream snapshots what a prefix hit needs of the state at every share unit
-     * (V4's 'carry'), so the radix tree may match sequences with state */
+    /* streams snapshot what a prefix hit needs at every share unit (V4's 'carry': the
+     * compressor state; 'wsnap': the window before the unit), so the radix tree may
+     * match sequences with state at any unit, and windowed streams' pages are never
+     * shared: a hit takes fresh ones, which the forward fills from the snapshot */
     bool state_snapshots;
 } ms_kv_spec;
 
@@ -69,8 +71,9 @@ typedef struct ms_kv_spec_opts {
     int page_size;
     int attn_tp;
     int draft_tokens;
-    int prefix_carry;       /* V4: add the 'carry' stream that makes prefix hits possible
-                             * (the engine; the planner leaves it out, as SGLang has none) */
+    int prefix_carry;       /* V4: add the 'carry' and 'wsnap' streams that make prefix hits
+                             * possible (the engine; the planner leaves them out, as
+                             * SGLang has none) */
 } ms_kv_spec_opts;
 
 void ms_kv_spec_init(ms_kv_spec *s, int n_layers);

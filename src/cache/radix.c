@@ -35,8 +35,10 @@ int ms_radix_new(ms_radix **out, ms_kv_cache *cache)
     r->cache = cache;
     r->unit = (int)ms_kv_cache_share_unit(cache);
     r->n_streams = ms_kv_cache_n_streams(cache);
+    /* with snapshots a hit restores the window from them: nodes hold no window pages */
     for (int s = 0; s < r->n_streams; s++)
-        r->per_unit[s] = ms_kv_cache_pool(cache, s)
+        r->per_unit[s] = ms_kv_cache_pool(cache, s) &&
+                                 !(sp->state_snapshots && sp->streams[s].window > 0)
                              ? r->unit / ((int64_t)ms_kv_cache_pool(cache, s)->page_size *
                                           sp->streams[s].tokens_per_entry)
                              : 0;

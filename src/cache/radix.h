@@ -9,7 +9,9 @@
  * (-1 where a windowed stream's page had slid out before the insert), and a
  * residency field (the device pool now; a host/disk tier later).  A match
  * ends where a windowed stream no longer holds the window the hit needs (its
- * tail is recomputed).  Requests lock the path of the prefix they use
+ * tail is recomputed), unless the spec snapshots the windows and the state at
+ * every unit (kv_spec.h state_snapshots, V4): then nodes hold no window pages
+ * and a match may end at any unit.  Requests lock the path of the prefix they use
  * (lock_ref), so it cannot be evicted while they run.  Eviction frees least-
  * recently-used unlocked leaves first.  Owns the tree; borrows the cache.
  * Single owner: the rank's scheduler.
@@ -35,8 +37,8 @@ void ms_radix_free(ms_radix *r);
  * taken: ms_kv_cache_share takes them) and returns the matched token count;
  * *last receives the deepest node of the whole match (the root when nothing
  * matched), which the caller locks while it uses the pages.  Marks the path
- * as used now.  A model with per-sequence state matches nothing (the tree
- * keeps no state snapshots yet). */
+ * as used now.  A model with per-sequence state and no snapshot streams
+ * matches nothing (the state at the match point would be unknown). */
 int64_t ms_radix_match(ms_radix *r, const int32_t *tokens, int64_t n, ms_kv_seq *prefix,
                        ms_radix_node **last);
 

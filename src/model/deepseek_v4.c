@@ -223,21 +223,28 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
     ms_kv_stream *idx = ms_kv_spec_add(out, "index", key, key_n, kdt, 4, 0, 0);
     if (!win || !c4 || !c128 || !idx) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
     double sb = o->state_bytes > 0 ? o->state_bytes : 4;
-    /* the carry a prefix hit needs at a share unit (page_size × 128 tokens, where the
-     * ratio-128 windows are empty): each CSA layer's two overlapping compressors'
-     * previous window, one entry per unit (deepseek_v4_attn.c saves and restores it) */
-    ms_kv_stream *carry = NULL;
+    /* what a prefix hit needs at a share unit (page_size × 128 tokens, where the
+     * ratio-128 windows are empty), snapshotted at every unit a sequence passes, one
+     * entry per unit, so that a hit is usable at any unit of a cached prefix
+     * (deepseek_v4_attn.c saves and restores them): 'carry', each CSA layer's two
+     * overlapping compressors' previous window; 'wsnap', every layer's last window
+     * of main entries before the unit, in the window's own format (its pages are
+     * then never shared: a hit takes fresh ones that the restore fills) */
+    ms_kv_stream *carry = NULL, *wsnap = NULL;
     if (o->prefix_carry && o->page_size > 0) {
         int64_t n = ms_v4_carry_values(s->head_dim, s->index_head_dim);
         carry = ms_kv_spec_add(out, "carry", (double)n * sb, (int64_t)(n * sb), MS_DT_U8,
                                o->page_size * 128, 0, 0);
-        if (!carry) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
-        carry->page_entries = 1;
+        wsnap = ms_kv_spec_add(out, "wsnap", main * s->window, (int64_t)main * s->window,
+                               MS_DT_U8, o->page_size * 128, 0, 0);
+        if (!carry || !wsnap) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
+        carry->page_entries = wsnap->page_entries = 1;
         out->state_snapshots = true;
     }
     for (int l = 0; l < s->n_layers; l++) {
         int ratio = l < s->n_ratios ? s->compress_ratios[l] : 0;
         ms_kv_stream_cover(win, l);
+        if (wsnap) ms_kv_stream_cover(wsnap, l);
         if (ratio == 4 && carry) ms_kv_stream_cover(carry, l);
         if (ratio == 4) ms_kv_stream_cover(c4, l), ms_kv_stream_cover(idx, l);
         if (ratio == 128) ms_kv_stream_cover(c128, l);

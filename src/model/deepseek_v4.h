@@ -130,8 +130,10 @@ struct ms_v4 {
     int attn_ref;        /* 1: attention by the scalar one-row-at-a-time reference (tests) */
 };
 
-/* Stream indices of the V4 kv_spec (V4_S_CARRY: only in the engine's spec). */
-enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3, V4_S_CARRY = 4 };
+/* Stream indices of the V4 kv_spec (V4_S_CARRY and V4_S_WSNAP: only in the engine's
+ * spec, the snapshots a prefix hit restores at a share unit). */
+enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3, V4_S_CARRY = 4,
+       V4_S_WSNAP = 5 };
 
 /* State values of one CSA layer's carry snapshot: the main and the indexer
  * compressor's previous window, kv and score rows [4][2·d] each. */

@@ -164,6 +164,31 @@ static void carry_copy(const ms_kv_view *v, int l, int64_t pos, int64_t off, flo
     }
 }
 
+/* The window snapshot (stream V4_S_WSNAP) at the share unit ending at `end`:
+ * the window entries of tokens end − W .. end − 1 of layer l, as raw bytes in
+ * the window's format.  Saved after a unit's last token; restored when a chunk
+ * starts at a unit, like the carry: after a prefix hit the sequence's window
+ * pages there are its own fresh ones (never shared, kv_cache.h), and for a
+ * sequence that just computed them the bytes are those it holds.  A spec
+ * without the stream (the planner's) does nothing. */
+static int window_snapshot(const ms_model *m, const ms_kv_view *v, int l, int64_t end, int save)
+{
+    const ms_kv_spec *sp = ms_kv_cache_spec(v->cache);
+    if (sp->n_streams <= V4_S_WSNAP || end <= 0) return 0;
+    int64_t W = m->v4->c.window, unit = sp->streams[V4_S_WSNAP].tokens_per_entry;
+    if (end % unit || end < W) return 0;
+    uint8_t *e = ms_kv_view_entry(v, V4_S_WSNAP, l, end - 1);
+    size_t b = (size_t)(sp->streams[V4_S_WSNAP].entry_elems / W);
+    if (!e) return MS_EINTERNAL;
+    for (int64_t k = 0; k < W; k++) {
+        uint8_t *w = ms_kv_view_entry(v, V4_S_WINDOW, l, end - W + k);
+        if (!w) return MS_EINTERNAL;
+        if (save) memcpy(e + (size_t)k * b, w, b);
+        else memcpy(w, e + (size_t)k * b, b);
+    }
+    return 0;
+}
+
 /* One token at pos into the compressor state (kv, sc: [c'·m][c'·d]) from its
  * projections a, g (c'·d); returns 1 with the pooled entry in out[d] when
  * pos closes a window.  Overlap: the token fills slot m + pos mod m; the
@@ -579,11 +604,15 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
     int64_t t = 0;
     for (int i = 0; i < n_seqs; i++) {
         ms_kv_view v = {cache, seqs[i].kv};
+        if (seqs[i].n_tokens > 0 && window_snapshot(m, &v, l, seqs[i].start_pos, 0))
+            return ms_err(err, MS_EINTERNAL, "layer %d: no window snapshot to restore at %lld",
+                          l, (long long)seqs[i].start_pos);
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
             int64_t pos = seqs[i].start_pos + j;
             ms_rope_interleaved(w->q + t * H * hd + hd - dr, H, hd, dr, inv, pos);
             ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
-            if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
+            if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd) ||
+                window_snapshot(m, &v, l, pos + 1, 1))
                 return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
                               l, (long long)pos);
         }
