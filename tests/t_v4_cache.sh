@@ -82,6 +82,34 @@ print("pools %s, concurrency %.3f at %d tokens" % (
 EOF
 )
     t "/server_info: capacity per pool, concurrency ($r)" '[ "${r#pools}" != "$r" ]'
+    # the max_position_embeddings request's attention cost, recomputed from config.json:
+    # a decode token at its end reads the window's 8 entries of every layer, every c128
+    # entry, the indexer's top-k of the c4 entries and every index key; 4 H d FLOPs per
+    # main entry, 2 n_I (d_I + 1) per key; the prefill sums each position's
+    r=$($PY - "$tmp/info.json" "$M/config.json" <<'EOF' 2>&1
+import json, sys
+j = json.load(open(sys.argv[1])); c = json.load(open(sys.argv[2]))
+N = j["max_position_embeddings"]; L = c["num_hidden_layers"]; rat = c["compress_ratios"][:L]
+W, k = c["sliding_window"], c["index_topk"]
+eb = {p["name"]: p["entry_bytes"] for p in j["kv_pools_per_dp_rank"]}
+fm = 4 * c["num_attention_heads"] * c["head_dim"]; fi = 2 * c["index_n_heads"] * (c["index_head_dim"] + 1)
+def reads(n):   # entries read by the query at position n - 1, by pool (over all layers)
+    return {"window": L * min(n, W), "c128": rat.count(128) * (n // 128),
+            "c4": rat.count(4) * min(n // 4, k), "index": rat.count(4) * (n // 4)}
+r = reads(N)
+fl = {"window": fm, "c128": fm, "c4": fm, "index": fi}
+got = j["max_position_cost_per_attention_rank"]
+want_b = {n: r[n] * eb[n] for n in r}
+assert got["tokens"] == N and got["decode_read_bytes_by_pool"] == want_b, (got, want_b)
+assert abs(got["decode_read_bytes"] - sum(want_b.values())) < 1e-6
+assert abs(got["decode_flops"] - sum(r[n] * fl[n] for n in r)) < 1e-3
+pf = sum(sum(reads(m)[n] * fl[n] for n in r) for m in range(1, N + 1))
+assert abs(got["prefill_flops"] - pf) <= 1e-9 * pf, (got["prefill_flops"], pf)
+print("ok decode %.0f B, %.3g FLOP; prefill %.4g FLOP at %d tokens" % (got["decode_read_bytes"], got["decode_flops"], pf, N))
+EOF
+)
+    t "/server_info: the max_position_embeddings request's attention cost ($r)" '[ "${r#ok}" != "$r" ]'
+    t "start-up log: that cost" 'grep -q "a 4096-token request.s attention per rank (weights not included): a decode token at its end reads" "$tmp/v4.log"'
     t "start-up log: maximum concurrency and the max_position_embeddings request" \
         'grep -q "maximum concurrency for 4096-token requests" "$tmp/v4.log" && grep -q "a 4096-token request (max_position_embeddings) holds .* refused at admission" "$tmp/v4.log"'
     # admission: 2k concurrent requests of T/2 tokens each (k × T in all) all complete

@@ -13,7 +13,7 @@
 #   prefix    a prefix hit with both formats returns the cold run's tokens and
 #             log-probabilities (float32: within 1e-4), 256 tokens cached;
 #   swa       --swa-full-tokens-ratio 0.01 with both: a 400-token request completes in a
-#             36-token window pool;
+#             26-token window pool;
 #   refused   --enable-deepseek-v4-fp4-indexer on a V3 model, naming the flag.
 # (tests/t_layouts.sh runs both formats on the V4 layouts against one rank.)
 set -u
@@ -28,9 +28,10 @@ FP8="--kv-cache-dtype fp8_e4m3"
 FP4="--enable-deepseek-v4-fp4-indexer"
 
 # bytes per token (whole-history streams: 2 CSA layers' c4 entries and keys per 4 tokens,
-# 2 HCA layers' c128 entries per 128, the carry snapshot 2 x 6144 B per 2048 tokens)
+# 2 HCA layers' c128 entries per 128, the carry snapshot 2 x 6144 B per 2048 tokens, the
+# window snapshot of 8 entries of each of the 5 layers per 2048)
 per_tok() { echo "$1" | grep 'KV pool:' | sed 's/.* \([0-9]*\) B per token.*/\1/' | head -1; }
-want() { $PY -c "import sys; e, k = $1, $2; print(int(2 * e / 4 + 2 * e / 128 + 2 * k / 4 + 2 * 6144 / 2048))"; }
+want() { $PY -c "import sys; e, k = $1, $2; print(int(2 * e / 4 + 2 * e / 128 + 2 * k / 4 + 2 * 6144 / 2048 + 5 * 8 * e / 2048))"; }
 for c in "F32::256:128" "FP8:$FP8:82:128" "FP4:$FP4:256:17" "both:$FP8 $FP4:82:17"; do
     IFS=: read -r name flags e k <<<"$c"
     # shellcheck disable=SC2086
@@ -103,7 +104,7 @@ if serve_up swa "$MOESERVE" serve --model-path "$M" --port "$PORT" --threads 2 -
         -d "{\"input_ids\": [$ids], \"sampling_params\": {\"max_new_tokens\": 100, \"temperature\": 0, \"ignore_eos\": true}}" |
         $PY -c 'import json,sys; print(json.load(sys.stdin)["meta_info"]["completion_tokens"])' 2>&1)
     t "--swa-full-tokens-ratio 0.01 with both formats: $c tokens in a $w-token window pool" \
-        '[ "$c" = 100 ] && [ "$w" = 36 ]'
+        '[ "$c" = 100 ] && [ "$w" = 26 ]'
     serve_down
 fi
 

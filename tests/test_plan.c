@@ -210,6 +210,32 @@ TEST(seed000_v4_payload_and_table)
     CHECK(ms_plan_state_request_bytes(&in.model, 2, 0, 43) == s32 / 2);
 }
 
+/* A 1M-token request's attention on V4-Flash (deployed: FP8 entries, MXFP4 keys): a
+ * decode token at its end reads the 128-entry window of 43 layers, the top-512 of 21
+ * CSA layers' c4 entries, all 8192 c128 entries of 20 HCA layers and all 262144 index
+ * keys of the CSA layers (457.3 MiB, 78 % of it index keys); 4 H d FLOPs per main
+ * entry for this rank's heads, 2 n_I (d_I + 1) per key on every rank; the prefill
+ * sums each position's reads (the indexer's ~n²/8 keys dominate). */
+TEST(v4_flash_1m_request_attention_cost)
+{
+    CHECK(setup("deepseek-v4-flash", "h200", "--tp 8") == 0);
+    in.context_len = 1048576;
+    CHECK(run() == 0);
+    double n = 1048576, win = 43.0 * 128, c4 = 21.0 * 512, c128 = 20.0 * 8192, ik = 21.0 * n / 4;
+    CHECK(res.kv_cost.read_bytes_total == (win + c4 + c128) * 584 + ik * 68);
+    CHECK(rnd(res.kv_cost.read_bytes_total / 1048576.0, 2) == 457.30);
+    double fm = 4.0 * 64 / 8 * 512, fi = 2.0 * 64 * 129;
+    CHECK_NEAR(res.kv_cost.decode_flops, (win + c4 + c128) * fm + ik * fi, 1e-3);
+    /* Σ_{k=1..n} floor(k/4) = n²/8 − n/4 … exactly: 4·q(q−1)/2 + q with q = n/4, r = 0 */
+    double q4 = n / 4, q128 = n / 128, s4 = 4 * q4 * (q4 - 1) / 2 + q4;
+    double s128 = 128 * q128 * (q128 - 1) / 2 + q128;
+    double sw = 127.0 * 128 / 2 + 128 * (n - 127);        /* Σ min(k, 128) */
+    double st = (4.0 * 512 * 511 / 2 + 512) - 512 + 512 * (n - 2047); /* Σ min(floor(k/4), 512) */
+    double pf = 43 * sw * fm + 21 * st * fm + 20 * s128 * fm + 21 * s4 * fi;
+    CHECKF(fabs(res.kv_cost.prefill_flops - pf) <= 1e-12 * pf, "%.6g vs %.6g",
+           res.kv_cost.prefill_flops, pf);
+}
+
 /* Seed 000 §7.1: "Four 192-GB B200s provide at most 768 GB" and the Pro recipe declares about
  * 960 GB: "V4-Pro ... on 4 B200s ... zero, because the official model does not fit". */
 TEST(seed000_pro_on_4_b200)
@@ -514,6 +540,7 @@ int main(void)
     RUN(seed002_expert_bytes);
     RUN(seed000_attention_intensity);
     RUN(seed000_v4_payload_and_table);
+    RUN(v4_flash_1m_request_attention_cost);
     RUN(seed000_pro_on_4_b200);
     RUN(v4_flash_checkpoint_bytes);
     RUN(seed002_sixteen_gpus);

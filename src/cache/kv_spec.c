@@ -70,3 +70,43 @@ double ms_kv_spec_state_bytes(const ms_kv_spec *s, int first, int end)
         sum += s->state_layer_bytes[l];
     return sum;
 }
+
+/* Σ_{k=1..n} floor(k / t). */
+static double sum_floor(int64_t n, int64_t t)
+{
+    if (n <= 0) return 0;
+    double q = (double)(n / t), r = (double)(n % t);
+    return (double)t * q * (q - 1) / 2 + q * (r + 1);
+}
+
+/* Entries a query at position k − 1 reads of st: min(cap, floor(k / tpe)), the
+ * window's last min(k, window) tokens; and their sum over k = 1..n. */
+static int64_t read_entries(const ms_kv_stream *st, int64_t k)
+{
+    int64_t e = k / st->tokens_per_entry, cap = st->window > 0 ? st->window : st->read_cap;
+    return cap > 0 && e > cap ? cap : e;
+}
+
+static double read_entries_sum(const ms_kv_stream *st, int64_t n)
+{
+    int64_t t = st->tokens_per_entry, cap = st->window > 0 ? st->window : st->read_cap;
+    if (cap <= 0) return sum_floor(n, t);
+    int64_t k0 = cap * t - 1; /* floor(k / t) < cap for k <= k0 */
+    if (n <= k0) return sum_floor(n, t);
+    return sum_floor(k0, t) + (double)cap * (double)(n - k0);
+}
+
+void ms_kv_spec_cost(const ms_kv_spec *s, int64_t n, ms_kv_cost *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < s->n_streams; i++) {
+        const ms_kv_stream *st = &s->streams[i];
+        if (st->read_cap < 0 || st->n_layers == 0 || n <= 0) continue;
+        double e = (double)read_entries(st, n) * st->n_layers;
+        out->read_bytes[i] = e * st->entry_bytes;
+        out->read_bytes_total += out->read_bytes[i];
+        out->decode_flops += e * st->read_flops;
+        out->prefill_flops_of[i] = read_entries_sum(st, n) * st->n_layers * st->read_flops;
+        out->prefill_flops += out->prefill_flops_of[i];
+    }
+}

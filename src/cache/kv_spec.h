@@ -34,6 +34,12 @@ typedef struct ms_kv_stream {
                              * snapshots: 1 per page_size × 128 tokens) */
     int n_layers;           /* layers covered (popcount of layer_mask) */
     uint64_t layer_mask[MS_KV_MAX_LAYERS / 64];
+    /* what one query (a decode token) reads of it per layer: every entry it holds
+     * (read_cap 0; a window: its last window tokens), at most read_cap (V4's c4:
+     * the indexer's top-k) or none (-1: snapshots, read only at a prefix hit); and
+     * the FLOPs one entry read costs on this rank (0: not modelled) */
+    int64_t read_cap;
+    double read_flops;
 } ms_kv_stream;
 
 typedef struct ms_kv_spec {
@@ -97,5 +103,19 @@ int64_t ms_kv_stream_entries(const ms_kv_stream *st, int64_t n_tokens);
 double ms_kv_spec_request_bytes(const ms_kv_spec *s, int first, int end, int64_t n_tokens);
 /* Per-sequence state bytes over layers [first, end). */
 double ms_kv_spec_state_bytes(const ms_kv_spec *s, int first, int end);
+
+/* What a request costs the attention on one rank of its attention group, from
+ * the streams' read_cap and read_flops: a decode token after n_tokens tokens
+ * (the query at position n_tokens − 1) reads read_bytes[s] of stream s over
+ * every layer (the window's last tokens, every compressed entry or the top-k
+ * of them, every index key) and computes decode_flops; a prefill of n_tokens
+ * computes prefill_flops, the sum of each position's (prefill_flops_of[s] per
+ * stream).  The weights' reads and GEMMs are not in it. */
+typedef struct ms_kv_cost {
+    double read_bytes[MS_KV_MAX_STREAMS], read_bytes_total;
+    double decode_flops;
+    double prefill_flops_of[MS_KV_MAX_STREAMS], prefill_flops;
+} ms_kv_cost;
+void ms_kv_spec_cost(const ms_kv_spec *s, int64_t n_tokens, ms_kv_cost *out);
 
 #endif

@@ -827,6 +827,10 @@ static int dsv3_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv
         ms_kv_spec_add(out, "latent", (double)(row * b), row,
                        b == 4 ? MS_DT_F32 : b == 2 ? MS_DT_BF16 : MS_DT_F8E4M3, 1, 0, 0);
     for (int l = 0; l < n; l++) ms_kv_stream_cover(st, l);
+    /* a decode query reads every row for its rank's heads, absorbed: q·[c_kv|k_pe]
+     * and p·c_kv */
+    st->read_flops = 2.0 * ((double)s->n_heads / (o->attn_tp > 0 ? o->attn_tp : 1)) *
+                     (2.0 * s->kv_lora_rank + s->qk_rope);
     return 0;
 }
 

@@ -77,6 +77,7 @@ static int v4_parse(const json_t *root, ms_model_shape *m, ms_errbuf *err)
     GET("sliding_window", 0, 1 << 20, 128, m->window);
     GET("index_n_heads", 0, 1 << 10, 64, m->index_n_heads);
     GET("index_head_dim", 0, 1 << 12, 128, m->index_head_dim);
+    GET("index_topk", 1, 1 << 20, 512, m->index_topk);
     GET("num_hash_layers", 0, MS_PLANNER_MAX_LAYERS, 0, m->n_hash_layers);
     GET("hc_mult", 1, 64, 4, m->hc_mult);
 #undef GET
@@ -222,6 +223,14 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
     ms_kv_stream *c128 = ms_kv_spec_add(out, "c128", main, main_n, dt, 128, 0, 0);
     ms_kv_stream *idx = ms_kv_spec_add(out, "index", key, key_n, kdt, 4, 0, 0);
     if (!win || !c4 || !c128 || !idx) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
+    /* what a query reads (arch.md §2.6-§2.8): every window entry and C128 entry, the
+     * indexer's top-k of the C4 entries, each a key and a value (K = V) for this
+     * rank's heads (q·k and p·v: 4·H·d FLOPs); every index key, for all index heads
+     * on every attention-TP member (q·k, then w_h·ReLU summed: 2·n_I·(d_I + 1)) */
+    double hl = (double)s->n_heads / (o->attn_tp > 0 ? o->attn_tp : 1);
+    win->read_flops = c4->read_flops = c128->read_flops = 4 * hl * s->head_dim;
+    c4->read_cap = s->index_topk > 0 ? s->index_topk : 512;
+    idx->read_flops = 2.0 * s->index_n_heads * (s->index_head_dim + 1);
     double sb = o->state_bytes > 0 ? o->state_bytes : 4;
     /* what a prefix hit needs at a share unit (page_size × 128 tokens, where the
      * ratio-128 windows are empty), snapshotted at every unit a sequence passes, one
@@ -239,6 +248,7 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
                                MS_DT_U8, o->page_size * 128, 0, 0);
         if (!carry || !wsnap) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
         carry->page_entries = wsnap->page_entries = 1;
+        carry->read_cap = wsnap->read_cap = -1; /* read only at a chunk start on a unit */
         out->state_snapshots = true;
     }
     for (int l = 0; l < s->n_layers; l++) {

@@ -46,6 +46,7 @@ typedef struct ms_model_shape {
     bool tie_embeddings, qk_norm, router_bias;
     /* V4 */
     int o_groups, o_lora_rank, window, index_n_heads, index_head_dim, n_hash_layers, hc_mult;
+    int index_topk;                             /* compressed entries the CSA indexer picks */
     int n_ratios;
     int16_t compress_ratios[MS_KV_MAX_LAYERS];  /* per layer: 0 window-only, 4 CSA, 128 HCA */
     int n_mtp_layers;

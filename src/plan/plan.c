@@ -165,6 +165,8 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
         }
         if (nreq < best_requests) best_requests = nreq;
     }
+    ms_plan_kv_cost(m, kvb, in->launch.v4_fp4_indexer ? MS_KV_INDEX_MXFP4 : MS_KV_INDEX_DEPLOYED,
+                    lay->attn_tp, L, &r->kv_cost);
     const int64_t groups = (int64_t)lay->attn_dp * lay->n_replicas;
     const int page = in->launch.page_size > 0 ? in->launch.page_size : 1;
     r->tokens_per_rank_exact = best_tokens;

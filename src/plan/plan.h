@@ -102,6 +102,8 @@ typedef struct ms_plan_result {
     double kv_bytes_per_token;                 /* per rank, amortised over context_len */
     double kv_bytes_per_request, state_bytes_per_request;
     double kv_pool_bytes_per_rank;
+    ms_kv_cost kv_cost;                        /* a context_len request's attention per rank,
+                                                * whole stack (cache/kv_spec.h) */
     double tokens_per_rank_exact;
     int64_t tokens_per_rank, cluster_distinct_tokens;
     int64_t requests_per_rank, cluster_requests; /* of context_len, memory only */
@@ -149,6 +151,10 @@ void ms_plan_expert_bytes(const ms_plan_input *in, double *elem, double *scale);
 double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int index_key,
                                 int attn_tp, int first_layer, int end_layer,
                                 int64_t context_len);
+/* A context_len request's attention cost on one attention rank over the whole
+ * stack, from the same kv_spec (ms_kv_spec_cost). */
+void ms_plan_kv_cost(const ms_plan_model *m, int kv_bytes, int index_key, int attn_tp,
+                     int64_t context_len, ms_kv_cost *out);
 double ms_plan_state_request_bytes(const ms_plan_model *m, int state_bytes, int first_layer,
                                    int end_layer);
 double ms_plan_expected_distinct_ranks(int n_experts, int topk, int n_ranks);

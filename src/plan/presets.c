@@ -50,12 +50,12 @@ static const struct {
     {"deepseek-v4-flash",
      "{" V4_COMMON ",\"hidden_size\":4096,\"moe_intermediate_size\":2048,\"num_hidden_layers\":43,"
      "\"num_attention_heads\":64,\"q_lora_rank\":1024,\"o_groups\":8,\"n_routed_experts\":256,"
-     "\"compress_ratios\":{R4}}",
+     "\"index_topk\":512,\"compress_ratios\":{R4}}",
      0, 20, 0},
     {"deepseek-v4-pro",
      "{" V4_COMMON ",\"hidden_size\":7168,\"moe_intermediate_size\":3072,\"num_hidden_layers\":61,"
      "\"num_attention_heads\":128,\"q_lora_rank\":1536,\"o_groups\":16,\"n_routed_experts\":384,"
-     "\"compress_ratios\":{R4}}",
+     "\"index_topk\":1024,\"compress_ratios\":{R4}}",
      128, 29, 960.0},
     {"deepseek-v2-lite",
      "{\"model_type\":\"deepseek_v2\",\"vocab_size\":102400,\"intermediate_size\":10944,"

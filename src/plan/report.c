@@ -73,6 +73,11 @@ int ms_plan_print(FILE *f, const ms_plan_input *in, const ms_plan_result *r)
             commas(r->context_len, a, sizeof a), commas(r->requests_per_rank, b, sizeof b),
             commas(r->cluster_requests, c, sizeof c),
             commas(r->admitted_requests, d, sizeof d));
+    if (r->kv_cost.decode_flops > 0)
+        fprintf(f, "            attention per rank at %s tokens (weights not included): a decode "
+                   "token reads %.2f MiB of KV cache, %.3g GFLOP; the prefill %.4g PFLOP\n",
+                commas(r->context_len, a, sizeof a), r->kv_cost.read_bytes_total / 1048576.0,
+                r->kv_cost.decode_flops / 1e9, r->kv_cost.prefill_flops / 1e15);
     if (in->launch.enable_hierarchical_cache)
         fprintf(f, "            HiCache host tier: %s tokens per rank (ratio %.2f)\n",
                 commas(r->host_tokens_per_rank, a, sizeof a), in->launch.hicache_ratio);
@@ -161,6 +166,9 @@ void *ms_plan_to_json(const ms_plan_input *in, const ms_plan_result *r)
     json_object_set_new(o, "cluster_requests", json_integer(r->cluster_requests));
     json_object_set_new(o, "admitted_requests", json_integer(r->admitted_requests));
     json_object_set_new(o, "host_tokens_per_rank", json_integer(r->host_tokens_per_rank));
+    json_object_set_new(o, "decode_kv_read_bytes", json_real(r->kv_cost.read_bytes_total));
+    json_object_set_new(o, "decode_attention_flops", json_real(r->kv_cost.decode_flops));
+    json_object_set_new(o, "prefill_attention_flops", json_real(r->kv_cost.prefill_flops));
     json_t *cm = json_object();
     json_object_set_new(cm, "mode", json_string(r->comm.mode ? r->comm.mode : "none"));
     json_object_set_new(cm, "tokens_per_step", json_real(r->comm.tokens_global));

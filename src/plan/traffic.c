@@ -43,6 +43,14 @@ double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int index_
     return ms_kv_spec_request_bytes(&spec, first, end, L);
 }
 
+void ms_plan_kv_cost(const ms_plan_model *m, int kv_bytes, int index_key, int attn_tp, int64_t L,
+                     ms_kv_cost *out)
+{
+    ms_kv_spec spec;
+    spec_of(m, kv_bytes, index_key, 0, attn_tp, &spec);
+    ms_kv_spec_cost(&spec, L, out);
+}
+
 double ms_plan_state_request_bytes(const ms_plan_model *m, int state_bytes, int first, int end)
 {
     ms_kv_spec spec;

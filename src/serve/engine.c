@@ -63,6 +63,7 @@ double ms_engine_kv_concurrency(const ms_engine *e, int64_t n_tokens)
 {
     return ms_kv_cache_concurrency(e->cache, n_tokens);
 }
+const ms_kv_spec *ms_engine_kv_spec(const ms_engine *e) { return ms_kv_cache_spec(e->cache); }
 int ms_engine_max_running_per_rank(const ms_engine *e) { return e->max_running_rank; }
 int64_t ms_engine_chunk_per_rank(const ms_engine *e) { return e->chunk_rank; }
 int64_t ms_engine_context_length(const ms_engine *e) { return e->ctx_len; }

@@ -125,6 +125,8 @@ int64_t ms_engine_pool_tokens(const ms_engine *e); /* KV pool tokens of each DP 
 int ms_engine_kv_pools(const ms_engine *e, ms_kv_pool_info *out);
 /* n_tokens-long requests one DP rank's pools hold at once (fractional). */
 double ms_engine_kv_concurrency(const ms_engine *e, int64_t n_tokens);
+/* The cache's streams (borrowed): ms_kv_spec_cost gives a request's attention cost. */
+const ms_kv_spec *ms_engine_kv_spec(const ms_engine *e);
 int ms_engine_max_running_per_rank(const ms_engine *e);
 int64_t ms_engine_chunk_per_rank(const ms_engine *e);
 int64_t ms_engine_context_length(const ms_engine *e);

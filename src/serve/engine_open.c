@@ -43,6 +43,31 @@ void ms_engine_opts_init(ms_engine_opts *o)
     o->recorder_max_tokens = MS_REC_MAX_TOKENS_DEFAULT;
 }
 
+/* What a max_pos-long request costs the attention on each rank of its group
+ * (ms_kv_spec_cost): a decode token's cache reads by pool and FLOPs at the
+ * end of its context, and the prefill's FLOPs (each position's, summed). */
+static void log_cost(const ms_kv_spec *spec, int64_t max_pos)
+{
+    ms_kv_cost k;
+    ms_kv_spec_cost(spec, max_pos, &k);
+    if (k.decode_flops <= 0) return;
+    char by[256] = "", pf[256] = "";
+    size_t nb = 0, np = 0;
+    for (int i = 0; i < spec->n_streams; i++) {
+        if (k.read_bytes[i] <= 0) continue;
+        nb += (size_t)snprintf(by + nb, nb < sizeof by ? sizeof by - nb : 0, "%s%s %.2f MiB",
+                               nb ? ", " : "", spec->streams[i].name, k.read_bytes[i] / 1048576.0);
+        np += (size_t)snprintf(pf + np, np < sizeof pf ? sizeof pf - np : 0, "%s%s %.3g",
+                               np ? ", " : "", spec->streams[i].name, k.prefill_flops_of[i] / 1e15);
+    }
+    MS_LOG(MS_INFO, "engine",
+           "a %lld-token request's attention per rank (weights not included): a decode token at "
+           "its end reads %.2f MiB of KV cache (%s) and computes %.3g GFLOP; its prefill "
+           "computes %.4g PFLOP (%s)",
+           (long long)max_pos, k.read_bytes_total / 1048576.0, by, k.decode_flops / 1e9,
+           k.prefill_flops / 1e15, pf);
+}
+
 /* The capacity lines of the start-up log: each pool per DP rank, the concurrency
  * for context-length requests and what a max_position_embeddings-long request
  * needs and whether this rank admits it. */
@@ -81,6 +106,7 @@ static void log_capacity(const ms_engine *e, const ms_kv_spec *spec, int64_t max
            "a %lld-token request (max_position_embeddings) holds %.3f GiB (%.0f B per token) of "
            "KV cache + %.2f MiB of compressor state on each rank of its attention group: %s",
            (long long)max_pos, kv / 1073741824.0, kv / (double)max_pos, st / 1048576.0, why);
+    log_cost(spec, max_pos);
 }
 
 static int size_pool(ms_engine *e, ms_errbuf *err)

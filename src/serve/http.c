@@ -410,6 +410,25 @@ static json_t *load_json(ms_frontend *fe)
     return a;
 }
 
+/* A max_position_embeddings-long request's attention cost on each rank of its
+ * attention group (cache/kv_spec.h ms_kv_spec_cost): per decode token the cache
+ * bytes read and FLOPs, the prefill's FLOPs, each by pool (those read). */
+static json_t *cost_json(const ms_engine_info *in)
+{
+    const ms_kv_cost *c = &in->max_position_cost;
+    json_t *rb = json_object(), *pf = json_object();
+    for (int i = 0; i < in->n_kv_streams; i++) {
+        if (c->read_bytes[i] <= 0 && c->prefill_flops_of[i] <= 0) continue;
+        json_object_set_new(rb, in->kv_stream_names[i], json_real(c->read_bytes[i]));
+        json_object_set_new(pf, in->kv_stream_names[i], json_real(c->prefill_flops_of[i]));
+    }
+    return json_pack("{s:I,s:f,s:o,s:f,s:f,s:o,s:s}", "tokens",
+                     (json_int_t)in->max_position_embeddings, "decode_read_bytes",
+                     c->read_bytes_total, "decode_read_bytes_by_pool", rb, "decode_flops",
+                     c->decode_flops, "prefill_flops", c->prefill_flops, "prefill_flops_by_pool", pf,
+                     "scope", "attention and indexer over the KV cache; weights not included");
+}
+
 static json_t *server_info(ms_frontend *fe)
 {
     const ms_engine_info *in = ms_serve_hub_info(fe->hub);
@@ -465,6 +484,7 @@ static json_t *server_info(ms_frontend *fe)
                       "requests", in->max_concurrency_ctx, "max_position_embeddings",
                       (json_int_t)in->max_position_embeddings, "requests_at_max_position",
                       in->max_concurrency_max_pos));
+        json_object_set_new(o, "max_position_cost_per_attention_rank", cost_json(in));
         json_object_set_new(o, "ep_num_redundant_experts", json_integer(in->n_redundant_experts));
         json_object_set_new(o, "num_physical_experts", json_integer(in->n_physical_experts));
         json_object_set_new(o, "enable_eplb", json_boolean(in->enable_eplb));

@@ -158,6 +158,11 @@ typedef struct ms_engine_info {
     double swa_full_tokens_ratio;                   /* 0: windows sized by running requests */
     int64_t max_position_embeddings;
     double max_concurrency_ctx, max_concurrency_max_pos; /* requests of context_len / max_pos */
+    /* a max_position_embeddings-long request's attention cost per attention rank
+     * (cache/kv_spec.h), by stream (named kv_stream_names) */
+    ms_kv_cost max_position_cost;
+    int n_kv_streams;
+    char kv_stream_names[MS_KV_MAX_STREAMS][16];
     int32_t max_running_requests, max_running_requests_per_rank;
     int32_t chunked_prefill_size, chunked_prefill_size_per_rank;
     int32_t max_prefill_tokens;

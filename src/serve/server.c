@@ -290,6 +290,12 @@ static void fill_info(const ms_engine *e, const struct serve_opts *o, ms_engine_
     info->max_position_embeddings = ms_model_shape_of(m)->max_context;
     info->max_concurrency_ctx = ms_engine_kv_concurrency(e, info->context_len);
     info->max_concurrency_max_pos = ms_engine_kv_concurrency(e, info->max_position_embeddings);
+    const ms_kv_spec *ks = ms_engine_kv_spec(e);
+    ms_kv_spec_cost(ks, info->max_position_embeddings, &info->max_position_cost);
+    info->n_kv_streams = ks->n_streams;
+    for (int i = 0; i < ks->n_streams; i++)
+        snprintf(info->kv_stream_names[i], sizeof info->kv_stream_names[i], "%s",
+                 ks->streams[i].name);
     info->max_running_requests_per_rank = ms_engine_max_running_per_rank(e);
     info->max_running_requests = info->max_running_requests_per_rank * ms_engine_n_dp(e);
     info->chunked_prefill_size_per_rank = (int32_t)ms_engine_chunk_per_rank(e);
