@@ -28,7 +28,9 @@
  *            formats (--kv-cache-dtype fp8_e4m3 --enable-deepseek-v4-fp4-indexer:
  *            FP8 ds entries, MXFP4 keys, dequantised as attention loads them)
  *            against the BF16 cache, alternating, two of each: x_bf16 (no target;
- *            the cost or gain of dequantising in place of reading BF16)
+ *            the cost or gain of dequantising in place of reading BF16); and
+ *            FP8 ds entries with SGLang's FP8 index keys (--kv-cache-dtype
+ *            fp8_e4m3 alone): x_bf16_fp8keys
  * --rows picks the rows (a comma list of prefill, decode, fp8fp4, kvq; all by
  * default; dram always).
  * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
@@ -92,7 +94,9 @@ static int seq_open_q(ms_model *m, struct seq *s, int64_t tokens, int packed)
     ms_errbuf err = {{0}};
     ms_kv_spec_opts o = {.elem_bytes = packed ? 1 : 2, .act_bytes = 2, .page_size = PS,
                          .attn_tp = 1,
-                         .index_key = packed ? MS_KV_INDEX_MXFP4 : MS_KV_INDEX_PLAIN};
+                         .index_key = packed == 2 ? MS_KV_INDEX_FP8
+                                      : packed    ? MS_KV_INDEX_MXFP4
+                                                  : MS_KV_INDEX_PLAIN};
     int32_t pages[MS_KV_MAX_STREAMS];
     if (ms_model_kv_spec(m, &o, &spec, &err)) goto fail;
     ms_kv_cache_pages_for(&spec, PS, tokens, 1, CHUNK, 0, pages);
@@ -143,7 +147,9 @@ static void fill_random(ms_model *m, struct seq *s, int64_t ctx)
                     int64_t d = st == V4_S_INDEX ? c->idx_hd : c->hd;
                     for (int64_t i = 0; i < d && i < 512; i++)
                         x[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0) * 1.7f;
-                    if (st == V4_S_INDEX) ms_kvq_mxfp4_pack(x, d, (uint8_t *)e);
+                    if (st == V4_S_INDEX && n == ms_kvq_fp8key_bytes(d))
+                        ms_kvq_fp8key_pack(x, d, (uint8_t *)e);
+                    else if (st == V4_S_INDEX) ms_kvq_mxfp4_pack(x, d, (uint8_t *)e);
                     else ms_kvq_fp8ds_pack(x, d, c->dr, (uint8_t *)e);
                     continue;
                 }
@@ -358,9 +364,9 @@ int main(int argc, char **argv)
     /* the deployed cache formats against the BF16 cache, batch 1, alternating */
     const int64_t qctx[2] = {1024, 65536 - 512};
     for (int i = 0; i < (quick ? 1 : 2) && want("kvq"); i++) {
-        double bq[2] = {1e30, 1e30};
+        double bq[3] = {1e30, 1e30, 1e30};
         for (int rep = 0; rep < 2; rep++)
-            for (int k = 0; k < 2; k++) {
+            for (int k = 0; k < 3; k++) {
                 struct seq s;
                 if (seq_open_q(m, &s, qctx[i] + steps + 1, k)) return 1;
                 fill_random(m, &s, qctx[i]);
@@ -370,8 +376,10 @@ int main(int argc, char **argv)
                 bq[k] = MS_MIN(bq[k], st);
             }
         printf("kvq model=small-v4 dtype=bf16 ctx=%lld bf16_cache_ms_token=%.2f "
-               "fp8_fp4_cache_ms_token=%.2f x_bf16=%.2f\n",
-               (long long)qctx[i], bq[0] * 1e3, bq[1] * 1e3, bq[0] / bq[1]);
+               "fp8_fp4_cache_ms_token=%.2f x_bf16=%.2f fp8_fp8_cache_ms_token=%.2f "
+               "x_bf16_fp8keys=%.2f\n",
+               (long long)qctx[i], bq[0] * 1e3, bq[1] * 1e3, bq[0] / bq[1], bq[2] * 1e3,
+               bq[0] / bq[2]);
         fflush(stdout);
     }
     free(logits);

@@ -4,7 +4,8 @@
 # with 16 rope dims is 48 + 32 + 1 + 1 = 82 bytes) and --enable-deepseek-v4-fp4-indexer
 # (MXFP4 index keys: 32 values in 16 + 1 bytes), alone and together:
 #   bytes     the start-up log's bytes per token and /server_info's entry bytes per pool
-#             follow the formats (F32: 256-byte entries, 128-byte keys);
+#             follow the formats (F32: 256-byte entries, 128-byte keys; --kv-cache-dtype
+#             fp8_e4m3 alone stores SGLang's FP8 index keys: 32 e4m3 + an f32 scale = 36);
 #   quality   `perplexity --kl-base` against the F32 cache on 4 windows of 256 tokens:
 #             mean KL and top-1 agreement within bounds 2-3x what was measured
 #             (random weights: a chaotic model; measured FP8 0.0090 / 82 %, MXFP4
@@ -32,7 +33,7 @@ FP4="--enable-deepseek-v4-fp4-indexer"
 # window snapshot of 8 entries of each of the 5 layers per 2048)
 per_tok() { echo "$1" | grep 'KV pool:' | sed 's/.* \([0-9]*\) B per token.*/\1/' | head -1; }
 want() { $PY -c "import sys; e, k = $1, $2; print(int(2 * e / 4 + 2 * e / 128 + 2 * k / 4 + 2 * 6144 / 2048 + 5 * 8 * e / 2048))"; }
-for c in "F32::256:128" "FP8:$FP8:82:128" "FP4:$FP4:256:17" "both:$FP8 $FP4:82:17"; do
+for c in "F32::256:128" "FP8:$FP8:82:36" "FP4:$FP4:256:17" "both:$FP8 $FP4:82:17"; do
     IFS=: read -r name flags e k <<<"$c"
     # shellcheck disable=SC2086
     out=$(timeout 60 "$MOESERVE" generate --model "$M" --dtype float32 --prompt-ids 5,6,7 \

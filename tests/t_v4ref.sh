@@ -55,11 +55,14 @@ fi
 # queries, Hadamard-rotated) to 1e-4 (measured 6e-7); with --kv-cache-dtype fp8_e4m3 too
 # to 1e-2 (measured 4.6e-3: the engine's float32 kv lands on the other side of an e4m3
 # rounding boundary from float64's for a value or two, and this random-weight model
-# amplifies a 6 % step of one value), greedy tokens identical in both; the codecs
+# amplifies a 6 % step of one value), greedy tokens identical in both; --kv-cache-dtype
+# fp8_e4m3 alone (SGLang's FP8 index keys with the FP8 entries) against --kv-fp8
+# --fp8-indexer to 1e-2 as well; the codecs
 # themselves agree bit for bit (test_kvq.c against their definitions)
 if [ -f tests/ref/v4_ref.py ]; then
     for c in "auto:--enable-deepseek-v4-fp4-indexer:--fp4-indexer:1e-4" \
-             "fp8_e4m3:--enable-deepseek-v4-fp4-indexer:--kv-fp8 --fp4-indexer:1e-2"; do
+             "fp8_e4m3:--enable-deepseek-v4-fp4-indexer:--kv-fp8 --fp4-indexer:1e-2" \
+             "fp8_e4m3::--kv-fp8 --fp8-indexer:1e-2"; do
         IFS=: read -r kd ef rf tol <<<"$c"
         # shellcheck disable=SC2086
         if timeout 120 "$MOESERVE" generate --model "$M" --dtype float32 --prompt-ids "$P" \

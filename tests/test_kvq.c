@@ -3,7 +3,9 @@
  * every rounding boundary and a sweep of f32 bit patterns; the FP8 ds entry's
  * byte layout, scale rule and error bound, fast pack = reference pack; the
  * MXFP4 key's layout (low nibble first), exact round trips of every code at
- * every scale exponent, its error bound; the Hadamard rotation is Sylvester's
+ * every scale exponent, its error bound; the FP8 key's layout (codes, then an
+ * f32 power-of-two scale per 128), every e4m3 code at every scale exponent,
+ * fast pack = reference pack, its error bound; the Hadamard rotation is Sylvester's
  * matrix / sqrt(n) and orthogonal.
  */
 #include "harness.h"
@@ -151,6 +153,64 @@ TEST(mxfp4_key)
     }
 }
 
+TEST(fp8_key)
+{
+    CHECK(ms_kvq_fp8key_bytes(128) == 132 && ms_kvq_fp8key_bytes(32) == 36 &&
+          ms_kvq_fp8key_bytes(256) == 264);
+    /* every finite code at every scale exponent whose block max is 448 × 2^e round-trips
+     * exactly (from 2^-21: below that the amax floor 1e-4 sets the scale) */
+    for (int ex = -21; ex <= 110; ex++)
+        for (int c0 = 0; c0 < 256; c0 += 127) {
+            float x[128], y[128];
+            uint8_t e[132];
+            for (int i = 0; i < 128; i++) {
+                uint8_t c = (uint8_t)((c0 + i) & 0xff);
+                if ((c & 0x7f) == 0x7f) c = 0x00; /* NaN codes are never written */
+                x[i] = ldexpf(ms_fp8e4m3_to_f32(c), ex);
+            }
+            x[127] = ldexpf(448.0f, ex);
+            ms_kvq_fp8key_pack(x, 128, e);
+            float s;
+            memcpy(&s, e + 128, 4);
+            CHECKF(s == ldexpf(1.0f, ex), "ex %d", ex);
+            ms_kvq_fp8key_unpack(e, 128, y);
+            int ok = 1;
+            for (int i = 0; i < 128; i++) ok &= y[i] == x[i] && e[i] == ms_f32_to_fp8e4m3(ldexpf(x[i], -ex));
+            CHECKF(ok, "ex %d c0 %d", ex, c0);
+        }
+    /* random keys of awkward lengths: fast pack = reference pack byte for byte, the scale
+     * rule (amax / s in (224, 448]), the e4m3 half-step bound, round = pack + unpack */
+    uint64_t seed = 11;
+    static const int lens[] = {1, 7, 127, 128, 129, 256, 300};
+    for (int rep = 0; rep < 700; rep++) {
+        int n = lens[rep % 7];
+        float x[300], y[300], z[300];
+        uint8_t e[320], r[320];
+        float mag = ldexpf(1.0f, rep % 40 - 20);
+        for (int i = 0; i < n; i++) x[i] = frand(&seed) * mag;
+        ms_kvq_fp8key_pack(x, n, e);
+        ms_kvq_fp8key_pack_ref(x, n, r);
+        CHECK(!memcmp(e, r, (size_t)ms_kvq_fp8key_bytes(n)));
+        ms_kvq_fp8key_unpack(e, n, y);
+        int ok = 1;
+        for (int b = 0; b * 128 < n; b++) {
+            float amax = 1e-4f, s;
+            memcpy(&s, e + n + 4 * b, 4);
+            for (int i = b * 128; i < n && i < b * 128 + 128; i++) amax = fmaxf(amax, fabsf(x[i]));
+            ok &= amax / s <= 448.0f && amax / s > 224.0f;
+            for (int i = b * 128; i < n && i < b * 128 + 128; i++) {
+                float a = fabsf(x[i]) / s; /* e4m3: 3 mantissa bits, subnormal step 2^-9 */
+                float step = a < 0x1p-6f ? 0x1p-9f : ldexpf(1.0f, (int)floorf(log2f(a)) - 3);
+                ok &= fabsf(y[i] - x[i]) <= 0.5f * step * s * (1 + 1e-6f);
+            }
+        }
+        CHECKF(ok, "rep %d n %d", rep, n);
+        memcpy(z, x, sizeof(float) * (size_t)n);
+        ms_kvq_fp8key_round(z, n);
+        CHECK(!memcmp(z, y, sizeof(float) * (size_t)n));
+    }
+}
+
 TEST(hadamard)
 {
     for (int n = 1; n <= 128; n *= 2)
@@ -180,6 +240,7 @@ int main(void)
     RUN(e4m3_encode_vs_ref);
     RUN(fp8ds_entry);
     RUN(mxfp4_key);
+    RUN(fp8_key);
     RUN(hadamard);
     return TEST_REPORT();
 }

@@ -204,6 +204,12 @@ TEST(seed000_v4_payload_and_table)
     CHECK(bb == 21.0 * 262144 * (1024 + 256) + 20.0 * 8192 * 1024 + 43.0 * 128 * 1024);
     double bf = ms_plan_kv_request_bytes(&in.model, 2, MS_KV_INDEX_MXFP4, 1, 0, 43, 1048576);
     CHECK(bf == 21.0 * 262144 * (1024 + 68) + 20.0 * 8192 * 1024 + 43.0 * 128 * 1024);
+    /* --kv-cache-dtype fp8_e4m3 without the FP4 indexer: SGLang's FP8 index keys, 128 e4m3
+     * + an f32 scale (arch.md §2.11's ≈ 3850 B per token) */
+    double b8 = ms_plan_kv_request_bytes(&in.model, 1, MS_KV_INDEX_DEPLOYED, 1, 0, 43, 1048576);
+    CHECK(b8 == 21.0 * 262144 * (584 + 132) + 20.0 * 8192 * 584 + 43.0 * 128 * 584);
+    CHECK(round(b8 / 1048576) == 3853);
+    CHECK(ms_plan_kv_request_bytes(&in.model, 1, MS_KV_INDEX_MXFP4, 1, 0, 43, 1048576) == b);
     /* compressor state (excluded from the payload): fp32 default, bf16 halves it */
     double s32 = ms_plan_state_request_bytes(&in.model, 4, 0, 43);
     CHECK(s32 == 4.0 * (21 * (2 * 8 * 1024 + 2 * 8 * 256) + 20 * (2 * 128 * 512)));

@@ -57,10 +57,13 @@ typedef struct ms_kv_spec {
 
 /* V4's index keys (ms_kv_spec_opts.index_key). */
 enum {
-    MS_KV_INDEX_DEPLOYED = 0, /* the planner's default: MXFP4 when the main entries are
-                               * packed (elem_bytes 0 or 1), else plain values */
+    MS_KV_INDEX_DEPLOYED = 0, /* the planner's default: MXFP4 with the model's packed
+                               * entries (elem_bytes 0: the seeds' 3,517 B per token), FP8
+                               * with --kv-cache-dtype fp8_e4m3 (elem_bytes 1: SGLang's V4
+                               * keys without its FP4 indexer), else plain values */
     MS_KV_INDEX_PLAIN,        /* plain values: elem_bytes', or act_bytes' when elem_bytes is 1 */
     MS_KV_INDEX_MXFP4,        /* --enable-deepseek-v4-fp4-indexer: e2m1 + UE8M0 per 32 */
+    MS_KV_INDEX_FP8,          /* e4m3 + an f32 scale per 128 (132 B per 128 values) */
 };
 
 /* What the cache's owner chooses: the dtype of plainly stored values

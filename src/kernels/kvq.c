@@ -134,6 +134,55 @@ void ms_kvq_mxfp4_round(float *x, int64_t n)
     }
 }
 
+#define FP8_KEY_BLOCK 128
+
+int64_t ms_kvq_fp8key_bytes(int64_t n) { return n + 4 * ((n + FP8_KEY_BLOCK - 1) / FP8_KEY_BLOCK); }
+
+static void fp8key_pack(const float *x, int64_t n, uint8_t *e, uint8_t (*enc)(float))
+{
+    uint8_t *scales = e + n;
+    for (int64_t i0 = 0, b = 0; i0 < n; i0 += FP8_KEY_BLOCK, b++) {
+        int64_t i1 = i0 + FP8_KEY_BLOCK < n ? i0 + FP8_KEY_BLOCK : n;
+        float amax = 0;
+        for (int64_t i = i0; i < i1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int k = scale_exp(amax, 448.0f);
+        float s = ldexpf(1.0f, k), inv = ldexpf(1.0f, -k);
+        for (int64_t i = i0; i < i1; i++) e[i] = enc(fminf(fmaxf(x[i] * inv, -448.0f), 448.0f));
+        uint32_t u;
+        memcpy(&u, &s, 4);
+        for (int j = 0; j < 4; j++) scales[4 * b + j] = (uint8_t)(u >> (8 * j));
+    }
+}
+
+void ms_kvq_fp8key_pack(const float *x, int64_t n, uint8_t *e) { fp8key_pack(x, n, e, ms_kvq_e4m3_encode); }
+
+void ms_kvq_fp8key_pack_ref(const float *x, int64_t n, uint8_t *e)
+{
+    fp8key_pack(x, n, e, ms_f32_to_fp8e4m3);
+}
+
+void ms_kvq_fp8key_unpack(const uint8_t *e, int64_t n, float *x)
+{
+    const uint8_t *scales = e + n;
+    for (int64_t i0 = 0, b = 0; i0 < n; i0 += FP8_KEY_BLOCK, b++) {
+        uint32_t u = 0;
+        for (int j = 0; j < 4; j++) u |= (uint32_t)scales[4 * b + j] << (8 * j);
+        float s;
+        memcpy(&s, &u, 4);
+        for (int64_t i = i0; i < n && i < i0 + FP8_KEY_BLOCK; i++) x[i] = ms_fp8e4m3_to_f32(e[i]) * s;
+    }
+}
+
+void ms_kvq_fp8key_round(float *x, int64_t n)
+{
+    uint8_t e[1024 + 32];
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        int64_t k = n - i0 < 1024 ? n - i0 : 1024;
+        ms_kvq_fp8key_pack(x + i0, k, e);
+        ms_kvq_fp8key_unpack(e, k, x + i0);
+    }
+}
+
 void ms_kvq_hadamard(float *x, int64_t n)
 {
     for (int64_t h = 1; h < n; h *= 2)

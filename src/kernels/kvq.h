@@ -22,6 +22,15 @@
  *   bytes [0, ⌈n/2⌉)                 e2m1 codes, two per byte, low nibble first
  *   bytes [⌈n/2⌉, + ⌈n/32⌉)          one UE8M0 scale per 32 values
  * 128 values: 64 + 4 = 68 bytes.  Block scale s = 2^⌈log2(max(amax, 1e-4) / 6)⌉.
+ *
+ * FP8 key of n values (SGLang's DeepSeek-V4 index keys without the FP4 indexer:
+ * get_dsv4_indexer_bytes_per_token = index_head_dim + index_head_dim / 128 · 4):
+ *   bytes [0, n)                     e4m3 codes
+ *   bytes [n, n + 4·⌈n/128⌉)         one f32 scale per 128 values, little-endian
+ * 128 values: 128 + 4 = 132 bytes.  Block scale s = 2^⌈log2(max(amax, 1e-4) / 448)⌉
+ * (a power of two, DeepSeek's scale_fmt ue8m0, kept as the f32 SGLang stores);
+ * SGLang's page puts its keys' codes first and their scales after them, this pool
+ * keeps each key's scale after its codes: the same bytes per token.
  */
 #ifndef MS_KERNELS_KVQ_H
 #define MS_KERNELS_KVQ_H
@@ -43,6 +52,15 @@ void ms_kvq_mxfp4_pack(const float *x, int64_t n, uint8_t *e);
 void ms_kvq_mxfp4_unpack(const uint8_t *e, int64_t n, float *x);
 /* x[n] -> its MXFP4 value (pack then unpack), in place: the indexer's queries. */
 void ms_kvq_mxfp4_round(float *x, int64_t n);
+
+/* Bytes of one FP8 key of n values; x[n] -> e and back (_ref: the scalar twin
+ * with the search-based e4m3 encoder, the same bytes); _round: pack then unpack
+ * in place (the indexer's queries). */
+int64_t ms_kvq_fp8key_bytes(int64_t n);
+void ms_kvq_fp8key_pack(const float *x, int64_t n, uint8_t *e);
+void ms_kvq_fp8key_pack_ref(const float *x, int64_t n, uint8_t *e);
+void ms_kvq_fp8key_unpack(const uint8_t *e, int64_t n, float *x);
+void ms_kvq_fp8key_round(float *x, int64_t n);
 
 /* f32 -> e4m3fn code, round to nearest even, saturating to ±448: the bitwise
  * twin of ms_f32_to_fp8e4m3 (kernels/dtype.h), the same code for every f32. */

@@ -189,9 +189,11 @@ int64_t ms_v4_carry_values(int hd, int ihd)
  * (ratio 128) one main entry per 128 tokens.  Main entries: elem_bytes 0 or
  * 1 (the planner's default; --kv-cache-dtype fp8_e4m3) the packed FP8 ds
  * entry, 2 or 4 plain BF16 or F32 values.  Index keys (o->index_key): MXFP4,
- * or plain values (elem_bytes', the activations' under an FP8 cache); the
- * planner's default MXFP4 with packed main entries.  The forward tells the
- * formats apart by the streams' dtype (MS_DT_U8: packed).  State: each
+ * FP8, or plain values (elem_bytes', the activations' under an FP8 cache); the
+ * planner's default MXFP4 with the model's packed entries, FP8 under
+ * --kv-cache-dtype fp8_e4m3 (SGLang's pair).  The forward tells the formats
+ * apart by the streams' dtype (MS_DT_U8: packed) and, for the index keys, by
+ * their bytes (68 vs 132 for 128 values).  State: each
  * compressed layer's kv_state + score_state, each [c'·m][c'·d] (c' = 2 for
  * ratio 4), and the CSA indexer's own pair (arch.md §2.7), of state_bytes
  * each (0: F32). */
@@ -201,7 +203,8 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
     ms_kv_spec_init(out, s->n_layers);
     int b = o->elem_bytes, packed = b == 0 || b == 1;
     int ab = o->act_bytes == 4 ? 4 : 2, kb = b == 2 || b == 4 ? b : ab;
-    int fp4 = o->index_key == MS_KV_INDEX_MXFP4 || (o->index_key == MS_KV_INDEX_DEPLOYED && packed);
+    int fp4 = o->index_key == MS_KV_INDEX_MXFP4 || (o->index_key == MS_KV_INDEX_DEPLOYED && b == 0);
+    int fp8 = o->index_key == MS_KV_INDEX_FP8 || (o->index_key == MS_KV_INDEX_DEPLOYED && b == 1);
     int64_t main_n = s->head_dim, key_n = s->index_head_dim;
     double main = (double)main_n * b, key = (double)key_n * kb;
     ms_dtype dt = b == 4 ? MS_DT_F32 : MS_DT_BF16, kdt = kb == 4 ? MS_DT_F32 : MS_DT_BF16;
@@ -209,12 +212,12 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
         main_n = ms_kvq_fp8ds_bytes(s->head_dim, s->qk_rope);
         main = (double)main_n, dt = MS_DT_U8;
     }
-    if (fp4 && (s->index_head_dim & (s->index_head_dim - 1)))
+    if ((fp4 || fp8) && (s->index_head_dim & (s->index_head_dim - 1)))
         return ms_err(err, MS_EUNSUPPORTED,
-                      "MXFP4 index keys: index_head_dim %d is not a power of two (the Hadamard "
-                      "rotation)", s->index_head_dim);
-    if (fp4) {
-        key_n = ms_kvq_mxfp4_bytes(s->index_head_dim);
+                      "%s index keys: index_head_dim %d is not a power of two (the Hadamard "
+                      "rotation)", fp4 ? "MXFP4" : "FP8", s->index_head_dim);
+    if (fp4 || fp8) {
+        key_n = fp4 ? ms_kvq_mxfp4_bytes(s->index_head_dim) : ms_kvq_fp8key_bytes(s->index_head_dim);
         key = (double)key_n, kdt = MS_DT_U8;
     }
     ms_kv_stream *win = ms_kv_spec_add(out, "window", main, main_n, dt, 1, s->window,

@@ -11,9 +11,9 @@
  *
  * The indexer's Hadamard rotation of q and k is left out with plain index
  * keys: it is orthogonal and applied to both, so their products are
- * unchanged.  With MXFP4 keys (--enable-deepseek-v4-fp4-indexer) keys and
- * queries are rotated, then quantised (keys at write, queries per step), as
- * SGLang's FP4 indexer does; --kv-cache-dtype fp8_e4m3 stores the main
+ * unchanged.  With MXFP4 keys (--enable-deepseek-v4-fp4-indexer) or FP8 keys
+ * (--kv-cache-dtype fp8_e4m3 without it) keys and queries are rotated, then
+ * quantised (keys at write, queries per step), as SGLang's indexer does; --kv-cache-dtype fp8_e4m3 stores the main
  * entries as FP8 ds entries (kernels/kvq.h).  Both dequantise when loaded.
  * Cache streams (deepseek_v4.h V4_S_*): window entries per token, c4 / c128
  * entries at the window's first position, index keys per 4 tokens.  Every
@@ -49,6 +49,12 @@
  * keep their value) — and the main streams' FP8 ds entries (e4m3 nope dims
  * with UE8M0 scales per 64, BF16 rope dims).  Quantised at write,
  * dequantised at read into float rows the attention then uses. */
+/* The packed index keys are FP8 (kernels/kvq.h ms_kvq_fp8key_*), not MXFP4. */
+static int index_fp8(const ms_model *m, const ms_kv_view *v)
+{
+    return ms_kv_view_entry_elems(v, V4_S_INDEX) == ms_kvq_fp8key_bytes(m->v4->c.idx_hd);
+}
+
 static int store_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer,
                        int64_t pos, const float *src, int64_t n)
 {
@@ -65,7 +71,8 @@ static int store_entry(const ms_model *m, const ms_kv_view *v, int stream, int l
         if (n > 4096) return MS_EINTERNAL;
         memcpy(r, src, sizeof(float) * (size_t)n);
         ms_kvq_hadamard(r, n);
-        ms_kvq_mxfp4_pack(r, n, dst);
+        if (index_fp8(m, v)) ms_kvq_fp8key_pack(r, n, dst);
+        else ms_kvq_mxfp4_pack(r, n, dst);
     } else {
         ms_kvq_fp8ds_pack(src, n, m->v4->c.dr, dst);
     }
@@ -84,7 +91,8 @@ static int load_entry(const ms_model *m, const ms_kv_view *v, int stream, int la
         const uint16_t *h = src;
         for (int64_t i = 0; i < n; i++) dst[i] = ms_bf16_to_f32(h[i]);
     } else if (stream == V4_S_INDEX) {
-        ms_kvq_mxfp4_unpack(src, n, dst);
+        if (index_fp8(m, v)) ms_kvq_fp8key_unpack(src, n, dst);
+        else ms_kvq_mxfp4_unpack(src, n, dst);
     } else {
         ms_kvq_fp8ds_unpack(src, n, m->v4->c.dr, dst);
     }
@@ -636,11 +644,14 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
                 ms_rope_interleaved(w->iq + t * nI * ihd + ihd - dr, nI, ihd, dr, inv,
                                     seqs[i].start_pos + j);
         ms_kv_view v0 = {cache, seqs[0].kv};
-        if (ms_kv_view_dtype(&v0, V4_S_INDEX) == MS_DT_U8) /* MXFP4 keys: rotate and */
-            for (int64_t r = 0; r < T * nI; r++) {          /* quantise the queries too */
+        if (ms_kv_view_dtype(&v0, V4_S_INDEX) == MS_DT_U8) { /* MXFP4 / FP8 keys: rotate */
+            int f8 = index_fp8(m, &v0);                       /* and quantise the queries too */
+            for (int64_t r = 0; r < T * nI; r++) {
                 ms_kvq_hadamard(w->iq + r * ihd, ihd);
-                ms_kvq_mxfp4_round(w->iq + r * ihd, ihd);
+                if (f8) ms_kvq_fp8key_round(w->iq + r * ihd, ihd);
+                else ms_kvq_mxfp4_round(w->iq + r * ihd, ihd);
             }
+        }
     }
     rc = m->v4->attn_ref ? attend_rows_ref(m, cache, seqs, n_seqs, l)
                          : attend_all(m, cache, seqs, n_seqs, l);

@@ -119,13 +119,15 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     /* --kv-cache-dtype fp8_e4m3: e4m3 rows (the family's kv_spec sizes them
      * from elem_bytes 1: V3's latent rows, V4's packed FP8 ds entries);
      * otherwise the activations' dtype.  V4's index keys: MXFP4 with
-     * --enable-deepseek-v4-fp4-indexer, else the activations' dtype */
+     * --enable-deepseek-v4-fp4-indexer, else FP8 under an FP8 cache (SGLang's V4
+     * keys: 128 e4m3 + an f32 scale), else the activations' dtype */
     ms_dtype dt = !strcasecmp(e->o.launch.kv_cache_dtype, "fp8_e4m3") ? MS_DT_F8E4M3
                   : e->o.exact                                        ? MS_DT_F32
                                                                       : MS_DT_BF16;
     ms_kv_spec spec;
     ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .act_bytes = e->o.exact ? 4 : 2,
                           .index_key = e->o.launch.v4_fp4_indexer ? MS_KV_INDEX_MXFP4
+                                       : dt == MS_DT_F8E4M3       ? MS_KV_INDEX_FP8
                                                                   : MS_KV_INDEX_PLAIN,
                           .state_bytes = e->o.launch.compress_state_bytes,
                           .page_size = e->o.page_size, .attn_tp = e->lay.attn_tp,

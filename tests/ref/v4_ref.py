@@ -14,12 +14,14 @@ scale 2^ceil(log2(max(amax, 1e-4) / 448)), its rope dims rounded to BF16 (arch.m
 --fp4-indexer simulates MXFP4 index keys (--enable-deepseek-v4-fp4-indexer): index keys and
 the indexer's roped queries rotated by the normalised Sylvester Hadamard matrix, then
 quantised to e2m1 in blocks of 32 with scale 2^ceil(log2(max(amax, 1e-4) / 6)), nearest
-value, ties to the even code (arch.md §2.7).  Written from those definitions.
+value, ties to the even code (arch.md §2.7).  --fp8-indexer simulates SGLang's FP8 index keys
+(--kv-cache-dtype fp8_e4m3 without the FP4 indexer): the same rotation, then e4m3 in blocks of
+128 with scale 2^ceil(log2(max(amax, 1e-4) / 448)).  Written from those definitions.
 
 Interface (Debian's /usr/bin/python3, numpy):
 
     v4_ref.py --model DIR --prompt-ids 1,2,3 --decode N [--greedy] --out FILE.json
-              [--digits 10] [--no-incremental-check] [--kv-fp8] [--fp4-indexer]
+              [--digits 10] [--no-incremental-check] [--kv-fp8] [--fp4-indexer | --fp8-indexer]
 
 DIR holds config.json (HF names, arch.md §2.2) and model.safetensors (or shards + index) with
 the official tensor names (arch.md §2.3): BF16/F16/F32, FP8 e4m3 with `.scale` block scales
@@ -343,6 +345,18 @@ def hadamard(d):
     return h / math.sqrt(d)
 
 
+def fp8key_sim(x):
+    """Index keys / queries [..., d]: Hadamard-rotated, then e4m3 in blocks of 128."""
+    y = np.asarray(x, dtype=np.float64) @ hadamard(x.shape[-1]).T
+    s = blocks_scale(y, 128, 448.0)
+    return e4m3_round(np.clip(y / s, -448.0, 448.0)) * s
+
+
+def index_sim(x, fmt):
+    """The index keys' / queries' format: 'fp4', 'fp8' or None (exact)."""
+    return mxfp4_sim(x) if fmt == "fp4" else fp8key_sim(x) if fmt == "fp8" else x
+
+
 def mxfp4_sim(x):
     """Index keys / queries [..., d]: Hadamard-rotated, then e2m1 in blocks of 32."""
     y = np.asarray(x, dtype=np.float64) @ hadamard(x.shape[-1]).T
@@ -426,6 +440,7 @@ class V4Model:
                           ck.plain("hc_head_scale", (1,)))
         self.layers = [Layer(ck, cfg, L) for L in range(cfg.n_layers)]
         self.kv_fp8 = self.fp4_indexer = False  # the cache simulations (main(): the flags)
+        self.fp8_indexer = False
         unused = [k for k in ck.where if k not in ck.used and not k.startswith("mtp.")]
         if unused:
             raise ValueError(f"{len(unused)} tensors not used, e.g. {sorted(unused)[:5]}")
@@ -459,7 +474,7 @@ class V4Model:
         e = rms(e, c["norm"], self.cfg.eps)
         e = rope_tail(e, pos, theta, self.cfg.dr) if len(pos) else e
         if c.get("index"):
-            return mxfp4_sim(e) if self.fp4_indexer else e
+            return index_sim(e, "fp4" if self.fp4_indexer else "fp8" if self.fp8_indexer else None)
         return fp8ds_sim(e, self.cfg.dr) if self.kv_fp8 else e
 
     # --- indexer, definition form (arch.md §2.8) ---------------------------------------------
@@ -470,8 +485,7 @@ class V4Model:
         T = u.shape[0]
         q = (qr @ ly.idx_wq_b.T).reshape(T, cfg.n_idx, cfg.d_idx)
         q = rope_tail(q, pos, theta, cfg.dr)
-        if self.fp4_indexer:
-            q = mxfp4_sim(q)
+        q = index_sim(q, "fp4" if self.fp4_indexer else "fp8" if self.fp8_indexer else None)
         w = (u @ ly.idx_wproj.T) * (cfg.d_idx ** -0.5 * cfg.n_idx ** -0.5)        # [T, n_idx]
         s = np.einsum("th,thj->tj", w, np.maximum(np.einsum("thd,jd->thj", q, keys), 0.0))
         valid = np.arange(keys.shape[0])[None, :] < ((np.asarray(pos) + 1) // 4)[:, None]
@@ -731,12 +745,15 @@ def main(argv=None):
     ap.add_argument("--no-incremental-check", action="store_true")
     ap.add_argument("--kv-fp8", action="store_true", help="simulate FP8 ds main KV entries")
     ap.add_argument("--fp4-indexer", action="store_true", help="simulate MXFP4 index keys/queries")
+    ap.add_argument("--fp8-indexer", action="store_true", help="simulate FP8 index keys/queries")
     a = ap.parse_args(argv)
     ids = [int(t) for t in a.prompt_ids.replace(" ", "").split(",") if t]
     if not ids or not (0 <= a.decode <= 4096) or not (1 <= a.digits <= 17):
         ap.error("need >= 1 prompt id, 0 <= --decode <= 4096, 1 <= --digits <= 17")
     model = V4Model(V4Checkpoint(a.model))
-    model.kv_fp8, model.fp4_indexer = a.kv_fp8, a.fp4_indexer
+    if a.fp4_indexer and a.fp8_indexer:
+        ap.error("--fp4-indexer and --fp8-indexer are two formats of the same keys")
+    model.kv_fp8, model.fp4_indexer, model.fp8_indexer = a.kv_fp8, a.fp4_indexer, a.fp8_indexer
     r = generate(model, ids, a.decode, not a.no_incremental_check)
     fl = lambda x: [float(f"{v:.{a.digits}g}") for v in x.tolist()]  # noqa: E731
     r["prefill_logits"] = fl(r["prefill_logits"])
