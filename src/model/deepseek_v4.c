@@ -330,7 +330,7 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
     w->sel = malloc(sizeof(int32_t) * (size_t)S);
     if (!w->sel) return MS_ENOMEM;
     for (int i = 0; i < w->n_th; i++) {
-        ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc);
+        ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc), ms_free_aligned(w->th[i].kb);
         free(w->th[i].sel), free(w->th[i].cand);
     }
     free(w->th);
@@ -344,7 +344,8 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
         t->sc = ms_alloc_aligned((size_t)S, sizeof(float));
         t->sel = malloc(sizeof(int32_t) * (size_t)S);
         t->cand = malloc(sizeof(float *) * (size_t)S);
-        if (!t->isc || !t->sc || !t->sel || !t->cand) return MS_ENOMEM;
+        t->kb = ms_alloc_aligned((size_t)(64 * c->idx_hd), sizeof(float));
+        if (!t->isc || !t->sc || !t->sel || !t->cand || !t->kb) return MS_ENOMEM;
     }
     w->cap_S = S;
     return 0;
@@ -359,7 +360,7 @@ static void ws_free(ms_v4_ws *w)
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
     ms_free_aligned(w->win), ms_free_aligned(w->cbuf);
     for (int i = 0; i < w->n_th; i++) {
-        ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc);
+        ms_free_aligned(w->th[i].isc), ms_free_aligned(w->th[i].sc), ms_free_aligned(w->th[i].kb);
         free(w->th[i].sel), free(w->th[i].cand);
     }
     free(w->th);

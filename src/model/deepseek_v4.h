@@ -107,6 +107,7 @@ typedef struct ms_v4_ws {
         float *isc, *sc;           /* [cap_S] index scores, one head's attention scores */
         int32_t *sel;              /* [cap_S] selected C4 entries */
         const float **cand;        /* [cap_S] candidate rows */
+        float *kb;                 /* [64][idx_hd] a decode row's block of index keys */
     } *th;
     int n_th;
     float *cstate;       /* [cap_cstate] one compressor's state in f32 (BF16-stored state) */

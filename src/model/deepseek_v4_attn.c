@@ -21,8 +21,9 @@
  * indexer (replicated, the same top-k everywhere) and its own heads.
  *
  * The candidate attention runs on the pool (attend_seq): a sequence's window
- * span, C128 entries and index keys (and a prefill's C4 entries) are loaded
- * once into float rows (load_entry), then a prefill chunk's query rows are
+ * span, C128 entries (and a prefill's C4 entries and index keys) are loaded
+ * once into float rows (load_entry); a decode row's index keys are loaded 64
+ * at a time by the thread that scores them (decode_index_fn), then a prefill chunk's query rows are
  * claimed by the threads, while a decode row spreads its index keys and
  * then its heads over them; either way each value is computed as the
  * reference computes it, so results equal it bit for bit whatever the
@@ -490,17 +491,30 @@ static void rows_fn(void *arg, int tid, int nt)
     }
 }
 
-/* A decode row's index scores, keys claimed 64 at a time. */
+/* A decode row's index scores, keys claimed 64 at a time: each block is
+ * dequantised (load_entry) into the thread's own 64 rows (th->kb, in L1) and
+ * scored at once, instead of every key of the context going through one
+ * shared buffer first (the fused form of load + score: the same values and
+ * the same sums, so the reference twin's results bit for bit). */
 static void decode_index_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
     const ms_v4_cfg *c = &J->m->v4->c;
     ms_v4_ws *w = &J->m->v4->ws;
+    float *kb = w->th[tid].kb;
     int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos + 1) / 4;
-    (void)tid, (void)nt;
-    for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;)
-        index_scores(c, w->ik + b * ihd, w->iq + J->t * nI * ihd, w->iw + J->t * nI,
-                     MS_MIN(64, nk - b), w->isc + b);
+    (void)nt;
+    for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;) {
+        int64_t n = MS_MIN(64, nk - b);
+        for (int64_t j = 0; j < n; j++) {
+            int rc = load_entry(J->m, &J->v, V4_S_INDEX, J->l, (b + j) * 4, kb + j * ihd, ihd);
+            if (rc) {
+                atomic_store(&J->rc, rc);
+                return;
+            }
+        }
+        index_scores(c, kb, w->iq + J->t * nI * ihd, w->iw + J->t * nI, n, w->isc + b);
+    }
 }
 
 /* A decode row's heads, claimed one at a time (candidates: ws->th[0].cand). */
@@ -534,6 +548,7 @@ static int decode_row(struct seq_job *J)
     if (ratio == 4 && (pos + 1) / 4 > 0) {
         int64_t nk = (pos + 1) / 4;
         run_claimed(m, J, decode_index_fn, nk * c->n_idx_heads / 16);
+        if (atomic_load(&J->rc)) return atomic_load(&J->rc);
         int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
         ms_topk(w->isc, nk, k, w->sel);
         for (int e = 0; e < k; e++) {
@@ -568,7 +583,7 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
         J.n_win = last - J.wp0 + 1;
         J.n128 = lw->ratio == 128 ? (last + 1) / 128 : 0;
         J.n_c4 = lw->ratio == 4 && rows ? (last + 1) / 4 : 0;
-        J.n_ik = lw->ratio == 4 ? (last + 1) / 4 : 0;
+        J.n_ik = lw->ratio == 4 && rows ? (last + 1) / 4 : 0; /* decode rows: decode_index_fn */
         atomic_init(&J.rc, 0);
         atomic_init(&J.next, 0);
         run_claimed(m, &J, load_fn, J.n_win + J.n128 + J.n_c4 + J.n_ik);
