@@ -287,6 +287,16 @@ static const uint16_t *f4b_prep(const mm_task *t, int64_t K, int64_t ldq)
     return xq;
 }
 
+/* bf16 of the e2m1 codes 0..15, twice (vpermw reads 5 index bits). */
+AI __m512i f4b_table(void)
+{
+    return _mm512_set_epi16(
+        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
+        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
+        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
+        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+}
+
 AI __m512 f4b_dp(__m512 acc, __m512i x, __m512i w)
 {
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
@@ -298,12 +308,7 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, n_chunks = ldq / F4_CHUNK, row_bytes = K / 2, n_sb = (K + 31) / 32;
-    /* bf16 of the e2m1 codes 0..15, twice (vpermw reads 5 index bits) */
-    const __m512i tbl = _mm512_set_epi16(
-        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
-        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+    const __m512i tbl = f4b_table();
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *wr[8], *sr[8];
     f4_row_ptrs(W, n, R, wr, sr);
@@ -364,11 +369,7 @@ AI void f4b_gemv(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
     const ms_mat *W = t->W;
     const int64_t K = W->cols, row_bytes = K / 2, n_chunks = (K + F4_CHUNK - 1) / F4_CHUNK,
                   n_full = row_bytes / 64, n_sb = (K + 31) / 32, ldb = W->ld / 2;
-    const __m512i tbl = _mm512_set_epi16(
-        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
-        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+    const __m512i tbl = f4b_table();
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int64_t left = row_bytes - 64 * n_full;
     const __mmask64 tail = ((__mmask64)1 << left) - 1; /* the last, partial chunk (left < 64) */
