@@ -500,6 +500,43 @@ TEST(matmul_fp8_plain_rows)
     stored_free(&st);
 }
 
+/* The FP4 GEMV (mm_fp4.c's f4b_gemv, M = 1 on AVX512_BF16) takes the
+ * arithmetic of the tiles: every row of an M = 2, 3, 5 product has the bits
+ * of the M = 1 product of that row, on sliced views (r0, c0 > 0), at K with
+ * partial chunks and scale blocks, split over the pool, accumulating too. */
+TEST(matmul_fp4_gemv_same_bits_as_tiles)
+{
+    if (best_isa < MS_ISA_AVX512BF16) return;
+    ms_kctx kc = {pool, 0, MS_ISA_AVX512BF16, 0};
+    uint64_t rng = 41;
+    static const int64_t shapes[][4] = {{300, 1024, 3, 32}, {77, 62, 0, 0}, {130, 300, 5, 64},
+                                        {513, 512, 1, 0}};
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
+        int64_t N = shapes[si][0], K = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
+        stored st;
+        stored_make(&st, MS_DT_F4E2M1, r0 + N + 3, c0 + K + 64, &rng);
+        ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
+        float *x = malloc(sizeof(float) * (size_t)(5 * K)), *y = malloc(sizeof(float) * (size_t)(5 * N));
+        float *y1 = malloc(sizeof(float) * (size_t)N);
+        for (int64_t i = 0; i < 5 * K; i++) x[i] = frand(&rng);
+        for (int acc = 0; acc <= 1; acc++)
+            for (int64_t M = 2; M <= 5; M += M == 3 ? 2 : 1) {
+                for (int64_t i = 0; i < M * N; i++) y[i] = (float)(i % 5);
+                ms_matmul(&kc, y, N, x, K, M, &W, acc);
+                for (int64_t m = 0; m < M; m++) {
+                    for (int64_t n = 0; n < N; n++) y1[n] = (float)((m * N + n) % 5);
+                    ms_matmul(&kc, y1, N, x + m * K, K, 1, &W, acc);
+                    CHECKF(memcmp(y1, y + m * N, sizeof(float) * (size_t)N) == 0,
+                           "N %ld K %ld M %ld row %ld acc %d", (long)N, (long)K, (long)M, (long)m, acc);
+                }
+            }
+        free(x);
+        free(y);
+        free(y1);
+        stored_free(&st);
+    }
+}
+
 /* The split over threads must not change a single bit (layout invariance of
  * --dtype float32 relies on kernels being deterministic). */
 TEST(matmul_same_bits_any_pool)
@@ -890,6 +927,7 @@ int main(void)
     RUN(matmul_batch_same_as_single);
     RUN(matmul_fp8_plain_rows);
     RUN(matmul_same_bits_any_pool);
+    RUN(matmul_fp4_gemv_same_bits_as_tiles);
     RUN(matmul_gemv_rows_same_bits);
     RUN(matmul_batch_invariant);
     RUN(topk_vs_ref);

@@ -1,5 +1,9 @@
 /* threadpool.c — fixed pthread pool with spin-then-futex hand-off (threadpool.h).
- * The futex wake (a syscall) is made only when a worker is asleep.  Each job
+ * Both sides wait the same way: a worker for the next job, the caller for the
+ * workers of the current one, each spinning `spin` pauses and then sleeping on
+ * a futex (generation, finished), so a preempted thread on a loaded machine
+ * is waited for asleep, its core free.  The futex wake (a syscall) is made
+ * only when the other side is asleep.  Each job
  * is described by `gate` (its generation, static or dynamic, and for dynamic
  * jobs whether it is still open and how many workers joined), so a worker
  * that wakes late for a dynamic job the caller already closed skips it
@@ -17,12 +21,14 @@ struct ms_pool {
     int n_threads;
     pthread_t *threads;
     _Atomic uint32_t generation; /* bumped for each job; workers wait on it */
-    _Atomic int pending;         /* workers still running the current job */
+    _Atomic int static_done;     /* static job: workers that finished it */
     _Atomic int stop;
     _Atomic int sleepers;        /* workers inside (or entering) futex_wait */
     _Atomic uint64_t gate;       /* generation << 32 | G_* flags | joined workers */
     _Atomic int done;            /* dynamic job: joined workers that finished */
     _Atomic uint32_t park;       /* == generation: idle workers sleep without spinning */
+    _Atomic uint32_t finished;   /* bumped by a worker after its part of a job */
+    _Atomic int caller_asleep;   /* the caller is inside (or entering) futex_wait on finished */
     long spin;                   /* pause iterations before a worker sleeps */
     ms_pool_fn fn;
     void *arg;
@@ -32,8 +38,11 @@ struct ms_pool {
 #define G_OPEN (1ull << 30)
 #define G_COUNT ((1ull << 30) - 1)
 
-/* Pause iterations a worker spins after a job before it sleeps (~0.5 ms
- * on the development machine); MOESERVE_POOL_SPIN overrides it. */
+/* Pause iterations a worker spins after a job before it sleeps, and the
+ * caller before it sleeps waiting for the workers (~0.5 ms on the
+ * development machine); MOESERVE_POOL_SPIN overrides it (0: sleep at once).
+ * Sleeping at once cost 18-22 % of a 2-thread MoE decode token
+ * (bench/RESULTS.md, "Why the code is so"). */
 enum { SPIN_ITERS = 20000 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
@@ -44,6 +53,35 @@ static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 static void futex_wake_all(_Atomic uint32_t *addr)
 {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, 1 << 30, NULL, NULL, 0);
+}
+
+/* A worker's part of the job is done: tell a sleeping caller.  After the
+ * pending / done update (seq_cst), so the caller's sleep protocol below sees
+ * one or the other. */
+static void worker_finished(ms_pool *pool)
+{
+    atomic_fetch_add(&pool->finished, 1);
+    if (atomic_load(&pool->caller_asleep)) futex_wake_all(&pool->finished);
+}
+
+/* Caller: wait until *ctr >= target, spinning, then sleeping on finished.
+ * It announces the sleep, then re-reads *ctr; a worker updates *ctr, bumps
+ * finished, then reads caller_asleep (all seq_cst): either the caller sees
+ * the update, or the worker sees the announcement and wakes it (and the
+ * bumped finished makes a late futex_wait return at once). */
+static void caller_wait(ms_pool *pool, _Atomic int *ctr, int target)
+{
+    long spins = 0;
+    while (atomic_load_explicit(ctr, memory_order_acquire) < target) {
+        if (++spins < pool->spin) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        uint32_t f = atomic_load(&pool->finished);
+        atomic_store(&pool->caller_asleep, 1);
+        if (atomic_load(ctr) < target) futex_wait(&pool->finished, f);
+        atomic_store(&pool->caller_asleep, 0);
+    }
 }
 
 struct worker_arg {
@@ -80,7 +118,8 @@ static void *worker_main(void *p)
         if ((uint32_t)(st >> 32) != seen) continue; /* a later job is posted: go and see */
         if (st & G_STATIC) {
             pool->fn(pool->arg, wa.tid, pool->n_threads);
-            atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel);
+            atomic_fetch_add(&pool->static_done, 1); /* counts up to n_threads - 1 */
+            worker_finished(pool);
             continue;
         }
         for (;;) { /* dynamic: join while the caller has not closed the job */
@@ -88,6 +127,7 @@ static void *worker_main(void *p)
             if (atomic_compare_exchange_weak(&pool->gate, &st, st + 1)) {
                 pool->fn(pool->arg, 1 + (int)(st & G_COUNT), pool->n_threads);
                 atomic_fetch_add(&pool->done, 1);
+                worker_finished(pool);
                 break;
             }
         }
@@ -149,14 +189,13 @@ void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg)
     }
     pool->fn = fn;
     pool->arg = arg;
-    atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->static_done, 0, memory_order_relaxed);
     uint32_t gen = atomic_load(&pool->generation) + 1;
     atomic_store(&pool->gate, (uint64_t)gen << 32 | G_STATIC);
     atomic_store(&pool->generation, gen);
     if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation); /* skip the syscall when all spin */
     fn(arg, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
-        __builtin_ia32_pause();
+    caller_wait(pool, &pool->static_done, pool->n_threads - 1);
 }
 
 void ms_pool_park(ms_pool *pool)
@@ -182,5 +221,5 @@ void ms_pool_run_dynamic(ms_pool *pool, ms_pool_fn fn, void *arg)
     /* close the job: workers that have not joined by now never will */
     uint64_t st = atomic_fetch_and(&pool->gate, ~G_OPEN);
     int joined = (int)(st & G_COUNT);
-    while (atomic_load_explicit(&pool->done, memory_order_acquire) < joined) __builtin_ia32_pause();
+    caller_wait(pool, &pool->done, joined);
 }

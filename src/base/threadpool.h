@@ -3,8 +3,12 @@
  * ms_pool_run(pool, fn, arg) calls fn(arg, tid, n_threads) once on each of the
  * pool's n_threads threads (the caller is thread 0) and returns when all are
  * done: a parallel-for where fn splits the work by tid.  Workers spin briefly
- * after a job and then sleep on a futex, so an idle pool uses no CPU
- * (MOESERVE_POOL_SPIN: pause iterations before sleeping, default 20000).
+ * after a job and then sleep on a futex, so an idle pool uses no CPU; the
+ * caller, waiting for workers still in fn, spins as briefly and then sleeps
+ * too, so a worker preempted on a loaded machine is waited for without
+ * holding a core (MOESERVE_POOL_SPIN: pause iterations before either sleeps,
+ * default 20000, ~0.5 ms; 0 sleeps at once.  OMP_WAIT_POLICY does not apply:
+ * it is oneDNN's OpenMP team's).
  * Only one thread (the rank's main thread) may call ms_pool_run at a time;
  * fn must not call ms_pool_run.  A NULL pool runs fn(arg, 0, 1) inline.
  */

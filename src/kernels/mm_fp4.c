@@ -287,6 +287,16 @@ static const uint16_t *f4b_prep(const mm_task *t, int64_t K, int64_t ldq)
     return xq;
 }
 
+/* bf16 of the e2m1 codes 0..15, twice (vpermw reads 5 index bits). */
+AI __m512i f4b_table(void)
+{
+    return _mm512_set_epi16(
+        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
+        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
+        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
+        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+}
+
 AI __m512 f4b_dp(__m512 acc, __m512i x, __m512i w)
 {
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
@@ -298,12 +308,7 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, n_chunks = ldq / F4_CHUNK, row_bytes = K / 2, n_sb = (K + 31) / 32;
-    /* bf16 of the e2m1 codes 0..15, twice (vpermw reads 5 index bits) */
-    const __m512i tbl = _mm512_set_epi16(
-        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0,
-        (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-        (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00, 0);
+    const __m512i tbl = f4b_table();
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *wr[8], *sr[8];
     f4_row_ptrs(W, n, R, wr, sr);
@@ -355,6 +360,46 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
         }
 }
 
+/* M = 1: weight rows [n0, n1), one at a time (one forward stream: DRAM-cold
+ * faster than 2, 4 or 8 rows per tile, L2-hot slower), with what f4b_tile
+ * keeps per tile hoisted out of the row loop and the scales in registers.
+ * The same arithmetic as f4b_tile(MB = 1, R = 1), so the same bits. */
+AI void f4b_gemv(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, row_bytes = K / 2, n_chunks = (K + F4_CHUNK - 1) / F4_CHUNK,
+                  n_full = row_bytes / 64, n_sb = (K + 31) / 32, ldb = W->ld / 2;
+    const __m512i tbl = f4b_table();
+    const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int64_t left = row_bytes - 64 * n_full;
+    const __mmask64 tail = ((__mmask64)1 << left) - 1; /* the last, partial chunk (left < 64) */
+    const uint8_t *w = (const uint8_t *)W->data + n0 * ldb;
+    const uint8_t *sc = W->e8scale + (W->r0 + n0) * W->scale_ld + W->c0 / 32;
+    for (int64_t n = n0; n < n1; n++, w += ldb, sc += W->scale_ld) {
+        __m512 acc = _mm512_setzero_ps(), sv = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n_chunks; c++) {
+            if ((c & 3) == 0) sv = f4_scales16(sc + 4 * c, n_sb - 4 * c);
+            const __m512i v = c < n_full ? _mm512_loadu_si512(w + 64 * c)
+                                         : _mm512_maskz_loadu_epi8(tail, w + 64 * c);
+            _mm_prefetch((const char *)w + 64 * c + F4_PF_BYTES, _MM_HINT_T0);
+            const uint16_t *xc = xq + c * F4_CHUNK;
+            __m512 tt = f4b_dp(_mm512_setzero_ps(), _mm512_loadu_si512(xc),
+                               _mm512_permutexvar_epi16(v, tbl));
+            tt = f4b_dp(tt, _mm512_loadu_si512(xc + 32),
+                        _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tbl));
+            tt = f4b_dp(tt, _mm512_loadu_si512(xc + 64),
+                        _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tbl));
+            tt = f4b_dp(tt, _mm512_loadu_si512(xc + 96),
+                        _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tbl));
+            const __m512i sidx = _mm512_add_epi32(sidx0, _mm512_set1_epi32(4 * (int)(c & 3)));
+            acc = _mm512_fmadd_ps(tt, _mm512_permutexvar_ps(sidx, sv), acc);
+        }
+        float s = _mm512_reduce_add_ps(acc);
+        float *yo = t->y + n;
+        *yo = t->accumulate ? *yo + s : s;
+    }
+}
+
 AI void f4b_rows(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB, const int R,
                  int64_t m0, int64_t n0, int64_t n1)
 {
@@ -370,8 +415,10 @@ int ms_mm_fp4_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
     const int64_t K = t->W->cols, ldq = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
     const uint16_t *xq = f4b_prep(t, K, ldq);
     if (!xq) return -1;
-    /* M = 1: one weight row at a time, one forward stream (DRAM-cold faster than 2 or 4
-     * rows per tile, L2-hot slower: bench/RESULTS.md, "Why the code is so") */
+    if (t->M == 1) { /* one weight row at a time (f4b_gemv) */
+        f4b_gemv(t, xq, n0, n1);
+        return 0;
+    }
     F4_BLOCKS(f4b_rows, xq, ldq, 1, 4, 4, 4);
     return 0;
 }
