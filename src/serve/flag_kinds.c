@@ -65,21 +65,10 @@ static const struct {
     {"--eplb-rebalance-layers-per-chunk", OURS, NULL},
     {"--eplb-min-rebalancing-utilization-threshold", OURS, NULL},
     {"--eplb-", NOT_BUILT, "this EPLB option"},
-    /* SGLang's DeepEPWaterfillBalancer (layers/moe/deepep_waterfill.py; the flag was
-     * --enable-deepep-waterfill before v0.5.16): the shared expert becomes a (k+1)-th
-     * routed expert with a slot on every EP rank, each token's copy sent to a lightly
-     * loaded rank among those its routed experts live on; it forces shared-expert fusion */
-    {"--enable-waterfill", NOT_BUILT,
-     "SGLang's waterfill (the shared expert dispatched like a routed one to a lightly "
-     "loaded EP rank, on top of shared-expert fusion)"},
-    {"--enable-deepep-waterfill", NOT_BUILT,
-     "SGLang's waterfill (the shared expert dispatched like a routed one to a lightly "
-     "loaded EP rank, on top of shared-expert fusion)"},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
     {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},
     {"--enable-w4a4-mxfp4-megamoe", NOT_BUILT, "MXFP4 activations (W4A4 MegaMoE)"},
-    {"--enforce-shared-experts-fusion", NOT_BUILT, "shared-expert fusion"},
     {"--enable-unified-cache-external-linker", NOT_BUILT, "the UMBP external KV store"},
     {"--unified-cache-external-linker-", NOT_BUILT, "the UMBP external KV store"},
     {"--tokenizer-worker-num", NOT_BUILT,
@@ -93,7 +82,8 @@ static const struct {
 
 /* SGLANG_* environment variables this engine reads. */
 static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
-                                 "SGLANG_SIMULATE_ACC_LEN", "SGLANG_DSV4_COMPRESS_STATE_DTYPE"};
+                                 "SGLANG_SIMULATE_ACC_LEN", "SGLANG_DSV4_COMPRESS_STATE_DTYPE",
+                                 "SGLANG_DISABLE_STATIC_WATERFILL"};
 
 static int lookup(const char *name, size_t len)
 {
