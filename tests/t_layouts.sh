@@ -209,10 +209,10 @@ check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$t
 check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$tmp/missing.json"
 # waterfill and fusion where SGLang has no place for them: no all-to-all, one EP rank,
 # fusion on a backend without the per-rank shared slot
-check_err "--enable-waterfill dispatches the shared expert" --tp 2 --enable-waterfill
-check_err "--enable-waterfill at EP 1" --moe-a2a-backend deepep --enable-deepep-waterfill
+check_err "--enable-waterfill without an all-to-all" --tp 2 --enable-waterfill
+check_err "--enable-deepep-waterfill at EP 1" --moe-a2a-backend deepep --enable-deepep-waterfill
 check_err "--enforce-shared-experts-fusion is rejected" --tp 2 --moe-a2a-backend mpi --enforce-shared-experts-fusion
-check_err "--enforce-shared-experts-fusion: the CPU engine" --tp 2 --enforce-shared-experts-fusion
+check_err "--enforce-shared-experts-fusion without an all-to-all" --tp 2 --enforce-shared-experts-fusion
 
 # a rank killed mid-run: the others must stop with an error, not hang
 ( timeout 60 "$MOESERVE" generate --model "$M" --prompt-ids "$P1" --max-new-tokens 15000 --ignore-eos \

@@ -116,7 +116,7 @@ enum {
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
     O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_EPLB, O_EPLB_ITERS, O_EPLB_CHUNK, O_EPLB_THRESH,
     O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP, O_SWA_RATIO, O_FP4_INDEXER,
-    O_WATERFILL
+    O_WATERFILL, O_WATERFILL_OLD
 };
 static const struct {
     const char *name;
@@ -169,7 +169,7 @@ static const struct {
     {"--enable-waterfill", F_SWITCH, O_WATERFILL, 0, 0,
      "    SGLang's waterfill: the fused shared expert of each token to a lightly loaded\n"
      "                                               EP rank (a2a, EP > 1; alias --enable-deepep-waterfill)"},
-    {"--enable-deepep-waterfill", F_SWITCH, O_WATERFILL, 0, 0, NULL},
+    {"--enable-deepep-waterfill", F_SWITCH, O_WATERFILL_OLD, 0, 0, NULL},
     {"--enable-dp-lm-head", F_SWITCH, O_DP_LM_HEAD, 0, 0, "    DP ranks compute their own LM head: always so in serve (its LM head is\n"
      "                                               whole on every rank); plan: split over attn_tp"},
     {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32 (serve: the activation dtype or fp8_e4m3)"},
@@ -352,6 +352,7 @@ static void set_switch(ms_launch *l, int id)
     case O_EPLB: l->enable_eplb = true; break;
     case O_FP4_INDEXER: l->v4_fp4_indexer = true; break;
     case O_WATERFILL: l->enable_waterfill = true; break;
+    case O_WATERFILL_OLD: l->enable_waterfill = l->waterfill_old_name = true; break;
     }
 }
 

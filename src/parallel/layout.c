@@ -146,9 +146,10 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
      * aliases all run its one all-to-all, so only "none" lacks the path it needs. */
     if (l->enable_waterfill && l->a2a == MS_A2A_NONE)
         ms_layout_add_violation(o, "waterfill_a2a",
-                                "--enable-waterfill dispatches the shared expert over the "
-                                "all-to-all: it needs --moe-a2a-backend deepep|megamoe (SGLang "
-                                "switches to deepep)");
+                                "%s without an all-to-all backend is not implemented (SGLang "
+                                "switches to deepep): add --moe-a2a-backend deepep|megamoe",
+                                l->waterfill_old_name ? "--enable-deepep-waterfill"
+                                                      : "--enable-waterfill");
     if (l->spec == MS_SPEC_DSPARK && l->pp != 1)
         ms_layout_add_violation(o, "dspark_pp", "--speculative-algorithm DSPARK requires pp_size == "
                                                 "1 (got --pp-size %d)", l->pp);
@@ -200,6 +201,9 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
     out->dense_tp = l->moe_dense_tp_size == 1 ? 1 : tp;
     out->shared_tp = l->a2a != MS_A2A_NONE ? 1 : tp; /* a2a: the shared expert is local */
     out->fusion_asked = l->enforce_shared_experts_fusion || l->enable_waterfill;
+    out->fusion_flag = !l->enable_waterfill              ? (out->fusion_asked ? "--enforce-shared-experts-fusion" : NULL)
+                       : l->waterfill_old_name          ? "--enable-deepep-waterfill"
+                                                        : "--enable-waterfill";
     out->shared_mode = l->a2a == MS_A2A_NONE     ? MS_SHARED_SEPARATE
                        : l->enable_waterfill           ? MS_SHARED_WATERFILL
                        : l->enforce_shared_experts_fusion ? MS_SHARED_FUSED
@@ -238,16 +242,13 @@ int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err)
         return ms_err(err, MS_EUNSUPPORTED, "--attn-cp-size %d: context parallelism is not "
                       "supported by the CPU engine yet", lay->attn_cp);
     if (lay->fusion_asked && lay->shared_mode == MS_SHARED_SEPARATE)
-        return ms_err(err, MS_EUNSUPPORTED, "--enforce-shared-experts-fusion: the CPU engine "
-                      "fuses the shared expert on the all-to-all path only (--moe-a2a-backend "
-                      "deepep|megamoe, EP >= 2)");
+        return ms_err(err, MS_EUNSUPPORTED, "%s without an all-to-all backend is not implemented: "
+                      "the CPU engine fuses the shared expert on the all-to-all path only "
+                      "(--moe-a2a-backend deepep|megamoe, EP >= 2)", lay->fusion_flag);
     if (lay->shared_mode != MS_SHARED_SEPARATE && lay->moe_ep <= 1)
-        return ms_err(err, MS_EUNSUPPORTED, "%s at EP %d: the shared expert's slot on every EP "
-                      "rank needs EP >= 2 (SGLang supports it with EP >= 2; use --tp 2 or more "
-                      "with the a2a backend)",
-                      lay->shared_mode == MS_SHARED_WATERFILL ? "--enable-waterfill"
-                                                              : "--enforce-shared-experts-fusion",
-                      lay->moe_ep);
+        return ms_err(err, MS_EUNSUPPORTED, "%s at EP %d is not implemented: the shared expert's "
+                      "slot on every EP rank needs EP >= 2 (SGLang's support boundary; use --tp 2 "
+                      "or more with the a2a backend)", lay->fusion_flag, lay->moe_ep);
     int redundant = lay->n_physical_experts - lay->n_routed_experts;
     if (redundant > 0 && lay->moe_ep <= 1)
         return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d at EP %d: redundant "

@@ -64,6 +64,7 @@ typedef struct ms_launch {
     bool disable_shared_experts_fusion; /* --disable-shared-experts-fusion */
     bool enable_waterfill;           /* --enable-waterfill (SGLang < 0.5.16: --enable-deepep-waterfill) */
     bool waterfill_dynamic;          /* SGLANG_DISABLE_STATIC_WATERFILL: EP-wide loads per layer */
+    bool waterfill_old_name;         /* given as --enable-deepep-waterfill (for messages) */
     bool enable_dp_lm_head;          /* --enable-dp-lm-head */
     int kv_cache_bytes;              /* --kv-cache-dtype: 0 = auto (model dtype), else bytes */
     char kv_cache_dtype[16];         /* as given ("auto" by default) */
@@ -147,6 +148,7 @@ typedef struct ms_layout {
     ms_a2a_backend a2a;
     ms_shared_mode shared_mode; /* where the shared expert runs (a2a path) */
     bool fusion_asked;          /* --enforce-shared-experts-fusion or --enable-waterfill */
+    const char *fusion_flag;    /* the flag that asked, as given (a literal), or NULL */
     ms_mlp_mode sparse_mode, dense_mode;
     bool ep_forced;   /* an a2a backend set ep = tp */
     int n_routed_experts;   /* logical experts of the model */

@@ -29,9 +29,7 @@ static int resolve(const ms_engine_opts *o, const ms_model_shape *shape, ms_layo
     if (!rc) rc = ms_layout_check_engine(lay, err);
     if (!rc && lay->shared_mode != MS_SHARED_SEPARATE && shape->n_shared <= 0)
         rc = ms_err(err, MS_EUNSUPPORTED, "%s: the model has no shared expert (n_shared_experts "
-                    "0), so there is nothing to fuse or place",
-                    lay->shared_mode == MS_SHARED_WATERFILL ? "--enable-waterfill"
-                                                            : "--enforce-shared-experts-fusion");
+                    "0), so there is nothing to fuse or place", lay->fusion_flag);
     return rc;
 }
 
