@@ -189,6 +189,21 @@ if timeout 120 "$MOESERVE" generate "${wf[@]}" --dump-logits "$tmp/wref.jsonl" >
 else
     bad "waterfill: one rank failed"; tail -5 "$tmp/wref.out"
 fi
+# DeepSeek-V4 (tiny-v4: hash-routed and top-k layers, SGLang's HashTopK path) with waterfill
+if [ -f "$M4/config.json" ]; then
+    wf4=(--model "$M4" --dtype float32 --prompt-ids "$PW" --prompt-ids "$P2" --max-new-tokens 9
+         --ignore-eos --threads 1 --comm-timeout-s 60)
+    if timeout 120 "$MOESERVE" generate "${wf4[@]}" --dump-logits "$tmp/wref4.jsonl" >"$tmp/wref4.out" 2>&1 &&
+        timeout 180 "$MOESERVE" generate "${wf4[@]}" --tp 2 --moe-a2a-backend deepep --enable-waterfill \
+            --comm-stats --dump-logits "$tmp/w4.jsonl" >"$tmp/w4.out" 2>&1 &&
+        /usr/bin/python3 tests/compare_logits.py "$tmp/wref4.jsonl" "$tmp/w4.jsonl" >"$tmp/cmp" 2>&1; then
+        remote=$(grep '^mlp rank=' "$tmp/w4.out" | sed 's/.*shared_remote=\([0-9]*\).*/\1/' | paste -sd+ | bc)
+        if [ "${remote:-0}" -gt 0 ]; then ok "tiny-v4 --tp 2 deepep --enable-waterfill ($(grep 'max relative' "$tmp/cmp"); shared copies elsewhere: $remote)"
+        else bad "tiny-v4 waterfill: no shared copy left its rank"; fi
+    else
+        bad "tiny-v4 --enable-waterfill"; tail -5 "$tmp/w4.out" "$tmp/cmp" 2>/dev/null
+    fi
+fi
 
 # invalid launch shapes: a message naming the flag
 check_err() { # $1 = expected text, rest = flags
