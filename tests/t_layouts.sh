@@ -171,9 +171,12 @@ if timeout 120 "$MOESERVE" generate "${wf[@]}" --dump-logits "$tmp/wref.jsonl" >
     for L in "--tp 2 --moe-a2a-backend deepep --enable-waterfill" \
              "--tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --enable-waterfill" \
              "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend mooncake --enable-deepep-waterfill" \
+             "SGLANG_DISABLE_STATIC_WATERFILL=1 --tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --enable-waterfill" \
              "--tp 2 --moe-a2a-backend megamoe --enforce-shared-experts-fusion"; do
+        envs=(WF=static)
+        case "$L" in SGLANG_*) envs=("${L%% *}"); L=${L#* } ;; esac
         # shellcheck disable=SC2086
-        if ! timeout 180 "$MOESERVE" generate "${wf[@]}" $L --comm-stats --dump-logits "$tmp/w.jsonl" \
+        if ! env "${envs[@]}" timeout 180 "$MOESERVE" generate "${wf[@]}" $L --comm-stats --dump-logits "$tmp/w.jsonl" \
             >"$tmp/w.out" 2>&1; then bad "$L: run failed"; tail -5 "$tmp/w.out"; continue; fi
         remote=$(grep '^mlp rank=' "$tmp/w.out" | sed 's/.*shared_remote=\([0-9]*\).*/\1/' | paste -sd+ | bc)
         want_remote=1
@@ -184,7 +187,7 @@ if timeout 120 "$MOESERVE" generate "${wf[@]}" --dump-logits "$tmp/wref.jsonl" >
             bad "$L: no shared copy left its rank (shared_remote=$remote)"
         elif [ "$want_remote" = 0 ] && [ "${remote:-0}" != 0 ]; then
             bad "$L: fusion alone moved $remote shared copies"
-        else ok "$L ($(grep 'max relative' "$tmp/cmp"); shared copies elsewhere: $remote)"; fi
+        else ok "${envs[*]#WF=static} $L ($(grep 'max relative' "$tmp/cmp"); shared copies elsewhere: $remote)"; fi
     done
 else
     bad "waterfill: one rank failed"; tail -5 "$tmp/wref.out"
