@@ -18,10 +18,12 @@ TEST(static_three_ranks)
     int64_t load[3] = {10, 4, 1};
     ms_waterfill_plan p = {.rank_load = load, .n_ranks = 3, .allow_all = 1, .target = 0};
     int32_t dest[N_ROWS * K], dst[N_ROWS];
-    for (int i = 0; i < N_ROWS * K; i++) dest[i] = 0; /* allow_all: the routed ranks do not matter */
+    for (int i = 0; i < N_ROWS * K; i++)
+        dest[i] = 0; /* allow_all: the routed ranks do not matter */
     ms_waterfill_choose(&p, 0, dest, N_ROWS, K, dst);
     static const int32_t want[6] = {2, 1, 1, 2, 2, 2};
-    for (int t = 0; t < 6; t++) CHECKF(dst[t] == want[t], "row %d: rank %d, want %d", t, dst[t], want[t]);
+    for (int t = 0; t < 6; t++)
+        CHECKF(dst[t] == want[t], "row %d: rank %d, want %d", t, dst[t], want[t]);
     for (int t = 0; t < N_ROWS; t++) CHECK(dst[t] == 1 || dst[t] == 2);
 }
 
@@ -43,7 +45,8 @@ TEST(no_room_argmin_with_preference)
     int64_t load[2] = {10, 8};
     ms_waterfill_plan p = {.rank_load = load, .n_ranks = 2, .allow_all = 0, .target = 5};
     int32_t dest[N_ROWS * K], dst[N_ROWS];
-    for (int t = 0; t < N_ROWS; t++) dest[t * K] = 0, dest[t * K + 1] = t % 2; /* odd rows touch 1 */
+    for (int t = 0; t < N_ROWS; t++)
+        dest[t * K] = 0, dest[t * K + 1] = t % 2; /* odd rows touch 1 */
     ms_waterfill_choose(&p, 0, dest, N_ROWS, K, dst);
     for (int t = 0; t < N_ROWS; t++) CHECKF(dst[t] == t % 2, "row %d: rank %d", t, dst[t]);
     int64_t close[2] = {10, 10}; /* 10 · 11 > 10 · 10: home kept */
@@ -77,7 +80,8 @@ TEST(count_by_map)
 {
     ms_expert_map m;
     ms_errbuf err = {{0}};
-    int32_t phys[4] = {3, 2, 1, 0}; /* physical p holds logical 3 - p; rank r owns p in [2r, 2r+2) */
+    int32_t phys[4] = {3, 2, 1,
+                       0}; /* physical p holds logical 3 - p; rank r owns p in [2r, 2r+2) */
     CHECK(ms_expert_map_init_from(&m, 4, 2, phys, &err) == 0);
     int32_t idx[3 * K] = {0, 1, 2, 3, 0, 3}; /* logical 0,1 live on rank 1; 2,3 on rank 0 */
     int64_t load[2];

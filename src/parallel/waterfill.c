@@ -25,8 +25,8 @@ void ms_waterfill_dynamic_plan(const int64_t *routed, const int64_t *rows, int N
         max_eff = eff[r] > max_eff ? eff[r] : max_eff;
     }
     int64_t target = (total_eff + total_routed / K + N - 1) / N;
-    *p = (ms_waterfill_plan){.rank_load = eff, .n_ranks = N, .allow_all = max_eff <= target,
-                             .target = target};
+    *p = (ms_waterfill_plan){
+        .rank_load = eff, .n_ranks = N, .allow_all = max_eff <= target, .target = target};
 }
 
 /* The weight of candidate r for a row of home src: the room under the water level,
@@ -38,8 +38,8 @@ static int32_t room(const ms_waterfill_plan *p, int64_t target, int r, int src)
     return r == src ? w : (int32_t)((w * PREF_DEN) / PREF_NUM);
 }
 
-void ms_waterfill_choose(const ms_waterfill_plan *p, int src, const int32_t *dest, int64_t n,
-                         int K, int32_t *dst)
+void ms_waterfill_choose(const ms_waterfill_plan *p, int src, const int32_t *dest, int64_t n, int K,
+                         int32_t *dst)
 {
     if (!p || n < MS_WATERFILL_MIN_BATCH) {
         for (int64_t t = 0; t < n; t++) dst[t] = src;
@@ -59,14 +59,16 @@ void ms_waterfill_choose(const ms_waterfill_plan *p, int src, const int32_t *des
         if (p->allow_all) {
             memset(cand, 1, (size_t)N);
             for (int r = 0; r < N; r++)
-                if (p->rank_load[r] * PREF_NUM < best * PREF_DEN) best = p->rank_load[r], best_rank = r;
+                if (p->rank_load[r] * PREF_NUM < best * PREF_DEN)
+                    best = p->rank_load[r], best_rank = r;
         }
         for (int k = 0; k < K; k++) {
             if (d[k] < 0) continue;
             any = 1;
             if (p->allow_all) continue;
             cand[d[k]] = 1;
-            if (p->rank_load[d[k]] * PREF_NUM < best * PREF_DEN) best = p->rank_load[d[k]], best_rank = d[k];
+            if (p->rank_load[d[k]] * PREF_NUM < best * PREF_DEN)
+                best = p->rank_load[d[k]], best_rank = d[k];
         }
         if (!any) { /* SGLang: no routed entry, no shared copy; here: computed at home */
             dst[t] = src;

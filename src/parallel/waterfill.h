@@ -28,8 +28,8 @@
 typedef struct ms_waterfill_plan {
     const int64_t *rank_load; /* [n_ranks] effective load of each EP rank */
     int n_ranks;
-    int allow_all;            /* every rank is a candidate (else home + routed ranks) */
-    int64_t target;           /* the water level; 0: derived from rank_load as static */
+    int allow_all;  /* every rank is a candidate (else home + routed ranks) */
+    int64_t target; /* the water level; 0: derived from rank_load as static */
 } ms_waterfill_plan;
 
 /* load[r] (+)= routed entries of n rows idx[n][K] (logical ids) whose replica lives on
@@ -45,7 +45,7 @@ void ms_waterfill_dynamic_plan(const int64_t *routed, const int64_t *rows, int N
 /* dst[t] for n rows of source rank src: the EP rank that computes row t's shared expert.
  * dest[n][K]: the EP rank of each routed entry (-1: none).  n < MS_WATERFILL_MIN_BATCH
  * or p NULL: dst = src for every row. */
-void ms_waterfill_choose(const ms_waterfill_plan *p, int src, const int32_t *dest, int64_t n,
-                         int K, int32_t *dst);
+void ms_waterfill_choose(const ms_waterfill_plan *p, int src, const int32_t *dest, int64_t n, int K,
+                         int32_t *dst);
 
 #endif
