@@ -231,6 +231,14 @@ check_err "--enable-waterfill without an all-to-all" --tp 2 --enable-waterfill
 check_err "--enable-deepep-waterfill at EP 1" --moe-a2a-backend deepep --enable-deepep-waterfill
 check_err "--enforce-shared-experts-fusion is rejected" --tp 2 --moe-a2a-backend mpi --enforce-shared-experts-fusion
 check_err "--enforce-shared-experts-fusion without an all-to-all" --tp 2 --enforce-shared-experts-fusion
+# a model without a shared expert (the config says so; refused before any weight loads)
+mkdir -p "$tmp/noshared" && cp "$M"/* "$tmp/noshared/" &&
+    /usr/bin/python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c["n_shared_experts"] = 0; json.dump(c, open(p, "w"))' "$tmp/noshared"
+out=$(timeout 60 "$MOESERVE" generate --model "$tmp/noshared" --prompt-ids 0 --tp 2 --moe-a2a-backend deepep \
+    --enable-waterfill 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q -- "--enable-waterfill: the model has no shared expert"; then
+    ok "rejects --enable-waterfill on a model without a shared expert"
+else bad "no shared expert: got: $out"; fi
 
 # a rank killed mid-run: the others must stop with an error, not hang
 ( timeout 60 "$MOESERVE" generate --model "$M" --prompt-ids "$P1" --max-new-tokens 15000 --ignore-eos \
