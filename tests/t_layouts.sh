@@ -227,10 +227,10 @@ check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$t
 check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$tmp/missing.json"
 # waterfill and fusion where SGLang has no place for them: no all-to-all, one EP rank,
 # fusion on a backend without the per-rank shared slot
-check_err "--enable-waterfill without an all-to-all" --tp 2 --enable-waterfill
+check_err "--enable-waterfill: not implemented (shared-expert fusion without an all-to-all" --tp 2 --enable-waterfill
 check_err "--enable-deepep-waterfill at EP 1" --moe-a2a-backend deepep --enable-deepep-waterfill
 check_err "--enforce-shared-experts-fusion is rejected" --tp 2 --moe-a2a-backend mpi --enforce-shared-experts-fusion
-check_err "--enforce-shared-experts-fusion without an all-to-all" --tp 2 --enforce-shared-experts-fusion
+check_err "--enforce-shared-experts-fusion: not implemented (shared-expert fusion without" --tp 2 --enforce-shared-experts-fusion
 # a model without a shared expert (the config says so; refused before any weight loads)
 mkdir -p "$tmp/noshared" && cp "$M"/* "$tmp/noshared/" &&
     /usr/bin/python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c["n_shared_experts"] = 0; json.dump(c, open(p, "w"))' "$tmp/noshared"

@@ -14,6 +14,9 @@
 #include <strings.h>
 
 enum kind { GPU_ONLY = 1, NOT_BUILT, MULTINODE, OURS /* implemented: an exception to a prefix */ };
+#define FUSION_WHY                                                                                 \
+    "shared-expert fusion without an all-to-all backend (it runs with --moe-a2a-backend "         \
+    "deepep|megamoe at EP >= 2)"
 
 /* name: the flag, or a prefix ending in '-' (matching every flag that starts with it);
  * the first match wins, so exceptions to a prefix come before it. */
@@ -65,6 +68,10 @@ static const struct {
     {"--eplb-rebalance-layers-per-chunk", OURS, NULL},
     {"--eplb-min-rebalancing-utilization-threshold", OURS, NULL},
     {"--eplb-", NOT_BUILT, "this EPLB option"},
+    /* built on the all-to-all path (parsed by parallel/launch.c there: fine_with_a2a) */
+    {"--enforce-shared-experts-fusion", NOT_BUILT, FUSION_WHY},
+    {"--enable-waterfill", NOT_BUILT, FUSION_WHY},
+    {"--enable-deepep-waterfill", NOT_BUILT, FUSION_WHY},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
     {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},
@@ -132,6 +139,23 @@ int ms_flag_screen_gpu_argv(ms_flag_screen *s, int argc, char **argv, char **kep
     return screen(s, argc, argv, kept, 1);
 }
 
+/* The fusion flags are built where an all-to-all backend is named: the argv names one. */
+static int fine_with_a2a(const char *flag, int argc, char **argv)
+{
+    if (strcmp(flag, "--enforce-shared-experts-fusion") && strcmp(flag, "--enable-waterfill") &&
+        strcmp(flag, "--enable-deepep-waterfill"))
+        return 0;
+    static const char opt[] = "--moe-a2a-backend";
+    const size_t n = sizeof opt - 1;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strncmp(argv[i], opt, n) && argv[i][n] == '=') v = argv[i] + n + 1;
+        else if (!strcmp(argv[i], opt) && i + 1 < argc) v = argv[i + 1];
+        if (v && strcasecmp(v, "none")) return 1;
+    }
+    return 0;
+}
+
 static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu_only)
 {
     memset(s, 0, sizeof *s);
@@ -150,7 +174,8 @@ static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu
             eq ? eq + 1 : (i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[i + 1] : NULL);
         int k = lookup(a, len);
         if (gpu_only && k >= 0 && table[k].kind != GPU_ONLY) k = -1;
-        if (k < 0 || table[k].kind == OURS || value_is_fine(table[k].name, v)) {
+        if (k < 0 || table[k].kind == OURS || value_is_fine(table[k].name, v) ||
+            fine_with_a2a(table[k].name, argc, argv)) {
             kept[n++] = argv[i];
             continue;
         }
