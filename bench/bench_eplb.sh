@@ -21,8 +21,9 @@
 # interleaved REPS (2) times; ratio = (after / before with EPLB) / (after / before in the
 # control).  Then what the R redundant slots and the staging buffer cost per rank, in bytes
 # and KV tokens, from `moeserve plan` (which prices them as the engine loads them:
-# t_eplb_serve.sh).  One row per configuration.  Noisy on a shared machine: compare rows of
-# one run.
+# t_eplb_serve.sh).  Waterfill (MODE=waterfill, below): per-rank expert rows and decode
+# step time with the shared expert at home and with --enable-waterfill.  One row per
+# configuration.  Noisy on a shared machine: compare rows of one run.
 set -u
 BUILD=${BUILD:-build}
 MS=$BUILD/moeserve
@@ -150,6 +151,47 @@ print(f"ep={sys.argv[4]} redundant={sys.argv[3]} redundant_bytes_per_rank={w:.0f
       f"= {w / bpt:.0f} KV tokens; staging_bytes_per_rank={st:.0f} ({st / 2**20:.1f} MiB) = {st / bpt:.0f} "
       f"KV tokens; kv_bytes_per_token={bpt:.0f}; step-time ratios {sys.argv[5]}")
 PY
+    exit 0
+fi
+if [ "$MODE" = waterfill ]; then # SGLang's waterfill against the shared expert at home
+    # One `generate` of BATCH (32) prompts x NEW_TOKENS greedy tokens per run, --comm-stats:
+    # per-rank load = the expert rows each EP rank computed (routed entries received + shared
+    # rows: the recorder's counts leave the shared copies out, as SGLang's do), balancedness
+    # (mean + 1e-5) / (max + 1e-5) over the ranks; decode step time; the rows whose shared
+    # copy ran on the other rank.  Runs: separate (default), --enable-waterfill, interleaved
+    # REPS (2) times.  Waterfill moves copies only from a rank with >= 64 rows (SGLang's
+    # MIN_BATCH_FOR_BALANCE): batch 32 at EP 2 gives 16 decode rows per rank, so only the
+    # prefill steps move any; BATCH=128 puts 64 on each rank.
+    NB=${BATCH:-32}
+    for i in $(seq 1 "$NB"); do echo "Prompt number $i talks about item $((i * 7 % 13)) in some detail"; done >"$tmp/p.txt"
+    wf_run() { # $1 label, rest: flags
+        local label=$1
+        shift
+        "$MS" generate --model "$M" --prompt-file "$tmp/p.txt" --max-new-tokens "$NEW" --ignore-eos \
+            --threads 1 "${EP[@]}" --comm-stats "$@" >"$tmp/w.out" 2>"$tmp/w.err" ||
+            { tail -3 "$tmp/w.err" >&2; return 1; }
+        /usr/bin/python3 - "$tmp/w.out" "$tmp/w.err" "$label" "$NB" "$NEP" <<'PY'
+import re, sys
+out, err = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+dec = float(re.search(r"decode_tok_s=([0-9.]+)", out).group(1))
+rows = {int(a): (int(b), int(c)) for a, b, c in
+        re.findall(r"^mlp rank=(\d+) .*expert_rows=(\d+) shared_remote=(\d+)", err, re.M)}
+load = [rows[r][0] for r in sorted(rows)]
+bal = (sum(load) / len(load) + 1e-5) / (max(load) + 1e-5)
+print(f"run={sys.argv[3]} ep={sys.argv[5]} batch={sys.argv[4]} step_ms={int(sys.argv[4]) * 1000 / dec:.1f} "
+      f"decode_tok_s={dec:.1f} expert_rows_per_rank={'/'.join(map(str, load))} balancedness={bal:.4f} "
+      f"shared_remote={sum(v[1] for v in rows.values())}")
+PY
+    }
+    field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+    for k in $(seq 1 "${REPS:-2}"); do
+        a=$(wf_run separate) || exit 1
+        b=$(wf_run waterfill --enable-waterfill) || exit 1
+        echo "model=$(basename "$M") $a"
+        echo "model=$(basename "$M") $b"
+        echo "ep=$NEP batch=$NB rep=$k balancedness $(field "$a" balancedness) -> $(field "$b" balancedness) (higher is better: waterfill evens the ranks), step_ms $(field "$a" step_ms) -> $(field "$b" step_ms), ratio $(/usr/bin/python3 -c "import sys; print(f'{float(sys.argv[2]) / float(sys.argv[1]):.3f}')" "$(field "$a" step_ms)" "$(field "$b" step_ms)") (waterfill / separate)"
+        [ "${ONCE:-0}" = 1 ] && break
+    done
     exit 0
 fi
 if [ "$MODE" = runtime ]; then

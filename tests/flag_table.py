@@ -52,9 +52,11 @@ NOT_BUILT = {
     "--hicache-ratio": "2.75", "--hicache-size": "100", "--hicache-write-policy": "write_through",
     "--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct",
     "--disaggregation-mode": "prefill", "--disaggregation-transfer-backend": "mooncake",
+    # built on the all-to-all path at EP >= 2 (t_layouts.sh); refused at this table's EP 1
     "--enable-waterfill": None, "--enable-deepep-waterfill": None, "--enable-prefill-delayer": None,
     "--prefill-delayer-token-usage-low-watermark": "0.7", "--prefill-decode-interval": "20",
-    "--enable-w4a4-mxfp4-megamoe": None, "--enforce-shared-experts-fusion": None,
+    "--enable-w4a4-mxfp4-megamoe": None,
+    "--enforce-shared-experts-fusion": None,  # as the waterfill flags: a2a, EP >= 2 only
     "--enable-unified-cache-external-linker": None,
     "--unified-cache-external-linker-backend": "mori", "--tokenizer-worker-num": "8",
 }
@@ -74,7 +76,7 @@ MULTI = {"--nnodes": "2", "--node-rank": "0", "--dist-init-addr": "10.0.0.1:5000
 
 # SGLANG_* environment variables: read by the engine, or ignored with a warning
 ENV_READ = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "SGLANG_SIMULATE_ACC_LEN",
-            "SGLANG_DSV4_COMPRESS_STATE_DTYPE"}
+            "SGLANG_DSV4_COMPRESS_STATE_DTYPE", "SGLANG_DISABLE_STATIC_WATERFILL"}
 
 
 def kind_of(flag, values):

@@ -88,6 +88,17 @@ p2=$(pw 2)
 wi=$(/usr/bin/python3 -c "import json,sys; print((json.load(open(sys.argv[2]))['weight_bytes_per_rank'] - json.load(open(sys.argv[1]))['weight_bytes_per_rank']) / 1e6)" "$tmp/triv.info" "$tmp/eplb.info" 2>&1)
 t "/server_info prices the 2 slots as moeserve plan does ($wi MB; plan $pa -> $p2 MB)" \
     '/usr/bin/python3 -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - (float(sys.argv[3]) - float(sys.argv[2]))) <= 0.1 and float(sys.argv[1]) > 0 else 1)" "$wi" "$pa" "$p2"'
+# waterfill: the recorder counts the routed top-k only (SGLang's on_select_experts runs
+# before its waterfill appends the shared column), so a 200-token prompt (100 rows per EP
+# rank, above waterfill's 64) records the same totals with and without it
+BODY="{\"input_ids\": $(/usr/bin/python3 -c 'import random; r=random.Random(6); print([r.randrange(1000) for _ in range(200)])'), \"sampling_params\": {\"max_new_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true}}"
+bal_run wsep >/dev/null
+bal_run wfill --enable-waterfill >/dev/null
+tot() { /usr/bin/python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sum(map(sum, d['logical_count'])))" "$1" 2>/dev/null; }
+ts=$(tot "$tmp/wsep.json")
+tw=$(tot "$tmp/wfill.json")
+t "waterfill: the recorder leaves the shared copies out (routed entries $ts without, $tw with)" \
+    '[ -n "$ts" ] && [ "$ts" -gt 0 ] && [ "$ts" = "$tw" ]'
 # refusals
 eplb_refuses "nothing to balance" --ep-num-redundant-experts 2
 eplb_refuses "need the all-to-all MoE path" --tp 2 --ep-size 2 --ep-num-redundant-experts 2

@@ -7,7 +7,8 @@
 # summing to logical_count; a `mkmodel --route-skew 1.2` model routes served tokens with
 # the skew it was calibrated for (expert 0 near its 1/top-k cap, the first quarter of the
 # experts well over a quarter of the hits); balancedness in /metrics (sglang:eplb_balancedness); the
-# endpoints refuse clearly when the recorder is off and a .pt dump.  per_token, on 1 rank,
+# endpoints refuse clearly when the recorder is off and a .pt dump.  per_token (also on
+# DeepSeek-V4, 1 rank and EP 2), on 1 rank,
 # EP 2 (all-to-all) and DP-attention 2 (gathered MoE): the dump's tokens are the batch's
 # (prompt then 7 decode steps, positions 0..26) and each token's top-k experts, mapped
 # back to logical ids, are the float64 reference's routing of those tokens
@@ -184,6 +185,42 @@ run_batch tokcap --expert-distribution-recorder-mode per_token --expert-distribu
 out=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["records"]; print(d["max_tokens"], len(r), sum(len(x["input_ids"]) for x in r), d["num_passes"], sum(map(sum, d["logical_count"])))' "$tmp/tokcap.json" 2>&1)
 t "per_token --expert-distribution-recorder-max-tokens 20: 7 decode records kept of 8 passes, logical_count whole ($out)" \
     '[ "$out" = "20 7 7 8 $(( 27 * $(/usr/bin/python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c[\"num_experts_per_tok\"] * (c[\"num_hidden_layers\"] - c[\"first_k_dense_replace\"]))" "$M/config.json") ))" ]'
+# per_token on DeepSeek-V4 (tiny-v4: hash-routed first layers, then biased top-k; every
+# layer MoE): 8 records, the batch's 27 tokens in order, k experts per token and layer,
+# each record's counts its own tokens' hits; EP 2 the same
+if "$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 4 --out "$tmp/v4" >/dev/null 2>&1; then
+    M=$tmp/v4
+    v4check() {
+        /usr/bin/python3 - "$1" "$M" "$PROMPT" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); cfg = json.load(open(sys.argv[2] + "/config.json")); prompt = json.loads(sys.argv[3])
+K, E, L = cfg["num_experts_per_tok"], cfg["n_routed_experts"], cfg["num_hidden_layers"]
+recs = d["records"]
+assert d["mode"] == "per_token" and len(recs) == 8, f"{len(recs)} records"
+ids = sum((r["input_ids"] for r in recs), [])
+assert ids[:20] == prompt and len(ids) == 27, ids
+for l in range(L):
+    rows = sum((r["topk_ids_of_layer"][l] for r in recs), [])
+    assert len(rows) == 27 and all(len(x) == K and all(0 <= p < E for p in x) for x in rows), f"layer {l}"
+    for r in recs:
+        h = [0] * E
+        for x in r["topk_ids_of_layer"][l]:
+            for p in x: h[p] += 1
+        assert h == r["global_physical_count"][l], f"layer {l}: counts"
+assert sum(map(sum, d["logical_count"])) == 27 * K * L
+print(f"ok 27 tokens x {L} layers x top-{K}")
+PY
+    }
+    run_batch tokv4 --expert-distribution-recorder-mode per_token
+    out=$(v4check "$tmp/tokv4.json" 2>&1)
+    t "per_token, DeepSeek-V4, 1 rank: the batch's tokens, top-k per layer, counts ($out)" 'echo "$out" | grep -q "^ok"'
+    run_batch tokv4ep --tp 2 --moe-a2a-backend deepep --expert-distribution-recorder-mode per_token
+    out=$(v4check "$tmp/tokv4ep.json" 2>&1)
+    t "per_token, DeepSeek-V4, EP 2 all-to-all: the same ($out)" 'echo "$out" | grep -q "^ok"'
+    M=$M0
+else
+    t "tiny-v4 mkmodel" false
+fi
 err=$("$MOESERVE" serve --model-path "$M" --expert-distribution-recorder-mode per_tok 2>&1)
 t "an unknown recorder mode refused naming the modes" 'echo "$err" | grep -q "expected stat, per_pass or per_token"'
 report

@@ -3,7 +3,8 @@
 # processes, each with a deadline): with --dtype float32, greedy tokens over 17
 # decode steps identical and logits within 1e-4 relative, for several prompts of
 # different lengths (with 4 DP ranks and 3 prompts one DP rank stays idle), and
-# again with every layer's experts permuted over the EP ranks (--init-expert-location).
+# again with every layer's experts permuted over the EP ranks (--init-expert-location),
+# and with the shared expert fused or placed by waterfill (--enable-waterfill).
 # Also: the DP-gather mode follows SGLang's MAX_LEN/SUM_LEN rule on uneven
 # loads, communication byte counts match the seed-002 formulas, invalid
 # launch shapes get their messages, and a killed rank ends the run with a clear
@@ -159,6 +160,54 @@ if [ -n "$rows" ] && [ "$rows" -gt 0 ] && [ "$sent" = $((rows * rec)) ]; then
     ok "EP dispatch bytes = remote rows ($rows) x record ($rec B)"
 else bad "EP dispatch: rows=$rows sent=$sent record=$rec"; grep -E '^mlp|a2a' "$tmp/e.out" | head; fi
 
+# shared-expert fusion and SGLang's waterfill (--enable-waterfill, old name
+# --enable-deepep-waterfill): the shared expert as a slot on every EP rank, each token's
+# copy at home (fusion) or on the rank waterfill picks; a 150-token prompt gives a rank
+# the 64 rows from which waterfill moves copies (shared_remote > 0, else it kept them home)
+PW=$(/usr/bin/python3 -c 'print(",".join(str((i * 37 + 11) % 1000 + 2) for i in range(150)))')
+wf=(--model "$M" --dtype float32 --prompt-ids "$PW" --prompt-ids "$P2" --prompt-ids "$P3"
+    --prompt-ids "$PW,7,8" --max-new-tokens 9 --ignore-eos --threads 1 --comm-timeout-s 60)
+if timeout 120 "$MOESERVE" generate "${wf[@]}" --dump-logits "$tmp/wref.jsonl" >"$tmp/wref.out" 2>&1; then
+    for L in "--tp 2 --moe-a2a-backend deepep --enable-waterfill" \
+             "--tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --enable-waterfill" \
+             "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend mooncake --enable-deepep-waterfill" \
+             "SGLANG_DISABLE_STATIC_WATERFILL=1 --tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep --enable-waterfill" \
+             "--tp 2 --moe-a2a-backend megamoe --enforce-shared-experts-fusion"; do
+        envs=(WF=static)
+        case "$L" in SGLANG_*) envs=("${L%% *}"); L=${L#* } ;; esac
+        # shellcheck disable=SC2086
+        if ! env "${envs[@]}" timeout 180 "$MOESERVE" generate "${wf[@]}" $L --comm-stats --dump-logits "$tmp/w.jsonl" \
+            >"$tmp/w.out" 2>&1; then bad "$L: run failed"; tail -5 "$tmp/w.out"; continue; fi
+        remote=$(grep '^mlp rank=' "$tmp/w.out" | sed 's/.*shared_remote=\([0-9]*\).*/\1/' | paste -sd+ | bc)
+        want_remote=1
+        case "$L" in *fusion*) want_remote=0 ;; esac
+        if ! /usr/bin/python3 tests/compare_logits.py "$tmp/wref.jsonl" "$tmp/w.jsonl" >"$tmp/cmp" 2>&1; then
+            bad "$L"; cat "$tmp/cmp"
+        elif [ "$want_remote" = 1 ] && ! [ "${remote:-0}" -gt 0 ]; then
+            bad "$L: no shared copy left its rank (shared_remote=$remote)"
+        elif [ "$want_remote" = 0 ] && [ "${remote:-0}" != 0 ]; then
+            bad "$L: fusion alone moved $remote shared copies"
+        else ok "${envs[*]#WF=static} $L ($(grep 'max relative' "$tmp/cmp"); shared copies elsewhere: $remote)"; fi
+    done
+else
+    bad "waterfill: one rank failed"; tail -5 "$tmp/wref.out"
+fi
+# DeepSeek-V4 (tiny-v4: hash-routed and top-k layers, SGLang's HashTopK path) with waterfill
+if [ -f "$M4/config.json" ]; then
+    wf4=(--model "$M4" --dtype float32 --prompt-ids "$PW" --prompt-ids "$P2" --max-new-tokens 9
+         --ignore-eos --threads 1 --comm-timeout-s 60)
+    if timeout 120 "$MOESERVE" generate "${wf4[@]}" --dump-logits "$tmp/wref4.jsonl" >"$tmp/wref4.out" 2>&1 &&
+        timeout 180 "$MOESERVE" generate "${wf4[@]}" --tp 2 --moe-a2a-backend deepep --enable-waterfill \
+            --comm-stats --dump-logits "$tmp/w4.jsonl" >"$tmp/w4.out" 2>&1 &&
+        /usr/bin/python3 tests/compare_logits.py "$tmp/wref4.jsonl" "$tmp/w4.jsonl" >"$tmp/cmp" 2>&1; then
+        remote=$(grep '^mlp rank=' "$tmp/w4.out" | sed 's/.*shared_remote=\([0-9]*\).*/\1/' | paste -sd+ | bc)
+        if [ "${remote:-0}" -gt 0 ]; then ok "tiny-v4 --tp 2 deepep --enable-waterfill ($(grep 'max relative' "$tmp/cmp"); shared copies elsewhere: $remote)"
+        else bad "tiny-v4 waterfill: no shared copy left its rank"; fi
+    else
+        bad "tiny-v4 --enable-waterfill"; tail -5 "$tmp/w4.out" "$tmp/cmp" 2>/dev/null
+    fi
+fi
+
 # invalid launch shapes: a message naming the flag
 check_err() { # $1 = expected text, rest = flags
     want=$1; shift
@@ -176,6 +225,20 @@ check_err "--ep-num-redundant-experts" --tp 2 --ep-size 2 --ep-num-redundant-exp
 check_err "--ep-num-redundant-experts" --ep-num-redundant-experts 4
 check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$tmp/bad.json"
 check_err "--init-expert-location" --tp 2 --ep-size 2 --init-expert-location "$tmp/missing.json"
+# waterfill and fusion where SGLang has no place for them: no all-to-all, one EP rank,
+# fusion on a backend without the per-rank shared slot
+check_err "--enable-waterfill: not implemented (shared-expert fusion without an all-to-all" --tp 2 --enable-waterfill
+check_err "--enable-deepep-waterfill at EP 1" --moe-a2a-backend deepep --enable-deepep-waterfill
+check_err "--enforce-shared-experts-fusion is rejected" --tp 2 --moe-a2a-backend mpi --enforce-shared-experts-fusion
+check_err "--enforce-shared-experts-fusion: not implemented (shared-expert fusion without" --tp 2 --enforce-shared-experts-fusion
+# a model without a shared expert (the config says so; refused before any weight loads)
+mkdir -p "$tmp/noshared" && cp "$M"/* "$tmp/noshared/" &&
+    /usr/bin/python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c["n_shared_experts"] = 0; json.dump(c, open(p, "w"))' "$tmp/noshared"
+out=$(timeout 60 "$MOESERVE" generate --model "$tmp/noshared" --prompt-ids 0 --tp 2 --moe-a2a-backend deepep \
+    --enable-waterfill 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q -- "--enable-waterfill: the model has no shared expert"; then
+    ok "rejects --enable-waterfill on a model without a shared expert"
+else bad "no shared expert: got: $out"; fi
 
 # a rank killed mid-run: the others must stop with an error, not hang
 ( timeout 60 "$MOESERVE" generate --model "$M" --prompt-ids "$P1" --max-new-tokens 15000 --ignore-eos \

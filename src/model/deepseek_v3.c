@@ -113,13 +113,12 @@ void ms_model_ws_free(ms_model_ws *ws)
     free(ws);
 }
 
-void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
-                           int64_t *dispatch_rows)
+void ms_model_mlp_counters(const ms_model *m, ms_mlp_counters *out)
 {
     const ms_mlp_ws *w = m->v4 ? &m->v4->ws.mlp : m->ws ? &m->ws->mlp : NULL; /* either family */
-    *max_len = w ? w->n_max_len : 0;
-    *sum_len = w ? w->n_sum_len : 0;
-    *dispatch_rows = w ? w->dispatch_rows : 0;
+    *out = w ? (ms_mlp_counters){w->n_max_len, w->n_sum_len, w->dispatch_rows, w->expert_rows,
+                                 w->shared_remote}
+             : (ms_mlp_counters){0};
 }
 
 int ms_model_ws_new(ms_model *m, ms_errbuf *err)

@@ -216,8 +216,12 @@ int ms_model_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *
  * last print to stderr and starts counting again (also done by ms_model_free). */
 void ms_model_profile_print(void);
 /* MLP-layer communication choices so far on this rank: DP-gather steps that used
- * MAX_LEN / SUM_LEN, and rows dispatched to other ranks (Σ tokens × remote ranks). */
-void ms_model_mlp_counters(const ms_model *m, int64_t *max_len, int64_t *sum_len,
-                           int64_t *dispatch_rows);
+ * MAX_LEN / SUM_LEN, rows dispatched to other ranks (Σ tokens × remote ranks), and on
+ * the a2a path the expert rows computed here (routed entries + shared-expert rows) and
+ * this rank's rows whose fused shared expert ran on another rank (waterfill). */
+typedef struct ms_mlp_counters {
+    int64_t max_len, sum_len, dispatch_rows, expert_rows, shared_remote;
+} ms_mlp_counters;
+void ms_model_mlp_counters(const ms_model *m, ms_mlp_counters *out);
 
 #endif

@@ -34,6 +34,7 @@ typedef struct ms_shard {
     const ms_expert_map *experts; /* [n_layers + MTP layers] placement of each layer's experts
                                    * (borrowed; NULL for a dense model) */
     const ms_step_ctx *step;     /* borrowed; its contents change every step, the pointer never */
+    int waterfill_dynamic;       /* SGLANG_DISABLE_STATIC_WATERFILL: waterfill on EP-wide loads */
 } ms_shard;
 
 /* The routed experts this rank holds in layer l: ms_shard_n_experts of them, the s-th

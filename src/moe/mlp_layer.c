@@ -7,6 +7,7 @@
 #include "moe/expert_recorder.h"
 #include "parallel/comm.h"
 #include "parallel/ep.h"
+#include "parallel/waterfill.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,9 @@ void ms_mlp_ws_free(ms_mlp_ws *ws)
     free(ws->rw);
     free(ws->tok_send);
     free(ws->tok_all);
+    free(ws->sdst);
+    free(ws->sdest);
+    free(ws->sall);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -197,6 +201,73 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
 
 /* ---- SCATTERED: all-to-all dispatch / combine ---- */
 
+/* ws->sdst[n]: the EP rank computing each row's fused shared expert (waterfill.h):
+ * its own under plain fusion, waterfill's choice otherwise.  The dynamic mode's
+ * EP-wide loads take one all-gather, entered by every rank every layer. */
+static int place_shared(const ms_mlp_ctx *cx, const ms_expert_map *map, int64_t n, ms_mlp_ws *ws,
+                        ms_errbuf *err)
+{
+    const ms_shard *sh = cx->sh;
+    int K = cx->c->n_experts_per_tok, N = map->n_ranks, me = sh->tp_group->rank, rc;
+    void *a = ws->sdst, *b = ws->sdest;
+    rc = ms_grow_array(&a, &ws->cap_sdst, MS_MAX(n, 1), sizeof(int32_t));
+    ws->sdst = a;
+    if (!rc) rc = ms_grow_array(&b, &ws->cap_sdest, MS_MAX(n, 1) * K, sizeof(int32_t));
+    ws->sdest = b;
+    if (rc || N > MS_EP_MAX_RANKS) return ms_err(err, MS_ENOMEM, "out of memory in waterfill");
+    if (sh->lay->shared_mode != MS_SHARED_WATERFILL) {
+        for (int64_t t = 0; t < n; t++) ws->sdst[t] = me;
+        return 0;
+    }
+    const int32_t *idx = ws->moe.topk_idx;
+    for (int64_t i = 0; i < n * K; i++)
+        ws->sdest[i] = ms_expert_map_owner(map, map->physical_of[idx[i]]);
+    void *c = ws->sall; /* [N + 1] mine, [N] routed, [N] rows, [N] effective, [N][N + 1] all */
+    if (ms_grow_array(&c, &ws->cap_sall, (int64_t)N * (N + 5) + 1, sizeof(int64_t)))
+        return ms_err(err, MS_ENOMEM, "out of memory in waterfill");
+    ws->sall = c;
+    int64_t *load = ws->sall, *all = load + N + 1, *rows = all + N, *eff = rows + N, *got = eff + N;
+    ms_waterfill_plan p;
+    ms_waterfill_count(map, idx, n, K, load);
+    if (sh->waterfill_dynamic) { /* [routed per rank..., my rows] from every rank */
+        load[N] = n;
+        if ((rc = ms_comm_allgather(sh->tp_group, load, sizeof(int64_t) * (size_t)(N + 1), got, err)))
+            return rc;
+        for (int r = 0; r < N; r++) {
+            all[r] = 0;
+            rows[r] = got[(int64_t)r * (N + 1) + N];
+            for (int s = 0; s < N; s++) all[r] += got[(int64_t)s * (N + 1) + r];
+        }
+        ms_waterfill_dynamic_plan(all, rows, N, K, eff, &p);
+    } else {
+        p = (ms_waterfill_plan){.rank_load = load, .n_ranks = N, .allow_all = 1, .target = 0};
+    }
+    ms_waterfill_choose(&p, me, ws->sdest, n, K, ws->sdst);
+    for (int64_t t = 0; t < n; t++) ws->shared_remote += ws->sdst[t] != me;
+    return 0;
+}
+
+/* The fused shared expert on the n_recv received rows that carry it (ws->ep.rshared):
+ * gathered, run, added into their expert outputs ws->yall with their weight. */
+static int shared_slot(const ms_mlp_ctx *cx, const ms_mlp_w *w, int64_t n_recv, ms_mlp_ws *ws)
+{
+    int64_t D = cx->c->hidden_size, m = 0;
+    for (int64_t r = 0; r < n_recv; r++) m += ws->ep.rshared[r] != 0;
+    ws->expert_rows += m;
+    if (m == 0) return 0;
+    if (ms_grow_scratch_f32(&ws->cbuf, &ws->cap_cbuf, 2 * m * D)) return MS_ENOMEM;
+    float *xin = ws->cbuf, *yout = ws->cbuf + m * D;
+    for (int64_t r = 0, i = 0; r < n_recv; r++)
+        if (ws->ep.rshared[r] != 0)
+            memcpy(xin + i++ * D, ws->xall + r * D, sizeof(float) * (size_t)D);
+    int rc = ffn(cx, w->moe.shared, xin, m, yout, 0, ws);
+    if (rc) return rc;
+    for (int64_t r = 0, i = 0; r < n_recv; r++)
+        if (ws->ep.rshared[r] != 0)
+            ms_axpy_f32(ws->yall + r * D, ws->ep.rshared[r], yout + i++ * D, D);
+    return 0;
+}
+
 static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
                     ms_mlp_ws *ws, ms_errbuf *err)
 {
@@ -214,11 +285,17 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
     ms_moe_w mw = w->moe; /* hash routing reads the share's token ids */
     if (mw.tokens) mw.tokens += r0;
     if ((rc = ms_moe_route(cx->k, c, &mw, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
+    /* the recorder sees the routed top-k only, as SGLang's on_select_experts runs before
+     * its waterfill appends the shared column */
     record(cx, w, ws->moe.topk_idx, n); /* each rank its own rows */
+    const int fused = sh->lay->shared_mode != MS_SHARED_SEPARATE && c->n_shared_experts > 0;
+    ms_ep_shared shared = {.fused = fused};
+    if (fused && (rc = place_shared(cx, map, n, ws, err))) return rc;
+    shared.dst = ws->sdst;
     int64_t n_recv = 0;
     if ((rc = ms_ep_dispatch(sh->tp_group, map, xs, n, D, K, ws->moe.topk_idx, ws->moe.topk_w,
-                             sh->dispatch_bf16, &ws->ep, &ws->xall, &ws->cap_xall, &ws->ridx,
-                             &ws->cap_ridx, &ws->rw, &ws->cap_rw, &n_recv, err)))
+                             &shared, sh->dispatch_bf16, &ws->ep, &ws->xall, &ws->cap_xall,
+                             &ws->ridx, &ws->cap_ridx, &ws->rw, &ws->cap_rw, &n_recv, err)))
         return rc;
     ws->dispatch_rows = ws->ep.dispatch_rows;
     /* experts on the received rows (their ids are this rank's logical experts) */
@@ -227,8 +304,12 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
     rc = ms_moe_experts(cx->k, c, &w->moe, ws->xall, n_recv, ws->ridx, ws->rw, 0, c->n_routed_experts,
                         ws->yall, 0, &ws->moe);
     if (rc) return ms_err(err, rc, "out of memory in experts");
-    /* shared expert (local, whole), then the routed partial sums combined onto it */
-    if (c->n_shared_experts > 0 && n > 0) {
+    for (int64_t i = 0; i < n_recv * K; i++) ws->expert_rows += ws->ridx[i] >= 0;
+    if (fused) { /* the shared expert's slot here: the received rows that carry it */
+        if ((rc = shared_slot(cx, w, n_recv, ws))) return ms_err(err, rc, "out of memory in experts");
+        if (n > 0) memset(ys, 0, sizeof(float) * (size_t)(n * D));
+    } else if (c->n_shared_experts > 0 && n > 0) { /* shared expert (local, whole) */
+        ws->expert_rows += n;
         if ((rc = ffn(cx, w->moe.shared, xs, n, ys, 0, ws))) return ms_err(err, rc, "out of memory");
     } else if (n > 0) {
         memset(ys, 0, sizeof(float) * (size_t)(n * D));

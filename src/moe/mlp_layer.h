@@ -10,7 +10,8 @@
  *   - SCATTERED (all-to-all backend): each token is dispatched once per
  *     destination rank with its expert ids and weights there, experts run on
  *     their owner, weighted partial sums are combined back (parallel/ep.c, by
- *     the layer's expert map); shared expert local.
+ *     the layer's expert map); shared expert local, or fused (a slot on every EP
+ *     rank: the row's own, or the one waterfill picks, parallel/waterfill.h).
  * Every rank of the replica calls it every step, with 0 rows when idle.
  * Main thread only.
  */
@@ -38,6 +39,11 @@ typedef struct ms_mlp_ws {
     int64_t cap_tok_send, cap_tok_all;
     int64_t n_max_len, n_sum_len; /* gather mode choices (tests, stats) */
     int64_t dispatch_rows;       /* rows sent to other ranks (Σ tokens × remote destinations) */
+    int64_t expert_rows;         /* a2a: expert rows computed here (routed entries + shared rows) */
+    int64_t shared_remote;       /* a2a: rows whose fused shared expert ran on another rank */
+    int32_t *sdst, *sdest;       /* fused shared expert: [rows] its EP rank, [rows][k] routed ranks */
+    int64_t *sall;               /* dynamic waterfill: [N][N + 1] loads of every rank */
+    int64_t cap_sdst, cap_sdest, cap_sall;
 } ms_mlp_ws;
 
 void ms_mlp_ws_free(ms_mlp_ws *ws);

@@ -1,6 +1,7 @@
 /* ep.c — the expert map and the all-to-all dispatch / combine (ep.h).  A dispatched
  * record: source row, entry count, then K (physical id, weight) pairs (-1 where the
- * entry is another rank's) and the hidden row in FP32 or BF16. */
+ * entry is another rank's), fused one more (SHARED_ID: the shared expert, -1: not
+ * here), and the hidden row in FP32 or BF16. */
 #include "parallel/ep.h"
 
 #include "base/util.h"
@@ -252,6 +253,7 @@ void ms_ep_ws_free(ms_ep_ws *ws)
     free(ws->counts);
     free(ws->cnt_all);
     ms_free_aligned(ws->cbuf);
+    free(ws->rshared);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -261,12 +263,21 @@ static size_t record_bytes(int K, int64_t D, int bf16)
     return (b + 7) & ~(size_t)7;
 }
 
+enum { SHARED_ID = -2 }; /* the pair of a record that carries the shared expert */
+
 int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_t n, int64_t D,
-                   int K, const int32_t *idx, const float *w, int bf16, ms_ep_ws *ws, float **xr,
-                   int64_t *cap_xr, int32_t **ir, int64_t *cap_ir, float **wr, int64_t *cap_wr,
-                   int64_t *n_recv_out, ms_errbuf *err)
+                   int K, const int32_t *idx, const float *w, const ms_ep_shared *shared, int bf16,
+                   ms_ep_ws *ws, float **xr, int64_t *cap_xr, int32_t **ir, int64_t *cap_ir,
+                   float **wr, int64_t *cap_wr, int64_t *n_recv_out, ms_errbuf *err)
 {
     int N = g->size, me = g->rank, rc;
+    const int fused = shared && shared->fused, KP = K + fused; /* pairs per record */
+    const int32_t *sdst = fused ? shared->dst : NULL;
+    if (K + 1 > 64) return ms_err(err, MS_EINTERNAL, "top-%d routing: at most 63 entries", K);
+    for (int64_t t = 0; fused && t < n; t++)
+        if (sdst[t] < 0 || sdst[t] >= N)
+            return ms_err(err, MS_EINTERNAL, "shared expert of row %lld sent to EP rank %d",
+                          (long long)t, sdst[t]);
     if (N > MS_EP_MAX_RANKS) return ms_err(err, MS_EUNSUPPORTED, "more than %d EP ranks", MS_EP_MAX_RANKS);
     if (map->n_ranks != N)
         return ms_err(err, MS_EINTERNAL, "expert map for %d EP ranks used on %d", map->n_ranks, N);
@@ -293,8 +304,9 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
                 cnt[d]++;
             }
         }
+        if (fused && !(seen[sdst[t] / 8] & (1u << (sdst[t] % 8)))) cnt[sdst[t]]++;
     }
-    size_t R = record_bytes(K, D, bf16);
+    size_t R = record_bytes(KP, D, bf16);
     int64_t n_send = 0;
     for (int d = 0; d < N; d++) {
         sdisp[d] = (size_t)n_send * R;
@@ -309,9 +321,10 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
     for (int d = 0; d < N; d++) fill[d] = (int64_t)(sdisp[d] / R);
     for (int64_t t = 0; t < n; t++) {
         int dest[64];
-        for (int k = 0; k < K && k < 64; k++)
+        for (int k = 0; k < K; k++)
             dest[k] = ms_expert_map_owner(map, map->physical_of[idx[t * K + k]]);
-        for (int k = 0; k < K; k++) {
+        if (fused) dest[K] = sdst[t];
+        for (int k = 0; k < KP; k++) {
             int d = dest[k], dup = 0;
             for (int q = 0; q < k; q++) dup |= dest[q] == d;
             if (dup) continue;
@@ -330,10 +343,17 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
                 memcpy(rec + 8 + (size_t)q * 8, &p, 4);
                 memcpy(rec + 12 + (size_t)q * 8, &wq, 4);
             }
+            if (fused) {
+                int32_t p = dest[K] == d ? SHARED_ID : -1;
+                float wq = dest[K] == d ? 1.0f : 0.0f;
+                ne += dest[K] == d;
+                memcpy(rec + 8 + (size_t)K * 8, &p, 4);
+                memcpy(rec + 12 + (size_t)K * 8, &wq, 4);
+            }
             int32_t t32 = (int32_t)t;
             memcpy(rec, &t32, 4);
             memcpy(rec + 4, &ne, 4);
-            uint8_t *pl = rec + 8 + (size_t)K * 8;
+            uint8_t *pl = rec + 8 + (size_t)KP * 8;
             if (bf16) {
                 for (int64_t i = 0; i < D; i++) {
                     uint16_t h = ms_f32_to_bf16(x[t * D + i]);
@@ -356,7 +376,8 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
     if (ms_grow_array((void **)&ws->rbuf, &ws->cap_rbuf, n_recv * (int64_t)R + 8, 1) ||
         ms_grow_scratch_f32(xr, cap_xr, nr1 * D) ||
         ms_grow_array((void **)ir, cap_ir, nr1 * K, sizeof(int32_t)) ||
-        ms_grow_array((void **)wr, cap_wr, nr1 * K, sizeof(float)))
+        ms_grow_array((void **)wr, cap_wr, nr1 * K, sizeof(float)) ||
+        (fused && ms_grow_array((void **)&ws->rshared, &ws->cap_rshared, nr1, sizeof(float))))
         return ms_err(err, MS_ENOMEM, "out of memory in dispatch");
     if ((rc = ms_comm_alltoallv(g, MS_COMM_A2A_DISPATCH, ws->sbuf, sbytes, sdisp, ws->rbuf, rbytes,
                                 rdisp, err)))
@@ -374,7 +395,13 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
                               p, me);
             (*ir)[r * K + q] = p >= 0 ? map->logical_of[p] : -1;
         }
-        const uint8_t *pl = rec + 8 + (size_t)K * 8;
+        if (fused) {
+            int32_t p;
+            memcpy(&p, rec + 8 + (size_t)K * 8, 4);
+            memcpy(&ws->rshared[r], rec + 12 + (size_t)K * 8, 4);
+            if (p != SHARED_ID) ws->rshared[r] = 0;
+        }
+        const uint8_t *pl = rec + 8 + (size_t)KP * 8;
         float *xo = *xr + r * D;
         if (bf16) {
             for (int64_t i = 0; i < D; i++) {

@@ -13,8 +13,12 @@
  *
  * Dispatch sends each token row once per destination EP rank with the entries of its
  * top-k that rank owns (physical ids, weights); combine sends the owners' weighted
- * partial sums back and adds them to the rows.  Pure communication: no gate, no
- * expert weights.  Main thread only (collectives); the map functions any thread.
+ * partial sums back and adds them to the rows.  With the shared expert fused (SGLang's
+ * shared-expert fusion and waterfill) each row has one more entry: the shared expert's
+ * slot on the EP rank shared_dst names, weight 1 (moeserve's routed weights already
+ * carry routed_scaling_factor; SGLang's 1/routed_scaling_factor becomes 1 after its
+ * scaling).  Pure communication: no gate, no expert weights.  Main thread only
+ * (collectives); the map functions any thread.
  */
 #ifndef MS_PARALLEL_EP_H
 #define MS_PARALLEL_EP_H
@@ -89,21 +93,32 @@ typedef struct ms_ep_ws {
     int64_t cap_cbuf;
     int64_t n_send, n_recv;
     int64_t dispatch_rows; /* cumulative rows sent to other ranks */
+    float *rshared;        /* [n_recv] fused dispatch: weight of the shared expert (0: none) */
+    int64_t cap_rshared;
 } ms_ep_ws;
 
 void ms_ep_ws_free(ms_ep_ws *ws);
 
+/* The shared expert of a fused dispatch: fused on every rank of the group or on none;
+ * dst[n]: the EP rank computing row t's shared expert (parallel/waterfill.h). */
+typedef struct ms_ep_shared {
+    int fused;
+    const int32_t *dst; /* [n] (NULL when n = 0 or not fused) */
+} ms_ep_shared;
+
 /* Dispatch over group g (its ranks are the EP ranks; map->n_ranks == g->size): n rows
- * x[n][D] with their top-k logical ids idx[n][K] and weights w[n][K].  On return
- * *n_recv rows arrived: xr[n_recv][D] (grown, ms_alloc_aligned floats, *cap_xr
- * floats), their local logical ids ir[n_recv][K] (-1: not for this rank) and weights
- * wr[n_recv][K] (grown with ms_grow_array; caps in entries).  Every rank of g calls it
- * (n = 0: an idle participant).  0, or MS_EINTERNAL for an expert with no owner here,
- * MS_ENOMEM, or a communication error. */
+ * x[n][D] with their top-k logical ids idx[n][K] and weights w[n][K], and, fused, each
+ * row's shared-expert destination (shared; NULL: not fused).  On return *n_recv rows
+ * arrived: xr[n_recv][D] (grown, ms_alloc_aligned floats, *cap_xr floats), their local
+ * logical ids ir[n_recv][K] (-1: not for this rank) and weights wr[n_recv][K] (grown
+ * with ms_grow_array; caps in entries), and fused, ws->rshared[n_recv] (the shared
+ * expert's weight on each row, 0: not here).  Every rank of g calls it (n = 0: an idle
+ * participant).  0, or MS_EINTERNAL for an expert with no owner here, MS_ENOMEM, or a
+ * communication error. */
 int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_t n, int64_t D,
-                   int K, const int32_t *idx, const float *w, int bf16, ms_ep_ws *ws, float **xr,
-                   int64_t *cap_xr, int32_t **ir, int64_t *cap_ir, float **wr, int64_t *cap_wr,
-                   int64_t *n_recv, ms_errbuf *err);
+                   int K, const int32_t *idx, const float *w, const ms_ep_shared *shared, int bf16,
+                   ms_ep_ws *ws, float **xr, int64_t *cap_xr, int32_t **ir, int64_t *cap_ir,
+                   float **wr, int64_t *cap_wr, int64_t *n_recv, ms_errbuf *err);
 /* After the experts ran on the received rows (yr[n_recv][D], weighted partial sums):
  * sends them back and adds each to its source row of y[n][D].  0 or an error. */
 int ms_ep_combine(ms_group *g, int64_t D, const float *yr, float *y, ms_ep_ws *ws, ms_errbuf *err);

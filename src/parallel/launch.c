@@ -66,6 +66,16 @@ int ms_launch_apply_env(ms_launch *l, ms_errbuf *err)
                           v);
         l->compress_state_bytes = b;
     }
+    v = getenv("SGLANG_DISABLE_STATIC_WATERFILL"); /* SGLang's bool: 1/true/yes, 0/false/no */
+    if (v && *v) {
+        if (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"))
+            l->waterfill_dynamic = true;
+        else if (!strcasecmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no"))
+            l->waterfill_dynamic = false;
+        else
+            return ms_err(err, MS_EINVAL, "SGLANG_DISABLE_STATIC_WATERFILL='%s': expected 1|0|"
+                          "true|false", v);
+    }
     return 0;
 }
 
@@ -105,7 +115,8 @@ enum {
     O_SPEC_ALG, O_DRAFT, O_REDUNDANT, O_DISPATCH, O_ENFORCE_FUSION, O_DISABLE_FUSION,
     O_DP_LM_HEAD, O_KV_DTYPE, O_PAGE, O_STATE_DTYPE, O_HICACHE, O_HICACHE_RATIO, O_UMBP,
     O_W4A4, O_DISAGG, O_EXPERT_LOC, O_EPLB_ALGO, O_EPLB, O_EPLB_ITERS, O_EPLB_CHUNK, O_EPLB_THRESH,
-    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP, O_SWA_RATIO, O_FP4_INDEXER
+    O_STEPS, O_TOPK, O_NG_MIN, O_NG_MAX, O_NG_BFS, O_TOKEN_MAP, O_SWA_RATIO, O_FP4_INDEXER,
+    O_WATERFILL, O_WATERFILL_OLD
 };
 static const struct {
     const char *name;
@@ -153,8 +164,12 @@ static const struct {
     {"--deepep-max-dispatch-tokens-per-rank", F_INT, O_DISPATCH, 1, MS_LAUNCH_MAX_DISPATCH,
      "N   dispatch capacity per rank (env SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, 128)"},
     {"--enforce-shared-experts-fusion", F_SWITCH, O_ENFORCE_FUSION, 0, 0,
-     "    route the shared expert as one more routed expert (plan only)"},
-    {"--disable-shared-experts-fusion", F_SWITCH, O_DISABLE_FUSION, 0, 0, "    never fuse it (moeserve never fuses: accepted as is)"},
+     "    the shared expert as one more routed expert, a slot on every EP rank (a2a, EP > 1)"},
+    {"--disable-shared-experts-fusion", F_SWITCH, O_DISABLE_FUSION, 0, 0, "    never fuse it (the default here; --enable-waterfill overrides it)"},
+    {"--enable-waterfill", F_SWITCH, O_WATERFILL, 0, 0,
+     "    SGLang's waterfill: the fused shared expert of each token to a lightly loaded\n"
+     "                                               EP rank (a2a, EP > 1; alias --enable-deepep-waterfill)"},
+    {"--enable-deepep-waterfill", F_SWITCH, O_WATERFILL_OLD, 0, 0, NULL},
     {"--enable-dp-lm-head", F_SWITCH, O_DP_LM_HEAD, 0, 0, "    DP ranks compute their own LM head: always so in serve (its LM head is\n"
      "                                               whole on every rank); plan: split over attn_tp"},
     {"--kv-cache-dtype", F_STR, O_KV_DTYPE, 0, 0, "T   auto|bf16|fp16|fp8_e4m3|fp8_e5m2|fp32 (serve: the activation dtype or fp8_e4m3)"},
@@ -336,6 +351,8 @@ static void set_switch(ms_launch *l, int id)
     case O_W4A4: l->megamoe_w4a4 = true; break;
     case O_EPLB: l->enable_eplb = true; break;
     case O_FP4_INDEXER: l->v4_fp4_indexer = true; break;
+    case O_WATERFILL: l->enable_waterfill = true; break;
+    case O_WATERFILL_OLD: l->enable_waterfill = l->waterfill_old_name = true; break;
     }
 }
 

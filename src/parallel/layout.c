@@ -142,6 +142,14 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
         ms_layout_add_violation(o, "shared_fusion_ep",
                                 "--enforce-shared-experts-fusion is rejected with moe_ep_size %d > 1 "
                                 "(only the deepep/megamoe per-rank shared slot allows it)", o->moe_ep);
+    /* SGLang switches any other backend to deepep for waterfill (megamoe kept); moeserve's
+     * aliases all run its one all-to-all, so only "none" lacks the path it needs. */
+    if (l->enable_waterfill && l->a2a == MS_A2A_NONE)
+        ms_layout_add_violation(o, "waterfill_a2a",
+                                "%s without an all-to-all backend is not implemented (SGLang "
+                                "switches to deepep): add --moe-a2a-backend deepep|megamoe",
+                                l->waterfill_old_name ? "--enable-deepep-waterfill"
+                                                      : "--enable-waterfill");
     if (l->spec == MS_SPEC_DSPARK && l->pp != 1)
         ms_layout_add_violation(o, "dspark_pp", "--speculative-algorithm DSPARK requires pp_size == "
                                                 "1 (got --pp-size %d)", l->pp);
@@ -192,6 +200,14 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
     out->moe_tp = div_or_floor(tp, (long)out->moe_dp * out->moe_ep);
     out->dense_tp = l->moe_dense_tp_size == 1 ? 1 : tp;
     out->shared_tp = l->a2a != MS_A2A_NONE ? 1 : tp; /* a2a: the shared expert is local */
+    out->fusion_asked = l->enforce_shared_experts_fusion || l->enable_waterfill;
+    out->fusion_flag = !l->enable_waterfill              ? (out->fusion_asked ? "--enforce-shared-experts-fusion" : NULL)
+                       : l->waterfill_old_name          ? "--enable-deepep-waterfill"
+                                                        : "--enable-waterfill";
+    out->shared_mode = l->a2a == MS_A2A_NONE     ? MS_SHARED_SEPARATE
+                       : l->enable_waterfill           ? MS_SHARED_WATERFILL
+                       : l->enforce_shared_experts_fusion ? MS_SHARED_FUSED
+                                                       : MS_SHARED_SEPARATE;
     out->lm_head_tp = l->enable_dp_lm_head ? out->attn_tp : tp;
     out->embed_tp = dpa ? 1 : tp; /* SGLang: VocabParallelEmbedding(enable_tp=not dp_attention) */
     out->has_dense = m->n_dense_layers > 0;
@@ -225,6 +241,14 @@ int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err)
     if (lay->attn_cp > 1)
         return ms_err(err, MS_EUNSUPPORTED, "--attn-cp-size %d: context parallelism is not "
                       "supported by the CPU engine yet", lay->attn_cp);
+    if (lay->fusion_asked && lay->shared_mode == MS_SHARED_SEPARATE)
+        return ms_err(err, MS_EUNSUPPORTED, "%s without an all-to-all backend is not implemented: "
+                      "the CPU engine fuses the shared expert on the all-to-all path only "
+                      "(--moe-a2a-backend deepep|megamoe, EP >= 2)", lay->fusion_flag);
+    if (lay->shared_mode != MS_SHARED_SEPARATE && lay->moe_ep <= 1)
+        return ms_err(err, MS_EUNSUPPORTED, "%s at EP %d is not implemented: the shared expert's "
+                      "slot on every EP rank needs EP >= 2 (SGLang's support boundary; use --tp 2 "
+                      "or more with the a2a backend)", lay->fusion_flag, lay->moe_ep);
     int redundant = lay->n_physical_experts - lay->n_routed_experts;
     if (redundant > 0 && lay->moe_ep <= 1)
         return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d at EP %d: redundant "

@@ -62,6 +62,9 @@ typedef struct ms_launch {
                                       * SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (128) */
     bool enforce_shared_experts_fusion; /* --enforce-shared-experts-fusion */
     bool disable_shared_experts_fusion; /* --disable-shared-experts-fusion */
+    bool enable_waterfill;           /* --enable-waterfill (SGLang < 0.5.16: --enable-deepep-waterfill) */
+    bool waterfill_dynamic;          /* SGLANG_DISABLE_STATIC_WATERFILL: EP-wide loads per layer */
+    bool waterfill_old_name;         /* given as --enable-deepep-waterfill (for messages) */
     bool enable_dp_lm_head;          /* --enable-dp-lm-head */
     int kv_cache_bytes;              /* --kv-cache-dtype: 0 = auto (model dtype), else bytes */
     char kv_cache_dtype[16];         /* as given ("auto" by default) */
@@ -90,7 +93,8 @@ typedef struct ms_launch {
 /* Fills l with SGLang's defaults. */
 void ms_launch_init(ms_launch *l);
 /* Applies the environment variables SGLang reads for these settings
- * (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, SGLANG_DSV4_COMPRESS_STATE_DTYPE).
+ * (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, SGLANG_DSV4_COMPRESS_STATE_DTYPE,
+ * SGLANG_DISABLE_STATIC_WATERFILL).
  * Call before parsing flags so flags win.  Returns 0 or MS_EINVAL naming the variable. */
 int ms_launch_apply_env(ms_launch *l, ms_errbuf *err);
 /* Consumes the launch flag at argv[*i] ("--flag value" or "--flag=value") and advances
@@ -118,6 +122,14 @@ typedef enum {
     MS_MLP_SCATTERED         /* each rank its own tokens: a2a dispatch/combine */
 } ms_mlp_mode;
 
+/* The shared expert on the all-to-all path.  SEPARATE: computed whole on the token's
+ * own rank next to the routed experts (the default).  FUSED (SGLang's shared-expert
+ * fusion, --enforce-shared-experts-fusion): one more routed expert with a slot on every
+ * EP rank, weight 1 in the combine, each token's copy on its own rank.  WATERFILL
+ * (--enable-waterfill): the same slot, each token's copy on the rank parallel/waterfill.h
+ * picks.  All three compute the same sums. */
+typedef enum { MS_SHARED_SEPARATE = 0, MS_SHARED_FUSED, MS_SHARED_WATERFILL } ms_shared_mode;
+
 typedef struct ms_layout_violation {
     char rule[32];     /* short id, e.g. "tp_mod_dp" */
     char message[224]; /* one line naming the flag(s) */
@@ -134,6 +146,9 @@ typedef struct ms_layout {
     int lm_head_tp;   /* vocab split of the LM head: attn_tp with --enable-dp-lm-head, else tp */
     int embed_tp;     /* embedding split: attn_tp under DP-attention (replicated), else tp */
     ms_a2a_backend a2a;
+    ms_shared_mode shared_mode; /* where the shared expert runs (a2a path) */
+    bool fusion_asked;          /* --enforce-shared-experts-fusion or --enable-waterfill */
+    const char *fusion_flag;    /* the flag that asked, as given (a literal), or NULL */
     ms_mlp_mode sparse_mode, dense_mode;
     bool ep_forced;   /* an a2a backend set ep = tp */
     int n_routed_experts;   /* logical experts of the model */

@@ -26,7 +26,11 @@ static int resolve(const ms_engine_opts *o, const ms_model_shape *shape, ms_layo
     ms_layout_model lm;
     ms_shape_layout_model(shape, &lm);
     int rc = ms_layout_resolve(&o->launch, &lm, lay, err);
-    return rc ? rc : ms_layout_check_engine(lay, err);
+    if (!rc) rc = ms_layout_check_engine(lay, err);
+    if (!rc && lay->shared_mode != MS_SHARED_SEPARATE && shape->n_shared <= 0)
+        rc = ms_err(err, MS_EUNSUPPORTED, "%s: the model has no shared expert (n_shared_experts "
+                    "0), so there is nothing to fuse or place", lay->fusion_flag);
+    return rc;
 }
 
 void ms_engine_opts_init(ms_engine_opts *o)
@@ -220,7 +224,8 @@ static int build_shard(ms_engine *e, ms_errbuf *err)
     e->have_groups = 1;
     e->shard = (ms_shard){.lay = &e->lay, .at = e->gs.at, .attn_group = e->gs.attn_tp,
                           .tp_group = e->gs.tp, .dispatch_bf16 = e->o.dispatch_bf16,
-                          .experts = e->expert_maps, .step = &e->step};
+                          .experts = e->expert_maps, .step = &e->step,
+                          .waterfill_dynamic = e->o.launch.waterfill_dynamic};
     e->is_leader = e->gs.at.attn_tp_rank == 0;
     e->dp_index = e->gs.at.replica * e->lay.attn_dp + e->gs.at.attn_dp_rank;
     return 0;
@@ -379,6 +384,20 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         char desc[512];
         ms_layout_describe(&e->lay, desc, sizeof desc);
         MS_LOG(MS_INFO, "engine", "layout: %s (world %d)", desc, e->W);
+        const ms_launch *l = &o->launch;
+        if (e->lay.shared_mode == MS_SHARED_WATERFILL) {
+            MS_LOG(MS_INFO, "engine", "waterfill: the shared expert is a slot on each of the %d EP "
+                   "ranks; each token's copy goes to a lightly loaded rank (%s)", e->lay.moe_ep,
+                   e->shard.waterfill_dynamic ? "dynamic: EP-wide loads each layer"
+                                              : "static: this rank's loads");
+            if (l->a2a_alias != MS_A2A_ALIAS_DEEPEP && l->a2a_alias != MS_A2A_ALIAS_MEGAMOE)
+                MS_LOG(MS_WARN, "engine", "--enable-waterfill with --moe-a2a-backend %s: SGLang "
+                       "switches to deepep; here every backend name runs the same all-to-all",
+                       ms_launch_a2a_name(l));
+            if (l->disable_shared_experts_fusion)
+                MS_LOG(MS_WARN, "engine", "--disable-shared-experts-fusion is overridden: "
+                       "--enable-waterfill needs the shared expert fused (SGLang's rule)");
+        }
     }
     *out = e;
     return 0;

@@ -14,6 +14,9 @@
 #include <strings.h>
 
 enum kind { GPU_ONLY = 1, NOT_BUILT, MULTINODE, OURS /* implemented: an exception to a prefix */ };
+#define FUSION_WHY                                                                                 \
+    "shared-expert fusion without an all-to-all backend (it runs with --moe-a2a-backend "         \
+    "deepep|megamoe at EP >= 2)"
 
 /* name: the flag, or a prefix ending in '-' (matching every flag that starts with it);
  * the first match wins, so exceptions to a prefix come before it. */
@@ -65,21 +68,14 @@ static const struct {
     {"--eplb-rebalance-layers-per-chunk", OURS, NULL},
     {"--eplb-min-rebalancing-utilization-threshold", OURS, NULL},
     {"--eplb-", NOT_BUILT, "this EPLB option"},
-    /* SGLang's DeepEPWaterfillBalancer (layers/moe/deepep_waterfill.py; the flag was
-     * --enable-deepep-waterfill before v0.5.16): the shared expert becomes a (k+1)-th
-     * routed expert with a slot on every EP rank, each token's copy sent to a lightly
-     * loaded rank among those its routed experts live on; it forces shared-expert fusion */
-    {"--enable-waterfill", NOT_BUILT,
-     "SGLang's waterfill (the shared expert dispatched like a routed one to a lightly "
-     "loaded EP rank, on top of shared-expert fusion)"},
-    {"--enable-deepep-waterfill", NOT_BUILT,
-     "SGLang's waterfill (the shared expert dispatched like a routed one to a lightly "
-     "loaded EP rank, on top of shared-expert fusion)"},
+    /* built on the all-to-all path (parsed by parallel/launch.c there: fine_with_a2a) */
+    {"--enforce-shared-experts-fusion", NOT_BUILT, FUSION_WHY},
+    {"--enable-waterfill", NOT_BUILT, FUSION_WHY},
+    {"--enable-deepep-waterfill", NOT_BUILT, FUSION_WHY},
     {"--enable-prefill-delayer", NOT_BUILT, "the prefill delayer"},
     {"--prefill-delayer-", NOT_BUILT, "the prefill delayer"},
     {"--prefill-decode-interval", NOT_BUILT, "a prefill/decode interleaving interval"},
     {"--enable-w4a4-mxfp4-megamoe", NOT_BUILT, "MXFP4 activations (W4A4 MegaMoE)"},
-    {"--enforce-shared-experts-fusion", NOT_BUILT, "shared-expert fusion"},
     {"--enable-unified-cache-external-linker", NOT_BUILT, "the UMBP external KV store"},
     {"--unified-cache-external-linker-", NOT_BUILT, "the UMBP external KV store"},
     {"--tokenizer-worker-num", NOT_BUILT,
@@ -93,7 +89,8 @@ static const struct {
 
 /* SGLANG_* environment variables this engine reads. */
 static const char *env_read[] = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
-                                 "SGLANG_SIMULATE_ACC_LEN", "SGLANG_DSV4_COMPRESS_STATE_DTYPE"};
+                                 "SGLANG_SIMULATE_ACC_LEN", "SGLANG_DSV4_COMPRESS_STATE_DTYPE",
+                                 "SGLANG_DISABLE_STATIC_WATERFILL"};
 
 static int lookup(const char *name, size_t len)
 {
@@ -142,6 +139,23 @@ int ms_flag_screen_gpu_argv(ms_flag_screen *s, int argc, char **argv, char **kep
     return screen(s, argc, argv, kept, 1);
 }
 
+/* The fusion flags are built where an all-to-all backend is named: the argv names one. */
+static int fine_with_a2a(const char *flag, int argc, char **argv)
+{
+    if (strcmp(flag, "--enforce-shared-experts-fusion") && strcmp(flag, "--enable-waterfill") &&
+        strcmp(flag, "--enable-deepep-waterfill"))
+        return 0;
+    static const char opt[] = "--moe-a2a-backend";
+    const size_t n = sizeof opt - 1;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strncmp(argv[i], opt, n) && argv[i][n] == '=') v = argv[i] + n + 1;
+        else if (!strcmp(argv[i], opt) && i + 1 < argc) v = argv[i + 1];
+        if (v && strcasecmp(v, "none")) return 1;
+    }
+    return 0;
+}
+
 static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu_only)
 {
     memset(s, 0, sizeof *s);
@@ -160,7 +174,8 @@ static int screen(ms_flag_screen *s, int argc, char **argv, char **kept, int gpu
             eq ? eq + 1 : (i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[i + 1] : NULL);
         int k = lookup(a, len);
         if (gpu_only && k >= 0 && table[k].kind != GPU_ONLY) k = -1;
-        if (k < 0 || table[k].kind == OURS || value_is_fine(table[k].name, v)) {
+        if (k < 0 || table[k].kind == OURS || value_is_fine(table[k].name, v) ||
+            fine_with_a2a(table[k].name, argc, argv)) {
             kept[n++] = argv[i];
             continue;
         }

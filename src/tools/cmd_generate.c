@@ -537,10 +537,12 @@ comm_fail:
     if (W > 1) ms_comm_abort(1);
 out:
     if (o.comm_stats && W > 1 && e) {
-        int64_t mx, sm, dr;
-        ms_model_mlp_counters(ms_engine_model(e), &mx, &sm, &dr);
-        fprintf(stderr, "mlp rank=%d dp_gather_max_len=%lld dp_gather_sum_len=%lld dispatch_rows=%lld\n",
-                rank, (long long)mx, (long long)sm, (long long)dr);
+        ms_mlp_counters mc;
+        ms_model_mlp_counters(ms_engine_model(e), &mc);
+        fprintf(stderr, "mlp rank=%d dp_gather_max_len=%lld dp_gather_sum_len=%lld dispatch_rows=%lld "
+                "expert_rows=%lld shared_remote=%lld\n", rank, (long long)mc.max_len,
+                (long long)mc.sum_len, (long long)mc.dispatch_rows, (long long)mc.expert_rows,
+                (long long)mc.shared_remote);
         ms_comm_stats_print(stderr);
     }
     if (dump) fclose(dump);
