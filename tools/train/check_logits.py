@@ -7,7 +7,8 @@ the prompt and N greedy steps and dumps the logits of every step; the torch
 model runs the prompt plus the engine's tokens in one causal forward; the
 logits of the last prompt position and of every decode step must agree to
 max|a - b| / max|torch| <= TOL, and the greedy tokens must be the argmax of
-the torch logits.  Prints one line per prompt, then `N passed, N failed`.
+the torch logits, and model.py's KV-cached Model.greedy must give the engine's
+tokens.  Prints one line per prompt, then `N passed, N failed`.
 
 With --ppl-file F, also `moeserve perplexity --dtype float32` on F's first
 --ppl-chunks windows of --ppl-ctx tokens: its mean NLL must equal the torch
@@ -109,11 +110,16 @@ def main():
                 top2 = r_.topk(2).values
                 bad = "step %d: engine token %d, torch argmax %d (margin %.2e)" % (
                     s, toks[s], int(r_.argmax()), (top2[0] - top2[1]).item())
+        with torch.no_grad():   # model.py's KV-cached greedy decode must give the same tokens
+            kv = m.greedy(torch.tensor([p]), a.steps)[0].tolist()
+        if kv != toks and not bad:
+            bad = "Model.greedy (KV cache) gave %s, engine %s" % (kv, toks)
         if bad or worst > a.tol:
             print("prompt %d (%d tokens): FAIL max relative %.3e; %s" % (i, len(p), worst, bad or ""))
             failed += 1
         else:
-            print("prompt %d (%d tokens, %d steps): max relative %.3e" % (i, len(p), a.steps, worst))
+            print("prompt %d (%d tokens, %d steps): max relative %.3e, KV-cached greedy = engine" % (
+                i, len(p), a.steps, worst))
             passed += 1
     if a.ppl_file:
         ok = check_ppl(a, m)

@@ -3,7 +3,8 @@
 train.py (Welleck et al. 2019, "Neural Text Generation with Unlikelihood Training" §5.2),
 a recipe experiment against greedy loops (issue 24), not part of `make train`.
 
-Each update: greedy continuations (--gen tokens, bf16 autocast, no KV cache) of --bul
+Each update: greedy continuations (--gen tokens, bf16 autocast, model.py's KV-cached
+Model.greedy) of --bul
 data prefixes of --prefix tokens; every generated token inside a 4-gram that already
 occurred in the sequence gets -log(1 - p(token)); plus the MLE + MTP_WEIGHT × MTP loss
 of train.py on --bmle data windows of 256.  AdamW, no weight decay, fixed seed, 2
@@ -13,6 +14,8 @@ recipe: tools/train/README.md ("Recipe experiments").
 
 usage: finetune_ul.py --model DIR --out DIR --ids TRAIN.bin [--updates 8] [--lr 1e-4]
        [--bul 8] [--bmle 8] [--prefix 16] [--gen 48] [--alpha 1.0] [--seed 7]
+       [--save-at 8,16,...]   (also writes the checkpoint after those updates to OUT/updN,
+                               the candidates val_loops.py judges)
 TRAIN.bin: the train ids of the checkpoint's tokenizer (train.py's WORK/train.bin).
 """
 import argparse, json, os, sys, time, shutil
@@ -27,6 +30,7 @@ ap.add_argument("--updates", type=int, default=8); ap.add_argument("--lr", type=
 ap.add_argument("--bul", type=int, default=8); ap.add_argument("--bmle", type=int, default=8)
 ap.add_argument("--prefix", type=int, default=16); ap.add_argument("--gen", type=int, default=48)
 ap.add_argument("--alpha", type=float, default=1.0); ap.add_argument("--seed", type=int, default=7)
+ap.add_argument("--save-at", default="")
 a = ap.parse_args()
 torch.set_num_threads(2); torch.set_flush_denormal(True); torch.manual_seed(a.seed)
 m = load_model(a.model, torch.float32)
@@ -37,12 +41,14 @@ ids = torch.from_numpy(np.fromfile(a.ids, dtype="<i4").astype(np.int64))
 opt = torch.optim.AdamW(m.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
 g = torch.Generator().manual_seed(a.seed)
 def greedy(x, n):
-    """x [B, P] ids -> [B, P + n]: n greedy tokens appended (full forward per token)."""
+    """x [B, P] ids -> [B, P + n]: n greedy tokens appended (KV-cached)."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        for _ in range(n):
-            nxt = m(x)[:, -1].float().argmax(-1, keepdim=True)
-            x = torch.cat([x, nxt], 1)
-    return x
+        return torch.cat([x, m.greedy(x, n)], 1)
+save_at = set(int(v) for v in a.save_at.split(",") if v)
+def save(d):
+    os.makedirs(d, exist_ok=True)
+    T.export(m, d)
+    shutil.copy(os.path.join(a.model, "tokenizer.json"), d)
 def marks(seq, k):
     """seq [S] ids -> bool [S]: positions >= k inside a 4-gram seen earlier in seq."""
     s = seq.tolist(); S = len(s); mk = [False] * S; seen = set()
@@ -53,6 +59,7 @@ def marks(seq, k):
         seen.add(ng)
     return torch.tensor(mk)
 t0 = time.time()
+uptime0, curve = T.uptime(), []
 for u in range(a.updates):
     st = torch.randint(0, len(ids) - 300, (a.bul,), generator=g)
     pre = torch.stack([ids[s:s + a.prefix] for s in st.tolist()])
@@ -69,16 +76,28 @@ for u in range(a.updates):
     loss = main_l + T.MTP_WEIGHT * mtp_l + a.alpha * ul
     opt.zero_grad(set_to_none=True); loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
+    if u + 1 in save_at and u + 1 < a.updates:
+        save(os.path.join(a.out, "upd%d" % (u + 1)))
+    curve.append("%d\t%.3f\t%.4f\t%.3f\t%.3f\t%.0f" % (u, mt.float().mean().item(), ul.item(),
+                                                   main_l.item(), mtp_l.item(), time.time() - t0))
     print("upd %d rep-frac %.3f ul %.4f mle %.3f mtp %.3f %.0f s" % (u, mt.float().mean().item(), ul.item(), main_l.item(), mtp_l.item(), time.time() - t0), flush=True)
 os.makedirs(a.out, exist_ok=True)
-info_path = os.path.join(a.out, "train.json")   # train.py's record of the run, when there
-info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+# train.py's record of the base run (train.json) and its loss curve travel with the result
+src_info = os.path.join(a.model, "train.json")
+info = json.load(open(src_info)) if os.path.exists(src_info) else {}
 T.export(m, a.out)
 if os.path.abspath(a.model) != os.path.abspath(a.out):
-    shutil.copy(os.path.join(a.model, "tokenizer.json"), a.out)
+    for f in ("tokenizer.json", "loss.tsv"):
+        if os.path.exists(os.path.join(a.model, f)):
+            shutil.copy(os.path.join(a.model, f), a.out)
+with open(os.path.join(a.out, "finetune.tsv"), "w") as f:
+    f.write("# update\trepeated_4gram_frac\tul_loss\tmle_loss\tmtp_loss\tseconds\n")
+    f.write("".join(l + "\n" for l in curve))
 info["finetune_ul"] = {"command": " ".join(["/usr/bin/python3", "tools/train/finetune_ul.py"] + sys.argv[1:]),
                        "args": vars(a), "seconds": round(time.time() - t0, 1),
-                       "uptime_end": T.uptime(), "loadavg_end": os.getloadavg()}
+                       "uptime_start": uptime0, "uptime_end": T.uptime(),
+                       "loadavg_end": os.getloadavg()}
+info_path = os.path.join(a.out, "train.json")
 with open(info_path, "w") as f:
     json.dump(info, f, indent=2)
     f.write("\n")

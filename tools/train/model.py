@@ -97,7 +97,10 @@ class MLA(nn.Module):
         self.o_proj = linear(H * self.dv, D)
         self.scale = softmax_scale(cfg)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, cache=None):
+        """x [B, S, D] at positions P..P+S-1 (cos/sin [S, dr/2] of those positions);
+        cache: None (P = 0, training), or a dict holding the earlier positions' k_nope
+        [B, H, P, dn], k_pe [B, 1, P, dr] and v [B, H, P, dv], extended in place."""
         B, S, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(B, S, self.H, self.dn + self.dr)
         q = q.transpose(1, 2)                                   # [B,H,S,dn+dr]
@@ -107,8 +110,16 @@ class MLA(nn.Module):
         k_pe = rope(kv[..., self.c:], cos, sin).unsqueeze(1)    # [B,1,S,dr], shared by the heads
         kvb = self.kv_b_proj(c_kv).view(B, S, self.H, self.dn + self.dv).transpose(1, 2)
         k_nope, v = kvb[..., :self.dn], kvb[..., self.dn:]
+        P = 0
+        if cache is not None:
+            if cache:
+                P = cache["v"].shape[2]
+                k_nope = torch.cat((cache["k_nope"], k_nope), 2)
+                k_pe = torch.cat((cache["k_pe"], k_pe), 2)
+                v = torch.cat((cache["v"], v), 2)
+            cache.update(k_nope=k_nope, k_pe=k_pe, v=v)
         s = (q_nope @ k_nope.transpose(-1, -2) + q_pe @ k_pe.transpose(-1, -2)) * self.scale
-        mask = torch.ones(S, S, dtype=torch.bool, device=x.device).triu(1)
+        mask = torch.ones(S, P + S, dtype=torch.bool, device=x.device).triu(P + 1)
         p = s.masked_fill(mask, float("-inf")).softmax(-1)
         o = (p @ v).transpose(1, 2).reshape(B, S, self.H * self.dv)
         return self.o_proj(o)
@@ -197,8 +208,8 @@ class Block(nn.Module):
         moe = layer >= cfg["first_k_dense_replace"] and layer % cfg.get("moe_layer_freq", 1) == 0
         self.mlp = MoE(cfg) if moe else MLP(D, cfg["intermediate_size"])
 
-    def forward(self, h, cos, sin):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+    def forward(self, h, cos, sin, cache=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -229,9 +240,33 @@ class Model(nn.Module):
         self.lm_head = linear(D, cfg["vocab_size"])
         self.register_buffer("inv_freq", yarn_inv_freq(cfg), persistent=False)
 
-    def rope_tables(self, S, dtype):
-        ang = torch.arange(S, dtype=torch.float64).unsqueeze(1) * self.inv_freq.unsqueeze(0)
+    def rope_tables(self, S, dtype, start=0):
+        """cos/sin [S, dr/2] of positions start .. start+S-1."""
+        pos = torch.arange(start, start + S, dtype=torch.float64)
+        ang = pos.unsqueeze(1) * self.inv_freq.unsqueeze(0)
         return ang.cos().to(dtype), ang.sin().to(dtype)
+
+    def greedy(self, prompts, n):
+        """Greedy decoding with a KV cache: prompts [B, P] ids (one length; BOS first if
+        wanted) -> [B, n] tokens, each the argmax of the main model's logits (the first
+        index on ties, as torch.argmax).  One prefill forward, then one forward of B
+        tokens per step over the cached k_nope / k_pe / v of every layer.  The caller
+        picks the precision (no_grad and autocast are the caller's; float32 here equals
+        `moeserve generate --dtype float32`: check_logits.py checks it)."""
+        L = self.cfg["num_hidden_layers"]
+        dtype = self.lm_head.weight.dtype
+        caches = [dict() for _ in range(L)]
+        x, pos, out = prompts, 0, []
+        for _ in range(n):
+            cos, sin = self.rope_tables(x.shape[1], dtype, pos)
+            h = self.model.embed_tokens(x)
+            for layer, c in zip(self.model.layers[:L], caches):
+                h = layer(h, cos, sin, c)
+            nxt = self.lm_head(self.model.norm(h[:, -1:])).float().argmax(-1)   # [B, 1]
+            out.append(nxt)
+            pos += x.shape[1]
+            x = nxt
+        return torch.cat(out, 1)
 
     def forward(self, tokens, mtp=False):
         """tokens [B, S] -> logits [B, S, V] (position i predicts t[i+1]); with mtp also
