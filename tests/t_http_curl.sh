@@ -11,7 +11,7 @@ dir=$(mktemp -d)
 ECHO_STEP_US=3000 "$BUILD/tests/test_http" --serve "$dir/port" --max-body-bytes 65536 2>"$dir/log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -s "$dir/port" ] && break; sleep 0.05; done # 30 s: slow under load and ASan
 port=$(cat "$dir/port" 2>/dev/null)
 [ -n "$port" ] || { cat "$dir/log"; echo "0 passed, 1 failed"; exit 1; }
 url=http://127.0.0.1:$port
