@@ -173,8 +173,8 @@ int ms_v4_cfg_parse(const json_t *root, ms_v4_cfg *c, ms_errbuf *err)
 int64_t ms_v4_state_floats(int ratio, int hd, int ihd)
 {
     if (!ratio) return 0;
-    int64_t c = ratio == 4 ? 2 : 1, st = 2 * (c * ratio) * (c * hd);
-    if (ratio == 4) st += 2 * (2 * 4) * (2 * (int64_t)ihd);
+    int64_t c = ratio == 4 ? 2 : 1, st = 2 * ms_v4_comp_slots(ratio) * (c * hd);
+    if (ratio == 4) st += 2 * ms_v4_comp_slots(4) * (2 * (int64_t)ihd);
     return st;
 }
 
@@ -191,9 +191,9 @@ int64_t ms_v4_carry_values(int hd, int ihd)
  * or plain values (elem_bytes', the activations' under an FP8 cache); the
  * planner's default MXFP4 with packed main entries.  The forward tells the
  * formats apart by the streams' dtype (MS_DT_U8: packed).  State: each
- * compressed layer's kv_state + score_state, each [c'·m][c'·d] (c' = 2 for
- * ratio 4), and the CSA indexer's own pair (arch.md §2.7), of state_bytes
- * each (0: F32). */
+ * compressed layer's kv_state + score_state, each [slots][c'·d] (c' = 2 for
+ * ratio 4; ms_v4_comp_slots: c'·m + the verify's spill), and the CSA
+ * indexer's own pair (arch.md §2.7), of state_bytes each (0: F32). */
 static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_spec *out,
                       ms_errbuf *err)
 {

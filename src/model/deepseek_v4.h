@@ -137,6 +137,16 @@ enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3, V4_S_CARRY =
  * compressor's previous window, kv and score rows [4][2·d] each. */
 int64_t ms_v4_carry_values(int hd, int ihd);
 
+/* Compressor state: each compressor's kv and score rows, one slot per token
+ * position (slot = pos mod slots): the windows it pools (two for ratio 4's
+ * overlap, one for ratio 128) and V4_STATE_SPILL slots past them, so the
+ * rows of draft positions a verify writes and then rejects never overwrite
+ * a row an accepted position still needs; the rejected rows are written
+ * again when those positions are decoded, and no state needs rolling back.
+ * The most draft tokens one verify may carry on V4 (--speculative-num-steps). */
+enum { V4_STATE_SPILL = 4 };
+static inline int64_t ms_v4_comp_slots(int ratio) { return (ratio == 4 ? 8 : ratio) + V4_STATE_SPILL; }
+
 /* Floats of compressor state of one layer (main + indexer), 0 for ratio 0. */
 int64_t ms_v4_state_floats(int ratio, int hd, int ihd);
 
