@@ -112,13 +112,15 @@ typedef struct ms_v4_ws {
     float *cstate;       /* [cap_cstate] one compressor's state in f32 (BF16-stored state) */
     int64_t cap_cstate;
     float *hn, *logits;  /* [T][D], [cap_logits][vocab] */
+    ms_batch_seq *kseq;  /* [cap_kseq] the draft's sequences cut to their output rows */
+    int cap_kseq;
     int64_t cap_logits;
     ms_mlp_ws mlp;
 } ms_v4_ws;
 
 struct ms_v4 {
     ms_v4_cfg c;
-    v4_layer *layers;    /* [n_layers + n_mtp] (MTP loaded and kept, not run) */
+    v4_layer *layers;    /* [n_layers + n_mtp] (the MTP block: the speculative draft) */
     ms_mat hc_head_fn;   /* [hc][hc·D] */
     float *hc_head_base, *hc_head_scale;
     float *inv_freq_plain, *inv_freq_comp; /* [dr/2]: ratio-0 layers, compressed layers */
