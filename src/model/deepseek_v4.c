@@ -488,20 +488,51 @@ static int v4_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf
     return 0;
 }
 
-/* The draft block past its attention: every sequence cut to its last
+/* The draft block past its window entries: every sequence cut to its last
  * ms_draft_out_rows positions (family.h), their residual streams and token
  * ids packed to the front; *seqs becomes the cut batch (kept in kseq). */
+static int kseq_reserve(ms_v4_ws *w, int n_seqs)
+{
+    if (n_seqs <= w->cap_kseq) return 0;
+    void *p = realloc(w->kseq, sizeof *w->kseq * (size_t)n_seqs);
+    if (!p) return MS_ENOMEM;
+    w->kseq = p;
+    w->cap_kseq = n_seqs;
+    return 0;
+}
+
+/* The draft batch before its block: every sequence cut to its output rows
+ * and the window - 1 positions before them, the only positions whose window
+ * entries those rows read (the older ones have slid out of the window pages
+ * the scheduler keeps); into kseq, *seqs becomes the cut batch. */
+static int keep_window_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
+{
+    ms_v4_ws *w = &m->v4->ws;
+    int64_t HW = m->v4->c.hc * m->v4->c.D;
+    if (kseq_reserve(w, n_seqs)) return MS_ENOMEM;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_batch_seq b = (*seqs)[i];
+        int32_t keep = (int32_t)MS_MIN((int64_t)b.n_tokens,
+                                       (int64_t)ms_draft_out_rows(&b) + m->v4->c.window - 1);
+        int32_t drop = b.n_tokens > 0 ? b.n_tokens - keep : 0;
+        if (drop > 0) {
+            b.tokens += drop;
+            b.start_pos += drop;
+            b.n_tokens = keep;
+            if (b.hidden_in) b.hidden_in += (int64_t)drop * HW;
+        }
+        w->kseq[i] = b;
+    }
+    *seqs = w->kseq;
+    return 0;
+}
+
 static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
     int64_t W = c->hc * c->D, t = 0, k = 0;
-    if (n_seqs > w->cap_kseq) {
-        void *p = realloc(w->kseq, sizeof *w->kseq * (size_t)n_seqs);
-        if (!p) return MS_ENOMEM;
-        w->kseq = p;
-        w->cap_kseq = n_seqs;
-    }
+    if (kseq_reserve(w, n_seqs)) return MS_ENOMEM;
     for (int i = 0; i < n_seqs; i++) {
         ms_batch_seq b = (*seqs)[i];
         int32_t keep = ms_draft_out_rows(&b), drop = b.n_tokens > 0 ? b.n_tokens - keep : 0;
@@ -524,9 +555,9 @@ static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
 }
 
 /* Block l (a layer of the stack, or the MTP block at n_layers) over the
- * streams in ws->X.  keep (the draft block): past its attention (which
- * writes every row's window entry) only each sequence's output rows go on
- * to the MoE, and *keep is set to the cut batch (keep_out_rows). */
+ * streams in ws->X.  keep (the draft block, window-only): every row's window
+ * entry is written, then only each sequence's output rows go on through the
+ * attention and the MoE, and *keep is set to the cut batch (keep_out_rows). */
 static int block(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                  int l, const ms_batch_seq **keep, ms_errbuf *err)
 {
@@ -537,13 +568,16 @@ static int block(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs
     int rc;
     hc_pre(m, &lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, T);
     ms_rmsnorm(w->u, w->u, lw->attn_norm, T, D, D, c->eps);
-    if ((rc = ms_v4_attention(m, cache, seqs, n_seqs, l, err))) return rc;
-    hc_post(m, T);
-    if (keep) {
+    if (keep) { /* every row's window entry, then only the output rows go on */
+        if ((rc = ms_v4_store_window(m, cache, seqs, n_seqs, l, err))) return rc;
         if (keep_out_rows(m, &seqs, n_seqs)) return ms_err(err, MS_ENOMEM, "out of memory");
         *keep = seqs;
         T = m->fwd_T;
+        hc_pre(m, &lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, T);
+        ms_rmsnorm(w->u, w->u, lw->attn_norm, T, D, D, c->eps);
     }
+    if ((rc = ms_v4_attention(m, cache, seqs, n_seqs, l, err))) return rc;
+    hc_post(m, T);
     hc_pre(m, &lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, T);
     ms_rmsnorm(w->u, w->u, lw->ffn_norm, T, D, D, c->eps);
     ms_comm_set_tag(l);
@@ -649,7 +683,8 @@ static int v4_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf 
  * sequences carry hidden_in [n_tokens][hc][D]: e = enorm(embed(token)),
  * X_k = e_proj(e) + h_proj(hnorm(h_k)) for each of the hc streams h_k, one
  * block at layer index n_layers (window-only attention with base RoPE,
- * non-hash MoE) writing its window entries to cache layer n_layers, then its
+ * non-hash MoE) writing its window entries to cache layer n_layers (for a
+ * sequence's output rows and the window before them), then its
  * own hc_head, its norm and the shared head (or the draft head of
  * --speculative-token-map).  h is the target's final streams before hc_head;
  * further along a chain the block's own output streams, which is what the
@@ -661,6 +696,7 @@ static int v4_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
     ms_v4_ws *w = &m->v4->ws;
     const v4_layer *lw = &m->v4->layers[c->n_layers];
     int64_t D = c->D, hc = c->hc, t = 0;
+    if (keep_window_rows(m, &seqs, n_seqs)) return ms_err(err, MS_ENOMEM, "out of memory");
     int rc = v4_embed(m, seqs, n_seqs, err);
     if (rc) return rc;
     int64_t T = m->fwd_T;

@@ -162,6 +162,11 @@ int64_t ms_v4_local_weight_bytes(const ms_model *m);
  * entries, compressed entries, index keys and compressor state. */
 int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                     int l, ms_errbuf *err);
+/* The window entries of every row of the batch for a window-only layer l
+ * (ws->u [T][D] normed: its wkv, kv_norm and RoPE) and nothing else: the
+ * draft block's rows whose attention output nobody reads. */
+int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                       int n_seqs, int l, ms_errbuf *err);
 /* Candidate scratch for contexts up to S entries and n_win window rows (the
  * threaded path's shared window span), per pool thread too. */
 int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win);

@@ -562,6 +562,30 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
     return 0;
 }
 
+int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                       int n_seqs, int l, ms_errbuf *err)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = &m->v4->layers[l];
+    int64_t T = m->fwd_T, hd = c->hd, dr = c->dr, t = 0;
+    const float *inv = lw->ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
+    if (T == 0) return 0;
+    ms_matmul(&m->kctx, w->kv, hd, w->u, c->D, T, &lw->wkv, 0);
+    ms_rmsnorm(w->kv, w->kv, lw->kv_norm, T, hd, hd, c->eps);
+    for (int i = 0; i < n_seqs; i++) {
+        ms_kv_view v = {cache, seqs[i].kv};
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
+            int64_t pos = seqs[i].start_pos + j;
+            ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
+            if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
+                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
+                              l, (long long)pos);
+        }
+    }
+    return 0;
+}
+
 int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                     int l, ms_errbuf *err)
 {
