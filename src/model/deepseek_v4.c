@@ -514,13 +514,7 @@ static int keep_window_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
         ms_batch_seq b = (*seqs)[i];
         int32_t keep = (int32_t)MS_MIN((int64_t)b.n_tokens,
                                        (int64_t)ms_draft_out_rows(&b) + m->v4->c.window - 1);
-        int32_t drop = b.n_tokens > 0 ? b.n_tokens - keep : 0;
-        if (drop > 0) {
-            b.tokens += drop;
-            b.start_pos += drop;
-            b.n_tokens = keep;
-            if (b.hidden_in) b.hidden_in += (int64_t)drop * HW;
-        }
+        ms_batch_seq_keep_last(&b, keep, HW);
         w->kseq[i] = b;
     }
     *seqs = w->kseq;
@@ -541,12 +535,7 @@ static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
             memmove(w->X + k * W, w->X + t * W, sizeof(float) * (size_t)W);
             w->tok[k] = w->tok[t];
         }
-        if (drop > 0) {
-            b.tokens += drop;
-            b.start_pos += drop;
-            b.n_tokens = keep;
-            if (b.hidden_in) b.hidden_in += (int64_t)drop * W;
-        }
+        ms_batch_seq_keep_last(&b, keep, W);
         w->kseq[i] = b;
     }
     *seqs = w->kseq;

@@ -157,6 +157,16 @@ int32_t ms_draft_out_rows(const ms_batch_seq *sq)
     return MS_MIN(n, sq->n_tokens);
 }
 
+void ms_batch_seq_keep_last(ms_batch_seq *b, int32_t keep, int64_t hidden_width)
+{
+    int32_t drop = b->n_tokens > keep ? b->n_tokens - keep : 0;
+    if (drop == 0) return;
+    b->tokens += drop;
+    b->start_pos += drop;
+    b->n_tokens = keep;
+    if (b->hidden_in) b->hidden_in += (int64_t)drop * hidden_width;
+}
+
 int ms_model_set_draft_vocab(ms_model *m, const int32_t *ids, int64_t n, ms_errbuf *err)
 {
     const ms_mat *H = &m->lm_head;

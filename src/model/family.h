@@ -174,6 +174,9 @@ int ms_model_has_draft(const ms_model *m);
  * positions' outputs; the MoE and its collectives see those rows only, and
  * the rows_per_rank counts of the step must be of them.  Returns 0 or MS_E*. */
 int32_t ms_draft_out_rows(const ms_batch_seq *sq); /* max(1, logit rows, hidden rows) */
+/* Cuts *b to its last keep positions (tokens, start_pos, and hidden_in rows of
+ * hidden_width floats); nothing when it has no more. */
+void ms_batch_seq_keep_last(ms_batch_seq *b, int32_t keep, int64_t hidden_width);
 /* Floats of one hidden-state row the draft reads (hidden, hidden_in): the
  * hidden size, or DeepSeek-V4's hc_mult residual streams of it. */
 int64_t ms_model_draft_hidden_width(const ms_model *m);
