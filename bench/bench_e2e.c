@@ -25,6 +25,10 @@
  *             the same with a 4096-id draft token map (ids 0..4095); each against
  *             plain, alternating (two each; two engines open at a time, ~2 GB
  *             each); tokens / decode time, x = spec / plain
+ *   v4mtp     (not in the default rows) EAGLE on small-v4 (--model-dir's small-v4,
+ *             its MTP block as the draft) at S = 1 and S = 2 with SGLANG_SIMULATE_ACC_LEN
+ *             2 against plain decoding, batch 1, 16-token prompts, the three engines
+ *             alternating (two runs each): x_s1, x_s2 = spec / plain tokens per decode second
  *   dnnl      BF16 prefill of 512 and 2048 tokens with oneDNN at M >= 128
  *             (the default) against the mm_bf16 tiles at every M, in the same
  *             engine, alternating (three of each): x = tiles / oneDNN
@@ -190,7 +194,7 @@ int main(int argc, char **argv)
             rows = argv[++i];
         else {
             fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,fp8,det,spec,dnnl]\n");
+                            "[--rows decode,prefill,batch,fp8,det,spec,dnnl,v4mtp]\n");
             return 2;
         }
     }
@@ -388,6 +392,48 @@ int main(int argc, char **argv)
             ms_engine_step(es, &err);
             ms_engine_close(es);
         }
+    }
+    if (strstr(rows, "v4mtp")) { /* plain, S = 1 and S = 2 on small-v4 alternate */
+        ms_engine_shutdown(e);
+        ms_engine_step(e, &err);
+        ms_engine_close(e);
+        e = NULL;
+        char v4[1200], cfg[1300];
+        struct stat st;
+        snprintf(v4, sizeof v4, "%s/small-v4", model_dir);
+        snprintf(cfg, sizeof cfg, "%s/config.json", v4);
+        if (stat(cfg, &st)) {
+            fprintf(stderr, "bench_e2e: --rows v4mtp needs %s (moeserve mkmodel --preset small-v4 "
+                            "--out %s)\n", v4, v4);
+            return 1;
+        }
+        ms_engine *ev[3] = {open_engine(v4, 0, 0, NULL), NULL, NULL};
+        setenv("SGLANG_SIMULATE_ACC_LEN", "2", 1);
+        ev[1] = open_engine(v4, 0, 1, NULL);
+        ev[2] = open_engine(v4, 0, 2, NULL);
+        unsetenv("SGLANG_SIMULATE_ACC_LEN");
+        struct run a;
+        for (int k = 0; k < 3; k++)
+            if (!ev[k] || run(ev[k], 1, 16, 8, &a, 60 + (uint64_t)k)) return 1; /* warm-up */
+        int n_new = quick ? 16 : 48;
+        double t[3] = {0}, tok[3] = {0}; /* [plain, S = 1, S = 2]: decode seconds, tokens */
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < 3; k++) {
+                if (run(ev[k], 1, 16, n_new, &a, 70 + 3 * (uint64_t)i + (uint64_t)k)) return 1;
+                t[k] += a.decode_tokens / a.decode_tok_s;
+                tok[k] += (double)a.decode_tokens;
+            }
+        double r0 = tok[0] / t[0], rs1 = tok[1] / t[1], rs2 = tok[2] / t[2];
+        printf("v4mtp model=small-v4 dtype=bf16 batch=1 threads=%d accept_len=2 plain_tok_s=%.2f "
+               "s1_tok_s=%.2f x_s1=%.3f s2_tok_s=%.2f x_s2=%.3f target_x=1.6 (EAGLE, the MTP "
+               "block; alternating, two each; SGLANG_SIMULATE_ACC_LEN=2)\n",
+               nt, r0, rs1, rs1 / r0, rs2, rs2 / r0);
+        for (int k = 0; k < 3; k++) {
+            ms_engine_shutdown(ev[k]);
+            ms_engine_step(ev[k], &err);
+            ms_engine_close(ev[k]);
+        }
+        return 0;
     }
     ms_engine_shutdown(e);
     ms_engine_step(e, &err);

@@ -93,7 +93,8 @@ check model_config 'd["kv_bytes_per_token"] == 27 * 576 * 2 and d["weights"] == 
 # every preset through the family table gives the figures the planner gave before it did
 # (kv bytes per token and per request, state bytes, tokens and weight bytes per rank, as
 # printed by 36a8bd1, the last commit with the planner's own config reader), now from the
-# family's kv_spec
+# family's kv_spec; V4's state bytes since w-v4mtp include 4 spill rows per compressor
+# (a verify's rejected drafts; deepseek_v4.h V4_STATE_SPILL): 12206080 -> 13393920 on Flash
 same_figures() {
     local name=$1 want=$2
     shift 2
@@ -105,10 +106,10 @@ same_figures v3_tp8 '70272.0 4605345792.0 0.0 1209121 83992632620.0' --model dee
 same_figures v3_dpa8 '70272.0 4605345792.0 0.0 1055430 94792774560.0' --model deepseek-r1 --tp 8 --dp 8 --enable-dp-attention --context-len 65536
 same_figures v3_pp2 '35712.0 2340421632.0 0.0 4161105 21691373348.0' --model deepseek-v3 --tp 16 --pp-size 2 --nnodes 2 --gpus-per-node 16 --context-len 65536
 same_figures v3_fp8kv '35136.0 5756682240.0 0.0 30796 167877938264.0' --model deepseek-v3 --tp 4 --kv-cache-dtype fp8_e4m3
-same_figures flash_tp8 '3563.296875 233524224.0 12206080.0 41883568 19716411884.0' --model deepseek-v4-flash --tp 8 --context-len 65536
-same_figures flash_pp2 '1862.578125 122065920.0 6144000.0 88099164 5112325280.0' --model deepseek-v4-flash --tp 16 --pp-size 2 --nnodes 2 --gpus-per-node 16 --context-len 65536
-same_figures flash_short '6719.096 6719096.0 12206080.0 19313946 39187738492.0' --model deepseek-v4-flash --tp 4 --context-len 1000
-same_figures pro_dpa8 '5101.015625 334300160.0 18710528.0 8362474 126302887716.0' --model deepseek-v4-pro --tp 8 --dp 8 --enable-dp-attention --context-len 65536
+same_figures flash_tp8 '3563.296875 233524224.0 13393920.0 41883568 19716411884.0' --model deepseek-v4-flash --tp 8 --context-len 65536
+same_figures flash_pp2 '1862.578125 122065920.0 6758400.0 88099164 5112325280.0' --model deepseek-v4-flash --tp 16 --pp-size 2 --nnodes 2 --gpus-per-node 16 --context-len 65536
+same_figures flash_short '6719.096 6719096.0 13393920.0 19313946 39187738492.0' --model deepseek-v4-flash --tp 4 --context-len 1000
+same_figures pro_dpa8 '5101.015625 334300160.0 20447232.0 8362474 126302887716.0' --model deepseek-v4-pro --tp 8 --dp 8 --enable-dp-attention --context-len 65536
 same_figures v2lite_tp8 '31104.0 2038431744.0 0.0 5305659 3932781952.0' --model deepseek-v2-lite --tp 8 --context-len 65536
 same_figures moonlight_dpa8 '31104.0 2038431744.0 0.0 5263834 5233702400.0' --model moonlight-16b-a3b --tp 8 --dp 8 --enable-dp-attention --context-len 65536
 same_figures qwen3_tp8 '48128.0 3154116608.0 0.0 2287628 58861008768.0' --model qwen3-235b-a22b --tp 8 --context-len 65536

@@ -8,7 +8,8 @@
 #  - tests/ref/v4_ref.py, the independent reference, when it is present
 #    (--model DIR --prompt-ids IDS --decode N-1 --out FILE: the prefill's and N-1 steps'
 #    logits, in deepseek_ref.py's golden layout), with its own margins;
-#  - the FP8 ds main entries and MXFP4 index keys against v4_ref.py's simulations.
+#  - the FP8 ds main entries and MXFP4 index keys against v4_ref.py's simulations;
+#  - the MTP block's draft chain (test_v4_draft's dump) against v4_ref.py --mtp-check.
 # Needs Debian's /usr/bin/python3 with numpy and torch.
 set -u
 MOESERVE=${MOESERVE:-build/moeserve}
@@ -95,5 +96,15 @@ if "$MOESERVE" mkmodel --preset tiny-v4 --dtype fp8-fp4 --seed 11 --out "$M4" 2>
 else
     bad "fp8-fp4 checkpoint vs tests/ref/v4_ref.py" \
         "$(tail -5 "$tmp/g4.out" "$tmp/ref4.err" "$tmp/cmp4" 2>/dev/null)"
+fi
+# the MTP block as a 3-step draft chain (arch.md §2.10): test_v4_draft's chain on tiny-v4
+# (FP32, seed 5: the same checkpoint as $M) over a 140-token prompt, its draft logits
+# against v4_ref.py's definition form to 1e-4, the same draft tokens
+DT=${BUILD:-build}/tests/test_v4_draft
+if [ -x "$DT" ] && MS_V4_DRAFT_DUMP="$tmp/draft.json" timeout 120 "$DT" >"$tmp/dt.out" 2>&1 &&
+   timeout 300 "$PY" tests/ref/v4_ref.py --model "$M" --mtp-check "$tmp/draft.json" >"$tmp/mtp" 2>&1; then
+    ok "MTP draft vs tests/ref/v4_ref.py: $(cat "$tmp/mtp")"
+else
+    bad "MTP draft vs tests/ref/v4_ref.py" "$(tail -5 "$tmp/dt.out" "$tmp/mtp" 2>/dev/null)"
 fi
 report

@@ -29,7 +29,7 @@
 
 static char dir32[64], dir8[64];
 static ms_model *model;
-static int64_t V, D;
+static int64_t V, D; /* D: a hidden row's floats (the hc_mult residual streams) */
 
 #define PS 4
 #define MAXP 256
@@ -87,12 +87,13 @@ TEST(kv_spec_streams)
     const ms_kv_stream *w = &spec.streams[0], *c4 = &spec.streams[1], *c128 = &spec.streams[2],
                        *ix = &spec.streams[3];
     CHECK(spec.n_streams == 4 && w->window == 8 && w->window_slack == 2);
-    CHECK(w->entry_elems == 64 && w->dtype == MS_DT_F32 && w->entry_bytes == 256 && w->n_layers == 5);
+    CHECK(w->entry_elems == 64 && w->dtype == MS_DT_F32 && w->entry_bytes == 256 && w->n_layers == 6); /* + the MTP block's */
     CHECK(c4->n_layers == 2 && c128->n_layers == 2 && ix->entry_elems == 32);
-    /* state: ratio-4 layers [8][128]×2 + indexer [8][64]×2, ratio-128 [128][64]×2, F32 */
+    /* state: ratio-4 layers [8+4][128]×2 + indexer [8+4][64]×2, ratio-128 [128+4][64]×2,
+     * F32 (the windows' rows and V4_STATE_SPILL rows for a verify's rejected drafts) */
     CHECK(ms_kv_spec_state_bytes(&spec, 0, 1) == 0);
-    CHECK(ms_kv_spec_state_bytes(&spec, 1, 2) == 4.0 * (2 * 8 * 128 + 2 * 8 * 64));
-    CHECK(ms_kv_spec_state_bytes(&spec, 2, 3) == 4.0 * (2 * 128 * 64));
+    CHECK(ms_kv_spec_state_bytes(&spec, 1, 2) == 4.0 * (2 * 12 * 128 + 2 * 12 * 64));
+    CHECK(ms_kv_spec_state_bytes(&spec, 2, 3) == 4.0 * (2 * 132 * 64));
     /* the planner's default (elem_bytes 0): the deployed packed entries (kernels/kvq.h;
      * 584 and 68 bytes on V4-Flash): head_dim 64 with 16 rope dims 48 + 32 + 1 + 1 = 82
      * bytes, 32-value index keys 16 + 1 */
@@ -484,7 +485,7 @@ int main(void)
     RUN(ue8m0_every_byte);
     RUN(gate_and_swiglu);
     if (make_model(dir32, MS_MK_FP32, &model)) fprintf(stderr, "cannot build tiny-v4\n");
-    if (model) V = ms_model_shape_of(model)->vocab, D = ms_model_shape_of(model)->hidden;
+    if (model) V = ms_model_shape_of(model)->vocab, D = ms_model_draft_hidden_width(model);
     RUN(kv_spec_streams);
     RUN(prefill_equals_decode_steps);
     RUN(chunks_equal_one_prefill);

@@ -210,9 +210,11 @@ TEST(seed000_v4_payload_and_table)
     CHECK(b8 == 21.0 * 262144 * (584 + 132) + 20.0 * 8192 * 584 + 43.0 * 128 * 584);
     CHECK(round(b8 / 1048576) == 3853);
     CHECK(ms_plan_kv_request_bytes(&in.model, 1, MS_KV_INDEX_MXFP4, 1, 0, 43, 1048576) == b);
-    /* compressor state (excluded from the payload): fp32 default, bf16 halves it */
+    /* compressor state (excluded from the payload): fp32 default, bf16 halves it; the
+     * reference's [8][1024], [8][256], [128][512] rows (×2: kv and score) plus 4 spill rows
+     * each for a verify's rejected drafts (deepseek_v4.h V4_STATE_SPILL) */
     double s32 = ms_plan_state_request_bytes(&in.model, 4, 0, 43);
-    CHECK(s32 == 4.0 * (21 * (2 * 8 * 1024 + 2 * 8 * 256) + 20 * (2 * 128 * 512)));
+    CHECK(s32 == 4.0 * (21 * (2 * 12 * 1024 + 2 * 12 * 256) + 20 * (2 * 132 * 512)));
     CHECK(ms_plan_state_request_bytes(&in.model, 2, 0, 43) == s32 / 2);
 }
 

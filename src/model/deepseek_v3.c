@@ -537,12 +537,7 @@ static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs, int
             memmove(ws->q + k * qw, ws->q + t * qw, sizeof(float) * (size_t)qw);
             memmove(ws->x + k * D, ws->x + t * D, sizeof(float) * (size_t)D);
         }
-        if (drop > 0) {
-            b.tokens += drop;
-            b.start_pos += drop;
-            b.n_tokens = keep;
-            if (b.hidden_in) b.hidden_in += (int64_t)drop * D;
-        }
+        ms_batch_seq_keep_last(&b, keep, D);
         ws->kseq[i] = b;
     }
     *seqs = ws->kseq;

@@ -174,8 +174,8 @@ int ms_v4_cfg_parse(const json_t *root, ms_v4_cfg *c, ms_errbuf *err)
 int64_t ms_v4_state_floats(int ratio, int hd, int ihd)
 {
     if (!ratio) return 0;
-    int64_t c = ratio == 4 ? 2 : 1, st = 2 * (c * ratio) * (c * hd);
-    if (ratio == 4) st += 2 * (2 * 4) * (2 * (int64_t)ihd);
+    int64_t c = ratio == 4 ? 2 : 1, st = 2 * ms_v4_comp_slots(ratio) * (c * hd);
+    if (ratio == 4) st += 2 * ms_v4_comp_slots(4) * (2 * (int64_t)ihd);
     return st;
 }
 
@@ -194,13 +194,16 @@ int64_t ms_v4_carry_values(int hd, int ihd)
  * --kv-cache-dtype fp8_e4m3 (SGLang's pair).  The forward tells the formats
  * apart by the streams' dtype (MS_DT_U8: packed) and, for the index keys, by
  * their bytes (68 vs 132 for 128 values).  State: each
- * compressed layer's kv_state + score_state, each [c'·m][c'·d] (c' = 2 for
- * ratio 4), and the CSA indexer's own pair (arch.md §2.7), of state_bytes
- * each (0: F32). */
+ * compressed layer's kv_state + score_state, each [slots][c'·d] (c' = 2 for
+ * ratio 4; ms_v4_comp_slots: c'·m + the verify's spill), and the CSA
+ * indexer's own pair (arch.md §2.7), of state_bytes each (0: F32). */
 static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_spec *out,
                       ms_errbuf *err)
 {
-    ms_kv_spec_init(out, s->n_layers);
+    /* with drafts the MTP block's window entries ride in the same pages as layer
+     * n_layers (window-only: compress_ratios[n_layers] is 0) */
+    int n_lay = s->n_layers + (o->draft_tokens > 0 && s->n_mtp_layers > 0);
+    ms_kv_spec_init(out, n_lay);
     int b = o->elem_bytes, packed = b == 0 || b == 1;
     int ab = o->act_bytes == 4 ? 4 : 2, kb = b == 2 || b == 4 ? b : ab;
     int fp4 = o->index_key == MS_KV_INDEX_MXFP4 || (o->index_key == MS_KV_INDEX_DEPLOYED && b == 0);
@@ -264,6 +267,7 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
         if (ratio) ms_kv_spec_add_state(out, l, ms_v4_state_floats(ratio, s->head_dim,
                                                                    s->index_head_dim) * sb);
     }
+    if (n_lay > s->n_layers) ms_kv_stream_cover(win, s->n_layers);
     return 0;
 }
 
@@ -366,6 +370,7 @@ static void ws_free(ms_v4_ws *w)
     free(w->th);
     free(w->tok);
     free(w->sel);
+    free(w->kseq);
     ms_mlp_ws_free(&w->mlp);
 }
 
@@ -504,50 +509,139 @@ static int v4_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf
     return 0;
 }
 
+/* The draft block past its window entries: every sequence cut to its last
+ * ms_draft_out_rows positions (family.h), their residual streams and token
+ * ids packed to the front; *seqs becomes the cut batch (kept in kseq). */
+static int kseq_reserve(ms_v4_ws *w, int n_seqs)
+{
+    if (n_seqs <= w->cap_kseq) return 0;
+    void *p = realloc(w->kseq, sizeof *w->kseq * (size_t)n_seqs);
+    if (!p) return MS_ENOMEM;
+    w->kseq = p;
+    w->cap_kseq = n_seqs;
+    return 0;
+}
+
+/* The draft batch before its block: every sequence cut to its output rows
+ * and the window - 1 positions before them, the only positions whose window
+ * entries those rows read (the older ones have slid out of the window pages
+ * the scheduler keeps); into kseq, *seqs becomes the cut batch. */
+static int keep_window_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
+{
+    ms_v4_ws *w = &m->v4->ws;
+    int64_t HW = m->v4->c.hc * m->v4->c.D;
+    if (kseq_reserve(w, n_seqs)) return MS_ENOMEM;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_batch_seq b = (*seqs)[i];
+        int32_t keep = (int32_t)MS_MIN((int64_t)b.n_tokens,
+                                       (int64_t)ms_draft_out_rows(&b) + m->v4->c.window - 1);
+        ms_batch_seq_keep_last(&b, keep, HW);
+        w->kseq[i] = b;
+    }
+    *seqs = w->kseq;
+    return 0;
+}
+
+static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    int64_t W = c->hc * c->D, t = 0, k = 0;
+    if (kseq_reserve(w, n_seqs)) return MS_ENOMEM;
+    for (int i = 0; i < n_seqs; i++) {
+        ms_batch_seq b = (*seqs)[i];
+        int32_t keep = ms_draft_out_rows(&b), drop = b.n_tokens > 0 ? b.n_tokens - keep : 0;
+        t += drop;
+        for (int32_t j = 0; j < keep; j++, t++, k++) { /* k <= t: forward moves */
+            memmove(w->X + k * W, w->X + t * W, sizeof(float) * (size_t)W);
+            w->tok[k] = w->tok[t];
+        }
+        ms_batch_seq_keep_last(&b, keep, W);
+        w->kseq[i] = b;
+    }
+    *seqs = w->kseq;
+    m->fwd_T = k;
+    return 0;
+}
+
+/* Block l (a layer of the stack, or the MTP block at n_layers) over the
+ * streams in ws->X.  keep (the draft block, window-only): every row's window
+ * entry is written, then only each sequence's output rows go on through the
+ * attention and the MoE, and *keep is set to the cut batch (keep_out_rows). */
+static int block(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                 int l, const ms_batch_seq **keep, ms_errbuf *err)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = &m->v4->layers[l];
+    int64_t T = m->fwd_T, D = c->D;
+    int rc;
+    hc_pre(m, &lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, T);
+    ms_rmsnorm(w->u, w->u, lw->attn_norm, T, D, D, c->eps);
+    if (keep) { /* every row's window entry, then only the output rows go on */
+        if ((rc = ms_v4_store_window(m, cache, seqs, n_seqs, l, err))) return rc;
+        if (keep_out_rows(m, &seqs, n_seqs)) return ms_err(err, MS_ENOMEM, "out of memory");
+        *keep = seqs;
+        T = m->fwd_T;
+        hc_pre(m, &lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, T);
+        ms_rmsnorm(w->u, w->u, lw->attn_norm, T, D, D, c->eps);
+    }
+    if ((rc = ms_v4_attention(m, cache, seqs, n_seqs, l, err))) return rc;
+    hc_post(m, T);
+    hc_pre(m, &lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, T);
+    ms_rmsnorm(w->u, w->u, lw->ffn_norm, T, D, D, c->eps);
+    ms_comm_set_tag(l);
+    ms_mlp_ctx mcx = {&m->kctx, &m->cfg, m->shard};
+    ms_mlp_w mw = {.layer = l,
+                   .is_moe = 1,
+                   .moe = {&lw->router, lw->bias, lw->experts, c->n_shared ? &lw->shared : NULL,
+                           lw->tid2eid, w->tok}};
+    if ((rc = ms_mlp_forward(&mcx, &mw, w->u, T, w->f, &w->mlp, err))) return rc;
+    hc_post(m, T);
+    return 0;
+}
+
 static int v4_run_layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
                          int n_seqs, int first, int last, ms_errbuf *err)
 {
     const ms_v4_cfg *c = &m->v4->c;
-    ms_v4_ws *w = &m->v4->ws;
-    int64_t T = m->fwd_T, D = c->D;
     if (first < 0 || last > c->n_layers || first > last)
         return ms_err(err, MS_EINVAL, "layers [%d, %d) outside the model's %d", first, last,
                       c->n_layers);
-    if (T == 0 && !m->shard) return 0;
+    if (m->fwd_T == 0 && !m->shard) return 0;
     for (int l = first; l < last; l++) {
-        const v4_layer *lw = &m->v4->layers[l];
-        int rc;
-        hc_pre(m, &lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, T);
-        ms_rmsnorm(w->u, w->u, lw->attn_norm, T, D, D, c->eps);
-        if ((rc = ms_v4_attention(m, cache, seqs, n_seqs, l, err))) return rc;
-        hc_post(m, T);
-
-        hc_pre(m, &lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, T);
-        ms_rmsnorm(w->u, w->u, lw->ffn_norm, T, D, D, c->eps);
-        ms_comm_set_tag(l);
-        ms_mlp_ctx mcx = {&m->kctx, &m->cfg, m->shard};
-        ms_mlp_w mw = {.layer = l,
-                       .is_moe = 1,
-                       .moe = {&lw->router, lw->bias, lw->experts,
-                               c->n_shared ? &lw->shared : NULL, lw->tid2eid, w->tok}};
-        if ((rc = ms_mlp_forward(&mcx, &mw, w->u, T, w->f, &w->mlp, err))) return rc;
-        hc_post(m, T);
+        int rc = block(m, cache, seqs, n_seqs, l, NULL, err);
+        if (rc) return rc;
     }
     ms_comm_set_tag(MS_COMM_TAG_NONE);
     return 0;
 }
 
-/* hc_head on the logit rows, the final norm and the head. */
-static int v4_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
+/* Sequence i's hidden-state rows: its last n_hidden positions (0: its logit rows). */
+static int32_t n_hidden_rows(const ms_batch_seq *sq)
+{
+    if (!sq->hidden || sq->n_tokens <= 0) return 0;
+    if (sq->n_hidden <= 0) return n_logit_rows(sq);
+    return sq->n_hidden < sq->n_tokens ? sq->n_hidden : sq->n_tokens;
+}
+
+/* The wanted rows: hidden states are the residual streams before hc_head
+ * ([hc][D] per row: what the MTP block reads, arch.md §2.10); logits from
+ * hc_head (fn, base, scale) on the logit rows, the norm and the head. */
+static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const ms_mat *hc_fn,
+                     const float *hc_base, const float *hc_scale, const float *norm,
+                     const ms_mat *head, ms_errbuf *err)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
-    int64_t D = c->D, hc = c->hc, t = 0, n = 0;
+    int64_t D = c->D, hc = c->hc, t = 0, n = 0, V = head->rows;
     if (m->fwd_T == 0) return 0;
-    /* the wanted rows' streams, packed to the front of Xn */
+    /* the logit rows' streams packed to the front of Xn; the hidden rows copied out */
     for (int i = 0; i < n_seqs; i++) {
-        int32_t nl = n_logit_rows(&seqs[i]);
+        int32_t nl = n_logit_rows(&seqs[i]), nh = n_hidden_rows(&seqs[i]);
         t += MS_MAX(seqs[i].n_tokens, 0);
+        if (nh)
+            memcpy(seqs[i].hidden, w->X + (t - nh) * hc * D, sizeof(float) * (size_t)(nh * hc * D));
         if (!nl) continue;
         memcpy(w->Xn + n * hc * D, w->X + (t - nl) * hc * D, sizeof(float) * (size_t)(nl * hc * D));
         n += nl;
@@ -563,32 +657,83 @@ static int v4_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf 
     float *tmp = w->X; /* hc_mix reads X */
     w->X = w->Xn;
     w->Xn = tmp;
-    hc_mix(m, &m->v4->hc_head_fn, n, w->mix);
+    hc_mix(m, hc_fn, n, w->mix);
     for (int64_t r = 0; r < n; r++) {
         float *y = w->hn + r * D;
         const float *x = w->X + r * hc * D;
         memset(y, 0, sizeof(float) * (size_t)D);
         for (int64_t k = 0; k < hc; k++) {
-            float pk = sigmoidf(w->mix[r * hc + k] * m->v4->hc_head_scale[0] +
-                                m->v4->hc_head_base[k]) + c->hc_eps;
+            float pk = sigmoidf(w->mix[r * hc + k] * hc_scale[0] + hc_base[k]) + c->hc_eps;
             ms_axpy_f32(y, pk, x + k * D, D);
         }
     }
     tmp = w->X;
     w->X = w->Xn;
     w->Xn = tmp;
-    ms_rmsnorm(w->hn, w->hn, m->final_norm, n, D, D, c->eps);
-    ms_matmul(&m->kctx, w->logits, c->vocab, w->hn, D, n, &m->lm_head, 0);
+    ms_rmsnorm(w->hn, w->hn, norm, n, D, D, c->eps);
+    ms_matmul(&m->kctx, w->logits, V, w->hn, D, n, head, 0);
     n = 0;
     for (int i = 0; i < n_seqs; i++) {
         int32_t nl = n_logit_rows(&seqs[i]);
         if (!nl) continue;
-        memcpy(seqs[i].logits, w->logits + n * c->vocab, sizeof(float) * (size_t)(nl * c->vocab));
-        if (seqs[i].hidden)
-            memcpy(seqs[i].hidden, w->hn + n * D, sizeof(float) * (size_t)(nl * D));
+        memcpy(seqs[i].logits, w->logits + n * V, sizeof(float) * (size_t)(nl * V));
         n += nl;
     }
     return 0;
+}
+
+static int v4_head(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
+{
+    struct ms_v4 *v = m->v4;
+    return head_rows(m, seqs, n_seqs, &v->hc_head_fn, v->hc_head_base, v->hc_head_scale,
+                     m->final_norm, &m->lm_head, err);
+}
+
+/* The MTP block (arch.md §2.10, the official MTPBlock) over a batch whose
+ * sequences carry hidden_in [n_tokens][hc][D]: e = enorm(embed(token)),
+ * X_k = e_proj(e) + h_proj(hnorm(h_k)) for each of the hc streams h_k, one
+ * block at layer index n_layers (window-only attention with base RoPE,
+ * non-hash MoE) writing its window entries to cache layer n_layers (for a
+ * sequence's output rows and the window before them), then its
+ * own hc_head, its norm and the shared head (or the draft head of
+ * --speculative-token-map).  h is the target's final streams before hc_head;
+ * further along a chain the block's own output streams, which is what the
+ * returned hidden rows hold. */
+static int v4_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                    ms_errbuf *err)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = &m->v4->layers[c->n_layers];
+    int64_t D = c->D, hc = c->hc, t = 0;
+    if (keep_window_rows(m, &seqs, n_seqs)) return ms_err(err, MS_ENOMEM, "out of memory");
+    int rc = v4_embed(m, seqs, n_seqs, err);
+    if (rc) return rc;
+    int64_t T = m->fwd_T;
+    if (T == 0 && !m->shard) return 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const ms_batch_seq *sq = &seqs[i];
+        if (sq->n_tokens > 0 && !sq->hidden_in)
+            return ms_err(err, MS_EINVAL, "draft forward: sequence %d has no hidden_in", i);
+        for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
+            ms_rmsnorm(w->u + t * D, w->X + t * hc * D, lw->enorm, 1, D, D, c->eps);
+            ms_rmsnorm(w->Xn + t * hc * D, sq->hidden_in + (int64_t)j * hc * D, lw->hnorm, hc, D,
+                       D, c->eps);
+        }
+    }
+    if (T > 0) {
+        ms_matmul(&m->kctx, w->X, D, w->Xn, D, T * hc, &lw->h_proj, 0);
+        ms_matmul(&m->kctx, w->f, D, w->u, D, T, &lw->e_proj, 0);
+        for (int64_t r = 0; r < T; r++)
+            for (int64_t k = 0; k < hc; k++) ms_axpy_f32(w->X + (r * hc + k) * D, 1.0f, w->f + r * D, D);
+    }
+    const ms_batch_seq *kept = seqs;
+    rc = block(m, cache, seqs, n_seqs, c->n_layers, &kept, err);
+    ms_comm_set_tag(MS_COMM_TAG_NONE);
+    if (!rc)
+        rc = head_rows(m, kept, n_seqs, &lw->hc_head_fn, lw->hc_head_base, lw->hc_head_scale,
+                       lw->mnorm, m->draft_vocab ? &m->draft_head : &m->lm_head, err);
+    return rc;
 }
 
 /* ---- open / free ---- */
@@ -707,7 +852,7 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
         m->v4->state_off[l + 1] =
             m->v4->state_off[l] + ms_v4_state_floats(c->ratio[l], c->hd, c->idx_hd);
     MS_LOG(MS_INFO, "model",
-           "loaded %s: deepseek_v4, %d layers (+%d MTP kept, not run), %lld params, isa %s, "
+           "loaded %s: deepseek_v4, %d layers (+%d MTP: the speculative draft), %lld params, isa %s, "
            "%d threads, %s activations%s",
            dir, c->n_layers, c->n_mtp, (long long)m->n_params, ms_isa_name(m->kctx.isa),
            ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto",
@@ -731,4 +876,5 @@ const ms_family ms_family_deepseek_v4 = {
     .head = v4_head,
     .each_view = ms_v4_each_view,
     .free = v4_free,
+    .draft = v4_draft,
 };

@@ -113,13 +113,15 @@ typedef struct ms_v4_ws {
     float *cstate;       /* [cap_cstate] one compressor's state in f32 (BF16-stored state) */
     int64_t cap_cstate;
     float *hn, *logits;  /* [T][D], [cap_logits][vocab] */
+    ms_batch_seq *kseq;  /* [cap_kseq] the draft's sequences cut to their output rows */
+    int cap_kseq;
     int64_t cap_logits;
     ms_mlp_ws mlp;
 } ms_v4_ws;
 
 struct ms_v4 {
     ms_v4_cfg c;
-    v4_layer *layers;    /* [n_layers + n_mtp] (MTP loaded and kept, not run) */
+    v4_layer *layers;    /* [n_layers + n_mtp] (the MTP block: the speculative draft) */
     ms_mat hc_head_fn;   /* [hc][hc·D] */
     float *hc_head_base, *hc_head_scale;
     float *inv_freq_plain, *inv_freq_comp; /* [dr/2]: ratio-0 layers, compressed layers */
@@ -140,6 +142,16 @@ enum { V4_S_WINDOW = 0, V4_S_C4 = 1, V4_S_C128 = 2, V4_S_INDEX = 3, V4_S_CARRY =
  * compressor's previous window, kv and score rows [4][2·d] each. */
 int64_t ms_v4_carry_values(int hd, int ihd);
 
+/* Compressor state: each compressor's kv and score rows, one slot per token
+ * position (slot = pos mod slots): the windows it pools (two for ratio 4's
+ * overlap, one for ratio 128) and V4_STATE_SPILL slots past them, so the
+ * rows of draft positions a verify writes and then rejects never overwrite
+ * a row an accepted position still needs; the rejected rows are written
+ * again when those positions are decoded, and no state needs rolling back.
+ * The most draft tokens one verify may carry on V4 (--speculative-num-steps). */
+enum { V4_STATE_SPILL = 4 };
+static inline int64_t ms_v4_comp_slots(int ratio) { return (ratio == 4 ? 8 : ratio) + V4_STATE_SPILL; }
+
 /* Floats of compressor state of one layer (main + indexer), 0 for ratio 0. */
 int64_t ms_v4_state_floats(int ratio, int hd, int ihd);
 
@@ -153,6 +165,11 @@ int64_t ms_v4_local_weight_bytes(const ms_model *m);
  * entries, compressed entries, index keys and compressor state. */
 int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                     int l, ms_errbuf *err);
+/* The window entries of every row of the batch for a window-only layer l
+ * (ws->u [T][D] normed: its wkv, kv_norm and RoPE) and nothing else: the
+ * draft block's rows whose attention output nobody reads. */
+int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                       int n_seqs, int l, ms_errbuf *err);
 /* Candidate scratch for contexts up to S entries and n_win window rows (the
  * threaded path's shared window span), per pool thread too. */
 int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win);

@@ -100,11 +100,19 @@ static int load_entry(const ms_model *m, const ms_kv_view *v, int stream, int la
     return 0;
 }
 
-/* Floats of one compressor's state: kv and score, each [c'·m][c'·d]. */
+/* Floats of one compressor's state: kv and score, each [slots][c'·d]
+ * (ms_v4_comp_slots: one row per position mod slots). */
 static int64_t comp_state_floats(const v4_comp *cp)
 {
     int64_t c = cp->overlap ? 2 : 1;
-    return 2 * (c * cp->ratio) * (c * cp->d);
+    return 2 * ms_v4_comp_slots(cp->ratio) * (c * cp->d);
+}
+
+/* The state row of position p (p >= -ratio: the empty window before 0). */
+static int64_t comp_slot(const v4_comp *cp, int64_t p)
+{
+    int64_t R = ms_v4_comp_slots(cp->ratio);
+    return (p % R + R) % R;
 }
 
 /* The compressor state of one sequence as f32 for the step: the slot itself
@@ -137,40 +145,44 @@ static void state_close(const ms_kv_view *v, int64_t at, int64_t n, const float 
     for (int64_t i = 0; i < n; i++) h[i] = ms_f32_to_bf16(f[i]);
 }
 
-/* The carry snapshot (stream V4_S_CARRY) of an overlapping compressor: rows
- * 0..m−1 of its kv and score state (the previous window), [kv m·c'd][score
- * m·c'd] at `off` values into the entry of the share unit ending at pos + 1,
- * in the state's dtype.  Saved after a unit's last token; restored when a
- * chunk starts at a unit: after a prefix hit it is the state the tokens
- * before the match left, and for a sequence that just computed them it is
- * the state it already holds (the same values, so restoring changes
- * nothing).  The ratio-128 compressor needs none: at a multiple of 128 its
- * window is empty and every slot is written before it pools. */
+/* The carry snapshot (stream V4_S_CARRY) of an overlapping compressor: the
+ * kv and score rows of the m positions before P (the previous window), [kv
+ * m·c'd][score m·c'd] at `off` values into the entry of the share unit
+ * ending at P, in the state's dtype.  Saved after a unit's last token (P =
+ * pos + 1); restored when a chunk starts at a unit (P = start_pos): after a
+ * prefix hit it is the state the tokens before the match left, and for a
+ * sequence that just computed them it is the state it already holds (the
+ * same values, so restoring changes nothing).  The ratio-128 compressor
+ * needs none: at a multiple of 128 its window is empty and every slot is
+ * written before it pools. */
 static int64_t carry_unit(const ms_kv_view *v)
 {
     const ms_kv_spec *sp = ms_kv_cache_spec(v->cache);
     return sp->n_streams > V4_S_CARRY ? sp->streams[V4_S_CARRY].tokens_per_entry : 0;
 }
 
-static void carry_copy(const ms_kv_view *v, int l, int64_t pos, int64_t off, float *kv, float *sc,
-                       int64_t n, int bf16, int save)
+static void carry_copy(const ms_kv_view *v, const v4_comp *cp, int l, int64_t P, int64_t off,
+                       float *kv, float *sc, int bf16, int save)
 {
-    uint8_t *e = ms_kv_view_entry(v, V4_S_CARRY, l, pos);
+    uint8_t *e = ms_kv_view_entry(v, V4_S_CARRY, l, P - 1);
     if (!e) return;
-    float *rows[2] = {kv, sc};
-    for (int k = 0; k < 2; k++) {
-        int64_t at = off + k * n;
-        if (bf16) {
-            uint16_t *h = (uint16_t *)e + at;
-            for (int64_t i = 0; i < n; i++)
-                if (save) h[i] = ms_f32_to_bf16(rows[k][i]);
-                else rows[k][i] = ms_bf16_to_f32(h[i]);
-        } else if (save) {
-            memcpy((float *)e + at, rows[k], sizeof(float) * (size_t)n);
-        } else {
-            memcpy(rows[k], (float *)e + at, sizeof(float) * (size_t)n);
+    int64_t m = cp->ratio, cd = 2 * (int64_t)cp->d, n = m * cd;
+    float *st[2] = {kv, sc};
+    for (int k = 0; k < 2; k++)
+        for (int64_t i = 0; i < m; i++) {
+            float *row = st[k] + comp_slot(cp, P - m + i) * cd;
+            int64_t at = off + k * n + i * cd;
+            if (bf16) {
+                uint16_t *h = (uint16_t *)e + at;
+                for (int64_t j = 0; j < cd; j++)
+                    if (save) h[j] = ms_f32_to_bf16(row[j]);
+                    else row[j] = ms_bf16_to_f32(h[j]);
+            } else if (save) {
+                memcpy((float *)e + at, row, sizeof(float) * (size_t)cd);
+            } else {
+                memcpy(row, (float *)e + at, sizeof(float) * (size_t)cd);
+            }
         }
-    }
 }
 
 /* The window snapshot (stream V4_S_WSNAP) at the share unit ending at `end`:
@@ -198,38 +210,35 @@ static int window_snapshot(const ms_model *m, const ms_kv_view *v, int l, int64_
     return 0;
 }
 
-/* One token at pos into the compressor state (kv, sc: [c'·m][c'·d]) from its
- * projections a, g (c'·d); returns 1 with the pooled entry in out[d] when
- * pos closes a window.  Overlap: the token fills slot m + pos mod m; the
- * entry pools the first-half channels of slots 0..m−1 (the previous window)
- * and the second-half channels of slots m..2m−1, then the current window
- * becomes the previous one.  Otherwise slot pos mod m, pooled over m slots. */
+/* One token at pos into the compressor state (kv, sc: [slots][c'·d]) from its
+ * projections a, g (c'·d), at row comp_slot(pos); returns 1 with the pooled
+ * entry in out[d] when pos closes a window.  Overlap: the entry pools the
+ * first-half channels of the previous window's m rows and the second-half
+ * channels of the current window's; otherwise the current window's m rows. */
 static int comp_token(const v4_comp *cp, float *kv, float *sc, const float *a, const float *g,
                       int64_t pos, float *out)
 {
     int64_t m = cp->ratio, d = cp->d, cd = (cp->overlap ? 2 : 1) * d, r = pos % m;
-    int64_t slot = cp->overlap ? m + r : r;
+    int64_t slot = comp_slot(cp, pos);
     memcpy(kv + slot * cd, a, sizeof(float) * (size_t)cd);
     for (int64_t i = 0; i < cd; i++) sc[slot * cd + i] = g[i] + cp->ape[r * cd + i];
     if ((pos + 1) % m) return 0;
-    int64_t n = cp->overlap ? 2 * m : m;
+    int64_t n = cp->overlap ? 2 * m : m, first = pos + 1 - n, rows[256];
+    if (n > 256) return 0;
+    for (int64_t i = 0; i < n; i++) rows[i] = comp_slot(cp, first + i) * cd;
     for (int64_t ch = 0; ch < d; ch++) {
         float mx = -INFINITY, s = 0, acc = 0;
         for (int64_t i = 0; i < n; i++) {
             int64_t col = cp->overlap && i >= m ? d + ch : ch;
-            mx = fmaxf(mx, sc[i * cd + col]);
+            mx = fmaxf(mx, sc[rows[i] + col]);
         }
         for (int64_t i = 0; i < n; i++) {
             int64_t col = cp->overlap && i >= m ? d + ch : ch;
-            float e = expf(sc[i * cd + col] - mx);
+            float e = expf(sc[rows[i] + col] - mx);
             s += e;
-            acc += e * kv[i * cd + col];
+            acc += e * kv[rows[i] + col];
         }
         out[ch] = acc / s;
-    }
-    if (cp->overlap) {
-        memcpy(kv, kv + m * cd, sizeof(float) * (size_t)(m * cd));
-        memcpy(sc, sc + m * cd, sizeof(float) * (size_t)(m * cd));
     }
     return 1;
 }
@@ -258,18 +267,18 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
         int64_t at = m->v4->state_off[l] + state_at;
         float *kv = state_open(m, &v, at, 2 * half, &bf16), *sc = kv + half;
         if (!kv) return ms_err(err, MS_EINTERNAL, "sequence %d holds no compressor state", i);
-        int64_t unit = cp->overlap ? carry_unit(&v) : 0, carry_n = cp->ratio * cd;
+        int64_t unit = cp->overlap ? carry_unit(&v) : 0;
         if (sq->start_pos == 0) { /* a fresh sequence: empty windows */
             memset(kv, 0, sizeof(float) * (size_t)half);
             for (int64_t k = 0; k < half; k++) sc[k] = -INFINITY;
         } else if (unit && sq->start_pos % unit == 0) {
-            carry_copy(&v, l, sq->start_pos - 1, carry_at, kv, sc, carry_n, bf16, 0);
+            carry_copy(&v, cp, l, sq->start_pos, carry_at, kv, sc, bf16, 0);
         }
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             int64_t pos = sq->start_pos + j;
             int closed = comp_token(cp, kv, sc, w->ca + t * cd, w->cg + t * cd, pos, out);
             if (unit && (pos + 1) % unit == 0)
-                carry_copy(&v, l, pos, carry_at, kv, sc, carry_n, bf16, 1);
+                carry_copy(&v, cp, l, pos + 1, carry_at, kv, sc, bf16, 1);
             if (!closed) continue;
             int64_t p0 = pos + 1 - cp->ratio;
             ms_rmsnorm(out, out, cp->norm, 1, cp->d, cp->d, c->eps);
@@ -596,6 +605,30 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
             J.t = t + j, J.pos = pos0 + j;
             int rc = decode_row(&J);
             if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
+                       int n_seqs, int l, ms_errbuf *err)
+{
+    const ms_v4_cfg *c = &m->v4->c;
+    ms_v4_ws *w = &m->v4->ws;
+    const v4_layer *lw = &m->v4->layers[l];
+    int64_t T = m->fwd_T, hd = c->hd, dr = c->dr, t = 0;
+    const float *inv = lw->ratio ? m->v4->inv_freq_comp : m->v4->inv_freq_plain;
+    if (T == 0) return 0;
+    ms_matmul(&m->kctx, w->kv, hd, w->u, c->D, T, &lw->wkv, 0);
+    ms_rmsnorm(w->kv, w->kv, lw->kv_norm, T, hd, hd, c->eps);
+    for (int i = 0; i < n_seqs; i++) {
+        ms_kv_view v = {cache, seqs[i].kv};
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
+            int64_t pos = seqs[i].start_pos + j;
+            ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
+            if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
+                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
+                              l, (long long)pos);
         }
     }
     return 0;

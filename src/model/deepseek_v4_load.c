@@ -8,8 +8,8 @@
  * I32) to int32 with every id checked.  Routed experts go through
  * load_expert_mat, which binds FP4 (I8-packed e2m1, per-32 UE8M0) expert
  * matrices as MS_DT_F4E2M1 views (kept in FP4).  This rank's heads, output
- * groups, experts and expert slices are narrowed from the shard.  The MTP
- * block is validated and kept (not run).  Start-up, main thread.
+ * groups, experts and expert slices are narrowed from the shard, the MTP
+ * block's too (the speculative draft, deepseek_v4.c).  Start-up, main thread.
  */
 #include "base/util.h"
 #include "model/deepseek_v4.h"
@@ -331,7 +331,7 @@ int ms_v4_load(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
         L.count = !mtp;
         rc = load_block(&L, &v->layers[l], p, c->ratio[l], !mtp && l < c->n_hash);
         if (!rc && mtp) rc = load_mtp_extras(&L, &v->layers[l], p);
-        if (!rc && m->shard && !mtp) rc = shard_block(m, &v->layers[l], l, err);
+        if (!rc && m->shard) rc = shard_block(m, &v->layers[l], l, err);
     }
     if (rc) return rc;
     m->n_mtp_layers = c->n_mtp;

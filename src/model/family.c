@@ -8,6 +8,7 @@
 #include "model/family.h"
 
 #include "base/util.h"
+#include "model/deepseek_v4.h"
 #include "model/model.h"
 #include "model/planner_families.h"
 
@@ -135,7 +136,17 @@ ms_pool *ms_model_threads(const ms_model *m) { return m->pool; }
 int64_t ms_model_active_bytes_per_token(const ms_model *m) { return m->active_bytes_per_token; }
 int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }
 int ms_model_n_mtp_layers(const ms_model *m) { return m->n_mtp_layers; }
-int ms_model_has_draft(const ms_model *m) { return m->family->draft && m->mtp != NULL; }
+int ms_model_has_draft(const ms_model *m)
+{
+    return m->family->draft && (m->mtp != NULL || (m->v4 != NULL && m->n_mtp_layers > 0));
+}
+
+int ms_model_max_spec_steps(const ms_model *m) { return m->v4 ? V4_STATE_SPILL : 0; }
+
+int64_t ms_model_draft_hidden_width(const ms_model *m)
+{
+    return m->v4 ? m->shape.hidden * m->shape.hc_mult : m->shape.hidden;
+}
 
 int32_t ms_draft_out_rows(const ms_batch_seq *sq)
 {
@@ -144,6 +155,16 @@ int32_t ms_draft_out_rows(const ms_batch_seq *sq)
     if (sq->logits) n = MS_MAX(n, sq->n_logits);
     if (sq->hidden) n = MS_MAX(n, sq->n_hidden > 0 ? sq->n_hidden : sq->logits ? sq->n_logits : 1);
     return MS_MIN(n, sq->n_tokens);
+}
+
+void ms_batch_seq_keep_last(ms_batch_seq *b, int32_t keep, int64_t hidden_width)
+{
+    int32_t drop = b->n_tokens > keep ? b->n_tokens - keep : 0;
+    if (drop == 0) return;
+    b->tokens += drop;
+    b->start_pos += drop;
+    b->n_tokens = keep;
+    if (b->hidden_in) b->hidden_in += (int64_t)drop * hidden_width;
 }
 
 int ms_model_set_draft_vocab(ms_model *m, const int32_t *ids, int64_t n, ms_errbuf *err)

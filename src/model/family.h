@@ -81,7 +81,9 @@ typedef struct ms_model_opts {
  * plus k drafts).  The last n_logits positions (0, 1, or k+1 for a verify)
  * write their logits to logits [n_logits][vocab] and, when hidden is set,
  * their final hidden states (the rows the LM head reads: after the final
- * norm, as SGLang's captured hidden states) to hidden [n_logits][hidden];
+ * norm, as SGLang's captured hidden states; DeepSeek-V4: the hc_mult residual
+ * streams before hc_head, ms_model_draft_hidden_width floats) to
+ * hidden [n_logits][hidden];
  * n_hidden > 0 asks for the hidden states of the last n_hidden positions
  * instead (hidden [n_hidden][hidden], with or without logits: what the
  * speculative draft layer reads after a prefill chunk or a verify).
@@ -173,6 +175,15 @@ int ms_model_has_draft(const ms_model *m);
  * positions' outputs; the MoE and its collectives see those rows only, and
  * the rows_per_rank counts of the step must be of them.  Returns 0 or MS_E*. */
 int32_t ms_draft_out_rows(const ms_batch_seq *sq); /* max(1, logit rows, hidden rows) */
+/* Cuts *b to its last keep positions (tokens, start_pos, and hidden_in rows of
+ * hidden_width floats); nothing when it has no more. */
+void ms_batch_seq_keep_last(ms_batch_seq *b, int32_t keep, int64_t hidden_width);
+/* Floats of one hidden-state row the draft reads (hidden, hidden_in): the
+ * hidden size, or DeepSeek-V4's hc_mult residual streams of it. */
+int64_t ms_model_draft_hidden_width(const ms_model *m);
+/* The most draft tokens one verify may carry (0: no limit): DeepSeek-V4's
+ * compressor state keeps that many rows past its windows (deepseek_v4.h). */
+int ms_model_max_spec_steps(const ms_model *m);
 /* The draft's LM head over ids[0..n) only (SGLang's --speculative-token-map,
  * FR-Spec): a BF16 copy of those lm_head rows; the draft forward's logits are
  * then [n] wide, column j the logit of ids[j].  The drafts change, never the

@@ -327,7 +327,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
                               .spec_steps = S,
                               .spec_ngram = S > 0 && !ms_engine_spec_mtp(e),
                               .spec_hidden = ms_engine_spec_mtp(e),
-                              .hidden_dim = ms->hidden,
+                              .hidden_dim = ms_model_draft_hidden_width(e->m),
                               .ngram_min = o->launch.ngram_min > 0 ? o->launch.ngram_min : 1,
                               .ngram_max = o->launch.ngram_max > 0 ? o->launch.ngram_max : 12};
         if ((rc = ms_sched_new(&e->sched, &sp, e->cache, err)) ||

@@ -7,7 +7,8 @@
  * hidden states after its final norm, the tokens after them), then S - 1
  * single-token steps fed the draft layer's own hidden state (after
  * shared_head.norm) and its argmax, as SGLang's deepseek_nextn and EAGLE
- * worker do.  Each round's batch goes from the attention-TP leader to its
+ * worker do.  DeepSeek-V4's MTP block reads and returns hc_mult residual
+ * streams instead (before hc_head, as the official MTPBlock).  Each round's batch goes from the attention-TP leader to its
  * group (tokens, positions, page ids, hidden rows) and the token counts are
  * all-gathered as for the main forward, so the draft layer's attention TP
  * and MoE collectives see every rank.  NGRAM drafts are the scheduler's
@@ -27,7 +28,7 @@ struct ms_spec {
     int steps;               /* S */
     int mtp;                 /* 1: the MTP chain runs here */
     int cap;                 /* jobs (max_running + 1) */
-    int64_t D, V;
+    int64_t D, V;            /* D: a hidden row's floats (ms_model_draft_hidden_width) */
     int64_t Vd;              /* the draft head's width: V, or the token map's size */
     const int32_t *vocab;    /* [Vd] the token map's ids; NULL: column j is token j */
     ms_batch_seq *seqs;      /* [cap] one round's batch */
@@ -118,10 +119,16 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
                       "--speculative-num-draft-tokens %d with --speculative-num-steps %d: a chain "
                       "verifies num-steps + 1 = %d tokens (other values need draft trees, not "
                       "implemented)", l->speculative_num_draft_tokens, S, S + 1);
-    if (l->spec == MS_SPEC_EAGLE && shape->attn != MS_ATTN_MLA)
+    if (l->spec == MS_SPEC_EAGLE && shape->attn != MS_ATTN_MLA && shape->attn != MS_ATTN_V4)
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-algorithm EAGLE: the MTP draft of %s is not built (DeepSeek-V3 "
-                      "family only)", shape->name);
+                      "and V4 families only)", shape->name);
+    int max_S = ms_model_max_spec_steps(e->m);
+    if (max_S > 0 && S > max_S)
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--speculative-num-steps %d: %s verifies at most %d draft tokens (its "
+                      "compressor state keeps %d rows for rejected drafts)", S, shape->name, max_S,
+                      max_S);
     if (l->spec == MS_SPEC_EAGLE && !ms_model_has_draft(e->m))
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-algorithm EAGLE: %s has no MTP layer with its enorm, hnorm, "
@@ -136,7 +143,7 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
     sp->steps = S;
     sp->mtp = l->spec == MS_SPEC_EAGLE;
     sp->cap = e->max_running_rank + 1;
-    sp->D = shape->hidden;
+    sp->D = ms_model_draft_hidden_width(e->m); /* V4: hc_mult streams */
     sp->V = shape->vocab;
     int rc;
     if (l->speculative_token_map[0] && (rc = load_token_map(e, l->speculative_token_map, sp->V, err)))

@@ -22,6 +22,8 @@ Interface (Debian's /usr/bin/python3, numpy):
 
     v4_ref.py --model DIR --prompt-ids 1,2,3 --decode N [--greedy] --out FILE.json
               [--digits 10] [--no-incremental-check] [--kv-fp8] [--fp4-indexer | --fp8-indexer]
+    v4_ref.py --model DIR --mtp-check DUMP.json   (the MTP block as a draft chain, arch.md
+              §2.10: the engine's draft logits to 1e-4 relative, the same draft tokens)
 
 DIR holds config.json (HF names, arch.md §2.2) and model.safetensors (or shards + index) with
 the official tensor names (arch.md §2.3): BF16/F16/F32, FP8 e4m3 with `.scale` block scales
@@ -209,8 +211,16 @@ class V4Config:
                                                                dtype=np.float64) / self.dr)
         self.scale = self.hd ** -0.5
 
+    def ratio(self, layer):
+        """Layer `layer`'s compress ratio; the MTP block (layer n_layers) has
+        compress_ratios[n_layers], 0 (window-only, base RoPE) when absent (arch.md §2.10)."""
+        if layer < self.n_layers:
+            return self.ratios[layer]
+        r = [int(x) for x in self.raw["compress_ratios"]]
+        return r[layer] if layer < len(r) else 0
+
     def theta(self, layer):
-        return self.theta_plain if self.ratios[layer] == 0 else self.theta_comp
+        return self.theta_plain if self.ratio(layer) == 0 else self.theta_comp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,11 +379,12 @@ def mxfp4_sim(x):
 
 
 class Layer:
-    def __init__(self, ck, cfg, L):
-        p = f"layers.{L}."
+    def __init__(self, ck, cfg, L, prefix=None):
+        """Block L of the stack, or (prefix "mtp.0.", L = n_layers) the MTP block's."""
+        p = prefix or f"layers.{L}."
         D, n, H, hd = cfg.dim, cfg.hc, cfg.n_heads, cfg.hd
         M = (2 + n) * n
-        self.L, self.m = L, cfg.ratios[L]
+        self.L, self.m = L, cfg.ratio(L)
         for site in ("attn", "ffn"):
             setattr(self, f"hc_{site}", (ck.plain(f"{p}hc_{site}_fn", (M, n * D)),
                                          ck.plain(f"{p}hc_{site}_base", (M,)),
@@ -591,18 +602,86 @@ class V4Model:
         if not ids or min(ids) < 0 or max(ids) >= self.cfg.vocab:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab})")
 
+    def block_full(self, ly, X, ids):
+        """One block over the whole sequence: streams X [T,n,D] -> [T,n,D]."""
+        cfg = self.cfg
+        u, post, C = hc_pre(cfg, X, *ly.hc_attn)
+        X = hc_post(self.attention_full(ly, rms(u, ly.attn_norm, cfg.eps)), X, post, C)
+        u, post, C = hc_pre(cfg, X, *ly.hc_ffn)
+        return hc_post(self.moe(ly, rms(u, ly.ffn_norm, cfg.eps), ids), X, post, C)
+
+    def forward_streams(self, ids):
+        """The final residual streams [T, n, D] (before hc_head)."""
+        self.check_ids(ids)
+        X = np.repeat(self.embed[ids][:, None, :], self.cfg.hc, axis=1)     # [T, n, D]
+        for ly in self.layers:
+            X = self.block_full(ly, X, ids)
+        return X
+
     def forward_full(self, ids):
         """The definition: every position of ids at once.  -> logits [T, vocab]."""
-        self.check_ids(ids)
-        cfg = self.cfg
-        X = np.repeat(self.embed[ids][:, None, :], cfg.hc, axis=1)     # [T, n, D]
-        for ly in self.layers:
-            u, post, C = hc_pre(cfg, X, *ly.hc_attn)
-            X = hc_post(self.attention_full(ly, rms(u, ly.attn_norm, cfg.eps)), X, post, C)
-            u, post, C = hc_pre(cfg, X, *ly.hc_ffn)
-            X = hc_post(self.moe(ly, rms(u, ly.ffn_norm, cfg.eps), ids), X, post, C)
-        y = rms(hc_head(cfg, X, *self.hc_head_w), self.norm, cfg.eps)
+        X = self.forward_streams(ids)
+        y = rms(hc_head(self.cfg, X, *self.hc_head_w), self.norm, self.cfg.eps)
         return y @ self.head.T
+
+    # --- the MTP block (arch.md §2.10; the official MTPBlock) ---------------------------------
+
+    def mtp_full(self, mtp, toks, H):
+        """Row p: the token after position p and the streams H[p] [n, D] that precede it (the
+        main model's final streams, or further along a draft chain the block's own output) ->
+        (draft logits [T, vocab], the block's output streams [T, n, D]).  e = enorm(embed(t)),
+        X_k = e_proj(e) + h_proj(hnorm(H_k)) per stream, one causal block, the block's own
+        hc_head and norm, the shared head."""
+        cfg = self.cfg
+        e = rms(self.embed[toks], mtp.enorm, cfg.eps)                          # [T, D]
+        X = (e @ mtp.e_proj.T)[:, None, :] + rms(H, mtp.hnorm, cfg.eps) @ mtp.h_proj.T
+        X = self.block_full(mtp.layer, X, toks)
+        y = rms(hc_head(cfg, X, *mtp.hc_head_w), mtp.norm, cfg.eps)
+        return y @ self.head.T, X
+
+
+class MTPBlock:
+    """mtp.0.*: a Block at layer index n_layers plus e_proj, h_proj, enorm, hnorm, norm and its
+    own hc_head (the embedding and head are the main model's)."""
+
+    def __init__(self, ck, cfg):
+        p, D, n = "mtp.0.", cfg.dim, cfg.hc
+        self.layer = Layer(ck, cfg, cfg.n_layers, p)
+        if self.layer.hash or self.layer.m:
+            raise ValueError("the MTP block must be window-only (ratio 0) and not hash-routed")
+        self.e_proj = ck.linear(p + "e_proj", (D, D))
+        self.h_proj = ck.linear(p + "h_proj", (D, D))
+        self.enorm = ck.plain(p + "enorm.weight", (D,))
+        self.hnorm = ck.plain(p + "hnorm.weight", (D,))
+        self.norm = ck.plain(p + "norm.weight", (D,))
+        self.hc_head_w = (ck.plain(p + "hc_head_fn", (n, n * D)), ck.plain(p + "hc_head_base", (n,)),
+                          ck.plain(p + "hc_head_scale", (1,)))
+
+
+def mtp_check(ck, model, path, tol=1e-4):
+    """The engine's draft chain (test_v4_draft.c's MS_V4_DRAFT_DUMP: prompt_ids, the target's
+    next token, S drafts and their logits) against the definition: the extend over the prompt
+    (row p: token p + 1, the target's streams at p; the last row's token the target's greedy
+    next), then single rows fed the block's own last output streams and the previous draft.
+    -> (ok, message)."""
+    d = json.load(open(path))
+    ids = [int(t) for t in d["prompt_ids"]]
+    mtp = MTPBlock(ck, model.cfg)
+    H = model.forward_streams(ids)
+    last = rms(hc_head(model.cfg, H[-1:], *model.hc_head_w), model.norm, model.cfg.eps) @ model.head.T
+    nxt = int(np.argmax(last[0]))
+    toks, drafts, worst = ids[1:] + [nxt], [], 0.0
+    for k, want in enumerate(d["logits"]):
+        lg, Xo = model.mtp_full(mtp, np.asarray(toks), H)
+        worst = max(worst, R.rel_diff(np.asarray(want, dtype=np.float64), lg[-1]))
+        t = int(np.argmax(lg[-1]))
+        drafts.append(t)
+        toks.append(t)
+        H = np.concatenate([H, Xo[-1:]])
+    srt = np.sort(lg[-1])
+    ok = nxt == d["next"] and drafts == d["drafts"] and worst <= tol
+    return ok, (f"mtp draft chain: max relative {worst:.3e}, next {nxt} (engine {d['next']}), "
+                f"drafts {drafts} (engine {d['drafts']}), last argmax margin {srt[-1] - srt[-2]:.3e}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -737,16 +816,25 @@ def generate(model, prompt, n_decode, incremental=True):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="DeepSeek-V4 float64 reference forward")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    ap.add_argument("--prompt-ids", help="comma-separated token ids")
     ap.add_argument("--decode", type=int, default=8, help="greedy decode steps after prefill")
     ap.add_argument("--greedy", action="store_true", help="accepted; decoding is always greedy")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--mtp-check", metavar="JSON",
+                    help="check an engine's MTP draft chain (test_v4_draft.c's dump) instead")
     ap.add_argument("--digits", type=int, default=10, help="significant digits per logit")
     ap.add_argument("--no-incremental-check", action="store_true")
     ap.add_argument("--kv-fp8", action="store_true", help="simulate FP8 ds main KV entries")
     ap.add_argument("--fp4-indexer", action="store_true", help="simulate MXFP4 index keys/queries")
     ap.add_argument("--fp8-indexer", action="store_true", help="simulate FP8 index keys/queries")
     a = ap.parse_args(argv)
+    if a.mtp_check:
+        ck = V4Checkpoint(a.model)
+        ok, msg = mtp_check(ck, V4Model(ck), a.mtp_check)
+        print(msg)
+        return 0 if ok else 1
+    if not a.prompt_ids or not a.out:
+        ap.error("--prompt-ids and --out are required (without --mtp-check)")
     ids = [int(t) for t in a.prompt_ids.replace(" ", "").split(",") if t]
     if not ids or not (0 <= a.decode <= 4096) or not (1 <= a.digits <= 17):
         ap.error("need >= 1 prompt id, 0 <= --decode <= 4096, 1 <= --digits <= 17")
