@@ -62,8 +62,8 @@ served() { # $1 label, rest: flags; 32 concurrent requests; dump in $tmp/$1.json
     /usr/bin/python3 - "$tmp/$label.metrics" <<'PY'
 import re, sys
 m = open(sys.argv[1]).read()
-s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
-n = float(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
+s = sum(float(v) for v in re.findall(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m))
+n = sum(float(v) for v in re.findall(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m))
 print(f"{s / n:.4f} {int(n)}")
 PY
 }
@@ -106,8 +106,8 @@ rounds() { # $1 label, rest: flags; two rounds of 32: balancedness and wall seco
 import re, sys
 def sn(path):
     m = open(path).read()
-    s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
-    n = float(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
+    s = sum(float(v) for v in re.findall(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m))
+    n = sum(float(v) for v in re.findall(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m))
     return s, n
 b = sys.argv[1]
 (s1, n1), (s2, n2) = sn(b + ".1.metrics"), sn(b + ".2.metrics")

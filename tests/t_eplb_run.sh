@@ -60,8 +60,8 @@ if serve_up eplb "$MOESERVE" serve --model-path "$S" --port "$PORT" --threads 1 
     bal() { curl -s "http://127.0.0.1:$PORT/metrics" | /usr/bin/python3 -c "
 import re, sys
 m = sys.stdin.read()
-s = float(re.search(r'sglang:eplb_balancedness_sum\{[^}]*\} (\S+)', m).group(1))
-n = float(re.search(r'sglang:eplb_balancedness_count\{[^}]*\} (\S+)', m).group(1))
+s = sum(float(v) for v in re.findall(r'sglang:eplb_balancedness_sum\{[^}]*\} (\S+)', m))
+n = sum(float(v) for v in re.findall(r'sglang:eplb_balancedness_count\{[^}]*\} (\S+)', m))
 print(s, n)"; }
     curl -s "http://127.0.0.1:$PORT/generate" -d "$BODY}" >"$tmp/r1.json"
     b1=$(bal)

@@ -74,8 +74,8 @@ bal_run() { # $1 = name, rest: flags; prints the mean balancedness over the pass
     /usr/bin/python3 -c "
 import re, sys
 m = open(sys.argv[1]).read()
-s = float(re.search(r'sglang:eplb_balancedness_sum\{[^}]*\} (\S+)', m).group(1))
-n = float(re.search(r'sglang:eplb_balancedness_count\{[^}]*\} (\S+)', m).group(1))
+s = sum(float(v) for v in re.findall(r'sglang:eplb_balancedness_sum\{[^}]*\} (\S+)', m))
+n = sum(float(v) for v in re.findall(r'sglang:eplb_balancedness_count\{[^}]*\} (\S+)', m))
 print(f'{s / n:.4f}')" "$tmp/$name.metrics"
 }
 b_triv=$(bal_run triv)

@@ -61,8 +61,8 @@ t "start answers success" 'grep -Eq "\"success\": ?true" "$tmp/one.start"'
 out=$(check per_pass "$tmp/one.json" "$M" 2>&1)
 t "1 rank per_pass: (20 + 7) x top-k hits per MoE layer, 8 records summing to logical_count ($out)" \
     'echo "$out" | grep -q "^ok"'
-t "balancedness in /metrics (1 rank: 1)" \
-    'grep -q "^sglang:eplb_balancedness_count{model_name=\"[^\"]*\"} [1-9]" "$tmp/one.metrics" && grep -q "^moeserve:eplb_layer_balancedness{model_name=\"[^\"]*\",layer=\"1\"} 1.000000" "$tmp/one.metrics"'
+t "balancedness in /metrics by SGLang's forward_mode label: the prompt's extend pass and the decode passes (1 rank: 1)" \
+    'grep -q "^sglang:eplb_balancedness_count{model_name=\"[^\"]*\",forward_mode=\"extend\"} [1-9]" "$tmp/one.metrics" && grep -q "^sglang:eplb_balancedness_count{model_name=\"[^\"]*\",forward_mode=\"decode\"} [1-9]" "$tmp/one.metrics" && grep -q "^sglang:eplb_balancedness_sum{model_name=\"[^\"]*\",forward_mode=\"decode\"} [1-9]" "$tmp/one.metrics" && grep -q "^moeserve:eplb_layer_balancedness{model_name=\"[^\"]*\",layer=\"1\"} 1.000000" "$tmp/one.metrics"'
 t ".pt dump refused (400, names JSON)" 'grep -q "torch pickle" "$tmp/one.pt" && grep -q JSON "$tmp/one.pt"'
 t "a dump resets the window" 'grep -Eq "\"num_passes\": ?0[,}]" "$tmp/one.again"'
 run_batch ep2 --tp 2 --moe-a2a-backend deepep --expert-distribution-recorder-mode stat
@@ -87,8 +87,8 @@ for l, row in enumerate(last):
     want = (sum(loads) / 2 + 1e-5) / (max(loads) + 1e-5)
     got = float(re.search(r'eplb_layer_balancedness\{[^}]*layer="%d"\} (\S+)' % l, m).group(1))
     assert abs(got - want) < 1e-5, f"layer {l}: metric {got}, want {want}"
-s = float(re.search(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m).group(1))
-n = int(re.search(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m).group(1))
+s = sum(float(v) for v in re.findall(r"sglang:eplb_balancedness_sum\{[^}]*\} (\S+)", m))
+n = int(sum(float(v) for v in re.findall(r"sglang:eplb_balancedness_count\{[^}]*\} (\S+)", m)))
 assert n >= 8 and 0.5 * n <= s <= n, (s, n)
 print("ok")
 PY

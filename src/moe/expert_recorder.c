@@ -45,6 +45,9 @@ struct ms_expert_recorder {
     double *layer_bal;  /* [L] last pass */
     double bal_hist[BAL_HIST];
     double bal_sum;
+    int pass_kinds;     /* 1 << MS_REC_SEQ_* of this pass's rows (this rank's batch) */
+    double fm_sum[MS_REC_N_FM];   /* Σ per-pass balancedness by the pass's forward mode */
+    int64_t fm_count[MS_REC_N_FM];
     double touched_max, touched_mean; /* the last pass (ms_recorder_stats) */
     double *load;       /* [n_ranks] scratch */
     /* per_token: the token rows of the kept passes, world rank 0 */
@@ -159,10 +162,31 @@ void ms_expert_recorder_add(ms_expert_recorder *r, int layer, const ms_expert_ma
     r->prow_n[layer] = have + n;
 }
 
+/* SGLang's ForwardMode of a pass from the kinds of its rows (1 << MS_REC_SEQ_*). */
+static int fm_of(int kinds)
+{
+    return kinds & 1 << MS_REC_SEQ_VERIFY                               ? MS_REC_FM_TARGET_VERIFY
+           : kinds == (1 << MS_REC_SEQ_EXTEND | 1 << MS_REC_SEQ_DECODE) ? MS_REC_FM_MIXED
+           : kinds & 1 << MS_REC_SEQ_EXTEND                             ? MS_REC_FM_EXTEND
+           : kinds & 1 << MS_REC_SEQ_DECODE                             ? MS_REC_FM_DECODE
+                                                                        : MS_REC_FM_IDLE;
+}
+static const char *const fm_upper[MS_REC_N_FM] = {"EXTEND", "DECODE", "MIXED", "TARGET_VERIFY",
+                                                  "IDLE"};
+
+const char *ms_recorder_forward_mode_name(int fm)
+{
+    static const char *const lower[MS_REC_N_FM] = {"extend", "decode", "mixed", "target_verify",
+                                                   "idle"};
+    return fm >= 0 && fm < MS_REC_N_FM ? lower[fm] : "idle";
+}
+
 void ms_expert_recorder_add_seq(ms_expert_recorder *r, const int32_t *ids, int32_t n,
                                 int64_t start_pos, int kind)
 {
-    if (r->mode != MS_REC_PER_TOKEN || n <= 0) return;
+    if (n <= 0) return;
+    r->pass_kinds |= 1 << kind;
+    if (r->mode != MS_REC_PER_TOKEN) return;
     void *a = r->pmeta;
     if (ms_grow_array(&a, &r->pmeta_cap, (r->pmeta_n + n) * META, sizeof(int32_t))) return;
     r->pmeta = a;
@@ -179,6 +203,7 @@ void ms_expert_recorder_discard_pass(ms_expert_recorder *r)
 {
     memset(r->pass, 0, sizeof(float) * ((size_t)r->L * r->R + 1));
     r->pass_any = 0;
+    r->pass_kinds = 0;
     if (r->mode != MS_REC_PER_TOKEN) return;
     memset(r->prow_n, 0, sizeof(int64_t) * (size_t)r->L);
     r->pmeta_n = 0;
@@ -303,6 +328,8 @@ int ms_expert_recorder_end_pass(ms_expert_recorder *r, ms_group *world, ms_errbu
         r->touched_max = t_max / n_moe, r->touched_mean = t_all / n_moe;
         r->bal_hist[r->passes % BAL_HIST] = bal;
         r->bal_sum += bal;
+        r->fm_sum[fm_of(r->pass_kinds)] += bal;
+        r->fm_count[fm_of(r->pass_kinds)]++;
         if (tok ? keep_tok : r->recording) {
             int64_t *slot = r->ring + (size_t)r->head * n;
             for (size_t i = 0; i < n; i++) slot[i] = (int64_t)r->pass[i];
@@ -423,12 +450,7 @@ static int token_fields(ms_expert_recorder *r, int h, json_t *rec)
                                                      (int64_t)l * r->K, r->K));
         json_array_append_new(topk, lay);
     }
-    const char *fm = kinds & 1 << MS_REC_SEQ_VERIFY ? "TARGET_VERIFY"
-                     : kinds == (1 << MS_REC_SEQ_EXTEND | 1 << MS_REC_SEQ_DECODE) ? "MIXED"
-                     : kinds & 1 << MS_REC_SEQ_EXTEND                             ? "EXTEND"
-                     : kinds & 1 << MS_REC_SEQ_DECODE                             ? "DECODE"
-                                                                                  : "IDLE";
-    json_object_set_new(rec, "forward_mode", json_string(fm));
+    json_object_set_new(rec, "forward_mode", json_string(fm_upper[fm_of(kinds)]));
     json_object_set_new(rec, "input_ids", ids);
     json_object_set_new(rec, "positions", pos);
     json_object_set_new(rec, "extend_seq_lens", lens);
@@ -502,6 +524,7 @@ void ms_expert_recorder_stats(ms_expert_recorder *r, ms_recorder_stats *st)
     memset(st, 0, sizeof *st);
     st->passes = r->passes;
     st->sum = r->bal_sum;
+    for (int f = 0; f < MS_REC_N_FM; f++) st->fm_sum[f] = r->fm_sum[f], st->fm_count[f] = r->fm_count[f];
     st->recording = r->recording;
     double *avg[3] = {&st->avg10, &st->avg100, &st->avg1000};
     int win[3] = {10, 100, 1000};

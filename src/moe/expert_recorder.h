@@ -63,6 +63,12 @@ void ms_expert_recorder_add(ms_expert_recorder *r, int layer, const ms_expert_ma
  * tokens their DP leaders give here both come out in world rank order: DP group 0's
  * rows first, each group's in its batch order. */
 enum { MS_REC_SEQ_EXTEND = 0, MS_REC_SEQ_DECODE = 1, MS_REC_SEQ_VERIFY = 2 };
+/* A pass's forward mode (SGLang's ForwardMode names): the kinds of the rows this rank's
+ * DP group gave add_seq (none: IDLE). */
+enum { MS_REC_FM_EXTEND, MS_REC_FM_DECODE, MS_REC_FM_MIXED, MS_REC_FM_TARGET_VERIFY, MS_REC_FM_IDLE,
+       MS_REC_N_FM };
+/* SGLang's label value of forward_mode (ForwardMode.name.lower()): "extend", "decode", … */
+const char *ms_recorder_forward_mode_name(int fm);
 void ms_expert_recorder_add_seq(ms_expert_recorder *r, const int32_t *ids, int32_t n,
                                 int64_t start_pos, int kind);
 
@@ -98,6 +104,8 @@ typedef struct ms_recorder_stats {
     double last;             /* the last pass's balancedness (mean over MoE layers) */
     double avg10, avg100, avg1000; /* over the last 10 / 100 / 1000 passes */
     double sum;              /* Σ over all passes of the per-pass balancedness */
+    double fm_sum[MS_REC_N_FM];    /* the same by the pass's forward mode (MS_REC_FM_*) */
+    int64_t fm_count[MS_REC_N_FM]; /* passes by forward mode */
     /* the last pass, mean over MoE layers: the slots with any hit (expert weights read)
      * on the EP rank with the most of them, and on the average rank */
     double touched_max, touched_mean;

@@ -288,11 +288,16 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
             ms_recorder_stats st;
             ms_expert_recorder_stats(r, &st);
             head(&o, "sglang:eplb_balancedness", "summary",
-                 "Balancedness of MoE in expert parallelism (per forward pass, mean over "
+                 "Balancedness of MoE in expert parallelism (per forward pass by forward_mode, mean over "
                  "layers of (mean+1e-5)/(max+1e-5) of per-EP-rank routed tokens).");
-            put(&o, "sglang:eplb_balancedness_sum{model_name=\"%s\"} %.9g\n", md, st.sum);
-            put(&o, "sglang:eplb_balancedness_count{model_name=\"%s\"} %lld\n", md,
-                (long long)st.passes);
+            for (int f = 0; f < MS_REC_N_FM; f++) { /* SGLang's extra label */
+                if (!st.fm_count[f]) continue;
+                const char *fm = ms_recorder_forward_mode_name(f);
+                put(&o, "sglang:eplb_balancedness_sum{model_name=\"%s\",forward_mode=\"%s\"} %.9g\n",
+                    md, fm, st.fm_sum[f]);
+                put(&o, "sglang:eplb_balancedness_count{model_name=\"%s\",forward_mode=\"%s\"} %lld\n",
+                    md, fm, (long long)st.fm_count[f]);
+            }
             head(&o, "moeserve:eplb_layer_balancedness", "gauge",
                  "The last forward pass's balancedness of each MoE layer.");
             for (int l = 0; l < ms_expert_recorder_n_layers(r); l++)
