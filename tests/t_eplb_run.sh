@@ -39,6 +39,11 @@ t "the plan came at pass 3 and each layer moved at its own pass (4, 5, 6), insid
 t "slots really moved between the ranks (transfers received)" \
     'grep "moved at forward pass" "$tmp/l.out" | grep -vq "(0 received"'
 t "the staging buffer is in the start-up KV line" 'grep -q "MiB EPLB staging)" "$tmp/l.out"'
+# waterfill on top: the shared expert's slot on every rank stays put while routed slots move
+check_run "EP 2 + 2 redundant + --enable-waterfill, rebalance every 3 passes = 1-rank run" \
+    --ep-num-redundant-experts 2 --eplb-rebalance-num-iterations 3 --eplb-rebalance-layers-per-chunk 1 \
+    --enable-waterfill
+t "waterfill + EPLB: the layers moved (rebalance end at pass 6)" 'grep -q "rebalance end at forward pass 6 " "$tmp/l.out"'
 check_run "EP 2, no redundant slots (a permutation), all layers at once" \
     --eplb-rebalance-num-iterations 4
 t "all layers moved at the plan's pass" \
