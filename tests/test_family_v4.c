@@ -328,13 +328,15 @@ TEST(quantised_cache)
     quantised = 0;
     /* measured on this model (seed 11, random weights, 150 positions; largest relative
      * logit change / greedy tokens kept): FP8 0.439 / 123, MXFP4 0.535 / 108, both
-     * 0.47 / 108, FP8 keys 0.458 / 130, FP8 entries + FP8 keys 0.419 / 123 — a chaotic model: a BF16 cache alone moves it 0.229 / 145.  Bounds:
+     * 0.47 / 108, FP8 keys 0.408 / 124, FP8 entries + FP8 keys 0.441 / 117 (SGLang's f32
+     * key scale; 0.458 / 130 and 0.419 / 123 with the power-of-two scale before) — a
+     * chaotic model: a BF16 cache alone moves it 0.229 / 145.  Bounds:
      * 1.5x the change, 5/6 of the tokens kept; the quality figure is small-v4's KL
      * (bench/RESULTS.md). */
     static const char *name[6] = {"", "FP8 main entries", "MXFP4 index keys", "both", "FP8 index keys",
                                   "FP8 entries + FP8 keys"};
-    static const double bound[6] = {0, 0.66, 0.8, 0.8, 0.69, 0.63};
-    static const int min_same[6] = {0, 102, 90, 90, 108, 102};
+    static const double bound[6] = {0, 0.66, 0.8, 0.8, 0.61, 0.66};
+    static const int min_same[6] = {0, 102, 90, 90, 103, 98};
     for (int k = 1; k < 6; k++) {
         double worst;
         int same;

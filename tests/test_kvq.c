@@ -4,9 +4,12 @@
  * byte layout, scale rule and error bound, fast pack = reference pack; the
  * MXFP4 key's layout (low nibble first), exact round trips of every code at
  * every scale exponent, its error bound; the FP8 key's layout (codes, then an
- * f32 power-of-two scale per 128), every e4m3 code at every scale exponent,
- * fast pack = reference pack, its error bound; the Hadamard rotation is Sylvester's
- * matrix / sqrt(n) and orthogonal.
+ * f32 scale per 128: SGLang's max(amax, 1e-4) / 448), every e4m3 code at every
+ * power-of-two scale, fast pack = reference pack, the scale rule and the codes of
+ * its definition, its error bound; the packed-code dots (ms_kvq_fp8key_dots) equal
+ * ms_dot_f32 of the unpacked key bit for bit (every code as a one-hot product, random
+ * keys of awkward lengths and scales, 1..16 heads) and the float64 sum within 1e-5; the Hadamard
+ * rotation is Sylvester's matrix / sqrt(n) and orthogonal.
  */
 #include "harness.h"
 #include "kernels/dtype.h"
@@ -179,7 +182,8 @@ TEST(fp8_key)
             CHECKF(ok, "ex %d c0 %d", ex, c0);
         }
     /* random keys of awkward lengths: fast pack = reference pack byte for byte, the scale
-     * rule (amax / s in (224, 448]), the e4m3 half-step bound, round = pack + unpack */
+     * rule (s = max(amax, 1e-4) / 448 in f32, codes e4m3(clamp(x · (1/s)))), the e4m3
+     * half-step bound, round = pack + unpack */
     uint64_t seed = 11;
     static const int lens[] = {1, 7, 127, 128, 129, 256, 300};
     for (int rep = 0; rep < 700; rep++) {
@@ -197,8 +201,10 @@ TEST(fp8_key)
             float amax = 1e-4f, s;
             memcpy(&s, e + n + 4 * b, 4);
             for (int i = b * 128; i < n && i < b * 128 + 128; i++) amax = fmaxf(amax, fabsf(x[i]));
-            ok &= amax / s <= 448.0f && amax / s > 224.0f;
+            ok &= s == amax / 448.0f;
             for (int i = b * 128; i < n && i < b * 128 + 128; i++) {
+                float v = fminf(fmaxf(x[i] * (1.0f / s), -448.0f), 448.0f);
+                ok &= e[i] == ms_f32_to_fp8e4m3(v);
                 float a = fabsf(x[i]) / s; /* e4m3: 3 mantissa bits, subnormal step 2^-9 */
                 float step = a < 0x1p-6f ? 0x1p-9f : ldexpf(1.0f, (int)floorf(log2f(a)) - 3);
                 ok &= fabsf(y[i] - x[i]) <= 0.5f * step * s * (1 + 1e-6f);
@@ -208,6 +214,62 @@ TEST(fp8_key)
         memcpy(z, x, sizeof(float) * (size_t)n);
         ms_kvq_fp8key_round(z, n);
         CHECK(!memcmp(z, y, sizeof(float) * (size_t)n));
+    }
+}
+
+/* The packed-code dots against their twin, ms_dot_f32 of the unpacked key (bit for bit),
+ * and the float64 sums (1e-5 of the sum of |products|). */
+TEST(fp8_key_dots)
+{
+    /* every code (NaN codes excepted: never written) as a one-hot product, two keys of
+     * 128 codes, at plain and power-of-two scales (the smallest: the amax floor's) */
+    static const float scales[] = {1.0f, 0x1p-20f, 3.7e-3f, 0.4464f, 1e-4f / 448.0f, 7.5e4f};
+    static float q[128 * 128];
+    for (int i = 0; i < 128; i++) q[i * 128 + i] = 1.0f; /* head i: one-hot at value i */
+    for (int si = 0; si < 6; si++)
+        for (int half = 0; half < 2; half++) {
+            uint8_t e[132];
+            float s = scales[si], x[128], d[128];
+            for (int i = 0; i < 128; i++) {
+                int c = half * 128 + i;
+                e[i] = (uint8_t)((c & 0x7f) == 0x7f ? 0x7e : c);
+            }
+            memcpy(e + 128, &s, 4);
+            ms_kvq_fp8key_unpack(e, 128, x);
+            ms_kvq_fp8key_dots(q, 128, 128, e, 128, d);
+            int ok = 1;
+            for (int i = 0; i < 128; i++) ok &= d[i] == x[i] && d[i] == ms_fp8e4m3_to_f32(e[i]) * s;
+            CHECKF(ok, "scale %g half %d", s, half);
+        }
+    /* random keys of every length the register path takes and some it hands to the twin,
+     * 1..16 heads with a row stride past the key */
+    uint64_t seed = 21;
+    static const int lens[] = {8, 24, 32, 40, 64, 72, 96, 120, 128, 136, 256, 301};
+    for (int rep = 0; rep < 1200; rep++) {
+        int n = lens[rep % 12], nh = 1 + rep % 16, ld = n + 3;
+        static float qq[16 * 304];
+        float x[320], d[16], r[16];
+        uint8_t e[340];
+        float mag = ldexpf(1.0f, rep % 50 - 25);
+        for (int i = 0; i < n; i++) x[i] = frand(&seed) * mag;
+        for (int i = 0; i < nh * ld; i++) qq[i] = frand(&seed) * 3.0f;
+        if (rep % 3 == 0) x[rep % n] *= 50.0f; /* an outlier: small values go subnormal */
+        ms_kvq_fp8key_pack(x, n, e);
+        ms_kvq_fp8key_dots(qq, nh, ld, e, n, d);
+        ms_kvq_fp8key_dots_ref(qq, nh, ld, e, n, r);
+        float y[320];
+        ms_kvq_fp8key_unpack(e, n, y);
+        for (int h = 0; h < nh; h++) {
+            double want = 0, m1 = 0;
+            for (int i = 0; i < n; i++) {
+                double p = (double)qq[h * ld + i] * y[i];
+                want += p, m1 += fabs(p);
+            }
+            CHECKF(memcmp(&d[h], &r[h], 4) == 0, "rep %d n %d head %d: %.9g vs twin %.9g", rep,
+                   n, h, d[h], r[h]);
+            CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g",
+                   rep, n, h, d[h], want);
+        }
     }
 }
 
@@ -241,6 +303,7 @@ int main(void)
     RUN(fp8ds_entry);
     RUN(mxfp4_key);
     RUN(fp8_key);
+    RUN(fp8_key_dots);
     RUN(hadamard);
     return TEST_REPORT();
 }

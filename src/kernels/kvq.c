@@ -6,6 +6,9 @@
 #include "kernels/kvq.h"
 
 #include "kernels/dtype.h"
+#include "kernels/kernels.h"
+
+#include <immintrin.h>
 
 #include <math.h>
 #include <pthread.h>
@@ -165,8 +168,8 @@ static void fp8key_pack(const float *x, int64_t n, uint8_t *e, uint8_t (*enc)(fl
         int64_t i1 = i0 + FP8_KEY_BLOCK < n ? i0 + FP8_KEY_BLOCK : n;
         float amax = 0;
         for (int64_t i = i0; i < i1; i++) amax = fmaxf(amax, fabsf(x[i]));
-        int k = scale_exp(amax, 448.0f);
-        float s = ldexpf(1.0f, k), inv = ldexpf(1.0f, -k);
+        /* SGLang's rule (fused_store_indexer_cache): a plain f32 scale, its f32 inverse */
+        float s = fmaxf(amax, 1e-4f) / 448.0f, inv = 1.0f / s;
         for (int64_t i = i0; i < i1; i++) e[i] = enc(fminf(fmaxf(x[i] * inv, -448.0f), 448.0f));
         uint32_t u;
         memcpy(&u, &s, 4);
@@ -215,4 +218,115 @@ void ms_kvq_hadamard(float *x, int64_t n)
             }
     float s = 1.0f / sqrtf((float)n);
     for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* e4m3 codes -> the f16 bits of value · 2^-8 by shifts: the sign to bit 15, the 7
+ * magnitude bits to bits 7..13 (e4m3's subnormals land on f16's subnormals, exactly). */
+static inline __m256i e4m3_f16bits16(__m128i b)
+{
+    __m256i w = _mm256_cvtepu8_epi16(b);
+    __m256i sg = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+    __m256i mg = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7);
+    return _mm256_or_si256(sg, mg);
+}
+
+static inline __m128i e4m3_f16bits8(__m128i b)
+{
+    __m128i w = _mm_cvtepu8_epi16(b);
+    __m128i sg = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+    __m128i mg = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7);
+    return _mm_or_si128(sg, mg);
+}
+
+static float fp8key_scale(const uint8_t *e, int64_t n, int64_t i)
+{
+    float s;
+    memcpy(&s, e + n + 4 * (i / FP8_KEY_BLOCK), 4);
+    return s;
+}
+
+/* One query's 8 lanes before the horizontal sum: ms_dot_f32's four accumulators over
+ * the 32s of the key's vectors k[nv] (n32 of them in whole 32s), then the 8s into the
+ * first, combined as (a0 + a1) + (a2 + a3). */
+static inline __m256 key_dot8(const float *qh, const __m256 *k, int64_t n32, int64_t nv)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t v = 0;
+    for (; v < n32; v += 4) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), k[v], a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v + 8), k[v + 1], a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v + 16), k[v + 2], a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v + 24), k[v + 3], a3);
+    }
+    for (; v < nv; v++) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), k[v], a0);
+    return _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+}
+
+/* q_h · key e for nh queries straight from the codes: the key's values are made once
+ * in registers (F16C of the shifted codes, × s · 2^8: the one real product code · s
+ * rounded once, as the unpack's table value · s is) and every query's dot sums them in
+ * ms_dot_f32's order (four 8-lane accumulators over 32s, then 8s into the first, the
+ * same horizontal sum's pairs, eight heads' sums at once), so each result equals ms_dot_f32(q_h, unpacked e, n) bit for
+ * bit.  Keys of n > 128 or n not a multiple of 8 take the unpacked row.  Codes 0x7f /
+ * 0xff (NaN, never written) read as ±480 here. */
+void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                        float *out)
+{
+    if (n > 128 || n % 8) {
+        ms_kvq_fp8key_dots_ref(q, nh, ldq, e, n, out);
+        return;
+    }
+    __m256 k[16];
+    int64_t nv = n / 8, n32 = n / 32 * 4; /* 8-value vectors; those in whole 32s */
+    __m256 vs = _mm256_set1_ps(fp8key_scale(e, n, 0) * 256.0f); /* n <= 128: one block */
+    int64_t v = 0;
+    for (; v + 2 <= nv; v += 2) {
+        __m256i h = e4m3_f16bits16(_mm_loadu_si128((const __m128i *)(e + 8 * v)));
+        k[v] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
+        k[v + 1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
+    }
+    if (v < nv)
+        k[v] = _mm256_mul_ps(
+            _mm256_cvtph_ps(e4m3_f16bits8(_mm_loadl_epi64((const __m128i *)(e + 8 * v)))), vs);
+    int64_t hd = 0;
+    for (; hd + 8 <= nh; hd += 8) { /* eight heads' horizontal sums at once, hsum8's pairs */
+        __m256 t[8];
+        for (int g = 0; g < 8; g++) t[g] = key_dot8(q + (hd + g) * ldq, k, n32, nv);
+        __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(t[0], t[1], 0x20),
+                                   _mm256_permute2f128_ps(t[0], t[1], 0x31));
+        __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(t[2], t[3], 0x20),
+                                   _mm256_permute2f128_ps(t[2], t[3], 0x31));
+        __m256 s45 = _mm256_add_ps(_mm256_permute2f128_ps(t[4], t[5], 0x20),
+                                   _mm256_permute2f128_ps(t[4], t[5], 0x31));
+        __m256 s67 = _mm256_add_ps(_mm256_permute2f128_ps(t[6], t[7], 0x20),
+                                   _mm256_permute2f128_ps(t[6], t[7], 0x31));
+        /* lane 0: heads 0 2 (4 6), lane 1: heads 1 3 (5 7); each [x0 + x2, x1 + x3] */
+        __m256 p = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+        __m256 r = _mm256_add_ps(_mm256_shuffle_ps(s45, s67, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(s45, s67, _MM_SHUFFLE(3, 2, 3, 2)));
+        __m256 o = _mm256_add_ps(_mm256_shuffle_ps(p, r, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(p, r, _MM_SHUFFLE(3, 1, 3, 1)));
+        /* o = heads [0 2 4 6 | 1 3 5 7] */
+        _mm256_storeu_ps(out + hd, _mm256_permutevar8x32_ps(o, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    for (; hd < nh; hd++) {
+        __m256 t = key_dot8(q + hd * ldq, k, n32, nv);
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        r = _mm_add_ss(r, _mm_movehdup_ps(r));
+        out[hd] = _mm_cvtss_f32(r);
+    }
+}
+
+void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                            float *out)
+{
+    float x[4096];
+    if (n > 4096) {
+        for (int64_t h = 0; h < nh; h++) out[h] = NAN;
+        return;
+    }
+    ms_kvq_fp8key_unpack(e, n, x);
+    for (int64_t h = 0; h < nh; h++) out[h] = ms_dot_f32(q + h * ldq, x, n);
 }

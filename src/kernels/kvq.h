@@ -27,8 +27,12 @@
  * get_dsv4_indexer_bytes_per_token = index_head_dim + index_head_dim / 128 · 4):
  *   bytes [0, n)                     e4m3 codes
  *   bytes [n, n + 4·⌈n/128⌉)         one f32 scale per 128 values, little-endian
- * 128 values: 128 + 4 = 132 bytes.  Block scale s = 2^⌈log2(max(amax, 1e-4) / 448)⌉
- * (a power of two, DeepSeek's scale_fmt ue8m0, kept as the f32 SGLang stores);
+ * 128 values: 128 + 4 = 132 bytes.  Block scale s = max(amax, 1e-4) / 448 in f32, not
+ * a power of two, and code = e4m3(clamp(x · (1/s), ±448)) rounded to nearest even, the
+ * inverse 1/s and the product rounded to f32: SGLang's rule for these keys
+ * (fused_store_indexer_cache, "use normal fp32 scale") and for the indexer's queries,
+ * one scale per (token, head) (fused_q_indexer_rope_hadamard_quant; SGLang folds the
+ * query's scale into the head weight, the same product up to f32 rounding);
  * SGLang's page puts its keys' codes first and their scales after them, this pool
  * keeps each key's scale after its codes: the same bytes per token.
  */
@@ -61,6 +65,14 @@ void ms_kvq_fp8key_pack(const float *x, int64_t n, uint8_t *e);
 void ms_kvq_fp8key_pack_ref(const float *x, int64_t n, uint8_t *e);
 void ms_kvq_fp8key_unpack(const uint8_t *e, int64_t n, float *x);
 void ms_kvq_fp8key_round(float *x, int64_t n);
+/* out[h] = q_h · the FP8 key e of n values for nh queries q_h = q + h·ldq, read from
+ * its codes (the decode indexer's scores of one key, without an unpacked row): equal bit
+ * for bit to ms_kvq_fp8key_dots_ref = ms_dot_f32(q_h, ms_kvq_fp8key_unpack(e)) (the
+ * scalar twin; tests/test_kvq.c); n <= 4096. */
+void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                        float *out);
+void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                            float *out);
 
 /* f32 -> e4m3fn code, round to nearest even, saturating to ±448: the bitwise
  * twin of ms_f32_to_fp8e4m3 (kernels/dtype.h), the same code for every f32. */

@@ -131,6 +131,14 @@ struct ms_v4 {
     int64_t n_scales, cap_scales;
     ms_v4_ws ws;
     int attn_ref;        /* 1: attention by the scalar one-row-at-a-time reference (tests) */
+    /* Measurement hook (bench_v4 --rows topk), NULL in the engine: called on the main
+     * thread after a decode row's CSA top-k with that row's indexer queries iq
+     * [n_idx_heads][idx_hd] (roped; rotated and rounded when the keys are packed),
+     * head weights iw [n_idx_heads] (scaled), the nk keys it scored and the k entries
+     * it chose, sel[k]. */
+    void (*topk_probe)(void *ctx, int layer, int64_t pos, const float *iq, const float *iw,
+                       int64_t nk, const int32_t *sel, int k);
+    void *topk_probe_ctx;
 };
 
 /* Stream indices of the V4 kv_spec (V4_S_CARRY and V4_S_WSNAP: only in the engine's

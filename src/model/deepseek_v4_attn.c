@@ -504,7 +504,10 @@ static void rows_fn(void *arg, int tid, int nt)
  * dequantised (load_entry) into the thread's own 64 rows (th->kb, in L1) and
  * scored at once, instead of every key of the context going through one
  * shared buffer first (the fused form of load + score: the same values and
- * the same sums, so the reference twin's results bit for bit). */
+ * the same sums, so the reference twin's results bit for bit).  FP8 keys are
+ * scored straight from their codes (ms_kvq_fp8key_dots: each key made once in
+ * registers for all the heads, no unpacked rows; its dots equal ms_dot_f32 of
+ * the unpacked key bit for bit, so again the twin's results). */
 static void decode_index_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
@@ -513,8 +516,25 @@ static void decode_index_fn(void *arg, int tid, int nt)
     float *kb = w->th[tid].kb;
     int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos + 1) / 4;
     (void)nt;
+    int f8 = ms_kv_view_dtype(&J->v, V4_S_INDEX) == MS_DT_U8 && index_fp8(J->m, &J->v) &&
+             nI <= 256;
     for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;) {
         int64_t n = MS_MIN(64, nk - b);
+        if (f8) { /* FP8 keys: scored from their codes (index_scores' sums, bit for bit) */
+            const float *iq = w->iq + J->t * nI * ihd, *iw = w->iw + J->t * nI;
+            for (int64_t j = 0; j < n; j++) {
+                const uint8_t *e = ms_kv_view_entry(&J->v, V4_S_INDEX, J->l, (b + j) * 4);
+                if (!e) {
+                    atomic_store(&J->rc, MS_EINTERNAL);
+                    return;
+                }
+                float d[256], s = 0;
+                ms_kvq_fp8key_dots(iq, nI, ihd, e, ihd, d);
+                for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(d[h], 0.0f);
+                w->isc[b + j] = s;
+            }
+            continue;
+        }
         for (int64_t j = 0; j < n; j++) {
             int rc = load_entry(J->m, &J->v, V4_S_INDEX, J->l, (b + j) * 4, kb + j * ihd, ihd);
             if (rc) {
@@ -560,6 +580,10 @@ static int decode_row(struct seq_job *J)
         if (atomic_load(&J->rc)) return atomic_load(&J->rc);
         int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
         ms_topk(w->isc, nk, k, w->sel);
+        if (m->v4->topk_probe)
+            m->v4->topk_probe(m->v4->topk_probe_ctx, J->l, pos,
+                              w->iq + J->t * c->n_idx_heads * c->idx_hd,
+                              w->iw + J->t * c->n_idx_heads, nk, w->sel, k);
         for (int e = 0; e < k; e++) {
             int rc = load_entry(m, &J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd,
                                 hd);

@@ -336,8 +336,9 @@ def fp8ds_sim(x, dr):
     nope = x.shape[-1] - dr
     y = np.array(x, dtype=np.float64)
     s = blocks_scale(y[..., :nope], 64, 448.0)
-    y[..., :nope] = e4m3_round(np.clip(y[..., :nope] / s, -448.0, 448.0)) * s
-    y[..., nope:] = bf16_round(y[..., nope:])
+    v = note_edges("entry", np.clip(y[..., :nope] / s, -448.0, 448.0))
+    y[..., :nope] = e4m3_round(v) * s
+    y[..., nope:] = bf16_round(note_edges("rope", y[..., nope:]))
     return y
 
 
@@ -355,16 +356,88 @@ def hadamard(d):
     return h / math.sqrt(d)
 
 
-def fp8key_sim(x):
-    """Index keys / queries [..., d]: Hadamard-rotated, then e4m3 in blocks of 128."""
-    y = np.asarray(x, dtype=np.float64) @ hadamard(x.shape[-1]).T
-    s = blocks_scale(y, 128, 448.0)
-    return e4m3_round(np.clip(y / s, -448.0, 448.0)) * s
+# The smallest distances of FP8-key inputs to an e4m3 rounding edge (fp8key_sim): relative
+# distance |v - midpoint| / |v| of the scaled values v, per kind ('key', 'query'): a value within
+# ~1e-6 of an edge can round the other way from the engine's float32 forward.
+FP8_EDGES = {"key": [math.inf, 0], "query": [math.inf, 0], "entry": [math.inf, 0],
+             "rope": [math.inf, 0]}
+FP8_EDGE_NEAR = 1e-6
 
 
-def index_sim(x, fmt):
+# --fp8-flip KIND:V,...: scaled values (as listed in fp8_edges' "values") rounded to their other
+# e4m3 neighbour: a what-if for a value the engine's float32 forward puts on the other side of
+# its edge (the flipped values' identity: kind and |v| to 9 significant digits).
+FP8_FLIP = set()
+
+
+def flip_key(kind, v):
+    return f"{kind}:{abs(float(v)):.9e}"
+
+
+def note_edges(kind, v):
+    """Record the scaled values v's distances to an e4m3 edge; returns v with the --fp8-flip
+    values moved across their edge (by 2 * their distance: the other neighbour)."""
+    if not v.size:
+        return v
+    bf16 = kind == "rope"
+    dist = e4m3_edge_dist(v, bf16)
+    rec = FP8_EDGES[kind]
+    rec[0] = min(rec[0], float(dist.min()))
+    near = np.argwhere(dist < FP8_EDGE_NEAR)
+    rec[1] += len(near)
+    if len(rec) < 3:
+        rec.append([])
+    out = v
+    for idx in map(tuple, near):
+        key = flip_key(kind, v[idx])
+        if key not in rec[2]:
+            rec[2].append(key)
+        if key in FP8_FLIP:
+            out = np.array(v, dtype=np.float64) if out is v else out
+            a = abs(v[idx])
+            step = float(edge_step(np.array(a), bf16))
+            mid = (math.floor(a / step) + 0.5) * step
+            out[idx] = math.copysign(2 * mid - a, v[idx])
+    return out
+
+
+def edge_step(a, bf16=False):
+    """The rounding step at |values| a: e4m3 (3 mantissa bits, subnormal step 2^-9) or BF16 (7)."""
+    e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    if bf16:
+        return np.ldexp(1.0, (e - 7).astype(int))
+    return np.where(a < 2.0 ** -6, 2.0 ** -9, np.ldexp(1.0, (np.maximum(e, -6) - 3).astype(int)))
+
+
+def e4m3_edge_dist(v, bf16=False):
+    """Relative distance of each scaled value v (|v| <= 448) to the nearest e4m3 (or BF16)
+    rounding midpoint."""
+    a = np.abs(v)
+    step = edge_step(a, bf16)
+    mid = (np.floor(a / step) + 0.5) * step
+    return np.where(a > 0, np.abs(a - mid) / np.maximum(a, 1e-300), np.inf)
+
+
+def fp8key_sim(x, kind="key"):
+    """Index keys / queries [..., d]: Hadamard-rotated, then e4m3 in blocks of 128 with SGLang's
+    rule (fused_store_indexer_cache / fused_q_indexer_rope_hadamard_quant): in float32, as SGLang
+    and the engine compute it, s = max(amax, 1e-4) / 448, v = clamp(x * (1 / s), +-448), code =
+    e4m3(v) to nearest even, value = code * s."""
+    y = (np.asarray(x, dtype=np.float64) @ hadamard(x.shape[-1]).T).astype(np.float32)
+    out = np.empty(y.shape, dtype=np.float64)
+    f32 = np.float32
+    for b in range(0, y.shape[-1], 128):
+        blk = y[..., b:b + 128]
+        s = np.maximum(np.abs(blk).max(axis=-1, keepdims=True), f32(1e-4)) / f32(448.0)
+        v = np.clip(blk * (f32(1.0) / s), f32(-448.0), f32(448.0))
+        v = note_edges(kind, v.astype(np.float64))
+        out[..., b:b + 128] = (e4m3_round(v).astype(np.float32) * s).astype(np.float64)
+    return out
+
+
+def index_sim(x, fmt, kind="key"):
     """The index keys' / queries' format: 'fp4', 'fp8' or None (exact)."""
-    return mxfp4_sim(x) if fmt == "fp4" else fp8key_sim(x) if fmt == "fp8" else x
+    return mxfp4_sim(x) if fmt == "fp4" else fp8key_sim(x, kind) if fmt == "fp8" else x
 
 
 def mxfp4_sim(x):
@@ -496,7 +569,8 @@ class V4Model:
         T = u.shape[0]
         q = (qr @ ly.idx_wq_b.T).reshape(T, cfg.n_idx, cfg.d_idx)
         q = rope_tail(q, pos, theta, cfg.dr)
-        q = index_sim(q, "fp4" if self.fp4_indexer else "fp8" if self.fp8_indexer else None)
+        q = index_sim(q, "fp4" if self.fp4_indexer else "fp8" if self.fp8_indexer else None,
+                      "query")
         w = (u @ ly.idx_wproj.T) * (cfg.d_idx ** -0.5 * cfg.n_idx ** -0.5)        # [T, n_idx]
         s = np.einsum("th,thj->tj", w, np.maximum(np.einsum("thd,jd->thj", q, keys), 0.0))
         valid = np.arange(keys.shape[0])[None, :] < ((np.asarray(pos) + 1) // 4)[:, None]
@@ -795,6 +869,8 @@ def generate(model, prompt, n_decode, incremental=True):
             li = model.forward_full(seq)[-1]
         seq.append(int(np.argmax(li)))                  # first maximum -> lowest id on ties
     model.margins = Margins()
+    for rec in FP8_EDGES.values():
+        rec[:] = [math.inf, 0, []]
     full = model.forward_full(seq[:-1])[len(prompt) - 1:]   # [n_decode + 1, vocab]
     margins = model.margins
     worst = max((R.rel_diff(x, y) for x, y in zip(inc, full)), default=0.0)
@@ -810,10 +886,14 @@ def generate(model, prompt, n_decode, incremental=True):
             "greedy": feed, "min_topk_margin": fin(margins.topk),
             "min_route_margin": fin(margins.route),
             "min_argmax_margin": float(np.min(srt[:, -1] - srt[:, -2])),
+            "fp8_edges": {k: {"min_rel_dist": fin(v[0]), "near": v[1], "values": v[2] if len(v) > 2
+                              else []} for k, v in FP8_EDGES.items()}
+            if model.fp8_indexer or model.kv_fp8 else None,
             "incremental_rel_diff": worst if incremental else None}
 
 
 def main(argv=None):
+    global FP8_EDGE_NEAR
     ap = argparse.ArgumentParser(description="DeepSeek-V4 float64 reference forward")
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompt-ids", help="comma-separated token ids")
@@ -827,6 +907,10 @@ def main(argv=None):
     ap.add_argument("--kv-fp8", action="store_true", help="simulate FP8 ds main KV entries")
     ap.add_argument("--fp4-indexer", action="store_true", help="simulate MXFP4 index keys/queries")
     ap.add_argument("--fp8-indexer", action="store_true", help="simulate FP8 index keys/queries")
+    ap.add_argument("--fp8-flip", default="", metavar="KIND:V,...",
+                    help="round these near-edge scaled values (fp8_edges' values) the other way")
+    ap.add_argument("--fp8-edge-near", type=float, default=FP8_EDGE_NEAR,
+                    help="list scaled values this close (relative) to an e4m3 edge")
     a = ap.parse_args(argv)
     if a.mtp_check:
         ck = V4Checkpoint(a.model)
@@ -842,6 +926,8 @@ def main(argv=None):
     if a.fp4_indexer and a.fp8_indexer:
         ap.error("--fp4-indexer and --fp8-indexer are two formats of the same keys")
     model.kv_fp8, model.fp4_indexer, model.fp8_indexer = a.kv_fp8, a.fp4_indexer, a.fp8_indexer
+    FP8_FLIP.update(k for k in a.fp8_flip.split(",") if k)
+    FP8_EDGE_NEAR = a.fp8_edge_near
     r = generate(model, ids, a.decode, not a.no_incremental_check)
     fl = lambda x: [float(f"{v:.{a.digits}g}") for v in x.tolist()]  # noqa: E731
     r["prefill_logits"] = fl(r["prefill_logits"])
@@ -855,7 +941,10 @@ def main(argv=None):
                                                   for i, lg in enumerate(outs)]}]
     print(f"v4_ref: greedy {r['greedy']} min topk margin {r['min_topk_margin']} min route "
           f"margin {r['min_route_margin']} min argmax margin {r['min_argmax_margin']:.3e} "
-          f"incremental {r['incremental_rel_diff']}", file=sys.stderr)
+          f"incremental {r['incremental_rel_diff']}"
+          + (f" fp8 edges (smallest relative distance of a scaled value to an e4m3 rounding "
+             f"edge; values within {FP8_EDGE_NEAR:g}) {r['fp8_edges']}" if r["fp8_edges"] else ""),
+          file=sys.stderr)
     tmp = a.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(r, f, separators=(",", ":"))

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """v4_topk_agree.py — how often the MXFP4 indexer (--enable-deepseek-v4-fp4-indexer: keys and
 queries Hadamard-rotated and quantised to e2m1 per 32), or with --keys fp8 SGLang's FP8 index
-keys (--kv-cache-dtype fp8_e4m3 alone: rotated, e4m3 with an f32 power-of-two scale per 128),
+keys (--kv-cache-dtype fp8_e4m3 alone: rotated, e4m3 with an f32 scale amax / 448 per 128),
 picks the same top-k compressed entries
 as the unquantised indexer, on one long prompt through v4_ref.py's float64 forward (written
 from arch.md; the issue's measure of the FP4 indexer).  For every CSA layer and every query
