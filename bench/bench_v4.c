@@ -31,7 +31,19 @@
  *            the cost or gain of dequantising in place of reading BF16); and
  *            FP8 ds entries with SGLang's FP8 index keys (--kv-cache-dtype
  *            fp8_e4m3 alone): x_bf16_fp8keys
- * --rows picks the rows (a comma list of prefill, decode, fp8fp4, kvq; all by
+ *   idxdot   the decode indexer's scoring of 16,256 FP8 keys (64K context) on one
+ *            thread: unpacked rows + ms_dot_f32 (the path before the packed-code
+ *            kernel) against ms_kvq_fp8key_dots, alternating, six of each: ns per key,
+ *            x_unpack = unpack time / packed time, and whether the scores are equal
+ *   topk     the CSA indexer's choice at small-v4 scale: a real 4096-token prefill into
+ *            an F32 cache, then --steps decode steps; at every CSA layer of every step
+ *            the engine's top-k over the FP32 keys against the top-k of the same query
+ *            and keys rotated and rounded as SGLang's FP8 keys and as MXFP4 keys store
+ *            them (kernels/kvq.h; the queries rounded the same way), scored as the
+ *            engine scores them: mean and smallest overlap |A ∩ B| / k, and the share of
+ *            sets equal; the control, rotated and not rounded, should give ~1
+ *            (ms_v4.topk_probe)
+ * --rows picks the rows (a comma list of prefill, decode, fp8fp4, kvq, idxdot, topk; all by
  * default; dram always).
  * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
  *                 [--rows LIST] [--pairs N]
@@ -82,7 +94,8 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* One sequence's cache for `tokens` positions. */
+/* One sequence's cache for `tokens` positions: packed 0 BF16, 1 FP8 ds entries + MXFP4
+ * keys, 2 FP8 ds entries + FP8 keys, 3 F32. */
 struct seq {
     ms_kv_cache *c;
     ms_kv_seq q;
@@ -92,17 +105,20 @@ static int seq_open_q(ms_model *m, struct seq *s, int64_t tokens, int packed)
 {
     ms_kv_spec spec;
     ms_errbuf err = {{0}};
-    ms_kv_spec_opts o = {.elem_bytes = packed ? 1 : 2, .act_bytes = 2, .page_size = PS,
+    ms_kv_spec_opts o = {.elem_bytes = packed == 3 ? 4 : packed ? 1 : 2, .act_bytes = 2,
+                         .page_size = PS,
                          .attn_tp = 1,
-                         .index_key = packed == 2 ? MS_KV_INDEX_FP8
-                                      : packed    ? MS_KV_INDEX_MXFP4
-                                                  : MS_KV_INDEX_PLAIN};
+                         .index_key = packed == 2   ? MS_KV_INDEX_FP8
+                                      : packed == 3 ? MS_KV_INDEX_PLAIN
+                                      : packed      ? MS_KV_INDEX_MXFP4
+                                                    : MS_KV_INDEX_PLAIN};
     int32_t pages[MS_KV_MAX_STREAMS];
     if (ms_model_kv_spec(m, &o, &spec, &err)) goto fail;
     ms_kv_cache_pages_for(&spec, PS, tokens, 1, CHUNK, 0, pages);
     for (int i = 0; i < spec.n_streams; i++) /* the window stream whole: no sliding here */
         if (spec.streams[i].window > 0) pages[i] = (int32_t)((tokens + PS - 1) / PS + 2);
-    if (ms_kv_cache_new(&s->c, &spec, PS, pages, packed ? MS_DT_F8E4M3 : MS_DT_BF16, 1, &err))
+    ms_dtype kd = packed == 3 ? MS_DT_F32 : packed ? MS_DT_F8E4M3 : MS_DT_BF16;
+    if (ms_kv_cache_new(&s->c, &spec, PS, pages, kd, 1, &err))
         goto fail;
     ms_kv_seq_init(&s->q);
     if (ms_kv_cache_reserve(s->c, &s->q, tokens)) {
@@ -220,6 +236,61 @@ static double cache_bytes(const ms_model *m, int64_t ctx)
     return b;
 }
 
+/* --rows topk: each decode row's CSA top-k over the F32 cache's index keys against the
+ * top-k of the same queries and keys rotated and rounded as the packed caches store
+ * them (f: 0 SGLang's FP8 keys, 1 MXFP4), scored as the engine scores them. */
+struct topk_probe {
+    struct seq *s;
+    const ms_v4_cfg *c;
+    int64_t sets, same[3];
+    double sum[3], min[3];
+    float *kq, *isc;
+    int32_t *sel;
+    uint8_t *mark;
+};
+
+static void topk_probe_fn(void *ctx, int l, int64_t pos, const float *iq, const float *iw,
+                          int64_t nk, const int32_t *sel, int k)
+{
+    struct topk_probe *P = ctx;
+    int64_t nI = P->c->n_idx_heads, d = P->c->idx_hd;
+    ms_kv_view v = {P->s->c, &P->s->q};
+    (void)pos;
+    if (nk <= k) return; /* every entry chosen: nothing to compare */
+    memset(P->mark, 0, (size_t)nk);
+    for (int e = 0; e < k; e++) P->mark[sel[e]] = 1;
+    for (int f = 0; f < 3; f++) { /* 0 FP8, 1 MXFP4, 2 rotated only (the control: ~1) */
+        float q[64 * 512];
+        if (nI * d > 64 * 512) return;
+        memcpy(q, iq, sizeof(float) * (size_t)(nI * d));
+        for (int64_t h = 0; h < nI; h++) {
+            ms_kvq_hadamard(q + h * d, d);
+            if (f == 0) ms_kvq_fp8key_round(q + h * d, d);
+            if (f == 1) ms_kvq_mxfp4_round(q + h * d, d);
+        }
+        for (int64_t j = 0; j < nk; j++) {
+            const float *key = ms_kv_view_entry(&v, V4_S_INDEX, l, j * 4);
+            if (!key) return;
+            memcpy(P->kq, key, sizeof(float) * (size_t)d);
+            ms_kvq_hadamard(P->kq, d);
+            if (f == 0) ms_kvq_fp8key_round(P->kq, d);
+            if (f == 1) ms_kvq_mxfp4_round(P->kq, d);
+            float sc = 0;
+            for (int64_t h = 0; h < nI; h++)
+                sc += iw[h] * fmaxf(ms_dot_f32(q + h * d, P->kq, d), 0.0f);
+            P->isc[j] = sc;
+        }
+        ms_topk(P->isc, nk, k, P->sel);
+        int hit = 0;
+        for (int e = 0; e < k; e++) hit += P->mark[P->sel[e]];
+        double ov = (double)hit / k;
+        P->sum[f] += ov;
+        P->min[f] = MS_MIN(P->min[f], ov);
+        P->same[f] += hit == k;
+    }
+    P->sets++;
+}
+
 static ms_model *open_model(const char *dir)
 {
     ms_model *m = NULL;
@@ -264,7 +335,7 @@ int main(int argc, char **argv)
             pairs = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
-                            "[--rows prefill,decode,fp8fp4,kvq] [--pairs N]\n");
+                            "[--rows prefill,decode,fp8fp4,kvq,idxdot,topk] [--pairs N]\n");
             return 2;
         }
     }
@@ -382,6 +453,89 @@ int main(int argc, char **argv)
                (long long)qctx[i], bq[0] * 1e3, bq[1] * 1e3, bq[0] / bq[1], bq[2] * 1e3,
                bq[0] / bq[2], i == 0 ? " (at 64K)" : bq[0] / bq[1] >= 1.0 ? " met" : " not_met");
         fflush(stdout);
+    }
+    /* the decode indexer's FP8-key scoring alone, one thread: unpacked rows + ms_dot_f32
+     * (the scoring before ms_kvq_fp8key_dots) against the packed-code dots, alternating */
+    if (want("idxdot")) {
+        const ms_v4_cfg *c = &m->v4->c;
+        int64_t nk = (65536 - 512) / 4, nI = c->n_idx_heads, d = c->idx_hd;
+        int64_t kb = ms_kvq_fp8key_bytes(d);
+        uint8_t *keys = malloc((size_t)(nk * kb));
+        float *q = malloc(sizeof(float) * (size_t)(nI * d)), *sc = malloc(sizeof(float) * (size_t)nk);
+        float *rowsb = malloc(sizeof(float) * (size_t)(64 * d)), w[256], dd[256];
+        if (!keys || !q || !sc || !rowsb || nI > 256) return 1;
+        uint64_t rng = 9;
+        float x[4096];
+        for (int64_t j = 0; j < nk; j++) {
+            for (int64_t i = 0; i < d; i++) x[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
+            ms_kvq_fp8key_pack(x, d, keys + j * kb);
+        }
+        for (int64_t i = 0; i < nI * d; i++) q[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
+        for (int64_t h = 0; h < nI; h++) w[h] = (float)ms_rng_uniform(&rng);
+        double best[2] = {1e30, 1e30}, chk[2] = {0, 0};
+        for (int rep = 0; rep < 6; rep++)
+            for (int k = 0; k < 2; k++) {
+                double t0 = ms_now_s();
+                for (int64_t b = 0; b < nk; b += 64) {
+                    int64_t n = MS_MIN(64, nk - b);
+                    if (k == 0)
+                        for (int64_t j = 0; j < n; j++)
+                            ms_kvq_fp8key_unpack(keys + (b + j) * kb, d, rowsb + j * d);
+                    for (int64_t j = 0; j < n; j++) {
+                        float s = 0;
+                        if (k == 0)
+                            for (int64_t h = 0; h < nI; h++)
+                                s += w[h] * fmaxf(ms_dot_f32(q + h * d, rowsb + j * d, d), 0.0f);
+                        else {
+                            ms_kvq_fp8key_dots(q, nI, d, keys + (b + j) * kb, d, dd);
+                            for (int64_t h = 0; h < nI; h++) s += w[h] * fmaxf(dd[h], 0.0f);
+                        }
+                        sc[b + j] = s;
+                    }
+                }
+                best[k] = MS_MIN(best[k], ms_now_s() - t0);
+                chk[k] = 0;
+                for (int64_t j = 0; j < nk; j++) chk[k] += sc[j];
+            }
+        printf("idxdot model=small-v4 keys=%lld heads=%lld dim=%lld threads=1 unpack_dot_ns_key=%.1f "
+               "packed_dots_ns_key=%.1f x_unpack=%.2f same_scores=%s\n",
+               (long long)nk, (long long)nI, (long long)d, best[0] / nk * 1e9, best[1] / nk * 1e9,
+               best[0] / best[1], chk[0] == chk[1] ? "yes" : "NO");
+        fflush(stdout);
+        free(keys), free(q), free(sc), free(rowsb);
+    }
+
+    /* the indexer's top-k: FP32 keys against FP8 and MXFP4 keys, the same queries, after a
+     * real 4096-token prefill */
+    if (want("topk")) {
+        const ms_v4_cfg *c = &m->v4->c;
+        int64_t ctx = 4096, cap = ctx + steps + 1;
+        struct seq s;
+        if (seq_open_q(m, &s, cap, 3)) return 1;
+        struct topk_probe P = {.s = &s, .c = c, .min = {1, 1, 1}};
+        P.kq = malloc(sizeof(float) * (size_t)c->idx_hd);
+        P.isc = malloc(sizeof(float) * (size_t)cap);
+        P.sel = malloc(sizeof(int32_t) * (size_t)c->idx_topk);
+        P.mark = malloc((size_t)cap);
+        if (!P.kq || !P.isc || !P.sel || !P.mark) return 1;
+        double tps = prefill(m, &s, ctx, logits);
+        if (tps < 0) return 1;
+        m->v4->topk_probe = topk_probe_fn;
+        m->v4->topk_probe_ctx = &P;
+        double st = decode_median(m, &s, ctx, logits);
+        m->v4->topk_probe = NULL;
+        if (st < 0 || P.sets == 0) return 1;
+        printf("topk model=small-v4 dtype=bf16 cache=f32 ctx=%lld steps=%d sets=%lld k=%d "
+               "keys=%lld fp8_overlap_mean=%.4f fp8_overlap_min=%.4f fp8_same=%.3f "
+               "mxfp4_overlap_mean=%.4f mxfp4_overlap_min=%.4f mxfp4_same=%.3f "
+               "rotated_only_overlap_mean=%.4f rotated_only_same=%.3f\n",
+               (long long)ctx, steps, (long long)P.sets, c->idx_topk, (long long)(ctx / 4),
+               P.sum[0] / P.sets, P.min[0], (double)P.same[0] / P.sets, P.sum[1] / P.sets,
+               P.min[1], (double)P.same[1] / P.sets, P.sum[2] / P.sets,
+               (double)P.same[2] / P.sets);
+        fflush(stdout);
+        seq_close(&s);
+        free(P.kq), free(P.isc), free(P.sel), free(P.mark);
     }
     free(logits);
     ms_model_free(m);
