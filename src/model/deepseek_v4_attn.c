@@ -500,18 +500,21 @@ static void rows_fn(void *arg, int tid, int nt)
     }
 }
 
-/* A decode row's index scores, keys claimed 64 at a time: each block is
- * dequantised (load_entry) into the thread's own 64 rows (th->kb, in L1) and
- * scored at once, instead of every key of the context going through one
- * shared buffer first (the fused form of load + score: the same values and
- * the same sums, so the reference twin's results bit for bit). */
+/* The index scores of a sequence's decode rows t0 .. t0 + n_rows (a decode's
+ * one, a verify's S + 1), keys claimed 64 at a time: each block is
+ * dequantised (load_entry) once into the thread's own 64 rows (th->kb, in L1)
+ * and scored for every row that sees it (row j: the keys of positions up to
+ * pos0 + j), instead of every key of the context going through one shared
+ * buffer first, or each verify row dequantising the keys again (the fused form
+ * of load + score: the same values and the same sums, so the reference twin's
+ * results bit for bit).  Row j's scores: ws->isr + j * cap_S. */
 static void decode_index_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
     const ms_v4_cfg *c = &J->m->v4->c;
     ms_v4_ws *w = &J->m->v4->ws;
     float *kb = w->th[tid].kb;
-    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos + 1) / 4;
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos0 + J->n_rows) / 4;
     (void)nt;
     for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;) {
         int64_t n = MS_MIN(64, nk - b);
@@ -522,7 +525,12 @@ static void decode_index_fn(void *arg, int tid, int nt)
                 return;
             }
         }
-        index_scores(c, kb, w->iq + J->t * nI * ihd, w->iw + J->t * nI, n, w->isc + b);
+        for (int64_t r = 0; r < J->n_rows; r++) {
+            int64_t t = J->t0 + r, nr = MS_MIN(n, (J->pos0 + r + 1) / 4 - b);
+            if (nr > 0)
+                index_scores(c, kb, w->iq + t * nI * ihd, w->iw + t * nI, nr,
+                             w->isr + r * w->cap_S + b);
+        }
     }
 }
 
@@ -539,8 +547,9 @@ static void decode_heads_fn(void *arg, int tid, int nt)
                     w->th[tid].sc, w->o + J->t * H * hd);
 }
 
-/* One decode row: its index scores over the keys, then its heads, on the
- * pool (the reference's arithmetic, split); the top-k on this thread. */
+/* One decode row (its index scores over the keys already in ws->isr, by
+ * decode_index_fn for the sequence's rows): the top-k and its candidates on
+ * this thread, then its heads on the pool (the reference's arithmetic, split). */
 static int decode_row(struct seq_job *J)
 {
     ms_model *m = J->m;
@@ -556,10 +565,8 @@ static int decode_row(struct seq_job *J)
         for (int64_t e = 0; e < (pos + 1) / 128; e++) cand[n++] = w->cbuf + e * hd;
     if (ratio == 4 && (pos + 1) / 4 > 0) {
         int64_t nk = (pos + 1) / 4;
-        run_claimed(m, J, decode_index_fn, nk * c->n_idx_heads / 16);
-        if (atomic_load(&J->rc)) return atomic_load(&J->rc);
         int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
-        ms_topk(w->isc, nk, k, w->sel);
+        ms_topk(w->isr + (J->t - J->t0) * w->cap_S, nk, k, w->sel);
         for (int e = 0; e < k; e++) {
             int rc = load_entry(m, &J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd,
                                 hd);
@@ -600,6 +607,10 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
         if (rows) {
             run_claimed(m, &J, rows_fn, 256);
             continue;
+        }
+        if (lw->ratio == 4 && (last + 1) / 4 > 0) { /* every row's index scores, one pass */
+            run_claimed(m, &J, decode_index_fn, (last + 1) / 4 * c->n_idx_heads / 16 * sq->n_tokens);
+            if (atomic_load(&J.rc)) return atomic_load(&J.rc);
         }
         for (int64_t j = 0; j < sq->n_tokens; j++) {
             J.t = t + j, J.pos = pos0 + j;
