@@ -26,9 +26,16 @@
  *             plain, alternating (two each; two engines open at a time, ~2 GB
  *             each); tokens / decode time, x = spec / plain
  *   v4mtp     (not in the default rows) EAGLE on small-v4 (--model-dir's small-v4,
- *             its MTP block as the draft) at S = 1 and S = 2 with SGLANG_SIMULATE_ACC_LEN
- *             2 against plain decoding, batch 1, 16-token prompts, the three engines
- *             alternating (two runs each): x_s1, x_s2 = spec / plain tokens per decode second
+ *             its MTP block as the draft) against plain decoding, batch 1, 16-token
+ *             prompts, 48 new tokens: the full draft head at S = 1, 2, 3 with
+ *             SGLANG_SIMULATE_ACC_LEN 2, and a 4096-id --speculative-token-map (ids
+ *             0..4095) at S = 1..3 x SIMULATE 1.5, 2, 3 (--quick: four of them); each
+ *             alternating with plain (two runs each): x_plain = spec / plain tokens per
+ *             decode second, the measured accept length, and a step's split (ms): the
+ *             verify forward, the S draft rounds, the rest (sampling, acceptance, scheduler)
+ *   v4curve   (not in the default rows) plain against EAGLE S = 1 with the 4096-id map
+ *             and SGLANG_SIMULATE_ACC_LEN 2 on small-v4 at batch 1, 4, 16 and 32
+ *             (16-token prompts, 32 new tokens; alternating, two each): x_plain
  *   dnnl      BF16 prefill of 512 and 2048 tokens with oneDNN at M >= 128
  *             (the default) against the mm_bf16 tiles at every M, in the same
  *             engine, alternating (three of each): x = tiles / oneDNN
@@ -90,6 +97,8 @@ struct run {
     double step_median_s;      /* median decode step */
     double decode_tok_s;       /* decode tokens / decode time */
     int64_t decode_tokens;
+    int64_t decode_steps;      /* decode (and verify) steps */
+    double dec_fwd_s, dec_draft_s; /* their forward and draft seconds (the rest: sample, other) */
 };
 
 /* Runs n_seq prompts of `prompt_len` tokens for `new_tokens` greedy tokens. */
@@ -135,6 +144,9 @@ static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct r
         } else if (st.rows > 0) { /* decode and verify rows: the tokens they emitted */
             t_dec += st.seconds;
             r->decode_tokens += made;
+            r->decode_steps++;
+            r->dec_fwd_s += st.forward_s;
+            r->dec_draft_s += st.draft_s;
             if (n_steps < new_tokens + 16) steps[n_steps++] = st.seconds;
         }
         for (int i = 0; i < n; i++) {
@@ -194,7 +206,7 @@ int main(int argc, char **argv)
             rows = argv[++i];
         else {
             fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,fp8,det,spec,dnnl,v4mtp]\n");
+                            "[--rows decode,prefill,batch,fp8,det,spec,dnnl,v4mtp,v4curve]\n");
             return 2;
         }
     }
@@ -393,12 +405,12 @@ int main(int argc, char **argv)
             ms_engine_close(es);
         }
     }
-    if (strstr(rows, "v4mtp")) { /* plain, S = 1 and S = 2 on small-v4 alternate */
+    if (strstr(rows, "v4mtp")) { /* plain against EAGLE (S, accept length, draft head) on small-v4 */
         ms_engine_shutdown(e);
         ms_engine_step(e, &err);
         ms_engine_close(e);
         e = NULL;
-        char v4[1200], cfg[1300];
+        char v4[1200], cfg[1300], map[1300];
         struct stat st;
         snprintf(v4, sizeof v4, "%s/small-v4", model_dir);
         snprintf(cfg, sizeof cfg, "%s/config.json", v4);
@@ -407,31 +419,103 @@ int main(int argc, char **argv)
                             "--out %s)\n", v4, v4);
             return 1;
         }
-        ms_engine *ev[3] = {open_engine(v4, 0, 0, NULL), NULL, NULL};
+        snprintf(map, sizeof map, "build/v4mtp-token-map-4096.txt"); /* ids 0..4095 */
+        FILE *f = fopen(map, "w");
+        for (int i = 0; f && i < 4096; i++) fprintf(f, "%d\n", i);
+        if (!f || fclose(f)) return 1;
+        /* S, SGLANG_SIMULATE_ACC_LEN, token map: the full head at accept length 2, then
+         * the 4096-id map over S 1..3 x accept length 1.5, 2, 3 (--quick: S 1, 2 at 2) */
+        static const struct { int S; const char *acc; int map; } cf[] = {
+            {1, "2", 0}, {2, "2", 0}, {1, "2", 1}, {2, "2", 1}, {1, "1.5", 1}, {2, "1.5", 1},
+            {3, "1.5", 1}, {2, "3", 1}, {3, "3", 1}, {3, "2", 1}, {1, "3", 1}, {3, "2", 0}};
+        int n_cf = quick ? 4 : (int)(sizeof cf / sizeof cf[0]);
+        ms_engine *ep = open_engine(v4, 0, 0, NULL);
+        struct run a;
+        if (!ep || run(ep, 1, 16, 8, &a, 60)) return 1; /* warm-up */
+        int n_new = quick ? 16 : 48;
+        for (int k = 0; k < n_cf; k++) {
+            setenv("SGLANG_SIMULATE_ACC_LEN", cf[k].acc, 1);
+            ms_engine *es = open_engine(v4, 0, cf[k].S, cf[k].map ? map : NULL);
+            unsetenv("SGLANG_SIMULATE_ACC_LEN");
+            if (!es || run(es, 1, 16, 8, &a, 61)) return 1; /* warm-up */
+            const ms_engine_load *ld;
+            ms_engine_loads(es, &ld);
+            int64_t v0 = ld[0].st.spec_verify_total, a0 = ld[0].st.spec_accepted_total;
+            /* [plain, spec]: decode seconds, tokens, steps, forward and draft seconds */
+            double t[2] = {0}, tok[2] = {0}, ns[2] = {0}, fw[2] = {0}, dr[2] = {0};
+            for (int i = 0; i < 2; i++)
+                for (int mode = 0; mode < 2; mode++) {
+                    if (run(mode ? es : ep, 1, 16, n_new, &a, 70 + 8 * (uint64_t)k + 2 * (uint64_t)i +
+                                                          (uint64_t)mode))
+                        return 1;
+                    t[mode] += a.decode_tokens / a.decode_tok_s;
+                    tok[mode] += (double)a.decode_tokens;
+                    ns[mode] += (double)a.decode_steps;
+                    fw[mode] += a.dec_fwd_s;
+                    dr[mode] += a.dec_draft_s;
+                }
+            ms_engine_loads(es, &ld);
+            double vs = (double)(ld[0].st.spec_verify_total - v0);
+            double acc = vs > 0 ? 1.0 + (double)(ld[0].st.spec_accepted_total - a0) / vs : 0;
+            double r0 = tok[0] / t[0], rs = tok[1] / t[1];
+            printf("v4mtp model=small-v4 dtype=bf16 batch=1 threads=%d S=%d simulate_acc_len=%s "
+                   "accept_len=%.2f draft_head=%s plain_tok_s=%.2f spec_tok_s=%.2f x_plain=%.3f "
+                   "plain_step_ms=%.2f spec_step_ms=%.2f verify_fwd_ms=%.2f draft_ms=%.2f "
+                   "rest_ms=%.2f (EAGLE, the MTP block; alternating, two each)\n",
+                   nt, cf[k].S, cf[k].acc, acc, cf[k].map ? "map4096" : "full", r0, rs, rs / r0,
+                   1e3 * t[0] / ns[0], 1e3 * t[1] / ns[1], 1e3 * fw[1] / ns[1], 1e3 * dr[1] / ns[1],
+                   1e3 * (t[1] - fw[1] - dr[1]) / ns[1]);
+            fflush(stdout);
+            ms_engine_shutdown(es);
+            ms_engine_step(es, &err);
+            ms_engine_close(es);
+        }
+        ms_engine_shutdown(ep);
+        ms_engine_step(ep, &err);
+        ms_engine_close(ep);
+        if (!strstr(rows, "v4curve")) return 0;
+    }
+    if (strstr(rows, "v4curve")) { /* plain and EAGLE S 1 (4096-id map) on small-v4 by batch */
+        if (e) {
+            ms_engine_shutdown(e);
+            ms_engine_step(e, &err);
+            ms_engine_close(e);
+        }
+        char v4[1200], map[1300];
+        snprintf(v4, sizeof v4, "%s/small-v4", model_dir);
+        snprintf(map, sizeof map, "build/v4mtp-token-map-4096.txt"); /* ids 0..4095 */
+        FILE *f = fopen(map, "w");
+        for (int i = 0; f && i < 4096; i++) fprintf(f, "%d\n", i);
+        if (!f || fclose(f)) return 1;
+        ms_engine *ep = open_engine(v4, 0, 0, NULL);
         setenv("SGLANG_SIMULATE_ACC_LEN", "2", 1);
-        ev[1] = open_engine(v4, 0, 1, NULL);
-        ev[2] = open_engine(v4, 0, 2, NULL);
+        ms_engine *es = ep ? open_engine(v4, 0, 1, map) : NULL;
         unsetenv("SGLANG_SIMULATE_ACC_LEN");
         struct run a;
-        for (int k = 0; k < 3; k++)
-            if (!ev[k] || run(ev[k], 1, 16, 8, &a, 60 + (uint64_t)k)) return 1; /* warm-up */
-        int n_new = quick ? 16 : 48;
-        double t[3] = {0}, tok[3] = {0}; /* [plain, S = 1, S = 2]: decode seconds, tokens */
-        for (int i = 0; i < 2; i++)
-            for (int k = 0; k < 3; k++) {
-                if (run(ev[k], 1, 16, n_new, &a, 70 + 3 * (uint64_t)i + (uint64_t)k)) return 1;
-                t[k] += a.decode_tokens / a.decode_tok_s;
-                tok[k] += (double)a.decode_tokens;
-            }
-        double r0 = tok[0] / t[0], rs1 = tok[1] / t[1], rs2 = tok[2] / t[2];
-        printf("v4mtp model=small-v4 dtype=bf16 batch=1 threads=%d accept_len=2 plain_tok_s=%.2f "
-               "s1_tok_s=%.2f x_s1=%.3f s2_tok_s=%.2f x_s2=%.3f target_x=1.6 (EAGLE, the MTP "
-               "block; alternating, two each; SGLANG_SIMULATE_ACC_LEN=2)\n",
-               nt, r0, rs1, rs1 / r0, rs2, rs2 / r0);
-        for (int k = 0; k < 3; k++) {
-            ms_engine_shutdown(ev[k]);
-            ms_engine_step(ev[k], &err);
-            ms_engine_close(ev[k]);
+        if (!es || run(ep, 1, 16, 8, &a, 90) || run(es, 1, 16, 8, &a, 91)) return 1; /* warm-up */
+        static const int batches[] = {1, 4, 16, 32};
+        for (int bi = 0; bi < 4; bi++) {
+            int B = batches[bi], n_new = quick ? 16 : 32;
+            double t[2] = {0}, tok[2] = {0}; /* [plain, spec]: decode seconds, tokens */
+            for (int i = 0; i < 2; i++)
+                for (int mode = 0; mode < 2; mode++) {
+                    if (run(mode ? es : ep, B, 16, n_new, &a, 100 + 4 * (uint64_t)bi + 2 * (uint64_t)i +
+                                                          (uint64_t)mode))
+                        return 1;
+                    t[mode] += a.decode_tokens / a.decode_tok_s;
+                    tok[mode] += (double)a.decode_tokens;
+                }
+            printf("v4curve model=small-v4 dtype=bf16 batch=%d threads=%d S=1 accept_len=2 "
+                   "draft_head=map4096 plain_tok_s=%.2f spec_tok_s=%.2f x_plain=%.3f (alternating, "
+                   "two each; SGLANG_SIMULATE_ACC_LEN=2)\n",
+                   B, nt, tok[0] / t[0], tok[1] / t[1], (tok[1] / t[1]) / (tok[0] / t[0]));
+            fflush(stdout);
+        }
+        ms_engine *ee[2] = {ep, es};
+        for (int k = 0; k < 2; k++) {
+            ms_engine_shutdown(ee[k]);
+            ms_engine_step(ee[k], &err);
+            ms_engine_close(ee[k]);
         }
         return 0;
     }

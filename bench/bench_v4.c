@@ -31,6 +31,11 @@
  *            the cost or gain of dequantising in place of reading BF16); and
  *            FP8 ds entries with SGLang's FP8 index keys (--kv-cache-dtype
  *            fp8_e4m3 alone): x_bf16_fp8keys
+ *   verify   a verify step of 2, 3 and 4 rows (EAGLE S = 1..3: the last token and its
+ *            drafts, every row's logits) at ctx 1024 and 65024 (random fill) against
+ *            a decode step there, alternating, best of two medians: x2, x3, x4 = verify
+ *            / decode (weights: the byte model's ×1.45 / ×1.86 / ×2.23 on small-v4; the
+ *            rows' index scores come from one pass over the keys)
  *   idxdot   the decode indexer's scoring of 16,256 FP8 keys (64K context) on one
  *            thread: unpacked rows + ms_dot_f32 (the path before the packed-code
  *            kernel) against ms_kvq_fp8key_dots, alternating, six of each: ns per key,
@@ -43,8 +48,8 @@
  *            engine scores them: mean and smallest overlap |A ∩ B| / k, and the share of
  *            sets equal; the control, rotated and not rounded, should give ~1
  *            (ms_v4.topk_probe)
- * --rows picks the rows (a comma list of prefill, decode, fp8fp4, kvq, idxdot, topk; all by
- * default; dram always).
+ * --rows picks the rows (a comma list of prefill, decode, verify, fp8fp4, kvq,
+ * idxdot, topk; all by default; dram always).
  * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
  *                 [--rows LIST] [--pairs N]
  * Validation: every step's logits finite before a figure is printed.
@@ -221,6 +226,34 @@ static double decode_median(ms_model *m, struct seq *s, int64_t ctx, float *logi
     return med;
 }
 
+/* Median step (s) of `steps` verifies of n rows at position ctx (a decode's last
+ * token and n - 1 drafts, every row's logits; the same positions each time: a
+ * verify whose drafts are all rejected, which the cache takes as written). */
+static double verify_median(ms_model *m, struct seq *s, int64_t ctx, int n, float *logits)
+{
+    double *t = malloc(sizeof(double) * (size_t)steps);
+    if (!t) return -1;
+    uint64_t rng = 9 + (uint64_t)ctx;
+    int32_t tok[8];
+    ms_errbuf err = {{0}};
+    int rc = 0;
+    for (int i = 0; i < steps && !rc; i++) {
+        for (int j = 0; j < n; j++) tok[j] = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
+        ms_batch_seq sq = {.tokens = tok, .n_tokens = n, .start_pos = ctx, .kv = &s->q,
+                           .logits = logits, .n_logits = n, .kind = MS_SEQ_VERIFY};
+        double t0 = ms_now_s();
+        rc = ms_model_forward(m, s->c, &sq, 1, &err);
+        t[i] = ms_now_s() - t0;
+        if (rc) fprintf(stderr, "bench_v4: verify: %s\n", err.msg);
+        for (int64_t k = 0; !rc && k < n * ms_model_shape_of(m)->vocab; k++)
+            if (!isfinite(logits[k])) rc = -1;
+    }
+    qsort(t, (size_t)steps, sizeof *t, cmp_d);
+    double med = rc ? -1 : t[steps / 2];
+    free(t);
+    return med;
+}
+
 /* Cache bytes (BF16) a decode step at ctx reads. */
 static double cache_bytes(const ms_model *m, int64_t ctx)
 {
@@ -335,7 +368,7 @@ int main(int argc, char **argv)
             pairs = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
-                            "[--rows prefill,decode,fp8fp4,kvq,idxdot,topk] [--pairs N]\n");
+                            "[--rows prefill,decode,verify,fp8fp4,kvq,idxdot,topk] [--pairs N]\n");
             return 2;
         }
     }
@@ -404,6 +437,32 @@ int main(int argc, char **argv)
         fflush(stdout);
         seq_close(&s);
     }
+
+    /* verify steps of 2 and 4 rows (EAGLE S 1, 3) against a decode step, alternating */
+    const int64_t vctx[2] = {1024, 65536 - 512};
+    float *vlog = want("verify") ? malloc(sizeof(float) * 4 * (size_t)ms_model_shape_of(m)->vocab)
+                                 : NULL;
+    for (int i = 0; i < 2 && vlog; i++) {
+        struct seq s;
+        if (seq_open(m, &s, vctx[i] + steps + 8)) return 1;
+        fill_random(m, &s, vctx[i]);
+        double b[4] = {1e30, 1e30, 1e30, 1e30}; /* decode, verify of 2, 3, 4 rows: best median */
+        for (int rep = 0; rep < 2; rep++)
+            for (int k = 0; k < 4; k++) {
+                double st = k ? verify_median(m, &s, vctx[i], k + 1, vlog)
+                              : decode_median(m, &s, vctx[i], vlog);
+                if (st < 0) return 1;
+                b[k] = MS_MIN(b[k], st);
+            }
+        printf("verify model=small-v4 dtype=bf16 ctx=%lld threads=%d decode_ms=%.2f "
+               "verify2_ms=%.2f x2=%.3f verify3_ms=%.2f x3=%.3f verify4_ms=%.2f x4=%.3f (verify "
+               "of n rows / a decode step; alternating, best of two medians)\n",
+               (long long)vctx[i], threads, b[0] * 1e3, b[1] * 1e3, b[1] / b[0], b[2] * 1e3,
+               b[2] / b[0], b[3] * 1e3, b[3] / b[0]);
+        fflush(stdout);
+        seq_close(&s);
+    }
+    free(vlog);
 
     /* FP8 + FP4 experts against BF16, batch 1 at ctx 1024, alternating */
     double b16 = 1e30, b4 = 1e30;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # t_spec_v4.sh — speculative decoding end to end on tiny-v4 (window 8, ratio-4 and
 # ratio-128 layers, its random MTP block): greedy output identical with and without
-# --speculative-algorithm EAGLE (S = 1, 3), NEXTN (S = 2) and NGRAM (S = 3), on one rank,
+# --speculative-algorithm EAGLE (S = 1, 3; S = 2 with a --speculative-token-map), NEXTN
+# (S = 2) and NGRAM (S = 3), on one rank,
 # --tp 2 and --tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep (--dtype
 # float32), for prompts of 3 to 139 tokens in one batch (a repetitive one for the n-gram
 # drafts) generating 30 tokens across the 4- and 128-token compression boundaries; the
@@ -17,11 +18,13 @@ mid=$(seq 2 127 | awk '{print ($1 * 53) % 1000 + 2}' | paste -sd,)
 P="--prompt-ids 5,6,7,8,9,10 --prompt-ids 11,12,13 --prompt-ids 3,4,5,3,4,5,3,4,5,3,4,5,3,4 --prompt-ids $mid --prompt-ids $long"
 gen() { timeout 300 "$MOESERVE" generate --model "$M" $P --max-new-tokens 30 --dtype float32 --ids \
     --ignore-eos --threads 1 "$@" 2>"$tmp/err" | grep '^ids:'; }
+seq 0 2 200 >"$tmp/map.txt" # a draft head over 101 ids (FR-Spec's hot vocabulary)
 for L in "" "--tp 2" "--tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep"; do
     ref=$(gen $L)
     t "plain run [$L]" '[ "$(printf "%s\n" "$ref" | wc -l)" -eq 5 ]'
     for A in "EAGLE --speculative-num-steps 1" "EAGLE --speculative-num-steps 3" \
-             "NEXTN --speculative-num-steps 2" "NGRAM --speculative-num-steps 3"; do
+             "NEXTN --speculative-num-steps 2" "NGRAM --speculative-num-steps 3" \
+             "EAGLE --speculative-num-steps 2 --speculative-token-map $tmp/map.txt"; do
         out=$(gen $L --speculative-algorithm $A)
         if [ -n "$out" ] && [ "$out" = "$ref" ]; then ok "greedy identical: $A [$L]"; else
             bad "greedy identical: $A [$L]" "$(diff <(echo "$ref") <(echo "$out"); tail -5 "$tmp/err")"; fi

@@ -255,13 +255,15 @@ TEST(fp8_checkpoint_close_to_fp32)
 
 /* The threaded attention (prefill rows claimed by the pool's threads, a
  * decode row's index keys and heads split over them) against its scalar twin
- * (attn_ref): a 150-token prefill's every row and 8 decode steps, equal bit
- * for bit (each value is computed in the twin's order), greedy identical. */
+ * (attn_ref): a 150-token prefill's every row, 8 decode steps and a 3-row
+ * verify (fewer rows than 2 x the pool's threads: the decode path, its rows'
+ * index scores in one pass over the keys), equal bit for bit (each value is
+ * computed in the twin's order), greedy identical. */
 TEST(threaded_attention_matches_reference)
 {
     CHECK(model != NULL);
-    enum { STEPS = 8 };
-    float *lp[2], *ld[2];
+    enum { STEPS = 8, NV = 3 };
+    float *lp[2], *ld[2], *lv[2];
     int32_t g[2][STEPS];
     for (int ref = 0; ref < 2; ref++) {
         model->v4->attn_ref = ref;
@@ -277,14 +279,21 @@ TEST(threaded_attention_matches_reference)
             CHECK(forward1(model, a, &q, &tok, 1, N + i, 1, ld[ref] + i * V, NULL) == 0);
             g[ref][i] = tok = argmax(ld[ref] + i * V, V);
         }
+        lv[ref] = malloc(sizeof(float) * (size_t)(V * NV));
+        CHECK(lv[ref]);
+        const int32_t vt[NV] = {tok, toks[3], toks[7]}; /* a verify's last token and drafts */
+        CHECK(ms_kv_cache_reserve(a, &q, N + STEPS + NV) == 0);
+        CHECK(fam_forward1(model, a, &q, vt, NV, N + STEPS, MS_SEQ_VERIFY, NV, lv[ref], NULL) == 0);
         free_cache(a, &q, &q2);
     }
     model->v4->attn_ref = 0;
     double ep = rel_err(lp[0], lp[1], V * N), ed = rel_err(ld[0], ld[1], V * STEPS);
-    fprintf(stderr, "  threaded vs reference attention: prefill %.3g, decode %.3g\n", ep, ed);
-    CHECKF(ep == 0 && ed == 0, "prefill %.3g decode %.3g", ep, ed);
+    double ev = rel_err(lv[0], lv[1], V * NV);
+    fprintf(stderr, "  threaded vs reference attention: prefill %.3g, decode %.3g, verify %.3g\n",
+            ep, ed, ev);
+    CHECKF(ep == 0 && ed == 0 && ev == 0, "prefill %.3g decode %.3g verify %.3g", ep, ed, ev);
     CHECK(!memcmp(g[0], g[1], sizeof g[0]));
-    for (int i = 0; i < 2; i++) free(lp[i]), free(ld[i]);
+    for (int i = 0; i < 2; i++) free(lp[i]), free(ld[i]), free(lv[i]);
 }
 
 /* The quantised cache (FP8 ds main entries, MXFP4 index keys): prefill = decode steps,

@@ -9,7 +9,8 @@
  * run's at the same length), for verifies that cross a ratio-4 and a
  * ratio-128 boundary with their rejected positions.
  * MS_V4_DRAFT_DUMP=FILE also writes the chain's draft logits as JSON for
- * tests/ref/v4_ref.py --mtp-check (t_v4ref.sh). */
+ * tests/ref/v4_ref.py --mtp-check (t_v4ref.sh).  The head of
+ * --speculative-token-map gives the full head's logits at its ids. */
 #include "harness.h"
 #include "family_util.h"
 #include "model/family.h"
@@ -147,6 +148,57 @@ TEST(rejected_verify_rolls_back)
     rollback_case(138, 12);  /* the 140-token prompt's boundary */
 }
 
+/* --speculative-token-map on the MTP block: the draft head over a map's ids
+ * gives the full head's logits at those ids (its rows rounded to BF16: within
+ * 2e-2 of the largest), so the draft's argmax through the map is the full
+ * head's over the map's ids where that one leads by more than the rounding.
+ * Last: the model keeps the map. */
+TEST(token_map_head)
+{
+    CHECK(model != NULL);
+    if (!model) return;
+    enum { NM = 48 };
+    int32_t ids[NM];
+    for (int j = 0; j < NM; j++) ids[j] = (int32_t)((V - 1 - 7 * j) % V); /* not 0..NM-1 */
+    float *tl = malloc(sizeof(float) * (size_t)V), *th = malloc(sizeof(float) * (size_t)(N * HW));
+    float *lg = malloc(sizeof(float) * (size_t)V), *lm = malloc(sizeof(float) * NM);
+    float *h1 = malloc(sizeof(float) * (size_t)HW), *h2 = malloc(sizeof(float) * (size_t)HW);
+    int32_t dt[N];
+    ms_kv_seq q0, q1;
+    ms_kv_spec_opts o = {.elem_bytes = 4, .draft_tokens = S + 1};
+    ms_kv_cache *c = fam_cache_new_opts(model, o, MS_DT_F32, PS, MAXP, 2, N + 8, &q0, &q1);
+    CHECK(c && tl && th && lg && lm && h1 && h2);
+    if (!c) return;
+    ms_batch_seq sq = {.tokens = toks, .n_tokens = N, .start_pos = 0, .kv = &q0, .logits = tl,
+                       .n_logits = 1, .kind = MS_SEQ_PREFILL, .hidden = th, .n_hidden = N};
+    ms_errbuf err;
+    CHECK(ms_model_forward(model, c, &sq, 1, &err) == 0);
+    memcpy(dt, toks + 1, sizeof(int32_t) * (N - 1));
+    dt[N - 1] = argmax(tl, V);
+    CHECK(draft1(c, &q0, dt, N, 0, th, 1, lg, h1) == 0);
+    CHECK(ms_model_set_draft_vocab(model, ids, NM, &err) == 0);
+    const int32_t *vm;
+    CHECK(ms_model_draft_vocab(model, &vm) == NM && vm && vm[1] == ids[1]);
+    CHECK(draft1(c, &q1, dt, N, 0, th, 1, lm, h2) == 0);
+    double big = 0, worst = 0;
+    int best = 0;
+    for (int j = 0; j < NM; j++) {
+        big = MS_MAX(big, fabs(lg[ids[j]]));
+        worst = MS_MAX(worst, fabs(lm[j] - lg[ids[j]]));
+        if (lg[ids[j]] > lg[ids[best]]) best = j;
+    }
+    double second = -1e30;
+    for (int j = 0; j < NM; j++)
+        if (j != best) second = MS_MAX(second, lg[ids[j]]);
+    fprintf(stderr, "  token map head: %d ids, max |map - full| / max |full| = %.3g\n", NM,
+            worst / big);
+    CHECKF(worst <= 2e-2 * big, "map logits vs the full head's at its ids: %.3g of %.3g", worst, big);
+    if (lg[ids[best]] - second > 4e-2 * big) CHECK(argmax(lm, NM) == best);
+    CHECK(rel_err(h2, h1, HW) < 1e-6); /* the streams do not depend on the head */
+    free_cache(c, &q0, &q1);
+    free(tl), free(th), free(lg), free(lm), free(h1), free(h2);
+}
+
 int main(void)
 {
     uint64_t st = 3;
@@ -160,6 +212,7 @@ int main(void)
     if (model) V = ms_model_shape_of(model)->vocab, HW = ms_model_draft_hidden_width(model);
     RUN(chain_equals_extend);
     RUN(rejected_verify_rolls_back);
+    RUN(token_map_head);
     ms_model_free(model);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

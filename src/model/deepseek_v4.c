@@ -329,6 +329,7 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
     GROW_F(w->isc, S);
     GROW_F(w->ik, S * c->idx_hd);
     GROW_F(w->iscore, S * c->n_idx_heads);
+    GROW_F(w->isr, S * 2 * nt);
     GROW_F(w->cbuf, S * c->hd);
     free(w->sel);
     w->sel = malloc(sizeof(int32_t) * (size_t)S);
@@ -359,7 +360,7 @@ static void ws_free(ms_v4_ws *w)
 {
     float *bufs[] = {w->X,  w->Xn, w->mix, w->pre, w->post, w->comb, w->u,   w->f,
                      w->qr, w->q,  w->kv,  w->o,   w->z,    w->ca,   w->cg,  w->iq,
-                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->logits,
+                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->isr, w->logits,
                      w->cstate};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
     ms_free_aligned(w->win), ms_free_aligned(w->cbuf);

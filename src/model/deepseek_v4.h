@@ -98,6 +98,8 @@ typedef struct ms_v4_ws {
     float *isc;          /* [cap_S] indexer scores */
     float *ik;           /* [cap_S][ihd] one query's index keys */
     float *iscore;       /* [nI][cap_S] per-head index products */
+    float *isr;          /* [2·n_th][cap_S] the index scores of a sequence's decode rows
+                          * (a decode's one, a verify's S + 1: fewer than 2·n_th take that path) */
     int32_t *sel;        /* [cap_S] selected entries */
     /* the threaded path (deepseek_v4_attn.c): one sequence's entries loaded once */
     float *win;          /* [cap_win][hd] window entries of a chunk's positions */

@@ -500,38 +500,45 @@ static void rows_fn(void *arg, int tid, int nt)
     }
 }
 
-/* A decode row's index scores, keys claimed 64 at a time: each block is
- * dequantised (load_entry) into the thread's own 64 rows (th->kb, in L1) and
- * scored at once, instead of every key of the context going through one
- * shared buffer first (the fused form of load + score: the same values and
- * the same sums, so the reference twin's results bit for bit).  FP8 keys are
- * scored straight from their codes (ms_kvq_fp8key_dots: each key made once in
- * registers for all the heads, no unpacked rows; its dots equal ms_dot_f32 of
- * the unpacked key bit for bit, so again the twin's results). */
+/* The index scores of a sequence's decode rows t0 .. t0 + n_rows (a decode's
+ * one, a verify's S + 1), keys claimed 64 at a time: each block is
+ * dequantised (load_entry) once into the thread's own 64 rows (th->kb, in L1)
+ * and scored for every row that sees it (row j: the keys of positions up to
+ * pos0 + j), instead of every key of the context going through one shared
+ * buffer first, or each verify row dequantising the keys again (the fused form
+ * of load + score: the same values and the same sums, so the reference twin's
+ * results bit for bit).  FP8 keys are scored straight from their codes
+ * (ms_kvq_fp8key_dots: each key made once in registers for all the heads, no
+ * unpacked rows; its dots equal ms_dot_f32 of the unpacked key bit for bit, so
+ * again the twin's results).  Row j's scores: ws->isr + j * cap_S. */
 static void decode_index_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
     const ms_v4_cfg *c = &J->m->v4->c;
     ms_v4_ws *w = &J->m->v4->ws;
     float *kb = w->th[tid].kb;
-    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos + 1) / 4;
+    int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos0 + J->n_rows) / 4;
     (void)nt;
     int f8 = ms_kv_view_dtype(&J->v, V4_S_INDEX) == MS_DT_U8 && index_fp8(J->m, &J->v) &&
              nI <= 256;
     for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;) {
         int64_t n = MS_MIN(64, nk - b);
         if (f8) { /* FP8 keys: scored from their codes (index_scores' sums, bit for bit) */
-            const float *iq = w->iq + J->t * nI * ihd, *iw = w->iw + J->t * nI;
             for (int64_t j = 0; j < n; j++) {
                 const uint8_t *e = ms_kv_view_entry(&J->v, V4_S_INDEX, J->l, (b + j) * 4);
                 if (!e) {
                     atomic_store(&J->rc, MS_EINTERNAL);
                     return;
                 }
-                float d[256], s = 0;
-                ms_kvq_fp8key_dots(iq, nI, ihd, e, ihd, d);
-                for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(d[h], 0.0f);
-                w->isc[b + j] = s;
+                for (int64_t r = 0; r < J->n_rows; r++) {
+                    if (b + j >= (J->pos0 + r + 1) / 4) continue; /* not yet seen by row r */
+                    int64_t t = J->t0 + r;
+                    const float *iq = w->iq + t * nI * ihd, *iw = w->iw + t * nI;
+                    float d[256], s = 0;
+                    ms_kvq_fp8key_dots(iq, nI, ihd, e, ihd, d);
+                    for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(d[h], 0.0f);
+                    w->isr[r * w->cap_S + b + j] = s;
+                }
             }
             continue;
         }
@@ -542,7 +549,12 @@ static void decode_index_fn(void *arg, int tid, int nt)
                 return;
             }
         }
-        index_scores(c, kb, w->iq + J->t * nI * ihd, w->iw + J->t * nI, n, w->isc + b);
+        for (int64_t r = 0; r < J->n_rows; r++) {
+            int64_t t = J->t0 + r, nr = MS_MIN(n, (J->pos0 + r + 1) / 4 - b);
+            if (nr > 0)
+                index_scores(c, kb, w->iq + t * nI * ihd, w->iw + t * nI, nr,
+                             w->isr + r * w->cap_S + b);
+        }
     }
 }
 
@@ -559,8 +571,9 @@ static void decode_heads_fn(void *arg, int tid, int nt)
                     w->th[tid].sc, w->o + J->t * H * hd);
 }
 
-/* One decode row: its index scores over the keys, then its heads, on the
- * pool (the reference's arithmetic, split); the top-k on this thread. */
+/* One decode row (its index scores over the keys already in ws->isr, by
+ * decode_index_fn for the sequence's rows): the top-k and its candidates on
+ * this thread, then its heads on the pool (the reference's arithmetic, split). */
 static int decode_row(struct seq_job *J)
 {
     ms_model *m = J->m;
@@ -576,10 +589,9 @@ static int decode_row(struct seq_job *J)
         for (int64_t e = 0; e < (pos + 1) / 128; e++) cand[n++] = w->cbuf + e * hd;
     if (ratio == 4 && (pos + 1) / 4 > 0) {
         int64_t nk = (pos + 1) / 4;
-        run_claimed(m, J, decode_index_fn, nk * c->n_idx_heads / 16);
-        if (atomic_load(&J->rc)) return atomic_load(&J->rc);
         int k = (int)MS_MIN(nk, (int64_t)c->idx_topk);
-        ms_topk(w->isc, nk, k, w->sel);
+        const float *isr = w->isr + (J->t - J->t0) * w->cap_S;
+        ms_topk(isr, nk, k, w->sel);
         if (m->v4->topk_probe)
             m->v4->topk_probe(m->v4->topk_probe_ctx, J->l, pos,
                               w->iq + J->t * c->n_idx_heads * c->idx_hd,
@@ -624,6 +636,10 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
         if (rows) {
             run_claimed(m, &J, rows_fn, 256);
             continue;
+        }
+        if (lw->ratio == 4 && (last + 1) / 4 > 0) { /* every row's index scores, one pass */
+            run_claimed(m, &J, decode_index_fn, (last + 1) / 4 * c->n_idx_heads / 16 * sq->n_tokens);
+            if (atomic_load(&J.rc)) return atomic_load(&J.rc);
         }
         for (int64_t j = 0; j < sq->n_tokens; j++) {
             J.t = t + j, J.pos = pos0 + j;
