@@ -30,7 +30,11 @@ enum {
      * columns the prepared rows stay in L2 and the tile in L1, each pass
      * adding its sums to y (measured: bench/RESULTS.md, "Why the code is so") */
     KC = 1024,
-    F8_PF_BYTES = 8192,   /* FP8 GEMV: software prefetch distance along the stream */
+    /* FP8 GEMV: software prefetch distance along the stream, into L2 (T1):
+     * into L1 (T0) the prefetches held the few L1 miss buffers and the GEMV
+     * read DRAM-cold experts at 0.6-0.8 of BF16's GB/s (measured:
+     * bench/HISTORY.md, "FP8 GEMV prefetch into L2") */
+    F8_PF_BYTES = 8192,
     PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
     MR_PF_BYTES = 4096,   /* BF16 rows at M = 2, 3: prefetch distance along the weights */
     /* One line per weight row (per tile row in the tiles) prefetched this
@@ -226,7 +230,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  * accumulators per row, one horizontal sum per row.  BF16 rows get no
  * line-by-line software prefetch (it only lowered the rate), only the
  * page-ahead line; FP8 rows, which do more work per byte, also prefetch
- * F8_PF_BYTES along the stream.
+ * F8_PF_BYTES along the stream into L2.
  *
  * BF16 at MB = 2 or 3 activation rows (most MoE experts of a batched decode:
  * 32 tokens × top-6 over 64 experts is ~3 rows each) streams the same way,
@@ -255,8 +259,8 @@ AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *x
         __m512 c0 = _mm512_setzero_ps(), c1 = c0;
         for (; k + 128 <= Kf; k += 128) {
             __m512i wc, wd;
-            _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);
-            _mm_prefetch(p + k + 64 + F8_PF_BYTES, _MM_HINT_T0);
+            _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T1);
+            _mm_prefetch(p + k + 64 + F8_PF_BYTES, _MM_HINT_T1);
             f8_lanes(isf8, L, _mm512_loadu_si512(p + k), &wa, &wb);
             f8_lanes(isf8, L, _mm512_loadu_si512(p + k + 64), &wc, &wd);
             a[0][0] = dp(a[0][0], _mm512_loadu_si512(xb + k), wa);
@@ -269,7 +273,7 @@ AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *x
     }
     for (; k < Kf; k += 64) {
         if (isf8) {
-            _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T0);
+            _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T1);
             f8_lanes(isf8, L, _mm512_loadu_si512(p + k), &wa, &wb);
         } else {
             if (MB > 1) {
