@@ -42,6 +42,14 @@ enum {
      * address translation of the pages the stream reaches next (page walks
      * slowed scattered expert reads; measured: bench/RESULTS.md, "Why the code is so") */
     PAGE_PF_BYTES = 16384,
+    /* BF16 tiles of at most this many activation rows (a batched decode's
+     * experts: 32 tokens × top-6 over 64 is 4-8 rows for a third of them)
+     * prefetch the next tile into L2 (prefetcht1), larger ones into L1.  At
+     * a few rows the tile streams from DRAM; our reading is that an L1
+     * prefetch holds one of the core's few L1 miss buffers until its line
+     * arrives, capping the lines in flight (measured, not the mechanism:
+     * bench/HISTORY.md, "Batch 32: tile prefetch into L2"). */
+    TILE_PF_L2_MAX_M = 8,
 };
 
 /* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and
@@ -151,7 +159,7 @@ AI __m512 dp(__m512 acc, __m512i x, __m512i w)
  * k order, so the result does not depend on MB, R or the split.  isf8: 0
  * BF16, 1 FP8 through the tables, 2 FP8 rows that are all plain. */
 AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const uint16_t *xb,
-             int64_t ldxb, const char *w0, int64_t ldw, int64_t K, float *out)
+             int64_t ldxb, const char *w0, int64_t ldw, int64_t K, float *out, int pf1)
 {
     const int es = isf8 ? 1 : 2;
     __m512 acc[4][8];
@@ -187,7 +195,10 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     const char *p = w0 + r * ldw + 2 * k + 64 * h;
-                    _mm_prefetch(p + R * ldw, _MM_HINT_T0); /* the next tile's rows */
+                    if (pf1) /* the next tile's rows (TILE_PF_L2_MAX_M) */
+                        _mm_prefetch(p + R * ldw, _MM_HINT_T1);
+                    else
+                        _mm_prefetch(p + R * ldw, _MM_HINT_T0);
                     __m512i w = _mm512_loadu_si512(p);
 #pragma GCC unroll 4
                     for (int m = 0; m < MB; m++) acc[m][r] = dp(acc[m][r], xv[m], w);
@@ -413,11 +424,11 @@ static void store(const mm_task *t, int64_t m0, int MB, int64_t n0, int R, const
 /* Dispatches a tile shape to its instantiation (the valid shapes are those
  * block() asks for). */
 AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *xb, int64_t ldxb,
-                 const char *w0, int64_t ldw, int64_t K, float *s)
+                 const char *w0, int64_t ldw, int64_t K, float *s, int pf1)
 {
 #define T(mb, r)                                                                                   \
     if (MB == (mb) && R == (r)) {                                                                  \
-        tile(isf8, mb, r, L, xb, ldxb, w0, ldw, K, s);                                             \
+        tile(isf8, mb, r, L, xb, ldxb, w0, ldw, K, s, pf1);                                        \
         return;                                                                                    \
     }
     T(1, 8) T(2, 8) T(1, 6) T(2, 6) T(3, 6) T(4, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4)
@@ -436,6 +447,7 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
     /* rows per tile: as many as the registers hold (MB·R sums, MB activation
      * vectors; FP8 also holds two widened vectors and the tables) */
     const int Rfull = mc == 1 ? 8 : isf8 ? (mc <= 3 ? 6 : 4) : (mc <= 2 ? 8 : 6);
+    const int pf1 = mc <= TILE_PF_L2_MAX_M; /* the next tile into L2, not L1 */
     float s[32];
     for (int64_t n = n0; n < n1;) {
         int R = n1 - n >= Rfull ? Rfull : n1 - n >= 4 ? 4 : 1;
@@ -448,9 +460,9 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
         for (int64_t m = 0; m < mc; m += 4) {
             int mb = mc - m >= 4 ? 4 : (int)(mc - m);
             if (pl)
-                run_tile(2, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
+                run_tile(2, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s, pf1);
             else
-                run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s);
+                run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s, pf1);
             store(t, m0 + m, mb, n, R, s, add);
         }
         n += R;
