@@ -94,7 +94,10 @@ run: $(BUILD)/moeserve
 # waits only change the speed on a shared machine, not the result
 train: $(BUILD)/moeserve
 	OMP_WAIT_POLICY=passive /usr/bin/python3 tools/train/train.py --moeserve $(BUILD)/moeserve \
-	    --work $(BUILD)/train --out models/small-code --manifest models/small-code/manifest.tsv
+	    --work $(BUILD)/train --out $(BUILD)/train/base --manifest models/small-code/manifest.tsv
+	OMP_WAIT_POLICY=passive /usr/bin/python3 tools/train/finetune_ul.py --model $(BUILD)/train/base \
+	    --out models/small-code --ids $(BUILD)/train/train.bin --updates 64 --bul 32 --gen 64 \
+	    --prefix 16 --prefix-min 4 --line-start --lr 3e-4 --lr-floor 0.1 --alpha 2 --threads 1
 
 fuzz:
 	@tools/run_fuzz.sh

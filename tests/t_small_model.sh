@@ -85,7 +85,6 @@ fi
 
 # greedy generations do not collapse
 i=0
-skipped=0
 for p in 'def fibonacci(n):' 'import os
 import sys
 ' 'class Stack:
@@ -97,15 +96,8 @@ import sys
     d=$(echo $ids | tr ' ' '\n' | sort -u | wc -l)
     ratio=$(awk -v d="$d" -v n="$n" 'BEGIN { printf "%.3f", n ? d / n : 0 }')
     t "generate: prompt $i gives 64 tokens ($n)" "[ $n = 64 ]"
-    # Known failure, kept at the issue's bound (issue 24 stays open until the
-    # model stops looping): a miss is reported, not counted, so make test
-    # stays green; it counts as passed once the bound holds.
-    if awk -v r="$ratio" 'BEGIN { exit !(r >= 0.3) }'; then
-        ok "generate: prompt $i distinct-token ratio $ratio >= 0.3 over $n tokens"
-    else
-        skipped=$((skipped + 1))
-        echo "KNOWN-FAIL generate: prompt $i distinct-token ratio $ratio < 0.3 over $n tokens (issue 24 open)"
-    fi
+    t "generate: prompt $i distinct-token ratio $ratio >= 0.3 over $n tokens" \
+        "awk -v r=$ratio 'BEGIN { exit !(r >= 0.3) }'"
     i=$((i + 1))
 done
 
@@ -117,5 +109,4 @@ if echo "$out" | grep -q '^mtp:'; then
 else
     bad "mtp_agree.py" "$out"
 fi
-[ "$skipped" -eq 0 ] || echo "$skipped known failures (greedy loops; see KNOWN-FAIL lines)"
 report

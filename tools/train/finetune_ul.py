@@ -1,14 +1,17 @@
 #!/usr/bin/python3
 """finetune_ul.py — sequence-level unlikelihood fine-tuning of a checkpoint written by
 train.py (Welleck et al. 2019, "Neural Text Generation with Unlikelihood Training" §5.2),
-a recipe experiment against greedy loops (issue 24), not part of `make train`.
+against greedy loops (issue 24); `make train`'s second stage (Makefile: the committed
+recipe's options).
 
 Each update: greedy continuations (--gen tokens, bf16 autocast, model.py's KV-cached
 Model.greedy) of --bul
 data prefixes of --prefix tokens; every generated token inside a 4-gram that already
 occurred in the sequence gets -log(1 - p(token)); plus the MLE + MTP_WEIGHT × MTP loss
-of train.py on --bmle data windows of 256.  AdamW, no weight decay, fixed seed, 2
-threads; the gate bias is left as loaded.  Writes the fine-tuned checkpoint (config,
+of train.py on --bmle data windows of 256.  --line-start: prefixes begin after a newline
+token with BOS first (generate's prompts), --prefix-min: a prefix length per update drawn
+from [prefix-min, prefix], --lr-floor: cosine decay.  AdamW, no weight decay, fixed seed,
+--threads; the gate bias is left as loaded.  Writes the fine-tuned checkpoint (config,
 BF16 safetensors, tokenizer files) to --out.  What it did to models/small-code's
 recipe: tools/train/README.md ("Recipe experiments").
 
@@ -18,7 +21,7 @@ usage: finetune_ul.py --model DIR --out DIR --ids TRAIN.bin [--updates 8] [--lr 
                                the candidates val_loops.py judges)
 TRAIN.bin: the train ids of the checkpoint's tokenizer (train.py's WORK/train.bin).
 """
-import argparse, json, os, sys, time, shutil
+import argparse, json, math, os, sys, time, shutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np, torch, torch.nn.functional as F
 import train as T
@@ -31,8 +34,20 @@ ap.add_argument("--bul", type=int, default=8); ap.add_argument("--bmle", type=in
 ap.add_argument("--prefix", type=int, default=16); ap.add_argument("--gen", type=int, default=48)
 ap.add_argument("--alpha", type=float, default=1.0); ap.add_argument("--seed", type=int, default=7)
 ap.add_argument("--save-at", default="")
+ap.add_argument("--lr-floor", type=float, default=1.0,
+                help="cosine from --lr down to this fraction of it at the last update (1: constant)")
+ap.add_argument("--line-start", action="store_true",
+                help="prefixes start after a newline token and get BOS first, as generate's prompts")
+ap.add_argument("--prefix-min", type=int, default=0,
+                help="draw each update's prefix length from [prefix-min, --prefix] (0: always --prefix)")
+ap.add_argument("--fail-only", action="store_true",
+                help="penalise only generations whose distinct-token ratio is below 0.3 (the bound)")
+ap.add_argument("--stop-after", type=int, default=0,
+                help="stop after this many updates of the --updates schedule (0: all); equals the "
+                     "--save-at snapshot of the full run")
+ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
-torch.set_num_threads(2); torch.set_flush_denormal(True); torch.manual_seed(a.seed)
+torch.set_num_threads(a.threads); torch.set_flush_denormal(True); torch.manual_seed(a.seed)
 m = load_model(a.model, torch.float32)
 for l in m.model.layers:
     if hasattr(l.mlp, "gate"):
@@ -40,6 +55,13 @@ for l in m.model.layers:
 ids = torch.from_numpy(np.fromfile(a.ids, dtype="<i4").astype(np.int64))
 opt = torch.optim.AdamW(m.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
 g = torch.Generator().manual_seed(a.seed)
+if a.line_start:
+    # ids whose byte-level string ends in a newline ('Ċ'); a prefix starts right after one
+    vocab = json.load(open(os.path.join(a.model, "tokenizer.json")))["model"]["vocab"]
+    nl = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
+    nl[[i for t, i in vocab.items() if t.endswith("\u010a")]] = True
+    line_starts = (torch.nonzero(nl[ids[:-300]]).squeeze(1) + 1)
+    BOS = json.load(open(os.path.join(a.model, "config.json")))["bos_token_id"]
 def greedy(x, n):
     """x [B, P] ids -> [B, P + n]: n greedy tokens appended (KV-cached)."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -60,11 +82,24 @@ def marks(seq, k):
     return torch.tensor(mk)
 t0 = time.time()
 uptime0, curve = T.uptime(), []
-for u in range(a.updates):
-    st = torch.randint(0, len(ids) - 300, (a.bul,), generator=g)
-    pre = torch.stack([ids[s:s + a.prefix] for s in st.tolist()])
+for u in range(a.stop_after or a.updates):
+    lr = a.lr * (a.lr_floor + (1 - a.lr_floor) * 0.5 * (1 + math.cos(math.pi * u / max(1, a.updates - 1))))
+    for grp in opt.param_groups:
+        grp["lr"] = lr
+    P = a.prefix
+    if a.prefix_min:
+        P = int(torch.randint(a.prefix_min, a.prefix + 1, (1,), generator=g))
+    if a.line_start:
+        st = line_starts[torch.randint(0, len(line_starts), (a.bul,), generator=g)]
+        pre = torch.stack([torch.cat([torch.tensor([BOS]), ids[s:s + P - 1]]) for s in st.tolist()])
+    else:
+        st = torch.randint(0, len(ids) - 300, (a.bul,), generator=g)
+        pre = torch.stack([ids[s:s + P] for s in st.tolist()])
     m.eval(); seq = greedy(pre, a.gen); m.train()
-    mk = torch.stack([marks(r, a.prefix) for r in seq])
+    mk = torch.stack([marks(r, P) for r in seq])
+    if a.fail_only:
+        gen_distinct = torch.tensor([len(set(r[P:].tolist())) / a.gen for r in seq])
+        mk &= (gen_distinct < 0.3).unsqueeze(1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lg = m(seq[:, :-1])
     lp = F.log_softmax(lg.float(), -1).gather(2, seq[:, 1:].unsqueeze(-1)).squeeze(-1)  # log p(x_t)
@@ -76,10 +111,11 @@ for u in range(a.updates):
     loss = main_l + T.MTP_WEIGHT * mtp_l + a.alpha * ul
     opt.zero_grad(set_to_none=True); loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
-    if u + 1 in save_at and u + 1 < a.updates:
+    if u + 1 in save_at and u + 1 < (a.stop_after or a.updates):
         save(os.path.join(a.out, "upd%d" % (u + 1)))
     curve.append("%d\t%.3f\t%.4f\t%.3f\t%.3f\t%.0f" % (u, mt.float().mean().item(), ul.item(),
                                                    main_l.item(), mtp_l.item(), time.time() - t0))
+    print("upd %d lr %.2e P %d" % (u, lr, P), end=" ")
     print("upd %d rep-frac %.3f ul %.4f mle %.3f mtp %.3f %.0f s" % (u, mt.float().mean().item(), ul.item(), main_l.item(), mtp_l.item(), time.time() - t0), flush=True)
 os.makedirs(a.out, exist_ok=True)
 # train.py's record of the base run (train.json) and its loss curve travel with the result
