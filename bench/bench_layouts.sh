@@ -23,12 +23,12 @@ row() { # $1 label, $2 batch, $3 threads per rank, rest: layout flags
     echo "layout=\"$label\" batch=$batch threads_per_rank=$th decode_tok_s=$dec comm_wait_s_rank0=$(echo "scale=3; ${wait_us:-0}/1000000" | bc)"
 }
 # BATCHES (default "1 32"), REPS rounds of every row in turn (default 1: alternate A B A B);
-# the "MPI all-reduce" row is tp2 with the shared-memory all-reduce off (MOESERVE_COMM_SHM=0)
+# the "shm all-reduce" row is tp2 with the shared-memory all-reduce on (MOESERVE_COMM_SHM=1)
 for rep in $(seq 1 "${REPS:-1}"); do
     for b in ${BATCHES:-1 32}; do
         row "1 rank" "$b" 2
         row "tp2" "$b" 1 --tp 2
-        MOESERVE_COMM_SHM=0 row "tp2 MPI all-reduce" "$b" 1 --tp 2
+        MOESERVE_COMM_SHM=1 row "tp2 shm all-reduce" "$b" 1 --tp 2
         row "dp2 dp-attention ep2 a2a" "$b" 1 --tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep
     done
 done

@@ -38,7 +38,7 @@ void ms_comm_opts_default(ms_comm_opts *o)
     o->spin_s = 200e-6;
     o->max_sleep_s = 1e-3;
     const char *shm = getenv("MOESERVE_COMM_SHM");
-    o->shm = !(shm && !strcmp(shm, "0"));
+    o->shm = shm && !strcmp(shm, "1"); /* off by default: slower end to end under load */
 }
 
 bool ms_comm_is_init(void)

@@ -20,7 +20,7 @@
  * without a second barrier: a member reaching call k + 2 waited at call k + 1 for every member to
  * publish k + 1, i.e. to have finished reading call k.
  * Off when the group spans hosts, when shm_open/fallocate fail (falls back to MPI, logged), or
- * with MOESERVE_COMM_SHM=0 (ms_comm_opts.shm).  Main thread only, like comm.c.
+ * unless MOESERVE_COMM_SHM=1 (ms_comm_opts.shm; off by default: bench/HISTORY.md).  Main thread only, like comm.c.
  */
 #include "parallel/comm_priv.h"
 
