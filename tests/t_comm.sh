@@ -37,7 +37,7 @@ fi
 
 # 1-2. every collective, groups, control blocks, accounting
 for np in 2 4; do
-    run 60 "${MPIRUN[@]}" -np $np "$M" comm-check
+    run 60 env MOESERVE_COMM_SHM=1 "${MPIRUN[@]}" -np $np "$M" comm-check
     n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
     if [ $rc -eq 0 ] && [ "$n_ok" -eq $np ]; then ok "collectives np=$np (${wall%.*}s)"; else bad "collectives np=$np rc=$rc" "$out"; fi
 done
@@ -46,13 +46,13 @@ done
 # (np 4: groups of 4, 2 and 3), and the sums' bits equal ((v0 + v1) + v2) + v3 at every size;
 # without them, with Open MPI's ring all-reduce (its grouping follows the size), some sums
 # change with the message size, so the order check can tell
-run 60 "${MPIRUN[@]}" -np 4 "$M" comm-check --fixed-order 1
+run 60 env MOESERVE_COMM_SHM=1 "${MPIRUN[@]}" -np 4 "$M" comm-check --fixed-order 1
 n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
 if [ $rc -eq 0 ] && [ "$n_ok" -eq 4 ]; then ok "collectives np=4 with fixed-order sums"; else bad "collectives np=4 --fixed-order 1 rc=$rc" "$out"; fi
 run 60 "${MPIRUN[@]}" -np 4 "$M" comm-check --mode order --fixed-order 1
 n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
 if [ $rc -eq 0 ] && [ "$n_ok" -eq 4 ]; then ok "fixed-order sums: all-reduce, reduce-scatter(v) in rank order at every size (np 4)"; else bad "fixed-order sums rc=$rc" "$out"; fi
-run 60 "${MPIRUN[@]}" --mca coll_libnbc_iallreduce_algorithm 1 -np 4 "$M" comm-check --mode order --fixed-order 0
+run 60 env MOESERVE_COMM_SHM=0 "${MPIRUN[@]}" --mca coll_libnbc_iallreduce_algorithm 1 -np 4 "$M" comm-check --mode order --fixed-order 0
 dep=$(printf '%s\n' "$out" | sed -nE 's/^ORDER rank 0 of 4 fixed=0: .*change with the size ([0-9]+)$/\1/p')
 if [ $rc -eq 0 ] && [ "${dep:-0}" -gt 0 ]; then ok "without them MPI's ring all-reduce changes $dep sums with the size (the check can tell)"; else bad "MPI ring order rc=$rc dep=${dep:-?}" "$out"; fi
 

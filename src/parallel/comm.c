@@ -37,6 +37,8 @@ void ms_comm_opts_default(ms_comm_opts *o)
     o->timeout_s = 60.0;
     o->spin_s = 200e-6;
     o->max_sleep_s = 1e-3;
+    const char *shm = getenv("MOESERVE_COMM_SHM");
+    o->shm = shm && !strcmp(shm, "1"); /* off by default: slower end to end under load */
 }
 
 bool ms_comm_is_init(void)
@@ -243,15 +245,33 @@ static int test_all(MPI_Request *reqs, int n, int *done)
     return MPI_SUCCESS;
 }
 
+struct mpi_reqs {
+    MPI_Request *reqs;
+    int n;
+};
+
+static int poll_reqs(void *ctx, int *done)
+{
+    struct mpi_reqs *r = ctx;
+    return test_all(r->reqs, r->n, done);
+}
+
 int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op, size_t bytes,
                  ms_errbuf *e)
+{
+    struct mpi_reqs r = {reqs, n};
+    return ms_comm_wait_poll(g, poll_reqs, &r, deadline, op, bytes, e);
+}
+
+int ms_comm_wait_poll(ms_group *g, int (*poll)(void *ctx, int *done), void *ctx, bool deadline,
+                      const char *op, size_t bytes, ms_errbuf *e)
 {
     const ms_comm_opts *o = &ms_comm_st.opts;
     double t0 = ms_now_s(), next_check = t0 + LIVENESS_PERIOD_S;
     int burst = 0; /* tests left before the next sleep */
     for (;;) {
         int done = 0;
-        int rc = test_all(reqs, n, &done);
+        int rc = poll(ctx, &done);
         if (rc != MPI_SUCCESS) return ms_comm_mpi_fail(g, rc, op, e);
         if (done) return 0;
         double now = ms_now_s(), el = now - t0;
@@ -302,6 +322,7 @@ static void group_destroy(ms_group *g)
 {
     if (!g) return;
     struct ms_group_priv *p = g->priv;
+    ms_comm_shm_free(g); /* local, and no request can still use it */
     if (p && !p->broken) { /* a broken group's arrays may belong to a pending request: leaked */
         free(p->world_ranks);
         free(p->ia);
@@ -404,7 +425,8 @@ int ms_comm_split(ms_group *parent, int color, int key, const char *name, ms_gro
     mrc = MPI_Comm_split(parent->priv->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
     if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(parent, mrc, "MPI_Comm_split", e);
     if (color < 0 || nc == MPI_COMM_NULL) return 0;
-    return group_new(nc, name, out, e);
+    if ((rc = group_new(nc, name, out, e))) return rc;
+    return ms_comm_shm_setup(*out, e); /* on failure *out stays for ms_comm_group_free */
 }
 
 void ms_comm_group_free(ms_group *g)
@@ -506,6 +528,7 @@ int ms_comm_init(int *argc, char ***argv, const ms_comm_opts *opts, ms_errbuf *e
         goto fail;
     s->peers_known = true;
     s->launcher_pid = s->world_size > 1 ? getppid() : 0;
+    if ((rc = ms_comm_shm_setup(s->world, e))) goto fail;
     MS_LOG(MS_DEBUG, "comm", "MPI up: rank %d of %d, pid %d on %s, thread level %d", s->world_rank,
            s->world_size, (int)me.pid, me.host, provided);
     return 0;

@@ -33,6 +33,8 @@ typedef struct ms_comm_opts {
     double timeout_s;   /* deadline of each collective (default 60; `--comm-timeout-s`) */
     double spin_s;      /* busy-poll this long before sleeping (default 200 µs) */
     double max_sleep_s; /* back-off cap while waiting (default 1 ms): the idle wake latency */
+    bool shm;           /* all-reduce through shared memory in groups on one host
+                         * (MOESERVE_COMM_SHM=1; default off: MPI's, see bench/HISTORY.md) */
 } ms_comm_opts;
 
 void ms_comm_opts_default(ms_comm_opts *o);
@@ -84,6 +86,13 @@ int ms_comm_split(ms_group *parent, int color, int key, const char *name, ms_gro
 void ms_comm_group_free(ms_group *g);
 /* World rank of member i of g (-1 if i is out of range). */
 int ms_comm_group_world_rank(const ms_group *g, int i);
+/* Groups whose members all run on this host sum their all-reduces through shared memory
+ * (parallel/comm_shm.c: in rank order, ((v0 + v1) + v2) + ..., the same bits on every member
+ * and at every size; for two ranks the bits of MPI_SUM) when ms_comm_opts.shm is on.
+ * ms_comm_shm_group: whether g does.  ms_comm_shm_bypass(true) sends them to MPI again until
+ * called with false (a test hook: every rank must switch between the same two calls). */
+bool ms_comm_shm_group(const ms_group *g);
+void ms_comm_shm_bypass(bool on);
 
 /* ---- the standard set of groups --------------------------------------------------------- *
  * Built from the layout's rank coordinates and group spans (parallel/layout.h: the one place

@@ -143,6 +143,11 @@ int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
         ms_comm_stats_add(g, MS_COMM_ALLREDUCE, 4 * c, 0, 0, ms_now_s() - t0);
         return 0;
     }
+    if (g->priv->shm && !ms_comm_st.shm_bypass) { /* one host: rank-order sums through shared memory, any fixed_order */
+        if ((rc = ms_comm_shm_allreduce(g, buf, count, op, e))) return rc;
+        ms_comm_stats_add(g, MS_COMM_ALLREDUCE, 4 * c, moved, moved, ms_now_s() - t0);
+        return 0;
+    }
     MPI_Request req;
     if (ms_comm_st.fixed_order && g->size > 2) { /* fixed_sum of each rank's block, gathered */
         struct ms_group_priv *p = g->priv;

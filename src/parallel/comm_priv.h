@@ -27,6 +27,7 @@ struct ms_group_priv {
     int n_tag_slots;
     uint64_t ctrl_seq; /* control blocks sent/received on this group */
     ms_group *next;    /* list of live groups */
+    struct ms_comm_shm *shm; /* shared-memory all-reduce (comm_shm.c); NULL: MPI's */
 };
 
 struct ms_comm_peer {
@@ -55,6 +56,7 @@ struct ms_comm_state {
     unsigned char *ctrl_body; /* reassembled control body */
     size_t ctrl_body_cap;
     bool fixed_order; /* ms_comm_set_fixed_order */
+    bool shm_bypass;  /* ms_comm_shm_bypass */
     float *fixed_buf; /* [size][block] the received blocks of a fixed-order sum (grow-only) */
     int64_t fixed_cap;
 };
@@ -72,9 +74,22 @@ void ms_comm_mark_broken(ms_group *g, const char *why);
  * g (or the launcher) died.  op/bytes describe the call for messages.  g may be NULL. */
 int ms_comm_wait(ms_group *g, MPI_Request *reqs, int n, bool deadline, const char *op, size_t bytes,
                  ms_errbuf *e);
+/* The same strategy around any completion test: poll sets *done (1: finished) and returns
+ * MPI_SUCCESS or an MPI error code (then MS_ECOMM with MPI's string). */
+int ms_comm_wait_poll(ms_group *g, int (*poll)(void *ctx, int *done), void *ctx, bool deadline,
+                      const char *op, size_t bytes, ms_errbuf *e);
 /* Adds one call to g's counters under the current tag. */
 void ms_comm_stats_add(ms_group *g, enum ms_comm_kind k, uint64_t payload, uint64_t sent,
                        uint64_t recv, double wait_s);
 void ms_comm_stats_free(ms_group *g);
+
+/* comm_shm.c.  Collective over g right after it is made: maps a shared segment when every
+ * member is on this host and opts.shm is on (else leaves g on MPI; 0 either way unless an MPI
+ * call failed). */
+int ms_comm_shm_setup(ms_group *g, ms_errbuf *e);
+/* Sum of buf over g in rank order through the segment (g must have one); op names the call
+ * in errors.  Same deadline and failure reports as the MPI calls; no accounting. */
+int ms_comm_shm_allreduce(ms_group *g, float *buf, size_t count, const char *op, ms_errbuf *e);
+void ms_comm_shm_free(ms_group *g); /* local: unmaps (NULL or no segment ok) */
 
 #endif

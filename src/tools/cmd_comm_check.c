@@ -86,6 +86,57 @@ static void check_allreduce(ms_group *g)
     }
 }
 
+static float oval(int r, size_t j);
+
+/* The shared-memory all-reduce (groups on one host) against MPI's on the same data: values of
+ * mixed magnitudes and signs so the grouping shows, sizes across the segment's 2^18-float
+ * chunks, and the ranks entering at different times.  Two ranks: the bits of MPI_SUM; more:
+ * the bits of the rank-order sum ((v0 + v1) + v2) + ..., and MPI's within rounding. */
+static void check_allreduce_shm(ms_group *g)
+{
+    static const size_t sizes[] = {1, 5, 1023, 32768, 262144, 300001, 600000};
+    int n = g->size;
+    if (!ms_comm_shm_group(g)) {
+        CK(n == 1, "group '%s' of %d ranks on one host has no shared-memory all-reduce", g->name,
+           n);
+        return;
+    }
+    for (size_t s = 0; s < MS_ARRAY_LEN(sizes); s++) {
+        size_t c = sizes[s], bad_bits = 0, bad_mpi = 0, bad_order = 0;
+        float *a = malloc(c * sizeof *a), *b = malloc(c * sizeof *b);
+        if (!a || !b) abort();
+        for (size_t j = 0; j < c; j++) a[j] = b[j] = oval(g->rank + 7 * (int)s, j);
+        if (s % 2 && g->rank == n - 1) sleep_s(2e-3); /* a late member */
+        CKRC(ms_comm_allreduce_f32(g, a, c, &ck_e));
+        ms_comm_shm_bypass(true);
+        ms_errbuf e = {""};
+        int rc = ms_comm_allreduce_f32(g, b, c, &e);
+        ms_comm_shm_bypass(false);
+        CK(rc == 0, "MPI all-reduce: %s", e.msg);
+        if (rc) return;
+        for (size_t j = 0; j < c; j++) {
+            float want = oval(7 * (int)s, j), mag = fabsf(want);
+            for (int q = 1; q < n; q++) {
+                float v = oval(q + 7 * (int)s, j);
+                want += v;
+                mag += fabsf(v);
+            }
+            bad_order += memcmp(&want, &a[j], 4) != 0;
+            bad_bits += memcmp(&a[j], &b[j], 4) != 0;
+            bad_mpi += !(fabsf(a[j] - b[j]) <= 1e-6f * mag);
+        }
+        CK(bad_order == 0, "shm all-reduce of %zu floats on %s: %zu sums not in rank order", c,
+           g->name, bad_order);
+        if (n == 2)
+            CK(bad_bits == 0, "shm all-reduce of %zu floats on %s: %zu differ from MPI_SUM's bits",
+               c, g->name, bad_bits);
+        CK(bad_mpi == 0, "shm all-reduce of %zu floats on %s: %zu beyond MPI_SUM's rounding", c,
+           g->name, bad_mpi);
+        free(a);
+        free(b);
+    }
+}
+
 /* rows per rank for pattern p: includes ranks with 0 rows (idle participants) */
 static size_t rows_of(int p, int r, int n)
 {
@@ -434,6 +485,7 @@ static void mode_collectives(void)
         ms_group *g = gl[k];
         if (!g) continue;
         check_allreduce(g);
+        if (ms_comm_shm_group(w)) check_allreduce_shm(g); /* shm on (one host) */
         check_allgatherv(g);
         check_reduce_scatter(g);
         check_alltoallv(g);
@@ -524,6 +576,9 @@ static void mode_order(bool fixed)
     printf("ORDER rank %d of %d fixed=%d: not in rank order: allreduce %zu, reduce_scatter %zu, "
            "reduce_scatterv %zu; allreduce sums that change with the size %zu\n", g->rank, n,
            fixed, diff_ar, diff_rs, diff_rsv, size_dep);
+    if (!fixed && ms_comm_shm_group(g)) /* the shared-memory all-reduce is in rank order */
+        CK(diff_ar + size_dep == 0, "shm all-reduce: %zu sums not in rank order, %zu change "
+           "with the size", diff_ar, size_dep);
     if (fixed)
         CK(diff_ar + diff_rs + diff_rsv + size_dep == 0,
            "fixed order: %zu + %zu + %zu sums not in rank order, %zu change with the size",
@@ -708,6 +763,7 @@ static int mode_bench(int iters)
     } cases[] = {
         {"allreduce_f32", b_allreduce, 8},
         {"allreduce_f32", b_allreduce, 14336},
+        {"allreduce_f32", b_allreduce, 131072}, /* one batch-32 decode layer of small-v3 */
         {"allreduce_f32", b_allreduce, 1 << 20},
         {"allgather", b_allgather, 1 << 20},
         {"allgather", b_allgather, 1 << 18},
