@@ -42,7 +42,7 @@ enum {
      * address translation of the pages the stream reaches next (page walks
      * slowed scattered expert reads; measured: bench/RESULTS.md, "Why the code is so") */
     PAGE_PF_BYTES = 16384,
-    /* BF16 tiles of at most this many activation rows (a batched decode's
+    /* Tiles (BF16; FP8 shares the code) of at most this many activation rows (a batched decode's
      * experts: 32 tokens × top-6 over 64 is 4-8 rows for a third of them)
      * prefetch the next tile into L2 (prefetcht1), larger ones into L1.  At
      * a few rows the tile streams from DRAM; our reading is that an L1
