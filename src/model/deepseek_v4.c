@@ -751,6 +751,8 @@ static void v4_free(ms_model *m)
         free(m->v4);
     }
     free(m->final_norm);
+    ms_free_aligned((void *)m->draft_head.data); /* --speculative-token-map's head */
+    free(m->draft_vocab);
     ms_pool_free(m->pool);
     if (m->arena) munmap(m->arena, m->arena_bytes);
     free(m->f8_plain);
