@@ -530,14 +530,21 @@ static void decode_index_fn(void *arg, int tid, int nt)
                     atomic_store(&J->rc, MS_EINTERNAL);
                     return;
                 }
-                for (int64_t r = 0; r < J->n_rows; r++) {
-                    if (b + j >= (J->pos0 + r + 1) / 4) continue; /* not yet seen by row r */
-                    int64_t t = J->t0 + r;
-                    const float *iq = w->iq + t * nI * ihd, *iw = w->iw + t * nI;
-                    float d[256], s = 0;
-                    ms_kvq_fp8key_dots(iq, nI, ihd, e, ihd, d);
-                    for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(d[h], 0.0f);
-                    w->isr[r * w->cap_S + b + j] = s;
+                /* the rows that see key b + j are a suffix r0 .. n_rows - 1 and their
+                 * queries are contiguous (ws->iq + t·nI·ihd): one call makes the key once
+                 * for all of them (each head's dot its own lanes: the same bits) */
+                int64_t r0 = 0;
+                while (r0 < J->n_rows && b + j >= (J->pos0 + r0 + 1) / 4) r0++;
+                for (int64_t rc = r0; rc < J->n_rows; rc += 1024 / nI) {
+                    int64_t nr = MS_MIN(J->n_rows - rc, 1024 / nI), t = J->t0 + rc;
+                    float d[1024];
+                    ms_kvq_fp8key_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
+                    for (int64_t r = 0; r < nr; r++) {
+                        const float *iw = w->iw + (t + r) * nI;
+                        float s = 0;
+                        for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(d[r * nI + h], 0.0f);
+                        w->isr[(rc + r) * w->cap_S + b + j] = s;
+                    }
                 }
             }
             continue;
