@@ -53,6 +53,7 @@ enum {
     F4_CHUNK = 128,     /* codes per 64-byte load */
     F4_ROW_BLOCK = 64,  /* weight rows per block (each pass over activation rows reuses it) */
     F4_PF_BYTES = 1024, /* software prefetch distance along each weight row (4096, 8192: no faster) */
+    F4_GEMV_AHEAD = 2,  /* f4b_gemv4: the tile whose lines are prefetched, in tiles ahead */
 };
 
 /* The prepared activations on this thread (MM_SCR_F4X) and what they are. */
@@ -360,10 +361,10 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
         }
 }
 
-/* M = 1: weight rows [n0, n1), one at a time (one forward stream: DRAM-cold
- * faster than 2, 4 or 8 rows per tile, L2-hot slower), with what f4b_tile
+/* M = 1, one row: weight rows [n0, n1) one at a time, with what f4b_tile
  * keeps per tile hoisted out of the row loop and the scales in registers.
- * The same arithmetic as f4b_tile(MB = 1, R = 1), so the same bits. */
+ * The same arithmetic as f4b_tile(MB = 1, R = 1), so the same bits.  It
+ * takes the rows f4b_gemv4 leaves (fewer than 4). */
 AI void f4b_gemv(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
@@ -400,6 +401,67 @@ AI void f4b_gemv(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
     }
 }
 
+/* M = 1: weight rows [n0, n1) four at a time (the activations loaded once
+ * per chunk for all four), and while a tile is computed, the lines of the
+ * tile F4_GEMV_AHEAD tiles on (codes row by row, then its scales) are
+ * prefetched in address order, one line per row-chunk step: the four rows
+ * are four interleaved streams to the hardware prefetcher (DRAM-cold, 4 rows
+ * per tile without this prefetch was slower than 1), the software prefetch
+ * one forward stream (measured: bench/RESULTS.md, "mm_fp4.c: f4b_gemv4").
+ * Each row's arithmetic is f4b_gemv's, so the same bits; the last n1 - n0
+ * mod 4 rows take f4b_gemv. */
+AI void f4b_gemv4(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, row_bytes = K / 2, n_chunks = (K + F4_CHUNK - 1) / F4_CHUNK,
+                  n_full = row_bytes / 64, n_sb = (K + 31) / 32, ldb = W->ld / 2,
+                  sld = W->scale_ld;
+    const __m512i tbl = f4b_table();
+    const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __mmask64 tail = ((__mmask64)1 << (row_bytes - 64 * n_full)) - 1; /* partial chunk */
+    const uint8_t *w = (const uint8_t *)W->data + n0 * ldb;
+    const uint8_t *sc = W->e8scale + (W->r0 + n0) * sld + W->c0 / 32;
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4, w += 4 * ldb, sc += 4 * sld) {
+        const int pf = n + 4 * F4_GEMV_AHEAD + 4 <= n1; /* that tile is in the range */
+        const char *pa = (const char *)w + 4 * F4_GEMV_AHEAD * ldb; /* its row 0 */
+        int64_t pc = 0;                                              /* its next chunk */
+        if (pf)
+            for (int r = 0; r < 4; r++)
+                _mm_prefetch((const char *)sc + (4 * F4_GEMV_AHEAD + r) * sld, _MM_HINT_T0);
+        __m512 acc[4], sv[4];
+        for (int r = 0; r < 4; r++) acc[r] = sv[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n_chunks; c++) {
+            if ((c & 3) == 0)
+                for (int r = 0; r < 4; r++) sv[r] = f4_scales16(sc + r * sld + 4 * c, n_sb - 4 * c);
+            const uint16_t *xc = xq + c * F4_CHUNK;
+            const __m512i x0 = _mm512_loadu_si512(xc), x1 = _mm512_loadu_si512(xc + 32),
+                          x2 = _mm512_loadu_si512(xc + 64), x3 = _mm512_loadu_si512(xc + 96);
+            const __m512i sidx = _mm512_add_epi32(sidx0, _mm512_set1_epi32(4 * (int)(c & 3)));
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                if (pf) { /* step 4c + r: the ahead tile's line after the last one */
+                    _mm_prefetch(pa + 64 * pc, _MM_HINT_T0);
+                    if (++pc == n_chunks) pc = 0, pa += ldb;
+                }
+                const uint8_t *wr = w + r * ldb + 64 * c;
+                const __m512i v = c < n_full ? _mm512_loadu_si512(wr) : _mm512_maskz_loadu_epi8(tail, wr);
+                __m512 tt = f4b_dp(_mm512_setzero_ps(), x0, _mm512_permutexvar_epi16(v, tbl));
+                tt = f4b_dp(tt, x1, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tbl));
+                tt = f4b_dp(tt, x2, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tbl));
+                tt = f4b_dp(tt, x3, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), tbl));
+                acc[r] = _mm512_fmadd_ps(tt, _mm512_permutexvar_ps(sidx, sv[r]), acc[r]);
+            }
+        }
+        for (int r = 0; r < 4; r++) {
+            float s = _mm512_reduce_add_ps(acc[r]);
+            float *yo = t->y + n + r;
+            *yo = t->accumulate ? *yo + s : s;
+        }
+    }
+    if (n < n1) f4b_gemv(t, xq, n, n1);
+}
+
 AI void f4b_rows(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB, const int R,
                  int64_t m0, int64_t n0, int64_t n1)
 {
@@ -415,8 +477,8 @@ int ms_mm_fp4_bf16_nt(const mm_task *t, int64_t n0, int64_t n1)
     const int64_t K = t->W->cols, ldq = (K + F4_CHUNK - 1) / F4_CHUNK * F4_CHUNK;
     const uint16_t *xq = f4b_prep(t, K, ldq);
     if (!xq) return -1;
-    if (t->M == 1) { /* one weight row at a time (f4b_gemv) */
-        f4b_gemv(t, xq, n0, n1);
+    if (t->M == 1) { /* four weight rows at a time (f4b_gemv4) */
+        f4b_gemv4(t, xq, n0, n1);
         return 0;
     }
     F4_BLOCKS(f4b_rows, xq, ldq, 1, 4, 4, 4);
