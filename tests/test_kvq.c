@@ -273,6 +273,54 @@ TEST(fp8_key_dots)
     }
 }
 
+/* The MXFP4 packed-code dots (ms_kvq_mxfp4_dots, the decode indexer's scores of
+ * --enable-deepseek-v4-fp4-indexer keys) equal the twin (unpack + ms_dot_f32) bit for
+ * bit: every code at every written scale exponent as one-hot queries, then random keys
+ * of the lengths the register path takes and some it hands to the twin, 1..16 heads. */
+TEST(mxfp4_key_dots)
+{
+    static float q[128 * 128];
+    for (int i = 0; i < 128; i++) q[i * 128 + i] = 1.0f; /* head i: one-hot at value i */
+    for (int ex = 0; ex < 253; ex++) { /* 253, 254: ±4, ±6 overflow (0 · inf); 255 NaN */
+        uint8_t e[68];
+        float x[128], d[128];
+        for (int i = 0; i < 64; i++) e[i] = (uint8_t)((i + ex) * 37 + (i >> 3));
+        for (int b = 0; b < 4; b++) e[64 + b] = (uint8_t)(b == 0 ? ex : (ex + 61 * b) % 253);
+        ms_kvq_mxfp4_unpack(e, 128, x);
+        ms_kvq_mxfp4_dots(q, 128, 128, e, 128, d);
+        int ok = 1;
+        for (int i = 0; i < 128; i++) ok &= memcmp(&d[i], &x[i], 4) == 0;
+        CHECKF(ok, "exponent %d", ex);
+    }
+    uint64_t seed = 23;
+    static const int lens[] = {8, 24, 32, 40, 64, 72, 96, 120, 128, 136, 256, 301};
+    for (int rep = 0; rep < 1200; rep++) {
+        int n = lens[rep % 12], nh = 1 + rep % 16, ld = n + 3;
+        static float qq[16 * 304];
+        float x[320], d[16], r[16], y[320];
+        uint8_t e[340];
+        float mag = ldexpf(1.0f, rep % 50 - 25);
+        for (int i = 0; i < n; i++) x[i] = frand(&seed) * mag;
+        for (int i = 0; i < nh * ld; i++) qq[i] = frand(&seed) * 3.0f;
+        if (rep % 3 == 0) x[rep % n] *= 50.0f; /* an outlier: its block's small values go to 0 */
+        ms_kvq_mxfp4_pack(x, n, e);
+        ms_kvq_mxfp4_dots(qq, nh, ld, e, n, d);
+        ms_kvq_mxfp4_dots_ref(qq, nh, ld, e, n, r);
+        ms_kvq_mxfp4_unpack(e, n, y);
+        for (int h = 0; h < nh; h++) {
+            double want = 0, m1 = 0;
+            for (int i = 0; i < n; i++) {
+                double p = (double)qq[h * ld + i] * y[i];
+                want += p, m1 += fabs(p);
+            }
+            CHECKF(memcmp(&d[h], &r[h], 4) == 0, "rep %d n %d head %d: %.9g vs twin %.9g", rep,
+                   n, h, d[h], r[h]);
+            CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g",
+                   rep, n, h, d[h], want);
+        }
+    }
+}
+
 TEST(hadamard)
 {
     for (int n = 1; n <= 128; n *= 2)
@@ -304,6 +352,7 @@ int main(void)
     RUN(mxfp4_key);
     RUN(fp8_key);
     RUN(fp8_key_dots);
+    RUN(mxfp4_key_dots);
     RUN(hadamard);
     return TEST_REPORT();
 }

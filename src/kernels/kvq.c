@@ -262,32 +262,12 @@ static inline __m256 key_dot8(const float *qh, const __m256 *k, int64_t n32, int
     return _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
 }
 
-/* q_h · key e for nh queries straight from the codes: the key's values are made once
- * in registers (F16C of the shifted codes, × s · 2^8: the one real product code · s
- * rounded once, as the unpack's table value · s is) and every query's dot sums them in
- * ms_dot_f32's order (four 8-lane accumulators over 32s, then 8s into the first, the
- * same horizontal sum's pairs, eight heads' sums at once), so each result equals ms_dot_f32(q_h, unpacked e, n) bit for
- * bit.  Keys of n > 128 or n not a multiple of 8 take the unpacked row.  Codes 0x7f /
- * 0xff (NaN, never written) read as ±480 here. */
-void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
-                        float *out)
+/* out[h] = q_h · the key k[nv] (8-value vectors, n32 of them in whole 32s) for nh
+ * queries, each in ms_dot_f32's order (key_dot8, then hsum8's pairs, eight heads'
+ * horizontal sums at once): the packed-code dots' common half. */
+static void key_dots(const float *q, int64_t nh, int64_t ldq, const __m256 *k, int64_t n32,
+                     int64_t nv, float *out)
 {
-    if (n > 128 || n % 8) {
-        ms_kvq_fp8key_dots_ref(q, nh, ldq, e, n, out);
-        return;
-    }
-    __m256 k[16];
-    int64_t nv = n / 8, n32 = n / 32 * 4; /* 8-value vectors; those in whole 32s */
-    __m256 vs = _mm256_set1_ps(fp8key_scale(e, n, 0) * 256.0f); /* n <= 128: one block */
-    int64_t v = 0;
-    for (; v + 2 <= nv; v += 2) {
-        __m256i h = e4m3_f16bits16(_mm_loadu_si128((const __m128i *)(e + 8 * v)));
-        k[v] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
-        k[v + 1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
-    }
-    if (v < nv)
-        k[v] = _mm256_mul_ps(
-            _mm256_cvtph_ps(e4m3_f16bits8(_mm_loadl_epi64((const __m128i *)(e + 8 * v)))), vs);
     int64_t hd = 0;
     for (; hd + 8 <= nh; hd += 8) { /* eight heads' horizontal sums at once, hsum8's pairs */
         __m256 t[8];
@@ -319,6 +299,35 @@ void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *
     }
 }
 
+/* q_h · key e for nh queries straight from the codes: the key's values are made once
+ * in registers (F16C of the shifted codes, × s · 2^8: the one real product code · s
+ * rounded once, as the unpack's table value · s is) and every query's dot sums them in
+ * ms_dot_f32's order (four 8-lane accumulators over 32s, then 8s into the first, the
+ * same horizontal sum's pairs, eight heads' sums at once), so each result equals ms_dot_f32(q_h, unpacked e, n) bit for
+ * bit.  Keys of n > 128 or n not a multiple of 8 take the unpacked row.  Codes 0x7f /
+ * 0xff (NaN, never written) read as ±480 here. */
+void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                        float *out)
+{
+    if (n > 128 || n % 8) {
+        ms_kvq_fp8key_dots_ref(q, nh, ldq, e, n, out);
+        return;
+    }
+    __m256 k[16];
+    int64_t nv = n / 8, n32 = n / 32 * 4; /* 8-value vectors; those in whole 32s */
+    __m256 vs = _mm256_set1_ps(fp8key_scale(e, n, 0) * 256.0f); /* n <= 128: one block */
+    int64_t v = 0;
+    for (; v + 2 <= nv; v += 2) {
+        __m256i h = e4m3_f16bits16(_mm_loadu_si128((const __m128i *)(e + 8 * v)));
+        k[v] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
+        k[v + 1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
+    }
+    if (v < nv)
+        k[v] = _mm256_mul_ps(
+            _mm256_cvtph_ps(e4m3_f16bits8(_mm_loadl_epi64((const __m128i *)(e + 8 * v)))), vs);
+    key_dots(q, nh, ldq, k, n32, nv, out);
+}
+
 void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
                             float *out)
 {
@@ -328,5 +337,49 @@ void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8
         return;
     }
     ms_kvq_fp8key_unpack(e, n, x);
+    for (int64_t h = 0; h < nh; h++) out[h] = ms_dot_f32(q + h * ldq, x, n);
+}
+
+/* q_h · MXFP4 key e for nh queries from its codes: each 8 codes (4 bytes) shifted
+ * into lanes, their e2m1 values by permutes of the two 8-entry halves of
+ * ms_fp4e2m1_to_f32's table (code 8 is +0 there, as here), × the block's UE8M0 scale
+ * (the one f32 product table value · s that the unpack makes), then key_dots, so each
+ * result equals ms_dot_f32(q_h, unpacked e, n) bit for bit.  Keys of n > 128 or n
+ * not a multiple of 8 take the unpacked row. */
+void ms_kvq_mxfp4_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                       float *out)
+{
+    if (n > 128 || n % 8) {
+        ms_kvq_mxfp4_dots_ref(q, nh, ldq, e, n, out);
+        return;
+    }
+    const __m256 pos = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m256 neg = _mm256_setr_ps(0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m256i sh = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0); /* code i's bit 3 to 31 */
+    const uint8_t *scales = e + n / 2;
+    __m256 k[16];
+    int64_t nv = n / 8, n32 = n / 32 * 4; /* 8-value vectors; those in whole 32s */
+    for (int64_t v = 0; v < nv; v++) {
+        uint32_t u;
+        memcpy(&u, e + 4 * v, 4);
+        /* lane i: code i of the 8 (nibble i of u) in bits 28..31; permutes read bits 0..2 */
+        __m256i hi = _mm256_sllv_epi32(_mm256_set1_epi32((int)u), sh);
+        __m256i c = _mm256_srli_epi32(hi, 28);
+        __m256 a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(pos, c),
+                                    _mm256_permutevar8x32_ps(neg, c), _mm256_castsi256_ps(hi));
+        k[v] = _mm256_mul_ps(a, _mm256_set1_ps(ms_e8m0_to_f32(scales[v / 4])));
+    }
+    key_dots(q, nh, ldq, k, n32, nv, out);
+}
+
+void ms_kvq_mxfp4_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                           float *out)
+{
+    float x[4096];
+    if (n > 4096) {
+        for (int64_t h = 0; h < nh; h++) out[h] = NAN;
+        return;
+    }
+    ms_kvq_mxfp4_unpack(e, n, x);
     for (int64_t h = 0; h < nh; h++) out[h] = ms_dot_f32(q + h * ldq, x, n);
 }

@@ -74,6 +74,13 @@ void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *
 void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
                             float *out);
 
+/* The same for an MXFP4 key of n values (ms_kvq_mxfp4_unpack's values): equal bit for
+ * bit to ms_kvq_mxfp4_dots_ref = ms_dot_f32(q_h, ms_kvq_mxfp4_unpack(e)); n <= 4096. */
+void ms_kvq_mxfp4_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                       float *out);
+void ms_kvq_mxfp4_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                           float *out);
+
 /* f32 -> e4m3fn code, round to nearest even, saturating to ±448: the bitwise
  * twin of ms_f32_to_fp8e4m3 (kernels/dtype.h), the same code for every f32. */
 uint8_t ms_kvq_e4m3_encode(float f);

@@ -507,10 +507,10 @@ static void rows_fn(void *arg, int tid, int nt)
  * pos0 + j), instead of every key of the context going through one shared
  * buffer first, or each verify row dequantising the keys again (the fused form
  * of load + score: the same values and the same sums, so the reference twin's
- * results bit for bit).  FP8 keys are scored straight from their codes
- * (ms_kvq_fp8key_dots: each key made once in registers for all the heads, no
- * unpacked rows; its dots equal ms_dot_f32 of the unpacked key bit for bit, so
- * again the twin's results).  Row j's scores: ws->isr + j * cap_S. */
+ * results bit for bit).  FP8 and MXFP4 keys are scored straight from their
+ * codes (ms_kvq_fp8key_dots, ms_kvq_mxfp4_dots: each key made once in registers
+ * for all the heads, no unpacked rows; their dots equal ms_dot_f32 of the
+ * unpacked key bit for bit, so again the twin's results).  Row j's scores: ws->isr + j * cap_S. */
 static void decode_index_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
@@ -519,11 +519,13 @@ static void decode_index_fn(void *arg, int tid, int nt)
     float *kb = w->th[tid].kb;
     int64_t nI = c->n_idx_heads, ihd = c->idx_hd, nk = (J->pos0 + J->n_rows) / 4;
     (void)nt;
-    int f8 = ms_kv_view_dtype(&J->v, V4_S_INDEX) == MS_DT_U8 && index_fp8(J->m, &J->v) &&
-             nI <= 256;
+    /* packed keys (FP8, or MXFP4 under --enable-deepseek-v4-fp4-indexer): scored from
+     * their codes */
+    int pk = ms_kv_view_dtype(&J->v, V4_S_INDEX) == MS_DT_U8 && nI <= 256;
+    int f8 = pk && index_fp8(J->m, &J->v);
     for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < nk;) {
         int64_t n = MS_MIN(64, nk - b);
-        if (f8) { /* FP8 keys: scored from their codes (index_scores' sums, bit for bit) */
+        if (pk) { /* packed keys: scored from their codes (index_scores' sums, bit for bit) */
             for (int64_t j = 0; j < n; j++) {
                 const uint8_t *e = ms_kv_view_entry(&J->v, V4_S_INDEX, J->l, (b + j) * 4);
                 if (!e) {
@@ -538,7 +540,8 @@ static void decode_index_fn(void *arg, int tid, int nt)
                 for (int64_t rc = r0; rc < J->n_rows; rc += 1024 / nI) {
                     int64_t nr = MS_MIN(J->n_rows - rc, 1024 / nI), t = J->t0 + rc;
                     float d[1024];
-                    ms_kvq_fp8key_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
+                    if (f8) ms_kvq_fp8key_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
+                    else ms_kvq_mxfp4_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
                     for (int64_t r = 0; r < nr; r++) {
                         const float *iw = w->iw + (t + r) * nI;
                         float s = 0;
