@@ -313,6 +313,15 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *wr[8], *sr[8];
     f4_row_ptrs(W, n, R, wr, sr);
+    /* M <= 4 (one pass over the rows): the lines of the tile F4_GEMV_AHEAD tiles on
+     * in address order, as f4b_gemv4 (one forward stream for the R rows' reads) */
+    const int lin = R == 4 && t->M <= 4 && n + 4 * F4_GEMV_AHEAD + 4 <= W->rows;
+    const int64_t ldb = W->ld / 2;
+    const char *pa = (const char *)wr[0] + 4 * F4_GEMV_AHEAD * ldb; /* its row 0 */
+    int64_t pc = 0;                                                  /* its next chunk */
+    if (lin)
+        for (int r = 0; r < R; r++)
+            _mm_prefetch((const char *)sr[r] + 4 * F4_GEMV_AHEAD * W->scale_ld, _MM_HINT_T0);
     __m512 acc[4][8];
     float sv[8][16] __attribute__((aligned(64))) = {{0}}; /* filled at chunk 0 */
 #pragma GCC unroll 4
@@ -334,7 +343,12 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512i v = _mm512_maskz_loadu_epi8(bm, wr[r] + 64 * c);
-            _mm_prefetch((const char *)wr[r] + 64 * c + F4_PF_BYTES, _MM_HINT_T0);
+            if (lin) {
+                _mm_prefetch(pa + 64 * pc, _MM_HINT_T0);
+                if (++pc == n_chunks) pc = 0, pa += ldb;
+            } else {
+                _mm_prefetch((const char *)wr[r] + 64 * c + F4_PF_BYTES, _MM_HINT_T0);
+            }
             __m512i w0 = _mm512_permutexvar_epi16(v, tbl);
             __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tbl);
             __m512i w2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tbl);
