@@ -36,9 +36,10 @@
  *            a decode step there, alternating, best of two medians: x2, x3, x4 = verify
  *            / decode (weights: the byte model's ×1.45 / ×1.86 / ×2.23 on small-v4; the
  *            rows' index scores come from one pass over the keys)
- *   idxdot   the decode indexer's scoring of 16,256 FP8 keys (64K context) on one
- *            thread: unpacked rows + ms_dot_f32 (the path before the packed-code
- *            kernel) against ms_kvq_fp8key_dots, alternating, six of each: ns per key,
+ *   idxdot   the decode indexer's scoring of 16,256 FP8 keys, then of as many MXFP4
+ *            keys (64K context) on one thread: unpacked rows + ms_dot_f32 (the path
+ *            before the packed-code kernels) against ms_kvq_fp8key_dots /
+ *            ms_kvq_mxfp4_dots, alternating, six of each: ns per key,
  *            x_unpack = unpack time / packed time, and whether the scores are equal
  *   topk     the CSA indexer's choice at small-v4 scale: a real 4096-token prefill into
  *            an F32 cache, then --steps decode steps; at every CSA layer of every step
@@ -513,55 +514,64 @@ int main(int argc, char **argv)
                bq[0] / bq[2], i == 0 ? " (at 64K)" : bq[0] / bq[1] >= 1.0 ? " met" : " not_met");
         fflush(stdout);
     }
-    /* the decode indexer's FP8-key scoring alone, one thread: unpacked rows + ms_dot_f32
-     * (the scoring before ms_kvq_fp8key_dots) against the packed-code dots, alternating */
+    /* the decode indexer's key scoring alone, one thread: unpacked rows + ms_dot_f32
+     * (the scoring before the packed-code dots) against ms_kvq_fp8key_dots (FP8 keys)
+     * and ms_kvq_mxfp4_dots (MXFP4 keys, --enable-deepseek-v4-fp4-indexer), alternating */
     if (want("idxdot")) {
         const ms_v4_cfg *c = &m->v4->c;
         int64_t nk = (65536 - 512) / 4, nI = c->n_idx_heads, d = c->idx_hd;
-        int64_t kb = ms_kvq_fp8key_bytes(d);
-        uint8_t *keys = malloc((size_t)(nk * kb));
-        float *q = malloc(sizeof(float) * (size_t)(nI * d)), *sc = malloc(sizeof(float) * (size_t)nk);
-        float *rowsb = malloc(sizeof(float) * (size_t)(64 * d)), w[256], dd[256];
-        if (!keys || !q || !sc || !rowsb || nI > 256) return 1;
-        uint64_t rng = 9;
-        float x[4096];
-        for (int64_t j = 0; j < nk; j++) {
-            for (int64_t i = 0; i < d; i++) x[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
-            ms_kvq_fp8key_pack(x, d, keys + j * kb);
-        }
-        for (int64_t i = 0; i < nI * d; i++) q[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
-        for (int64_t h = 0; h < nI; h++) w[h] = (float)ms_rng_uniform(&rng);
-        double best[2] = {1e30, 1e30}, chk[2] = {0, 0};
-        for (int rep = 0; rep < 6; rep++)
-            for (int k = 0; k < 2; k++) {
-                double t0 = ms_now_s();
-                for (int64_t b = 0; b < nk; b += 64) {
-                    int64_t n = MS_MIN(64, nk - b);
-                    if (k == 0)
-                        for (int64_t j = 0; j < n; j++)
-                            ms_kvq_fp8key_unpack(keys + (b + j) * kb, d, rowsb + j * d);
-                    for (int64_t j = 0; j < n; j++) {
-                        float s = 0;
-                        if (k == 0)
-                            for (int64_t h = 0; h < nI; h++)
-                                s += w[h] * fmaxf(ms_dot_f32(q + h * d, rowsb + j * d, d), 0.0f);
-                        else {
-                            ms_kvq_fp8key_dots(q, nI, d, keys + (b + j) * kb, d, dd);
-                            for (int64_t h = 0; h < nI; h++) s += w[h] * fmaxf(dd[h], 0.0f);
-                        }
-                        sc[b + j] = s;
-                    }
-                }
-                best[k] = MS_MIN(best[k], ms_now_s() - t0);
-                chk[k] = 0;
-                for (int64_t j = 0; j < nk; j++) chk[k] += sc[j];
+        static const char *fname[2] = {"fp8", "mxfp4"};
+        void (*pack[2])(const float *, int64_t, uint8_t *) = {ms_kvq_fp8key_pack, ms_kvq_mxfp4_pack};
+        void (*unpack[2])(const uint8_t *, int64_t, float *) = {ms_kvq_fp8key_unpack,
+                                                                ms_kvq_mxfp4_unpack};
+        void (*dots[2])(const float *, int64_t, int64_t, const uint8_t *, int64_t, float *) = {
+            ms_kvq_fp8key_dots, ms_kvq_mxfp4_dots};
+        for (int f = 0; f < 2; f++) {
+            int64_t kb = f ? ms_kvq_mxfp4_bytes(d) : ms_kvq_fp8key_bytes(d);
+            uint8_t *keys = malloc((size_t)(nk * kb));
+            float *q = malloc(sizeof(float) * (size_t)(nI * d)), *sc = malloc(sizeof(float) * (size_t)nk);
+            float *rowsb = malloc(sizeof(float) * (size_t)(64 * d)), w[256], dd[256];
+            if (!keys || !q || !sc || !rowsb || nI > 256) return 1;
+            uint64_t rng = 9;
+            float x[4096];
+            for (int64_t j = 0; j < nk; j++) {
+                for (int64_t i = 0; i < d; i++) x[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
+                pack[f](x, d, keys + j * kb);
             }
-        printf("idxdot model=small-v4 keys=%lld heads=%lld dim=%lld threads=1 unpack_dot_ns_key=%.1f "
-               "packed_dots_ns_key=%.1f x_unpack=%.2f same_scores=%s\n",
-               (long long)nk, (long long)nI, (long long)d, best[0] / nk * 1e9, best[1] / nk * 1e9,
-               best[0] / best[1], chk[0] == chk[1] ? "yes" : "NO");
-        fflush(stdout);
-        free(keys), free(q), free(sc), free(rowsb);
+            for (int64_t i = 0; i < nI * d; i++) q[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
+            for (int64_t h = 0; h < nI; h++) w[h] = (float)ms_rng_uniform(&rng);
+            double best[2] = {1e30, 1e30}, chk[2] = {0, 0};
+            for (int rep = 0; rep < 6; rep++)
+                for (int k = 0; k < 2; k++) {
+                    double t0 = ms_now_s();
+                    for (int64_t b = 0; b < nk; b += 64) {
+                        int64_t n = MS_MIN(64, nk - b);
+                        if (k == 0)
+                            for (int64_t j = 0; j < n; j++)
+                                unpack[f](keys + (b + j) * kb, d, rowsb + j * d);
+                        for (int64_t j = 0; j < n; j++) {
+                            float s = 0;
+                            if (k == 0)
+                                for (int64_t h = 0; h < nI; h++)
+                                    s += w[h] * fmaxf(ms_dot_f32(q + h * d, rowsb + j * d, d), 0.0f);
+                            else {
+                                dots[f](q, nI, d, keys + (b + j) * kb, d, dd);
+                                for (int64_t h = 0; h < nI; h++) s += w[h] * fmaxf(dd[h], 0.0f);
+                            }
+                            sc[b + j] = s;
+                        }
+                    }
+                    best[k] = MS_MIN(best[k], ms_now_s() - t0);
+                    chk[k] = 0;
+                    for (int64_t j = 0; j < nk; j++) chk[k] += sc[j];
+                }
+            printf("idxdot model=small-v4 key=%s keys=%lld heads=%lld dim=%lld threads=1 "
+                   "unpack_dot_ns_key=%.1f packed_dots_ns_key=%.1f x_unpack=%.2f same_scores=%s\n",
+                   fname[f], (long long)nk, (long long)nI, (long long)d, best[0] / nk * 1e9,
+                   best[1] / nk * 1e9, best[0] / best[1], chk[0] == chk[1] ? "yes" : "NO");
+            fflush(stdout);
+            free(keys), free(q), free(sc), free(rowsb);
+        }
     }
 
     /* the indexer's top-k: FP32 keys against FP8 and MXFP4 keys, the same queries, after a

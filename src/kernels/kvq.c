@@ -358,7 +358,9 @@ void ms_kvq_mxfp4_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e
     const __m256i sh = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0); /* code i's bit 3 to 31 */
     const uint8_t *scales = e + n / 2;
     __m256 k[16];
+    float sb[4]; /* the blocks' scales (n <= 128) */
     int64_t nv = n / 8, n32 = n / 32 * 4; /* 8-value vectors; those in whole 32s */
+    for (int64_t b = 0; b < (n + FP4_BLOCK - 1) / FP4_BLOCK; b++) sb[b] = ms_e8m0_to_f32(scales[b]);
     for (int64_t v = 0; v < nv; v++) {
         uint32_t u;
         memcpy(&u, e + 4 * v, 4);
@@ -367,7 +369,7 @@ void ms_kvq_mxfp4_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e
         __m256i c = _mm256_srli_epi32(hi, 28);
         __m256 a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(pos, c),
                                     _mm256_permutevar8x32_ps(neg, c), _mm256_castsi256_ps(hi));
-        k[v] = _mm256_mul_ps(a, _mm256_set1_ps(ms_e8m0_to_f32(scales[v / 4])));
+        k[v] = _mm256_mul_ps(a, _mm256_set1_ps(sb[v / 4]));
     }
     key_dots(q, nh, ldq, k, n32, nv, out);
 }
