@@ -42,6 +42,12 @@ for np in 2 4; do
     if [ $rc -eq 0 ] && [ "$n_ok" -eq $np ]; then ok "collectives np=$np (${wall%.*}s)"; else bad "collectives np=$np rc=$rc" "$out"; fi
 done
 
+# 1b. the two-rank all-reduce (one Isend/Irecv exchange; shm off): its sums against
+# MPI_Iallreduce's bits at 7 sizes with a late member, and every collective again
+run 60 env MOESERVE_COMM_SHM=0 "${MPIRUN[@]}" -np 2 "$M" comm-check
+n_ok=$(printf '%s\n' "$out" | grep -cE '^comm-check rank [0-9]+: [0-9]+ passed, 0 failed')
+if [ $rc -eq 0 ] && [ "$n_ok" -eq 2 ]; then ok "collectives np=2 with the two-rank all-reduce (MPI_SUM's bits)"; else bad "collectives np=2 two-rank all-reduce rc=$rc" "$out"; fi
+
 # 2b. fixed-order sums (--enable-deterministic-inference): every collective again with them on
 # (np 4: groups of 4, 2 and 3), and the sums' bits equal ((v0 + v1) + v2) + v3 at every size;
 # without them, with Open MPI's ring all-reduce (its grouping follows the size), some sums

@@ -657,9 +657,53 @@ static int32_t n_hidden_rows(const ms_batch_seq *sq)
     return sq->n_hidden < sq->n_tokens ? sq->n_hidden : sq->n_tokens;
 }
 
+/* The vocab-parallel LM head (ms_family.head_split) of an attention-TP group g of n ranks:
+ * member j computes the logits of vocab rows [V·j/n, V·(j+1)/n) of the n_want packed rows of
+ * ws->u with the one-rank kernel (each logit one row's dot product: the bits of one rank),
+ * into ws->logits as [j][n_want][V_j] blocks; rank 0 receives the others' blocks (one
+ * point-to-point exchange, with the collectives' deadline) and writes each sequence's logits
+ * rows; the other members write none. */
+static int head_split(ms_model *m, ms_group *g, const ms_batch_seq *seqs, int n_seqs,
+                      const ms_mat *head, int64_t n_want, ms_errbuf *err)
+{
+    int64_t V = head->rows, D = m->cfg.hidden_size;
+    int n = g->size, me = g->rank;
+    float *L = m->ws->logits; /* [n][n_want][V_j] */
+    int64_t v0 = V * me / n, v1 = V * (me + 1) / n;
+    ms_mat sl = ms_mat_slice(head, v0, v1 - v0, 0, D);
+    if (v1 > v0) ms_matmul(&m->kctx, L + n_want * v0, v1 - v0, m->ws->u, D, n_want, &sl, 0);
+    ms_comm_p2p op1, *ops = &op1;
+    int n_ops = 1;
+    if (me == 0 && n > 2 && !(ops = calloc((size_t)(n - 1), sizeof *ops)))
+        return ms_err(err, MS_ENOMEM, "out of memory (LM head)");
+    if (me == 0) {
+        n_ops = n - 1;
+        for (int j = 1; j < n; j++) {
+            int64_t a = V * j / n, b = V * (j + 1) / n;
+            ops[j - 1] = (ms_comm_p2p){j, 1, L + n_want * a, sizeof(float) * (size_t)(n_want * (b - a))};
+        }
+    } else {
+        op1 = (ms_comm_p2p){0, 0, L + n_want * v0, sizeof(float) * (size_t)(n_want * (v1 - v0))};
+    }
+    int rc = ms_comm_exchange(g, ops, n_ops, err);
+    if (ops != &op1) free(ops);
+    if (rc || me != 0) return rc;
+    int64_t k = 0;
+    for (int i = 0; i < n_seqs; i++) { /* row r of a sequence at logits + r * V */
+        int32_t nl = n_logit_rows(&seqs[i]);
+        for (int32_t r = 0; r < nl; r++, k++)
+            for (int j = 0; j < n; j++) {
+                int64_t a = V * j / n, b = V * (j + 1) / n;
+                memcpy(seqs[i].logits + (int64_t)r * V + a, L + n_want * a + k * (b - a),
+                       sizeof(float) * (size_t)(b - a));
+            }
+    }
+    return 0;
+}
+
 /* The rows whose logits or hidden states are wanted, normed by norm (the final
  * norm, or the draft layer's shared_head.norm); the logit rows as one GEMM
- * through the LM head. */
+ * through the LM head (split by vocab rows in an attention-TP group: head_split). */
 static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const float *norm,
                      const ms_mat *head, ms_errbuf *err)
 {
@@ -697,6 +741,12 @@ static int head_rows(ms_model *m, const ms_batch_seq *seqs, int n_seqs, const fl
             memcpy(seqs[i].hidden, ws->hn + (r + nr - nh) * D, sizeof(float) * (size_t)(nh * D));
         r += nr;
         k += nl;
+    }
+    ms_group *g = m->shard ? m->shard->attn_group : NULL;
+    if (n_want > 0 && g && g->size > 1) {
+        int rc = head_split(m, g, seqs, n_seqs, head, n_want, err);
+        ph_mark(PH_HEAD);
+        return rc;
     }
     if (n_want > 0) ms_matmul(&m->kctx, ws->logits, V, ws->u, D, n_want, head, 0);
     ph_mark(PH_HEAD);
@@ -838,6 +888,7 @@ const ms_family ms_family_deepseek_v3 = {
     .embed = dsv3_embed,
     .run_layers = dsv3_run_layers,
     .head = dsv3_head,
+    .head_split = 1,
     .each_view = ms_dsv3_each_view,
     .free = ms_dsv3_free,
     .draft = dsv3_draft,

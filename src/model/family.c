@@ -132,6 +132,7 @@ void ms_model_free(ms_model *m)
 
 const ms_family *ms_model_family(const ms_model *m) { return m->family; }
 const ms_model_shape *ms_model_shape_of(const ms_model *m) { return &m->shape; }
+int ms_model_head_split(const ms_model *m) { return m->family->head_split; }
 ms_pool *ms_model_threads(const ms_model *m) { return m->pool; }
 int64_t ms_model_active_bytes_per_token(const ms_model *m) { return m->active_bytes_per_token; }
 int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }

@@ -136,6 +136,11 @@ struct ms_family {
      * does.  NULL: the family has none */
     int (*draft)(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
                  ms_errbuf *err);
+    /* 1: in an attention-TP group of more than one rank, head and draft split the LM head's
+     * vocab rows over the group's members and write logits on the group's rank 0 only; every
+     * member must then pass the same logit rows (logits set, with the leader's n_logits; the
+     * members' buffers are left unwritten).  0: rank 0 alone computes them */
+    int head_split;
 };
 
 /* Every registered family, in match order (NULL-terminated). */
@@ -160,6 +165,7 @@ void ms_model_free(ms_model *m);
 
 const ms_family *ms_model_family(const ms_model *m);
 const ms_model_shape *ms_model_shape_of(const ms_model *m);
+int ms_model_head_split(const ms_model *m); /* the family's head_split (ms_family) */
 ms_pool *ms_model_threads(const ms_model *m);          /* the rank's kernel threads */
 int64_t ms_model_active_bytes_per_token(const ms_model *m); /* weight bytes read per decoded token */
 int64_t ms_model_n_params(const ms_model *m);

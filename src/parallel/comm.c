@@ -39,6 +39,8 @@ void ms_comm_opts_default(ms_comm_opts *o)
     o->max_sleep_s = 1e-3;
     const char *shm = getenv("MOESERVE_COMM_SHM");
     o->shm = shm && !strcmp(shm, "1"); /* off by default: slower end to end under load */
+    const char *pair = getenv("MOESERVE_COMM_PAIR");
+    o->pair = !(pair && !strcmp(pair, "0")); /* on by default; 0: MPI's Iallreduce */
 }
 
 bool ms_comm_is_init(void)

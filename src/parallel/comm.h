@@ -35,6 +35,8 @@ typedef struct ms_comm_opts {
     double max_sleep_s; /* back-off cap while waiting (default 1 ms): the idle wake latency */
     bool shm;           /* all-reduce through shared memory in groups on one host
                          * (MOESERVE_COMM_SHM=1; default off: MPI's, see bench/HISTORY.md) */
+    bool pair;          /* two-rank groups all-reduce by one Isend/Irecv exchange and a local
+                         * add (comm_coll.c; default on, MOESERVE_COMM_PAIR=0: MPI_Iallreduce) */
 } ms_comm_opts;
 
 void ms_comm_opts_default(ms_comm_opts *o);
@@ -89,7 +91,8 @@ int ms_comm_group_world_rank(const ms_group *g, int i);
 /* Groups whose members all run on this host sum their all-reduces through shared memory
  * (parallel/comm_shm.c: in rank order, ((v0 + v1) + v2) + ..., the same bits on every member
  * and at every size; for two ranks the bits of MPI_SUM) when ms_comm_opts.shm is on.
- * ms_comm_shm_group: whether g does.  ms_comm_shm_bypass(true) sends them to MPI again until
+ * ms_comm_shm_group: whether g does.  ms_comm_shm_bypass(true) sends every all-reduce (the
+ * shared-memory one and the two-rank exchange, ms_comm_opts.pair) to MPI_Iallreduce until
  * called with false (a test hook: every rank must switch between the same two calls). */
 bool ms_comm_shm_group(const ms_group *g);
 void ms_comm_shm_bypass(bool on);

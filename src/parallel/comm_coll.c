@@ -14,6 +14,7 @@
 #include <string.h>
 
 #define P2P_TAG        4343 /* point-to-point tag of ms_comm_exchange */
+#define PAIR_TAG       4344 /* point-to-point tag of the two-rank all-reduce */
 #define CTRL_TAG       4242 /* point-to-point tag of control headers (collectives use another space) */
 #define CTRL_HDR_BYTES 16
 
@@ -124,6 +125,31 @@ static int fixed_sum(ms_group *g, const char *op, const float *send, const size_
     return 0;
 }
 
+/* ---- the two-rank all-reduce ------------------------------------------------------------ */
+
+/* Two ranks: each sends its count floats whole to the other (one Isend/Irecv round, waited
+ * through ms_comm_wait: the same spin/sleep, liveness and deadline) and adds the copy it
+ * received, buf[i] = v0[i] + v1[i] on both ranks (IEEE addition commutes: the same bits on
+ * both, and MPI_SUM's at two ranks, which is that one addition).  Open MPI 4.1's
+ * MPI_Iallreduce (libnbc) measured several times slower per byte on one host (HISTORY.md). */
+static int allreduce_pair(ms_group *g, float *buf, size_t count, const char *op, ms_errbuf *e)
+{
+    if (ms_grow_scratch_f32(&ms_comm_st.fixed_buf, &ms_comm_st.fixed_cap, (int64_t)count))
+        return ms_err(e, MS_ENOMEM, "%s on group '%s': out of memory", op, g->name);
+    float *peer = ms_comm_st.fixed_buf; /* [count] the other rank's values */
+    MPI_Comm comm = g->priv->comm;
+    int other = 1 - g->rank;
+    MPI_Request req[2];
+    int mrc = MPI_Irecv(peer, (int)count, MPI_FLOAT, other, PAIR_TAG, comm, &req[0]);
+    if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, op, e);
+    mrc = MPI_Isend(buf, (int)count, MPI_FLOAT, other, PAIR_TAG, comm, &req[1]);
+    if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, op, e); /* marks g broken */
+    int rc = ms_comm_wait(g, req, 2, true, op, count * 4, e);
+    if (rc) return rc;
+    for (size_t i = 0; i < count; i++) buf[i] += peer[i];
+    return 0;
+}
+
 /* ---- collectives ------------------------------------------------------------------------ */
 
 int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
@@ -146,6 +172,11 @@ int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
     if (g->priv->shm && !ms_comm_st.shm_bypass) { /* one host: rank-order sums through shared memory, any fixed_order */
         if ((rc = ms_comm_shm_allreduce(g, buf, count, op, e))) return rc;
         ms_comm_stats_add(g, MS_COMM_ALLREDUCE, 4 * c, moved, moved, ms_now_s() - t0);
+        return 0;
+    }
+    if (g->size == 2 && ms_comm_st.opts.pair && !ms_comm_st.shm_bypass) {
+        if ((rc = allreduce_pair(g, buf, count, op, e))) return rc;
+        ms_comm_stats_add(g, MS_COMM_ALLREDUCE, 4 * c, 4 * c, 4 * c, ms_now_s() - t0);
         return 0;
     }
     MPI_Request req;

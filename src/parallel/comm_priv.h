@@ -56,8 +56,9 @@ struct ms_comm_state {
     unsigned char *ctrl_body; /* reassembled control body */
     size_t ctrl_body_cap;
     bool fixed_order; /* ms_comm_set_fixed_order */
-    bool shm_bypass;  /* ms_comm_shm_bypass */
-    float *fixed_buf; /* [size][block] the received blocks of a fixed-order sum (grow-only) */
+    bool shm_bypass;  /* ms_comm_shm_bypass: every all-reduce through MPI_Iallreduce */
+    float *fixed_buf; /* [size][block] the received blocks of a fixed-order sum, or [count] the
+                       * peer's copy in a two-rank all-reduce (grow-only) */
     int64_t fixed_cap;
 };
 

@@ -200,8 +200,23 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
  * (the same page ids in every stream, the same state slots) and compute the
  * same sequences.  Per sequence: n_tokens, start_pos, state slot and, per
  * stream, its page count and first live page; then the tokens; then every
- * stream's page table (slid-out pages as -1). */
-enum { META_SEQ = 4 }; /* per seq: n_tokens, start_pos, state slot, kind; then per stream: n_pages, first live */
+ * stream's page table (slid-out pages as -1).  Its logit rows too: with a split LM head
+ * (ms_model_head_split) every member computes a vocab slice of them. */
+enum { META_SEQ = 5 }; /* per seq: n_tokens, start_pos, state slot, kind, logit rows; then per stream: n_pages, first live */
+
+int ms_engine_member_logits(ms_engine *e, const int64_t *rows, int n, size_t stride, float **out,
+                            ms_errbuf *err)
+{
+    int64_t total = 0, V = ms_model_shape_of(e->m)->vocab;
+    for (int i = 0; i < n; i++) total += rows[(size_t)i * stride];
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (!ms_model_head_split(e->m) || total == 0) return 0;
+    if (grow((void **)&e->mlogits, &e->cap_mlogits, sizeof(float) * (size_t)(total * V)))
+        return ms_err(err, MS_ENOMEM, "out of memory (members' logits)");
+    for (int i = 0, k = 0; i < n; k += (int)rows[(size_t)i * stride], i++)
+        if (rows[(size_t)i * stride] > 0) out[i] = e->mlogits + (int64_t)k * V;
+    return 0;
+}
 
 static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errbuf *err)
 {
@@ -234,6 +249,7 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
             m[1] = b->start_pos;
             m[2] = b->kv->state_slot;
             m[3] = b->kind; /* the form its attention takes */
+            m[4] = !b->logits || b->n_tokens <= 0 ? 0 : MS_MIN(MS_MAX(b->n_logits, 1), b->n_tokens);
             memcpy(p, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             p += b->n_tokens;
             for (int s = 0; s < ns; s++) {
@@ -258,6 +274,9 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
     memcpy(e->mdata, e->bbuf, bytes);
     int64_t *meta = (int64_t *)e->mdata;
     int32_t *p = (int32_t *)(meta + per * hdr[0]);
+    if (grow((void **)&e->mlog_ptr, &e->cap_mlog_ptr, sizeof(float *) * (size_t)hdr[0]) ||
+        (rc = ms_engine_member_logits(e, meta + 4, (int)hdr[0], (size_t)per, e->mlog_ptr, err)))
+        return rc ? rc : ms_err(err, MS_ENOMEM, "out of memory");
     for (int i = 0; i < (int)hdr[0]; i++) {
         ms_batch_seq *b = &e->mbatch[i];
         const int64_t *m = meta + per * i;
@@ -277,7 +296,9 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         }
         kv->n_tokens = b->start_pos + b->n_tokens;
         b->kv = kv;
-        b->logits = NULL; /* sampling happens on the group's first rank */
+        b->logits = e->mlog_ptr[i]; /* NULL, or a split head's scratch: sampling happens on
+                                     * the group's first rank */
+        b->n_logits = (int32_t)m[4];
     }
     *batch = e->mbatch;
     *n = (int)hdr[0];

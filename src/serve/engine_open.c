@@ -437,6 +437,8 @@ void ms_engine_close(ms_engine *e)
     free(e->mbatch);
     free(e->mkv);
     free(e->mdata);
+    free(e->mlogits);
+    free(e->mlog_ptr);
     free(e);
 }
 

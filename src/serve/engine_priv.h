@@ -64,6 +64,10 @@ struct ms_engine {
     int cap_mbatch;
     int32_t *mdata;        /* members' tokens and page tables */
     size_t cap_mdata;
+    float *mlogits;        /* members' logit rows with a split LM head (written by none) */
+    size_t cap_mlogits;
+    float **mlog_ptr;      /* [cap_mbatch] each member sequence's rows in mlogits, or NULL */
+    size_t cap_mlog_ptr;
     struct reject *rejects; /* leaders: refused while applying this step's control block */
     int n_rejects;
     size_t cap_rejects;     /* bytes */
@@ -75,6 +79,11 @@ struct ms_engine {
 /* engine.c: this step's rows all-gathered (every rank): into e->rows_tp for the
  * MLP layers, and the rows of this rank's replica, of all DP groups, and of
  * those the single-token ones. */
+/* engine.c: a member's logit buffers for n shared sequences whose logit row counts are
+ * rows[i * stride] (0: none), when the model splits its LM head (ms_model_head_split): out[i]
+ * points into e->mlogits, which the head leaves unwritten; otherwise every out[i] is NULL. */
+int ms_engine_member_logits(ms_engine *e, const int64_t *rows, int n, size_t stride, float **out,
+                            ms_errbuf *err);
 int ms_engine_count_rows(ms_engine *e, const ms_batch_seq *batch, int n, int64_t *replica_rows,
                          int64_t *all_rows, int64_t *all_dec, ms_errbuf *err);
 /* spec.c: checks the speculative flags against the model (after it loaded, before

@@ -43,6 +43,8 @@ struct ms_spec {
     ms_batch_seq *mseqs;
     ms_kv_seq *mkv;
     int cap_m;
+    float **mlog; /* [cap_mlog] members' logit rows (ms_engine_member_logits) */
+    int cap_mlog;
     uint8_t *buf;
     size_t cap_buf;
 };
@@ -184,6 +186,7 @@ void ms_engine_spec_free(ms_engine *e)
     ms_free_aligned(sp->hid_next);
     free(sp->mseqs);
     free(sp->mkv);
+    free(sp->mlog);
     free(sp->buf);
     free(sp);
     e->spec = NULL;
@@ -203,7 +206,9 @@ static int grow_buf(struct ms_spec *sp, size_t n)
 }
 
 /* One round's batch from the attention-TP leader to its group: per sequence
- * n_tokens, start_pos, pages, kind; then its tokens, page ids and hidden_in rows. */
+ * n_tokens, start_pos, pages, kind, logit rows (a split LM head's members compute a vocab
+ * slice of them); then its tokens, page ids and hidden_in rows. */
+enum { META = 5 };
 static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbuf *err)
 {
     struct ms_spec *sp = e->spec;
@@ -221,19 +226,21 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
         if (!e->is_leader) *n = 0;
         return rc;
     }
-    size_t bytes = sizeof(int64_t) * 4 * (size_t)hdr[0] +
+    size_t bytes = sizeof(int64_t) * META * (size_t)hdr[0] +
                    sizeof(int32_t) * (size_t)(hdr[1] + hdr[2]) +
                    sizeof(float) * (size_t)(hdr[1] * sp->D);
     if (grow_buf(sp, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
     int64_t *meta = (int64_t *)sp->buf;
-    int32_t *ip = (int32_t *)(meta + 4 * hdr[0]);
+    int32_t *ip = (int32_t *)(meta + META * hdr[0]);
     float *fp = (float *)(ip + hdr[1] + hdr[2]);
     if (e->is_leader)
         for (int i = 0; i < *n; i++) {
             const ms_batch_seq *b = &(*seqs)[i];
             int64_t np = (b->start_pos + b->n_tokens + ps - 1) / ps;
-            meta[4 * i] = b->n_tokens, meta[4 * i + 1] = b->start_pos, meta[4 * i + 2] = np;
-            meta[4 * i + 3] = b->kind;
+            int64_t *mi = meta + META * i;
+            mi[0] = b->n_tokens, mi[1] = b->start_pos, mi[2] = np, mi[3] = b->kind;
+            mi[4] = !b->logits || b->n_tokens <= 0 ? 0
+                                                   : MS_MIN(MS_MAX(b->n_logits, 1), b->n_tokens);
             memcpy(ip, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             ip += b->n_tokens;
             memcpy(ip, b->kv->pages[0], sizeof(int32_t) * (size_t)np);
@@ -250,21 +257,31 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
         sp->cap_m = sp->mseqs && sp->mkv ? (int)hdr[0] : 0;
         if (!sp->cap_m) return ms_err(err, MS_ENOMEM, "out of memory");
     }
+    if ((int)hdr[0] > sp->cap_mlog) {
+        free(sp->mlog);
+        sp->mlog = calloc((size_t)hdr[0], sizeof *sp->mlog);
+        sp->cap_mlog = sp->mlog ? (int)hdr[0] : 0;
+        if (!sp->mlog) return ms_err(err, MS_ENOMEM, "out of memory");
+    }
+    if ((rc = ms_engine_member_logits(e, meta + 4, (int)hdr[0], META, sp->mlog, err))) return rc;
     for (int i = 0; i < (int)hdr[0]; i++) {
         ms_batch_seq *b = &sp->mseqs[i];
+        const int64_t *mi = meta + META * i;
         memset(b, 0, sizeof *b);
-        b->n_tokens = (int32_t)meta[4 * i];
-        b->start_pos = meta[4 * i + 1];
-        b->kind = (int32_t)meta[4 * i + 3];
+        b->n_tokens = (int32_t)mi[0];
+        b->start_pos = mi[1];
+        b->kind = (int32_t)mi[3];
+        b->logits = sp->mlog[i]; /* NULL, or a split head's scratch (sampling on the leader) */
+        b->n_logits = (int32_t)mi[4];
         b->tokens = ip;
         ip += b->n_tokens;
         ms_kv_seq *kv = &sp->mkv[i]; /* a view of the leader's page ids */
         ms_kv_seq_init(kv);
         kv->pages[0] = ip;
-        kv->n_pages[0] = kv->cap_pages[0] = meta[4 * i + 2];
+        kv->n_pages[0] = kv->cap_pages[0] = mi[2];
         kv->n_tokens = b->start_pos + b->n_tokens;
         b->kv = kv;
-        ip += meta[4 * i + 2];
+        ip += mi[2];
         b->hidden_in = fp;
         fp += b->n_tokens * sp->D;
     }

@@ -88,19 +88,20 @@ static void check_allreduce(ms_group *g)
 
 static float oval(int r, size_t j);
 
-/* The shared-memory all-reduce (groups on one host) against MPI's on the same data: values of
- * mixed magnitudes and signs so the grouping shows, sizes across the segment's 2^18-float
- * chunks, and the ranks entering at different times.  Two ranks: the bits of MPI_SUM; more:
- * the bits of the rank-order sum ((v0 + v1) + v2) + ..., and MPI's within rounding. */
-static void check_allreduce_shm(ms_group *g)
+/* The all-reduce's own paths against MPI_Iallreduce (ms_comm_shm_bypass) on the same data:
+ * the shared-memory one (groups on one host, MOESERVE_COMM_SHM=1) and the two-rank exchange
+ * (ms_comm_opts.pair).  Values of mixed magnitudes and signs so the grouping shows, sizes
+ * across the segment's 2^18-float chunks and the batch-32 layer (32768), and the ranks entering
+ * at different times.  Two ranks: the bits of MPI_SUM; more: the bits of the rank-order sum
+ * ((v0 + v1) + v2) + ..., and MPI's within rounding. */
+static void check_allreduce_paths(ms_group *g, bool shm_wanted)
 {
     static const size_t sizes[] = {1, 5, 1023, 32768, 262144, 300001, 600000};
     int n = g->size;
-    if (!ms_comm_shm_group(g)) {
+    if (shm_wanted && !ms_comm_shm_group(g))
         CK(n == 1, "group '%s' of %d ranks on one host has no shared-memory all-reduce", g->name,
            n);
-        return;
-    }
+    if (!ms_comm_shm_group(g) && n != 2) return; /* MPI's own: nothing to compare */
     for (size_t s = 0; s < MS_ARRAY_LEN(sizes); s++) {
         size_t c = sizes[s], bad_bits = 0, bad_mpi = 0, bad_order = 0;
         float *a = malloc(c * sizeof *a), *b = malloc(c * sizeof *b);
@@ -125,13 +126,14 @@ static void check_allreduce_shm(ms_group *g)
             bad_bits += memcmp(&a[j], &b[j], 4) != 0;
             bad_mpi += !(fabsf(a[j] - b[j]) <= 1e-6f * mag);
         }
-        CK(bad_order == 0, "shm all-reduce of %zu floats on %s: %zu sums not in rank order", c,
-           g->name, bad_order);
+        const char *path = ms_comm_shm_group(g) ? "shm" : "two-rank";
+        CK(bad_order == 0, "%s all-reduce of %zu floats on %s: %zu sums not in rank order", path,
+           c, g->name, bad_order);
         if (n == 2)
-            CK(bad_bits == 0, "shm all-reduce of %zu floats on %s: %zu differ from MPI_SUM's bits",
-               c, g->name, bad_bits);
-        CK(bad_mpi == 0, "shm all-reduce of %zu floats on %s: %zu beyond MPI_SUM's rounding", c,
-           g->name, bad_mpi);
+            CK(bad_bits == 0, "%s all-reduce of %zu floats on %s: %zu differ from MPI_SUM's bits",
+               path, c, g->name, bad_bits);
+        CK(bad_mpi == 0, "%s all-reduce of %zu floats on %s: %zu beyond MPI_SUM's rounding", path,
+           c, g->name, bad_mpi);
         free(a);
         free(b);
     }
@@ -485,7 +487,7 @@ static void mode_collectives(void)
         ms_group *g = gl[k];
         if (!g) continue;
         check_allreduce(g);
-        if (ms_comm_shm_group(w)) check_allreduce_shm(g); /* shm on (one host) */
+        check_allreduce_paths(g, ms_comm_shm_group(w)); /* shm on (one host), or two ranks */
         check_allgatherv(g);
         check_reduce_scatter(g);
         check_alltoallv(g);
