@@ -206,6 +206,38 @@ TEST(prefill_equals_decode_steps)
     free_cache(b, &pb, &pb2);
 }
 
+/* A prefill chunk of 60 rows after 10 cached positions (prefill attention's
+ * causal sub-blocks of 32 rows: one of 32, one of 28, each reading only the
+ * keys its last row sees) gives every position the logits of decoding it. */
+TEST(prefill_sub_blocks_equal_decode_steps)
+{
+    enum { P0 = 10, NL = 60 };
+    CHECK(model != NULL);
+    ms_kv_seq pa, pa2, pb, pb2;
+    ms_kv_cache *a = fam_cache_new(model, PS, MAXP, 0, P0 + NL, &pa, &pa2),
+                *b = fam_cache_new(model, PS, MAXP, 0, P0 + NL, &pb, &pb2);
+    CHECK(a && b);
+    int32_t t[P0 + NL];
+    uint64_t rng = 77;
+    for (int i = 0; i < P0 + NL; i++) t[i] = 2 + (int32_t)(ms_rng_next(&rng) % (uint64_t)(V - 2));
+    float *lp = malloc(sizeof(float) * (size_t)(NL * V)), *ld = malloc(sizeof(float) * (size_t)V);
+    CHECK(lp && ld);
+    CHECK(forward1(a, &pa, t, P0, 0, MS_SEQ_PREFILL, 0, ld, NULL) == 0);
+    CHECK(forward1(a, &pa, t + P0, NL, P0, MS_SEQ_PREFILL, NL, lp, NULL) == 0);
+    double worst = 0;
+    for (int i = 0; i < P0 + NL; i++) {
+        CHECK(forward1(b, &pb, t + i, 1, i, MS_SEQ_DECODE, 1, ld, NULL) == 0);
+        if (i < P0) continue;
+        double e = rel_err(lp + (int64_t)(i - P0) * V, ld, V);
+        worst = e > worst ? e : worst;
+        CHECKF(argmax(lp + (int64_t)(i - P0) * V, V) == argmax(ld, V), "greedy token differs at %d", i);
+    }
+    CHECKF(worst <= 1e-4, "logits %.3g", worst);
+    free(lp), free(ld);
+    free_cache(a, &pa, &pa2);
+    free_cache(b, &pb, &pb2);
+}
+
 TEST(verify_equals_decode_steps)
 {
     CHECK(model != NULL);
@@ -402,6 +434,7 @@ int main(void)
     RUN(planner_only_open_refuses);
     if (open_model()) fprintf(stderr, "cannot build the tiny model\n");
     RUN(prefill_equals_decode_steps);
+    RUN(prefill_sub_blocks_equal_decode_steps);
     RUN(verify_equals_decode_steps);
     RUN(run_layers_split_equals_whole);
     RUN(deterministic_positions_bit_identical);

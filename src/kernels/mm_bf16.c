@@ -151,6 +151,41 @@ AI __m512 dp(__m512 acc, __m512i x, __m512i w)
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
 }
 
+/* The horizontal sums of v[0..15] into one vector, s[i] = the sum of v[i]'s
+ * lanes, by the tree _mm512_reduce_add_ps takes (GCC's: lanes j and j + 8,
+ * then j and j + 4, then j and j + 2, then 0 and 1), so every sum has the
+ * same bits as reduce_add_ps(v[i]); the transposed shuffles share each step
+ * among the vectors (45 operations for 16 sums against ~128).  A tile of
+ * at most 4 sums still takes reduce_add_ps, so test_kernels.c's
+ * matmul_batch_invariant (rows of an M-row product against M = 1, the
+ * tiles' shapes differing) fails if the two trees part by a bit. */
+AI __m512 hsum16(const __m512 *v)
+{
+    __m512 h[8], q[4], p[2];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* lanes j + (j + 8) of v[i] and v[i + 4], i = 0-3, 8-11 */
+        __m512 a = v[k < 4 ? k : k + 4], b = v[k < 4 ? k + 4 : k + 8];
+        h[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    /* h[k]: the two 128-bit halves of a's 8 sums, then b's */
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) { /* j + (j + 4): lane l of q[e] holds v[e + 4l]'s 4 sums */
+        __m512 a = h[e], b = h[e + 4];
+        q[e] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) { /* j + (j + 2): per lane q[2i]'s 2 sums, then q[2i + 1]'s */
+        __m512 a = q[2 * i], b = q[2 * i + 1];
+        p[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    /* 0 + 1: element e of lane l is q[e] lane l's sum, that of v[4l + e] */
+    return _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 /* One tile: prepared activation rows xb[MB][ldxb] (bf16, zero padded to a
  * multiple of 64) × weight rows w0 + r·ldw (bytes), r < R; writes the sums to
  * out[m * R + r].  Register blocked: per 32 columns each activation vector
@@ -229,10 +264,24 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
             }
         }
     }
+    if (MB * R <= 4) { /* too few to share the steps */
 #pragma GCC unroll 4
-    for (int m = 0; m < MB; m++)
+        for (int m = 0; m < MB; m++)
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
+            for (int r = 0; r < R; r++) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
+        return;
+    }
+    /* out[i] = the sum of acc[i / R][i % R], 16 at a time (out has room for 32) */
+#pragma GCC unroll 2
+    for (int i0 = 0; i0 < MB * R; i0 += 16) {
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            v[i] = i0 + i < MB * R ? acc[(i0 + i) / R][(i0 + i) % R] : _mm512_setzero_ps();
+        __m512 s = hsum16(v);
+        const int n = MB * R - i0 < 16 ? MB * R - i0 : 16;
+        _mm512_mask_storeu_ps(out + i0, (__mmask16)((1u << n) - 1), s);
+    }
 }
 
 /* M = 1 (decode): weight rows one after another, each read once from start

@@ -258,6 +258,10 @@ static void load_rows(const ms_kv_view *v, int layer, int64_t S, float *out)
 }
 
 enum { MAX_BLOCK_HEADS = 128 }; /* heads per batched product call */
+/* prefill attention: rows per causal sub-block of a query block (of at most
+ * QB_MAX rows, so MAX_SUB sub-blocks; MAX_BLOCK_HEADS · MAX_SUB calls fit one
+ * ms_matmul_batch) */
+enum { QB_MAX = 128, SUB_ROWS = 32, MAX_SUB = QB_MAX / SUB_ROWS };
 
 /* Softmax rows of one prefill block: row r = (i - i0)·H + h of sc [rows][S_b]
  * holds the scores of query i (position p0 + i) for head h; scaled, softmaxed
@@ -322,8 +326,9 @@ static void kt_heads(void *arg, int tid, int nt)
  * heads the keys [k_nope | k_rope] are laid out transposed and the values
  * packed (kt, vt, on the pool),
  * then causal attention in blocks of queries: block [i0, i1) reads only the
- * first p0 + i1 keys, and three pool runs cover the group's heads (scores,
- * one x·W product per head; softmax; context, one product per head).  The
+ * first p0 + i1 keys (each SUB_ROWS sub-block of it only those its last row
+ * sees), and three pool runs cover the group's heads (scores, one x·W
+ * product per head and sub-block; softmax; context, likewise).  The
  * scores are q · kt (each q value broadcast over 16 keys, no horizontal
  * sums), faster than dot products with key rows even with the transposition.
  * FP32 throughout: rounding q and k to bf16 costs too much accuracy in the
@@ -339,37 +344,50 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     load_rows(v, layer, S, ws->lat);
     ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
     int64_t HG = MS_MAX(1, MS_MIN(MS_MIN(H, MAX_BLOCK_HEADS), ws->cap_kh / (S * qd)));
-    int64_t QB = MS_MAX(1, MS_MIN(ws->cap_sc / (HG * S), 128)); /* block scores fit sc */
-    ms_mat w[MAX_BLOCK_HEADS];
-    ms_mm_call calls[MAX_BLOCK_HEADS];
+    int64_t QB = MS_MAX(1, MS_MIN(ws->cap_sc / (HG * S), QB_MAX)); /* block scores fit sc */
+    /* a block's rows in causal sub-blocks of SUB_ROWS: sub-block j's scores and
+     * context read only the keys its last row sees (p0 + i0 + (j + 1)·SUB_ROWS),
+     * not the block's S_b; the keys it leaves out have p = 0 (softmax_rows
+     * zeroes them), so each output has the bits of the whole-block product */
+    static ms_mat w[MAX_BLOCK_HEADS * MAX_SUB];
+    static ms_mm_call calls[MAX_BLOCK_HEADS * MAX_SUB]; /* main thread only */
     for (int64_t g0 = 0; g0 < H; g0 += HG) {
         int hg = (int)MS_MIN(H - g0, HG);
         struct kt_job kj = {ws->kv, ws->lat, ws->kh, ws->vh, S, H, g0, hg, dn, dr, dv, kvd, kvr, row};
         ms_pool_run(m->pool, kt_heads, &kj);
         for (int64_t i0 = 0; i0 < n; i0 += QB) {
             int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
-            for (int b = 0; b < hg; b++) { /* scores[i][b][:] = q[i][g0 + b] · kt[b] */
-                w[b] = ms_mat_whole(MS_DT_F32, qd, S_b, ws->kh + b * qd * S, NULL);
-                w[b].ld = S;
-                calls[b] = (ms_mm_call){ws->sc + b * S_b,
-                                        hg * S_b,
-                                        q + i0 * H * qd + (g0 + b) * qd,
-                                        H * qd,
-                                        nb,
-                                        &w[b],
-                                        0,
-                                        1};
+            int nc = 0;
+            for (int64_t j0 = 0; j0 < nb; j0 += SUB_ROWS) { /* scores[i][b][:] = q[i][g0 + b] · kt[b] */
+                int64_t rows = MS_MIN(SUB_ROWS, nb - j0), S_j = p0 + i0 + j0 + rows;
+                for (int b = 0; b < hg; b++, nc++) {
+                    w[nc] = ms_mat_whole(MS_DT_F32, qd, S_j, ws->kh + b * qd * S, NULL);
+                    w[nc].ld = S;
+                    calls[nc] = (ms_mm_call){ws->sc + (j0 * hg + b) * S_b,
+                                             hg * S_b,
+                                             q + (i0 + j0) * H * qd + (g0 + b) * qd,
+                                             H * qd,
+                                             rows,
+                                             &w[nc],
+                                             0,
+                                             1};
+                }
             }
-            ms_matmul_batch(&m->kctx, calls, hg);
+            ms_matmul_batch(&m->kctx, calls, nc);
             struct sm_job sj = {ws->sc, nb * hg, hg, S_b, p0, i0, m->softmax_scale};
             ms_pool_run(m->pool, softmax_rows, &sj);
-            for (int b = 0; b < hg; b++) { /* ctx = p · v */
-                int64_t h = g0 + b;
-                w[b] = ms_mat_whole(MS_DT_F32, S_b, dv, ws->vh + b * S * dv, NULL);
-                calls[b] = (ms_mm_call){out + i0 * H * dv + h * dv, H * dv, ws->sc + b * S_b,
-                                        hg * S_b, nb, &w[b], 0, 1};
+            nc = 0;
+            for (int64_t j0 = 0; j0 < nb; j0 += SUB_ROWS) { /* ctx = p · v */
+                int64_t rows = MS_MIN(SUB_ROWS, nb - j0), S_j = p0 + i0 + j0 + rows;
+                for (int b = 0; b < hg; b++, nc++) {
+                    int64_t h = g0 + b;
+                    w[nc] = ms_mat_whole(MS_DT_F32, S_j, dv, ws->vh + b * S * dv, NULL);
+                    calls[nc] = (ms_mm_call){out + (i0 + j0) * H * dv + h * dv, H * dv,
+                                             ws->sc + (j0 * hg + b) * S_b, hg * S_b, rows, &w[nc],
+                                             0, 1};
+                }
             }
-            ms_matmul_batch(&m->kctx, calls, hg);
+            ms_matmul_batch(&m->kctx, calls, nc);
         }
     }
 }
