@@ -54,10 +54,6 @@ enum {
      * arrives, capping the lines in flight (measured, not the mechanism:
      * bench/HISTORY.md, "Batch 32: tile prefetch into L2"). */
     TILE_PF_L2_MAX_M = 8,
-    /* BF16 tiles of 5 to this many activation rows take them all in one pass
-     * (3 weight rows, up to 24 sums), so each weight tile is read once from
-     * the stream rather than once per 4 rows */
-    TILE_ONE_PASS_MAX_M = 8,
 };
 
 /* bf16 bit pattern of e4m3 code c (c < 128; the sign is OR-ed in): high and
@@ -170,7 +166,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
              int64_t ldxb, const char *w0, int64_t ldw, int64_t K, float *out, int pf1)
 {
     const int es = isf8 ? 1 : 2;
-    __m512 acc[8][8];
+    __m512 acc[4][8];
 #pragma GCC unroll 8
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 8
@@ -197,8 +193,8 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
         } else {
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                __m512i xv[8];
-#pragma GCC unroll 8
+                __m512i xv[4];
+#pragma GCC unroll 4
                 for (int m = 0; m < MB; m++) xv[m] = _mm512_loadu_si512(xb + m * ldxb + k + 32 * h);
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
@@ -208,7 +204,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
                     else
                         _mm_prefetch(p + R * ldw, _MM_HINT_T0);
                     __m512i w = _mm512_loadu_si512(p);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
                     for (int m = 0; m < MB; m++) acc[m][r] = dp(acc[m][r], xv[m], w);
                 }
             }
@@ -229,7 +225,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
                 wa = _mm512_maskz_loadu_epi16(m0, p);
                 wb = _mm512_maskz_loadu_epi16(m1, p + 64);
             }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
             for (int m = 0; m < MB; m++) {
                 const uint16_t *xp = xb + m * ldxb + k;
                 acc[m][r] = dp(acc[m][r], _mm512_loadu_si512(xp), wa);
@@ -237,7 +233,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
             }
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) out[m * R + r] = _mm512_reduce_add_ps(acc[m][r]);
@@ -441,9 +437,6 @@ AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *
     }
     T(1, 8) T(2, 8) T(1, 6) T(2, 6) T(3, 6) T(4, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4)
     T(1, 1) T(2, 1) T(3, 1) T(4, 1)
-    if (!isf8) { /* BF16 at 5-8 rows: one pass (TILE_ONE_PASS_MAX_M) */
-        T(5, 3) T(6, 3) T(7, 3) T(8, 3) T(5, 1) T(6, 1) T(7, 1) T(8, 1)
-    }
 #undef T
 }
 
@@ -457,12 +450,11 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
 {
     /* rows per tile: as many as the registers hold (MB·R sums, MB activation
      * vectors; FP8 also holds two widened vectors and the tables) */
-    const int one = !isf8 && mc > 4 && mc <= TILE_ONE_PASS_MAX_M; /* all rows in one pass */
-    const int Rfull = mc == 1 ? 8 : isf8 ? (mc <= 3 ? 6 : 4) : one ? 3 : (mc <= 2 ? 8 : 6);
+    const int Rfull = mc == 1 ? 8 : isf8 ? (mc <= 3 ? 6 : 4) : (mc <= 2 ? 8 : 6);
     const int pf1 = mc <= TILE_PF_L2_MAX_M; /* the next tile into L2, not L1 */
     float s[32];
     for (int64_t n = n0; n < n1;) {
-        int R = n1 - n >= Rfull ? Rfull : !one && n1 - n >= 4 ? 4 : 1;
+        int R = n1 - n >= Rfull ? Rfull : n1 - n >= 4 ? 4 : 1;
         const char *w0 = w + (n - n0) * ldw;
         int pl = isf8 && plain;
         for (int r = 0; r < R; r++) {
@@ -470,13 +462,12 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
             pl = pl && plain[n - n0 + r];
         }
         for (int64_t m = 0; m < mc; m += 4) {
-            int mb = one ? (int)mc : mc - m >= 4 ? 4 : (int)(mc - m);
+            int mb = mc - m >= 4 ? 4 : (int)(mc - m);
             if (pl)
                 run_tile(2, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s, pf1);
             else
                 run_tile(isf8, mb, R, L, xb + m * Kp, Kp, w0, ldw, K, s, pf1);
             store(t, m0 + m, mb, n, R, s, add);
-            if (one) break;
         }
         n += R;
     }
