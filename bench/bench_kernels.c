@@ -29,7 +29,10 @@
  *            each in turn, 5 rounds; best round: weight GB/s and x_bf16_gbs.
  * FP8 weights carry the plain-row flags the model loader gives them
  * (ms_mat_f8_scan) wherever a kernel reads them.
- * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--threads N]
+ *   --moe32: one batch-32 MoE layer's BF16 experts as moe.c issues them (rows
+ *            grouped by expert, M = 1-8 each) against the same experts at M = 1,
+ *            layer by layer in turn (bench_moe32 below): x_stream.
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--threads N]
  */
 #include "base/threadpool.h"
 #include "base/util.h"
@@ -326,17 +329,125 @@ static void bench_moe(int nt, int isa)
     ms_pool_free(pool);
 }
 
+/* ---- one batch-32 MoE layer's experts (--moe32) ----
+ * 32 tokens drawn top-6 of 64 (distinct), grouped by expert as moe.c does
+ * (an expert of n rows is one product of M = n), gate and up of the active
+ * experts in one ms_matmul_batch, then their down projections in another;
+ * against the same experts at M = 1 (the weight stream of the same bytes),
+ * in turn for each draw.  Three sets of experts: all active ones, those of
+ * 1-3 rows (the GEMV) and those of 4-8 (the tiles).  x_stream (batch-form
+ * GB/s ÷ M = 1 GB/s) is how close the batch's expert products come to
+ * streaming. */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_moe32(int nt, int isa)
+{
+    enum { T = 32, ROWS = T * MOE_TOPK, DRAWS = 24, SETS = 3 };
+    static const char *set_name[SETS] = {"all", "rows1-3", "rows4-8"};
+    ms_pool *pool = ms_pool_new(nt);
+    ms_kctx kc = {pool, 0, isa, 0};
+    uint64_t rng = 8642;
+    struct moe_set S;
+    float *x = malloc(sizeof(float) * ROWS * MOE_D), *g = malloc(sizeof(float) * ROWS * MOE_F);
+    float *u = malloc(sizeof(float) * ROWS * MOE_F), *y = malloc(sizeof(float) * ROWS * MOE_D);
+    float *ref = malloc(sizeof(float) * 8 * MOE_F);
+    if (!x || !g || !u || !y || !ref || moe_set_make(&S, MS_DT_BF16, &kc, &rng)) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < ROWS * MOE_D; i++) x[i] = frand(&rng);
+    for (int i = 0; i < ROWS * MOE_F; i++) g[i] = frand(&rng);
+    double tm[SETS][2][DRAWS], sum[SETS][2] = {{0}}, bytes[SETS] = {0}, worst = 0;
+    int nd = 0, act_sum[SETS] = {0};
+    const double mbytes = (double)ms_mat_bytes(&S.w[0][0][0]);
+    ms_mm_call c[2 * MOE_E];
+    for (int it = 0; it < DRAWS + 2; it++) { /* the first two draws page everything in */
+        const int l = it % MOE_L;
+        int cnt[MOE_E] = {0};
+        for (int t = 0; t < T; t++) {
+            int ex[MOE_TOPK];
+            for (int j = 0; j < MOE_TOPK;) {
+                int e = (int)(ms_rng_next(&rng) % MOE_E), dup = 0;
+                for (int q = 0; q < j; q++) dup |= ex[q] == e;
+                if (!dup) ex[j++] = e;
+            }
+            for (int j = 0; j < MOE_TOPK; j++) cnt[ex[j]]++;
+        }
+        for (int set = 0; set < SETS; set++)
+            for (int form = 0; form < 2; form++) { /* 0: the batch's rows per expert, 1: M = 1 */
+                int nc = 0, off = 0, act = 0;
+                for (int e = 0; e < MOE_E; e++) {
+                    int n = cnt[e];
+                    if (!n || (set == 1 && n > 3) || (set == 2 && (n < 4 || n > 8))) continue;
+                    int64_t m = form ? 1 : n;
+                    c[nc++] = (ms_mm_call){g + off * MOE_F, MOE_F, x + off * MOE_D, MOE_D, m, &S.w[l][e][0], 0, 0};
+                    c[nc++] = (ms_mm_call){u + off * MOE_F, MOE_F, x + off * MOE_D, MOE_D, m, &S.w[l][e][1], 0, 0};
+                    off += n;
+                    act++;
+                }
+                double t0 = ms_now_s();
+                ms_matmul_batch(&kc, c, nc);
+                for (int i = 0; i < nc / 2; i++) { /* the down projections of the same experts */
+                    const ms_mm_call *a = &c[2 * i];
+                    int64_t r0 = (a->y - g) / MOE_F;
+                    const ms_mat *dw = a->W + 2; /* [l][e][0] -> [l][e][2] */
+                    c[i] = (ms_mm_call){y + r0 * MOE_D, MOE_D, g + r0 * MOE_F, MOE_F, a->M, dw, 0, 0};
+                }
+                ms_matmul_batch(&kc, c, nc / 2);
+                double dt = ms_now_s() - t0;
+                if (it == 0 && set == 0 && form == 0) /* check the gate of one expert per row count */
+                    for (int e = 0, o = 0, seen[9] = {0}; e < MOE_E; o += cnt[e], e++) {
+                        if (!cnt[e] || cnt[e] > 8 || seen[cnt[e]]++) continue;
+                        ms_matmul_ref(ref, MOE_F, x + o * MOE_D, MOE_D, cnt[e], &S.w[l][e][0], 0);
+                        double err = rel_err(g + o * MOE_F, ref, cnt[e] * MOE_F);
+                        worst = err > worst ? err : worst;
+                    }
+                if (it < 2) continue;
+                tm[set][form][nd] = dt;
+                sum[set][form] += dt;
+                if (form == 0) act_sum[set] += act, bytes[set] += 3.0 * act * mbytes;
+            }
+        if (it >= 2) nd++;
+    }
+    if (worst > 2e-2) {
+        fprintf(stderr, "bench_kernels: moe32 gate differs from the reference (rel %.3g)\n", worst);
+        exit(1);
+    }
+    for (int set = 0; set < SETS; set++) {
+        for (int f = 0; f < 2; f++) qsort(tm[set][f], (size_t)nd, sizeof(double), cmp_double);
+        printf("moe32 threads=%d wdtype=bf16 tokens=%d top=%d experts=%s active_mean=%.1f "
+               "layer_ms_median=%.3f stream_layer_ms_median=%.3f weight_gbs=%.1f stream_gbs=%.1f "
+               "x_stream=%.3f ref_rel_err=%.1e\n",
+               nt, T, MOE_TOPK, set_name[set], (double)act_sum[set] / nd, tm[set][0][nd / 2] * 1e3,
+               tm[set][1][nd / 2] * 1e3, bytes[set] / sum[set][0] / 1e9,
+               bytes[set] / sum[set][1] / 1e9, sum[set][1] / sum[set][0], worst);
+    }
+    fflush(stdout);
+    moe_set_free(&S);
+    free(x);
+    free(g);
+    free(u);
+    free(y);
+    free(ref);
+    ms_pool_free(pool);
+}
+
 int main(int argc, char **argv)
 {
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
         execv("/proc/self/exe", argv); /* on failure, go on with the default */
-    int only_threads = 0, dispatch = 0, decode = 0, moe = 0;
+    int only_threads = 0, dispatch = 0, decode = 0, moe = 0, moe32 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--moe")) moe = 1;
+        else if (!strcmp(argv[i], "--moe32")) moe32 = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
@@ -344,6 +455,10 @@ int main(int argc, char **argv)
     static const int64_t bigm[] = {16, 64, 512};
     if (moe) {
         bench_moe(only_threads ? only_threads : 2, isa);
+        return 0;
+    }
+    if (moe32) {
+        bench_moe32(only_threads ? only_threads : 2, isa);
         return 0;
     }
     if (decode) { /* K, N: 2048 rows of 1024 (gate+up of 4 small experts), 4096 of 512, V3 */

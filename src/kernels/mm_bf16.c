@@ -36,7 +36,11 @@ enum {
      * bench/HISTORY.md, "FP8 GEMV prefetch into L2") */
     F8_PF_BYTES = 8192,
     PREP_PF_FLOATS = 512, /* prep: prefetch distance along an activation row */
-    MR_PF_BYTES = 4096,   /* BF16 rows at M = 2, 3: prefetch distance along the weights */
+    /* BF16 rows at M = 2, 3: prefetch distance along the weights, into L2
+     * (prefetcht1; the non-temporal hint, which fills L1 here, was slower on
+     * this AMD guest, as T0 was for the tiles: bench/HISTORY.md, "Batch 32:
+     * the 2-3-row GEMV prefetch into L2") */
+    MR_PF_BYTES = 4096,
     /* One line per weight row (per tile row in the tiles) prefetched this
      * far ahead, on top of the streams' own prefetching: it starts the
      * address translation of the pages the stream reaches next (page walks
@@ -294,7 +298,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
  *
  * BF16 at MB = 2 or 3 activation rows (most MoE experts of a batched decode:
  * 32 tokens × top-6 over 64 experts is ~3 rows each) streams the same way,
- * each row feeding MB sums, with a non-temporal prefetch MR_PF_BYTES ahead;
+ * each row feeding MB sums, with a prefetch into L2 MR_PF_BYTES ahead;
  * from M = 4 the tiles are as fast, so they take over.
  *
  * The tiles (BF16 from M = 4, FP8 from M = 2) do more arithmetic per weight
@@ -336,9 +340,9 @@ AI void gemv_row(const int isf8, const int MB, const f8lut *L, const uint16_t *x
             _mm_prefetch(p + k + F8_PF_BYTES, _MM_HINT_T1);
             f8_lanes(isf8, L, _mm512_loadu_si512(p + k), &wa, &wb);
         } else {
-            if (MB > 1) {
-                _mm_prefetch(p + 2 * k + MR_PF_BYTES, _MM_HINT_NTA);
-                _mm_prefetch(p + 2 * k + 64 + MR_PF_BYTES, _MM_HINT_NTA);
+            if (MB > 1) { /* into L2, as the tiles' (MR_PF_BYTES) */
+                _mm_prefetch(p + 2 * k + MR_PF_BYTES, _MM_HINT_T1);
+                _mm_prefetch(p + 2 * k + 64 + MR_PF_BYTES, _MM_HINT_T1);
             }
             wa = _mm512_loadu_si512(p + 2 * k);
             wb = _mm512_loadu_si512(p + 2 * k + 64);
