@@ -13,6 +13,12 @@
  *   batch     32 concurrent sequences: aggregate decode tokens/s, x a batch-1
  *             decode run just before it (both as decode tokens over decode
  *             time; also both as tokens per median step)
+ *   ctx       batch-1 decode at context 16 (short), 4,096 and 32,768 tokens (issue 28:
+ *             32K >= 0.5x short): each prompt prefilled once (chunks of 4,096), then
+ *             32 decode steps (--quick: 16), median step; short decoded before and
+ *             after the long ones (x_short divides by their mean); bytes per token =
+ *             active weights + the cache rows the token reads (ms_kv_spec_cost), the
+ *             roofline ratio against the higher of DRAM probes right before and after
  *   fp8       the same model with FP8 projections: decode tokens/s, x BF16
  *             (BF16 and FP8 decodes alternate, two of each)
  *   det       --enable-deterministic-inference (batch-invariant products) against
@@ -48,6 +54,7 @@
  */
 #include "base/log.h"
 #include "base/util.h"
+#include "cache/kv_spec.h"
 #include "kernels/kernels.h"
 #include "kernels/probe.h"
 #include "serve/engine.h"
@@ -62,7 +69,7 @@
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
-static const char *rows = "decode,prefill,batch,fp8,det,spec"; /* --rows: which rows to run */
+static const char *rows = "decode,prefill,batch,ctx,fp8,det,spec"; /* --rows: which rows to run */
 static const char *model_dir = "build/models";
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap, int mtp)
@@ -206,7 +213,7 @@ int main(int argc, char **argv)
             rows = argv[++i];
         else {
             fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,fp8,det,spec,dnnl,v4mtp,v4curve]\n");
+                            "[--rows decode,prefill,batch,ctx,fp8,det,spec,dnnl,v4mtp,v4curve]\n");
             return 2;
         }
     }
@@ -282,6 +289,35 @@ int main(int argc, char **argv)
                32 / rb.step_median_s, 1.0 / r1b.step_median_s,
                32 * r1b.step_median_s / rb.step_median_s);
         ms_model_profile_print();
+    }
+    if (strstr(rows, "ctx")) { /* decode at long context against short (issue 28) */
+        static const int lens[] = {16, 4096, 32768, 16};
+        int n_dec = quick ? 16 : 32;
+        double ms_tok[4], pre_s[4];
+        struct run a;
+        double bwc = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, quick ? 3 : 5);
+        for (int l = 0; l < 4; l++) {
+            if (run(e, 1, lens[l], n_dec + 1, &a, 400 + (uint64_t)l)) return 1;
+            ms_tok[l] = a.step_median_s * 1e3;
+            pre_s[l] = a.prefill_s;
+        }
+        double bwc2 = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, quick ? 3 : 5);
+        printf("dram threads=%d read_gbps=%.2f before_ctx=%.2f (the ctx rows use the higher)\n",
+               nt, bwc2, bwc);
+        if (bwc2 > bwc) bwc = bwc2;
+        double short_ms = (ms_tok[0] + ms_tok[3]) / 2;
+        for (int l = 0; l < 3; l++) {
+            ms_kv_cost kc; /* a token at the middle of the timed steps */
+            ms_kv_spec_cost(ms_engine_kv_spec(e), lens[l] + n_dec / 2, &kc);
+            double b = bytes + kc.read_bytes_total, roof_ms = b / (bwc * 1e9) * 1e3;
+            printf("ctx model=small-v3 dtype=bf16 batch=1 threads=%d context=%d tok_s=%.2f "
+                   "ms_per_token=%.3f weight_bytes=%.0f cache_bytes=%.0f bytes_per_token=%.0f "
+                   "roofline_ms=%.3f roofline_ratio=%.3f x_short=%.3f prefill_s=%.2f "
+                   "(short: %.3f / %.3f ms before / after)\n",
+                   nt, lens[l], 1e3 / ms_tok[l], ms_tok[l], bytes, kc.read_bytes_total, b, roof_ms,
+                   roof_ms / ms_tok[l], short_ms / ms_tok[l], pre_s[l], ms_tok[0], ms_tok[3]);
+        }
+        fflush(stdout);
     }
     ms_errbuf err;
     if (strstr(rows, "fp8")) { /* BF16 and FP8 decodes alternate, two of each */

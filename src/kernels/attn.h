@@ -34,21 +34,46 @@ static inline int64_t ms_attn_ldp(int64_t S_max)
     return ((S_max + 1) & ~(int64_t)1) + 32;
 }
 
+/* Rows per partial of a long sequence: on the BF16 path a sequence of more
+ * than MS_ATTN_CHUNK rows is attended in blocks of that many rows (fixed, so
+ * the result does not depend on the thread count or the batch), each block
+ * read from memory once for all heads; the blocks' partial softmax contexts
+ * are combined in block order (flash-decoding). */
+enum { MS_ATTN_CHUNK = 256 };
+
+static inline int64_t ms_attn_item_floats(int64_t row, int64_t heads, int64_t S)
+{
+    return row + 16 + heads * S + heads * (ms_attn_ldq(row) + ms_attn_ldp(S)) / 2;
+}
+
 /* Scratch floats one thread of ms_attn_decode uses: a row buffer, the scores
- * of one head block (hb heads), the BF16 path's queries and probabilities of
+ * of one head block (hb heads over S_max rows, or all H heads over one
+ * block of MS_ATTN_CHUNK rows), the BF16 path's queries and probabilities of
  * that block, and S_max row addresses; even, so that the next thread's block
  * keeps the addresses 8-byte aligned. */
-static inline int64_t ms_attn_thread_floats(int64_t row, int64_t hb, int64_t S_max)
+static inline int64_t ms_attn_thread_floats(int64_t row, int64_t H, int64_t hb, int64_t S_max)
 {
-    int64_t bf = hb * (ms_attn_ldq(row) + ms_attn_ldp(S_max)) / 2;
-    return ((row + 16 + hb * S_max + bf + 1) & ~(int64_t)1) + 2 * S_max;
+    int64_t a = ms_attn_item_floats(row, hb, S_max),
+            b = ms_attn_item_floats(row, H, S_max < MS_ATTN_CHUNK ? S_max : MS_ATTN_CHUNK);
+    return (((a > b ? a : b) + 1) & ~(int64_t)1) + 2 * S_max;
+}
+
+/* Partial slots after the threads' blocks: one per block of MS_ATTN_CHUNK rows
+ * of the longest sequence, plus two per thread (several long sequences of a
+ * batch share one pool run); a slot holds H contexts [H][row] and their max
+ * and sum [2][H]. */
+static inline int64_t ms_attn_part_slots(int n_threads, int64_t S_max)
+{
+    return S_max > MS_ATTN_CHUNK ? (S_max + MS_ATTN_CHUNK - 1) / MS_ATTN_CHUNK + 2 * n_threads : 0;
 }
 
 /* Scratch floats ms_attn_decode needs for a pool of n_threads, H heads and
  * sequences of up to S_max cached rows (head blocks of ceil(H / n_threads)). */
 static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row, int64_t H, int64_t S_max)
 {
-    return (int64_t)n_threads * ms_attn_thread_floats(row, (H + n_threads - 1) / n_threads, S_max);
+    return (int64_t)n_threads *
+               ms_attn_thread_floats(row, H, (H + n_threads - 1) / n_threads, S_max) +
+           ms_attn_part_slots(n_threads, S_max) * H * (row + 2);
 }
 
 /* n sequences at once (a decode batch): q [n][H][row], ctx [n][H][vdim]
@@ -60,7 +85,9 @@ static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row, int64_t
  * the reference); exact = 0 rounds q and the probabilities to bf16 once and
  * uses BF16 dot products with FP32 sums (the cache is bf16 already), as the
  * matmuls of that mode do and as GPU MLA kernels do (a few 1e-3 of max|ctx|
- * on random rows, tests/test_attn.c). */
+ * on random rows, tests/test_attn.c).  There, sequences longer than
+ * MS_ATTN_CHUNK rows are split into blocks (above) that the threads share,
+ * so one long sequence keeps every thread busy reading distinct rows. */
 void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const float *q, int64_t H,
                     int64_t vdim, float scale, float *ctx, float *scratch);
 void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t vdim, float scale,
