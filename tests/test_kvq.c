@@ -217,6 +217,24 @@ TEST(fp8_key)
     }
 }
 
+/* Key dots d (fast) and r (twin) of nh heads (queries qq, stride ld) against unpacked key y:
+ * d equals r bit for bit, and both the float64 sum within 1e-5 of sum |q·y|. */
+static void check_key_dots(int rep, int n, int nh, int ld, const float *qq, const float *y,
+                           const float *d, const float *r)
+{
+    for (int h = 0; h < nh; h++) {
+        double want = 0, m1 = 0;
+        for (int i = 0; i < n; i++) {
+            double p = (double)qq[h * ld + i] * y[i];
+            want += p, m1 += fabs(p);
+        }
+        CHECKF(memcmp(&d[h], &r[h], 4) == 0, "rep %d n %d head %d: %.9g vs twin %.9g", rep, n, h,
+               d[h], r[h]);
+        CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g", rep,
+               n, h, d[h], want);
+    }
+}
+
 /* The packed-code dots against their twin, ms_dot_f32 of the unpacked key (bit for bit),
  * and the float64 sums (1e-5 of the sum of |products|). */
 TEST(fp8_key_dots)
@@ -259,17 +277,8 @@ TEST(fp8_key_dots)
         ms_kvq_fp8key_dots_ref(qq, nh, ld, e, n, r);
         float y[320];
         ms_kvq_fp8key_unpack(e, n, y);
-        for (int h = 0; h < nh; h++) {
-            double want = 0, m1 = 0;
-            for (int i = 0; i < n; i++) {
-                double p = (double)qq[h * ld + i] * y[i];
-                want += p, m1 += fabs(p);
-            }
-            CHECKF(memcmp(&d[h], &r[h], 4) == 0, "rep %d n %d head %d: %.9g vs twin %.9g", rep,
-                   n, h, d[h], r[h]);
-            CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g",
-                   rep, n, h, d[h], want);
-        }
+        check_key_dots(rep, n, nh, ld, qq, y, d, r);
+        if (th_cur_failed) return;
     }
 }
 
@@ -307,17 +316,8 @@ TEST(mxfp4_key_dots)
         ms_kvq_mxfp4_dots(qq, nh, ld, e, n, d);
         ms_kvq_mxfp4_dots_ref(qq, nh, ld, e, n, r);
         ms_kvq_mxfp4_unpack(e, n, y);
-        for (int h = 0; h < nh; h++) {
-            double want = 0, m1 = 0;
-            for (int i = 0; i < n; i++) {
-                double p = (double)qq[h * ld + i] * y[i];
-                want += p, m1 += fabs(p);
-            }
-            CHECKF(memcmp(&d[h], &r[h], 4) == 0, "rep %d n %d head %d: %.9g vs twin %.9g", rep,
-                   n, h, d[h], r[h]);
-            CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g",
-                   rep, n, h, d[h], want);
-        }
+        check_key_dots(rep, n, nh, ld, qq, y, d, r);
+        if (th_cur_failed) return;
     }
 }
 

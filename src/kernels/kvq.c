@@ -328,16 +328,23 @@ void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *
     key_dots(q, nh, ldq, k, n32, nv, out);
 }
 
-void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
-                            float *out)
+/* The twins: key e unpacked to f32 by unpack, then ms_dot_f32 per head (n <= 4096; NaN else). */
+static void unpacked_dots(void (*unpack)(const uint8_t *, int64_t, float *), const float *q,
+                          int64_t nh, int64_t ldq, const uint8_t *e, int64_t n, float *out)
 {
     float x[4096];
     if (n > 4096) {
         for (int64_t h = 0; h < nh; h++) out[h] = NAN;
         return;
     }
-    ms_kvq_fp8key_unpack(e, n, x);
+    unpack(e, n, x);
     for (int64_t h = 0; h < nh; h++) out[h] = ms_dot_f32(q + h * ldq, x, n);
+}
+
+void ms_kvq_fp8key_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
+                            float *out)
+{
+    unpacked_dots(ms_kvq_fp8key_unpack, q, nh, ldq, e, n, out);
 }
 
 /* q_h · MXFP4 key e for nh queries from its codes: each 8 codes (4 bytes) shifted
@@ -377,11 +384,5 @@ void ms_kvq_mxfp4_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e
 void ms_kvq_mxfp4_dots_ref(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
                            float *out)
 {
-    float x[4096];
-    if (n > 4096) {
-        for (int64_t h = 0; h < nh; h++) out[h] = NAN;
-        return;
-    }
-    ms_kvq_mxfp4_unpack(e, n, x);
-    for (int64_t h = 0; h < nh; h++) out[h] = ms_dot_f32(q + h * ldq, x, n);
+    unpacked_dots(ms_kvq_mxfp4_unpack, q, nh, ldq, e, n, out);
 }
