@@ -57,6 +57,12 @@ void ms_model_profile_print(void)
     memset(ph_sec, 0, sizeof ph_sec); /* each print covers the time since the last */
 }
 
+enum { MAX_BLOCK_HEADS = 128 }; /* heads per batched product call */
+/* prefill attention: rows per causal sub-block of a query block (of at most
+ * QB_MAX rows, so MAX_SUB sub-blocks; MAX_BLOCK_HEADS · MAX_SUB calls fit one
+ * ms_matmul_batch) */
+enum { QB_MAX = 128, SUB_ROWS = 32, MAX_SUB = QB_MAX / SUB_ROWS };
+
 struct ms_model_ws {
     int64_t cap_T, cap_S;
     float *x;      /* [T][D] residual stream */
@@ -90,6 +96,10 @@ struct ms_model_ws {
     int cap_kseq;
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
+    ms_comm_p2p *head_ops; /* [cap_head_ops] rank 0's receives of the split LM head */
+    int cap_head_ops;
+    ms_mat att_w[MAX_BLOCK_HEADS * MAX_SUB];        /* prefill attention's per-call weights */
+    ms_mm_call att_calls[MAX_BLOCK_HEADS * MAX_SUB]; /* and calls (attn_naive) */
     ms_mlp_ws mlp;
 };
 
@@ -107,6 +117,7 @@ void ms_model_ws_free(ms_model_ws *ws)
         *bufs[i] = NULL;
     }
     ms_mlp_ws_free(&ws->mlp);
+    free(ws->head_ops);
     free(ws->pptr);
     free(ws->aseq);
     free(ws->kseq);
@@ -257,11 +268,6 @@ static void load_rows(const ms_kv_view *v, int layer, int64_t S, float *out)
     }
 }
 
-enum { MAX_BLOCK_HEADS = 128 }; /* heads per batched product call */
-/* prefill attention: rows per causal sub-block of a query block (of at most
- * QB_MAX rows, so MAX_SUB sub-blocks; MAX_BLOCK_HEADS · MAX_SUB calls fit one
- * ms_matmul_batch) */
-enum { QB_MAX = 128, SUB_ROWS = 32, MAX_SUB = QB_MAX / SUB_ROWS };
 
 /* Softmax rows of one prefill block: row r = (i - i0)·H + h of sc [rows][S_b]
  * holds the scores of query i (position p0 + i) for head h; scaled, softmaxed
@@ -349,8 +355,8 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
      * context read only the keys its last row sees (p0 + i0 + (j + 1)·SUB_ROWS),
      * not the block's S_b; the keys it leaves out have p = 0 (softmax_rows
      * zeroes them), so each output has the bits of the whole-block product */
-    static ms_mat w[MAX_BLOCK_HEADS * MAX_SUB];
-    static ms_mm_call calls[MAX_BLOCK_HEADS * MAX_SUB]; /* main thread only */
+    ms_mat *w = ws->att_w;
+    ms_mm_call *calls = ws->att_calls;
     for (int64_t g0 = 0; g0 < H; g0 += HG) {
         int hg = (int)MS_MIN(H - g0, HG);
         struct kt_job kj = {ws->kv, ws->lat, ws->kh, ws->vh, S, H, g0, hg, dn, dr, dv, kvd, kvr, row};
@@ -692,9 +698,13 @@ static int head_split(ms_model *m, ms_group *g, const ms_batch_seq *seqs, int n_
     if (v1 > v0) ms_matmul(&m->kctx, L + n_want * v0, v1 - v0, m->ws->u, D, n_want, &sl, 0);
     ms_comm_p2p op1, *ops = &op1;
     int n_ops = 1;
-    if (me == 0 && n > 2 && !(ops = calloc((size_t)(n - 1), sizeof *ops)))
-        return ms_err(err, MS_ENOMEM, "out of memory (LM head)");
+    if (me == 0 && n - 1 > m->ws->cap_head_ops) { /* grows once: no allocation per step */
+        ms_comm_p2p *p = realloc(m->ws->head_ops, sizeof *p * (size_t)(n - 1));
+        if (!p) return ms_err(err, MS_ENOMEM, "out of memory (LM head)");
+        m->ws->head_ops = p, m->ws->cap_head_ops = n - 1;
+    }
     if (me == 0) {
+        ops = m->ws->head_ops;
         n_ops = n - 1;
         for (int j = 1; j < n; j++) {
             int64_t a = V * j / n, b = V * (j + 1) / n;
@@ -704,7 +714,6 @@ static int head_split(ms_model *m, ms_group *g, const ms_batch_seq *seqs, int n_
         op1 = (ms_comm_p2p){0, 0, L + n_want * v0, sizeof(float) * (size_t)(n_want * (v1 - v0))};
     }
     int rc = ms_comm_exchange(g, ops, n_ops, err);
-    if (ops != &op1) free(ops);
     if (rc || me != 0) return rc;
     int64_t k = 0;
     for (int i = 0; i < n_seqs; i++) { /* row r of a sequence at logits + r * V */
