@@ -441,13 +441,14 @@ int main(int argc, char **argv)
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
         execv("/proc/self/exe", argv); /* on failure, go on with the default */
-    int only_threads = 0, dispatch = 0, decode = 0, moe = 0, moe32 = 0;
+    int only_threads = 0, dispatch = 0, decode = 0, moe = 0, moe32 = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--moe")) moe = 1;
         else if (!strcmp(argv[i], "--moe32")) moe32 = 1;
+        else if (!strcmp(argv[i], "--prefill")) prefill = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
@@ -488,6 +489,21 @@ int main(int argc, char **argv)
                            g4o / g16, last_gbs / g16);
                     fflush(stdout);
                 }
+        ms_pool_free(pool);
+        return 0;
+    }
+    if (prefill) { /* a 512-token small-v3 prefill's experts (~48 rows): gate/up, down; 1 thread */
+        /* packed panel (default at M >= 16), tiles (MOESERVE_PACK_MIN_M=1000000 in the
+         * environment), oneDNN (dnnl=1), alternating */
+        static const int64_t shp[][2] = {{1024, 512}, {512, 1024}};
+        static const int64_t pm[] = {16, 32, 48, 64};
+        int nt = only_threads ? only_threads : 1;
+        ms_pool *pool = ms_pool_new(nt);
+        quick = 1;
+        for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++)
+            for (size_t m = 0; m < sizeof pm / sizeof pm[0]; m++)
+                for (int rep = 0; rep < 2; rep++)
+                    bench_matmul(pool, nt, isa, MS_DT_BF16, 0, rep, pm[m], shp[s][0], shp[s][1]);
         ms_pool_free(pool);
         return 0;
     }

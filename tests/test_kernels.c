@@ -909,6 +909,52 @@ TEST(matmul_dnnl_prepack)
     stored_free(&st);
 }
 
+/* The packed-panel BF16 kernel (mm_bf16_pack.c, auto mode at M >= 16)
+ * against its scalar twin (x and W rounded to bf16, products summed in
+ * double): random shapes with odd M (micro-kernel row tails), N (panel
+ * column tails) and K (the odd pair), accumulate on and off, the output
+ * columns split over the pool.  Tolerance: FP32 accumulation of exact bf16
+ * products. */
+TEST(matmul_pack_vs_twin)
+{
+    if (best_isa < MS_ISA_AVX512BF16) return;
+    uint64_t rng = 41;
+    const int64_t shapes[][3] = {{16, 64, 64},  {48, 1024, 512}, {17, 77, 131}, {23, 1, 3},
+                                 {31, 513, 65}, {53, 190, 257},  {100, 33, 17}, {127, 4, 300}};
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
+        const int64_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+        stored st;
+        stored_make(&st, MS_DT_BF16, N, K, &rng);
+        float *x = malloc(sizeof(float) * (size_t)(M * K));
+        float *y = malloc(sizeof(float) * (size_t)(M * N)), *y0 = malloc(sizeof(float) * (size_t)(M * N));
+        for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+        for (int acc = 0; acc <= 1; acc++) {
+            for (int64_t i = 0; i < M * N; i++) y[i] = y0[i] = frand(&rng);
+            ms_kctx kc = {pool, 0, best_isa, 0};
+            ms_matmul(&kc, y, N, x, K, M, &st.whole, acc);
+            double worst = 0;
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) {
+                    double s = 0, mag = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        double p = (double)ms_bf16_to_f32(ms_f32_to_bf16(x[m * K + k])) *
+                                   (double)ms_mat_get(&st.whole, n, k);
+                        s += p, mag += fabs(p);
+                    }
+                    if (acc) s += y0[m * N + n], mag += fabs(y0[m * N + n]);
+                    double e = fabs(y[m * N + n] - s) / (mag + 1e-30);
+                    if (e > worst) worst = e;
+                }
+            CHECKF(worst < 1e-5, "M %ld K %ld N %ld acc %d: worst error %.3g of the magnitude",
+                   (long)M, (long)K, (long)N, acc, worst);
+        }
+        free(x);
+        free(y);
+        free(y0);
+        stored_free(&st);
+    }
+}
+
 int main(void)
 {
     best_isa = ms_kernels_detect();
@@ -930,6 +976,7 @@ int main(void)
     RUN(matmul_fp4_gemv_same_bits_as_tiles);
     RUN(matmul_gemv_rows_same_bits);
     RUN(matmul_batch_invariant);
+    RUN(matmul_pack_vs_twin);
     RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();

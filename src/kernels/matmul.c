@@ -177,6 +177,19 @@ struct mm_job {
     int path, nn;
 };
 
+/* BF16 x·Wᵀ at M >= this (and below oneDNN's MIN_M) takes the packed-panel
+ * kernel (mm_bf16_pack.c) in auto mode; MOESERVE_PACK_MIN_M overrides it
+ * (a huge value turns it off; measured: bench/RESULTS.md, prefill row). */
+static int64_t pack_min_m(void)
+{
+    static int64_t v = -1; /* read once, on the first call (main thread: the first product) */
+    if (v < 0) {
+        const char *e = getenv("MOESERVE_PACK_MIN_M");
+        v = e && atol(e) > 0 ? atol(e) : 16;
+    }
+    return v;
+}
+
 static void run_range(const struct mm_job *j, int64_t b, int64_t e)
 {
     const mm_task *t = &j->t;
@@ -204,6 +217,7 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
     }
     switch (j->path) {
     case P_BF16:
+        if (!t->binv && t->M >= pack_min_m() && ms_mm_bf16_pack_nt(t, b, e) == 0) break;
         if (ms_mm_bf16_nt(t, b, e) == 0) break;
         ms_mm_avx512_nt(t, b, e); /* no scratch: the exact path needs none */
         break;
@@ -431,6 +445,7 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         return;
     }
     S->n_jobs = 0;
+    (void)pack_min_m(); /* read here, on the main thread, before any pool thread asks */
     for (int i = 0; i < n; i++) {
         const ms_mm_call *c = &calls[i];
         if (c->M <= 0 || (c->nn ? c->W->cols : c->W->rows) <= 0) continue; /* no outputs */
