@@ -32,7 +32,9 @@
  *   --moe32: one batch-32 MoE layer's BF16 experts as moe.c issues them (rows
  *            grouped by expert, M = 1-8 each) against the same experts at M = 1,
  *            layer by layer in turn (bench_moe32 below): x_stream.
- * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--threads N]
+ *   --moe32-fp8: the same with FP8 e4m3 experts (block scales, plain-row flags).
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8]
+ *                      [--threads N]
  */
 #include "base/threadpool.h"
 #include "base/util.h"
@@ -344,7 +346,7 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void bench_moe32(int nt, int isa)
+static void bench_moe32(int nt, int isa, ms_dtype wdt)
 {
     enum { T = 32, ROWS = T * MOE_TOPK, DRAWS = 24, SETS = 3 };
     static const char *set_name[SETS] = {"all", "rows1-3", "rows4-8"};
@@ -355,7 +357,7 @@ static void bench_moe32(int nt, int isa)
     float *x = malloc(sizeof(float) * ROWS * MOE_D), *g = malloc(sizeof(float) * ROWS * MOE_F);
     float *u = malloc(sizeof(float) * ROWS * MOE_F), *y = malloc(sizeof(float) * ROWS * MOE_D);
     float *ref = malloc(sizeof(float) * 8 * MOE_F);
-    if (!x || !g || !u || !y || !ref || moe_set_make(&S, MS_DT_BF16, &kc, &rng)) {
+    if (!x || !g || !u || !y || !ref || moe_set_make(&S, wdt, &kc, &rng)) {
         fprintf(stderr, "bench_kernels: out of memory\n");
         exit(1);
     }
@@ -419,10 +421,10 @@ static void bench_moe32(int nt, int isa)
     }
     for (int set = 0; set < SETS; set++) {
         for (int f = 0; f < 2; f++) qsort(tm[set][f], (size_t)nd, sizeof(double), cmp_double);
-        printf("moe32 threads=%d wdtype=bf16 tokens=%d top=%d experts=%s active_mean=%.1f "
+        printf("moe32 threads=%d wdtype=%s tokens=%d top=%d experts=%s active_mean=%.1f "
                "layer_ms_median=%.3f stream_layer_ms_median=%.3f weight_gbs=%.1f stream_gbs=%.1f "
                "x_stream=%.3f ref_rel_err=%.1e\n",
-               nt, T, MOE_TOPK, set_name[set], (double)act_sum[set] / nd, tm[set][0][nd / 2] * 1e3,
+               nt, wdt == MS_DT_F8E4M3 ? "fp8" : "bf16", T, MOE_TOPK, set_name[set], (double)act_sum[set] / nd, tm[set][0][nd / 2] * 1e3,
                tm[set][1][nd / 2] * 1e3, bytes[set] / sum[set][0] / 1e9,
                bytes[set] / sum[set][1] / 1e9, sum[set][1] / sum[set][0], worst);
     }
@@ -449,6 +451,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--moe")) moe = 1;
         else if (!strcmp(argv[i], "--moe32")) moe32 = 1;
         else if (!strcmp(argv[i], "--prefill")) prefill = 1;
+        else if (!strcmp(argv[i], "--moe32-fp8")) moe32 = 2;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
@@ -459,7 +462,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (moe32) {
-        bench_moe32(only_threads ? only_threads : 2, isa);
+        bench_moe32(only_threads ? only_threads : 2, isa, moe32 == 2 ? MS_DT_F8E4M3 : MS_DT_BF16);
         return 0;
     }
     if (decode) { /* K, N: 2048 rows of 1024 (gate+up of 4 small experts), 4096 of 512, V3 */

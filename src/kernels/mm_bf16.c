@@ -220,7 +220,10 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
             for (int r = 0; r < R; r++) {
                 const char *p = w0 + r * ldw + k;
                 __m512i wa, wb;
-                _mm_prefetch(p + R * ldw, _MM_HINT_T0); /* the next tile's rows */
+                if (pf1) /* the next tile's rows (TILE_PF_L2_MAX_M) */
+                    _mm_prefetch(p + R * ldw, _MM_HINT_T1);
+                else
+                    _mm_prefetch(p + R * ldw, _MM_HINT_T0);
                 f8_lanes(isf8, L, _mm512_loadu_si512(p), &wa, &wb);
 #pragma GCC unroll 4
                 for (int m = 0; m < MB; m++) acc[m][r] = dp(dp(acc[m][r], xa[m], wa), xc[m], wb);
