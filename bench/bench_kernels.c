@@ -33,7 +33,7 @@
  *            grouped by expert, M = 1-8 each) against the same experts at M = 1,
  *            layer by layer in turn (bench_moe32 below): x_stream.
  *   --moe32-fp8: the same with FP8 e4m3 experts (block scales, plain-row flags).
- * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8]
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8] [--prefill]
  *                      [--threads N]
  */
 #include "base/threadpool.h"
