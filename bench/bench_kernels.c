@@ -438,6 +438,19 @@ static void bench_moe32(int nt, int isa, ms_dtype wdt)
     ms_pool_free(pool);
 }
 
+/* BF16 bench_matmul over shapes (K, N) × row counts, reps alternating the
+ * dispatch (rep & 1: 0 the default path, 1 oneDNN) */
+static void bf16_sweep(int nt, int isa, const int64_t (*shp)[2], size_t nshp, const int64_t *ms,
+                       size_t nms, int reps)
+{
+    ms_pool *pool = ms_pool_new(nt);
+    for (size_t s = 0; s < nshp; s++)
+        for (size_t m = 0; m < nms; m++)
+            for (int rep = 0; rep < reps; rep++)
+                bench_matmul(pool, nt, isa, MS_DT_BF16, 0, rep & 1, ms[m], shp[s][0], shp[s][1]);
+    ms_pool_free(pool);
+}
+
 int main(int argc, char **argv)
 {
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
@@ -500,28 +513,16 @@ int main(int argc, char **argv)
          * environment), oneDNN (dnnl=1), alternating */
         static const int64_t shp[][2] = {{1024, 512}, {512, 1024}};
         static const int64_t pm[] = {16, 32, 48, 64};
-        int nt = only_threads ? only_threads : 1;
-        ms_pool *pool = ms_pool_new(nt);
         quick = 1;
-        for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++)
-            for (size_t m = 0; m < sizeof pm / sizeof pm[0]; m++)
-                for (int rep = 0; rep < 2; rep++)
-                    bench_matmul(pool, nt, isa, MS_DT_BF16, 0, rep, pm[m], shp[s][0], shp[s][1]);
-        ms_pool_free(pool);
+        bf16_sweep(only_threads ? only_threads : 1, isa, shp, 2, pm, 4, 2);
         return 0;
     }
     if (dispatch) { /* K, N: small-v3 q_a, kv_b, o, dense up, dense down; V3 expert gate/up */
         static const int64_t shp[][2] = {{1024, 384}, {256, 2048}, {1024, 1024},
                                          {1024, 2816}, {2816, 1024}, {7168, 2048}};
         static const int64_t dm[] = {128, 256, 512, 2048};
-        int nt = only_threads ? only_threads : 2;
-        ms_pool *pool = ms_pool_new(nt);
         quick = 1;
-        for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++)
-            for (size_t m = 0; m < sizeof dm / sizeof dm[0]; m++)
-                for (int rep = 0; rep < 4; rep++) /* tiles, oneDNN, tiles, oneDNN */
-                    bench_matmul(pool, nt, isa, MS_DT_BF16, 0, rep & 1, dm[m], shp[s][0], shp[s][1]);
-        ms_pool_free(pool);
+        bf16_sweep(only_threads ? only_threads : 2, isa, shp, 6, dm, 4, 4);
         return 0;
     }
     for (int nt = 1; nt <= 2; nt++) {

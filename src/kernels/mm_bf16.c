@@ -197,6 +197,13 @@ AI __m512 hsum16(const __m512 *v)
  * operands for every product made the loop load-bound).  Each sum takes its products in
  * k order, so the result does not depend on MB, R or the split.  isf8: 0
  * BF16, 1 FP8 through the tables, 2 FP8 rows that are all plain. */
+/* the next tile's rows: into L2 for small M (pf1, TILE_PF_L2_MAX_M), else L1 */
+AI void pf_next(const char *p, int pf1)
+{
+    if (pf1) _mm_prefetch(p, _MM_HINT_T1);
+    else _mm_prefetch(p, _MM_HINT_T0);
+}
+
 AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const uint16_t *xb,
              int64_t ldxb, const char *w0, int64_t ldw, int64_t K, float *out, int pf1)
 {
@@ -220,10 +227,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
             for (int r = 0; r < R; r++) {
                 const char *p = w0 + r * ldw + k;
                 __m512i wa, wb;
-                if (pf1) /* the next tile's rows (TILE_PF_L2_MAX_M) */
-                    _mm_prefetch(p + R * ldw, _MM_HINT_T1);
-                else
-                    _mm_prefetch(p + R * ldw, _MM_HINT_T0);
+                pf_next(p + R * ldw, pf1);
                 f8_lanes(isf8, L, _mm512_loadu_si512(p), &wa, &wb);
 #pragma GCC unroll 4
                 for (int m = 0; m < MB; m++) acc[m][r] = dp(dp(acc[m][r], xa[m], wa), xc[m], wb);
@@ -237,10 +241,7 @@ AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const ui
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     const char *p = w0 + r * ldw + 2 * k + 64 * h;
-                    if (pf1) /* the next tile's rows (TILE_PF_L2_MAX_M) */
-                        _mm_prefetch(p + R * ldw, _MM_HINT_T1);
-                    else
-                        _mm_prefetch(p + R * ldw, _MM_HINT_T0);
+                    pf_next(p + R * ldw, pf1);
                     __m512i w = _mm512_loadu_si512(p);
 #pragma GCC unroll 4
                     for (int m = 0; m < MB; m++) acc[m][r] = dp(acc[m][r], xv[m], w);

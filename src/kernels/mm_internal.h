@@ -37,7 +37,7 @@ enum { MM_SCR_X, MM_SCR_XW, MM_SCR_W, MM_SCR_F4X, MM_SCR_F4B, MM_SCR_PKX, MM_SCR
 void *ms_mm_scratch(int slot, size_t bytes);
 
 /* Packed-panel BF16 path (mm_bf16_pack.c), BF16 weights, auto mode, not
- * batch-invariant; the dispatcher sends M >= ms_mm_pack_min_m() there.
+ * batch-invariant; matmul.c sends 16 <= M < oneDNN's MIN_M there (MOESERVE_PACK_MIN_M).
  * Returns 0, or -1 (nothing written) for other dtypes or without scratch. */
 int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1);
 
