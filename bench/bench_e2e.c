@@ -12,7 +12,9 @@
  *             token + attention)
  *   batch     32 concurrent sequences: aggregate decode tokens/s, x a batch-1
  *             decode run just before it (both as decode tokens over decode
- *             time; also both as tokens per median step)
+ *             time; also both as tokens per median step); three such pairs,
+ *             the medians of their ratios and every pair (batch_row)
+ *   f8b32     the batch row on small-v3-fp8 (FP8 batch 32 x FP8 batch 1)
  *   ctx       batch-1 decode at context 16 (short), 4,096 and 32,768 tokens (issue 28:
  *             32K >= 0.5x short): each prompt prefilled once (chunks of 4,096), then
  *             32 decode steps (--quick: 16), median step; short decoded before and
@@ -69,7 +71,7 @@
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
-static const char *rows = "decode,prefill,batch,ctx,fp8,det,spec"; /* --rows: which rows to run */
+static const char *rows = "decode,prefill,batch,ctx,fp8,f8b32,det,spec"; /* --rows: which rows to run */
 static const char *model_dir = "build/models";
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap, int mtp)
@@ -197,6 +199,65 @@ static ms_engine *open_engine(const char *dir, int deterministic, int spec_steps
     return e;
 }
 
+/* The batch rows (issue 28: batch 32 ÷ batch 1, "in one run ... several
+ * alternations, medians"): BATCH_PAIRS pairs on engine e, each a batch-1
+ * decode then a batch-32 one; per pair x_batch1 = batch-32 decode tokens/s ÷
+ * the batch-1 decode just before (decode tokens over decode time) and
+ * x_batch1_median = the same from the median steps.  The row's x_batch1 is
+ * the median of the pairs' (so one slow batch-1 half no longer decides it),
+ * tok_s / batch1_tok_s the median pair's (x = their ratio still); pair_*
+ * list every pair in run order.  Pair 0 keeps the prompts of the one-pair
+ * row that came before (salts 8, 5). */
+enum { BATCH_PAIRS = 3 };
+
+static int cmp_pair(const void *a, const void *b, void *xs)
+{
+    const double *x = xs;
+    int i = *(const int *)a, j = *(const int *)b;
+    return x[i] < x[j] ? -1 : x[i] > x[j];
+}
+
+static int median_pair(const double *x, int n)
+{
+    int idx[BATCH_PAIRS];
+    for (int i = 0; i < n; i++) idx[i] = i;
+    qsort_r(idx, (size_t)n, sizeof idx[0], cmp_pair, (void *)x);
+    return idx[n / 2];
+}
+
+static int batch_row(ms_engine *e, const char *row, const char *model, const char *dtype, int nt,
+                     int new_tokens)
+{
+    struct run r1[BATCH_PAIRS], rb[BATCH_PAIRS];
+    double x[BATCH_PAIRS], xm[BATCH_PAIRS];
+    for (int i = 0; i < BATCH_PAIRS; i++) {
+        uint64_t s1 = i ? 600 + 2 * (uint64_t)i : 8, s32 = i ? 601 + 2 * (uint64_t)i : 5;
+        if (run(e, 1, 16, new_tokens, &r1[i], s1) || run(e, 32, 16, quick ? 16 : 48, &rb[i], s32))
+            return -1;
+        x[i] = rb[i].decode_tok_s / r1[i].decode_tok_s;
+        xm[i] = 32 * r1[i].step_median_s / rb[i].step_median_s;
+    }
+    const int a = median_pair(x, BATCH_PAIRS), b = median_pair(xm, BATCH_PAIRS);
+    char px[160] = "", pxm[160] = "", p1[160] = "", p32[160] = "";
+    for (int i = 0; i < BATCH_PAIRS; i++) {
+        const char *sep = i ? "/" : "";
+        size_t o = strlen(px), om = strlen(pxm), o1 = strlen(p1), o32 = strlen(p32);
+        snprintf(px + o, sizeof px - o, "%s%.2f", sep, x[i]);
+        snprintf(pxm + om, sizeof pxm - om, "%s%.2f", sep, xm[i]);
+        snprintf(p1 + o1, sizeof p1 - o1, "%s%.2f", sep, r1[i].decode_tok_s);
+        snprintf(p32 + o32, sizeof p32 - o32, "%s%.1f", sep, rb[i].decode_tok_s);
+    }
+    printf("%s model=%s dtype=%s seqs=32 threads=%d tok_s=%.1f batch1_tok_s=%.2f x_batch1=%.2f "
+           "median_step_tok_s=%.1f batch1_median_step_tok_s=%.2f x_batch1_median=%.2f pairs=%d "
+           "pair_x_batch1=%s pair_x_batch1_median=%s pair_batch1_tok_s=%s pair_tok_s=%s "
+           "(medians of the pairs; in each pair batch 1 decoded just before)\n",
+           row, model, dtype, nt, rb[a].decode_tok_s, r1[a].decode_tok_s, x[a],
+           32 / rb[b].step_median_s, 1.0 / r1[b].step_median_s, xm[b], BATCH_PAIRS, px, pxm, p1,
+           p32);
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
@@ -213,7 +274,7 @@ int main(int argc, char **argv)
             rows = argv[++i];
         else {
             fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,ctx,fp8,det,spec,dnnl,v4mtp,v4curve]\n");
+                            "[--rows decode,prefill,batch,ctx,fp8,f8b32,det,spec,dnnl,v4mtp,v4curve]\n");
             return 2;
         }
     }
@@ -236,7 +297,7 @@ int main(int argc, char **argv)
     if (peak <= 0) peak = ms_probe_fma_gflops(ms_model_threads(m), 3), peak_op = "vfmadd231ps";
     printf("dram threads=%d read_gbps=%.2f\n", nt, bw);
     printf("peak threads=%d op=%s gflop_s=%.1f\n", nt, peak_op, peak);
-    struct run r1, rp, rb;
+    struct run r1, rp;
     if (run(e, 1, 16, 8, &r1, 1)) return 1; /* warm-up + validation */
     ms_model_profile_print();
     if (run(e, 1, 16, new_tokens, &r1, 2)) return 1;
@@ -276,18 +337,12 @@ int main(int argc, char **argv)
      * not by the one above: this machine's bandwidth drifts by tens of
      * percent within a minute. */
     if (strstr(rows, "batch")) {
-        struct run r1b;
-        if (run(e, 1, 16, new_tokens, &r1b, 8) || run(e, 32, 16, quick ? 16 : 48, &rb, 5)) return 1;
         /* both rates measured the same way: decode tokens over decode time
          * (x_batch1), and one step's tokens over the median step (x_batch1_median).
          * Rows before 2026-11-30 divided the batch's mean rate by batch 1's
-         * median-step rate, which read 4-6 % lower (bench/HISTORY.md). */
-        printf("batch model=small-v3 dtype=bf16 seqs=32 threads=%d tok_s=%.1f batch1_tok_s=%.2f "
-               "x_batch1=%.2f median_step_tok_s=%.1f batch1_median_step_tok_s=%.2f "
-               "x_batch1_median=%.2f (batch 1 decoded just before)\n",
-               nt, rb.decode_tok_s, r1b.decode_tok_s, rb.decode_tok_s / r1b.decode_tok_s,
-               32 / rb.step_median_s, 1.0 / r1b.step_median_s,
-               32 * r1b.step_median_s / rb.step_median_s);
+         * median-step rate, which read 4-6 % lower (bench/HISTORY.md); rows
+         * before 2026-12-03 took one pair, not the median of BATCH_PAIRS. */
+        if (batch_row(e, "batch", "small-v3", "bf16", nt, new_tokens)) return 1;
         ms_model_profile_print();
     }
     if (strstr(rows, "ctx")) { /* decode at long context against short (issue 28) */
@@ -367,6 +422,16 @@ int main(int argc, char **argv)
                    tok_s[0][1], tok_s[0][2], tok_s[1][0], tok_s[1][1], tok_s[1][2]);
             fflush(stdout);
         }
+    }
+    if (strstr(rows, "f8b32")) { /* the batch row on small-v3-fp8: FP8 batch 32 ÷ FP8 batch 1 */
+        ms_engine *e8 = open_engine(fp8, 0, 0, NULL);
+        struct run w8;
+        if (!e8 || run(e8, 1, 16, 8, &w8, 6) || /* warm-up + validation */
+            batch_row(e8, "f8b32", "small-v3-fp8", "fp8", nt, new_tokens))
+            return 1;
+        ms_engine_shutdown(e8);
+        ms_engine_step(e8, &err);
+        ms_engine_close(e8);
     }
     if (strstr(rows, "det")) { /* default and deterministic runs alternate, two of each */
         ms_engine *ed = open_engine(bf16, 1, 0, NULL);
