@@ -33,7 +33,9 @@
  *            grouped by expert, M = 1-8 each) against the same experts at M = 1,
  *            layer by layer in turn (bench_moe32 below): x_stream.
  *   --moe32-fp8: the same with FP8 e4m3 experts (block scales, plain-row flags).
- * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8] [--prefill]
+ *   --moe-rows: one expert's gate at M = 1..8, DRAM-cold and cache-hot, BF16
+ *            then FP8, 1 thread unless --threads (bench_moe_rows below).
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8] [--moe-rows] [--prefill]
  *                      [--threads N]
  */
 #include "base/threadpool.h"
@@ -438,6 +440,64 @@ static void bench_moe32(int nt, int isa, ms_dtype wdt)
     ms_pool_free(pool);
 }
 
+/* ---- one expert product per row count (--moe-rows) ----
+ * An expert's gate [512][1024] at M = 1..8 activation rows, one thread
+ * team: cold (each product a different one of the moe_set's 384 matrices,
+ * which stream from DRAM) and hot (one matrix again and again, from L2/L3).
+ * Hot against cold separates a kernel bound by its instructions (hot no
+ * faster than cold) from one bound by the lines it keeps in flight (hot
+ * much faster); x_m1 is cold GB/s ÷ M = 1's cold GB/s in the same round. */
+static void bench_moe_rows(int nt, int isa, ms_dtype wdt)
+{
+    enum { NM = MOE_L * MOE_E * 3, REPS = 5, MMAX = 8 };
+    ms_pool *pool = ms_pool_new(nt);
+    ms_kctx kc = {pool, 0, isa, 0};
+    uint64_t rng = 9753;
+    struct moe_set S;
+    float *x = malloc(sizeof(float) * MMAX * MOE_D), *y = malloc(sizeof(float) * MMAX * MOE_D);
+    if (!x || !y || moe_set_make(&S, wdt, &kc, &rng)) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < MMAX * MOE_D; i++) x[i] = frand(&rng);
+    const ms_mat *W = &S.w[0][0][0];
+    const double mbytes = (double)ms_mat_bytes(W);
+    double cold[REPS][MMAX + 1], hot[REPS][MMAX + 1];
+    for (int rep = 0; rep < REPS; rep++)
+        for (int M = 1; M <= MMAX; M++) {
+            for (int h = 0; h < 2; h++) {
+                int n = h ? 64 : NM / 3 * 2; /* hot: one matrix 64 times; cold: every gate and up */
+                const ms_mat *H = &S.w[rep % MOE_L][rep][0];
+                ms_matmul(&kc, y, MOE_F, x, MOE_D, M, H, 0); /* warms H for the hot form */
+                double t0 = ms_now_s();
+                for (int i = 0; i < n; i++) {
+                    const ms_mat *Wi = h ? H : &S.w[i / (2 * MOE_E)][i / 2 % MOE_E][i % 2];
+                    ms_matmul(&kc, y, MOE_F, x, MOE_D, M, Wi, 0);
+                }
+                double gbs = n * mbytes / (ms_now_s() - t0) / 1e9;
+                if (h) hot[rep][M] = gbs;
+                else cold[rep][M] = gbs;
+            }
+        }
+    for (int M = 1; M <= MMAX; M++) {
+        double c[REPS], hh[REPS], r[REPS];
+        for (int rep = 0; rep < REPS; rep++)
+            c[rep] = cold[rep][M], hh[rep] = hot[rep][M], r[rep] = cold[rep][M] / cold[rep][1];
+        qsort(c, REPS, sizeof(double), cmp_double);
+        qsort(hh, REPS, sizeof(double), cmp_double);
+        qsort(r, REPS, sizeof(double), cmp_double);
+        printf("moe_rows threads=%d wdtype=%s M=%d K=%d N=%d cold_gbs_median=%.1f "
+               "hot_gbs_median=%.1f x_m1_cold_median=%.3f\n",
+               nt, wdt == MS_DT_F8E4M3 ? "fp8" : "bf16", M, MOE_D, MOE_F, c[REPS / 2],
+               hh[REPS / 2], r[REPS / 2]);
+    }
+    fflush(stdout);
+    moe_set_free(&S);
+    free(x);
+    free(y);
+    ms_pool_free(pool);
+}
+
 /* BF16 bench_matmul over shapes (K, N) × row counts, reps alternating the
  * dispatch (rep & 1: 0 the default path, 1 oneDNN) */
 static void bf16_sweep(int nt, int isa, const int64_t (*shp)[2], size_t nshp, const int64_t *ms,
@@ -456,7 +516,7 @@ int main(int argc, char **argv)
     /* oneDNN's OpenMP threads must sleep between calls, as under moeserve (main.c) */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
         execv("/proc/self/exe", argv); /* on failure, go on with the default */
-    int only_threads = 0, dispatch = 0, decode = 0, moe = 0, moe32 = 0, prefill = 0;
+    int only_threads = 0, dispatch = 0, decode = 0, moe = 0, moe32 = 0, prefill = 0, mrows = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
@@ -465,6 +525,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--moe32")) moe32 = 1;
         else if (!strcmp(argv[i], "--prefill")) prefill = 1;
         else if (!strcmp(argv[i], "--moe32-fp8")) moe32 = 2;
+        else if (!strcmp(argv[i], "--moe-rows")) mrows = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
@@ -472,6 +533,11 @@ int main(int argc, char **argv)
     static const int64_t bigm[] = {16, 64, 512};
     if (moe) {
         bench_moe(only_threads ? only_threads : 2, isa);
+        return 0;
+    }
+    if (mrows) {
+        bench_moe_rows(only_threads ? only_threads : 1, isa, MS_DT_BF16);
+        bench_moe_rows(only_threads ? only_threads : 1, isa, MS_DT_F8E4M3);
         return 0;
     }
     if (moe32) {
