@@ -194,7 +194,7 @@ static void emulate_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int
         }
 }
 
-static const int64_t Ms[] = {1, 2, 3, 5, 7, 8, 16, 17, 33, 34, 100, 131}; /* 5-8: the one-pass BF16 tiles */
+static const int64_t Ms[] = {1, 2, 3, 5, 7, 8, 16, 17, 33, 34, 100, 131}; /* 5-8: two tile passes of <= 4 rows */
 
 /* One product y = x·Wᵀ (nn: x·W) with M activation rows, on every ISA in
  * exact and auto mode, against the double reference (1e-5; 1e-2 where auto
