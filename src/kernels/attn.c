@@ -217,21 +217,9 @@ AIBF __m512 dpbf(__m512 acc, __m512i a, __m512i b)
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* Largest of x[0..n). */
-AI512 float max_f32(const float *x, int64_t n)
-{
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16)
-        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, tail_mask(n - i), x + i));
-    return _mm512_reduce_max_ps(m);
-}
-
 /* group() with BF16 dot products: heads qb[0..NG) (bf16, rows ldq apart)
  * over rows rp[0..S): scores sc[NG][S], softmaxed and rounded into pb[NG][ldp]
- * (bf16, zero past S), then ctx[NG][V].  With mx (a block of a long
- * sequence) the heads' largest scores go to mx[0..NG) and their sums of
- * exp(score - max) to sm[0..NG): the sum is 1 / the largest probability
- * (exp(0) times 1 / sum in ms_softmax).  Scores take two rows per step, 32
+ * (bf16, zero past S), then ctx[NG][V].  Scores take two rows per step, 32
  * values at a time.  The context interleaves two rows (unpacklo/hi_epi16)
  * so that one vdpbf16ps adds p[t]·r[t] + p[t+1]·r[t+1]; that interleave
  * orders the columns by 128-bit lane ({0-3, 8-11, ...} and {4-7, 12-15, ...}),
@@ -240,7 +228,7 @@ AI512 float max_f32(const float *x, int64_t n)
  * (measured: bench/RESULTS.md, "Why the code is so"). */
 AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, int64_t V,
                    float scale, const uint16_t *qb, int64_t ldq, float *sc, uint16_t *pb,
-                   int64_t ldp, float *ctx, float *mx, float *sm)
+                   int64_t ldp, float *ctx)
 {
     int64_t s = 0;
     for (; s + 2 <= S; s += 2) {
@@ -272,9 +260,7 @@ AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, in
         store_scores(NG, a0, NULL, scale, sc, S, s);
     }
     for (int h = 0; h < NG; h++) { /* probabilities as bf16, pairs (t, t + 1) in one dword */
-        if (mx) mx[h] = max_f32(sc + h * S, S);
         ms_softmax(sc + h * S, S);
-        if (mx) sm[h] = 1.0f / max_f32(sc + h * S, S);
         for (int64_t t = 0; t < S; t += 32) {
             __m512 lo = _mm512_maskz_loadu_ps(tail_mask(S - t), sc + h * S + t);
             __m512 hi = _mm512_maskz_loadu_ps(tail_mask(S - t - 16 > 0 ? S - t - 16 : 0),
@@ -311,12 +297,10 @@ AIBF void group_bf(const int NG, const char *const *rp, int64_t S, int64_t R, in
 }
 
 /* Heads [h0, h1) over rows [s0, s0 + S) of a BF16 sequence: contexts into
- * ctx[h] (rows vdim apart), normalised over those rows; with mx, the
- * heads' maxima and sums into mx[h], sm[h] (a long sequence's block). */
+ * ctx[h] (rows vdim apart), normalised over those rows. */
 ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
                           int64_t h0, int64_t h1, int64_t s0, int64_t S, float *scores,
-                          uint16_t *qb, uint16_t *pb, int64_t ldp, const char **rp, float *mx,
-                          float *sm)
+                          uint16_t *qb, uint16_t *pb, int64_t ldp, const char **rp)
 {
     const int64_t R = a->row, V = j->vdim, ldq = ms_attn_ldq(R);
     row_addrs_at(a, 2, s0, S, rp);
@@ -332,13 +316,198 @@ ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float
         switch (h1 - g0 < 8 ? h1 - g0 : 8) {
 #define G(n)                                                                                       \
     case n:                                                                                        \
-        group_bf(n, rp, S, R, V, j->scale, qg, ldq, sg, pg, ldp, cg, mx ? mx + g0 : NULL,          \
-                 mx ? sm + g0 : NULL);                                                             \
+        group_bf(n, rp, S, R, V, j->scale, qg, ldq, sg, pg, ldp, cg);                              \
         break;
             G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
         }
     }
+}
+
+/* ---- Long blocks (BF16 path, sequences of more than MS_ATTN_CHUNK rows) ----
+ * One block of up to MS_ATTN_CHUNK rows for heads [h0, h1) (nh of them,
+ * padded with zero queries to Hp = a multiple of 16, groups of 8).  Zen 4
+ * (this guest) retires one zmm vdpbf16ps per cycle per core (two ymm),
+ * latency ~6 cycles, and keeps that rate with up to 10 L1 loads per 16
+ * (bench/HISTORY.md, w-ctx3), so the block is arranged for L1 hits and
+ * few non-dot instructions:
+ * - scores: two rows by 8 heads per step (16 accumulators), every head group
+ *   of a row pair while the pair is in L1; the 16 sums are reduced together
+ *   (hsum16: 30 shuffles + 15 adds, not 16 separate reductions) into
+ *   sc[s][Hp], heads in lanes;
+ * - softmax down the rows with heads in lanes; probability pairs
+ *   (p[t][h], p[t + 1][h]) as bf16 dwords pd[t / 2][Hp];
+ * - context: 32 columns by 8 heads per pass, column chunk outer and head
+ *   group inner so that the chunk's 64 bytes of each row are read from L2
+ *   once and from L1 for the other groups. */
+
+/* Lane l of the result = the sum of v[l]'s 16 lanes. */
+AI512 __m512 hsum16(const __m512 *v)
+{
+    __m512 t[8], u[4], x[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* lane 4k + {0, 2}: v[2i]'s quarter k partly, {1, 3}: v[2i + 1] */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* lane 4k + m: v[4i + m]'s quarter k */
+        __m512d c = _mm512_castps_pd(t[2 * i]), d = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* quarters {u[2i] q0+q1, q2+q3, u[2i+1] q0+q1, q2+q3} */
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                         _mm512_shuffle_f32x4(x[0], x[1], 0xdd));
+}
+
+/* exp(x) for 16 lanes: vec.c's exp8 (Cody-Waite by ln 2, Cephes degree 6);
+ * x < -87.3 (also -inf) gives 0. */
+AI512 __m512 exp16(__m512 x)
+{
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i ni = _mm512_cvtps_epi32(n), h = _mm512_srai_epi32(ni, 1); /* 2^n as two normals */
+    __m512 s1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), _mm512_set1_epi32(127)), 23));
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(_mm512_mul_ps(y, s1), s2));
+}
+
+/* Scores of rows rp[0..S) for ng head groups of 8 (queries qb[ng * 8][ldq]
+ * bf16): sc[s][hp] = scale · q[h]·row[s] for h < ng * 8. */
+AIBF void block_scores(const char *const *rp, int64_t S, int64_t R, float scale, const uint16_t *qb,
+                       int64_t ldq, int ng, int64_t hp, float *sc)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t s = 0; s < S; s += 2) {
+        const char *p0 = rp[s], *p1 = s + 1 < S ? rp[s + 1] : rp[s]; /* odd tail: row s twice */
+        prefetch_rows(rp, s, S, 2 * R);
+        for (int g = 0; g < ng; g++) {
+            const uint16_t *qg = qb + g * 8 * ldq;
+            __m512 a[16];
+#pragma GCC unroll 16
+            for (int h = 0; h < 16; h++) a[h] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < R; c += 32) {
+                __m512i r0 = _mm512_loadu_si512(p0 + 2 * c), r1 = _mm512_loadu_si512(p1 + 2 * c);
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) {
+                    __m512i qv = _mm512_loadu_si512(qg + h * ldq + c);
+                    a[h] = dpbf(a[h], qv, r0);
+                    a[8 + h] = dpbf(a[8 + h], qv, r1);
+                }
+            }
+            __m512 r = _mm512_mul_ps(hsum16(a), vs); /* lanes: row s heads 8g.., row s + 1 */
+            _mm256_storeu_ps(sc + s * hp + 8 * g, _mm512_castps512_ps256(r));
+            if (s + 1 < S)
+                _mm256_storeu_ps(sc + (s + 1) * hp + 8 * g,
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1)));
+        }
+    }
+}
+
+/* Context of ng head groups of 8 over rows rp[0..S) with probability pairs
+ * pd[t / 2][hp] (zero for t >= S): heads h < nh into ctx[h][V]. */
+AIBF void block_ctx(const char *const *rp, int64_t S, int64_t V, const uint32_t *pd, int ng,
+                    int64_t hp, int nh, float *ctx)
+{
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t c = 0; c < V; c += 32)
+        for (int g = 0; g < ng; g++) {
+            const uint32_t *pg = pd + 8 * g;
+            __m512 lo[8], hi[8];
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++) lo[h] = hi[h] = _mm512_setzero_ps();
+            for (int64_t t = 0; t < S; t += 2) {
+                __m512i r0 = _mm512_loadu_si512(rp[t] + 2 * c);
+                __m512i r1 =
+                    t + 1 < S ? _mm512_loadu_si512(rp[t + 1] + 2 * c) : _mm512_setzero_si512();
+                __m512i ul = _mm512_unpacklo_epi16(r0, r1), uh = _mm512_unpackhi_epi16(r0, r1);
+                const uint32_t *pt = pg + (t / 2) * hp;
+#pragma GCC unroll 8
+                for (int h = 0; h < 8; h++) {
+                    __m512i pp = _mm512_set1_epi32((int)pt[h]);
+                    lo[h] = dpbf(lo[h], pp, ul);
+                    hi[h] = dpbf(hi[h], pp, uh);
+                }
+            }
+#pragma GCC unroll 8
+            for (int h = 0; h < 8; h++)
+                if (8 * g + h < nh) {
+                    float *o = ctx + (8 * g + h) * V + c;
+                    _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo[h], i0, hi[h]));
+                    _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo[h], i1, hi[h]));
+                }
+        }
+}
+
+/* Heads [h0, h1) over rows [s0, s0 + S) (S <= MS_ATTN_CHUNK) of a BF16
+ * sequence: contexts ctx[h][V] normalised over those rows, the heads'
+ * largest scores mx[h] and sums of exp(score - max) sm[h].  scratch:
+ * ms_attn_block_floats(R, h1 - h0). */
+ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
+                             int64_t h0, int64_t h1, int64_t s0, int64_t S, float *scratch,
+                             const char **rp, float *mx, float *sm)
+{
+    const int64_t R = a->row, V = j->vdim, ldq = ms_attn_ldq(R), nh = h1 - h0;
+    const int64_t hp = (nh + 15) & ~(int64_t)15;
+    const int ng = (int)((nh + 7) / 8);
+    float *sc = scratch;
+    uint32_t *pd = (uint32_t *)(sc + hp * MS_ATTN_CHUNK);
+    uint16_t *qb = (uint16_t *)(pd + hp * MS_ATTN_CHUNK / 2);
+    row_addrs_at(a, 2, s0, S, rp);
+    for (int64_t h = 0; h < 8 * ng; h++) /* the queries rounded to bf16, zero past nh */
+        for (int64_t c = 0; c < R; c += 32)
+            _mm512_storeu_si512(
+                qb + h * ldq + c,
+                h < nh ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + (h0 + h) * R + c + 16),
+                                                      _mm512_loadu_ps(q + (h0 + h) * R + c))
+                       : _mm512_setzero_si512());
+    block_scores(rp, S, R, j->scale, qb, ldq, ng, hp, sc);
+    const __m512i ilv =
+        _mm512_setr_epi32(0x00100000, 0x00110001, 0x00120002, 0x00130003, 0x00140004, 0x00150005,
+                          0x00160006, 0x00170007, 0x00180008, 0x00190009, 0x001a000a, 0x001b000b,
+                          0x001c000c, 0x001d000d, 0x001e000e, 0x001f000f);
+    for (int64_t l = 0; l < 8 * ng; l += 16) { /* 16 heads in lanes, down the rows */
+        __m512 m = _mm512_set1_ps(-INFINITY), e = _mm512_setzero_ps();
+        for (int64_t t = 0; t < S; t++) m = _mm512_max_ps(m, _mm512_loadu_ps(sc + t * hp + l));
+        for (int64_t t = 0; t < S; t++) {
+            __m512 x = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t * hp + l), m));
+            _mm512_storeu_ps(sc + t * hp + l, x);
+            e = _mm512_add_ps(e, x);
+        }
+        __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), e);
+        for (int64_t t = 0; t < S; t += 2) {
+            __m512 p0 = _mm512_mul_ps(_mm512_loadu_ps(sc + t * hp + l), inv),
+                   p1 = t + 1 < S ? _mm512_mul_ps(_mm512_loadu_ps(sc + (t + 1) * hp + l), inv)
+                                  : _mm512_setzero_ps();
+            _mm512_storeu_si512(
+                pd + (t / 2) * hp + l,
+                _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+        }
+        float mv[16], ev[16];
+        _mm512_storeu_ps(mv, m);
+        _mm512_storeu_ps(ev, e);
+        for (int64_t h = l; h < l + 16 && h < nh; h++)
+            mx[h0 + h] = mv[h - l], sm[h0 + h] = ev[h - l];
+    }
+    block_ctx(rp, S, V, pd, ng, hp, (int)nh, ctx + h0 * V);
 }
 
 static int is_long(int bf, const ms_attn_seq *a)
@@ -356,11 +525,9 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
     int64_t s0 = (int64_t)(g - j->long_c0[w]) * MS_ATTN_CHUNK,
             n = a->S - s0 < MS_ATTN_CHUNK ? a->S - s0 : MS_ATTN_CHUNK;
     int64_t h0 = (k % j->per_long) * j->hbl, h1 = h0 + j->hbl < j->H ? h0 + j->hbl : j->H;
-    uint16_t *qb = (uint16_t *)(scores + (h1 - h0) * MS_ATTN_CHUNK),
-             *pb = qb + (h1 - h0) * ms_attn_ldq(a->row);
     float *part = j->parts + (int64_t)g * j->H * (j->vdim + 2), *mx = part + j->H * j->vdim;
-    attend_bf(j, a, j->q + (int64_t)i * j->H * a->row, part, h0, h1, s0, n, scores, qb, pb,
-              ms_attn_ldp(MS_ATTN_CHUNK), rp, mx, mx + j->H);
+    attend_block(j, a, j->q + (int64_t)i * j->H * a->row, part, h0, h1, s0, n, scores, rp, mx,
+                 mx + j->H);
 }
 
 static void worker(void *arg, int tid, int nt)
@@ -387,8 +554,7 @@ static void worker(void *arg, int tid, int nt)
         const float *q = j->q + (int64_t)i * j->H * row;
         float *ctx = j->ctx + (int64_t)i * j->H * j->vdim;
         if (j->bf && a->dtype == MS_DT_BF16)
-            attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp,
-                      NULL, NULL);
+            attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
         else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32))
             attend512(j, a, q, ctx, h0, h1, scores, rp);
         else

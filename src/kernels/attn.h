@@ -46,15 +46,26 @@ static inline int64_t ms_attn_item_floats(int64_t row, int64_t heads, int64_t S)
     return row + 16 + heads * S + heads * (ms_attn_ldq(row) + ms_attn_ldp(S)) / 2;
 }
 
+/* One block of a long sequence on the BF16 path, for heads heads (padded to
+ * Hp = a multiple of 16): scores [MS_ATTN_CHUNK][Hp] floats, probability
+ * pairs [MS_ATTN_CHUNK / 2][Hp] dwords, queries [Hp][ms_attn_ldq(row)] bf16. */
+static inline int64_t ms_attn_block_floats(int64_t row, int64_t heads)
+{
+    int64_t hp = (heads + 15) & ~(int64_t)15;
+    return hp * (MS_ATTN_CHUNK + MS_ATTN_CHUNK / 2 + ms_attn_ldq(row) / 2);
+}
+
 /* Scratch floats one thread of ms_attn_decode uses: a row buffer, the scores
- * of one head block (hb heads over S_max rows, or all H heads over one
- * block of MS_ATTN_CHUNK rows), the BF16 path's queries and probabilities of
- * that block, and S_max row addresses; even, so that the next thread's block
+ * of one head block (hb heads over S_max rows), the BF16 path's queries and
+ * probabilities of that block (or a long block's: ms_attn_block_floats), and
+ * S_max row addresses; even, so that the next thread's block
  * keeps the addresses 8-byte aligned. */
 static inline int64_t ms_attn_thread_floats(int64_t row, int64_t H, int64_t hb, int64_t S_max)
 {
     int64_t a = ms_attn_item_floats(row, hb, S_max),
             b = ms_attn_item_floats(row, H, S_max < MS_ATTN_CHUNK ? S_max : MS_ATTN_CHUNK);
+    if (S_max > MS_ATTN_CHUNK && row + 16 + ms_attn_block_floats(row, H) > b)
+        b = row + 16 + ms_attn_block_floats(row, H);
     return (((a > b ? a : b) + 1) & ~(int64_t)1) + 2 * S_max;
 }
 
