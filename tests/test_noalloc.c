@@ -2,7 +2,8 @@
  * malloc/calloc/realloc/aligned_alloc/posix_memalign (linked with
  * -Wl,--wrap) while a single-rank engine decodes two sequences, after a
  * few warm-up steps.  Also checks the count is non-zero when allocating, so the
- * counter itself works. */
+ * counter itself works, and that the first decode step after a prefill
+ * allocates none of the prefill's context-sized buffers. */
 #include "harness.h"
 #include "serve/engine.h"
 #include "tools/mkmodel.h"
@@ -17,7 +18,7 @@
 #define NOALLOC_WARMUP 8 /* steps that may still grow workspaces */
 #endif
 
-static _Atomic long n_alloc;
+static _Atomic long n_alloc, n_bytes;
 static _Atomic int counting;
 
 void *__real_malloc(size_t n);
@@ -33,27 +34,42 @@ int __wrap_posix_memalign(void **p, size_t al, size_t n);
 
 void *__wrap_malloc(size_t n)
 {
-    if (counting) n_alloc++;
+    if (counting) {
+        n_alloc++;
+        n_bytes += (long)n;
+    }
     return __real_malloc(n);
 }
 void *__wrap_calloc(size_t a, size_t b)
 {
-    if (counting) n_alloc++;
+    if (counting) {
+        n_alloc++;
+        n_bytes += (long)(a * b);
+    }
     return __real_calloc(a, b);
 }
 void *__wrap_realloc(void *p, size_t n)
 {
-    if (counting) n_alloc++;
+    if (counting) {
+        n_alloc++;
+        n_bytes += (long)n;
+    }
     return __real_realloc(p, n);
 }
 void *__wrap_aligned_alloc(size_t al, size_t n)
 {
-    if (counting) n_alloc++;
+    if (counting) {
+        n_alloc++;
+        n_bytes += (long)n;
+    }
     return __real_aligned_alloc(al, n);
 }
 int __wrap_posix_memalign(void **p, size_t al, size_t n)
 {
-    if (counting) n_alloc++;
+    if (counting) {
+        n_alloc++;
+        n_bytes += (long)n;
+    }
     return __real_posix_memalign(p, al, n);
 }
 
@@ -108,9 +124,57 @@ TEST(decode_steps_do_not_allocate)
     CHECK(system(cmd) == 0);
 }
 
+/* A decode over S + 1 rows needs only the absorbed form's scratch; the
+ * naive form's buffers (expanded keys/values alone are S × H × (dn + dv)
+ * floats) were regrown, and zeroed, in the first decode step after a prefill
+ * that had set their capacity to its S (0.34 s at small-v3's 4,096 tokens). */
+TEST(first_decode_after_prefill_grows_no_prefill_buffers)
+{
+    char dir[] = "/tmp/ms_noalloc_XXXXXX";
+    CHECK(mkdtemp(dir));
+    ms_config cfg;
+    ms_errbuf err = {{0}};
+    CHECK(ms_mkmodel_preset("tiny-v3", &cfg) == 0);
+    CHECKF(ms_mkmodel_write(&cfg, MS_MK_BF16, 5, dir, 0, &err) == 0, "%s", err.msg);
+    ms_engine_opts o;
+    ms_engine_opts_init(&o);
+    o.model_path = dir;
+    o.threads = 2;
+    o.max_total_tokens = 1024;
+    ms_engine *e;
+    CHECKF(ms_engine_open(&e, &o, &err) == 0, "%s", err.msg);
+    enum { P = 300 }; /* above the workspace's 256-row minimum */
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = 3 + (i * 37) % 1000;
+    ms_req_params a = {.id = 1, .ids = ids, .n_ids = P, .max_new = 4, .ignore_eos = 1,
+                       .top_logprobs = -1, .samp = {.temperature = 0, .top_p = 1}};
+    CHECK(ms_engine_submit(e, &a, &err) == 0);
+    long first_decode = -1;
+    for (int step = 0; step < 40 && ms_engine_busy(e) && first_decode < 0; step++) {
+        n_bytes = 0;
+        counting = 1;
+        CHECK(ms_engine_step(e, &err) == 0);
+        counting = 0;
+        ms_engine_step_stats st;
+        ms_engine_last_step(e, &st);
+        if (st.decode_rows > 0 && st.rows == st.decode_rows) first_decode = n_bytes;
+    }
+    long kv_bytes = (long)(P + 1) * cfg.n_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * 4;
+    CHECKF(first_decode >= 0 && first_decode < kv_bytes,
+           "first decode step allocated %ld bytes (expanded keys/values of %d rows: %ld)",
+           first_decode, P + 1, kv_bytes);
+    ms_engine_shutdown(e);
+    ms_engine_step(e, &err);
+    ms_engine_close(e);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     RUN(counter_counts);
     RUN(decode_steps_do_not_allocate);
+    RUN(first_decode_after_prefill_grows_no_prefill_buffers);
     return TEST_REPORT();
 }

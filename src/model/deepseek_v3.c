@@ -64,7 +64,9 @@ enum { MAX_BLOCK_HEADS = 128 }; /* heads per batched product call */
 enum { QB_MAX = 128, SUB_ROWS = 32, MAX_SUB = QB_MAX / SUB_ROWS };
 
 struct ms_model_ws {
-    int64_t cap_T, cap_S;
+    int64_t cap_T;
+    int64_t cap_S;  /* context rows ascr serves (the absorbed rows' attention) */
+    int64_t cap_Sp; /* context rows lat, kv, sc, kh and vh serve (the naive form's) */
     float *x;      /* [T][D] residual stream */
     float *u;      /* [T][D] normed input of a sub-block */
     float *qa;     /* [T][q_lora] */
@@ -73,7 +75,7 @@ struct ms_model_ws {
     float *attn;   /* [T][H*dv] */
     float *y;      /* [T][D] sub-block output */
     float *g, *up; /* [T][inter] dense MLP scratch */
-    /* attention scratch, sized by S (context) */
+    /* prefill (naive form) attention scratch, sized by its S (cap_Sp) */
     float *lat;    /* [S][c+dr] cache rows as f32 */
     float *kv;     /* [S][H*(dn+dv)] expanded keys/values (naive form) */
     float *sc;     /* [cap_sc] prefill scores of one query block [QB][H][S_b] */
@@ -81,7 +83,7 @@ struct ms_model_ws {
     float *ctx;    /* [T][H][c] attention context of the decode rows */
     float *dq;     /* [T][H][dn+dr] queries of the decode rows, packed */
     float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
-    float *ascr;   /* attention kernel scratch */
+    float *ascr;   /* attention kernel scratch, sized by cap_S */
     int64_t cap_sc;    /* floats in sc */
     float *kh;         /* [cap_kh] prefill keys of one head group, transposed [HG][dn+dr][S] */
     int64_t cap_kh;
@@ -145,7 +147,12 @@ int ms_model_ws_new(ms_model *m, ms_errbuf *err)
         if (!(ptr)) return MS_ENOMEM;                                                              \
     } while (0)
 
-static int ws_reserve(ms_model *m, int64_t T, int64_t S)
+/* Room for T rows, absorbed rows over contexts of up to S rows and naive
+ * (prefill) rows over up to S_pre; capacities only grow (doubling).  The
+ * naive form's buffers are sized by S_pre alone: sized by a decode's S they
+ * grew (and were zeroed, hundreds of MB) in the step that first crossed the
+ * prefill's capacity, and were never read by decode. */
+static int ws_reserve(ms_model *m, int64_t T, int64_t S, int64_t S_pre)
 {
     ms_model_ws *ws = m->ws;
     const ms_config *c = &m->cfg;
@@ -169,11 +176,10 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         REALLOC_F(ws->dq, T * H * (dn + dr));
         REALLOC_F(ws->dout, T * H * dv);
         ws->cap_T = T;
-        ws->cap_S = 0; /* sc depends on T too */
+        ws->cap_Sp = 0; /* sc depends on T too */
     }
-    if (S > ws->cap_S) {
-        S = MS_MAX(S, 2 * ws->cap_S);
-        S = MS_MAX(S, 256);
+    if (S_pre > ws->cap_Sp) {
+        S = MS_MAX(MS_MAX(S_pre, 2 * ws->cap_Sp), 256);
         REALLOC_F(ws->lat, S * (kvr + dr));
         REALLOC_F(ws->kv, S * H * (dn + dv));
         /* prefill scores: a block of up to 128 queries × H heads × S keys,
@@ -184,6 +190,10 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S)
         ws->cap_kh = MS_MAX(S * (dn + dr), MS_MIN(H * S * (dn + dr), (int64_t)1 << 24));
         REALLOC_F(ws->kh, ws->cap_kh);
         REALLOC_F(ws->vh, ws->cap_kh / (dn + dr) * dv);
+        ws->cap_Sp = S;
+    }
+    if (S > ws->cap_S) {
+        S = MS_MAX(MS_MAX(S, 2 * ws->cap_S), 256);
         REALLOC_F(ws->ascr, ms_attn_scratch_floats(ms_pool_size(m->pool), kvr + dr, H, S));
         ws->cap_S = S;
     }
@@ -511,7 +521,7 @@ static int32_t n_logit_rows(const ms_batch_seq *sq)
 static int dsv3_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err)
 {
     const ms_config *c = &m->cfg;
-    int64_t T = 0, S = 0;
+    int64_t T = 0, S = 0, S_pre = 0; /* S_pre: the naive (prefill) rows' context */
     for (int i = 0; i < n_seqs; i++) {
         const ms_batch_seq *sq = &seqs[i];
         if (sq->n_tokens <= 0) continue;
@@ -528,11 +538,12 @@ static int dsv3_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errb
                               (long long)c->vocab_size);
         T += sq->n_tokens;
         S = MS_MAX(S, sq->start_pos + sq->n_tokens);
+        if (!absorbed(m, sq)) S_pre = MS_MAX(S_pre, sq->start_pos + sq->n_tokens);
     }
     m->fwd_T = T;
     m->fwd_S = S;
     if (T == 0 && !m->shard) return 0; /* distributed: an idle batch still joins the collectives */
-    if (ws_reserve(m, MS_MAX(T, 1), S))
+    if (ws_reserve(m, MS_MAX(T, 1), S, S_pre))
         return ms_err(err, MS_ENOMEM, "out of memory (workspace)");
     embed_rows(m, seqs, n_seqs, m->ws->x);
     return 0;
