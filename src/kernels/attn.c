@@ -1,5 +1,6 @@
 /* attn.c — paged MLA decode attention (attn.h). */
 #include "kernels/attn.h"
+#include "kernels/mm_internal.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -510,13 +511,33 @@ ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const fl
     block_ctx(rp, S, V, pd, ng, hp, (int)nh, ctx + h0 * V);
 }
 
+/* Caches the BF16 path reads: BF16, and FP8 through a bf16 copy (f8_rows). */
+static int on_bf(int bf, const ms_attn_seq *a)
+{
+    return bf && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F8E4M3);
+}
+
 static int is_long(int bf, const ms_attn_seq *a)
 {
-    return bf && a->dtype == MS_DT_BF16 && a->S > MS_ATTN_CHUNK;
+    return on_bf(bf, a) && a->S > MS_ATTN_CHUNK;
+}
+
+/* Rows [s0, s0 + n) (n <= MS_ATTN_CHUNK) of an FP8 sequence as bf16 in cv
+ * [n][row] (e4m3 -> bf16 is exact, so the BF16 kernels give the bits they
+ * give on a BF16 cache of these values); *v becomes a one-page BF16 view of
+ * them, its page *page.  rp: scratch for the source rows' addresses. */
+static void f8_rows(const ms_attn_seq *a, int64_t s0, int64_t n, uint16_t *cv, const char **rp,
+                    const void **page, ms_attn_seq *v)
+{
+    row_addrs_at(a, 1, s0, n, rp);
+    for (int64_t t = 0; t < n; t++)
+        ms_mm_bf16_cvt_fp8((const uint8_t *)rp[t], cv + t * a->row, a->row);
+    *page = cv;
+    *v = (ms_attn_seq){page, MS_ATTN_CHUNK, MS_DT_BF16, a->row, n};
 }
 
 /* One block of a long sequence: item k of the wave's long items. */
-static void long_item(const struct job *j, int k, float *scores, const char **rp)
+static void long_item(const struct job *j, int k, float *scores, const char **rp, uint16_t *cv)
 {
     int g = k / j->per_long, w = 0; /* g: the block's partial slot */
     while (j->long_c0[w + 1] <= g) w++;
@@ -526,8 +547,15 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
             n = a->S - s0 < MS_ATTN_CHUNK ? a->S - s0 : MS_ATTN_CHUNK;
     int64_t h0 = (k % j->per_long) * j->hbl, h1 = h0 + j->hbl < j->H ? h0 + j->hbl : j->H;
     float *part = j->parts + (int64_t)g * j->H * (j->vdim + 2), *mx = part + j->H * j->vdim;
-    attend_block(j, a, j->q + (int64_t)i * j->H * a->row, part, h0, h1, s0, n, scores, rp, mx,
-                 mx + j->H);
+    const float *q = j->q + (int64_t)i * j->H * a->row;
+    if (a->dtype == MS_DT_F8E4M3) {
+        const void *page;
+        ms_attn_seq v;
+        f8_rows(a, s0, n, cv, rp, &page, &v);
+        attend_block(j, &v, q, part, h0, h1, 0, n, scores, rp, mx, mx + j->H);
+        return;
+    }
+    attend_block(j, a, q, part, h0, h1, s0, n, scores, rp, mx, mx + j->H);
 }
 
 static void worker(void *arg, int tid, int nt)
@@ -539,12 +567,13 @@ static void worker(void *arg, int tid, int nt)
     float *scores = buf + row + 16;
     uint16_t *qb = (uint16_t *)(scores + j->hb * j->S_max), *pb = qb + j->hb * ms_attn_ldq(row);
     const char **rp = (const char **)(buf + j->fl - 2 * j->S_max); /* 8-byte aligned: fl is even */
+    uint16_t *cv = (uint16_t *)((float *)rp - ms_attn_f8_floats(row)); /* FP8 rows as bf16 */
     int isa = j->k ? j->k->isa : MS_ISA_SCALAR;
     for (;;) {
         int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (it >= j->n_items) break;
         if (it >= j->n_short) {
-            long_item(j, it - j->n_short, scores, rp);
+            long_item(j, it - j->n_short, scores, rp, cv);
             continue;
         }
         int i = it / j->items_per_seq;
@@ -553,12 +582,18 @@ static void worker(void *arg, int tid, int nt)
         int64_t h0 = (it % j->items_per_seq) * j->hb, h1 = h0 + j->hb < j->H ? h0 + j->hb : j->H;
         const float *q = j->q + (int64_t)i * j->H * row;
         float *ctx = j->ctx + (int64_t)i * j->H * j->vdim;
-        if (j->bf && a->dtype == MS_DT_BF16)
+        if (j->bf && a->dtype == MS_DT_BF16) {
             attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
-        else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32))
+        } else if (on_bf(j->bf, a)) { /* FP8, at most MS_ATTN_CHUNK rows (is_long) */
+            const void *page;
+            ms_attn_seq v;
+            f8_rows(a, 0, a->S, cv, rp, &page, &v);
+            attend_bf(j, &v, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
+        } else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32)) {
             attend512(j, a, q, ctx, h0, h1, scores, rp);
-        else
+        } else {
             attend(j, a, q, ctx, h0, h1, scores, buf);
+        }
     }
 }
 

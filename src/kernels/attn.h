@@ -46,6 +46,13 @@ static inline int64_t ms_attn_item_floats(int64_t row, int64_t heads, int64_t S)
     return row + 16 + heads * S + heads * (ms_attn_ldq(row) + ms_attn_ldp(S)) / 2;
 }
 
+/* The BF16 path's bf16 copy of up to MS_ATTN_CHUNK rows of an FP8 cache, in
+ * floats (even). */
+static inline int64_t ms_attn_f8_floats(int64_t row)
+{
+    return ((MS_ATTN_CHUNK * row + 1) / 2 + 1) & ~(int64_t)1;
+}
+
 /* One block of a long sequence on the BF16 path, for heads heads (padded to
  * Hp = a multiple of 16): scores [MS_ATTN_CHUNK][Hp] floats, probability
  * pairs [MS_ATTN_CHUNK / 2][Hp] dwords, queries [Hp][ms_attn_ldq(row)] bf16. */
@@ -57,16 +64,17 @@ static inline int64_t ms_attn_block_floats(int64_t row, int64_t heads)
 
 /* Scratch floats one thread of ms_attn_decode uses: a row buffer, the scores
  * of one head block (hb heads over S_max rows), the BF16 path's queries and
- * probabilities of that block (or a long block's: ms_attn_block_floats), and
- * S_max row addresses; even, so that the next thread's block
- * keeps the addresses 8-byte aligned. */
+ * probabilities of that block (or a long block's: ms_attn_block_floats), the
+ * BF16 path's copy of up to MS_ATTN_CHUNK FP8 rows as bf16, and S_max row
+ * addresses; even, so that the next thread's block keeps the addresses
+ * 8-byte aligned. */
 static inline int64_t ms_attn_thread_floats(int64_t row, int64_t H, int64_t hb, int64_t S_max)
 {
     int64_t a = ms_attn_item_floats(row, hb, S_max),
             b = ms_attn_item_floats(row, H, S_max < MS_ATTN_CHUNK ? S_max : MS_ATTN_CHUNK);
     if (S_max > MS_ATTN_CHUNK && row + 16 + ms_attn_block_floats(row, H) > b)
         b = row + 16 + ms_attn_block_floats(row, H);
-    return (((a > b ? a : b) + 1) & ~(int64_t)1) + 2 * S_max;
+    return (((a > b ? a : b) + 1) & ~(int64_t)1) + ms_attn_f8_floats(row) + 2 * S_max;
 }
 
 /* Partial slots after the threads' blocks: one per block of MS_ATTN_CHUNK rows
@@ -94,7 +102,9 @@ static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row, int64_t
  * Precision follows the kernel context: exact = 1 (or no AVX512_BF16, an F32
  * cache, row or vdim not a multiple of 32) computes in FP32 (within ~1e-6 of
  * the reference); exact = 0 rounds q and the probabilities to bf16 once and
- * uses BF16 dot products with FP32 sums (the cache is bf16 already), as the
+ * uses BF16 dot products with FP32 sums (the cache is bf16 already; an FP8
+ * cache's rows are widened to bf16 exactly, a block at a time, so its result
+ * has the bits of a BF16 cache holding the same values), as the
  * matmuls of that mode do and as GPU MLA kernels do (a few 1e-3 of max|ctx|
  * on random rows, tests/test_attn.c).  There, sequences longer than
  * MS_ATTN_CHUNK rows are split into blocks (above) that the threads share,
