@@ -84,23 +84,51 @@ TEST(counter_counts)
     n_alloc = 0;
 }
 
+/* A tiny-v3 checkpoint in a fresh directory dir (a mkdtemp template); 0 or
+ * an error in err. */
+static int tiny_model(char *dir, ms_config *cfg, ms_errbuf *err)
+{
+    if (!mkdtemp(dir)) return ms_err(err, MS_EIO, "mkdtemp failed");
+    if (ms_mkmodel_preset("tiny-v3", cfg)) return ms_err(err, MS_EINVAL, "no tiny-v3 preset");
+    return ms_mkmodel_write(cfg, MS_MK_BF16, 5, dir, 0, err);
+}
+
+/* A single-rank engine over dir: 2 threads, a 1024-token pool. */
+static int open_engine(const char *dir, int exact, ms_engine **e, ms_errbuf *err)
+{
+    ms_engine_opts o;
+    ms_engine_opts_init(&o);
+    o.model_path = dir;
+    o.threads = 2;
+    o.exact = exact;
+    o.max_total_tokens = 1024;
+    return ms_engine_open(e, &o, err);
+}
+
+static void close_engine(ms_engine *e)
+{
+    ms_errbuf err = {{0}};
+    ms_engine_shutdown(e);
+    ms_engine_step(e, &err);
+    ms_engine_close(e);
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
 TEST(decode_steps_do_not_allocate)
 {
     char dir[] = "/tmp/ms_noalloc_XXXXXX";
-    CHECK(mkdtemp(dir));
     ms_config cfg;
     ms_errbuf err = {{0}};
-    CHECK(ms_mkmodel_preset("tiny-v3", &cfg) == 0);
-    CHECKF(ms_mkmodel_write(&cfg, MS_MK_BF16, 5, dir, 0, &err) == 0, "%s", err.msg);
+    CHECKF(tiny_model(dir, &cfg, &err) == 0, "%s", err.msg);
     for (int exact = 0; exact <= 1; exact++) {
-        ms_engine_opts o;
-        ms_engine_opts_init(&o);
-        o.model_path = dir;
-        o.threads = 2;
-        o.exact = exact;
-        o.max_total_tokens = 1024;
         ms_engine *e;
-        CHECKF(ms_engine_open(&e, &o, &err) == 0, "%s", err.msg);
+        CHECKF(open_engine(dir, exact, &e, &err) == 0, "%s", err.msg);
         int32_t p1[] = {0, 5, 6, 7, 8, 9, 10}, p2[] = {0, 44};
         ms_req_params a = {.id = 1, .ids = p1, .n_ids = 7, .max_new = 60, .ignore_eos = 1,
                             .top_logprobs = 5, .samp = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 20}};
@@ -115,13 +143,9 @@ TEST(decode_steps_do_not_allocate)
             if (step >= NOALLOC_WARMUP && n_alloc > worst) worst = n_alloc;
         }
         CHECKF(worst == 0, "%ld allocations in one decode step (exact=%d)", worst, exact);
-        ms_engine_shutdown(e);
-        ms_engine_step(e, &err);
-        ms_engine_close(e);
+        close_engine(e);
     }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    remove_dir(dir);
 }
 
 /* A decode over S + 1 rows needs only the absorbed form's scratch; the
@@ -131,18 +155,11 @@ TEST(decode_steps_do_not_allocate)
 TEST(first_decode_after_prefill_grows_no_prefill_buffers)
 {
     char dir[] = "/tmp/ms_noalloc_XXXXXX";
-    CHECK(mkdtemp(dir));
     ms_config cfg;
     ms_errbuf err = {{0}};
-    CHECK(ms_mkmodel_preset("tiny-v3", &cfg) == 0);
-    CHECKF(ms_mkmodel_write(&cfg, MS_MK_BF16, 5, dir, 0, &err) == 0, "%s", err.msg);
-    ms_engine_opts o;
-    ms_engine_opts_init(&o);
-    o.model_path = dir;
-    o.threads = 2;
-    o.max_total_tokens = 1024;
+    CHECKF(tiny_model(dir, &cfg, &err) == 0, "%s", err.msg);
     ms_engine *e;
-    CHECKF(ms_engine_open(&e, &o, &err) == 0, "%s", err.msg);
+    CHECKF(open_engine(dir, 0, &e, &err) == 0, "%s", err.msg);
     enum { P = 300 }; /* above the workspace's 256-row minimum */
     int32_t ids[P];
     for (int i = 0; i < P; i++) ids[i] = 3 + (i * 37) % 1000;
@@ -163,12 +180,8 @@ TEST(first_decode_after_prefill_grows_no_prefill_buffers)
     CHECKF(first_decode >= 0 && first_decode < kv_bytes,
            "first decode step allocated %ld bytes (expanded keys/values of %d rows: %ld)",
            first_decode, P + 1, kv_bytes);
-    ms_engine_shutdown(e);
-    ms_engine_step(e, &err);
-    ms_engine_close(e);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
+    close_engine(e);
+    remove_dir(dir);
 }
 
 int main(void)

@@ -530,8 +530,10 @@ static void f8_rows(const ms_attn_seq *a, int64_t s0, int64_t n, uint16_t *cv, c
                     const void **page, ms_attn_seq *v)
 {
     row_addrs_at(a, 1, s0, n, rp);
-    for (int64_t t = 0; t < n; t++)
-        ms_mm_bf16_cvt_fp8((const uint8_t *)rp[t], cv + t * a->row, a->row);
+    for (int64_t t = 0, e; t < n; t = e) { /* one conversion per run of rows in one page */
+        for (e = t + 1; e < n && rp[e] == rp[e - 1] + a->row; e++) {}
+        ms_mm_bf16_cvt_fp8((const uint8_t *)rp[t], cv + t * a->row, (e - t) * a->row);
+    }
     *page = cv;
     *v = (ms_attn_seq){page, MS_ATTN_CHUNK, MS_DT_BF16, a->row, n};
 }
@@ -548,12 +550,11 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
     int64_t h0 = (k % j->per_long) * j->hbl, h1 = h0 + j->hbl < j->H ? h0 + j->hbl : j->H;
     float *part = j->parts + (int64_t)g * j->H * (j->vdim + 2), *mx = part + j->H * j->vdim;
     const float *q = j->q + (int64_t)i * j->H * a->row;
-    if (a->dtype == MS_DT_F8E4M3) {
-        const void *page;
-        ms_attn_seq v;
+    const void *page;
+    ms_attn_seq v;
+    if (a->dtype == MS_DT_F8E4M3) { /* the block's rows as bf16, attended from row 0 */
         f8_rows(a, s0, n, cv, rp, &page, &v);
-        attend_block(j, &v, q, part, h0, h1, 0, n, scores, rp, mx, mx + j->H);
-        return;
+        a = &v, s0 = 0;
     }
     attend_block(j, a, q, part, h0, h1, s0, n, scores, rp, mx, mx + j->H);
 }
@@ -582,13 +583,12 @@ static void worker(void *arg, int tid, int nt)
         int64_t h0 = (it % j->items_per_seq) * j->hb, h1 = h0 + j->hb < j->H ? h0 + j->hb : j->H;
         const float *q = j->q + (int64_t)i * j->H * row;
         float *ctx = j->ctx + (int64_t)i * j->H * j->vdim;
-        if (j->bf && a->dtype == MS_DT_BF16) {
-            attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
-        } else if (on_bf(j->bf, a)) { /* FP8, at most MS_ATTN_CHUNK rows (is_long) */
+        if (on_bf(j->bf, a)) {
             const void *page;
             ms_attn_seq v;
-            f8_rows(a, 0, a->S, cv, rp, &page, &v);
-            attend_bf(j, &v, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
+            if (a->dtype == MS_DT_F8E4M3) /* at most MS_ATTN_CHUNK rows (is_long) */
+                f8_rows(a, 0, a->S, cv, rp, &page, &v), a = &v;
+            attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
         } else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32)) {
             attend512(j, a, q, ctx, h0, h1, scores, rp);
         } else {
