@@ -101,8 +101,8 @@ if start dpa --max-total-tokens $POOL --threads 1 --tp 2 --dp 2 --enable-dp-atte
 else
     bad "server did not start"
 fi
-# the warm-up before "ready": BF16 weights prepacked for oneDNN (where the CPU
-# has AVX512-BF16, the only ISA that takes oneDNN) and one prompt through the
+# the warm-up before "ready": BF16 weights prepacked (panels, where the CPU
+# has AVX512-BF16, the only ISA that reads them) and one prompt through the
 # model (as long as the 256-token pool allows); none with --skip-server-warmup
 gen() { curl -sf "http://127.0.0.1:$PORT/generate" -H 'Content-Type: application/json' \
     -d '{"input_ids":[5,6,7,8,9,10,11,12],"sampling_params":{"max_new_tokens":4,"temperature":0}}'; }
@@ -117,7 +117,7 @@ if start warm --max-total-tokens 256 --threads 2; then
     t "warm-up prompt fits the pool: $toks tokens" '[ -n "$toks" ] && [ "$toks" -gt 0 ] && [ "$toks" -le 240 ]'
     t "a request after the warm-up" '[ -n "$(gen)" ]'
     # the copies are made before the KV pool is sized, out of the same budget
-    mib=$(sed -n 's/.*KV pool: .*(+ \([0-9.]*\) MiB prepacked for oneDNN).*/\1/p' "$tmp/warm.log")
+    mib=$(sed -n 's/.*KV pool: .*(+ \([0-9.]*\) MiB prepacked).*/\1/p' "$tmp/warm.log")
     t "KV pool line counts the prepacked copies: $mib MiB" \
         '[ -n "$mib" ] && if [ "$bf16" = 1 ]; then [ "$mib" != 0.0 ]; else [ "$mib" = 0.0 ]; fi'
     stop

@@ -374,6 +374,24 @@ TEST(deterministic_positions_bit_identical)
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
 }
 
+/* A tiny-v3 checkpoint written in dtype dt (seed 7), opened in auto mode on
+ * `threads` threads and its directory removed; NULL (said on stderr) on failure. */
+static ms_model *open_tiny_auto(enum ms_mk_dtype dt, int threads, ms_config *cfg)
+{
+    char dir[] = "/tmp/ms_tiny_auto_XXXXXX";
+    ms_errbuf err = {{0}};
+    ms_model *m = NULL;
+    ms_model_opts mo = {.threads = threads, .exact = 0};
+    if (!mkdtemp(dir)) return NULL;
+    if (ms_mkmodel_preset("tiny-v3", cfg) || ms_mkmodel_write(cfg, dt, 7, dir, 0, &err) ||
+        ms_model_open(&m, dir, &mo, &err))
+        fprintf(stderr, "tiny-v3: %s\n", err.msg);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+    return m;
+}
+
 /* EPLB's slot rewrite (ms_model_expert_slot_write) refreshes a slot's derived copies: an
  * FP8 slot rewritten with rows of smallest-normal codes (plain), then with rows where every
  * other code is zero (not plain), has plain-row flags that follow its rows (the auto-mode
@@ -382,17 +400,11 @@ TEST(deterministic_positions_bit_identical)
  * a stale flag did not visibly break on the AVX512_BF16 host this was written on). */
 TEST(expert_slot_write_refreshes_fp8_rows)
 {
-    char dir[] = "/tmp/ms_slots_XXXXXX";
     ms_config cfg;
     ms_errbuf err;
-    CHECK(mkdtemp(dir) && !ms_mkmodel_preset("tiny-v3", &cfg));
-    CHECKF(!ms_mkmodel_write(&cfg, MS_MK_FP8, 7, dir, 0, &err), "%s", err.msg);
-    ms_model *m = NULL;
-    ms_model_opts mo = {.threads = 1, .exact = 0};
-    CHECKF(!ms_model_open(&m, dir, &mo, &err), "%s", err.msg);
-    char cmd[96];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+    ms_model *m = open_tiny_auto(MS_MK_FP8, 1, &cfg);
+    CHECK(m != NULL);
+    if (!m) return;
     int l = (int)cfg.first_k_dense_replace;
     size_t sb = ms_model_expert_slot_bytes(m, l);
     ms_ffn_w *f = &m->layers[l].slots[0];
@@ -427,6 +439,68 @@ TEST(expert_slot_write_refreshes_fp8_rows)
     ms_model_free(m);
 }
 
+/* ms_model_prepack's panel copies (AVX512_BF16, auto mode): a BF16 model's 30-token
+ * prefill (every product M >= 16 takes the packed-panel kernel: packing at each call
+ * before, reading the panels after) gives the same logits bits before and after the
+ * prepack; the routed experts' views (copies of their slots') point at their slots'
+ * panels; an EPLB slot rewrite refills them (an M = 16 product on the rewritten gate
+ * equals the same view without panels).  Fails if any view's panels are wrong, stale or
+ * left behind by the slot rebinding. */
+TEST(prepacked_panels_same_logits)
+{
+    ms_config cfg;
+    ms_errbuf err;
+    ms_model *m = open_tiny_auto(MS_MK_BF16, 2, &cfg);
+    CHECK(m != NULL);
+    if (!m) return;
+    const int64_t Vb = ms_model_shape_of(m)->vocab;
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = 3 + (i * 37) % 900;
+    float *lg[2] = {malloc(sizeof(float) * (size_t)(P * Vb)), malloc(sizeof(float) * (size_t)(P * Vb))};
+    size_t bytes = 0;
+    int64_t held = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) held = ms_model_prepack(m, &bytes);
+        ms_kv_seq a, a2;
+        ms_kv_cache *c = fam_cache_new(m, PS, MAXP, 0, 32, &a, &a2);
+        CHECK(c && !fam_forward1(m, c, &a, ids, P, 0, MS_SEQ_PREFILL, P, lg[pass], NULL));
+        if (c) free_cache(c, &a, &a2);
+    }
+    int bf16 = m->kctx.isa >= MS_ISA_AVX512BF16 && m->panels;
+    fprintf(stderr, "  %lld views prepacked (%zu bytes, panels %s)\n", (long long)held, bytes,
+            bf16 ? "yes" : "no: not an AVX512_BF16 CPU");
+    CHECK(memcmp(lg[0], lg[1], sizeof(float) * (size_t)(P * Vb)) == 0);
+    int l = (int)cfg.first_k_dense_replace;
+    ms_layer_w *lw = &m->layers[l];
+    if (bf16) {
+        CHECK(held > 0 && bytes > 0 && m->lm_head.panels && lw->slots[0].gate.panels);
+        int bound = 0;
+        for (int e = 0; e < cfg.n_routed_experts; e++)
+            if (lw->experts[e].gate.data == lw->slots[0].gate.data)
+                bound = lw->experts[e].gate.panels == lw->slots[0].gate.panels;
+        CHECK(bound);
+        size_t sb = ms_model_expert_slot_bytes(m, l);
+        const ms_mat *g = &lw->slots[0].gate;
+        uint8_t *blob = malloc(sb);
+        memcpy(blob, ms_model_expert_slot_blob(m, l, 1), sb); /* slot 1's expert into slot 0 */
+        CHECKF(!ms_model_expert_slot_write(m, l, 0, blob, &err), "%s", err.msg);
+        int64_t R = g->rows, C = g->cols, M = 16;
+        float *x = malloc(sizeof(float) * (size_t)(M * C)), *y = malloc(sizeof(float) * (size_t)(M * R)),
+              *yw = malloc(sizeof(float) * (size_t)(M * R));
+        for (int64_t i = 0; i < M * C; i++) x[i] = (float)((i * 37 % 101) - 50) / 50.0f;
+        ms_mat bare = *g;
+        bare.panels = NULL;
+        ms_kernels_set_dnnl(0);
+        ms_matmul(&m->kctx, y, R, x, C, M, g, 0);
+        ms_matmul(&m->kctx, yw, R, x, C, M, &bare, 0);
+        ms_kernels_set_dnnl(1);
+        CHECK(memcmp(y, yw, sizeof(float) * (size_t)(M * R)) == 0);
+        free(blob), free(x), free(y), free(yw);
+    }
+    free(lg[0]), free(lg[1]);
+    ms_model_free(m);
+}
+
 int main(void)
 {
     RUN(match_and_shape);
@@ -438,6 +512,7 @@ int main(void)
     RUN(verify_equals_decode_steps);
     RUN(run_layers_split_equals_whole);
     RUN(deterministic_positions_bit_identical);
+    RUN(prepacked_panels_same_logits);
     RUN(expert_slot_write_refreshes_fp8_rows);
     ms_model_free(model);
     if (model_dir[0]) {

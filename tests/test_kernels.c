@@ -955,6 +955,94 @@ TEST(matmul_pack_vs_twin)
     }
 }
 
+/* Panel copies (ms_kernels_panels_fill): a view holding them gives, at every
+ * M >= 16 and with the pool or without, the bits the packed-panel kernel gives
+ * packing at each call (oneDNN off for M >= 128, which panels bypass), and
+ * reads only the panels: the product is unchanged after the weights
+ * themselves are zeroed.  Views with ld > cols and odd K, row tails of a
+ * panel, accumulate, a batch of several products. */
+TEST(matmul_panels_same_bits)
+{
+    if (best_isa < MS_ISA_AVX512BF16) return;
+    uint64_t rng = 43;
+    const int64_t shapes[][3] = {{16, 64, 64}, {32, 1024, 200}, {48, 131, 77},
+                                 {17, 300, 129}, {32, 65, 513}, {150, 96, 70}};
+    int64_t min_m = ms_kernels_set_dnnl_min_m(128);
+    ms_kernels_set_dnnl(0);
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
+        const int64_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+        stored st;
+        stored_make(&st, MS_DT_BF16, N + 3, K + 5, &rng);
+        ms_mat W = ms_mat_slice(&st.whole, 3, N, 5, K); /* ld = K + 5 */
+        ms_mat V = ms_mat_slice(&st.whole, 0, 16, 0, K);
+        ms_kctx kc = {pool, 0, best_isa, 0}, k1 = {NULL, 0, best_isa, 0};
+        size_t bytes = ms_kernels_panels_bytes(&kc, &W);
+        CHECK(bytes == (size_t)((N + 63) / 64 * 64) * (size_t)((K + 1) / 2) * 4);
+        void *pw = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        memset(pw, 0x7f, bytes); /* rows past N must be written (as zero) by the fill */
+        float *x = malloc(sizeof(float) * (size_t)(M * K));
+        float *y0 = malloc(sizeof(float) * (size_t)(M * N)), *want = malloc(sizeof(float) * (size_t)(M * N));
+        float *got = malloc(sizeof(float) * (size_t)(M * N)), *v16 = malloc(sizeof(float) * (size_t)(M * 16));
+        for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
+        for (int64_t i = 0; i < M * N; i++) y0[i] = frand(&rng);
+        for (int acc = 0; acc <= 1; acc++) {
+            memcpy(want, y0, sizeof(float) * (size_t)(M * N));
+            ms_matmul(&kc, want, N, x, K, M, &W, acc);
+            ms_mat P = W;
+            ms_kernels_panels_fill(&kc, &P, pw);
+            P.panels = pw;
+            CHECK(ms_mat_slice(&P, 0, 64, 0, K).panels == NULL);
+            uint16_t *d = (uint16_t *)st.data;
+            uint16_t *keep = malloc(sizeof(uint16_t) * (size_t)((N + 3) * (K + 5)));
+            memcpy(keep, d, sizeof(uint16_t) * (size_t)((N + 3) * (K + 5)));
+            for (int64_t r = 3; r < N + 3; r++) memset(d + r * (K + 5) + 5, 0, sizeof(uint16_t) * (size_t)K);
+            for (int pl = 0; pl <= 1; pl++) {
+                memcpy(got, y0, sizeof(float) * (size_t)(M * N));
+                ms_matmul(pl ? &kc : &k1, got, N, x, K, M, &P, acc);
+                CHECKF(memcmp(got, want, sizeof(float) * (size_t)(M * N)) == 0,
+                       "M %ld K %ld N %ld acc %d pool %d: panels differ from packing", (long)M, (long)K,
+                       (long)N, acc, pl);
+            }
+            /* in a batch with a view without panels (rows 0..15: zeroed from row 3) */
+            memcpy(got, y0, sizeof(float) * (size_t)(M * N));
+            ms_mm_call calls[2] = {{v16, 16, x, K, M, &V, 0, 0}, {got, N, x, K, M, &P, acc, 0}};
+            ms_matmul_batch(&kc, calls, 2);
+            CHECK(memcmp(got, want, sizeof(float) * (size_t)(M * N)) == 0);
+            memcpy(d, keep, sizeof(uint16_t) * (size_t)((N + 3) * (K + 5)));
+            free(keep);
+        }
+        /* the weights change in place: a second fill follows them */
+        ms_mat P = W;
+        ms_kernels_panels_fill(&kc, &P, pw);
+        P.panels = pw;
+        uint16_t *d = (uint16_t *)st.data;
+        for (int64_t r = 3; r < N + 3; r++) d[r * (K + 5) + 5] ^= 0x0100;
+        ms_matmul(&kc, want, N, x, K, M, &W, 0);
+        ms_kernels_panels_fill(&kc, &P, pw);
+        ms_matmul(&kc, got, N, x, K, M, &P, 0);
+        CHECK(memcmp(got, want, sizeof(float) * (size_t)(M * N)) == 0);
+        free(pw);
+        free(x);
+        free(y0);
+        free(want);
+        free(got);
+        free(v16);
+        stored_free(&st);
+    }
+    ms_kctx ex = {pool, 1, best_isa, 0}, bi = {pool, 0, best_isa, 1}, av = {pool, 0, MS_ISA_AVX512, 0};
+    stored st;
+    stored_make(&st, MS_DT_BF16, 8, 8, &rng);
+    CHECK(ms_kernels_panels_bytes(&ex, &st.whole) == 0);
+    CHECK(ms_kernels_panels_bytes(&bi, &st.whole) == 0);
+    CHECK(ms_kernels_panels_bytes(&av, &st.whole) == 0);
+    stored_free(&st);
+    stored_make(&st, MS_DT_F8E4M3, 8, 8, &rng);
+    CHECK(ms_kernels_panels_bytes(&(ms_kctx){pool, 0, best_isa, 0}, &st.whole) == 0);
+    stored_free(&st);
+    ms_kernels_set_dnnl(1);
+    ms_kernels_set_dnnl_min_m(min_m);
+}
+
 int main(void)
 {
     best_isa = ms_kernels_detect();
@@ -977,6 +1065,7 @@ int main(void)
     RUN(matmul_gemv_rows_same_bits);
     RUN(matmul_batch_invariant);
     RUN(matmul_pack_vs_twin);
+    RUN(matmul_panels_same_bits);
     RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);
     ms_kernels_dnnl_clear();

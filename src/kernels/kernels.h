@@ -42,6 +42,11 @@ typedef struct ms_mat {
     const uint8_t *f8_plain;
     int64_t f8_plain_r0;
     const uint8_t *e8scale; /* F4E2M1: [R][scale_ld] UE8M0 bytes of the stored matrix */
+    /* BF16, optional (NULL: none): this view also in the packed-panel kernel's
+     * layout (ms_kernels_panels_fill), which its products at M >= 16 then read
+     * instead of packing the weights at every call; owned by whoever filled
+     * it.  ms_mat_slice clears it (a copy of the whole view keeps it). */
+    const void *panels;
 } ms_mat;
 
 /* Kernel context: the pool and the precision mode. */
@@ -92,7 +97,8 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * exact = 0 with BF16/FP8 weights on AVX512_BF16 (with VBMI and GFNI, which
  * MS_ISA_AVX512BF16 requires): activations rounded once to
  * bf16 (FP8: x·block scale rounded once), vdpbf16ps, FP32 sums (about 1e-3
- * relative to max|y|); BF16 weights at M >= 128 go through oneDNN (below).
+ * relative to max|y|); BF16 weights at M >= 128 go through oneDNN (below),
+ * views holding panels (ms_mat.panels) through the panel kernel at every M >= 16.
  * exact = 0 with BF16 (or, with AVX512_VBMI and GFNI, FP8) weights on AVX-512 without
  * AVX512_BF16: FP32 activations and FMA over weights widened exactly
  * (mm_widen.c; ~1e-7 relative, like the exact path).
@@ -144,6 +150,16 @@ int ms_kernels_f8_plain_used(const ms_kctx *k);
  * before); -1: W does not take oneDNN (dtype, exact mode, oneDNN off) or the
  * MOESERVE_DNNL_MB cap is reached. */
 int ms_kernels_dnnl_prepack(const ms_kctx *k, const ms_mat *W);
+
+/* Panel copies (mm_bf16_pack.c).  ms_kernels_panels_bytes: the bytes of W's
+ * copy (rows rounded up to 64), or 0 where W's products under k never take
+ * the panel kernel (not BF16, no AVX512_BF16, exact or batch-invariant mode).
+ * ms_kernels_panels_fill writes it into dst (64-byte aligned, that many
+ * bytes) on k's pool; point W->panels at dst after, and fill again when W's
+ * data changes in place (an EPLB slot rewritten).  A view with panels takes
+ * the panel kernel at every M >= 16, oneDNN never.  Main thread only. */
+size_t ms_kernels_panels_bytes(const ms_kctx *k, const ms_mat *W);
+void ms_kernels_panels_fill(const ms_kctx *k, const ms_mat *W, void *dst);
 
 /* One product of a batch: y[M][ldy] (=|+=) x[M][ldx] · Wᵀ, or x · W when nn
  * (the ms_matmul_nn product). */

@@ -398,9 +398,11 @@ static void sched_run(const ms_kctx *k, struct sched *S)
         const ms_mat *W = j->t.W;
         int64_t N = j->nn ? W->cols : W->rows;
         int64_t line = ms_dtype_bytes(W->dtype, j->nn ? W->rows : W->cols); /* bytes per column */
-        /* whole 128-row blocks for FP8 (one activation scaling per block) */
+        /* whole 128-row blocks for FP8 (one activation scaling per block), whole
+         * panels where they are held */
         int64_t align = j->nn                                                           ? 64
                         : (j->path == P_BF16 || j->path == P_WIDEN) && W->dtype == MS_DT_F8E4M3 ? 128
+                        : j->path == P_BF16 && W->panels                                        ? 64
                                                                                                 : 16;
         int64_t per = (slice + line - 1) / line;
         per = (per + align - 1) / align * align;
@@ -455,7 +457,7 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
                              pick_path(k, c->W),
                              c->nn != 0};
         if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 && !j->t.binv &&
-            ms_mm_dnnl_nt(k, &j->t) == 0)
+            !c->W->panels && ms_mm_dnnl_nt(k, &j->t) == 0)
             continue; /* large M: oneDNN did it on its own threads */
         S->n_jobs++;
     }

@@ -16,12 +16,19 @@
  * horizontal sum): --enable-deterministic-inference (t->binv) never comes
  * here.  Scalar twin: tests/test_kernels.c's matmul_pack_vs_twin (bf16-rounded
  * x and W in double), and ms_matmul_ref.
+ *
+ * Panel copies (ms_kernels_panels_fill): a view's panels made once, in the
+ * same layout (panel p holds rows [64p, 64p + 64), zero past the view's last
+ * row), W->panels[p] at p·Kq·64 pairs.  A call whose columns start on a panel
+ * reads them instead of packing (the same sums: the same bits); the pack
+ * costs ~20-40 % of an M = 32 product (bench/RESULTS.md, "Why the code is so").
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/threadpool.h"
 #include "base/util.h"
 #include "kernels/mm_internal.h"
 
@@ -167,9 +174,10 @@ int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1)
     const ms_mat *W = t->W;
     if (W->dtype != MS_DT_BF16) return -1;
     const int64_t K = W->cols, Kq = (K + 1) / 2, M = t->M;
+    const uint32_t *held = n0 % PW == 0 ? W->panels : NULL; /* the panels made ahead */
     uint32_t *xa = ms_mm_scratch(MM_SCR_PKX, sizeof(uint32_t) * (size_t)(M * Kq));
-    uint32_t *pb = ms_mm_scratch(MM_SCR_PKB, sizeof(uint32_t) * (size_t)(Kq * PW));
-    if (!xa || !pb) return -1;
+    uint32_t *scr = held ? NULL : ms_mm_scratch(MM_SCR_PKB, sizeof(uint32_t) * (size_t)(Kq * PW));
+    if (!xa || (!held && !scr)) return -1;
     if (!(t->run && packed_x.run == t->run && packed_x.x == t->x && packed_x.xa == xa &&
           packed_x.ldx == t->ldx && packed_x.M == M && packed_x.K == K)) {
         for (int64_t m = 0; m < M; m++) {
@@ -184,10 +192,18 @@ int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1)
     for (int64_t n = n0; n < n1; n += PW) {
         const int64_t nc = n1 - n < PW ? n1 - n : PW;
         const int nv = (int)((nc + 15) / 16);
-        pack(w + n * W->ld, W->ld, nc, K, Kq, pb);
         const int64_t nn = n1 - n - nc < PW ? n1 - n - nc : PW; /* the next panel's rows */
-        pfq pf = {(const char *)(w + (n + nc) * W->ld), W->ld * 2, K * 2, 0,
-                  nn > 0 ? nn * ((K * 2 + 63) / 64) : 0};
+        const uint32_t *pb;
+        pfq pf;
+        if (held) { /* the next panel follows this one: into L2 while this one computes */
+            pb = held + n / PW * Kq * PW;
+            pf = (pfq){(const char *)(pb + Kq * PW), 0, Kq * PW * 4, 0, nn > 0 ? Kq * PW * 4 / 64 : 0};
+        } else {
+            pack(w + n * W->ld, W->ld, nc, K, Kq, scr);
+            pb = scr;
+            pf = (pfq){(const char *)(w + (n + nc) * W->ld), W->ld * 2, K * 2, 0,
+                       nn > 0 ? nn * ((K * 2 + 63) / 64) : 0};
+        }
         int64_t m = 0;
         float *y = t->y + n;
         for (; m + MR <= M; m += MR)
@@ -205,4 +221,39 @@ int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1)
         }
     }
     return 0;
+}
+
+/* ---- panel copies ---- */
+
+size_t ms_kernels_panels_bytes(const ms_kctx *k, const ms_mat *W)
+{
+    if (!k || k->exact || k->batch_invariant || k->isa < MS_ISA_AVX512BF16 ||
+        W->dtype != MS_DT_BF16 || !W->data || W->rows <= 0 || W->cols <= 0)
+        return 0;
+    return (size_t)((W->rows + PW - 1) / PW) * (size_t)((W->cols + 1) / 2) * PW * sizeof(uint32_t);
+}
+
+struct fill_job {
+    const ms_mat *W;
+    uint32_t *dst;
+};
+
+static void fill_worker(void *arg, int tid, int nt)
+{
+    const struct fill_job *j = arg;
+    const ms_mat *W = j->W;
+    const int64_t K = W->cols, Kq = (K + 1) / 2, np = (W->rows + PW - 1) / PW;
+    int64_t b, e;
+    ms_pool_range(np, tid, nt, 1, &b, &e);
+    for (int64_t p = b; p < e; p++) {
+        int64_t nr = W->rows - p * PW < PW ? W->rows - p * PW : PW;
+        pack((const uint16_t *)W->data + p * PW * W->ld, W->ld, nr, K, Kq, j->dst + p * Kq * PW);
+    }
+}
+
+void ms_kernels_panels_fill(const ms_kctx *k, const ms_mat *W, void *dst)
+{
+    if (!ms_kernels_panels_bytes(k, W)) return;
+    struct fill_job j = {W, dst};
+    ms_pool_run(k->pool, fill_worker, &j);
 }

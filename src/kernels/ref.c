@@ -37,6 +37,7 @@ ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t n
     s.data = (const char *)m->data + (size_t)ms_dtype_bytes(m->dtype, r * m->ld + c);
     s.r0 = m->r0 + r;
     s.c0 = m->c0 + c;
+    s.panels = NULL; /* made for the whole view */
     return s;
 }
 

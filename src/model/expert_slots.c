@@ -122,6 +122,7 @@ int ms_model_expert_slot_write(ms_model *m, int layer, int slot, const void *blo
     (void)mprotect(m->arena, m->arena_bytes, PROT_READ);
     for (int i = 0; i < 3; i++) {
         if (v[i]->f8_plain) ms_mat_f8_scan(v[i], (uint8_t *)v[i]->f8_plain); /* m->f8_plain's */
+        if (v[i]->panels) ms_kernels_panels_fill(&m->kctx, v[i], (void *)v[i]->panels);
         (void)ms_kernels_dnnl_refresh(&m->kctx, v[i]); /* none held: taken at first use */
     }
     return 0;

@@ -8,6 +8,7 @@
 #include "model/family.h"
 
 #include "base/util.h"
+#include "kernels/kernels.h"
 #include "model/deepseek_v4.h"
 #include "model/model.h"
 #include "model/planner_families.h"
@@ -127,7 +128,9 @@ int ms_model_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms
 
 void ms_model_free(ms_model *m)
 {
-    if (m && m->family) m->family->free(m);
+    if (!m) return;
+    ms_free_aligned(m->panels);
+    if (m->family) m->family->free(m);
 }
 
 const ms_family *ms_model_family(const ms_model *m) { return m->family; }
@@ -232,6 +235,8 @@ int ms_model_forward(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *
 struct prepack {
     const ms_kctx *k;
     int64_t n;
+    size_t bytes, cap;
+    char *base; /* NULL: the sizing pass */
 };
 
 static void prepack_view(ms_mat *w, unsigned flags, void *arg)
@@ -242,9 +247,39 @@ static void prepack_view(ms_mat *w, unsigned flags, void *arg)
     if (ms_kernels_dnnl_prepack(p->k, w) == 0) p->n++;
 }
 
-int64_t ms_model_prepack(ms_model *m)
+static void panel_view(ms_mat *w, unsigned flags, void *arg)
 {
-    struct prepack p = {&m->kctx, 0};
+    struct prepack *p = arg;
+    (void)flags;
+    size_t b = (ms_kernels_panels_bytes(p->k, w) + 63) & ~(size_t)63;
+    if (!b || p->bytes + b > p->cap) return; /* past the cap: packed at each call */
+    if (p->base) {
+        ms_kernels_panels_fill(p->k, w, p->base + p->bytes);
+        w->panels = p->base + p->bytes;
+    }
+    p->bytes += b;
+    p->n++;
+}
+
+int64_t ms_model_prepack(ms_model *m, size_t *bytes)
+{
+    const char *e = getenv("MOESERVE_PANELS"), *mb = getenv("MOESERVE_PANELS_MB");
+    struct prepack p = {&m->kctx, 0, 0, (size_t)(mb && atol(mb) > 0 ? atol(mb) : 4096) << 20, NULL};
+    if (!m->panels && !(e && strcmp(e, "0") == 0)) {
+        m->family->each_view(m, panel_view, &p);
+        if (p.bytes && (p.base = ms_alloc_aligned(1, p.bytes))) {
+            m->panels = p.base;
+            p.n = 0, p.bytes = 0;
+            m->family->each_view(m, panel_view, &p);
+            /* the routed experts read copies of their slots' views: copy again */
+            for (int l = 0; l < m->shape.n_layers; l++) ms_model_expert_slots_bind(m, l);
+            *bytes = p.bytes;
+            return p.n;
+        }
+        p.n = 0, p.bytes = 0; /* none to make, or no memory for them: oneDNN's copies */
+    }
+    size_t b0 = ms_kernels_dnnl_bytes();
     m->family->each_view(m, prepack_view, &p);
+    *bytes = ms_kernels_dnnl_bytes() - b0;
     return p.n;
 }

@@ -215,11 +215,14 @@ int ms_model_expert_slot_write(ms_model *m, int layer, int slot, const void *blo
 void ms_model_expert_slots_bind(ms_model *m, int layer);
 /* Bytes of the weight views this rank reads (its shard; embeddings and head included). */
 int64_t ms_model_local_weight_bytes(const ms_model *m);
-/* Prepacks every BF16 weight view of this rank for oneDNN now (all but the
- * LM head), instead of at its first prefill of >= 128 rows (ms_kernels_dnnl_
- * prepack; the copies count against MOESERVE_DNNL_MB).  Returns the views
- * held.  Main thread only. */
-int64_t ms_model_prepack(ms_model *m);
+/* Prepacks every BF16 weight view of this rank now: into panels
+ * (ms_kernels_panels_fill, one block the model owns; the LM head included;
+ * in each_view order up to MOESERVE_PANELS_MB, default 4096 MiB),
+ * or with MOESERVE_PANELS=0 for oneDNN (all but the LM head, instead of at
+ * its first prefill of >= 128 rows; ms_kernels_dnnl_prepack, the copies
+ * count against MOESERVE_DNNL_MB).  Returns the views held; *bytes the bytes
+ * of their copies.  Main thread only, once. */
+int64_t ms_model_prepack(ms_model *m, size_t *bytes);
 /* The cache streams of this model (the family's kv_spec over its shape). */
 int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *out,
                      ms_errbuf *err);

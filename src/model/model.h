@@ -86,6 +86,7 @@ struct ms_model {
     void *arena; /* this rank's weight matrices (2 MiB pages), NULL: views into the file */
     size_t arena_bytes;
     uint8_t *f8_plain; /* FP8 views' plain-row flags (ms_mat.f8_plain), NULL: none */
+    void *panels;      /* BF16 views' panel copies (ms_mat.panels, ms_model_prepack), NULL: none */
     int64_t fwd_T, fwd_S; /* rows and context of the batch between embed and head */
     struct ms_v4 *v4;    /* DeepSeek-V4 (deepseek_v4.h); NULL for the V3 family */
 };

@@ -38,7 +38,7 @@ typedef struct ms_engine_opts {
     ms_router_opts router;       /* --load-balance-method and its thresholds (DP admission) */
     int max_running_default;     /* global default when --max-running-requests is unset */
     int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
-    int prepack;                 /* prepack BF16 weights for oneDNN before sizing the KV pool */
+    int prepack;                 /* prepack BF16 weights (ms_model_prepack) before sizing the KV pool */
     int recorder_mode;           /* --expert-distribution-recorder-mode: MS_REC_* (0: none) */
     int recorder_window;         /* --expert-distribution-recorder-buffer-size (passes) */
     int64_t recorder_max_tokens; /* --expert-distribution-recorder-max-tokens (per_token rows) */
@@ -87,7 +87,7 @@ int ms_engine_start(const char *cmd, const ms_engine_opts *o, double comm_timeou
 
 /* Collective over the world when W > 1 (ms_comm_init must have run).  Resolves
  * the layout, builds groups, loads this rank's shard, with o->prepack
- * prepacks its BF16 weights for oneDNN (ms_model_prepack), sizes the KV pool
+ * prepacks its BF16 weights (ms_model_prepack), sizes the KV pool
  * (--mem-fraction-static: F x MemAvailable before the load, per rank on the
  * host, minus the weights and their prepacked copies). */
 int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err);

@@ -178,7 +178,7 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     if (e->rank != 0) return 0;
     MS_LOG(MS_INFO, "engine",
            "KV pool: %lld tokens per DP rank (%d DP ranks, attention TP %d, %s), %lld B per token, "
-           "weights %.2f GB on this rank (+ %.1f MiB prepacked for oneDNN%s)",
+           "weights %.2f GB on this rank (+ %.1f MiB prepacked%s)",
            (long long)e->pool_tokens, e->n_dp, e->lay.attn_tp,
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
            (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20), stag);
@@ -295,9 +295,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
      * products never use oneDNN) */
     if (o->prepack && !o->deterministic) {
         double t0 = ms_now_s();
-        size_t b0 = ms_kernels_dnnl_bytes();
-        e->prepacked = ms_model_prepack(e->m);
-        e->prepacked_bytes = ms_kernels_dnnl_bytes() - b0;
+        e->prepacked = ms_model_prepack(e->m, &e->prepacked_bytes);
         e->prepack_s = ms_now_s() - t0;
     }
     const ms_model_shape *ms = ms_model_shape_of(e->m);

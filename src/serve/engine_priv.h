@@ -33,7 +33,7 @@ struct ms_engine {
     int max_running_rank;
     int64_t chunk_rank, ctx_len, pool_tokens;
     int64_t avail0;    /* MemAvailable / ranks on the host before the load, bytes */
-    int64_t prepacked; /* weight views prepacked for oneDNN at open */
+    int64_t prepacked; /* weight views prepacked at open (ms_model_prepack) */
     size_t prepacked_bytes;
     double prepack_s;
     /* rank 0 */

@@ -1,5 +1,5 @@
 /* warmup.c — the warm-up every command runs before its first request (engine.h):
- * ms_engine_boot opens the engine (prepacking the BF16 weights for oneDNN unless
+ * ms_engine_boot opens the engine (prepacking the BF16 weights unless
  * told to skip) and runs one prompt through the model on every rank, so `serve`,
  * `generate` and the benchmarks start from the same warmed state.  Main thread;
  * every rank together.
@@ -76,7 +76,7 @@ int ms_engine_boot(ms_engine **out, ms_engine_opts *o, int skip_warmup, int64_t 
     }
     if ((*out)->rank == 0)
         MS_LOG(MS_INFO, "engine",
-               "warm-up: %lld weight matrices prepacked for oneDNN (%.0f MiB) in %.2f s; "
+               "warm-up: %lld weight matrices prepacked (%.0f MiB) in %.2f s; "
                "a %lld-token prompt in %.2f s",
                (long long)ws.prepacked, (double)ws.prepacked_bytes / (1 << 20), ws.prepack_s,
                (long long)ws.forward_tokens, ws.forward_s);
