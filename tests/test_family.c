@@ -474,6 +474,8 @@ TEST(prepacked_panels_same_logits)
     ms_layer_w *lw = &m->layers[l];
     if (bf16) {
         CHECK(held > 0 && bytes > 0 && m->lm_head.panels && lw->slots[0].gate.panels);
+        size_t again = 1;
+        CHECK(ms_model_prepack(m, &again) == 0 && again == 0);
         int bound = 0;
         for (int e = 0; e < cfg.n_routed_experts; e++)
             if (lw->experts[e].gate.data == lw->slots[0].gate.data)

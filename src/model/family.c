@@ -265,7 +265,9 @@ int64_t ms_model_prepack(ms_model *m, size_t *bytes)
 {
     const char *e = getenv("MOESERVE_PANELS"), *mb = getenv("MOESERVE_PANELS_MB");
     struct prepack p = {&m->kctx, 0, 0, (size_t)(mb && atol(mb) > 0 ? atol(mb) : 4096) << 20, NULL};
-    if (!m->panels && !(e && strcmp(e, "0") == 0)) {
+    *bytes = 0;
+    if (m->panels) return 0; /* made already */
+    if (!(e && strcmp(e, "0") == 0)) {
         m->family->each_view(m, panel_view, &p);
         if (p.bytes && (p.base = ms_alloc_aligned(1, p.bytes))) {
             m->panels = p.base;

@@ -221,7 +221,8 @@ int64_t ms_model_local_weight_bytes(const ms_model *m);
  * or with MOESERVE_PANELS=0 for oneDNN (all but the LM head, instead of at
  * its first prefill of >= 128 rows; ms_kernels_dnnl_prepack, the copies
  * count against MOESERVE_DNNL_MB).  Returns the views held; *bytes the bytes
- * of their copies.  Main thread only, once. */
+ * of their copies; once panels are held, a second call makes nothing (0).
+ * Main thread only. */
 int64_t ms_model_prepack(ms_model *m, size_t *bytes);
 /* The cache streams of this model (the family's kv_spec over its shape). */
 int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *out,
