@@ -292,7 +292,7 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
     e->avail0 = ms_kv_mem_available() / ms_kv_ranks_on_host(e->W);
     if ((rc = ms_model_open(&e->m, o->model_path, &mo, err))) goto fail;
     /* before the pool: its copies come out of the same budget (batch-invariant
-     * products never use oneDNN) */
+     * products read neither the panels nor oneDNN's copies) */
     if (o->prepack && !o->deterministic) {
         double t0 = ms_now_s();
         e->prepacked = ms_model_prepack(e->m, &e->prepacked_bytes);
