@@ -169,12 +169,12 @@ static void fill_bf16(uint64_t *rng, int64_t S, int64_t row, int ps, uint16_t **
  * rounding, and gives the same bits at 1, 2 and 3 threads and for each
  * sequence decoded alone.  Scores with a peak in one block test the blocks'
  * weights: a block combined without its max/sum weight misses by far. */
-static void long_blocks(int64_t H)
+static void long_blocks(int64_t H, int PS, int64_t row)
 {
     int best = ms_kernels_detect();
-    enum { N = 5, PS = 16 };
+    enum { N = 5 };
     static const int64_t lens[N] = {300, 17, 3 * MS_ATTN_CHUNK, 701, 2 * MS_ATTN_CHUNK + 1};
-    const int64_t row = 288, vdim = 256;
+    const int64_t vdim = row - 32;
     uint64_t rng = 11;
     uint16_t *mem[N];
     const void **pages[N];
@@ -214,8 +214,8 @@ static void long_blocks(int64_t H)
     for (int i = 0; i < N; i++) {
         ms_attn_decode_ref(&seqs[i], q + i * H * row, H, vdim, 0.06f, ref);
         double err = rel_err(ctx[0] + i * H * vdim, ref, H * vdim);
-        CHECKF(err < 2e-2, "H %lld seq %d (S %lld): rel err %g", (long long)H, i,
-               (long long)lens[i], err);
+        CHECKF(err < 2e-2, "H %lld page %d row %lld seq %d (S %lld): rel err %g", (long long)H, PS,
+               (long long)row, i, (long long)lens[i], err);
     }
     for (int t = 0; t < 3; t++) free(ctx[t]);
     for (int i = 0; i < N; i++) free(mem[i]), free(pages[i]);
@@ -223,17 +223,25 @@ static void long_blocks(int64_t H)
 }
 
 /* H 16 (one zmm of heads in the long blocks' softmax lanes), 5, 21 and 24
- * (padded head groups of 8 and lanes of 16); odd last blocks (701, 513). */
+ * (padded head groups of 8 and lanes of 16); odd last blocks (701, 513).
+ * Pages of 16 rows keep each step of 16 rows one run in memory; pages of 5
+ * and 7 (in reverse order) make the scores copy the rows first.  Rows of
+ * 288 (small-v3) and 576 (V3) have their own inlined forms, 320 the
+ * generic one. */
 TEST(decode_attention_long_blocks)
 {
     if (ms_kernels_detect() < MS_ISA_AVX512BF16) {
         CHECKF(1, "no AVX512_BF16");
         return;
     }
-    long_blocks(16);
-    long_blocks(5);
-    long_blocks(21);
-    long_blocks(24);
+    long_blocks(16, 16, 288);
+    long_blocks(5, 16, 288);
+    long_blocks(21, 16, 288);
+    long_blocks(24, 16, 288);
+    long_blocks(16, 5, 288);
+    long_blocks(21, 7, 576);
+    long_blocks(16, 16, 576);
+    long_blocks(24, 5, 320);
 }
 
 /* An FP8 cache on the BF16 path (auto mode): its rows widened to bf16 (exact),

@@ -327,42 +327,19 @@ ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float
 
 /* ---- Long blocks (BF16 path, sequences of more than MS_ATTN_CHUNK rows) ----
  * One block of up to MS_ATTN_CHUNK rows for heads [h0, h1) (nh of them,
- * padded with zero queries to Hp = a multiple of 16, groups of 8).  Zen 4
- * (this guest) retires one zmm vdpbf16ps per cycle per core (two ymm),
- * latency ~6 cycles, and keeps that rate with up to 10 L1 loads per 16
- * (bench/HISTORY.md, w-ctx3), so the block is arranged for L1 hits and
- * few non-dot instructions:
- * - scores: two rows by 8 heads per step (16 accumulators), every head group
- *   of a row pair while the pair is in L1; the 16 sums are reduced together
- *   (hsum16: 30 shuffles + 15 adds, not 16 separate reductions) into
- *   sc[s][Hp], heads in lanes;
+ * padded with zero queries to Hp = a multiple of 16), each row read from
+ * memory once for all heads, arranged for L1 hits and few non-dot
+ * instructions (vdpbf16ps runs 2 zmm per cycle per core on Zen 5, 1 on
+ * Zen 4, latency ~6 cycles):
+ * - scores: 16 rows by 16 heads per step, heads in the lanes of 16
+ *   accumulators; each row's value pair is the broadcast operand of one
+ *   vdpbf16ps and the queries are transposed once per sequence and head
+ *   range (qt[R / 2][Hp]), so no horizontal sums; scores land as sc[s][Hp];
  * - softmax down the rows with heads in lanes; probability pairs
  *   (p[t][h], p[t + 1][h]) as bf16 dwords pd[t / 2][Hp];
  * - context: 32 columns by 8 heads per pass, column chunk outer and head
  *   group inner so that the chunk's 64 bytes of each row are read from L2
  *   once and from L1 for the other groups. */
-
-/* Lane l of the result = the sum of v[l]'s 16 lanes. */
-AI512 __m512 hsum16(const __m512 *v)
-{
-    __m512 t[8], u[4], x[2];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) /* lane 4k + {0, 2}: v[2i]'s quarter k partly, {1, 3}: v[2i + 1] */
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) { /* lane 4k + m: v[4i + m]'s quarter k */
-        __m512d c = _mm512_castps_pd(t[2 * i]), d = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) /* quarters {u[2i] q0+q1, q2+q3, u[2i+1] q0+q1, q2+q3} */
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
-                         _mm512_shuffle_f32x4(x[0], x[1], 0xdd));
-}
 
 /* exp(x) for 16 lanes: vec.c's exp8 (Cody-Waite by ln 2, Cephes degree 6);
  * x < -87.3 (also -inf) gives 0. */
@@ -389,36 +366,66 @@ AI512 __m512 exp16(__m512 x)
     return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(_mm512_mul_ps(y, s1), s2));
 }
 
-/* Scores of rows rp[0..S) for ng head groups of 8 (queries qb[ng * 8][ldq]
- * bf16): sc[s][hp] = scale · q[h]·row[s] for h < ng * 8. */
-AIBF void block_scores(const char *const *rp, int64_t S, int64_t R, float scale, const uint16_t *qb,
-                       int64_t ldq, int ng, int64_t hp, float *sc)
+/* 1 when rows rp[0..16) are one run in memory, rb bytes each. */
+static inline int one_run(const char *const *rp, int64_t rb)
+{
+    int run = 1;
+    for (int r = 1; r < 16; r++) run &= rp[r] == rp[0] + r * rb;
+    return run;
+}
+
+/* Scores of rows rp[0..S) for hp heads: sc[s][hp] = scale · q[h]·row[s],
+ * queries qt[R / 2][hp] (dword k of lane h: head h's values 2k, 2k + 1 as
+ * bf16).  Rows of a step of 16 that are not one run in memory (pages of
+ * fewer than 16 rows, the tail) are copied into tmp[16][R] first.  Inlined
+ * with R constant, the 16 rows are displacements of one address; the next
+ * step's 16 rows (R / 2 cache lines when they are one run) are prefetched
+ * one line per k. */
+AIBF void scores_r(const char *const *rp, int64_t S, const int64_t R, float scale,
+                   const uint32_t *qt, int64_t hp, uint16_t *tmp, float *sc)
 {
     const __m512 vs = _mm512_set1_ps(scale);
-    for (int64_t s = 0; s < S; s += 2) {
-        const char *p0 = rp[s], *p1 = s + 1 < S ? rp[s + 1] : rp[s]; /* odd tail: row s twice */
-        prefetch_rows(rp, s, S, 2 * R);
-        for (int g = 0; g < ng; g++) {
-            const uint16_t *qg = qb + g * 8 * ldq;
+    const int64_t rw = R / 2; /* dwords per row */
+    for (int64_t s = 0; s < S; s += 16) {
+        const int64_t n = S - s < 16 ? S - s : 16;
+        const uint32_t *b = (const uint32_t *)rp[s];
+        if (n < 16 || !one_run(rp + s, 2 * R)) {
+            for (int r = 0; r < 16; r++) memcpy(tmp + r * R, rp[s + (r < n ? r : n - 1)], 2 * R);
+            b = (const uint32_t *)tmp;
+        }
+        const char *nx = (const char *)b; /* nothing ahead: re-touch this step's rows */
+        if (s + 32 <= S && one_run(rp + s + 16, 2 * R))
+            nx = rp[s + 16];
+        else if (s + 32 <= S) /* not one run: its rows now */
+            for (int r = 0; r < 16; r++)
+                for (int64_t c = 0; c < 2 * R; c += 64)
+                    _mm_prefetch(rp[s + 16 + r] + c, _MM_HINT_T0);
+        for (int64_t l = 0; l < hp; l += 16) {
             __m512 a[16];
 #pragma GCC unroll 16
-            for (int h = 0; h < 16; h++) a[h] = _mm512_setzero_ps();
-            for (int64_t c = 0; c < R; c += 32) {
-                __m512i r0 = _mm512_loadu_si512(p0 + 2 * c), r1 = _mm512_loadu_si512(p1 + 2 * c);
-#pragma GCC unroll 8
-                for (int h = 0; h < 8; h++) {
-                    __m512i qv = _mm512_loadu_si512(qg + h * ldq + c);
-                    a[h] = dpbf(a[h], qv, r0);
-                    a[8 + h] = dpbf(a[8 + h], qv, r1);
-                }
+            for (int r = 0; r < 16; r++) a[r] = _mm512_setzero_ps();
+            for (int64_t k = 0; k < rw; k++) {
+                _mm_prefetch(nx + 64 * k, _MM_HINT_T0); /* rw lines = 16 rows of 2R bytes */
+                __m512i qv = _mm512_loadu_si512(qt + k * hp + l);
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++)
+                    a[r] = dpbf(a[r], qv, _mm512_set1_epi32((int)b[r * rw + k]));
             }
-            __m512 r = _mm512_mul_ps(hsum16(a), vs); /* lanes: row s heads 8g.., row s + 1 */
-            _mm256_storeu_ps(sc + s * hp + 8 * g, _mm512_castps512_ps256(r));
-            if (s + 1 < S)
-                _mm256_storeu_ps(sc + (s + 1) * hp + 8 * g,
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1)));
+            for (int r = 0; r < n; r++)
+                _mm512_storeu_ps(sc + (s + r) * hp + l, _mm512_mul_ps(a[r], vs));
         }
     }
+}
+
+ABF static void block_scores(const char *const *rp, int64_t S, int64_t R, float scale,
+                             const uint32_t *qt, int64_t hp, uint16_t *tmp, float *sc)
+{
+    if (R == 288) /* small-v3's row */
+        scores_r(rp, S, 288, scale, qt, hp, tmp, sc);
+    else if (R == 576) /* V2/V3's: kv_lora 512 + rope 64 */
+        scores_r(rp, S, 576, scale, qt, hp, tmp, sc);
+    else
+        scores_r(rp, S, R, scale, qt, hp, tmp, sc);
 }
 
 /* Context of ng head groups of 8 over rows rp[0..S) with probability pairs
@@ -458,29 +465,45 @@ AIBF void block_ctx(const char *const *rp, int64_t S, int64_t V, const uint32_t 
         }
 }
 
+/* The queries a thread's long blocks were last scored with (attend_block
+ * rebuilds qt only for another sequence or head range).  A thread's long
+ * items come after all its short ones in a pool run (one counter hands the
+ * items out in order), so nothing else writes the scratch between them. */
+struct qt_key {
+    const float *q;
+    int64_t h0, h1;
+};
+
 /* Heads [h0, h1) over rows [s0, s0 + S) (S <= MS_ATTN_CHUNK) of a BF16
  * sequence: contexts ctx[h][V] normalised over those rows, the heads'
  * largest scores mx[h] and sums of exp(score - max) sm[h].  scratch:
  * ms_attn_block_floats(R, h1 - h0). */
 ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
                              int64_t h0, int64_t h1, int64_t s0, int64_t S, float *scratch,
-                             const char **rp, float *mx, float *sm)
+                             const char **rp, float *mx, float *sm, struct qt_key *key)
 {
     const int64_t R = a->row, V = j->vdim, ldq = ms_attn_ldq(R), nh = h1 - h0;
     const int64_t hp = (nh + 15) & ~(int64_t)15;
     const int ng = (int)((nh + 7) / 8);
     float *sc = scratch;
     uint32_t *pd = (uint32_t *)(sc + hp * MS_ATTN_CHUNK);
-    uint16_t *qb = (uint16_t *)(pd + hp * MS_ATTN_CHUNK / 2);
+    uint32_t *qt = pd + hp * MS_ATTN_CHUNK / 2;      /* [R / 2][hp] */
+    uint16_t *tmp = (uint16_t *)(qt + hp * ldq / 2); /* [16][R] */
     row_addrs_at(a, 2, s0, S, rp);
-    for (int64_t h = 0; h < 8 * ng; h++) /* the queries rounded to bf16, zero past nh */
-        for (int64_t c = 0; c < R; c += 32)
-            _mm512_storeu_si512(
-                qb + h * ldq + c,
-                h < nh ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + (h0 + h) * R + c + 16),
-                                                      _mm512_loadu_ps(q + (h0 + h) * R + c))
-                       : _mm512_setzero_si512());
-    block_scores(rp, S, R, j->scale, qb, ldq, ng, hp, sc);
+    if (key->q != q || key->h0 != h0 || key->h1 != h1) { /* queries rounded to bf16, transposed */
+        for (int64_t h = 0; h < hp; h++)
+            for (int64_t c = 0; c < R; c += 32) {
+                uint32_t d[16] = {0};
+                if (h < nh) {
+                    const float *qh = q + (h0 + h) * R + c;
+                    _mm512_storeu_si512(d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qh + 16),
+                                                                        _mm512_loadu_ps(qh)));
+                }
+                for (int i = 0; i < 16; i++) qt[(c / 2 + i) * hp + h] = d[i];
+            }
+        *key = (struct qt_key){q, h0, h1};
+    }
+    block_scores(rp, S, R, j->scale, qt, hp, tmp, sc);
     const __m512i ilv =
         _mm512_setr_epi32(0x00100000, 0x00110001, 0x00120002, 0x00130003, 0x00140004, 0x00150005,
                           0x00160006, 0x00170007, 0x00180008, 0x00190009, 0x001a000a, 0x001b000b,
@@ -539,7 +562,8 @@ static void f8_rows(const ms_attn_seq *a, int64_t s0, int64_t n, uint16_t *cv, c
 }
 
 /* One block of a long sequence: item k of the wave's long items. */
-static void long_item(const struct job *j, int k, float *scores, const char **rp, uint16_t *cv)
+static void long_item(const struct job *j, int k, float *scores, const char **rp, uint16_t *cv,
+                      struct qt_key *key)
 {
     int g = k / j->per_long, w = 0; /* g: the block's partial slot */
     while (j->long_c0[w + 1] <= g) w++;
@@ -556,7 +580,7 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
         f8_rows(a, s0, n, cv, rp, &page, &v);
         a = &v, s0 = 0;
     }
-    attend_block(j, a, q, part, h0, h1, s0, n, scores, rp, mx, mx + j->H);
+    attend_block(j, a, q, part, h0, h1, s0, n, scores, rp, mx, mx + j->H, key);
 }
 
 static void worker(void *arg, int tid, int nt)
@@ -570,11 +594,12 @@ static void worker(void *arg, int tid, int nt)
     const char **rp = (const char **)(buf + j->fl - 2 * j->S_max); /* 8-byte aligned: fl is even */
     uint16_t *cv = (uint16_t *)((float *)rp - ms_attn_f8_floats(row)); /* FP8 rows as bf16 */
     int isa = j->k ? j->k->isa : MS_ISA_SCALAR;
+    struct qt_key key = {NULL, 0, 0};
     for (;;) {
         int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (it >= j->n_items) break;
         if (it >= j->n_short) {
-            long_item(j, it - j->n_short, scores, rp, cv);
+            long_item(j, it - j->n_short, scores, rp, cv, &key);
             continue;
         }
         int i = it / j->items_per_seq;

@@ -55,11 +55,12 @@ static inline int64_t ms_attn_f8_floats(int64_t row)
 
 /* One block of a long sequence on the BF16 path, for heads heads (padded to
  * Hp = a multiple of 16): scores [MS_ATTN_CHUNK][Hp] floats, probability
- * pairs [MS_ATTN_CHUNK / 2][Hp] dwords, queries [Hp][ms_attn_ldq(row)] bf16. */
+ * pairs [MS_ATTN_CHUNK / 2][Hp] dwords, transposed queries (room for
+ * [Hp][ms_attn_ldq(row)] bf16) and a copy of 16 rows [16][row] bf16. */
 static inline int64_t ms_attn_block_floats(int64_t row, int64_t heads)
 {
     int64_t hp = (heads + 15) & ~(int64_t)15;
-    return hp * (MS_ATTN_CHUNK + MS_ATTN_CHUNK / 2 + ms_attn_ldq(row) / 2);
+    return hp * (MS_ATTN_CHUNK + MS_ATTN_CHUNK / 2 + ms_attn_ldq(row) / 2) + 8 * row;
 }
 
 /* Scratch floats one thread of ms_attn_decode uses: a row buffer, the scores
