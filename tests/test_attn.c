@@ -173,7 +173,9 @@ static void long_blocks(int64_t H, int PS, int64_t row)
 {
     int best = ms_kernels_detect();
     enum { N = 5 };
-    static const int64_t lens[N] = {300, 17, 3 * MS_ATTN_CHUNK, 701, 2 * MS_ATTN_CHUNK + 1};
+    /* 4 · MS_ATTN_CHUNK + 37: blocks of MS_ATTN_CHUNK rows; 701 and 1025:
+     * four blocks of a quarter each */
+    static const int64_t lens[N] = {300, 17, 4 * MS_ATTN_CHUNK + 37, 701, 2 * MS_ATTN_CHUNK + 1};
     const int64_t vdim = row - 32;
     uint64_t rng = 11;
     uint16_t *mem[N];
@@ -197,7 +199,7 @@ static void long_blocks(int64_t H, int PS, int64_t row)
         ms_pool *pool = ms_pool_new(threads);
         ms_kctx k = {pool, 0, best, 0};
         float *scratch =
-            malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 3 * MS_ATTN_CHUNK));
+            malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 4 * MS_ATTN_CHUNK + 37));
         ctx[threads - 1] = malloc(cbytes);
         ms_attn_decode(&k, seqs, N, q, H, vdim, 0.06f, ctx[threads - 1], scratch);
         for (int i = 0; i < N; i++) { /* alone: the same bits */

@@ -22,7 +22,7 @@ enum { WAVE_MAX = 64 }; /* long sequences per pool run */
 
 /* One pool run: items [0, n_short) are (sequence, head block of hb) of the
  * sequences of at most MS_ATTN_CHUNK rows (or off the BF16 path), the rest
- * (block of MS_ATTN_CHUNK rows, head block of hbl) of this wave's long
+ * (block of block_rows(S) rows, head block of hbl) of this wave's long
  * sequences: long_seq[w]'s blocks take partial slots long_c0[w] ..
  * long_c0[w + 1] - 1. */
 struct job {
@@ -545,6 +545,16 @@ static int is_long(int bf, const ms_attn_seq *a)
     return on_bf(bf, a) && a->S > MS_ATTN_CHUNK;
 }
 
+/* Rows per block of a long sequence of S rows: MS_ATTN_CHUNK, or a quarter
+ * of S (a multiple of 16) up to 4 · MS_ATTN_CHUNK rows, so that a sequence
+ * a little over one or two blocks still makes blocks of equal size for the
+ * threads.  A function of S alone: the result does not depend on the
+ * thread count or the batch. */
+static int64_t block_rows(int64_t S)
+{
+    return S > 4 * MS_ATTN_CHUNK ? MS_ATTN_CHUNK : ((S + 3) / 4 + 15) & ~(int64_t)15;
+}
+
 /* Rows [s0, s0 + n) (n <= MS_ATTN_CHUNK) of an FP8 sequence as bf16 in cv
  * [n][row] (e4m3 -> bf16 is exact, so the BF16 kernels give the bits they
  * give on a BF16 cache of these values); *v becomes a one-page BF16 view of
@@ -569,8 +579,8 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
     while (j->long_c0[w + 1] <= g) w++;
     int i = j->long_seq[w];
     const ms_attn_seq *a = &j->seqs[i];
-    int64_t s0 = (int64_t)(g - j->long_c0[w]) * MS_ATTN_CHUNK,
-            n = a->S - s0 < MS_ATTN_CHUNK ? a->S - s0 : MS_ATTN_CHUNK;
+    int64_t br = block_rows(a->S), s0 = (int64_t)(g - j->long_c0[w]) * br,
+            n = a->S - s0 < br ? a->S - s0 : br;
     int64_t h0 = (k % j->per_long) * j->hbl, h1 = h0 + j->hbl < j->H ? h0 + j->hbl : j->H;
     float *part = j->parts + (int64_t)g * j->H * (j->vdim + 2), *mx = part + j->H * j->vdim;
     const float *q = j->q + (int64_t)i * j->H * a->row;
@@ -670,7 +680,7 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
         j.n_long = 0;
         for (; i < n && j.n_long < WAVE_MAX; i++) {
             if (!is_long(j.bf, &seqs[i])) continue;
-            int c = (int)((seqs[i].S + MS_ATTN_CHUNK - 1) / MS_ATTN_CHUNK);
+            int c = (int)((seqs[i].S + block_rows(seqs[i].S) - 1) / block_rows(seqs[i].S));
             if (used + c > slots) break;
             j.long_seq[j.n_long] = i;
             j.long_c0[j.n_long++] = used;
@@ -678,8 +688,11 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
         }
         j.long_c0[j.n_long] = used;
         /* all heads per block when the blocks alone keep the threads busy
-         * (each row read once); a head's result is the same either way */
-        j.hbl = used >= 2 * nt ? H : hb;
+         * (each row read once), else parts of whole 16-head lanes (a part
+         * of 8 would leave half of each scores vector empty); a head's
+         * result is the same either way */
+        int64_t h16 = (hb + 15) & ~(int64_t)15;
+        j.hbl = used >= 2 * nt || h16 > H ? H : h16;
         j.per_long = (int)((H + j.hbl - 1) / j.hbl);
         j.n_items = j.n_short + used * j.per_long;
         atomic_store_explicit(&j.next, 0, memory_order_relaxed);
