@@ -1,7 +1,7 @@
 /* test_attn.c — the paged MLA decode attention kernel against its reference
  * twin: F32, BF16 and FP8 caches, odd page sizes, one to several hundred rows, every
- * ISA path the machine has; long sequences (blocks of MS_ATTN_CHUNK rows, the
- * BF16 path): the reference, and the same bits at any thread count and batch;
+ * ISA path the machine has; long sequences (blocks of up to MS_ATTN_CHUNK rows,
+ * the BF16 path): the reference, and the same bits at any thread count and batch;
  * an FP8 cache on the BF16 path: the bits of a BF16 cache of the same values. */
 #include "base/util.h"
 #include "harness.h"
@@ -198,8 +198,8 @@ static void long_blocks(int64_t H, int PS, int64_t row)
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
         ms_kctx k = {pool, 0, best, 0};
-        float *scratch =
-            malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 4 * MS_ATTN_CHUNK + 37));
+        float *scratch = malloc(sizeof(float) *
+                                (size_t)ms_attn_scratch_floats(threads, row, H, lens[2]));
         ctx[threads - 1] = malloc(cbytes);
         ms_attn_decode(&k, seqs, N, q, H, vdim, 0.06f, ctx[threads - 1], scratch);
         for (int i = 0; i < N; i++) { /* alone: the same bits */
@@ -225,7 +225,8 @@ static void long_blocks(int64_t H, int PS, int64_t row)
 }
 
 /* H 16 (one zmm of heads in the long blocks' softmax lanes), 5, 21 and 24
- * (padded head groups of 8 and lanes of 16); odd last blocks (701, 513).
+ * (padded head groups of 8 and lanes of 16); odd last blocks (701, 1025,
+ * 2085).
  * Pages of 16 rows keep each step of 16 rows one run in memory; pages of 5
  * and 7 (in reverse order) make the scores copy the rows first.  Rows of
  * 288 (small-v3) and 576 (V3) have their own inlined forms, 320 the

@@ -386,15 +386,17 @@ AIBF void scores_r(const char *const *rp, int64_t S, const int64_t R, float scal
 {
     const __m512 vs = _mm512_set1_ps(scale);
     const int64_t rw = R / 2; /* dwords per row */
+    int run = S >= 16 && one_run(rp, 2 * R); /* this step's rows are one run */
     for (int64_t s = 0; s < S; s += 16) {
         const int64_t n = S - s < 16 ? S - s : 16;
         const uint32_t *b = (const uint32_t *)rp[s];
-        if (n < 16 || !one_run(rp + s, 2 * R)) {
+        if (!run) {
             for (int r = 0; r < 16; r++) memcpy(tmp + r * R, rp[s + (r < n ? r : n - 1)], 2 * R);
             b = (const uint32_t *)tmp;
         }
         const char *nx = (const char *)b; /* nothing ahead: re-touch this step's rows */
-        if (s + 32 <= S && one_run(rp + s + 16, 2 * R))
+        run = s + 32 <= S && one_run(rp + s + 16, 2 * R); /* the next step's */
+        if (run)
             nx = rp[s + 16];
         else if (s + 32 <= S) /* not one run: its rows now */
             for (int r = 0; r < 16; r++)
@@ -680,7 +682,8 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
         j.n_long = 0;
         for (; i < n && j.n_long < WAVE_MAX; i++) {
             if (!is_long(j.bf, &seqs[i])) continue;
-            int c = (int)((seqs[i].S + block_rows(seqs[i].S) - 1) / block_rows(seqs[i].S));
+            int64_t br = block_rows(seqs[i].S);
+            int c = (int)((seqs[i].S + br - 1) / br);
             if (used + c > slots) break;
             j.long_seq[j.n_long] = i;
             j.long_c0[j.n_long++] = used;

@@ -39,10 +39,9 @@ static inline int64_t ms_attn_ldp(int64_t S_max)
  * (a function of its length alone, so the result does not depend on the
  * thread count or the batch), each block read from memory once for all
  * heads; the blocks' partial softmax contexts are combined in block order
- * (flash-decoding).  512 rows (288 KiB of
- * small-v3 rows, 576 KiB of V3's) stay in a 1 MiB L2 for the context pass
- * and halve the blocks' fixed costs against 256 (measured: bench/RESULTS.md,
- * "Why the code is so"). */
+ * (flash-decoding).  512 rows (288 KiB of small-v3 rows, 576 KiB of V3's)
+ * stay in a 1 MiB L2 for the context pass and halve the blocks' fixed costs
+ * against 256 (measured: bench/RESULTS.md, "Why the code is so"). */
 enum { MS_ATTN_CHUNK = 512 };
 
 static inline int64_t ms_attn_item_floats(int64_t row, int64_t heads, int64_t S)
