@@ -102,10 +102,14 @@ done
 # stepping until rank 0 ends the run, and every rank exits 0 by itself before the
 # SIGKILL (each says so: MPI_Finalize waits for an aborting mpirun, so a rank that saw
 # its SIGCONT stops waiting after 1 s; gone before 2G; the streams end with [DONE]).
+# The streams must outlast G + 1 s on any machine: tiny-v3 streams ~1,000 tokens/s
+# (6,000 tokens ended with length before the drain on a fast host), so 60,000, with
+# the context and the KV pool raised to hold them.
 G=6
-FLAGS="$FLAGS --shutdown-timeout 1"
+sed -i 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 131072/' "$M/config.json"
+FLAGS="${FLAGS/--max-total-tokens 8192/--max-total-tokens 65536} --shutdown-timeout 1"
 if start term-mpirun $MPI --mca odls_base_sigkill_timeout $G; then
-    streams 2 6000 || bad "term-mpirun: 2 streams did not all start"
+    streams 2 60000 || bad "term-mpirun: 2 streams did not all start"
     ranks=$(pgrep -P "$PID" | tr '\n' ' ' | sed 's/ $//')
     t0=$SECONDS
     kill -TERM "$PID"
@@ -126,7 +130,8 @@ if start term-mpirun $MPI --mca odls_base_sigkill_timeout $G; then
     wait_exit $((3 * G))
     wait "${SPIDS[@]}" 2>/dev/null
     n0=$(grep -c "exiting with status 0" "$tmp/term-mpirun.log")
-    t "SIGTERM to a user-run mpirun (--mca odls_base_sigkill_timeout $G): drained after ~$G s (/health $hc, a new request $code), the streams ended with [DONE], $n0 of 2 ranks exited 0, gone after ${gone:-never} s (< $((2 * G)): before the SIGKILL), mpirun exit code $rc (Open MPI's 1), no rank left" \
+    ends=$(grep -ho '"finish_reason":"[a-z]*"' "$tmp/s1" "$tmp/s2" | cut -d'"' -f4 | tr '\n' ' ')
+    t "SIGTERM to a user-run mpirun (--mca odls_base_sigkill_timeout $G): drained after ~$G s (/health $hc, a new request $code), the streams ended with ${ends:-nothing}and [DONE], $n0 of 2 ranks exited 0, gone after ${gone:-never} s (< $((2 * G)): before the SIGKILL), mpirun exit code $rc (Open MPI's 1), no rank left" \
         '[ "$hc" = 503 ] && [ "$code" = 503 ] && all_end_with 2 abort && [ "$n0" = 2 ] && [ -n "$ranks" ] && [ -n "$gone" ] && [ "$gone" -lt $((2 * G)) ] && no_rank_left'
 fi
 report
