@@ -93,12 +93,12 @@ def busy():
     return [d["num_running_reqs"] + d["num_waiting_reqs"] for d in load()]
 
 
-def long_stream(hdr):
-    """Starts a long streamed completion (extra header lines hdr) and returns its socket
-    once a step has reported it in /get_load."""
+def long_stream(hdr, n=POOL // 4):
+    """Starts a long streamed completion of n tokens (extra header lines hdr) and returns
+    its socket once a step has reported it in /get_load."""
     n0 = sum(busy())
     sk = socket.create_connection((U.hostname, U.port))
-    b = json.dumps({"model": "m", "prompt": "Go", "max_tokens": POOL // 4, "temperature": 0,
+    b = json.dumps({"model": "m", "prompt": "Go", "max_tokens": n, "temperature": 0,
                     "stream": True, "ignore_eos": True}).encode()
     sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + hdr
                + b"Content-Length: " + str(len(b)).encode() + b"\r\n\r\n" + b)
@@ -131,7 +131,9 @@ def router_checks(policy):
     check("first request served", first is not None, first)
     wait_idle()
     # a long streamed request pinned to rank 0 (where p went: both ranks were idle, the first wins)
-    sk = long_stream(b"X-Data-Parallel-Rank: 0\r\n")
+    # POOL // 2 tokens: it must stay in flight for the next requests, and a fast host
+    # streams POOL // 4 in ~30 ms
+    sk = long_stream(b"X-Data-Parallel-Rank: 0\r\n", POOL // 2)
     per = busy()
     check("the pinned request runs on rank 0", per[0] >= 1 and per[1] == 0, per)
     again = complete(p)
@@ -233,11 +235,14 @@ b = json.dumps({"model": "m", "prompt": "Tell me a long story", "max_tokens": PO
 sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
            + str(len(b)).encode() + b"\r\n\r\n" + b)
 head = sk.recv(4096)
-for _ in range(100):  # until the engine has it (a loaded machine can be slow)
+# until the engine has it (a loaded machine can be slow); polled every 2 ms, since
+# the head comes before admission and a fast host streams the POOL // 2 tokens in
+# ~60 ms (polls 50 ms apart missed the whole run)
+for _ in range(2500):
     mid = load()
     if mid[0]["num_running_reqs"] + mid[0]["num_waiting_reqs"] >= 1:
         break
-    time.sleep(0.05)
+    time.sleep(0.002)
 sk.close()
 after = wait_idle(20)
 check("disconnect mid-stream aborts and frees pages",
