@@ -14,6 +14,7 @@
 #include "model/deepseek_v4.h"
 #include "model/model.h"
 #include "kernels/attn.h"
+#include "kernels/attn_prefill.h"
 #include "moe/mlp_layer.h"
 #include "moe/moe.h"
 #include "parallel/comm.h"
@@ -85,7 +86,8 @@ struct ms_model_ws {
     float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
     float *ascr;   /* attention kernel scratch, sized by cap_S */
     int64_t cap_sc;    /* floats in sc */
-    float *kh;         /* [cap_kh] prefill keys of one head group, transposed [HG][dn+dr][S] */
+    float *kh;         /* [cap_kh] prefill keys of one head group, transposed [HG][dn+dr][S]
+                        * (or the fused kernel's blocks, S rounded up to 64) */
     int64_t cap_kh;
     float *vh;         /* [cap_kh / (dn+dr) · dv] its values, packed [HG][S][dv] */
     const void **pptr; /* [cap_pptr] page pointers of the decode rows' sequences */
@@ -187,7 +189,8 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S, int64_t S_pre)
         ws->cap_sc = MS_MAX(H * S, MS_MIN(MS_MIN(ws->cap_T, 128) * H * S, (int64_t)1 << 24));
         REALLOC_F(ws->sc, ws->cap_sc);
         /* prefill keys: every head at once up to 16 M floats, else fewer */
-        ws->cap_kh = MS_MAX(S * (dn + dr), MS_MIN(H * S * (dn + dr), (int64_t)1 << 24));
+        int64_t S64 = (S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+        ws->cap_kh = MS_MAX(S64 * (dn + dr), MS_MIN(H * S64 * (dn + dr), (int64_t)1 << 24));
         REALLOC_F(ws->kh, ws->cap_kh);
         REALLOC_F(ws->vh, ws->cap_kh / (dn + dr) * dv);
         ws->cap_Sp = S;
@@ -303,7 +306,9 @@ static void softmax_rows(void *arg, int tid, int nt)
 }
 
 /* The keys of one head group transposed: kt[b][c][s] = component c of
- * [k_nope | k_rope] of head g0 + b at position s; and its values packed,
+ * [k_nope | k_rope] of head g0 + b at position s (blocked: in the fused
+ * kernel's blocks of 64 positions, ms_attn_prefill_kt_at, heads S64 · qd
+ * apart); and its values packed,
  * vt[b][s] = v of head g0 + b at position s (in kv they are H·kvd floats
  * apart, so the context product would read rows that fall in a few cache
  * sets; measured: bench/RESULTS.md, "Why the code is so").  Split by heads. */
@@ -312,6 +317,7 @@ struct kt_job {
     float *kt;             /* [hg][qd][S] */
     float *vt;             /* [hg][S][dv] */
     int64_t S, H, g0, hg, dn, dr, dv, kvd, kvr, row;
+    int blocked;
 };
 
 static void kt_heads(void *arg, int tid, int nt)
@@ -320,15 +326,23 @@ static void kt_heads(void *arg, int tid, int nt)
     int64_t b0, b1, qd = j->dn + j->dr;
     ms_pool_range(j->hg, tid, nt, 1, &b0, &b1);
     for (int64_t b = b0; b < b1; b++) {
-        float *kt = j->kt + b * qd * j->S;
-        for (int64_t s0 = 0; s0 < j->S; s0 += 16) { /* 16 positions: one line per c */
+        int64_t S64 = (j->S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+        float *kt = j->kt + b * qd * (j->blocked ? S64 : j->S);
+        /* 16 positions: one line per c; blocked, the last block's lanes past S
+         * are zeroed (the kernel reads them and drops them) */
+        for (int64_t s0 = 0; s0 < (j->blocked ? S64 : j->S); s0 += 16) {
             int64_t s1 = MS_MIN(j->S, s0 + 16);
-            for (int64_t c = 0; c < j->dn; c++)
-                for (int64_t s = s0; s < s1; s++)
-                    kt[c * j->S + s] = j->kv[s * j->H * j->kvd + (j->g0 + b) * j->kvd + c];
-            for (int64_t c = 0; c < j->dr; c++)
-                for (int64_t s = s0; s < s1; s++)
-                    kt[(j->dn + c) * j->S + s] = j->lat[s * j->row + j->kvr + c];
+            /* component c of this run of positions: 16 floats in either layout */
+            for (int64_t c = 0; c < qd; c++) {
+                float *d = kt + (j->blocked ? ms_attn_prefill_kt_at(qd, c, s0) : c * j->S + s0);
+                if (c < j->dn)
+                    for (int64_t s = s0; s < s1; s++)
+                        d[s - s0] = j->kv[s * j->H * j->kvd + (j->g0 + b) * j->kvd + c];
+                else
+                    for (int64_t s = s0; s < s1; s++)
+                        d[s - s0] = j->lat[s * j->row + j->kvr + c - j->dn];
+                for (int64_t s = MS_MAX(s0, s1); s < s0 + 16 && j->blocked; s++) d[s - s0] = 0;
+            }
         }
         float *vt = j->vt + b * j->S * j->dv;
         for (int64_t s = 0; s < j->S; s++)
@@ -341,7 +355,9 @@ static void kt_heads(void *arg, int tid, int nt)
  * values expanded from the cached latents (kv = kv_b · c_kv); per group of
  * heads the keys [k_nope | k_rope] are laid out transposed and the values
  * packed (kt, vt, on the pool),
- * then causal attention in blocks of queries: block [i0, i1) reads only the
+ * then causal attention: with AVX-512 the fused kernel (attn_prefill.h: scores,
+ * softmax and context a block of keys at a time, no score matrix); otherwise
+ * in blocks of queries: block [i0, i1) reads only the
  * first p0 + i1 keys (each SUB_ROWS sub-block of it only those its last row
  * sees), and three pool runs cover the group's heads (scores, one x·W
  * product per head and sub-block; softmax; context, likewise).  The
@@ -359,7 +375,9 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     int64_t qd = dn + dr, kvd = dn + dv;
     load_rows(v, layer, S, ws->lat);
     ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
-    int64_t HG = MS_MAX(1, MS_MIN(MS_MIN(H, MAX_BLOCK_HEADS), ws->cap_kh / (S * qd)));
+    const int fused = ms_attn_prefill_ok(&m->kctx, dv);
+    int64_t S64 = (S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+    int64_t HG = MS_MAX(1, MS_MIN(MS_MIN(H, MAX_BLOCK_HEADS), ws->cap_kh / (S64 * qd)));
     int64_t QB = MS_MAX(1, MS_MIN(ws->cap_sc / (HG * S), QB_MAX)); /* block scores fit sc */
     /* a block's rows in causal sub-blocks of SUB_ROWS: sub-block j's scores and
      * context read only the keys its last row sees (p0 + i0 + (j + 1)·SUB_ROWS),
@@ -369,8 +387,15 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     ms_mm_call *calls = ws->att_calls;
     for (int64_t g0 = 0; g0 < H; g0 += HG) {
         int hg = (int)MS_MIN(H - g0, HG);
-        struct kt_job kj = {ws->kv, ws->lat, ws->kh, ws->vh, S, H, g0, hg, dn, dr, dv, kvd, kvr, row};
+        struct kt_job kj = {ws->kv, ws->lat, ws->kh, ws->vh, S,   H,   g0,   hg,
+                            dn,     dr,      dv,     kvd,    kvr, row, fused};
         ms_pool_run(m->pool, kt_heads, &kj);
+        if (fused) {
+            ms_attn_prefill a = {q + g0 * qd, H * qd, ws->kh, ws->vh, out + g0 * dv, H * dv,
+                                 hg, qd, dv, p0, n, m->softmax_scale};
+            ms_attn_prefill_run(&m->kctx, &a);
+            continue;
+        }
         for (int64_t i0 = 0; i0 < n; i0 += QB) {
             int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
             int nc = 0;
