@@ -40,7 +40,7 @@ static void pcase_free(pcase *c)
  * keys (transposed, rows p0 + n apart) and values built for that length. */
 static void run(const pcase *c, int64_t p0, int64_t n, int threads, int ref, float *out)
 {
-    int64_t S = p0 + n, S64 = (S + 63) / 64 * 64, hg = c->hg, qd = c->qd, dv = c->dv;
+    int64_t S = p0 + n, S64 = ms_attn_prefill_keys(S), hg = c->hg, qd = c->qd, dv = c->dv;
     float *kt = calloc((size_t)(hg * qd * S64), sizeof(float)),
           *vt = malloc(sizeof(float) * (size_t)(hg * S * dv));
     if (!kt || !vt) abort();

@@ -1,6 +1,5 @@
 /* attn.c — paged MLA decode attention (attn.h). */
 #include "kernels/attn.h"
-#include "kernels/exp_avx512.h"
 #include "kernels/mm_internal.h"
 
 #include <immintrin.h>
@@ -342,6 +341,31 @@ ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float
  *   group inner so that the chunk's 64 bytes of each row are read from L2
  *   once and from L1 for the other groups. */
 
+/* exp(x) for 16 lanes: vec.c's exp8 (Cody-Waite by ln 2, Cephes degree 6);
+ * x < -87.3 (also -inf) gives 0. */
+AI512 __m512 exp16(__m512 x)
+{
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i ni = _mm512_cvtps_epi32(n), h = _mm512_srai_epi32(ni, 1); /* 2^n as two normals */
+    __m512 s1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, h), _mm512_set1_epi32(127)), 23));
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(_mm512_mul_ps(y, s1), s2));
+}
+
 /* 1 when rows rp[0..16) are one run in memory, rb bytes each. */
 static inline int one_run(const char *const *rp, int64_t rb)
 {
@@ -490,7 +514,7 @@ ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const fl
         __m512 m = _mm512_set1_ps(-INFINITY), e = _mm512_setzero_ps();
         for (int64_t t = 0; t < S; t++) m = _mm512_max_ps(m, _mm512_loadu_ps(sc + t * hp + l));
         for (int64_t t = 0; t < S; t++) {
-            __m512 x = ms_exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t * hp + l), m));
+            __m512 x = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t * hp + l), m));
             _mm512_storeu_ps(sc + t * hp + l, x);
             e = _mm512_add_ps(e, x);
         }

@@ -11,7 +11,6 @@
  * per item and from L1 by its row groups.
  */
 #include "kernels/attn_prefill.h"
-#include "kernels/exp_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -33,7 +32,7 @@ static int64_t rows_per_item(int64_t dv)
 
 void ms_attn_prefill_ref(const ms_attn_prefill *a)
 {
-    const int64_t S = a->p0 + a->n, S64 = (S + KB - 1) / KB * KB, qd = a->qd, dv = a->dv;
+    const int64_t S = a->p0 + a->n, S64 = ms_attn_prefill_keys(S), qd = a->qd, dv = a->dv;
     double *p = malloc(sizeof(double) * (size_t)S);
     if (!p) abort(); /* tests only */
     for (int64_t i = 0; i < a->n; i++)
@@ -105,7 +104,7 @@ AI512 void tile_scores(const int R, const float *q, int64_t ldq, const float *kt
  * t = x·log2(e) split as n + f (|f| <= 1/2), 2^f by its Taylor series to
  * degree 7 (relative error < 1e-8), times 2^n by vscalefps; lanes outside k
  * are 0 (the keys a row does not see: exactly 0, so a row's sums do not
- * depend on the rows beside it).  Half the instructions of ms_exp16. */
+ * depend on the rows beside it).  Half the instructions of attn.c's exp16. */
 AI512 __m512 exp_neg(__m512 x, __mmask16 k)
 {
     __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)),
@@ -204,7 +203,7 @@ A512 static void item(const ms_attn_prefill *a, int64_t b, int64_t i0, int64_t n
     float o[O_FLOATS] __attribute__((aligned(64))); /* [nr][dv] */
     float p[RG * KB] __attribute__((aligned(64)));  /* [RG][KB] */
     float m[MQ_MAX], l[MQ_MAX];
-    const int64_t S = a->p0 + a->n, S64 = (S + KB - 1) / KB * KB, qd = a->qd, dv = a->dv,
+    const int64_t S = a->p0 + a->n, S64 = ms_attn_prefill_keys(S), qd = a->qd, dv = a->dv,
                   pos0 = a->p0 + i0;
     const float *kt = a->kt + b * S64 * qd, *vt = a->vt + b * S * dv;
     for (int64_t r = 0; r < nr; r++) m[r] = -INFINITY, l[r] = 0;

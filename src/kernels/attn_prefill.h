@@ -35,6 +35,13 @@ typedef struct ms_attn_prefill {
  * block of the transposed keys. */
 enum { MS_ATTN_PREFILL_DV_MAX = 256, MS_ATTN_PREFILL_KB = 64 };
 
+/* Positions one head's transposed keys hold for S keys: S rounded up to a
+ * whole block (so qd times this many floats per head). */
+static inline int64_t ms_attn_prefill_keys(int64_t S)
+{
+    return (S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+}
+
 /* Offset of component c of position s in one head's transposed keys. */
 static inline int64_t ms_attn_prefill_kt_at(int64_t qd, int64_t c, int64_t s)
 {

@@ -189,7 +189,7 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S, int64_t S_pre)
         ws->cap_sc = MS_MAX(H * S, MS_MIN(MS_MIN(ws->cap_T, 128) * H * S, (int64_t)1 << 24));
         REALLOC_F(ws->sc, ws->cap_sc);
         /* prefill keys: every head at once up to 16 M floats, else fewer */
-        int64_t S64 = (S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+        int64_t S64 = ms_attn_prefill_keys(S);
         ws->cap_kh = MS_MAX(S64 * (dn + dr), MS_MIN(H * S64 * (dn + dr), (int64_t)1 << 24));
         REALLOC_F(ws->kh, ws->cap_kh);
         REALLOC_F(ws->vh, ws->cap_kh / (dn + dr) * dv);
@@ -326,7 +326,7 @@ static void kt_heads(void *arg, int tid, int nt)
     int64_t b0, b1, qd = j->dn + j->dr;
     ms_pool_range(j->hg, tid, nt, 1, &b0, &b1);
     for (int64_t b = b0; b < b1; b++) {
-        int64_t S64 = (j->S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+        int64_t S64 = ms_attn_prefill_keys(j->S);
         float *kt = j->kt + b * qd * (j->blocked ? S64 : j->S);
         /* 16 positions: one line per c; blocked, the last block's lanes past S
          * are zeroed (the kernel reads them and drops them) */
@@ -376,7 +376,7 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
     load_rows(v, layer, S, ws->lat);
     ms_matmul(&m->kctx, ws->kv, H * kvd, ws->lat, row, S, &lw->kv_b, 0);
     const int fused = ms_attn_prefill_ok(&m->kctx, dv);
-    int64_t S64 = (S + MS_ATTN_PREFILL_KB - 1) / MS_ATTN_PREFILL_KB * MS_ATTN_PREFILL_KB;
+    int64_t S64 = ms_attn_prefill_keys(S);
     int64_t HG = MS_MAX(1, MS_MIN(MS_MIN(H, MAX_BLOCK_HEADS), ws->cap_kh / (S64 * qd)));
     int64_t QB = MS_MAX(1, MS_MIN(ws->cap_sc / (HG * S), QB_MAX)); /* block scores fit sc */
     /* a block's rows in causal sub-blocks of SUB_ROWS: sub-block j's scores and
