@@ -9,8 +9,8 @@ requests of TOKENS (default 200) new tokens each, first one after another (each
 alone in its batch), then all 16 at once (batches of up to 16 decode rows, prefills
 mixed with decodes, and prefix-cache hits on the alone runs' pages).  Prompt lengths
 include 17 and 33 ids (page 16: a prefix hit leaves one token to compute) and two
-prompts share a 40-token prefix.  With the flag, every request's tokens must equal its
-tokens alone; without it, some must differ (the fast paths round by batch size), or
+prompts share a 40-token prefix.  With the flag, every request's tokens and their log-probs
+(bits) must equal its alone; without it, some must differ (the fast paths round by batch size), or
 the test could not tell the two apart.  Then the flag again with a KV pool of
 --max-total-tokens 1024 and 768 (16 x (prompt + TOKENS) would need ~4,200) and chunks
 of 29 and 64 tokens: requests are retracted (the test reads sglang:num_retracted_requests_total,
@@ -46,9 +46,18 @@ def prompts():
 
 
 def generate(p, ids):
-    s, body = p.request("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}, timeout=600)
-    return json.loads(body)["output_ids"] if s == 200 else "HTTP %d" % s
+    """[(token, its log-prob)] of a greedy request: equal outputs mean equal bits of
+    the logits' log-softmax too, which FP32 kernels (AVX2) need for the control: their
+    reduction orders move the logits by ~1e-7, which seldom flips a greedy token."""
+    s, body = p.request("/generate", {"input_ids": ids, "return_logprob": True,
+                                      "sampling_params": {"max_new_tokens": TOKENS,
+                                                          "temperature": 0,
+                                                          "ignore_eos": True}}, timeout=600)
+    if s != 200:
+        return "HTTP %d" % s
+    d = json.loads(body)
+    return [(t, lp[0]) for t, lp in zip(d["output_ids"],
+                                         d["meta_info"]["output_token_logprobs"])]
 
 
 def retracted(p):
@@ -61,11 +70,11 @@ def retracted(p):
     return sum(vals) if vals else -1
 
 
-def run(flags, alone_too=True):
+def run(flags, alone_too=True, env=None):
     """(alone outputs, concurrent outputs, server log, retractions) for one server."""
     p = sp.Proc(["serve", "--model-path", MODEL, "--dtype", "auto", "--threads", "2",
                  "--max-running-requests", str(N_REQ), "--skip-server-warmup"] + flags,
-                deadline_s=120)
+                env=env, deadline_s=120)
     if not p.started:
         out = p.output()
         p.stop()
@@ -109,8 +118,8 @@ else:
     sp.check("deterministic: 16 requests alone give %d tokens each" % TOKENS, lens_ok,
              str([a if not isinstance(a, list) else len(a) for a in alone]))
     bad = [(i, first_diff(alone[i], conc[i])) for i in range(N_REQ) if alone[i] != conc[i]]
-    sp.check("deterministic: 16 concurrent greedy requests give exactly their tokens alone "
-             "over %d tokens" % TOKENS, not bad and lens_ok,
+    sp.check("deterministic: 16 concurrent greedy requests give exactly their tokens and "
+             "log-probs alone over %d tokens" % TOKENS, not bad and lens_ok,
              "request, first differing position: %s" % bad)
     sp.check("deterministic: the start-up log names batch-invariant products",
              "batch-invariant products" in log, log[-800:])
@@ -129,10 +138,13 @@ for pool, chunk in (("1024", "29"), ("768", "64")):
              n_retracted > 0, log[-800:])
     bad = [(i, first_diff(det_alone[i], conc[i])) for i in range(N_REQ) if det_alone[i] != conc[i]]
     sp.check("deterministic, %s: 16 concurrent greedy requests, some retracted and recomputed, "
-             "give exactly their tokens alone over %d tokens" % (what, TOKENS), not bad,
+             "give exactly their tokens and log-probs alone over %d tokens" % (what, TOKENS), not bad,
              "request, first differing position: %s" % bad)
 
-alone, conc, log, _ = run([])
+# The control runs the packed-panel kernels from 2 rows (MOESERVE_PACK_MIN_M), so the
+# default mode's reduction order follows the batch on every ISA: at AVX2's default of
+# 32 rows, 16 decode rows and these short prompts all take one M-independent kernel
+alone, conc, log, _ = run([], env={"MOESERVE_PACK_MIN_M": "2"})
 if alone is None:
     sp.check("default server starts", False, log[-1500:])
 else:

@@ -955,6 +955,43 @@ TEST(matmul_pack_vs_twin)
     }
 }
 
+/* The AVX2 packed-panel kernel (mm_avx2_pack.c) is what auto mode runs on
+ * AVX2 at M >= 32: its sums run in k order in one lane, so its bits differ
+ * from the exact kernels' (lanes along k, then a horizontal sum) there, and
+ * equal them below 32 (the same kernel).  Its values are checked against the
+ * reference in matmul_all_paths (isa avx2, exact 0, M 33..131: views at odd
+ * r0/c0, FP8 blocks straddled, K over several 256-column passes, N over
+ * several 128-column chunks, M over several 48-row blocks). */
+TEST(matmul_avx2_pack_taken)
+{
+    if (best_isa < MS_ISA_AVX2) return;
+    uint64_t rng = 47;
+    const int64_t N = 150, K = 600;
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F16};
+    float *x = malloc(sizeof(float) * (size_t)(64 * K));
+    float *ya = malloc(sizeof(float) * (size_t)(64 * N)), *ye = malloc(sizeof(float) * (size_t)(64 * N));
+    for (int64_t i = 0; i < 64 * K; i++) x[i] = frand(&rng);
+    for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
+        stored st;
+        stored_make(&st, dts[di], N, K, &rng);
+        const int64_t Mi[] = {1, 7, 16, 31, 32, 45, 64};
+        for (size_t mi = 0; mi < MS_ARRAY_LEN(Mi); mi++) {
+            ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0};
+            ms_matmul(&ka, ya, N, x, K, Mi[mi], &st.whole, 0);
+            ms_matmul(&ke, ye, N, x, K, Mi[mi], &st.whole, 0);
+            int same = !memcmp(ya, ye, sizeof(float) * (size_t)(Mi[mi] * N));
+            CHECKF(same == (Mi[mi] < 32), "dt %d M %ld: auto %s the exact kernel's bits", dts[di],
+                   (long)Mi[mi], same ? "gives" : "differs from");
+            CHECKF(rel_err(ya, ye, Mi[mi], N, N) <= 1e-5, "dt %d M %ld: auto and exact apart",
+                   dts[di], (long)Mi[mi]);
+        }
+        stored_free(&st);
+    }
+    free(x);
+    free(ya);
+    free(ye);
+}
+
 /* Panel copies (ms_kernels_panels_fill): a view holding them gives, at every
  * M >= 16 and with the pool or without, the bits the packed-panel kernel gives
  * packing at each call (oneDNN off for M >= 128, which panels bypass), and
@@ -1065,6 +1102,7 @@ int main(void)
     RUN(matmul_gemv_rows_same_bits);
     RUN(matmul_batch_invariant);
     RUN(matmul_pack_vs_twin);
+    RUN(matmul_avx2_pack_taken);
     RUN(matmul_panels_same_bits);
     RUN(topk_vs_ref);
     RUN(elementwise_vs_ref);

@@ -170,24 +170,26 @@ static void scalar_nn(const mm_task *t, int64_t n0, int64_t n1)
 
 /* ---- dispatch ---- */
 
-enum path { P_SCALAR, P_AVX2, P_AVX512, P_BF16, P_WIDEN, P_FP4, P_FP4BF };
+enum path { P_SCALAR, P_AVX2, P_AVX2P, P_AVX512, P_BF16, P_WIDEN, P_FP4, P_FP4BF };
 
 struct mm_job {
     mm_task t;
     int path, nn;
 };
 
-/* BF16 x·Wᵀ at M >= this (and below oneDNN's MIN_M) takes the packed-panel
- * kernel (mm_bf16_pack.c) in auto mode; MOESERVE_PACK_MIN_M overrides it
- * (a huge value turns it off; measured: bench/RESULTS.md, prefill row). */
-static int64_t pack_min_m(void)
+/* x·Wᵀ at M >= this takes the packed-panel kernel in auto mode: mm_bf16_pack.c
+ * (BF16 weights, below oneDNN's MIN_M) on AVX512_BF16 from 16 rows,
+ * mm_avx2_pack.c on AVX2 from 32 (at 16 its panel packing costs as much as it
+ * saves: bench_kernels --prefill); MOESERVE_PACK_MIN_M overrides both (a huge
+ * value turns them off; measured: bench/RESULTS.md, prefill rows). */
+static int64_t pack_min_m(int avx2)
 {
     static int64_t v = -1; /* read once, on the first call (main thread: the first product) */
     if (v < 0) {
         const char *e = getenv("MOESERVE_PACK_MIN_M");
-        v = e && atol(e) > 0 ? atol(e) : 16;
+        v = e && atol(e) > 0 ? atol(e) : 0;
     }
-    return v;
+    return v ? v : avx2 ? 32 : 16;
 }
 
 static void run_range(const struct mm_job *j, int64_t b, int64_t e)
@@ -210,14 +212,15 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
         case P_AVX512:
             ms_mm_avx512_nn(t, b, e);
             break;
-        case P_AVX2: ms_mm_avx2_nn(t, b, e); break;
+        case P_AVX2:
+        case P_AVX2P: ms_mm_avx2_nn(t, b, e); break;
         default: scalar_nn(t, b, e); break;
         }
         return;
     }
     switch (j->path) {
     case P_BF16:
-        if (!t->binv && t->M >= pack_min_m() && ms_mm_bf16_pack_nt(t, b, e) == 0) break;
+        if (!t->binv && t->M >= pack_min_m(0) && ms_mm_bf16_pack_nt(t, b, e) == 0) break;
         if (ms_mm_bf16_nt(t, b, e) == 0) break;
         ms_mm_avx512_nt(t, b, e); /* no scratch: the exact path needs none */
         break;
@@ -234,6 +237,10 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
         ms_mm_avx512_nt(t, b, e);
         break;
     case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
+    case P_AVX2P:
+        if (t->M >= pack_min_m(1) && ms_mm_avx2_pack_nt(t, b, e) == 0) break;
+        ms_mm_avx2_nt(t, b, e);
+        break;
     case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
     default: scalar_nt(t, b, e); break;
     }
@@ -260,6 +267,8 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
           __builtin_cpu_supports("gfni"))))
         return P_WIDEN;
     if (isa >= MS_ISA_AVX512) return P_AVX512;
+    if (isa >= MS_ISA_AVX2 && !k->exact && !k->batch_invariant) /* its order follows M */
+        return P_AVX2P;
     if (isa >= MS_ISA_AVX2) return P_AVX2;
     return P_SCALAR;
 }
@@ -447,7 +456,7 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         return;
     }
     S->n_jobs = 0;
-    (void)pack_min_m(); /* read here, on the main thread, before any pool thread asks */
+    (void)pack_min_m(0); /* read here, on the main thread, before any pool thread asks */
     for (int i = 0; i < n; i++) {
         const ms_mm_call *c = &calls[i];
         if (c->M <= 0 || (c->nn ? c->W->cols : c->W->rows) <= 0) continue; /* no outputs */

@@ -31,15 +31,30 @@ typedef struct mm_task {
  * that needs none).  MM_SCR_X holds mm_bf16.c's prepared activations, which
  * it reuses across calls of one run, MM_SCR_XW mm_widen.c's (likewise),
  * MM_SCR_F4X and MM_SCR_F4B mm_fp4.c's two kernels' (likewise), MM_SCR_PKX
- * and MM_SCR_PKB mm_bf16_pack.c's activations (likewise) and panel; nothing else
- * writes them. */
-enum { MM_SCR_X, MM_SCR_XW, MM_SCR_W, MM_SCR_F4X, MM_SCR_F4B, MM_SCR_PKX, MM_SCR_PKB, MM_SCR_N };
+ * and MM_SCR_PKB mm_bf16_pack.c's activations (likewise) and panel, MM_SCR_A2X
+ * mm_avx2_pack.c's activations (likewise); nothing else writes them. */
+enum {
+    MM_SCR_X,
+    MM_SCR_XW,
+    MM_SCR_W,
+    MM_SCR_F4X,
+    MM_SCR_F4B,
+    MM_SCR_PKX,
+    MM_SCR_PKB,
+    MM_SCR_A2X,
+    MM_SCR_N
+};
 void *ms_mm_scratch(int slot, size_t bytes);
 
 /* Packed-panel BF16 path (mm_bf16_pack.c), BF16 weights, auto mode, not
  * batch-invariant; matmul.c sends 16 <= M < oneDNN's MIN_M there (MOESERVE_PACK_MIN_M).
  * Returns 0, or -1 (nothing written) for other dtypes or without scratch. */
 int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1);
+
+/* Packed-panel FP32 path on AVX2 (mm_avx2_pack.c) for BF16, F16, F32 and F8E4M3
+ * weights, auto mode, not batch-invariant; matmul.c sends M >= MOESERVE_PACK_MIN_M
+ * there.  Returns 0, or -1 (nothing written) for other dtypes or without scratch. */
+int ms_mm_avx2_pack_nt(const mm_task *t, int64_t n0, int64_t n1);
 
 /* Exact FP32 paths (dequantise weights to f32, FP32 FMA). */
 void ms_mm_avx2_nt(const mm_task *t, int64_t n0, int64_t n1);
