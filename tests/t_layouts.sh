@@ -50,7 +50,8 @@ check_layout() { # $1 = label, rest = flags: greedy tokens and logits against on
     if ! timeout 180 "$MOESERVE" generate "${common[@]}" "$@" --dump-logits "$tmp/l.jsonl" >"$tmp/l.out" 2>&1; then
         bad "$label: run failed"; tail -5 "$tmp/l.out"; return
     fi
-    if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" >"$tmp/cmp" 2>&1; then
+    if /usr/bin/python3 tests/compare_logits.py "$tmp/ref.jsonl" "$tmp/l.jsonl" --tol "${TOL:-1e-4}" \
+        >"$tmp/cmp" 2>&1; then
         ok "$label ($(grep 'max relative' "$tmp/cmp"))"
     else
         bad "$label"; cat "$tmp/cmp"
@@ -113,15 +114,21 @@ if "$MOESERVE" mkmodel --preset tiny-v4 --dtype bf16 --seed 4 --out "$M4" 2>/dev
     else
         bad "tiny-v4 fp8-fp4: mkmodel failed"
     fi
-    # the deployed cache formats (FP8 ds main entries, MXFP4 index keys): every rank
-    # quantises the same entries the same way, so the layouts equal one rank with them
+    # the deployed cache formats (FP8 ds main entries, MXFP4 index keys): the ranks of a
+    # group quantise the same entries the same way, but a layout's partial sums arrive in
+    # another order than one rank's, and a last-bit difference can move an entry to the
+    # next e4m3 code (2^-4 of it): ~6e-3 of the logits, seen on AVX2 (Zen 3).  Greedy
+    # tokens stay identical; the logits are held to 2e-2, which a wrong head, entry or
+    # rank (errors of order 1) still fails
     common=(--model "$M4" --dtype float32 --prompt-ids "$P4" --prompt-ids "$P2" --prompt-ids "$P3"
             --max-new-tokens 17 --ignore-eos --threads 1 --comm-timeout-s 60
             --kv-cache-dtype fp8_e4m3 --enable-deepseek-v4-fp4-indexer)
     if timeout 120 "$MOESERVE" generate "${common[@]}" --dump-logits "$tmp/ref.jsonl" >"$tmp/ref.out" 2>&1; then
         # shellcheck disable=SC2086
         for L in "--tp 2" "--tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend deepep" \
-                 "--tp 4 --dp 2 --enable-dp-attention"; do check_layout "tiny-v4 fp8 cache, fp4 keys $L" $L; done
+                 "--tp 4 --dp 2 --enable-dp-attention"; do
+            TOL=2e-2 check_layout "tiny-v4 fp8 cache, fp4 keys $L" $L
+        done
     else
         bad "tiny-v4 fp8 cache, fp4 keys: one rank failed"; tail -5 "$tmp/ref.out"
     fi
