@@ -20,6 +20,8 @@ static const float *row_f32(const ms_attn_seq *a, int64_t s, float *buf, int isa
 
 enum { WAVE_MAX = 64 }; /* long sequences per pool run */
 
+#define AI2 static inline __attribute__((always_inline))
+
 /* One pool run: items [0, n_short) are (sequence, head block of hb) of the
  * sequences of at most MS_ATTN_CHUNK rows (or off the BF16 path), the rest
  * (block of block_rows(S) rows, head block of hbl) of this wave's long
@@ -203,6 +205,165 @@ A512 static void attend512(const struct job *j, const ms_attn_seq *a, const floa
         break;
             G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
+        }
+    }
+}
+
+/* AVX2 form of attend (same math, FP32) for BF16 and F32 rows, 8 lanes and
+ * 16 registers: scores one row per step for up to 8 heads (the row loaded
+ * once for all of them), then the context in blocks of CTX_ROWS rows (so they
+ * are re-read from L2, not L3), 16 columns at a time for groups of up to 4
+ * heads with the sums in registers over the block.  Column tails (row, vdim
+ * not multiples of 8 and 16) in scalar FMA. */
+AI2 __m256 load_row8(const char *p, int bf)
+{
+    return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16))
+              : _mm256_loadu_ps((const float *)p);
+}
+
+AI2 float row_at(const char *p, int bf, int64_t i)
+{
+    if (!bf) return ((const float *)p)[i];
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return ms_bf16_to_f32(h);
+}
+
+AI2 float hsum8a(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* Scores of heads q[0..NG) (rows R floats apart) over rows rp[0..S): one
+ * row per step, loaded once for all NG heads. */
+AI2 void scores2(const int NG, const char *const *rp, int64_t S, int64_t R, int bf, float scale,
+                 const float *q, float *sc)
+{
+    const int es = bf ? 2 : 4;
+    const int64_t R8 = R & ~(int64_t)7;
+    for (int64_t s = 0; s < S; s++) {
+        const char *p0 = rp[s];
+        if (s + 8 < S)
+            for (int64_t c = 0; c < R * es; c += 64) _mm_prefetch(rp[s + 8] + c, _MM_HINT_T0);
+        __m256 a0[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) a0[h] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < R8; c += 8) {
+            __m256 r0 = load_row8(p0 + c * es, bf);
+#pragma GCC unroll 8
+            for (int h = 0; h < NG; h++)
+                a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * R + c), r0, a0[h]);
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < NG; h++) {
+            float d0 = hsum8a(a0[h]);
+            for (int64_t c = R8; c < R; c++) d0 = fmaf(q[h * R + c], row_at(p0, bf, c), d0);
+            sc[h * S + s] = scale * d0;
+        }
+    }
+}
+
+/* ctx[NG][V] (rows V apart; NG <= 4) (=|+=) Σ over rows [t0, t1) of
+ * sc[h][t] · row t, 16 columns at a time with the sums in registers. */
+AI2 void ctx2(const int NG, const char *const *rp, int64_t t0, int64_t t1, int64_t S, int64_t V,
+              int bf, const float *sc, float *ctx, int add)
+{
+    const int es = bf ? 2 : 4;
+    const int64_t V16 = V & ~(int64_t)15;
+    for (int64_t c = 0; c < V16; c += 16) {
+        __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < NG; h++) {
+            a0[h] = add ? _mm256_loadu_ps(ctx + h * V + c) : _mm256_setzero_ps();
+            a1[h] = add ? _mm256_loadu_ps(ctx + h * V + c + 8) : _mm256_setzero_ps();
+        }
+        for (int64_t t = t0; t < t1; t++) {
+            __m256 r0 = load_row8(rp[t] + c * es, bf), r1 = load_row8(rp[t] + (c + 8) * es, bf);
+#pragma GCC unroll 4
+            for (int h = 0; h < NG; h++) {
+                __m256 pv = _mm256_broadcast_ss(sc + h * S + t);
+                a0[h] = _mm256_fmadd_ps(pv, r0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(pv, r1, a1[h]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NG; h++) {
+            _mm256_storeu_ps(ctx + h * V + c, a0[h]);
+            _mm256_storeu_ps(ctx + h * V + c + 8, a1[h]);
+        }
+    }
+    for (int h = 0; h < NG; h++)
+        for (int64_t c = V16; c < V; c++) {
+            float acc = add ? ctx[h * V + c] : 0.0f;
+            for (int64_t t = t0; t < t1; t++) acc = fmaf(sc[h * S + t], row_at(rp[t], bf, c), acc);
+            ctx[h * V + c] = acc;
+        }
+}
+
+enum { CTX_ROWS = 128 }; /* rows per pass of the context: 72 KiB of BF16 rows (L2) */
+
+static void attend_avx2(const struct job *j, const ms_attn_seq *a, const float *q, float *ctx,
+                        int64_t h0, int64_t h1, float *scores, const char **rp)
+{
+    const int64_t S = a->S, R = a->row, V = j->vdim;
+    const int bf = a->dtype == MS_DT_BF16, es = bf ? 2 : 4;
+    row_addrs(a, es, rp);
+    for (int64_t g0 = h0; g0 < h1; g0 += 8) {
+        const float *qg = q + g0 * R;
+        float *sg = scores + (g0 - h0) * S;
+        switch (h1 - g0 < 8 ? h1 - g0 : 8) {
+        case 1:
+            scores2(1, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        case 2:
+            scores2(2, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        case 3:
+            scores2(3, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        case 4:
+            scores2(4, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        case 5:
+            scores2(5, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        case 6:
+            scores2(6, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        case 7:
+            scores2(7, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        default:
+            scores2(8, rp, S, R, bf, j->scale, qg, sg);
+            break;
+        }
+    }
+    for (int64_t h = h0; h < h1; h++) ms_softmax(scores + (h - h0) * S, S);
+    /* the context over blocks of CTX_ROWS rows, each block's rows re-read
+     * from L2 for every 16 columns and group of 4 heads */
+    for (int64_t t0 = 0; t0 < S; t0 += CTX_ROWS) {
+        const int64_t t1 = t0 + CTX_ROWS < S ? t0 + CTX_ROWS : S;
+        for (int64_t g0 = h0; g0 < h1; g0 += 4) {
+            const float *sg = scores + (g0 - h0) * S;
+            float *cg = ctx + g0 * V;
+            const int add = t0 > 0;
+            switch (h1 - g0 < 4 ? h1 - g0 : 4) {
+            case 1:
+                ctx2(1, rp, t0, t1, S, V, bf, sg, cg, add);
+                break;
+            case 2:
+                ctx2(2, rp, t0, t1, S, V, bf, sg, cg, add);
+                break;
+            case 3:
+                ctx2(3, rp, t0, t1, S, V, bf, sg, cg, add);
+                break;
+            default:
+                ctx2(4, rp, t0, t1, S, V, bf, sg, cg, add);
+                break;
+            }
         }
     }
 }
@@ -628,6 +789,8 @@ static void worker(void *arg, int tid, int nt)
             attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
         } else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32)) {
             attend512(j, a, q, ctx, h0, h1, scores, rp);
+        } else if (isa >= MS_ISA_AVX2 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32)) {
+            attend_avx2(j, a, q, ctx, h0, h1, scores, rp);
         } else {
             attend(j, a, q, ctx, h0, h1, scores, buf);
         }
