@@ -38,7 +38,7 @@ static void pcase_free(pcase *c)
 
 /* Queries [p0, p0 + n) of the case into out [n][ldo]: the kernel's layout of
  * keys (transposed, rows p0 + n apart) and values built for that length. */
-static void run(const pcase *c, int64_t p0, int64_t n, int threads, int ref, float *out)
+static void run(const pcase *c, int64_t p0, int64_t n, int threads, int ref, int isa, float *out)
 {
     int64_t S = p0 + n, S64 = ms_attn_prefill_keys(S), hg = c->hg, qd = c->qd, dv = c->dv;
     float *kt = calloc((size_t)(hg * qd * S64), sizeof(float)),
@@ -55,7 +55,7 @@ static void run(const pcase *c, int64_t p0, int64_t n, int threads, int ref, flo
         ms_attn_prefill_ref(&a);
     } else {
         ms_pool *pool = ms_pool_new(threads);
-        ms_kctx k = {pool, 1, ms_kernels_detect(), 0};
+        ms_kctx k = {pool, 1, isa, 0};
         ms_attn_prefill_run(&k, &a);
         ms_pool_free(pool);
     }
@@ -87,11 +87,11 @@ TEST(prefill_reference_known_answers)
     pcase c;
     pcase_init(&c, 2, 5, 3, 4, 1);
     float *out = rows_alloc(&c, 4);
-    run(&c, 0, 1, 1, 1, out);
+    run(&c, 0, 1, 1, 1, 0, out);
     for (int64_t b = 0; b < 2; b++)
         for (int64_t i = 0; i < 3; i++) CHECK(fabsf(out[b * 3 + i] - c.v[b * 4 * 3 + i]) < 1e-6f);
     for (int64_t i = 0; i < 2 * 4 * 5; i++) c.k[i] = 0.25f; /* every score equal */
-    run(&c, 0, 4, 1, 1, out);
+    run(&c, 0, 4, 1, 1, 0, out);
     for (int64_t i = 0; i < 3; i++) { /* head 0, query 2: the mean of values 0..2 */
         float mean = (c.v[i] + c.v[3 + i] + c.v[6 + i]) / 3;
         CHECK(fabsf(out[2 * c.ldo + i] - mean) < 1e-6f);
@@ -100,11 +100,20 @@ TEST(prefill_reference_known_answers)
     pcase_free(&c);
 }
 
+/* The ISAs whose fused kernels run here: AVX2's, and AVX-512's where it exists. */
+static int isas(int *out)
+{
+    int best = ms_kernels_detect(), n = 0;
+    if (best >= MS_ISA_AVX2) out[n++] = MS_ISA_AVX2;
+    if (best >= MS_ISA_AVX512) out[n++] = best;
+    return n;
+}
+
 TEST(prefill_fused_matches_reference)
 {
-    ms_kctx probe = {NULL, 1, ms_kernels_detect(), 0};
-    if (!ms_attn_prefill_ok(&probe, 64)) {
-        fprintf(stderr, "  (no AVX-512 here: the fused prefill kernel is not used)\n");
+    int isa[2], ni = isas(isa);
+    if (!ni) {
+        fprintf(stderr, "  (no AVX2 here: the fused prefill kernel is not used)\n");
         return;
     }
     /* hg, qd, dv, p0, n: small-v3's 96 / 64, V3's 192 / 128, odd shapes */
@@ -113,41 +122,44 @@ TEST(prefill_fused_matches_reference)
         {1, 33, 48, 5, 67},   {2, 17, 200, 0, 90}, {1, 96, 64, 1000, 7}, {4, 96, 64, 63, 65},
         {1, 8, 256, 129, 31}, {2, 96, 64, 0, 301},
     };
-    for (size_t t = 0; t < MS_ARRAY_LEN(cases); t++) {
-        const int64_t *cs = cases[t];
-        pcase c;
-        pcase_init(&c, cs[0], cs[1], cs[2], cs[3] + cs[4], 100 + t);
-        float *got = rows_alloc(&c, cs[4]), *want = rows_alloc(&c, cs[4]);
-        run(&c, cs[3], cs[4], 1 + (int)(t % 2), 0, got);
-        run(&c, cs[3], cs[4], 1, 1, want);
-        double e = rel_err(got, want, cs[4], c.ldo, c.hg * c.dv);
-        free(got), free(want);
-        pcase_free(&c);
-        CHECKF(e < 1e-5, "case %zu (hg %lld qd %lld dv %lld p0 %lld n %lld): rel err %g", t,
-               (long long)cs[0], (long long)cs[1], (long long)cs[2], (long long)cs[3],
-               (long long)cs[4], e);
-    }
+    for (int ii = 0; ii < ni; ii++)
+        for (size_t t = 0; t < MS_ARRAY_LEN(cases); t++) {
+            const int64_t *cs = cases[t];
+            pcase c;
+            pcase_init(&c, cs[0], cs[1], cs[2], cs[3] + cs[4], 100 + t);
+            float *got = rows_alloc(&c, cs[4]), *want = rows_alloc(&c, cs[4]);
+            run(&c, cs[3], cs[4], 1 + (int)(t % 2), 0, isa[ii], got);
+            run(&c, cs[3], cs[4], 1, 1, 0, want);
+            double e = rel_err(got, want, cs[4], c.ldo, c.hg * c.dv);
+            free(got), free(want);
+            pcase_free(&c);
+            CHECKF(e < 1e-5, "isa %s case %zu (hg %lld qd %lld dv %lld p0 %lld n %lld): rel err %g",
+                   ms_isa_name(isa[ii]), t, (long long)cs[0], (long long)cs[1], (long long)cs[2],
+                   (long long)cs[3], (long long)cs[4], e);
+        }
 }
 
 /* A prompt of 300 tokens in one chunk at one thread, against chunks of
- * 1 + 100 + 77 + 122 rows at two threads: every output has the same bits. */
+ * 1 + 100 + 77 + 122 rows at two threads: every output has the same bits
+ * (each ISA's kernel against itself). */
 TEST(prefill_fused_chunking_invariant)
 {
-    ms_kctx probe = {NULL, 1, ms_kernels_detect(), 0};
-    if (!ms_attn_prefill_ok(&probe, 64)) return;
-    pcase c;
-    pcase_init(&c, 3, 96, 64, 300, 9);
-    float *whole = rows_alloc(&c, 300), *parts = rows_alloc(&c, 300);
-    run(&c, 0, 300, 1, 0, whole);
-    static const int64_t cuts[] = {0, 1, 101, 178, 300};
-    for (size_t i = 0; i + 1 < MS_ARRAY_LEN(cuts); i++)
-        run(&c, cuts[i], cuts[i + 1] - cuts[i], 2, 0, parts + cuts[i] * c.ldo);
-    int same = 1;
-    for (int64_t r = 0; r < 300; r++)
-        same &= !memcmp(whole + r * c.ldo, parts + r * c.ldo, sizeof(float) * (size_t)(3 * 64));
-    free(whole), free(parts);
-    pcase_free(&c);
-    CHECK(same);
+    int isa[2], ni = isas(isa);
+    for (int ii = 0; ii < ni; ii++) {
+        pcase c;
+        pcase_init(&c, 3, 96, 64, 300, 9);
+        float *whole = rows_alloc(&c, 300), *parts = rows_alloc(&c, 300);
+        run(&c, 0, 300, 1, 0, isa[ii], whole);
+        static const int64_t cuts[] = {0, 1, 101, 178, 300};
+        for (size_t i = 0; i + 1 < MS_ARRAY_LEN(cuts); i++)
+            run(&c, cuts[i], cuts[i + 1] - cuts[i], 2, 0, isa[ii], parts + cuts[i] * c.ldo);
+        int same = 1;
+        for (int64_t r = 0; r < 300; r++)
+            same &= !memcmp(whole + r * c.ldo, parts + r * c.ldo, sizeof(float) * (size_t)(3 * 64));
+        free(whole), free(parts);
+        pcase_free(&c);
+        CHECKF(same, "isa %s", ms_isa_name(isa[ii]));
+    }
 }
 
 int main(void)

@@ -48,8 +48,9 @@ static inline int64_t ms_attn_prefill_kt_at(int64_t qd, int64_t c, int64_t s)
     return ((s / MS_ATTN_PREFILL_KB) * qd + c) * MS_ATTN_PREFILL_KB + s % MS_ATTN_PREFILL_KB;
 }
 
-/* 1 when ms_attn_prefill runs under k for values of dv floats: AVX-512 and
- * dv <= MS_ATTN_PREFILL_DV_MAX (otherwise the caller keeps its own path). */
+/* 1 when ms_attn_prefill runs under k for values of dv floats: AVX2 or
+ * AVX-512, and dv <= MS_ATTN_PREFILL_DV_MAX (otherwise the caller keeps its
+ * own path). */
 int ms_attn_prefill_ok(const ms_kctx *k, int64_t dv);
 
 /* The fused kernel (requires ms_attn_prefill_ok).  Keys are taken in blocks at
