@@ -37,7 +37,8 @@ typedef struct ms_mat {
     int64_t r0, c0;     /* view origin in the stored matrix */
     /* F8E4M3, optional (NULL: not known): f8_plain[r0 + r - f8_plain_r0] != 0
      * when row r has no zero, subnormal or NaN code in these columns, so the
-     * AVX-512 widening kernel may convert it with integer operations
+     * widening kernels (mm_widen.c, mm_f32_tmpl.h's tiles) may convert it with
+     * integer operations
      * (ms_mat_f8_scan fills it; slices keep it) */
     const uint8_t *f8_plain;
     int64_t f8_plain_r0;
@@ -142,8 +143,9 @@ size_t ms_kernels_dnnl_bytes(void); /* bytes held by prepacked copies */
  * its engine starts), whether or not the path is switched on. */
 int ms_kernels_dnnl_available(void);
 /* 1 when FP8 x·Wᵀ products under k take a kernel that reads ms_mat.f8_plain
- * (auto mode: mm_widen.c, or mm_bf16.c's GEMV and tiles); the loader marks
- * the rows only then. */
+ * (auto mode: mm_widen.c, or mm_bf16.c's GEMV and tiles; every mode: the
+ * FP32 tiles of mm_f32_tmpl.h on AVX2 and AVX-512); the loader marks the rows
+ * only then. */
 int ms_kernels_f8_plain_used(const ms_kctx *k);
 /* Reorders W now into the layout its large-M calls will use (what the first
  * such call would do), so that call does not pay for it.  0: held (now or

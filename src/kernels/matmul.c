@@ -275,8 +275,7 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
 
 int ms_kernels_f8_plain_used(const ms_kctx *k)
 {
-    int p = pick_path(k, &(ms_mat){.dtype = MS_DT_F8E4M3});
-    return p == P_BF16 || p == P_WIDEN;
+    return pick_path(k, &(ms_mat){.dtype = MS_DT_F8E4M3}) != P_SCALAR;
 }
 
 /* ---- scheduling: one pool run for one or many products ----

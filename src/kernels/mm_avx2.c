@@ -33,6 +33,17 @@ static inline __m256 load_f8x8(const void *p)
     return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nanm);
 }
 
+/* 8 plain e4m3 codes (exponent field >= 1, no NaN) -> f32 values × 2^-120,
+ * exactly: the sign-extended byte shifted left by 20 puts the exponent and
+ * mantissa at f32's bits 26..20 and the sign at 31; the mask clears the
+ * sign's copies in bits 30..27. */
+static inline __m256 load_f8p8(const void *p)
+{
+    __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_slli_epi32(b, 20), _mm256_set1_epi32((int)0x87ffffff)));
+}
+
 /* The e2m1 magnitudes times s (entry c = magnitude code c · s). */
 static inline __m256 f4_tbl8(float s)
 {
@@ -68,6 +79,7 @@ static inline __m256 load_f4x8(const void *p, __m256 tbl)
 #define VLOAD_BF16(p) load_bf16x8(p)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define VLOAD_F8(p) load_f8x8(p)
+#define VLOAD_F8P(p) load_f8p8(p)
 #define VF4_TBL(s) f4_tbl8(s)
 #define VLOAD_F4(p, tbl) load_f4x8(p, tbl)
 #define FN(name) ms_mm_avx2_##name

@@ -27,6 +27,14 @@ static inline __m512 load_f8x16(const void *p)
     return _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN));
 }
 
+/* 16 plain e4m3 codes -> f32 values × 2^-120, exactly (as mm_avx2.c's load_f8p8). */
+static inline __m512 load_f8p16(const void *p)
+{
+    __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(b, 20), _mm512_set1_epi32((int)0x87ffffff)));
+}
+
 /* The e2m1 table times s (entry c = code c's value · s; +0 at code 8). */
 static inline __m512 f4_tbl16(float s)
 {
@@ -58,6 +66,7 @@ static inline __m512 load_f4x16(const void *p, __m512 tbl)
 #define VLOAD_BF16(p) load_bf16x16(p)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VLOAD_F8(p) load_f8x16(p)
+#define VLOAD_F8P(p) load_f8p16(p)
 #define VF4_TBL(s) f4_tbl16(s)
 #define VLOAD_F4(p, tbl) load_f4x16(p, tbl)
 #define FN(name) ms_mm_avx512_##name

@@ -8,7 +8,8 @@
  *
  * Required macros: VW (lanes), VF (vector type), VZERO(), VSET1(f), VLOAD(p),
  * VFMA(a, b, c) = a·b + c, VMUL(a, b), VHSUM(v), VLOAD_BF16(p), VLOAD_F16(p),
- * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), VF4_TBL(s) (the e2m1 table times s,
+ * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), VLOAD_F8P(p) (the same for codes with
+ * exponent field >= 1 and no NaN: value × 2⁻¹²⁰, exact), VF4_TBL(s) (the e2m1 table times s,
  * in the form VLOAD_F4 takes), VLOAD_F4(p, tbl) (the VW codes at byte p,
  * low nibble first, as table entries), FN(name), NT_MB (max activation rows
  * per tile), NT_R(mb) (weight rows per tile), NN_C (vectors of columns per
@@ -70,22 +71,31 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
             acc[m][r] = VZERO();
             tl[m][r] = 0;
         }
+    /* FP8 rows all plain (ms_mat.f8_plain): VLOAD_F8P widens their codes with
+     * integer operations to value × 2^-120, times a scale × 2^120: the same
+     * products, bit for bit, as value × 2^-8 times scale × 256 */
+    int plain = dt == MS_DT_F8E4M3 && W->f8_plain;
+    for (int r = 0; plain && r < R; r++) plain = W->f8_plain[W->r0 + n0 + r - W->f8_plain_r0];
     int64_t k = 0;
     while (k < K) {
         int64_t kend = K;
         float ss[8] = {0};
         VF sv[8];
+        int fast = 0;
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) sv[r] = VZERO();
         if (dt == MS_DT_F8E4M3) { /* one 128-column scale block at a time */
             int64_t cb = (W->c0 + k) / 128;
             kend = (cb + 1) * 128 - W->c0;
             if (kend > K) kend = K;
+            fast = plain;
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 ss[r] = W->scale[((W->r0 + n0 + r) / 128) * W->scale_ld + cb];
-                sv[r] = VSET1(ss[r] * 256.0f);
+                fast &= fabsf(ss[r]) < 128.0f; /* scale × 2^120 stays finite */
             }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) sv[r] = VSET1(ss[r] * (fast ? 0x1p120f : 256.0f));
         }
         if (f4) { /* one 32-column scale block at a time, its table scaled */
             int64_t cb = (W->c0 + k) / 32;
@@ -97,6 +107,18 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
                 sv[r] = VF4_TBL(ss[r]);
             }
         }
+        if (dt == MS_DT_F8E4M3 && fast)
+            for (; k + VW <= kend; k += VW) {
+                VF xv[NT_MB];
+#pragma GCC unroll 8
+                for (int m = 0; m < MB; m++) xv[m] = VLOAD(x0 + m * t->ldx + k);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    VF w = VMUL(VLOAD_F8P(w0 + r * ldw + k), sv[r]);
+#pragma GCC unroll 8
+                    for (int m = 0; m < MB; m++) acc[m][r] = VFMA(xv[m], w, acc[m][r]);
+                }
+            }
         for (; k + VW <= kend; k += VW) {
             VF xv[NT_MB];
 #pragma GCC unroll 8

@@ -668,6 +668,10 @@ static void mark_plain_rows(ms_model *m)
     if (!p.cap || !(p.buf = malloc(p.cap))) return; /* without them: the tables, same results */
     each_view(m, plain_scan, &p);
     m->f8_plain = p.buf;
+    /* moe.c reads the experts through lw->experts[], copies of the slots
+     * bound before this scan: bind them again, so they carry the flags */
+    for (int l = 0; !m->v4 && l < m->cfg.n_layers + m->cfg.num_nextn_predict_layers; l++)
+        ms_model_expert_slots_bind(m, l);
     size_t n = 0;
     for (size_t i = 0; i < p.used; i++) n += p.buf[i];
     MS_LOG(MS_DEBUG, "model", "FP8: %zu of %zu rows plain (scanned in %.3f s)", n, p.used,
