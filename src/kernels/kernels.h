@@ -35,10 +35,10 @@ typedef struct ms_mat {
     const float *scale; /* F8E4M3: [ceil(R/128)][scale_ld] f32 multipliers of the stored matrix */
     int64_t scale_ld;
     int64_t r0, c0;     /* view origin in the stored matrix */
-    /* F8E4M3, optional (NULL: not known): f8_plain[r0 + r - f8_plain_r0] != 0
-     * when row r has no zero, subnormal or NaN code in these columns, so the
-     * widening kernels (mm_widen.c, mm_f32_tmpl.h's tiles) may convert it with
-     * integer operations
+    /* F8E4M3, optional (NULL: not known): f8_plain[r0 + r - f8_plain_r0] is
+     * row r's MS_F8_ROW_* class, so kernels may convert its codes with integer
+     * operations: the bf16 ones (mm_bf16.c, mm_widen.c) PLAIN rows, the FP32
+     * tiles (mm_f32_tmpl.h) PLAIN and SUBN rows
      * (ms_mat_f8_scan fills it; slices keep it) */
     const uint8_t *f8_plain;
     int64_t f8_plain_r0;
@@ -82,10 +82,13 @@ ms_mat ms_mat_fp4(int64_t rows, int64_t cols, const void *packed, const uint8_t 
 int64_t ms_mat_bytes(const ms_mat *m);
 /* Sub-view rows [r, r+nr) x cols [c, c+nc) of a view (FP4: c even). */
 ms_mat ms_mat_slice(const ms_mat *m, int64_t r, int64_t nr, int64_t c, int64_t nc);
-/* plain[r] for the rows of an FP8 view: 1 when row r holds no zero,
- * subnormal or NaN e4m3 code (exponent field 0, or 0x7f / 0xff), else 0.
- * A view then points f8_plain at plain with f8_plain_r0 = its r0.  AVX2
- * (vec.c); the _ref twin is scalar. */
+/* The classes of an FP8 row's codes (ms_mat.f8_plain): a NaN code (0x7f /
+ * 0xff) among them; none, and every exponent field >= 1 (PLAIN); none, but
+ * zero or subnormal codes (exponent field 0). */
+enum { MS_F8_ROW_NAN = 0, MS_F8_ROW_PLAIN = 1, MS_F8_ROW_SUBN = 2 };
+/* plain[r] = the MS_F8_ROW_* class of row r of an FP8 view.  A view then
+ * points f8_plain at plain with f8_plain_r0 = its r0.  AVX2 (vec.c); the
+ * _ref twin is scalar. */
 void ms_mat_f8_scan(const ms_mat *W, uint8_t *plain);
 void ms_mat_f8_scan_ref(const ms_mat *W, uint8_t *plain);
 /* Weight element (r, c) of a view as f32 (exact dequantisation). */

@@ -239,7 +239,7 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
     case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
     case P_AVX2P:
         if (t->M >= pack_min_m(1) && ms_mm_avx2_pack_nt(t, b, e) == 0) break;
-        ms_mm_avx2_nt(t, b, e);
+        ms_mm_avx2_nt_auto(t, b, e);
         break;
     case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
     default: scalar_nt(t, b, e); break;

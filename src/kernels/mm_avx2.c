@@ -33,10 +33,10 @@ static inline __m256 load_f8x8(const void *p)
     return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nanm);
 }
 
-/* 8 plain e4m3 codes (exponent field >= 1, no NaN) -> f32 values × 2^-120,
- * exactly: the sign-extended byte shifted left by 20 puts the exponent and
- * mantissa at f32's bits 26..20 and the sign at 31; the mask clears the
- * sign's copies in bits 30..27. */
+/* 8 e4m3 codes other than NaN -> f32 values × 2^-120, exactly: the
+ * sign-extended byte shifted left by 20 puts the exponent and mantissa at
+ * f32's bits 26..20 and the sign at 31; the mask clears the sign's copies in
+ * bits 30..27 (exponent field 0: the f32 zero or subnormal of that value). */
 static inline __m256 load_f8p8(const void *p)
 {
     __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
@@ -86,5 +86,6 @@ static inline __m256 load_f4x8(const void *p, __m256 tbl)
 #define NT_MB 2
 #define NT_R(mb) ((mb) == 1 ? 6 : 4)
 #define NN_C 2
+#define NT_FOLD 1
 
 #include "kernels/mm_f32_tmpl.h"

@@ -27,7 +27,7 @@ static inline __m512 load_f8x16(const void *p)
     return _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN));
 }
 
-/* 16 plain e4m3 codes -> f32 values × 2^-120, exactly (as mm_avx2.c's load_f8p8). */
+/* 16 e4m3 codes other than NaN -> f32 values × 2^-120, exactly (as mm_avx2.c's load_f8p8). */
 static inline __m512 load_f8p16(const void *p)
 {
     __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));

@@ -389,7 +389,7 @@ AI void gemv_rows(const int isf8, const int MB, const f8lut *L, const uint16_t *
                   int64_t ldy, int accumulate)
 {
     for (int64_t n = 0; n < nr; n++) {
-        if (isf8 && plain && plain[n])
+        if (isf8 && plain && plain[n] == MS_F8_ROW_PLAIN)
             gemv_row(2, MB, L, xb, ldxb, w + n * ldw, K, y + n, ldy, accumulate);
         else
             gemv_row(isf8, MB, L, xb, ldxb, w + n * ldw, K, y + n, ldy, accumulate);
@@ -512,7 +512,7 @@ AI void block(const int isf8, const mm_task *t, const f8lut *L, const uint16_t *
         int pl = isf8 && plain;
         for (int r = 0; r < R; r++) {
             _mm_prefetch(w0 + r * ldw + PAGE_PF_BYTES, _MM_HINT_T0);
-            pl = pl && plain[n - n0 + r];
+            pl = pl && plain[n - n0 + r] == MS_F8_ROW_PLAIN;
         }
         for (int64_t m = 0; m < mc; m += 4) {
             int mb = mc - m >= 4 ? 4 : (int)(mc - m);

@@ -8,8 +8,9 @@
  *
  * Required macros: VW (lanes), VF (vector type), VZERO(), VSET1(f), VLOAD(p),
  * VFMA(a, b, c) = a·b + c, VMUL(a, b), VHSUM(v), VLOAD_BF16(p), VLOAD_F16(p),
- * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), VLOAD_F8P(p) (the same for codes with
- * exponent field >= 1 and no NaN: value × 2⁻¹²⁰, exact), VF4_TBL(s) (the e2m1 table times s,
+ * VLOAD_F8(p) (e4m3 value × 2⁻⁸, exact), VLOAD_F8P(p) (the same for codes
+ * other than NaN: value × 2⁻¹²⁰, exact; exponent field 0 gives f32 zeros and
+ * subnormals), VF4_TBL(s) (the e2m1 table times s,
  * in the form VLOAD_F4 takes), VLOAD_F4(p, tbl) (the VW codes at byte p,
  * low nibble first, as table entries), FN(name), NT_MB (max activation rows
  * per tile), NT_R(mb) (weight rows per tile), NN_C (vectors of columns per
@@ -51,9 +52,79 @@ AI VF FN(wload)(const int dt, const char *p)
     }
 }
 
-/* One tile: activation rows [m0, m0+MB) × weight rows [n0, n0+R), all of K. */
-AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, int64_t m0,
-                    int64_t n0)
+/* How a tile's inner loop reads its weights: F_GEN any dtype (FN(wload),
+ * FP8 times the block scale); F_PLAIN FP8 rows without a NaN code
+ * (ms_mat.f8_plain PLAIN or SUBN): VLOAD_F8P times the scale × 2^120, the
+ * same products, bit for bit, as value × 2^-8 times scale × 256 (a SUBN row's
+ * zero and subnormal codes become f32 zeros and subnormals, which FMA takes
+ * at full speed on the Zen 3 measured); F_FOLD (auto mode, one activation
+ * row) the same rows without the multiply per weight: activations × 2^100
+ * times value × 2^-120 into a sum per scale block, which then adds sum ×
+ * scale × 2^20 (one operation fewer per 8 weights: ~1.35x the codes per
+ * second L2-hot).  Not bit-exact: each product is rounded once before the
+ * scale instead of after it.  Activations of magnitude 2^-97 .. 2^28 keep
+ * every product normal; below, a product loses bits (absolute error under
+ * 2^-129 · scale); a row whose folded sum is not finite (activations of 2^28
+ * or more) is redone unfolded.  A row takes F_FOLD by its own flag alone
+ * (tiles of mixed rows run row by row), so the bits do not depend on the
+ * split over threads. */
+enum { F_GEN, F_PLAIN, F_FOLD };
+
+/* Prefetch into L2 of the next tile's line at column k of each row (rows are
+ * contiguous, so rows R.. 2R-1 past the tile), one per 64 bytes of progress:
+ * DRAM-cold expert GEMVs read ~1.3x the bytes per second with it
+ * (bench/HISTORY.md, "AVX2 decode: the next tile into L2"). */
+AI void FN(pf_next)(const char *w0, int64_t ldw, const int R, int64_t kb)
+{
+    if (kb & 63) return;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm_prefetch(w0 + (R + r) * ldw + kb, _MM_HINT_T1);
+}
+
+/* Columns [k, kend) of one scale block (whole vectors) into acc; returns the
+ * first column not done. */
+AI int64_t FN(nt_span)(const mm_task *t, const int dt, const int form, const int MB, const int R,
+                       const char *w0, int64_t ldw, const float *x0, int64_t k, int64_t kend,
+                       const VF *sv, VF (*acc)[8])
+{
+    const int f4 = dt == MS_DT_F4E2M1;
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 || f4 ? 1 : 2;
+    VF ab[8];
+    if (form == F_FOLD)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) ab[r] = VZERO();
+    for (; k + VW <= kend; k += VW) {
+        FN(pf_next)(w0, ldw, R, f4 ? k / 2 : k * es);
+        if (form == F_FOLD) {
+            VF xv = VMUL(VLOAD(x0 + k), VSET1(0x1p100f));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) ab[r] = VFMA(xv, VLOAD_F8P(w0 + r * ldw + k), ab[r]);
+            continue;
+        }
+        VF xv[NT_MB];
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; m++) xv[m] = VLOAD(x0 + m * t->ldx + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            VF w = form == F_PLAIN ? VLOAD_F8P(w0 + r * ldw + k)
+                   : f4            ? VLOAD_F4(w0 + r * ldw + k / 2, sv[r])
+                                   : FN(wload)(dt, w0 + r * ldw + k * es);
+            if (dt == MS_DT_F8E4M3) w = VMUL(w, sv[r]);
+#pragma GCC unroll 8
+            for (int m = 0; m < MB; m++) acc[m][r] = VFMA(xv[m], w, acc[m][r]);
+        }
+    }
+    if (form == F_FOLD)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[0][r] = VFMA(ab[r], sv[r], acc[0][r]);
+    return k;
+}
+
+/* The sums s[m][r] of one tile: activation rows [m0, m0+MB) × weight rows
+ * [n0, n0+R), all of K; fold: F_FOLD allowed.  Returns 0 when fold was taken
+ * and a sum is not finite. */
+AI int FN(nt_sums)(const mm_task *t, const int dt, const int fold, const int MB, const int R,
+                   int64_t m0, int64_t n0, float (*s)[8])
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols;
@@ -71,11 +142,10 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
             acc[m][r] = VZERO();
             tl[m][r] = 0;
         }
-    /* FP8 rows all plain (ms_mat.f8_plain): VLOAD_F8P widens their codes with
-     * integer operations to value × 2^-120, times a scale × 2^120: the same
-     * products, bit for bit, as value × 2^-8 times scale × 256 */
+    /* FP8 rows all without a NaN code (ms_mat.f8_plain): F_PLAIN / F_FOLD */
     int plain = dt == MS_DT_F8E4M3 && W->f8_plain;
     for (int r = 0; plain && r < R; r++) plain = W->f8_plain[W->r0 + n0 + r - W->f8_plain_r0];
+    const int can_fold = fold && MB == 1 && dt == MS_DT_F8E4M3;
     int64_t k = 0;
     while (k < K) {
         int64_t kend = K;
@@ -88,14 +158,15 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
             int64_t cb = (W->c0 + k) / 128;
             kend = (cb + 1) * 128 - W->c0;
             if (kend > K) kend = K;
-            fast = plain;
+            fast = plain != 0;
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 ss[r] = W->scale[((W->r0 + n0 + r) / 128) * W->scale_ld + cb];
-                fast &= fabsf(ss[r]) < 128.0f; /* scale × 2^120 stays finite */
+                fast &= can_fold || fabsf(ss[r]) < 128.0f; /* scale × 2^120 stays finite */
             }
+            const float f = !fast ? 256.0f : can_fold ? 0x1p20f : 0x1p120f;
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++) sv[r] = VSET1(ss[r] * (fast ? 0x1p120f : 256.0f));
+            for (int r = 0; r < R; r++) sv[r] = VSET1(ss[r] * f);
         }
         if (f4) { /* one 32-column scale block at a time, its table scaled */
             int64_t cb = (W->c0 + k) / 32;
@@ -107,31 +178,12 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
                 sv[r] = VF4_TBL(ss[r]);
             }
         }
-        if (dt == MS_DT_F8E4M3 && fast)
-            for (; k + VW <= kend; k += VW) {
-                VF xv[NT_MB];
-#pragma GCC unroll 8
-                for (int m = 0; m < MB; m++) xv[m] = VLOAD(x0 + m * t->ldx + k);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    VF w = VMUL(VLOAD_F8P(w0 + r * ldw + k), sv[r]);
-#pragma GCC unroll 8
-                    for (int m = 0; m < MB; m++) acc[m][r] = VFMA(xv[m], w, acc[m][r]);
-                }
-            }
-        for (; k + VW <= kend; k += VW) {
-            VF xv[NT_MB];
-#pragma GCC unroll 8
-            for (int m = 0; m < MB; m++) xv[m] = VLOAD(x0 + m * t->ldx + k);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                VF w = f4 ? VLOAD_F4(w0 + r * ldw + k / 2, sv[r])
-                          : FN(wload)(dt, w0 + r * ldw + k * es);
-                if (dt == MS_DT_F8E4M3) w = VMUL(w, sv[r]);
-#pragma GCC unroll 8
-                for (int m = 0; m < MB; m++) acc[m][r] = VFMA(xv[m], w, acc[m][r]);
-            }
-        }
+        if (fast && can_fold)
+            k = FN(nt_span)(t, dt, F_FOLD, MB, R, w0, ldw, x0, k, kend, sv, acc);
+        else if (fast)
+            k = FN(nt_span)(t, dt, F_PLAIN, MB, R, w0, ldw, x0, k, kend, sv, acc);
+        else
+            k = FN(nt_span)(t, dt, F_GEN, MB, R, w0, ldw, x0, k, kend, sv, acc);
         for (; k < kend; k++)
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
@@ -147,26 +199,59 @@ AI void FN(nt_tile)(const mm_task *t, const int dt, const int MB, const int R, i
                 for (int m = 0; m < MB; m++) tl[m][r] += x0[m * t->ldx + k] * wv;
             }
     }
+    int finite = 1;
 #pragma GCC unroll 8
     for (int m = 0; m < MB; m++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            float s = VHSUM(acc[m][r]) + tl[m][r];
+            s[m][r] = VHSUM(acc[m][r]) + tl[m][r];
+            finite &= isfinite(s[m][r]);
+        }
+    return finite || !can_fold;
+}
+
+/* One tile into y; fold: F_FOLD allowed (auto mode). */
+AI void FN(nt_tile)(const mm_task *t, const int dt, const int fold, const int MB, const int R,
+                    int64_t m0, int64_t n0)
+{
+    float s[NT_MB][8];
+    if (!FN(nt_sums)(t, dt, fold, MB, R, m0, n0, s)) /* folded: a sum overflowed */
+        for (int r = 0; r < R; r++)
+            if (!isfinite(s[0][r])) { /* that row unfolded */
+                float s1[NT_MB][8];
+                FN(nt_sums)(t, dt, 0, MB, 1, m0, n0 + r, s1);
+                s[0][r] = s1[0][0];
+            }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
             float *yo = t->y + (m0 + m) * t->ldy + n0 + r;
-            *yo = t->accumulate ? *yo + s : s;
+            *yo = t->accumulate ? *yo + s[m][r] : s[m][r];
         }
 }
 
-AI void FN(nt_rows_mb)(const mm_task *t, const int dt, const int MB, int64_t m0, int64_t n0,
-                       int64_t n1)
+AI void FN(nt_rows_mb)(const mm_task *t, const int dt, const int fold, const int MB, int64_t m0,
+                       int64_t n0, int64_t n1)
 {
     const int R = NT_R(MB);
+    const ms_mat *W = t->W;
+    const uint8_t *pl = W->f8_plain ? W->f8_plain + W->r0 - W->f8_plain_r0 : NULL;
     int64_t n = n0;
-    for (; n + R <= n1; n += R) FN(nt_tile)(t, dt, MB, R, m0, n);
-    for (; n < n1; n++) FN(nt_tile)(t, dt, MB, 1, m0, n);
+    for (; n + R <= n1; n += R) {
+        int mixed = 0; /* F_FOLD: rows with and without a NaN code, row by row */
+        for (int r = 1; fold && MB == 1 && dt == MS_DT_F8E4M3 && pl && r < R; r++)
+            mixed |= !pl[n + r] != !pl[n];
+        if (!mixed) {
+            FN(nt_tile)(t, dt, fold, MB, R, m0, n);
+            continue;
+        }
+        for (int r = 0; r < R; r++) FN(nt_tile)(t, dt, fold, MB, 1, m0, n + r);
+    }
+    for (; n < n1; n++) FN(nt_tile)(t, dt, fold, MB, 1, m0, n);
 }
 
-AI void FN(nt_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
+AI void FN(nt_rows_dt)(const mm_task *t, const int dt, const int fold, int64_t n0, int64_t n1)
 {
     /* weight rows outer (a tile of R rows is re-read from cache for each
      * group of activation rows), activation rows inner */
@@ -176,15 +261,15 @@ AI void FN(nt_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
         for (int64_t m0 = 0; m0 < t->M; m0 += NT_MB) {
             int64_t mb = t->M - m0 < NT_MB ? t->M - m0 : NT_MB;
             switch (mb) {
-            case 1: FN(nt_rows_mb)(t, dt, 1, m0, nb, ne); break;
+            case 1: FN(nt_rows_mb)(t, dt, fold, 1, m0, nb, ne); break;
 #if NT_MB >= 2
-            case 2: FN(nt_rows_mb)(t, dt, 2, m0, nb, ne); break;
+            case 2: FN(nt_rows_mb)(t, dt, fold, 2, m0, nb, ne); break;
 #endif
 #if NT_MB >= 3
-            case 3: FN(nt_rows_mb)(t, dt, 3, m0, nb, ne); break;
+            case 3: FN(nt_rows_mb)(t, dt, fold, 3, m0, nb, ne); break;
 #endif
 #if NT_MB >= 4
-            case 4: FN(nt_rows_mb)(t, dt, 4, m0, nb, ne); break;
+            case 4: FN(nt_rows_mb)(t, dt, fold, 4, m0, nb, ne); break;
 #endif
             default: break;
             }
@@ -195,14 +280,23 @@ AI void FN(nt_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
 void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 {
     switch (t->W->dtype) {
-    case MS_DT_F32: FN(nt_rows_dt)(t, MS_DT_F32, n0, n1); break;
-    case MS_DT_BF16: FN(nt_rows_dt)(t, MS_DT_BF16, n0, n1); break;
-    case MS_DT_F16: FN(nt_rows_dt)(t, MS_DT_F16, n0, n1); break;
-    case MS_DT_F8E4M3: FN(nt_rows_dt)(t, MS_DT_F8E4M3, n0, n1); break;
-    case MS_DT_F4E2M1: FN(nt_rows_dt)(t, MS_DT_F4E2M1, n0, n1); break;
+    case MS_DT_F32: FN(nt_rows_dt)(t, MS_DT_F32, 0, n0, n1); break;
+    case MS_DT_BF16: FN(nt_rows_dt)(t, MS_DT_BF16, 0, n0, n1); break;
+    case MS_DT_F16: FN(nt_rows_dt)(t, MS_DT_F16, 0, n0, n1); break;
+    case MS_DT_F8E4M3: FN(nt_rows_dt)(t, MS_DT_F8E4M3, 0, n0, n1); break;
+    case MS_DT_F4E2M1: FN(nt_rows_dt)(t, MS_DT_F4E2M1, 0, n0, n1); break;
     default: break;
     }
 }
+
+#ifdef NT_FOLD
+/* FN(nt) in auto mode: FP8 plain rows at one activation row take F_FOLD. */
+void FN(nt_auto)(const mm_task *t, int64_t n0, int64_t n1)
+{
+    if (t->W->dtype == MS_DT_F8E4M3) FN(nt_rows_dt)(t, MS_DT_F8E4M3, 1, n0, n1);
+    else FN(nt)(t, n0, n1);
+}
+#endif
 
 /* ---- y = x·W (no transpose): W is [K = rows][N = cols] ---- */
 

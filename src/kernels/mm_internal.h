@@ -58,6 +58,8 @@ int ms_mm_avx2_pack_nt(const mm_task *t, int64_t n0, int64_t n1);
 
 /* Exact FP32 paths (dequantise weights to f32, FP32 FMA). */
 void ms_mm_avx2_nt(const mm_task *t, int64_t n0, int64_t n1);
+/* The same in auto mode (FP8 GEMVs fold the block scale: not bit-exact). */
+void ms_mm_avx2_nt_auto(const mm_task *t, int64_t n0, int64_t n1);
 void ms_mm_avx2_nn(const mm_task *t, int64_t n0, int64_t n1);
 void ms_mm_avx512_nt(const mm_task *t, int64_t n0, int64_t n1);
 void ms_mm_avx512_nn(const mm_task *t, int64_t n0, int64_t n1);

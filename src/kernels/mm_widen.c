@@ -359,7 +359,7 @@ AI void wd_fp8_nn_chunk(const int full, const int MB, const int CW, const mm_tas
         for (int q = 0; q < 4 * CW; q++) acc[m][q] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         const char *row = (const char *)W->data + k * ldw + n;
-        const int fast = full && plain && plain[k];
+        const int fast = full && plain && plain[k] == MS_F8_ROW_PLAIN;
 #pragma GCC unroll 4
         for (int g = 0; g < CW; g++) {
             __m512 v[4];

@@ -111,7 +111,7 @@ AI void WD_FN(gemv)(const int MB, const WD_LUT *L, const float *xp, int64_t Kp, 
         for (int m = 0; m < MB; m++)
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) a[m][q] = k0 ? pn[4 * m + q] : _mm512_setzero_ps();
-        if (WD_FP8 && plain && plain[n])
+        if (WD_FP8 && plain && plain[n] == MS_F8_ROW_PLAIN)
             WD_FN(gemv_row)(MB, 1, L, xp, Kp, p, k0, k1, K, a);
         else
             WD_FN(gemv_row)(MB, 0, L, xp, Kp, p, k0, k1, K, a);

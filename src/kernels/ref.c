@@ -45,9 +45,12 @@ void ms_mat_f8_scan_ref(const ms_mat *W, uint8_t *plain)
 {
     for (int64_t r = 0; r < W->rows; r++) {
         const uint8_t *p = (const uint8_t *)W->data + r * W->ld;
-        plain[r] = 1;
-        for (int64_t c = 0; c < W->cols; c++)
-            if ((p[c] & 0x78) == 0 || (p[c] & 0x7f) == 0x7f) plain[r] = 0;
+        int has_sub = 0, has_nan = 0;
+        for (int64_t c = 0; c < W->cols; c++) {
+            if ((p[c] & 0x78) == 0) has_sub = 1;
+            if ((p[c] & 0x7f) == 0x7f) has_nan = 1;
+        }
+        plain[r] = has_nan ? MS_F8_ROW_NAN : has_sub ? MS_F8_ROW_SUBN : MS_F8_ROW_PLAIN;
     }
 }
 

@@ -160,17 +160,18 @@ void ms_mat_f8_scan(const ms_mat *W, uint8_t *plain)
     const __m256i zero = _mm256_setzero_si256();
     for (int64_t r = 0; r < W->rows; r++) {
         const uint8_t *p = (const uint8_t *)W->data + r * W->ld;
-        __m256i bad = zero; /* lanes that met exponent field 0 or the NaN code */
+        __m256i sub = zero, nan = zero; /* lanes that met exponent field 0, the NaN code */
         int64_t c = 0;
         for (; c + 32 <= W->cols; c += 32) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(p + c));
-            __m256i e0 = _mm256_cmpeq_epi8(_mm256_and_si256(v, m78), zero);
-            __m256i nan = _mm256_cmpeq_epi8(_mm256_and_si256(v, m7f), m7f);
-            bad = _mm256_or_si256(bad, _mm256_or_si256(e0, nan));
+            sub = _mm256_or_si256(sub, _mm256_cmpeq_epi8(_mm256_and_si256(v, m78), zero));
+            nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(_mm256_and_si256(v, m7f), m7f));
         }
-        int ok = _mm256_testz_si256(bad, bad);
-        for (; c < W->cols; c++)
-            if ((p[c] & 0x78) == 0 || (p[c] & 0x7f) == 0x7f) ok = 0;
-        plain[r] = (uint8_t)ok;
+        int has_sub = !_mm256_testz_si256(sub, sub), has_nan = !_mm256_testz_si256(nan, nan);
+        for (; c < W->cols; c++) {
+            has_sub |= (p[c] & 0x78) == 0;
+            has_nan |= (p[c] & 0x7f) == 0x7f;
+        }
+        plain[r] = has_nan ? MS_F8_ROW_NAN : has_sub ? MS_F8_ROW_SUBN : MS_F8_ROW_PLAIN;
     }
 }

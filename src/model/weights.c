@@ -612,12 +612,14 @@ static int place_weights(ms_model *m, ms_errbuf *err)
     return p.bad ? bad_weight(m, p.bad, p.bad_at, err) : 0;
 }
 
-/* Plain-row flags of the FP8 views (ms_mat.f8_plain), one byte per row in
- * one block the model owns, for the auto-mode AVX-512 kernels (mm_widen.c,
- * and mm_bf16.c's GEMV and tiles): their conversion of FP8 codes without
- * tables, which the rows with a zero, subnormal or NaN code cannot take, is
- * faster than the table lookups alone (measured: bench/RESULTS.md, "Why the code is so").  The scan reads every FP8
- * byte once, so the pool's threads share each view's rows. */
+/* Row classes of the FP8 views (ms_mat.f8_plain, MS_F8_ROW_*), one byte per
+ * row in one block the model owns, for the kernels that convert FP8 codes
+ * without tables: the auto-mode AVX-512 ones (mm_widen.c, and mm_bf16.c's
+ * GEMV and tiles) on rows without a zero, subnormal or NaN code, the FP32
+ * tiles (mm_f32_tmpl.h, AVX2 and AVX-512) on rows without a NaN code; faster
+ * than the table lookups alone (measured: bench/RESULTS.md, "Why the code is
+ * so"; bench/HISTORY.md, "The AVX2 paths").  The scan reads every FP8 byte
+ * once, so the pool's threads share each view's rows. */
 struct plainer {
     uint8_t *buf;
     size_t used, cap;
