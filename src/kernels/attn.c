@@ -1,5 +1,6 @@
 /* attn.c — paged MLA decode attention (attn.h). */
 #include "kernels/attn.h"
+#include "kernels/avx2_inl.h"
 #include "kernels/mm_internal.h"
 
 #include <immintrin.h>
@@ -217,9 +218,7 @@ A512 static void attend512(const struct job *j, const ms_attn_seq *a, const floa
  * not multiples of 8 and 16) in scalar FMA. */
 AI2 __m256 load_row8(const char *p, int bf)
 {
-    return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16))
-              : _mm256_loadu_ps((const float *)p);
+    return bf ? ms_load_bf16x8(p) : _mm256_loadu_ps((const float *)p);
 }
 
 AI2 float row_at(const char *p, int bf, int64_t i)
@@ -228,13 +227,6 @@ AI2 float row_at(const char *p, int bf, int64_t i)
     uint16_t h;
     memcpy(&h, p + 2 * i, 2);
     return ms_bf16_to_f32(h);
-}
-
-AI2 float hsum8a(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
 /* Scores of heads q[0..NG) (rows R floats apart) over rows rp[0..S): one
@@ -259,7 +251,7 @@ AI2 void scores2(const int NG, const char *const *rp, int64_t S, int64_t R, int 
         }
 #pragma GCC unroll 8
         for (int h = 0; h < NG; h++) {
-            float d0 = hsum8a(a0[h]);
+            float d0 = ms_hsum8(a0[h]);
             for (int64_t c = R8; c < R; c++) d0 = fmaf(q[h * R + c], row_at(p0, bf, c), d0);
             sc[h * S + s] = scale * d0;
         }

@@ -11,6 +11,7 @@
  * per item and from L1 by its row groups.
  */
 #include "kernels/attn_prefill.h"
+#include "kernels/avx2_inl.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -332,9 +333,7 @@ AI2 void row_softmax8(float *p, int64_t nv, float scale, float *m, float *l, flo
             _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(p + 8 * j), vs), keep8(nv, 8 * j));
         mx = _mm256_max_ps(mx, y[j]);
     }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    float bm = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    float bm = ms_hmax8(mx);
     float mn = bm > *m ? bm : *m;
     __m256 vm = _mm256_set1_ps(mn), e = _mm256_setzero_ps();
 #pragma GCC unroll 8
@@ -343,10 +342,8 @@ AI2 void row_softmax8(float *p, int64_t nv, float scale, float *m, float *l, flo
         _mm256_storeu_ps(p + 8 * j, pj);
         e = _mm256_add_ps(e, pj);
     }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     float corr = expf(*m - mn); /* 0 on the first block (*m = -inf), 1 when the max held */
-    *l = *l * corr + _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    *l = *l * corr + ms_hsum8(e);
     if (corr != 1.0f)
         for (int64_t c = 0; c < dv; c++) o[c] *= corr;
     *m = mn;

@@ -4,6 +4,7 @@
  * functions; any thread.
  */
 #include "kernels/kvq.h"
+#include "kernels/avx2_inl.h"
 
 #include "kernels/dtype.h"
 #include "kernels/kernels.h"
@@ -291,11 +292,7 @@ static void key_dots(const float *q, int64_t nh, int64_t ldq, const __m256 *k, i
         _mm256_storeu_ps(out + hd, _mm256_permutevar8x32_ps(o, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
     for (; hd < nh; hd++) {
-        __m256 t = key_dot8(q + hd * ldq, k, n32, nv);
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        r = _mm_add_ss(r, _mm_movehdup_ps(r));
-        out[hd] = _mm_cvtss_f32(r);
+        out[hd] = ms_hsum8(key_dot8(q + hd * ldq, k, n32, nv));
     }
 }
 

@@ -5,21 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/avx2_inl.h"
 #include "kernels/mm_internal.h"
-
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256 load_bf16x8(const void *p)
-{
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
 
 /* 8 e4m3 codes -> f32 values × 2^-8, exactly, through f16 (NaN codes -> NaN). */
 static inline __m256 load_f8x8(const void *p)
@@ -75,8 +62,8 @@ static inline __m256 load_f4x8(const void *p, __m256 tbl)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VADD(a, b) _mm256_add_ps(a, b)
-#define VHSUM(v) hsum8(v)
-#define VLOAD_BF16(p) load_bf16x8(p)
+#define VHSUM(v) ms_hsum8(v)
+#define VLOAD_BF16(p) ms_load_bf16x8(p)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define VLOAD_F8(p) load_f8x8(p)
 #define VLOAD_F8P(p) load_f8p8(p)

@@ -4,26 +4,12 @@
  * Their scalar twins (*_ref in ref.c) are the test oracle.  Pure functions,
  * any thread.
  */
+#include "kernels/avx2_inl.h"
 #include "kernels/kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
 
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmax8(__m256 v)
-{
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* exp(x) for 8 lanes: Cody-Waite reduction by ln 2 and the Cephes degree-6
  * polynomial; x < -87.3 (also -inf) gives 0, x > 88.7 gives 3e38. */
@@ -62,7 +48,7 @@ float ms_dot_f32(const float *a, const float *b, int64_t n)
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    float s = ms_hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
@@ -100,7 +86,7 @@ void ms_softmax(float *x, int64_t n)
     __m256 vm = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
-    float mx = hmax8(vm);
+    float mx = ms_hmax8(vm);
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
     for (i = 0; i + 8 <= n; i += 8) {
@@ -108,7 +94,7 @@ void ms_softmax(float *x, int64_t n)
         _mm256_storeu_ps(x + i, e);
         vs = _mm256_add_ps(vs, e);
     }
-    float sum = hsum8(vs);
+    float sum = ms_hsum8(vs);
     for (; i < n; i++) {
         x[i] = expf(x[i] - mx);
         sum += x[i];
