@@ -290,10 +290,107 @@ void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 }
 
 #ifdef NT_FOLD
-/* FN(nt) in auto mode: FP8 plain rows at one activation row take F_FOLD. */
+/* ---- auto mode, one activation row: one weight row at a time ----
+ * A tile of R rows reads R streams of one row's length side by side; one row
+ * at a time reads the thread's range as one forward stream, which the
+ * hardware prefetcher follows, and DRAM-cold expert GEMVs read more bytes per
+ * second so (bench/HISTORY.md, "AVX2 decode: one weight row at a time").
+ * Four sums per row (FP8: per 128-column block, folded as F_FOLD) keep the
+ * FMA chains short.  Taken for rows of at most R1_MAX_BYTES: rows of 4 KiB
+ * and more stream well enough side by side, and the tile loads its
+ * activations once per R rows.  Needs K and (FP8) c0 whole vectors; the
+ * order differs from FN(nt), so auto mode only. */
+
+/* Bytes ahead of the stream each 64 bytes read are prefetched from: the next
+ * 4 KiB page, where the hardware prefetcher stops (FP8 experts ~1.15x). */
+enum { R1_PF = 4096, R1_MAX_BYTES = 2048 };
+
+/* Row n's sum with activations x (FP8: x × 2^100); 0 when an FP8 row's
+ * folded sum is not finite. */
+AI int FN(r1_sum)(const mm_task *t, const int dt, const float *x, int64_t n, float *out)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols;
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
+    const char *w = (const char *)W->data + n * W->ld * es;
+    VF a0 = VZERO(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+    if (dt != MS_DT_F8E4M3) {
+        for (; k + 4 * VW <= K; k += 4 * VW) {
+            if (!((k * es) & 63)) _mm_prefetch(w + k * es + R1_PF, _MM_HINT_T0);
+            a0 = VFMA(VLOAD(x + k), FN(wload)(dt, w + k * es), a0);
+            a1 = VFMA(VLOAD(x + k + VW), FN(wload)(dt, w + (k + VW) * es), a1);
+            a2 = VFMA(VLOAD(x + k + 2 * VW), FN(wload)(dt, w + (k + 2 * VW) * es), a2);
+            a3 = VFMA(VLOAD(x + k + 3 * VW), FN(wload)(dt, w + (k + 3 * VW) * es), a3);
+        }
+        for (; k < K; k += VW) a0 = VFMA(VLOAD(x + k), FN(wload)(dt, w + k * es), a0);
+        *out = VHSUM(VADD(VADD(a0, a1), VADD(a2, a3)));
+        return 1;
+    }
+    const float *srow = W->scale + ((W->r0 + n) / 128) * W->scale_ld;
+    VF acc = VZERO();
+    while (k < K) {
+        int64_t cb = (W->c0 + k) / 128, kend = (cb + 1) * 128 - W->c0;
+        if (kend > K) kend = K;
+        a0 = a1 = a2 = a3 = VZERO();
+        for (; k + 4 * VW <= kend; k += 4 * VW) {
+            if (!(k & 63)) _mm_prefetch(w + k + R1_PF, _MM_HINT_T0);
+            a0 = VFMA(VLOAD(x + k), VLOAD_F8P(w + k), a0);
+            a1 = VFMA(VLOAD(x + k + VW), VLOAD_F8P(w + k + VW), a1);
+            a2 = VFMA(VLOAD(x + k + 2 * VW), VLOAD_F8P(w + k + 2 * VW), a2);
+            a3 = VFMA(VLOAD(x + k + 3 * VW), VLOAD_F8P(w + k + 3 * VW), a3);
+        }
+        for (; k < kend; k += VW) a0 = VFMA(VLOAD(x + k), VLOAD_F8P(w + k), a0);
+        acc = VFMA(VADD(VADD(a0, a1), VADD(a2, a3)), VSET1(srow[cb] * 0x1p20f), acc);
+    }
+    *out = VHSUM(acc);
+    return isfinite(*out);
+}
+
+AI void FN(r1_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const uint8_t *pl = W->f8_plain ? W->f8_plain + W->r0 - W->f8_plain_r0 : NULL;
+    const float *x = t->x;
+    if (dt == MS_DT_F8E4M3) { /* x × 2^100 once per call */
+        float *xs = pl ? ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)W->cols) : NULL;
+        if (!xs) {
+            FN(nt_rows_dt)(t, dt, 1, n0, n1);
+            return;
+        }
+        for (int64_t k = 0; k < W->cols; k += VW) VSTORE(xs + k, VMUL(VLOAD(x + k), VSET1(0x1p100f)));
+        x = xs;
+    }
+    for (int64_t n = n0; n < n1; n++) {
+        float s;
+        if (dt == MS_DT_F8E4M3 && (pl[n] == MS_F8_ROW_NAN || !FN(r1_sum)(t, dt, x, n, &s))) {
+            FN(nt_tile)(t, dt, 0, 1, 1, 0, n); /* NaN codes, or the fold overflowed */
+            continue;
+        }
+        if (dt != MS_DT_F8E4M3) FN(r1_sum)(t, dt, x, n, &s);
+        float *yo = t->y + n;
+        *yo = t->accumulate ? *yo + s : s;
+    }
+}
+
+/* FN(nt) in auto mode: one activation row goes row by row (above) where the
+ * rows are short and K (and an FP8 view's c0) whole vectors, FP8 rows without
+ * NaN codes folded; other FP8 products fold their plain rows at one
+ * activation row. */
 void FN(nt_auto)(const mm_task *t, int64_t n0, int64_t n1)
 {
-    if (t->W->dtype == MS_DT_F8E4M3) FN(nt_rows_dt)(t, MS_DT_F8E4M3, 1, n0, n1);
+    const ms_mat *W = t->W;
+    const int dt = W->dtype;
+    const int row1 = t->M == 1 && W->cols % VW == 0 && (dt != MS_DT_F8E4M3 || W->c0 % VW == 0) &&
+                     ms_dtype_bytes(dt, W->cols) <= R1_MAX_BYTES;
+    switch (row1 ? dt : -1) {
+    case MS_DT_F32: FN(r1_rows_dt)(t, MS_DT_F32, n0, n1); return;
+    case MS_DT_BF16: FN(r1_rows_dt)(t, MS_DT_BF16, n0, n1); return;
+    case MS_DT_F16: FN(r1_rows_dt)(t, MS_DT_F16, n0, n1); return;
+    case MS_DT_F8E4M3: FN(r1_rows_dt)(t, MS_DT_F8E4M3, n0, n1); return;
+    default: break;
+    }
+    if (dt == MS_DT_F8E4M3) FN(nt_rows_dt)(t, MS_DT_F8E4M3, 1, n0, n1);
     else FN(nt)(t, n0, n1);
 }
 #endif
