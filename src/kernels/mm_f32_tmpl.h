@@ -305,46 +305,46 @@ void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
  * 4 KiB page, where the hardware prefetcher stops (FP8 experts ~1.15x). */
 enum { R1_PF = 4096, R1_MAX_BYTES = 2048 };
 
-/* Row n's sum with activations x (FP8: x × 2^100); 0 when an FP8 row's
- * folded sum is not finite. */
+/* Columns [k, kend) of one row at w into the four sums a (FP8: codes as
+ * value × 2^-120, against x × 2^100); returns kend. */
+AI int64_t FN(r1_span)(const int dt, const char *w, const float *x, int64_t k, int64_t kend, VF *a)
+{
+    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
+    for (; k + 4 * VW <= kend; k += 4 * VW) {
+        if (!((k * es) & 63)) _mm_prefetch(w + k * es + R1_PF, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const char *p = w + (k + j * VW) * es;
+            a[j] = VFMA(VLOAD(x + k + j * VW), dt == MS_DT_F8E4M3 ? VLOAD_F8P(p) : FN(wload)(dt, p),
+                        a[j]);
+        }
+    }
+    for (; k < kend; k += VW) {
+        const char *p = w + k * es;
+        a[0] = VFMA(VLOAD(x + k), dt == MS_DT_F8E4M3 ? VLOAD_F8P(p) : FN(wload)(dt, p), a[0]);
+    }
+    return kend;
+}
+
+/* Row n's sum with activations x (FP8: x × 2^100, one sum per 128-column
+ * block times its scale × 2^20); 0 when an FP8 row's sum is not finite. */
 AI int FN(r1_sum)(const mm_task *t, const int dt, const float *x, int64_t n, float *out)
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols;
-    const int es = dt == MS_DT_F32 ? 4 : dt == MS_DT_F8E4M3 ? 1 : 2;
-    const char *w = (const char *)W->data + n * W->ld * es;
-    VF a0 = VZERO(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t k = 0;
-    if (dt != MS_DT_F8E4M3) {
-        for (; k + 4 * VW <= K; k += 4 * VW) {
-            if (!((k * es) & 63)) _mm_prefetch(w + k * es + R1_PF, _MM_HINT_T0);
-            a0 = VFMA(VLOAD(x + k), FN(wload)(dt, w + k * es), a0);
-            a1 = VFMA(VLOAD(x + k + VW), FN(wload)(dt, w + (k + VW) * es), a1);
-            a2 = VFMA(VLOAD(x + k + 2 * VW), FN(wload)(dt, w + (k + 2 * VW) * es), a2);
-            a3 = VFMA(VLOAD(x + k + 3 * VW), FN(wload)(dt, w + (k + 3 * VW) * es), a3);
-        }
-        for (; k < K; k += VW) a0 = VFMA(VLOAD(x + k), FN(wload)(dt, w + k * es), a0);
-        *out = VHSUM(VADD(VADD(a0, a1), VADD(a2, a3)));
-        return 1;
-    }
-    const float *srow = W->scale + ((W->r0 + n) / 128) * W->scale_ld;
+    const char *w = (const char *)W->data + n * ms_dtype_bytes(dt, W->ld);
+    const float *srow = dt == MS_DT_F8E4M3 ? W->scale + ((W->r0 + n) / 128) * W->scale_ld : NULL;
     VF acc = VZERO();
-    while (k < K) {
-        int64_t cb = (W->c0 + k) / 128, kend = (cb + 1) * 128 - W->c0;
+    for (int64_t k = 0; k < K;) {
+        int64_t cb = (W->c0 + k) / 128, kend = dt == MS_DT_F8E4M3 ? (cb + 1) * 128 - W->c0 : K;
         if (kend > K) kend = K;
-        a0 = a1 = a2 = a3 = VZERO();
-        for (; k + 4 * VW <= kend; k += 4 * VW) {
-            if (!(k & 63)) _mm_prefetch(w + k + R1_PF, _MM_HINT_T0);
-            a0 = VFMA(VLOAD(x + k), VLOAD_F8P(w + k), a0);
-            a1 = VFMA(VLOAD(x + k + VW), VLOAD_F8P(w + k + VW), a1);
-            a2 = VFMA(VLOAD(x + k + 2 * VW), VLOAD_F8P(w + k + 2 * VW), a2);
-            a3 = VFMA(VLOAD(x + k + 3 * VW), VLOAD_F8P(w + k + 3 * VW), a3);
-        }
-        for (; k < kend; k += VW) a0 = VFMA(VLOAD(x + k), VLOAD_F8P(w + k), a0);
-        acc = VFMA(VADD(VADD(a0, a1), VADD(a2, a3)), VSET1(srow[cb] * 0x1p20f), acc);
+        VF a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+        k = FN(r1_span)(dt, w, x, k, kend, a);
+        VF blk = VADD(VADD(a[0], a[1]), VADD(a[2], a[3]));
+        acc = dt == MS_DT_F8E4M3 ? VFMA(blk, VSET1(srow[cb] * 0x1p20f), acc) : blk;
     }
     *out = VHSUM(acc);
-    return isfinite(*out);
+    return isfinite(*out) || dt != MS_DT_F8E4M3;
 }
 
 AI void FN(r1_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
@@ -363,11 +363,10 @@ AI void FN(r1_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
     }
     for (int64_t n = n0; n < n1; n++) {
         float s;
-        if (dt == MS_DT_F8E4M3 && (pl[n] == MS_F8_ROW_NAN || !FN(r1_sum)(t, dt, x, n, &s))) {
+        if ((dt == MS_DT_F8E4M3 && pl[n] == MS_F8_ROW_NAN) || !FN(r1_sum)(t, dt, x, n, &s)) {
             FN(nt_tile)(t, dt, 0, 1, 1, 0, n); /* NaN codes, or the fold overflowed */
             continue;
         }
-        if (dt != MS_DT_F8E4M3) FN(r1_sum)(t, dt, x, n, &s);
         float *yo = t->y + n;
         *yo = t->accumulate ? *yo + s : s;
     }
