@@ -31,23 +31,32 @@ ratio() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { if (b > 0) printf "%.3f", a
 # all-reduce" (MOESERVE_COMM_PAIR=0: Open MPI's Iallreduce, the head still split), "dp2 ...";
 # SHM=1 adds "tp2 shm all-reduce" (MOESERVE_COMM_SHM=1).  BASE=DIR (another build, e.g.
 # /work/main/build) adds its "1 rank", "tp2" and "dp2" rows, interleaved in the same round.
+# "1 rank" runs before and after a build's layouts, and each ratio divides by the mean of
+# the two, so a host that speeds up or slows down during the round does not favour the
+# layouts run first.
 for rep in $(seq 1 "${REPS:-1}"); do
     for b in ${BATCHES:-1 32}; do
         line="ratio round=$rep batch=$b"
         for bd in "$BUILD" ${BASE:-}; do
             pre=""; [ "$bd" != "$BUILD" ] && pre="base_"
-            row "$bd" "1 rank" "$b" 2; one=$dec
-            row "$bd" "tp2" "$b" 1 --tp 2; line="$line ${pre}tp2=$(ratio "$dec" "$one")"
+            row "$bd" "1 rank" "$b" 2; one_a=$dec
+            row "$bd" "tp2" "$b" 1 --tp 2; d_tp2=$dec
             if [ "$bd" = "$BUILD" ]; then
-                MOESERVE_COMM_PAIR=0 row "$bd" "tp2 MPI all-reduce" "$b" 1 --tp 2
-                line="$line tp2_mpi_allreduce=$(ratio "$dec" "$one")"
+                MOESERVE_COMM_PAIR=0 row "$bd" "tp2 MPI all-reduce" "$b" 1 --tp 2; d_mpi=$dec
                 if [ "${SHM:-0}" = 1 ]; then
-                    MOESERVE_COMM_SHM=1 row "$bd" "tp2 shm all-reduce" "$b" 1 --tp 2
-                    line="$line tp2_shm=$(ratio "$dec" "$one")"
+                    MOESERVE_COMM_SHM=1 row "$bd" "tp2 shm all-reduce" "$b" 1 --tp 2; d_shm=$dec
                 fi
             fi
             row "$bd" "dp2 dp-attention ep2 a2a" "$b" 1 --tp 2 --dp 2 --enable-dp-attention --moe-a2a-backend deepep
-            line="$line ${pre}dp2=$(ratio "$dec" "$one")"
+            d_dp2=$dec
+            row "$bd" "1 rank" "$b" 2
+            one=$(awk -v a="${one_a:-0}" -v b="${dec:-0}" 'BEGIN { printf "%.4f", (a + b) / 2 }')
+            line="$line ${pre}tp2=$(ratio "$d_tp2" "$one")"
+            if [ "$bd" = "$BUILD" ]; then
+                line="$line tp2_mpi_allreduce=$(ratio "$d_mpi" "$one")"
+                [ "${SHM:-0}" = 1 ] && line="$line tp2_shm=$(ratio "$d_shm" "$one")"
+            fi
+            line="$line ${pre}dp2=$(ratio "$d_dp2" "$one")"
         done
         echo "$line"
     done
