@@ -71,7 +71,8 @@
 #include <sys/stat.h>
 
 static int threads = 0, quick = 0;
-static const char *rows = "decode,prefill,batch,ctx,fp8,f8b32,det,spec"; /* --rows: which rows to run */
+static const char *rows =
+    "decode,prefill,batch,ctx,fp8,f8b32,det,spec"; /* --rows: which rows to run */
 static const char *model_dir = "build/models";
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap, int mtp)
@@ -101,17 +102,18 @@ static int cmp_d(const void *a, const void *b)
 }
 
 struct run {
-    double prefill_s;          /* time of the prefill step(s) */
+    double prefill_s; /* time of the prefill step(s) */
     int64_t prefill_tokens;
-    double step_median_s;      /* median decode step */
-    double decode_tok_s;       /* decode tokens / decode time */
+    double step_median_s; /* median decode step */
+    double decode_tok_s;  /* decode tokens / decode time */
     int64_t decode_tokens;
-    int64_t decode_steps;      /* decode (and verify) steps */
+    int64_t decode_steps;          /* decode (and verify) steps */
     double dec_fwd_s, dec_draft_s; /* their forward and draft seconds (the rest: sample, other) */
 };
 
 /* Runs n_seq prompts of `prompt_len` tokens for `new_tokens` greedy tokens. */
-static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct run *r, uint64_t salt)
+static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct run *r,
+               uint64_t salt)
 {
     ms_errbuf err = {{0}};
     static uint64_t next_id = 1;
@@ -120,9 +122,14 @@ static int run(ms_engine *e, int n_seq, int prompt_len, int new_tokens, struct r
     for (int s = 0; s < n_seq; s++) {
         uint64_t rng = 1000 + (uint64_t)s + salt * 7919; /* distinct prompts: no cache hits */
         for (int i = 0; i < prompt_len; i++) ids[i] = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
-        ms_req_params in = {.id = next_id++, .ids = ids, .n_ids = prompt_len,
-                             .max_new = new_tokens, .ignore_eos = 1, .top_logprobs = -1,
-                             .samp = {.temperature = 0, .top_p = 1}, .dp_rank = -1};
+        ms_req_params in = {.id = next_id++,
+                            .ids = ids,
+                            .n_ids = prompt_len,
+                            .max_new = new_tokens,
+                            .ignore_eos = 1,
+                            .top_logprobs = -1,
+                            .samp = {.temperature = 0, .top_p = 1},
+                            .dp_rank = -1};
         if (ms_engine_submit(e, &in, &err)) {
             fprintf(stderr, "bench_e2e: %s\n", err.msg);
             free(ids);
@@ -274,8 +281,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
             rows = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
-                            "[--rows decode,prefill,batch,ctx,fp8,f8b32,det,spec,dnnl,v4mtp,v4curve]\n");
+            fprintf(stderr,
+                    "usage: bench_e2e [--threads N] [--model-dir DIR] [--quick] "
+                    "[--rows decode,prefill,batch,ctx,fp8,f8b32,det,spec,dnnl,v4mtp,v4curve]\n");
             return 2;
         }
     }
@@ -306,7 +314,8 @@ int main(int argc, char **argv)
      * take the better reading as the peak of this run */
     double bw2 = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, quick ? 3 : 5);
     if (bw2 > bw) bw = bw2;
-    printf("dram threads=%d read_gbps=%.2f (after decode; the roofline uses the higher)\n", nt, bw2);
+    printf("dram threads=%d read_gbps=%.2f (after decode; the roofline uses the higher)\n", nt,
+           bw2);
     double bytes = (double)ms_model_active_bytes_per_token(m);
     double t_tok = r1.step_median_s;
     printf("decode model=small-v3 dtype=bf16 batch=1 threads=%d tok_s=%.2f ms_per_token=%.3f "
@@ -321,8 +330,8 @@ int main(int argc, char **argv)
         if (run(e, 1, 512, 2, &rp, 4)) return 1;
         /* active parameters per token ≈ active bytes / 2 (BF16); attention adds 2·S·H·(dn+dr+dv) */
         const ms_model_shape *c = ms_model_shape_of(m);
-        double attn_flop = 2.0 * 512 / 2 * c->n_heads * (c->qk_nope + c->qk_rope + c->v_head_dim) *
-                           c->n_layers;
+        double attn_flop =
+            2.0 * 512 / 2 * c->n_heads * (c->qk_nope + c->qk_rope + c->v_head_dim) * c->n_layers;
         double flop_tok = 2.0 * (bytes / 2) + attn_flop;
         /* gflop_s counts the LM head for every token (as in earlier rows); the
          * prefill needs it for the last token only: needed_gflop_s, of_peak */
@@ -358,8 +367,8 @@ int main(int argc, char **argv)
             pre_s[l] = a.prefill_s;
         }
         double bwc2 = ms_probe_read_gbps(ms_model_threads(m), (size_t)1 << 30, quick ? 3 : 5);
-        printf("dram threads=%d read_gbps=%.2f before_ctx=%.2f (the ctx rows use the higher)\n",
-               nt, bwc2, bwc);
+        printf("dram threads=%d read_gbps=%.2f before_ctx=%.2f (the ctx rows use the higher)\n", nt,
+               bwc2, bwc);
         if (bwc2 > bwc) bwc = bwc2;
         double short_ms = (ms_tok[0] + ms_tok[3]) / 2;
         for (int l = 0; l < 3; l++) {
@@ -409,7 +418,8 @@ int main(int argc, char **argv)
             for (int i = 0; i < 3; i++)
                 for (int mode = 0; mode < 2; mode++) { /* 0: default (oneDNN), 1: tiles */
                     int64_t old = mode ? ms_kernels_set_dnnl_min_m(INT64_MAX) : 0;
-                    int rc = run(e, 1, lens[l], 2, &a, 300 + 10 * (uint64_t)l + 2 * (uint64_t)i + (uint64_t)mode);
+                    int rc = run(e, 1, lens[l], 2, &a,
+                                 300 + 10 * (uint64_t)l + 2 * (uint64_t)i + (uint64_t)mode);
                     if (mode) ms_kernels_set_dnnl_min_m(old);
                     if (rc) return 1;
                     tok_s[mode][i] = (double)a.prefill_tokens / a.prefill_s;
@@ -507,7 +517,8 @@ int main(int argc, char **argv)
             ms_engine_close(es);
         }
     }
-    if (strstr(rows, "v4mtp")) { /* plain against EAGLE (S, accept length, draft head) on small-v4 */
+    if (strstr(rows,
+               "v4mtp")) { /* plain against EAGLE (S, accept length, draft head) on small-v4 */
         ms_engine_shutdown(e);
         ms_engine_step(e, &err);
         ms_engine_close(e);
@@ -517,8 +528,10 @@ int main(int argc, char **argv)
         snprintf(v4, sizeof v4, "%s/small-v4", model_dir);
         snprintf(cfg, sizeof cfg, "%s/config.json", v4);
         if (stat(cfg, &st)) {
-            fprintf(stderr, "bench_e2e: --rows v4mtp needs %s (moeserve mkmodel --preset small-v4 "
-                            "--out %s)\n", v4, v4);
+            fprintf(stderr,
+                    "bench_e2e: --rows v4mtp needs %s (moeserve mkmodel --preset small-v4 "
+                    "--out %s)\n",
+                    v4, v4);
             return 1;
         }
         snprintf(map, sizeof map, "build/v4mtp-token-map-4096.txt"); /* ids 0..4095 */
@@ -527,9 +540,13 @@ int main(int argc, char **argv)
         if (!f || fclose(f)) return 1;
         /* S, SGLANG_SIMULATE_ACC_LEN, token map: the full head at accept length 2, then
          * the 4096-id map over S 1..3 x accept length 1.5, 2, 3 (--quick: S 1, 2 at 2) */
-        static const struct { int S; const char *acc; int map; } cf[] = {
-            {1, "2", 0}, {2, "2", 0}, {1, "2", 1}, {2, "2", 1}, {1, "1.5", 1}, {2, "1.5", 1},
-            {3, "1.5", 1}, {2, "3", 1}, {3, "3", 1}, {3, "2", 1}, {1, "3", 1}, {3, "2", 0}};
+        static const struct {
+            int S;
+            const char *acc;
+            int map;
+        } cf[] = {{1, "2", 0},   {2, "2", 0},   {1, "2", 1},   {2, "2", 1},
+                  {1, "1.5", 1}, {2, "1.5", 1}, {3, "1.5", 1}, {2, "3", 1},
+                  {3, "3", 1},   {3, "2", 1},   {1, "3", 1},   {3, "2", 0}};
         int n_cf = quick ? 4 : (int)(sizeof cf / sizeof cf[0]);
         ms_engine *ep = open_engine(v4, 0, 0, NULL);
         struct run a;
@@ -547,8 +564,8 @@ int main(int argc, char **argv)
             double t[2] = {0}, tok[2] = {0}, ns[2] = {0}, fw[2] = {0}, dr[2] = {0};
             for (int i = 0; i < 2; i++)
                 for (int mode = 0; mode < 2; mode++) {
-                    if (run(mode ? es : ep, 1, 16, n_new, &a, 70 + 8 * (uint64_t)k + 2 * (uint64_t)i +
-                                                          (uint64_t)mode))
+                    if (run(mode ? es : ep, 1, 16, n_new, &a,
+                            70 + 8 * (uint64_t)k + 2 * (uint64_t)i + (uint64_t)mode))
                         return 1;
                     t[mode] += a.decode_tokens / a.decode_tok_s;
                     tok[mode] += (double)a.decode_tokens;
@@ -601,8 +618,8 @@ int main(int argc, char **argv)
             double t[2] = {0}, tok[2] = {0}; /* [plain, spec]: decode seconds, tokens */
             for (int i = 0; i < 2; i++)
                 for (int mode = 0; mode < 2; mode++) {
-                    if (run(mode ? es : ep, B, 16, n_new, &a, 100 + 4 * (uint64_t)bi + 2 * (uint64_t)i +
-                                                          (uint64_t)mode))
+                    if (run(mode ? es : ep, B, 16, n_new, &a,
+                            100 + 4 * (uint64_t)bi + 2 * (uint64_t)i + (uint64_t)mode))
                         return 1;
                     t[mode] += a.decode_tokens / a.decode_tok_s;
                     tok[mode] += (double)a.decode_tokens;

@@ -35,7 +35,8 @@
  *   --moe32-fp8: the same with FP8 e4m3 experts (block scales, plain-row flags).
  *   --moe-rows: one expert's gate at M = 1..8, DRAM-cold and cache-hot, BF16
  *            then FP8, 1 thread unless --threads (bench_moe_rows below).
- * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8] [--moe-rows] [--prefill]
+ * Usage: bench_kernels [--quick] [--dispatch] [--decode] [--moe] [--moe32] [--moe32-fp8]
+ * [--moe-rows] [--prefill]
  *                      [--threads N]
  */
 #include "base/threadpool.h"
@@ -98,7 +99,10 @@ static void bench_pool(ms_pool *pool, int nt)
 
 /* ---- matmul ---- */
 
-static float frand(uint64_t *s) { return (float)(ms_rng_uniform(s) * 2.0 - 1.0); }
+static float frand(uint64_t *s)
+{
+    return (float)(ms_rng_uniform(s) * 2.0 - 1.0);
+}
 
 static double rel_err(const float *a, const float *b, int64_t n)
 {
@@ -114,8 +118,8 @@ static double rel_err(const float *a, const float *b, int64_t n)
 /* Weight GB/s of the last bench_matmul row. */
 static double last_gbs;
 
-static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact, int dnnl, int64_t M,
-                         int64_t K, int64_t N)
+static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact, int dnnl,
+                         int64_t M, int64_t K, int64_t N)
 {
     ms_kernels_set_dnnl(dnnl);
     int64_t min_m = ms_kernels_set_dnnl_min_m(1); /* dnnl=1 rows: oneDNN at every M */
@@ -137,15 +141,18 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
         exit(1);
     }
     for (int64_t i = 0; i < sr * sc; i++) scale[i] = (float)(0.001 + 0.01 * ms_rng_uniform(&rng));
-    char *w0 = wbuf + 8; /* 8-byte aligned, like safetensors data */
+    char *w0 = wbuf + 8;                       /* 8-byte aligned, like safetensors data */
     for (size_t i = 0; fp4 && i < wbytes; i++) /* random codes; scales 2^-8 .. 2^-1 */
-        ((uint8_t *)w0)[i] = i < codes ? (uint8_t)(ms_rng_next(&rng) >> 24)
-                                       : (uint8_t)(119 + ms_rng_next(&rng) % 8);
+        ((uint8_t *)w0)[i] =
+            i < codes ? (uint8_t)(ms_rng_next(&rng) >> 24) : (uint8_t)(119 + ms_rng_next(&rng) % 8);
     for (int64_t i = 0; !fp4 && i < N * K; i++) {
         float v = frand(&rng);
-        if (dt == MS_DT_BF16) ((uint16_t *)(void *)w0)[i] = ms_f32_to_bf16(v);
-        else if (dt == MS_DT_F8E4M3) ((uint8_t *)w0)[i] = ms_f32_to_fp8e4m3(v * 448.0f);
-        else ((float *)(void *)w0)[i] = v;
+        if (dt == MS_DT_BF16)
+            ((uint16_t *)(void *)w0)[i] = ms_f32_to_bf16(v);
+        else if (dt == MS_DT_F8E4M3)
+            ((uint8_t *)w0)[i] = ms_f32_to_fp8e4m3(v * 448.0f);
+        else
+            ((float *)(void *)w0)[i] = v;
     }
     for (int c = 1; c < copies; c++) memcpy(wbuf + (size_t)c * stride + 8, w0, wbytes);
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
@@ -193,8 +200,8 @@ static void bench_matmul(ms_pool *pool, int nt, int isa, ms_dtype dt, int exact,
     printf("matmul threads=%d isa=%s mode=%s wdtype=%s M=%ld K=%ld N=%ld time_us=%.1f gflops=%.1f "
            "weight_gbs=%.1f ref_gflops=%.3f speedup_vs_ref=%.0f relerr=%.2e check=%s dnnl=%d "
            "first_call_ms=%.2f prepacked_mib=%.0f\n",
-           nt, ms_isa_name(isa), exact ? "exact" : "auto", ms_dtype_name(dt), (long)M, (long)K, (long)N,
-           best * 1e6, flop / best / 1e9, (double)wbytes / best / 1e9, ref_gflops,
+           nt, ms_isa_name(isa), exact ? "exact" : "auto", ms_dtype_name(dt), (long)M, (long)K,
+           (long)N, best * 1e6, flop / best / 1e9, (double)wbytes / best / 1e9, ref_gflops,
            flop / best / 1e9 / ref_gflops, err, status, dnnl, first_ms,
            (double)ms_kernels_dnnl_bytes() / 1048576.0);
     last_gbs = (double)wbytes / best / 1e9;
@@ -277,12 +284,15 @@ static double moe_tokens(const ms_kctx *kc, struct moe_set *S, int n_tok, uint64
             int ex[MOE_TOPK];
             for (int j = 0; j < MOE_TOPK; j++) ex[j] = (int)(ms_rng_next(rng) % MOE_E);
             for (int j = 0; j < MOE_TOPK; j++) {
-                c[2 * j] = (ms_mm_call){g + j * MOE_F, MOE_F, x, MOE_D, 1, &S->w[l][ex[j]][0], 0, 0};
-                c[2 * j + 1] = (ms_mm_call){u + j * MOE_F, MOE_F, x, MOE_D, 1, &S->w[l][ex[j]][1], 0, 0};
+                c[2 * j] =
+                    (ms_mm_call){g + j * MOE_F, MOE_F, x, MOE_D, 1, &S->w[l][ex[j]][0], 0, 0};
+                c[2 * j + 1] =
+                    (ms_mm_call){u + j * MOE_F, MOE_F, x, MOE_D, 1, &S->w[l][ex[j]][1], 0, 0};
             }
             ms_matmul_batch(kc, c, 2 * MOE_TOPK);
             for (int j = 0; j < MOE_TOPK; j++)
-                c[j] = (ms_mm_call){y + j * MOE_D, MOE_D, g + j * MOE_F, MOE_F, 1, &S->w[l][ex[j]][2], 0, 0};
+                c[j] = (ms_mm_call){
+                    y + j * MOE_D, MOE_D, g + j * MOE_F, MOE_F, 1, &S->w[l][ex[j]][2], 0, 0};
             ms_matmul_batch(kc, c, MOE_TOPK);
         }
     return ms_now_s() - t0;
@@ -297,13 +307,15 @@ static void bench_moe(int nt, int isa)
     int isas[4] = {isa, isa, isa > MS_ISA_AVX512 ? MS_ISA_AVX512 : isa, isa};
     struct moe_set S[4];
     float *x = malloc(sizeof(float) * MOE_D), *g = malloc(sizeof(float) * MOE_TOPK * MOE_F);
-    float *u = malloc(sizeof(float) * MOE_TOPK * MOE_F), *y = malloc(sizeof(float) * MOE_TOPK * MOE_D);
+    float *u = malloc(sizeof(float) * MOE_TOPK * MOE_F),
+          *y = malloc(sizeof(float) * MOE_TOPK * MOE_D);
     if (!x || !g || !u || !y) exit(1);
     for (int i = 0; i < MOE_D; i++) x[i] = frand(&rng);
     for (int i = 0; i < MOE_TOPK * MOE_F; i++) g[i] = frand(&rng);
     for (int d = 0; d < 4; d++) {
         ms_kctx kc = {pool, 0, isas[d], 0};
-        if (d == 3) S[3] = S[2]; /* the same FP4 weights */
+        if (d == 3)
+            S[3] = S[2]; /* the same FP4 weights */
         else if (moe_set_make(&S[d], dts[d], &kc, &rng)) {
             fprintf(stderr, "bench_kernels: out of memory\n");
             exit(1);
@@ -388,8 +400,10 @@ static void bench_moe32(int nt, int isa, ms_dtype wdt)
                     int n = cnt[e];
                     if (!n || (set == 1 && n > 3) || (set == 2 && (n < 4 || n > 8))) continue;
                     int64_t m = form ? 1 : n;
-                    c[nc++] = (ms_mm_call){g + off * MOE_F, MOE_F, x + off * MOE_D, MOE_D, m, &S.w[l][e][0], 0, 0};
-                    c[nc++] = (ms_mm_call){u + off * MOE_F, MOE_F, x + off * MOE_D, MOE_D, m, &S.w[l][e][1], 0, 0};
+                    c[nc++] = (ms_mm_call){
+                        g + off * MOE_F, MOE_F, x + off * MOE_D, MOE_D, m, &S.w[l][e][0], 0, 0};
+                    c[nc++] = (ms_mm_call){
+                        u + off * MOE_F, MOE_F, x + off * MOE_D, MOE_D, m, &S.w[l][e][1], 0, 0};
                     off += n;
                     act++;
                 }
@@ -399,11 +413,13 @@ static void bench_moe32(int nt, int isa, ms_dtype wdt)
                     const ms_mm_call *a = &c[2 * i];
                     int64_t r0 = (a->y - g) / MOE_F;
                     const ms_mat *dw = a->W + 2; /* [l][e][0] -> [l][e][2] */
-                    c[i] = (ms_mm_call){y + r0 * MOE_D, MOE_D, g + r0 * MOE_F, MOE_F, a->M, dw, 0, 0};
+                    c[i] =
+                        (ms_mm_call){y + r0 * MOE_D, MOE_D, g + r0 * MOE_F, MOE_F, a->M, dw, 0, 0};
                 }
                 ms_matmul_batch(&kc, c, nc / 2);
                 double dt = ms_now_s() - t0;
-                if (it == 0 && set == 0 && form == 0) /* check the gate of one expert per row count */
+                if (it == 0 && set == 0 &&
+                    form == 0) /* check the gate of one expert per row count */
                     for (int e = 0, o = 0, seen[9] = {0}; e < MOE_E; o += cnt[e], e++) {
                         if (!cnt[e] || cnt[e] > 8 || seen[cnt[e]]++) continue;
                         ms_matmul_ref(ref, MOE_F, x + o * MOE_D, MOE_D, cnt[e], &S.w[l][e][0], 0);
@@ -426,9 +442,10 @@ static void bench_moe32(int nt, int isa, ms_dtype wdt)
         printf("moe32 threads=%d wdtype=%s tokens=%d top=%d experts=%s active_mean=%.1f "
                "layer_ms_median=%.3f stream_layer_ms_median=%.3f weight_gbs=%.1f stream_gbs=%.1f "
                "x_stream=%.3f ref_rel_err=%.1e\n",
-               nt, wdt == MS_DT_F8E4M3 ? "fp8" : "bf16", T, MOE_TOPK, set_name[set], (double)act_sum[set] / nd, tm[set][0][nd / 2] * 1e3,
-               tm[set][1][nd / 2] * 1e3, bytes[set] / sum[set][0] / 1e9,
-               bytes[set] / sum[set][1] / 1e9, sum[set][1] / sum[set][0], worst);
+               nt, wdt == MS_DT_F8E4M3 ? "fp8" : "bf16", T, MOE_TOPK, set_name[set],
+               (double)act_sum[set] / nd, tm[set][0][nd / 2] * 1e3, tm[set][1][nd / 2] * 1e3,
+               bytes[set] / sum[set][0] / 1e9, bytes[set] / sum[set][1] / 1e9,
+               sum[set][1] / sum[set][0], worst);
     }
     fflush(stdout);
     moe_set_free(&S);
@@ -475,8 +492,10 @@ static void bench_moe_rows(int nt, int isa, ms_dtype wdt)
                     ms_matmul(&kc, y, MOE_F, x, MOE_D, M, Wi, 0);
                 }
                 double gbs = n * mbytes / (ms_now_s() - t0) / 1e9;
-                if (h) hot[rep][M] = gbs;
-                else cold[rep][M] = gbs;
+                if (h)
+                    hot[rep][M] = gbs;
+                else
+                    cold[rep][M] = gbs;
             }
         }
     for (int M = 1; M <= MMAX; M++) {
@@ -488,8 +507,8 @@ static void bench_moe_rows(int nt, int isa, ms_dtype wdt)
         qsort(r, REPS, sizeof(double), cmp_double);
         printf("moe_rows threads=%d wdtype=%s M=%d K=%d N=%d cold_gbs_median=%.1f "
                "hot_gbs_median=%.1f x_m1_cold_median=%.3f\n",
-               nt, wdt == MS_DT_F8E4M3 ? "fp8" : "bf16", M, MOE_D, MOE_F, c[REPS / 2],
-               hh[REPS / 2], r[REPS / 2]);
+               nt, wdt == MS_DT_F8E4M3 ? "fp8" : "bf16", M, MOE_D, MOE_F, c[REPS / 2], hh[REPS / 2],
+               r[REPS / 2]);
     }
     fflush(stdout);
     moe_set_free(&S);
@@ -518,18 +537,28 @@ int main(int argc, char **argv)
         execv("/proc/self/exe", argv); /* on failure, go on with the default */
     int only_threads = 0, dispatch = 0, decode = 0, moe = 0, moe32 = 0, prefill = 0, mrows = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--dispatch")) dispatch = 1;
-        else if (!strcmp(argv[i], "--decode")) decode = 1;
-        else if (!strcmp(argv[i], "--moe")) moe = 1;
-        else if (!strcmp(argv[i], "--moe32")) moe32 = 1;
-        else if (!strcmp(argv[i], "--prefill")) prefill = 1;
-        else if (!strcmp(argv[i], "--moe32-fp8")) moe32 = 2;
-        else if (!strcmp(argv[i], "--moe-rows")) mrows = 1;
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--dispatch"))
+            dispatch = 1;
+        else if (!strcmp(argv[i], "--decode"))
+            decode = 1;
+        else if (!strcmp(argv[i], "--moe"))
+            moe = 1;
+        else if (!strcmp(argv[i], "--moe32"))
+            moe32 = 1;
+        else if (!strcmp(argv[i], "--prefill"))
+            prefill = 1;
+        else if (!strcmp(argv[i], "--moe32-fp8"))
+            moe32 = 2;
+        else if (!strcmp(argv[i], "--moe-rows"))
+            mrows = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            only_threads = atoi(argv[++i]);
     }
     int isa = ms_kernels_detect();
-    static const int64_t gemv[][2] = {{512, 512}, {2048, 512}, {4096, 1024}, {7168, 2048}, {2048, 7168}, {7168, 7168}};
+    static const int64_t gemv[][2] = {{512, 512},   {2048, 512},  {4096, 1024},
+                                      {7168, 2048}, {2048, 7168}, {7168, 7168}};
     static const int64_t bigm[] = {16, 64, 512};
     if (moe) {
         bench_moe(only_threads ? only_threads : 2, isa);
@@ -584,7 +613,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (dispatch) { /* K, N: small-v3 q_a, kv_b, o, dense up, dense down; V3 expert gate/up */
-        static const int64_t shp[][2] = {{1024, 384}, {256, 2048}, {1024, 1024},
+        static const int64_t shp[][2] = {{1024, 384},  {256, 2048},  {1024, 1024},
                                          {1024, 2816}, {2816, 1024}, {7168, 2048}};
         static const int64_t dm[] = {128, 256, 512, 2048};
         quick = 1;
@@ -606,7 +635,8 @@ int main(int argc, char **argv)
             bench_matmul(pool, nt, isa, dt, 1, 0, 1, 7168, 2048);
             for (size_t m = 0; m < sizeof bigm / sizeof bigm[0]; m++) {
                 bench_matmul(pool, nt, isa, dt, 0, 0, bigm[m], 7168, 2048);
-                if (dt == MS_DT_BF16 && bigm[m] >= 48) bench_matmul(pool, nt, isa, dt, 0, 1, bigm[m], 7168, 2048);
+                if (dt == MS_DT_BF16 && bigm[m] >= 48)
+                    bench_matmul(pool, nt, isa, dt, 0, 1, bigm[m], 7168, 2048);
                 if (!quick) bench_matmul(pool, nt, isa, dt, 1, 0, bigm[m], 7168, 2048);
             }
         }

@@ -75,7 +75,10 @@ static int threads = 2, steps = 16, quick = 0, pairs = 2;
 static const char *model_dir = "build/models";
 static const char *rows; /* --rows: the rows to run (NULL: all) */
 
-static int want(const char *row) { return !rows || strstr(rows, row); }
+static int want(const char *row)
+{
+    return !rows || strstr(rows, row);
+}
 
 static int ensure_model(const char *name, int dtype, char *out, size_t cap)
 {
@@ -111,7 +114,10 @@ static int seq_open_q(ms_model *m, struct seq *s, int64_t tokens, int packed)
 {
     ms_kv_spec spec;
     ms_errbuf err = {{0}};
-    ms_kv_spec_opts o = {.elem_bytes = packed == 3 ? 4 : packed ? 1 : 2, .act_bytes = 2,
+    ms_kv_spec_opts o = {.elem_bytes = packed == 3 ? 4
+                                       : packed    ? 1
+                                                   : 2,
+                         .act_bytes = 2,
                          .page_size = PS,
                          .attn_tp = 1,
                          .index_key = packed == 2   ? MS_KV_INDEX_FP8
@@ -124,8 +130,7 @@ static int seq_open_q(ms_model *m, struct seq *s, int64_t tokens, int packed)
     for (int i = 0; i < spec.n_streams; i++) /* the window stream whole: no sliding here */
         if (spec.streams[i].window > 0) pages[i] = (int32_t)((tokens + PS - 1) / PS + 2);
     ms_dtype kd = packed == 3 ? MS_DT_F32 : packed ? MS_DT_F8E4M3 : MS_DT_BF16;
-    if (ms_kv_cache_new(&s->c, &spec, PS, pages, kd, 1, &err))
-        goto fail;
+    if (ms_kv_cache_new(&s->c, &spec, PS, pages, kd, 1, &err)) goto fail;
     ms_kv_seq_init(&s->q);
     if (ms_kv_cache_reserve(s->c, &s->q, tokens)) {
         snprintf(err.msg, sizeof err.msg, "cannot reserve %lld tokens", (long long)tokens);
@@ -171,8 +176,10 @@ static void fill_random(ms_model *m, struct seq *s, int64_t ctx)
                         x[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0) * 1.7f;
                     if (st == V4_S_INDEX && n == ms_kvq_fp8key_bytes(d))
                         ms_kvq_fp8key_pack(x, d, (uint8_t *)e);
-                    else if (st == V4_S_INDEX) ms_kvq_mxfp4_pack(x, d, (uint8_t *)e);
-                    else ms_kvq_fp8ds_pack(x, d, c->dr, (uint8_t *)e);
+                    else if (st == V4_S_INDEX)
+                        ms_kvq_mxfp4_pack(x, d, (uint8_t *)e);
+                    else
+                        ms_kvq_fp8ds_pack(x, d, c->dr, (uint8_t *)e);
                     continue;
                 }
                 for (int64_t i = 0; i < n; i++)
@@ -240,8 +247,13 @@ static double verify_median(ms_model *m, struct seq *s, int64_t ctx, int n, floa
     int rc = 0;
     for (int i = 0; i < steps && !rc; i++) {
         for (int j = 0; j < n; j++) tok[j] = 3 + (int32_t)(ms_rng_next(&rng) % 30000);
-        ms_batch_seq sq = {.tokens = tok, .n_tokens = n, .start_pos = ctx, .kv = &s->q,
-                           .logits = logits, .n_logits = n, .kind = MS_SEQ_VERIFY};
+        ms_batch_seq sq = {.tokens = tok,
+                           .n_tokens = n,
+                           .start_pos = ctx,
+                           .kv = &s->q,
+                           .logits = logits,
+                           .n_logits = n,
+                           .kind = MS_SEQ_VERIFY};
         double t0 = ms_now_s();
         rc = ms_model_forward(m, s->c, &sq, 1, &err);
         t[i] = ms_now_s() - t0;
@@ -441,8 +453,8 @@ int main(int argc, char **argv)
 
     /* verify steps of 2 and 4 rows (EAGLE S 1, 3) against a decode step, alternating */
     const int64_t vctx[2] = {1024, 65536 - 512};
-    float *vlog = want("verify") ? malloc(sizeof(float) * 4 * (size_t)ms_model_shape_of(m)->vocab)
-                                 : NULL;
+    float *vlog =
+        want("verify") ? malloc(sizeof(float) * 4 * (size_t)ms_model_shape_of(m)->vocab) : NULL;
     for (int i = 0; i < 2 && vlog; i++) {
         struct seq s;
         if (seq_open(m, &s, vctx[i] + steps + 8)) return 1;
@@ -487,8 +499,8 @@ int main(int argc, char **argv)
         printf("fp8fp4 model=small-v4 ctx=1024 pairs=%d bf16_ms_token=%.2f fp8fp4_ms_token=%.2f "
                "bf16_bytes_token=%.1fMB fp8fp4_bytes_token=%.1fMB bf16_gbs=%.1f fp8fp4_gbs=%.1f "
                "x_bf16=%.2f target=1.60 %s\n",
-               pairs, b16 * 1e3, b4 * 1e3, by16 / 1e6, by4 / 1e6, by16 / b16 / 1e9,
-               by4 / b4 / 1e9, b16 / b4, b16 / b4 >= 1.6 ? "met" : "not_met");
+               pairs, b16 * 1e3, b4 * 1e3, by16 / 1e6, by4 / 1e6, by16 / b16 / 1e9, by4 / b4 / 1e9,
+               b16 / b4, b16 / b4 >= 1.6 ? "met" : "not_met");
     }
     fflush(stdout);
 
@@ -511,7 +523,10 @@ int main(int argc, char **argv)
                "fp8_fp4_cache_ms_token=%.2f x_bf16=%.2f fp8_fp8_cache_ms_token=%.2f "
                "x_bf16_fp8keys=%.2f target=1.00%s\n",
                (long long)qctx[i], bq[0] * 1e3, bq[1] * 1e3, bq[0] / bq[1], bq[2] * 1e3,
-               bq[0] / bq[2], i == 0 ? " (at 64K)" : bq[0] / bq[1] >= 1.0 ? " met" : " not_met");
+               bq[0] / bq[2],
+               i == 0                 ? " (at 64K)"
+               : bq[0] / bq[1] >= 1.0 ? " met"
+                                      : " not_met");
         fflush(stdout);
     }
     /* the decode indexer's key scoring alone, one thread: unpacked rows + ms_dot_f32
@@ -521,15 +536,17 @@ int main(int argc, char **argv)
         const ms_v4_cfg *c = &m->v4->c;
         int64_t nk = (65536 - 512) / 4, nI = c->n_idx_heads, d = c->idx_hd;
         static const char *fname[2] = {"fp8", "mxfp4"};
-        void (*pack[2])(const float *, int64_t, uint8_t *) = {ms_kvq_fp8key_pack, ms_kvq_mxfp4_pack};
+        void (*pack[2])(const float *, int64_t, uint8_t *) = {ms_kvq_fp8key_pack,
+                                                              ms_kvq_mxfp4_pack};
         void (*unpack[2])(const uint8_t *, int64_t, float *) = {ms_kvq_fp8key_unpack,
                                                                 ms_kvq_mxfp4_unpack};
-        void (*dots[2])(const float *, int64_t, int64_t, const uint8_t *, int64_t, float *) = {
-            ms_kvq_fp8key_dots, ms_kvq_mxfp4_dots};
+        void (*dots[2])(const float *, int64_t, int64_t, const uint8_t *, int64_t,
+                        float *) = {ms_kvq_fp8key_dots, ms_kvq_mxfp4_dots};
         for (int f = 0; f < 2; f++) {
             int64_t kb = f ? ms_kvq_mxfp4_bytes(d) : ms_kvq_fp8key_bytes(d);
             uint8_t *keys = malloc((size_t)(nk * kb));
-            float *q = malloc(sizeof(float) * (size_t)(nI * d)), *sc = malloc(sizeof(float) * (size_t)nk);
+            float *q = malloc(sizeof(float) * (size_t)(nI * d)),
+                  *sc = malloc(sizeof(float) * (size_t)nk);
             float *rowsb = malloc(sizeof(float) * (size_t)(64 * d)), w[256], dd[256];
             if (!keys || !q || !sc || !rowsb || nI > 256) return 1;
             uint64_t rng = 9;
@@ -553,7 +570,8 @@ int main(int argc, char **argv)
                             float s = 0;
                             if (k == 0)
                                 for (int64_t h = 0; h < nI; h++)
-                                    s += w[h] * fmaxf(ms_dot_f32(q + h * d, rowsb + j * d, d), 0.0f);
+                                    s +=
+                                        w[h] * fmaxf(ms_dot_f32(q + h * d, rowsb + j * d, d), 0.0f);
                             else {
                                 dots[f](q, nI, d, keys + (b + j) * kb, d, dd);
                                 for (int64_t h = 0; h < nI; h++) s += w[h] * fmaxf(dd[h], 0.0f);
@@ -599,9 +617,8 @@ int main(int argc, char **argv)
                "mxfp4_overlap_mean=%.4f mxfp4_overlap_min=%.4f mxfp4_same=%.3f "
                "rotated_only_overlap_mean=%.4f rotated_only_same=%.3f\n",
                (long long)ctx, steps, (long long)P.sets, c->idx_topk, (long long)(ctx / 4),
-               P.sum[0] / P.sets, P.min[0], (double)P.same[0] / P.sets, P.sum[1] / P.sets,
-               P.min[1], (double)P.same[1] / P.sets, P.sum[2] / P.sets,
-               (double)P.same[2] / P.sets);
+               P.sum[0] / P.sets, P.min[0], (double)P.same[0] / P.sets, P.sum[1] / P.sets, P.min[1],
+               (double)P.same[1] / P.sets, P.sum[2] / P.sets, (double)P.same[2] / P.sets);
         fflush(stdout);
         seq_close(&s);
         free(P.kq), free(P.isc), free(P.sel), free(P.mark);

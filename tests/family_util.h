@@ -38,8 +38,8 @@ static ms_kv_cache *fam_cache_new_opts(ms_model *m, ms_kv_spec_opts o, ms_dtype 
 }
 
 /* The same with F32 values (the --dtype float32 cache). */
-static ms_kv_cache *fam_cache_new(ms_model *m, int page_size, int32_t pages_per_stream,
-                                  int n_state, int64_t reserve, ms_kv_seq *q0, ms_kv_seq *q1)
+static ms_kv_cache *fam_cache_new(ms_model *m, int page_size, int32_t pages_per_stream, int n_state,
+                                  int64_t reserve, ms_kv_seq *q0, ms_kv_seq *q1)
 {
     ms_kv_spec_opts o = {.elem_bytes = 4};
     return fam_cache_new_opts(m, o, MS_DT_F32, page_size, pages_per_stream, n_state, reserve, q0,
@@ -57,8 +57,14 @@ static void free_cache(ms_kv_cache *c, ms_kv_seq *q0, ms_kv_seq *q1)
 static int fam_forward1(ms_model *m, const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *t,
                         int n, int64_t pos, int kind, int n_logits, float *logits, float *hidden)
 {
-    ms_batch_seq sq = {.tokens = t, .n_tokens = n, .start_pos = pos, .kv = kv, .logits = logits,
-                       .n_logits = n_logits, .kind = kind, .hidden = hidden};
+    ms_batch_seq sq = {.tokens = t,
+                       .n_tokens = n,
+                       .start_pos = pos,
+                       .kv = kv,
+                       .logits = logits,
+                       .n_logits = n_logits,
+                       .kind = kind,
+                       .hidden = hidden};
     ms_errbuf err;
     int rc = ms_model_forward(m, c, &sq, 1, &err);
     if (rc) fprintf(stderr, "forward: %s\n", err.msg);

@@ -30,7 +30,8 @@ static void run_case(int isa, int exact, ms_dtype dt, int page_size, int64_t S, 
     uint8_t *mem = malloc((size_t)(n_pages * page_size * row) * esz);
     const void **pages = malloc(sizeof(void *) * (size_t)n_pages);
     float *q = malloc(sizeof(float) * (size_t)(H * row));
-    float *ctx = malloc(sizeof(float) * (size_t)(H * vdim)), *ref = malloc(sizeof(float) * (size_t)(H * vdim));
+    float *ctx = malloc(sizeof(float) * (size_t)(H * vdim)),
+          *ref = malloc(sizeof(float) * (size_t)(H * vdim));
     float *scratch = malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, S));
     /* pages in reverse order in memory: the kernel must follow the table */
     for (int64_t p = 0; p < n_pages; p++)
@@ -39,9 +40,12 @@ static void run_case(int isa, int exact, ms_dtype dt, int page_size, int64_t S, 
         uint8_t *r = (uint8_t *)pages[s / page_size] + (size_t)((s % page_size) * row) * esz;
         for (int64_t i = 0; i < row; i++) {
             float v = (float)(2 * ms_rng_uniform(&rng) - 1);
-            if (dt == MS_DT_F32) ((float *)r)[i] = v;
-            else if (dt == MS_DT_F8E4M3) r[i] = ms_f32_to_fp8e4m3(v); /* --kv-cache-dtype fp8_e4m3 */
-            else ((uint16_t *)r)[i] = ms_f32_to_bf16(v);
+            if (dt == MS_DT_F32)
+                ((float *)r)[i] = v;
+            else if (dt == MS_DT_F8E4M3)
+                r[i] = ms_f32_to_fp8e4m3(v); /* --kv-cache-dtype fp8_e4m3 */
+            else
+                ((uint16_t *)r)[i] = ms_f32_to_bf16(v);
         }
     }
     for (int64_t i = 0; i < H * row; i++) q[i] = (float)(2 * ms_rng_uniform(&rng) - 1);
@@ -122,7 +126,8 @@ TEST(decode_attention_batch)
     const void **pages[N];
     ms_attn_seq seqs[N];
     float *q = malloc(sizeof(float) * (size_t)(N * H * row));
-    float *ctx = malloc(sizeof(float) * (size_t)(N * H * vdim)), *ref = malloc(sizeof(float) * (size_t)(H * vdim));
+    float *ctx = malloc(sizeof(float) * (size_t)(N * H * vdim)),
+          *ref = malloc(sizeof(float) * (size_t)(H * vdim));
     for (int i = 0; i < N; i++) {
         int64_t np = (lens[i] + PS - 1) / PS;
         mem[i] = malloc(sizeof(uint16_t) * (size_t)(np * PS * row));
@@ -136,7 +141,8 @@ TEST(decode_attention_batch)
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
         ms_kctx k = {pool, 1, best, 0};
-        float *scratch = malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 333));
+        float *scratch =
+            malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 333));
         ms_attn_decode(&k, seqs, N, q, H, vdim, 0.25f, ctx, scratch);
         for (int i = 0; i < N; i++) {
             ms_attn_decode_ref(&seqs[i], q + i * H * row, H, vdim, 0.25f, ref);
@@ -198,15 +204,16 @@ static void long_blocks(int64_t H, int PS, int64_t row)
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
         ms_kctx k = {pool, 0, best, 0};
-        float *scratch = malloc(sizeof(float) *
-                                (size_t)ms_attn_scratch_floats(threads, row, H, lens[2]));
+        float *scratch =
+            malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, lens[2]));
         ctx[threads - 1] = malloc(cbytes);
         ms_attn_decode(&k, seqs, N, q, H, vdim, 0.06f, ctx[threads - 1], scratch);
         for (int i = 0; i < N; i++) { /* alone: the same bits */
             ms_attn_decode(&k, &seqs[i], 1, q + i * H * row, H, vdim, 0.06f, one, scratch);
-            CHECKF(!memcmp(one, ctx[threads - 1] + i * H * vdim, sizeof(float) * (size_t)(H * vdim)),
-                   "threads %d seq %d (S %lld): alone differs from in the batch", threads, i,
-                   (long long)lens[i]);
+            CHECKF(
+                !memcmp(one, ctx[threads - 1] + i * H * vdim, sizeof(float) * (size_t)(H * vdim)),
+                "threads %d seq %d (S %lld): alone differs from in the batch", threads, i,
+                (long long)lens[i]);
         }
         free(scratch);
         ms_pool_free(pool);
@@ -269,7 +276,8 @@ static void fp8_as_bf16(int64_t H)
         p8[i] = malloc(sizeof(void *) * (size_t)np);
         p16[i] = malloc(sizeof(void *) * (size_t)np);
         for (int64_t p = 0; p < np; p++) /* pages in reverse order, as run_case */
-            p8[i][p] = m8[i] + (np - 1 - p) * PS * row, p16[i][p] = m16[i] + (np - 1 - p) * PS * row;
+            p8[i][p] = m8[i] + (np - 1 - p) * PS * row,
+            p16[i][p] = m16[i] + (np - 1 - p) * PS * row;
         for (int64_t e = 0; e < np * PS * row; e++) {
             m8[i][e] = ms_f32_to_fp8e4m3((float)(4 * ms_rng_uniform(&rng) - 2));
             m16[i][e] = ms_f32_to_bf16(ms_fp8e4m3_to_f32(m8[i][e])); /* exact */
@@ -280,18 +288,21 @@ static void fp8_as_bf16(int64_t H)
     float *q = malloc(sizeof(float) * (size_t)(N * H * row));
     for (int64_t e = 0; e < N * H * row; e++) q[e] = (float)(2 * ms_rng_uniform(&rng) - 1);
     size_t cbytes = sizeof(float) * (size_t)(N * H * vdim);
-    float *c8 = malloc(cbytes), *c16 = malloc(cbytes), *ref = malloc(sizeof(float) * (size_t)(H * vdim));
+    float *c8 = malloc(cbytes), *c16 = malloc(cbytes),
+          *ref = malloc(sizeof(float) * (size_t)(H * vdim));
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
         ms_kctx k = {pool, 0, best, 0};
-        float *scratch = malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 701));
+        float *scratch =
+            malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 701));
         memset(c8, 0xff, cbytes);
         ms_attn_decode(&k, s8, N, q, H, vdim, 0.06f, c8, scratch);
         ms_attn_decode(&k, s16, N, q, H, vdim, 0.06f, c16, scratch);
         for (int i = 0; i < N; i++)
-            CHECKF(!memcmp(c8 + i * H * vdim, c16 + i * H * vdim, sizeof(float) * (size_t)(H * vdim)),
-                   "H %lld threads %d seq %d (S %lld): FP8 differs from BF16 of the same values",
-                   (long long)H, threads, i, (long long)lens[i]);
+            CHECKF(
+                !memcmp(c8 + i * H * vdim, c16 + i * H * vdim, sizeof(float) * (size_t)(H * vdim)),
+                "H %lld threads %d seq %d (S %lld): FP8 differs from BF16 of the same values",
+                (long long)H, threads, i, (long long)lens[i]);
         free(scratch);
         ms_pool_free(pool);
     }

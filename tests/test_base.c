@@ -50,7 +50,7 @@ TEST(grow_array)
     for (int i = 0; i < 5; i++) a[i] = i * 7;
     CHECK(ms_grow_array(&p, &cap, 6, sizeof *a) == 0 && cap == 10); /* doubles */
     a = p;
-    for (int i = 0; i < 5; i++) CHECK(a[i] == i * 7); /* contents kept */
+    for (int i = 0; i < 5; i++) CHECK(a[i] == i * 7);               /* contents kept */
     CHECK(ms_grow_array(&p, &cap, 3, sizeof *a) == 0 && cap == 10); /* never shrinks */
     free(p);
 }
@@ -84,7 +84,8 @@ static void dyn_claim(void *arg, int tid, int nt)
     struct dyn_job *j = arg;
     atomic_fetch_add(&j->calls, 1);
     int m = atomic_load(&j->max_tid);
-    while (tid > m && !atomic_compare_exchange_weak(&j->max_tid, &m, tid)) {}
+    while (tid > m && !atomic_compare_exchange_weak(&j->max_tid, &m, tid)) {
+    }
     (void)nt;
     for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) atomic_fetch_add(&j->sum, (long)i);
 }
@@ -183,8 +184,8 @@ static void slow_worker(void *arg, int tid, int nt)
 
 /* The caller waits for a slow worker asleep after its spin: with a spin of
  * 1000 pauses it uses under 10 ms of its own CPU while the worker takes 100 ms
- * (a caller that only spins uses ~100, at least ~20 on a loaded machine), for static and dynamic runs; a spin of
- * 0 (sleep at once) still returns only after every part ran. */
+ * (a caller that only spins uses ~100, at least ~20 on a loaded machine), for static and dynamic
+ * runs; a spin of 0 (sleep at once) still returns only after every part ran. */
 TEST(pool_caller_sleeps_on_a_slow_worker)
 {
     const char *spins[] = {"1000", "0"};
@@ -210,8 +211,8 @@ TEST(pool_caller_sleeps_on_a_slow_worker)
                 else
                     CHECK(atomic_load(&ran) == 2);
             }
-            CHECKF(least < 10e-3, "spin %s dyn %d: the caller used %.1f ms of CPU waiting", spins[si],
-                   dyn, least * 1e3);
+            CHECKF(least < 10e-3, "spin %s dyn %d: the caller used %.1f ms of CPU waiting",
+                   spins[si], dyn, least * 1e3);
         }
         ms_pool_free(p);
     }

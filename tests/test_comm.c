@@ -29,9 +29,16 @@ struct dims {
 /* A layout with those sizes (pp 1, cp 1), as ms_layout_resolve would leave it. */
 static ms_layout lay_of(const struct dims *d)
 {
-    ms_layout l = {.tp = d->tp, .pp = 1, .n_replicas = d->n_replicas, .attn_tp = d->attn_tp,
-                   .attn_dp = d->attn_dp, .attn_cp = 1, .moe_tp = d->moe_tp, .moe_ep = d->moe_ep,
-                   .dense_tp = d->dense_tp, .shared_tp = 1};
+    ms_layout l = {.tp = d->tp,
+                   .pp = 1,
+                   .n_replicas = d->n_replicas,
+                   .attn_tp = d->attn_tp,
+                   .attn_dp = d->attn_dp,
+                   .attn_cp = 1,
+                   .moe_tp = d->moe_tp,
+                   .moe_ep = d->moe_ep,
+                   .dense_tp = d->dense_tp,
+                   .shared_tp = 1};
     l.moe_dp = d->moe_ep * d->moe_tp > 0 ? d->tp / (d->moe_ep * d->moe_tp) : 0;
     l.world_size = d->tp * d->n_replicas;
     return l;
@@ -129,8 +136,17 @@ TEST(ranks_match_sglang_groups)
  * group, which joins the same stage and tp rank of every replica. */
 TEST(groups_with_pp_stages)
 {
-    ms_layout lay = {.tp = 4, .pp = 2, .n_replicas = 2, .attn_tp = 2, .attn_dp = 2, .attn_cp = 1,
-                     .moe_tp = 1, .moe_ep = 4, .moe_dp = 1, .dense_tp = 4, .shared_tp = 1,
+    ms_layout lay = {.tp = 4,
+                     .pp = 2,
+                     .n_replicas = 2,
+                     .attn_tp = 2,
+                     .attn_dp = 2,
+                     .attn_cp = 1,
+                     .moe_tp = 1,
+                     .moe_ep = 4,
+                     .moe_dp = 1,
+                     .dense_tp = 4,
+                     .shared_tp = 1,
                      .world_size = 16};
     for (int w = 0; w < 16; w++) {
         ms_rank_coords at, bt;
@@ -144,8 +160,10 @@ TEST(groups_with_pp_stages)
                 mine += first + i * stride == w;
                 CHECKF(bt.pp_rank == at.pp_rank, "rank %d kind %d: member %d in stage %d", w, k,
                        first + i * stride, bt.pp_rank);
-                if (k == MS_GROUP_DP) CHECK(bt.tp_rank == at.tp_rank && bt.replica == i);
-                else CHECK(bt.replica == at.replica);
+                if (k == MS_GROUP_DP)
+                    CHECK(bt.tp_rank == at.tp_rank && bt.replica == i);
+                else
+                    CHECK(bt.replica == at.replica);
             }
             CHECKF(mine == 1, "rank %d kind %d: not a member of its own group", w, k);
         }

@@ -78,28 +78,25 @@ static const char *moonlight_json =
 static int same(const ms_config *a, const ms_config *b)
 {
 #define EQ(f)                                                                                      \
-    if (a->f != b->f) {                                                                            \
-        fprintf(stderr, "  field %s differs: %g vs %g\n", #f, (double)a->f, (double)b->f);         \
-        return 0;                                                                                  \
-    }
-    EQ(vocab_size)
-        EQ(hidden_size) EQ(intermediate_size) EQ(moe_intermediate_size) EQ(n_layers)
-            EQ(first_k_dense_replace) EQ(moe_layer_freq) EQ(n_heads) EQ(n_kv_heads)
-                EQ(n_routed_experts) EQ(n_shared_experts) EQ(n_experts_per_tok) EQ(n_group)
-                    EQ(topk_group) EQ(topk_method) EQ(scoring_func) EQ(norm_topk_prob)
-                        EQ(routed_scaling_factor) EQ(q_lora_rank) EQ(kv_lora_rank)
-                            EQ(qk_nope_head_dim) EQ(qk_rope_head_dim) EQ(v_head_dim)
-                                EQ(rms_norm_eps) EQ(rope_theta) EQ(rope_yarn) EQ(rope_factor)
-                                    EQ(rope_original_max_pos) EQ(rope_beta_fast) EQ(rope_beta_slow)
-                                        EQ(rope_mscale) EQ(rope_mscale_all_dim)
-                                            EQ(max_position_embeddings) EQ(num_nextn_predict_layers)
-                                                EQ(bos_token_id) EQ(eos_token_id)
-                                                    EQ(tie_word_embeddings) EQ(fp8_block)
-                                                        EQ(weight_block[0]) EQ(weight_block[1])
+    do {                                                                                           \
+        if (a->f != b->f) {                                                                        \
+            fprintf(stderr, "  field %s differs: %g vs %g\n", #f, (double)a->f, (double)b->f);     \
+            return 0;                                                                              \
+        }                                                                                          \
+    } while (0)
+    // clang-format off
+    EQ(vocab_size); EQ(hidden_size); EQ(intermediate_size); EQ(moe_intermediate_size); EQ(n_layers);
+    EQ(first_k_dense_replace); EQ(moe_layer_freq); EQ(n_heads); EQ(n_kv_heads);
+    EQ(n_routed_experts); EQ(n_shared_experts); EQ(n_experts_per_tok); EQ(n_group); EQ(topk_group);
+    EQ(topk_method); EQ(scoring_func); EQ(norm_topk_prob); EQ(routed_scaling_factor);
+    EQ(q_lora_rank); EQ(kv_lora_rank); EQ(qk_nope_head_dim); EQ(qk_rope_head_dim); EQ(v_head_dim);
+    EQ(rms_norm_eps); EQ(rope_theta); EQ(rope_yarn); EQ(rope_factor); EQ(rope_original_max_pos);
+    EQ(rope_beta_fast); EQ(rope_beta_slow); EQ(rope_mscale); EQ(rope_mscale_all_dim);
+    EQ(max_position_embeddings); EQ(num_nextn_predict_layers); EQ(bos_token_id); EQ(eos_token_id);
+    EQ(tie_word_embeddings); EQ(fp8_block); EQ(weight_block[0]); EQ(weight_block[1]);
+    // clang-format on
 #undef EQ
-                                                            return !strcmp(a->architecture,
-                                                                           b->architecture) &&
-        !strcmp(a->model_type, b->model_type);
+    return !strcmp(a->architecture, b->architecture) && !strcmp(a->model_type, b->model_type);
 }
 
 /* to_json → parse gives the same config, and a second to_json the same text. */

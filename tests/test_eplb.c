@@ -9,9 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const float golden_w[2][12] = {
-    {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
-    {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
+static const float golden_w[2][12] = {{90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
+                                      {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
 
 /* log2phy[l][e] equals want[] as a set (want: n entries, -1 padded to maxcnt) */
 static int same_set(const int32_t *got, const int *want, int maxcnt)
@@ -34,15 +33,34 @@ TEST(readme_golden_hierarchical)
                                    {7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1}};
     static const int cnt[2][12] = {{1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1},
                                    {1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 1, 1}};
-    static const int l2p[2][12][2] = {
-        {{12, -1}, {15, 13}, {11, -1}, {6, -1}, {7, 5}, {0, 2}, {1, -1}, {3, -1}, {4, -1},
-         {9, -1}, {8, 10}, {14, -1}},
-        {{13, -1}, {15, 11}, {8, -1}, {14, -1}, {9, -1}, {10, 12}, {2, 4}, {0, -1}, {6, 3},
-         {7, -1}, {1, -1}, {5, -1}}};
+    static const int l2p[2][12][2] = {{{12, -1},
+                                       {15, 13},
+                                       {11, -1},
+                                       {6, -1},
+                                       {7, 5},
+                                       {0, 2},
+                                       {1, -1},
+                                       {3, -1},
+                                       {4, -1},
+                                       {9, -1},
+                                       {8, 10},
+                                       {14, -1}},
+                                      {{13, -1},
+                                       {15, 11},
+                                       {8, -1},
+                                       {14, -1},
+                                       {9, -1},
+                                       {10, 12},
+                                       {2, 4},
+                                       {0, -1},
+                                       {6, 3},
+                                       {7, -1},
+                                       {1, -1},
+                                       {5, -1}}};
     ms_eplb_plan p;
     ms_errbuf err = {{0}};
-    CHECKF(!ms_eplb_rebalance(&golden_w[0][0], 2, 12, 16, 4, 2, 8, MS_EPLB_AUTO, &p, &err),
-           "%s", err.msg);
+    CHECKF(!ms_eplb_rebalance(&golden_w[0][0], 2, 12, 16, 4, 2, 8, MS_EPLB_AUTO, &p, &err), "%s",
+           err.msg);
     CHECK(p.maxcnt == 2);
     for (int l = 0; l < 2; l++) {
         for (int s = 0; s < 16; s++) CHECKF(p.phy2log[l * 16 + s] == phy[l][s], "l%d s%d", l, s);
@@ -67,11 +85,30 @@ TEST(global_policy_fallback)
 {
     static const int cnt[2][12] = {{1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1},
                                    {1, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1}};
-    static const int l2p[2][12][2] = {
-        {{4, -1}, {14, 15}, {5, -1}, {13, -1}, {11, 7}, {8, 10}, {1, -1}, {3, -1}, {12, -1},
-         {9, -1}, {0, 2}, {6, -1}},
-        {{7, -1}, {0, -1}, {2, -1}, {11, -1}, {3, -1}, {4, 6}, {8, 10}, {15, 9}, {12, 13},
-         {14, -1}, {1, -1}, {5, -1}}};
+    static const int l2p[2][12][2] = {{{4, -1},
+                                       {14, 15},
+                                       {5, -1},
+                                       {13, -1},
+                                       {11, 7},
+                                       {8, 10},
+                                       {1, -1},
+                                       {3, -1},
+                                       {12, -1},
+                                       {9, -1},
+                                       {0, 2},
+                                       {6, -1}},
+                                      {{7, -1},
+                                       {0, -1},
+                                       {2, -1},
+                                       {11, -1},
+                                       {3, -1},
+                                       {4, 6},
+                                       {8, 10},
+                                       {15, 9},
+                                       {12, 13},
+                                       {14, -1},
+                                       {1, -1},
+                                       {5, -1}}};
     ms_eplb_plan p;
     ms_errbuf err = {{0}};
     /* 3 groups over 2 nodes: auto falls back to the global policy */
@@ -131,8 +168,9 @@ TEST(properties_random)
         for (int pol = MS_EPLB_GLOBAL; pol <= MS_EPLB_HIERARCHICAL; pol++) {
             ms_eplb_plan p, q;
             CHECKF(!ms_eplb_rebalance(w, L, E, R, G, N, gpus, pol, &p, &err), "%s", err.msg);
-            CHECKF(!ms_eplb_rebalance(w, L, E, E - E % gpus == E ? E : R, G, N, gpus, pol, &q,
-                                      &err), "%s", err.msg);
+            CHECKF(
+                !ms_eplb_rebalance(w, L, E, E - E % gpus == E ? E : R, G, N, gpus, pol, &q, &err),
+                "%s", err.msg);
             for (int l = 0; l < L; l++) {
                 const int32_t *row = p.phy2log + l * R, *cnt = p.logcnt + l * E;
                 int sum = 0;
@@ -220,7 +258,8 @@ TEST(group_permutation_relabels)
 TEST(replica_dispatch_fair)
 {
     ms_errbuf err = {{0}};
-    /* 4 ranks x 2 slots; expert 0 on ranks 0 and 1, expert 1 on rank 0 only, expert 5 three times */
+    /* 4 ranks x 2 slots; expert 0 on ranks 0 and 1, expert 1 on rank 0 only, expert 5 three times
+     */
     int32_t row[8] = {0, 1, 0, 2, 3, 4, 5, 5};
     for (uint64_t seed = 0; seed < 50; seed++) {
         ms_expert_map m[4];
@@ -228,12 +267,13 @@ TEST(replica_dispatch_fair)
         for (int r = 0; r < 4; r++) {
             CHECKF(!ms_expert_map_init_replicas(&m[r], 6, 8, 4, r, seed, row, &err), "%s", err.msg);
             CHECK(m[r].logical_of[2] == 0 && m[r].per_rank == 2);
-            CHECK(m[r].logical_of[m[r].physical_of[0]] == 0 && m[r].logical_of[m[r].physical_of[5]] == 5);
+            CHECK(m[r].logical_of[m[r].physical_of[0]] == 0 &&
+                  m[r].logical_of[m[r].physical_of[5]] == 5);
             used0[m[r].physical_of[0]]++;
         }
         CHECK(m[0].physical_of[0] == 0 && m[1].physical_of[0] == 2); /* own copies */
         CHECK(used0[0] == 2 && used0[2] == 2);                       /* ranks 2, 3: one each */
-        CHECK(m[3].physical_of[5] == 6);                             /* rank 3 holds both 5s: first */
+        CHECK(m[3].physical_of[5] == 6); /* rank 3 holds both 5s: first */
         CHECK(m[1].physical_of[1] == 1 && m[2].physical_of[1] == 1); /* one copy: everyone's */
         ms_expert_map again;
         CHECK(!ms_expert_map_init_replicas(&again, 6, 8, 4, 2, seed, row, &err));

@@ -70,7 +70,10 @@ TEST(modes)
     CHECK(ms_recorder_mode_parse("nope", &m, &err) == MS_EINVAL);
 }
 
-static long long at(json_t *a, int i) { return (long long)json_integer_value(json_array_get(a, (size_t)i)); }
+static long long at(json_t *a, int i)
+{
+    return (long long)json_integer_value(json_array_get(a, (size_t)i));
+}
 
 /* The ids of a JSON integer array as "a,b,c" (for comparisons). */
 static const char *ids_str(json_t *a, char *buf, size_t cap)
@@ -89,7 +92,8 @@ TEST(per_token)
     ms_expert_map maps[2];
     ms_errbuf err = {{0}};
     int32_t p2l[6] = {2, 3, 0, 1, 0, 2};
-    CHECK(!ms_expert_map_init_replicas(&maps[0], 4, 6, 2, 1, 0, (int32_t[]){0, 1, 2, 3, 0, 1}, &err));
+    CHECK(
+        !ms_expert_map_init_replicas(&maps[0], 4, 6, 2, 1, 0, (int32_t[]){0, 1, 2, 3, 0, 1}, &err));
     CHECK(!ms_expert_map_init_replicas(&maps[1], 4, 6, 2, 1, 1, p2l, &err));
     ms_expert_recorder *r = ms_expert_recorder_new(MS_REC_PER_TOKEN, 2, 4, 6, 2, 4, 2, 5, maps);
     CHECK(r);
@@ -114,7 +118,8 @@ TEST(per_token)
     json_t *d = ms_expert_recorder_dump(r);
     CHECK(d);
     json_t *recs = json_object_get(d, "records");
-    CHECK(json_array_size(recs) == 2 && !strcmp(json_string_value(json_object_get(d, "mode")), "per_token"));
+    CHECK(json_array_size(recs) == 2 &&
+          !strcmp(json_string_value(json_object_get(d, "mode")), "per_token"));
     json_t *ra = json_array_get(recs, 0), *rb = json_array_get(recs, 1);
     char buf[256];
     CHECK(!strcmp(ids_str(json_object_get(ra, "input_ids"), buf, sizeof buf), "11,12,40"));
@@ -152,8 +157,9 @@ TEST(per_token)
         d = ms_expert_recorder_dump(r);
         recs = json_object_get(d, "records");
         dumped[step][0] = (int64_t)json_array_size(recs);
-        dumped[step][1] = json_integer_value(json_object_get(json_array_get(recs, 0), "num_tokens")) * 100 +
-                          (int64_t)json_array_size(json_object_get(json_array_get(recs, 0), "input_ids"));
+        dumped[step][1] =
+            json_integer_value(json_object_get(json_array_get(recs, 0), "num_tokens")) * 100 +
+            (int64_t)json_array_size(json_object_get(json_array_get(recs, 0), "input_ids"));
         json_decref(d);
         if (step == 1) { /* keep passes 1-2 in the window: add pass 2 without a dump between */
             ms_expert_recorder_add_seq(r, t7, 3, 0, MS_REC_SEQ_EXTEND);
@@ -167,7 +173,8 @@ TEST(per_token)
             CHECK(!ms_expert_recorder_end_pass(r, NULL, &err));
             d = ms_expert_recorder_dump(r); /* 3 passes, 7 rows: the first left the ring */
             recs = json_object_get(d, "records");
-            CHECKF(json_array_size(recs) == 2 && json_integer_value(json_object_get(d, "num_passes")) == 3,
+            CHECKF(json_array_size(recs) == 2 &&
+                       json_integer_value(json_object_get(d, "num_passes")) == 3,
                    "%zu records", json_array_size(recs));
             json_decref(d);
         }

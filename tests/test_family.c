@@ -1,11 +1,10 @@
 /* test_family.c — the model-family seam: config.json matched to its family
  * and parsed into one shape, each family's cache streams (kv_spec), planner-
- * only families refused by open (V4's own forward: test_family_v4.c), and the forward through the family table
- * under --dtype float32 on a tiny random model: a prefill of N tokens equals
- * N decode steps, a verify of k+1 positions equals k+1 decode steps (logits
- * and hidden states), and run_layers(0, m) + run_layers(m, L) equals
- * run_layers(0, L); each to 1e-4 relative with the same greedy tokens.  And
- * with batch-invariant products (--enable-deterministic-inference) on BF16
+ * only families refused by open (V4's own forward: test_family_v4.c), and the forward through the
+ * family table under --dtype float32 on a tiny random model: a prefill of N tokens equals N decode
+ * steps, a verify of k+1 positions equals k+1 decode steps (logits and hidden states), and
+ * run_layers(0, m) + run_layers(m, L) equals run_layers(0, L); each to 1e-4 relative with the same
+ * greedy tokens.  And with batch-invariant products (--enable-deterministic-inference) on BF16
  * weights under --dtype auto: a position's logits have the same bits as a
  * decode step or in prefill chunks of any length beside another sequence. */
 #include "harness.h"
@@ -157,7 +156,7 @@ static int open_model(void)
     return 0;
 }
 
-#define PS 4
+#define PS   4
 #define MAXP 64
 
 /* A cache of the model's streams with two sequences holding 32 tokens each. */
@@ -174,7 +173,8 @@ static int forward1(const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *to
 }
 
 enum { N = 12, K = 3 };
-static const int32_t toks[N + K + 1] = {3, 17, 250, 9, 1000, 44, 5, 77, 512, 8, 130, 61, 2, 99, 400, 7};
+static const int32_t toks[N + K + 1] = {3,   17, 250, 9,  1000, 44, 5,   77,
+                                        512, 8,  130, 61, 2,    99, 400, 7};
 
 TEST(prefill_equals_decode_steps)
 {
@@ -182,7 +182,8 @@ TEST(prefill_equals_decode_steps)
     ms_kv_seq pa, pa2, pb, pb2;
     ms_kv_cache *a = new_cache(&pa, &pa2), *b = new_cache(&pb, &pb2);
     CHECK(a && b);
-    float *lp = malloc(sizeof(float) * (size_t)(N * V)), *hp = malloc(sizeof(float) * (size_t)(N * D));
+    float *lp = malloc(sizeof(float) * (size_t)(N * V)),
+          *hp = malloc(sizeof(float) * (size_t)(N * D));
     float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
     CHECK(lp && hp && ld && hd);
     /* one prefill chunk wanting the logits of all N positions */
@@ -230,7 +231,8 @@ TEST(prefill_sub_blocks_equal_decode_steps)
         if (i < P0) continue;
         double e = rel_err(lp + (int64_t)(i - P0) * V, ld, V);
         worst = e > worst ? e : worst;
-        CHECKF(argmax(lp + (int64_t)(i - P0) * V, V) == argmax(ld, V), "greedy token differs at %d", i);
+        CHECKF(argmax(lp + (int64_t)(i - P0) * V, V) == argmax(ld, V), "greedy token differs at %d",
+               i);
     }
     CHECKF(worst <= 1e-4, "logits %.3g", worst);
     free(lp), free(ld);
@@ -276,13 +278,19 @@ TEST(run_layers_split_equals_whole)
     ms_kv_seq pa, pa2, pb, pb2;
     ms_kv_cache *a = new_cache(&pa, &pa2), *b = new_cache(&pb, &pb2);
     CHECK(a && b);
-    float *l0 = malloc(sizeof(float) * (size_t)(2 * V)), *l1 = malloc(sizeof(float) * (size_t)(2 * V));
+    float *l0 = malloc(sizeof(float) * (size_t)(2 * V)),
+          *l1 = malloc(sizeof(float) * (size_t)(2 * V));
     CHECK(l0 && l1);
     /* a batch of a prefill chunk and a decode row */
     ms_batch_seq s0[2] = {
         {.tokens = toks, .n_tokens = 6, .start_pos = 0, .kv = &pa, .logits = l0, .n_logits = 1},
-        {.tokens = toks + 6, .n_tokens = 1, .start_pos = 0, .kv = &pa2, .logits = l0 + V,
-         .n_logits = 1, .kind = MS_SEQ_DECODE}};
+        {.tokens = toks + 6,
+         .n_tokens = 1,
+         .start_pos = 0,
+         .kv = &pa2,
+         .logits = l0 + V,
+         .n_logits = 1,
+         .kind = MS_SEQ_DECODE}};
     ms_batch_seq s1[2] = {s0[0], s0[1]};
     s1[0].kv = &pb, s1[1].kv = &pb2;
     s1[0].logits = l1, s1[1].logits = l1 + V;
@@ -313,7 +321,8 @@ static int chunk_bit_diffs(ms_model *bm, const int32_t *ids)
     ms_kv_seq a, a2, b, b2;
     ms_kv_cache *ca = fam_cache_new(bm, PS, MAXP, 0, 32, &a, &a2),
                 *cb = fam_cache_new(bm, PS, MAXP, 0, 32, &b, &b2);
-    float *ref = malloc(sizeof(float) * (size_t)(P * V)), *got = malloc(sizeof(float) * (size_t)(P * V));
+    float *ref = malloc(sizeof(float) * (size_t)(P * V)),
+          *got = malloc(sizeof(float) * (size_t)(P * V));
     float *other = malloc(sizeof(float) * (size_t)V);
     int n_diff = -1;
     if (!ca || !cb || !ref || !got || !other) goto out;
@@ -325,11 +334,20 @@ static int chunk_bit_diffs(ms_model *bm, const int32_t *ids)
         int pos = 0;
         for (int k = 0; k < 5 && splits[s][k] > 0; k++) {
             int n = splits[s][k];
-            ms_batch_seq sq[2] = {
-                {.tokens = ids + pos, .n_tokens = n, .start_pos = pos, .kv = &b,
-                 .logits = got + (int64_t)pos * V, .n_logits = n, .kind = MS_SEQ_PREFILL},
-                {.tokens = ids + P - 1 - k, .n_tokens = 1, .start_pos = k, .kv = &b2,
-                 .logits = other, .n_logits = 1, .kind = MS_SEQ_DECODE}};
+            ms_batch_seq sq[2] = {{.tokens = ids + pos,
+                                   .n_tokens = n,
+                                   .start_pos = pos,
+                                   .kv = &b,
+                                   .logits = got + (int64_t)pos * V,
+                                   .n_logits = n,
+                                   .kind = MS_SEQ_PREFILL},
+                                  {.tokens = ids + P - 1 - k,
+                                   .n_tokens = 1,
+                                   .start_pos = k,
+                                   .kv = &b2,
+                                   .logits = other,
+                                   .n_logits = 1,
+                                   .kind = MS_SEQ_DECODE}};
             ms_errbuf err;
             if (ms_model_forward(bm, cb, sq, 2, &err)) {
                 fprintf(stderr, "forward: %s\n", err.msg);
@@ -339,7 +357,8 @@ static int chunk_bit_diffs(ms_model *bm, const int32_t *ids)
             pos += n;
         }
         for (int i = 0; i < P; i++)
-            n_diff += memcmp(got + (int64_t)i * V, ref + (int64_t)i * V, sizeof(float) * (size_t)V) != 0;
+            n_diff +=
+                memcmp(got + (int64_t)i * V, ref + (int64_t)i * V, sizeof(float) * (size_t)V) != 0;
     }
 out:
     free(ref), free(got), free(other);
@@ -458,7 +477,8 @@ TEST(prepacked_panels_same_logits)
     const int64_t Vb = ms_model_shape_of(m)->vocab;
     int32_t ids[P];
     for (int i = 0; i < P; i++) ids[i] = 3 + (i * 37) % 900;
-    float *lg[2] = {malloc(sizeof(float) * (size_t)(P * Vb)), malloc(sizeof(float) * (size_t)(P * Vb))};
+    float *lg[2] = {malloc(sizeof(float) * (size_t)(P * Vb)),
+                    malloc(sizeof(float) * (size_t)(P * Vb))};
     size_t bytes = 0;
     int64_t held = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -489,7 +509,8 @@ TEST(prepacked_panels_same_logits)
         memcpy(blob, ms_model_expert_slot_blob(m, l, 1), sb); /* slot 1's expert into slot 0 */
         CHECKF(!ms_model_expert_slot_write(m, l, 0, blob, &err), "%s", err.msg);
         int64_t R = g->rows, C = g->cols, M = 16;
-        float *x = malloc(sizeof(float) * (size_t)(M * C)), *y = malloc(sizeof(float) * (size_t)(M * R)),
+        float *x = malloc(sizeof(float) * (size_t)(M * C)),
+              *y = malloc(sizeof(float) * (size_t)(M * R)),
               *yw = malloc(sizeof(float) * (size_t)(M * R));
         for (int64_t i = 0; i < M * C; i++) x[i] = (float)((i * 37 % 101) - 50) / 50.0f;
         ms_mat bare = *g;

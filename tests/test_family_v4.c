@@ -31,7 +31,7 @@ static char dir32[64], dir8[64];
 static ms_model *model;
 static int64_t V, D; /* D: a hidden row's floats (the hc_mult residual streams) */
 
-#define PS 4
+#define PS   4
 #define MAXP 256
 enum { N = 150 }; /* crosses the window (8), 4-token entries, and one 128-token entry */
 static int32_t toks[N + 8];
@@ -43,7 +43,8 @@ static int quantised;
 
 static ms_kv_cache *new_cache(ms_model *m, ms_kv_seq *q0, ms_kv_seq *q1)
 {
-    ms_kv_spec_opts q = {.elem_bytes = quantised & 1 ? 1 : 4, .act_bytes = 4,
+    ms_kv_spec_opts q = {.elem_bytes = quantised & 1 ? 1 : 4,
+                         .act_bytes = 4,
                          .index_key = quantised & 2   ? MS_KV_INDEX_MXFP4
                                       : quantised & 4 ? MS_KV_INDEX_FP8
                                                       : MS_KV_INDEX_PLAIN};
@@ -53,8 +54,8 @@ static ms_kv_cache *new_cache(ms_model *m, ms_kv_seq *q0, ms_kv_seq *q1)
     return fam_cache_new(m, PS, MAXP, 2, N + 8, q0, q1);
 }
 
-static int forward1(ms_model *m, const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *t,
-                    int n, int64_t pos, int n_logits, float *logits, float *hidden)
+static int forward1(ms_model *m, const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *t, int n,
+                    int64_t pos, int n_logits, float *logits, float *hidden)
 {
     return fam_forward1(m, c, kv, t, n, pos, n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL, n_logits,
                         logits, hidden);
@@ -87,7 +88,8 @@ TEST(kv_spec_streams)
     const ms_kv_stream *w = &spec.streams[0], *c4 = &spec.streams[1], *c128 = &spec.streams[2],
                        *ix = &spec.streams[3];
     CHECK(spec.n_streams == 4 && w->window == 8 && w->window_slack == 2);
-    CHECK(w->entry_elems == 64 && w->dtype == MS_DT_F32 && w->entry_bytes == 256 && w->n_layers == 6); /* + the MTP block's */
+    CHECK(w->entry_elems == 64 && w->dtype == MS_DT_F32 && w->entry_bytes == 256 &&
+          w->n_layers == 6); /* + the MTP block's */
     CHECK(c4->n_layers == 2 && c128->n_layers == 2 && ix->entry_elems == 32);
     /* state: ratio-4 layers [8+4][128]×2 + indexer [8+4][64]×2, ratio-128 [128+4][64]×2,
      * F32 (the windows' rows and V4_STATE_SPILL rows for a verify's rejected drafts) */
@@ -103,8 +105,11 @@ TEST(kv_spec_streams)
     CHECK(spec.streams[3].entry_bytes == 17 && spec.streams[3].dtype == MS_DT_U8);
     /* the server's --kv-cache-dtype fp8_e4m3: packed main entries, plain index keys in the
      * activations' dtype; the FP4 indexer alone: plain main entries, MXFP4 keys */
-    o = (ms_kv_spec_opts){.elem_bytes = 1, .act_bytes = 4, .index_key = MS_KV_INDEX_PLAIN,
-                          .page_size = 4, .attn_tp = 1};
+    o = (ms_kv_spec_opts){.elem_bytes = 1,
+                          .act_bytes = 4,
+                          .index_key = MS_KV_INDEX_PLAIN,
+                          .page_size = 4,
+                          .attn_tp = 1};
     CHECK(ms_model_kv_spec(model, &o, &spec, &err) == 0);
     CHECK(spec.streams[1].entry_bytes == 82 && spec.streams[2].dtype == MS_DT_U8);
     CHECK(spec.streams[3].entry_bytes == 128 && spec.streams[3].dtype == MS_DT_F32);
@@ -128,7 +133,8 @@ TEST(prefill_equals_decode_steps)
     ms_kv_seq pa, pa2, pb, pb2;
     ms_kv_cache *a = new_cache(model, &pa, &pa2), *b = new_cache(model, &pb, &pb2);
     CHECK(a && b);
-    float *lp = malloc(sizeof(float) * (size_t)(N * V)), *hp = malloc(sizeof(float) * (size_t)(N * D));
+    float *lp = malloc(sizeof(float) * (size_t)(N * V)),
+          *hp = malloc(sizeof(float) * (size_t)(N * D));
     float *ld = malloc(sizeof(float) * (size_t)V), *hd = malloc(sizeof(float) * (size_t)D);
     CHECK(lp && hp && ld && hd);
     CHECK(forward1(model, a, &pa, toks, N, 0, N, lp, hp) == 0);
@@ -189,7 +195,8 @@ TEST(batch_and_split_layers)
     ms_kv_seq pa, pa2, pb, pb2;
     ms_kv_cache *a = new_cache(model, &pa, &pa2), *b = new_cache(model, &pb, &pb2);
     CHECK(a && b);
-    float *l0 = malloc(sizeof(float) * (size_t)(2 * V)), *l1 = malloc(sizeof(float) * (size_t)(2 * V));
+    float *l0 = malloc(sizeof(float) * (size_t)(2 * V)),
+          *l1 = malloc(sizeof(float) * (size_t)(2 * V));
     CHECK(l0 && l1);
     /* both caches: sequence 2 holds 130 tokens */
     CHECK(forward1(model, a, &pa2, toks, 130, 0, 1, l0, NULL) == 0);
@@ -197,10 +204,19 @@ TEST(batch_and_split_layers)
     /* alone, in cache a: a 20-token prefill of sequence 1, a decode of sequence 2 */
     CHECK(forward1(model, a, &pa, toks + 3, 20, 0, 1, l0, NULL) == 0);
     CHECK(forward1(model, a, &pa2, toks + 130, 1, 130, 1, l0 + V, NULL) == 0);
-    ms_batch_seq s1[2] = {
-        {.tokens = toks + 3, .n_tokens = 20, .start_pos = 0, .kv = &pb, .logits = l1, .n_logits = 1},
-        {.tokens = toks + 130, .n_tokens = 1, .start_pos = 130, .kv = &pb2, .logits = l1 + V,
-         .n_logits = 1, .kind = MS_SEQ_DECODE}};
+    ms_batch_seq s1[2] = {{.tokens = toks + 3,
+                           .n_tokens = 20,
+                           .start_pos = 0,
+                           .kv = &pb,
+                           .logits = l1,
+                           .n_logits = 1},
+                          {.tokens = toks + 130,
+                           .n_tokens = 1,
+                           .start_pos = 130,
+                           .kv = &pb2,
+                           .logits = l1 + V,
+                           .n_logits = 1,
+                           .kind = MS_SEQ_DECODE}};
     ms_errbuf err;
     int m = L / 2;
     CHECKF(f->embed(model, s1, 2, &err) == 0, "%s", err.msg);
@@ -309,7 +325,8 @@ static int cache_change(int kind, double *worst, int *same)
     ms_kv_cache *cq = new_cache(model, &q[0], &q[1]);
     quantised = 0;
     ms_kv_cache *cf = new_cache(model, &q[2], &q[3]);
-    float *lq = malloc(sizeof(float) * (size_t)(V * N)), *lf = malloc(sizeof(float) * (size_t)(V * N));
+    float *lq = malloc(sizeof(float) * (size_t)(V * N)),
+          *lf = malloc(sizeof(float) * (size_t)(V * N));
     int rc = !cq || !cf || !lq || !lf || forward1(model, cq, &q[0], toks, N, 0, N, lq, NULL) ||
              forward1(model, cf, &q[2], toks, N, 0, N, lf, NULL);
     *worst = 0, *same = 0;
@@ -342,8 +359,8 @@ TEST(quantised_cache)
      * chaotic model: a BF16 cache alone moves it 0.229 / 145.  Bounds:
      * 1.5x the change, 5/6 of the tokens kept; the quality figure is small-v4's KL
      * (bench/RESULTS.md). */
-    static const char *name[6] = {"", "FP8 main entries", "MXFP4 index keys", "both", "FP8 index keys",
-                                  "FP8 entries + FP8 keys"};
+    static const char *name[6] = {"",     "FP8 main entries", "MXFP4 index keys",
+                                  "both", "FP8 index keys",   "FP8 entries + FP8 keys"};
     static const double bound[6] = {0, 0.66, 0.8, 0.8, 0.61, 0.66};
     static const int min_same[6] = {0, 102, 90, 90, 103, 98};
     for (int k = 1; k < 6; k++) {
@@ -439,8 +456,12 @@ TEST(fp4_checkpoint)
 
 TEST(gate_and_swiglu)
 {
-    ms_config c = {.n_routed_experts = 4, .n_experts_per_tok = 2, .scoring_func = MS_SCORE_SQRTSOFTPLUS,
-                   .norm_topk_prob = true, .routed_scaling_factor = 1.5f, .n_group = 1};
+    ms_config c = {.n_routed_experts = 4,
+                   .n_experts_per_tok = 2,
+                   .scoring_func = MS_SCORE_SQRTSOFTPLUS,
+                   .norm_topk_prob = true,
+                   .routed_scaling_factor = 1.5f,
+                   .n_group = 1};
     float logits[4] = {-1.0f, 2.0f, 0.5f, 30.0f}, bias[4] = {0, 0, 3.0f, 0}, w[2], sc[8];
     int32_t idx[2], fixed[2] = {0, 2};
     ms_moe_gate_route(&c, logits, bias, idx, w, sc);
@@ -477,7 +498,9 @@ TEST(refusals)
     ms_model *m = NULL;
     ms_model_opts mo = {.threads = 1, .exact = 1};
     /* a config whose o_lora_rank disagrees with the tensors: the error names the tensor */
-    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json && sed -i 's/\"o_lora_rank\": 32/\"o_lora_rank\": 16/' %s/config.json",
+    snprintf(cmd, sizeof cmd,
+             "cp %s/config.json %s/config.json && sed -i 's/\"o_lora_rank\": 32/\"o_lora_rank\": "
+             "16/' %s/config.json",
              dir32, bad, bad);
     CHECK(system(cmd) == 0);
     CHECK(ms_model_open(&m, bad, &mo, &err) != 0 && !m);

@@ -176,8 +176,8 @@ TEST(n_choices)
         json_t *f = json_array_get(fr, i), *c = json_array_get(json_object_get(f, "choices"), 0);
         if (json_object_get(f, "usage") && json_is_object(json_object_get(f, "usage"))) {
             n_usage++;
-            CHECK(json_integer_value(json_object_get(json_object_get(f, "usage"),
-                                                     "completion_tokens")) == 6);
+            CHECK(json_integer_value(
+                      json_object_get(json_object_get(f, "usage"), "completion_tokens")) == 6);
         }
         if (!c) continue;
         json_int_t k = json_integer_value(json_object_get(c, "index"));
@@ -260,8 +260,8 @@ TEST(errors)
                  400, "temperature", &ok);
     CHECK(ok);
     expect_error(port, "POST", "/v1/chat/completions",
-                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":99}", NULL, 400, "'n'",
-                 &ok);
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":99}", NULL, 400,
+                 "'n'", &ok);
     CHECK(ok);
     expect_error(port, "POST", "/generate", "{\"text\":\"x\",\"sampling_params\":{\"n\":2}}", NULL,
                  400, "'n'", &ok);

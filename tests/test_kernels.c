@@ -76,8 +76,9 @@ TEST(convert_e4m3_all_codes)
     float nanv = ms_fp8e4m3_to_f32(0x7f);
     CHECK(nanv != nanv);
     for (int i = 0; i < 256; i++)
-        if ((i & 0x7f) != 0x7f) CHECK(ms_f32_to_fp8e4m3(ms_fp8e4m3_to_f32((uint8_t)i)) == i ||
-                                      (i == 0x80 && ms_f32_to_fp8e4m3(-0.0f) == 0x80));
+        if ((i & 0x7f) != 0x7f)
+            CHECK(ms_f32_to_fp8e4m3(ms_fp8e4m3_to_f32((uint8_t)i)) == i ||
+                  (i == 0x80 && ms_f32_to_fp8e4m3(-0.0f) == 0x80));
     for (int isa = 0; isa <= best_isa; isa++) {
         ms_cvt_to_f32(isa, MS_DT_F8E4M3, codes, out, 256 + 7); /* odd length: tails */
         for (int i = 0; i < 256 + 7; i++)
@@ -95,7 +96,10 @@ TEST(convert_e4m3_all_codes)
 
 /* ---- matmul ---- */
 
-static float frand(uint64_t *s) { return (float)(ms_rng_uniform(s) * 2.0 - 1.0); }
+static float frand(uint64_t *s)
+{
+    return (float)(ms_rng_uniform(s) * 2.0 - 1.0);
+}
 
 /* A stored [R][C] matrix of dtype dt with random values (and FP8 scales and
  * plain-row flags, as the model loader gives them). */
@@ -113,7 +117,8 @@ static void stored_make_fp4(stored *st, int64_t R, int64_t C, uint64_t *rng)
     int64_t sld = (C + 31) / 32;
     st->data = malloc((size_t)(R * C / 2));
     st->scale = malloc((size_t)(R * sld)); /* UE8M0 bytes, freed by stored_free */
-    for (int64_t i = 0; i < R * C / 2; i++) ((uint8_t *)st->data)[i] = (uint8_t)(ms_rng_next(rng) >> 24);
+    for (int64_t i = 0; i < R * C / 2; i++)
+        ((uint8_t *)st->data)[i] = (uint8_t)(ms_rng_next(rng) >> 24);
     for (int64_t i = 0; i < R * sld; i++)
         ((uint8_t *)st->scale)[i] = (uint8_t)(119 + ms_rng_next(rng) % 9);
     st->whole = ms_mat_fp4(R, C, st->data, (const uint8_t *)st->scale);
@@ -130,14 +135,23 @@ static void stored_make(stored *st, ms_dtype dt, int64_t R, int64_t C, uint64_t 
     st->data = malloc((size_t)(R * C * es));
     int64_t sr = (R + 127) / 128, sc = (C + 127) / 128;
     st->scale = malloc(sizeof(float) * (size_t)(sr * sc));
-    for (int64_t i = 0; i < sr * sc; i++) st->scale[i] = (float)(0.001 + 0.01 * ms_rng_uniform(rng));
+    for (int64_t i = 0; i < sr * sc; i++)
+        st->scale[i] = (float)(0.001 + 0.01 * ms_rng_uniform(rng));
     for (int64_t i = 0; i < R * C; i++) {
         float v = frand(rng);
         switch (dt) {
-        case MS_DT_F32: ((float *)st->data)[i] = v; break;
-        case MS_DT_BF16: ((uint16_t *)st->data)[i] = ms_f32_to_bf16(v); break;
-        case MS_DT_F16: ((uint16_t *)st->data)[i] = ms_f32_to_f16(v); break;
-        default: ((uint8_t *)st->data)[i] = ms_f32_to_fp8e4m3(v * 448.0f); break;
+        case MS_DT_F32:
+            ((float *)st->data)[i] = v;
+            break;
+        case MS_DT_BF16:
+            ((uint16_t *)st->data)[i] = ms_f32_to_bf16(v);
+            break;
+        case MS_DT_F16:
+            ((uint16_t *)st->data)[i] = ms_f32_to_f16(v);
+            break;
+        default:
+            ((uint8_t *)st->data)[i] = ms_f32_to_fp8e4m3(v * 448.0f);
+            break;
         }
     }
     st->whole = ms_mat_whole(dt, R, C, st->data, dt == MS_DT_F8E4M3 ? st->scale : NULL);
@@ -194,7 +208,8 @@ static void emulate_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int
         }
 }
 
-static const int64_t Ms[] = {1, 2, 3, 5, 7, 8, 16, 17, 33, 34, 100, 131}; /* 5-8: two tile passes of <= 4 rows */
+static const int64_t Ms[] = {1,  2,  3,  5,  7,   8,
+                             16, 17, 33, 34, 100, 131}; /* 5-8: two tile passes of <= 4 rows */
 
 /* One product y = x·Wᵀ (nn: x·W) with M activation rows, on every ISA in
  * exact and auto mode, against the double reference (1e-5; 1e-2 where auto
@@ -293,8 +308,8 @@ TEST(matmul_all_paths)
             ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
             for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
                 if (Ms[mi] > 17 && si != 1 && si != 4 && si != 5) continue; /* keep it fast */
-                check_product(&W, 0, Ms[mi], dts[di] == MS_DT_BF16 || dts[di] == MS_DT_F8E4M3,
-                              &rng, &n_cases);
+                check_product(&W, 0, Ms[mi], dts[di] == MS_DT_BF16 || dts[di] == MS_DT_F8E4M3, &rng,
+                              &n_cases);
                 if (th_cur_failed) return;
             }
             stored_free(&st);
@@ -378,8 +393,8 @@ TEST(matmul_fp4_all_paths)
 {
     uint64_t rng = 99;
     static const int64_t shapes[][4] = {
-        {37, 256, 0, 0}, {130, 300, 3, 32}, {5, 2, 1, 0},     {19, 62, 129, 66},
-        {9, 2200, 5, 64}, {64, 1024, 0, 0}, {24, 130, 7, 10},
+        {37, 256, 0, 0},  {130, 300, 3, 32}, {5, 2, 1, 0},     {19, 62, 129, 66},
+        {9, 2200, 5, 64}, {64, 1024, 0, 0},  {24, 130, 7, 10},
     };
     int n_cases = 0;
     for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
@@ -453,7 +468,8 @@ TEST(matmul_fp8_plain_rows)
         n_class[plain[r] % 3]++;
     }
     /* every class present (0x7e, 0xfe, 0x08 are plain; 0x00, 0x80, 0x01, 0x87 subnormal) */
-    CHECK(n_class[MS_F8_ROW_PLAIN] > 10 && n_class[MS_F8_ROW_SUBN] > 3 && n_class[MS_F8_ROW_NAN] > 1);
+    CHECK(n_class[MS_F8_ROW_PLAIN] > 10 && n_class[MS_F8_ROW_SUBN] > 3 &&
+          n_class[MS_F8_ROW_NAN] > 1);
     memcpy(st.plain, plain, sizeof plain);
     int isas[2] = {MS_ISA_AVX512 <= best_isa ? MS_ISA_AVX512 : best_isa, best_isa};
     int n_isa = best_isa >= MS_ISA_AVX512BF16 ? 2 : 1;
@@ -486,8 +502,9 @@ TEST(matmul_fp8_plain_rows)
                 const int fold = isas[ii] == MS_ISA_AVX2 && !nn;
                 int same = 1;
                 for (int64_t i = 0; i < M * N; i++) {
-                    CHECKF(isnan(y[i]) == isnan(yr[i]), "isa %d view %zu nn %d M %ld out %ld: %g vs %g",
-                           isas[ii], vi, nn, (long)M, (long)i, y[i], yr[i]);
+                    CHECKF(isnan(y[i]) == isnan(yr[i]),
+                           "isa %d view %zu nn %d M %ld out %ld: %g vs %g", isas[ii], vi, nn,
+                           (long)M, (long)i, y[i], yr[i]);
                     if (!isnan(yr[i])) mx = fmax(mx, fabs(y[i] - yr[i]));
                     int folded = fold && i / N == M - 1 && M % 2 && plain[rs[vi][0] + i % N];
                     same &= folded || memcmp(&y[i], &yt[i], sizeof(float)) == 0;
@@ -514,14 +531,15 @@ TEST(matmul_fp4_gemv_same_bits_as_tiles)
     if (best_isa < MS_ISA_AVX512BF16) return;
     ms_kctx kc = {pool, 0, MS_ISA_AVX512BF16, 0};
     uint64_t rng = 41;
-    static const int64_t shapes[][4] = {{300, 1024, 3, 32}, {77, 62, 0, 0}, {130, 300, 5, 64},
-                                        {513, 512, 1, 0}};
+    static const int64_t shapes[][4] = {
+        {300, 1024, 3, 32}, {77, 62, 0, 0}, {130, 300, 5, 64}, {513, 512, 1, 0}};
     for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
         int64_t N = shapes[si][0], K = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
         stored st;
         stored_make(&st, MS_DT_F4E2M1, r0 + N + 3, c0 + K + 64, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        float *x = malloc(sizeof(float) * (size_t)(5 * K)), *y = malloc(sizeof(float) * (size_t)(5 * N));
+        float *x = malloc(sizeof(float) * (size_t)(5 * K)),
+              *y = malloc(sizeof(float) * (size_t)(5 * N));
         float *y1 = malloc(sizeof(float) * (size_t)N);
         for (int64_t i = 0; i < 5 * K; i++) x[i] = frand(&rng);
         for (int acc = 0; acc <= 1; acc++)
@@ -532,7 +550,8 @@ TEST(matmul_fp4_gemv_same_bits_as_tiles)
                     for (int64_t n = 0; n < N; n++) y1[n] = (float)((m * N + n) % 5);
                     ms_matmul(&kc, y1, N, x + m * K, K, 1, &W, acc);
                     CHECKF(memcmp(y1, y + m * N, sizeof(float) * (size_t)N) == 0,
-                           "N %ld K %ld M %ld row %ld acc %d", (long)N, (long)K, (long)M, (long)m, acc);
+                           "N %ld K %ld M %ld row %ld acc %d", (long)N, (long)K, (long)M, (long)m,
+                           acc);
                 }
             }
         free(x);
@@ -550,7 +569,8 @@ TEST(matmul_same_bits_any_pool)
     int64_t M = 5, N = 300, K = 700;
     const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F4E2M1};
     float *x = malloc(sizeof(float) * (size_t)(M * K));
-    float *y1 = malloc(sizeof(float) * (size_t)(M * N)), *y2 = malloc(sizeof(float) * (size_t)(M * N));
+    float *y1 = malloc(sizeof(float) * (size_t)(M * N)),
+          *y2 = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
         stored st;
@@ -562,8 +582,8 @@ TEST(matmul_same_bits_any_pool)
                 ms_kctx k1 = {NULL, exact, isa, 0}, k2 = {pool, exact, isa, 0};
                 ms_matmul(&k1, y1, N, x, K, M, &W, 0);
                 ms_matmul(&k2, y2, N, x, K, M, &W, 0);
-                CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)(M * N)) == 0, "isa %d exact %d dt %d",
-                       isa, exact, dts[di]);
+                CHECKF(memcmp(y1, y2, sizeof(float) * (size_t)(M * N)) == 0,
+                       "isa %d exact %d dt %d", isa, exact, dts[di]);
             }
         stored_free(&st);
     }
@@ -674,7 +694,8 @@ TEST(elementwise_vs_ref)
     static const int64_t ns[] = {1, 7, 8, 9, 31, 100, 7168};
     for (size_t t = 0; t < MS_ARRAY_LEN(ns); t++) {
         int64_t n = ns[t];
-        float *a = malloc(sizeof(float) * (size_t)n * 2), *b = malloc(sizeof(float) * (size_t)n * 2);
+        float *a = malloc(sizeof(float) * (size_t)n * 2),
+              *b = malloc(sizeof(float) * (size_t)n * 2);
         float *w = malloc(sizeof(float) * (size_t)n), *y1 = malloc(sizeof(float) * (size_t)n * 2);
         float *y2 = malloc(sizeof(float) * (size_t)n * 2);
         for (int64_t i = 0; i < 2 * n; i++) a[i] = 4 * frand(&rng), b[i] = 4 * frand(&rng);
@@ -842,7 +863,8 @@ TEST(matmul_dnnl_refresh)
     stored a, b;
     stored_make(&a, MS_DT_BF16, N, K, &rng);
     stored_make(&b, MS_DT_BF16, N, K, &rng);
-    float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
+    float *x = malloc(sizeof(float) * (size_t)(M * K)),
+          *y = malloc(sizeof(float) * (size_t)(M * N));
     float *emu = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     ms_kctx kc = {pool, 0, best_isa, 0};
@@ -883,7 +905,8 @@ TEST(matmul_dnnl_prepack)
     int64_t M = 64, N = 96, K = 200;
     stored st;
     stored_make(&st, MS_DT_BF16, N, K, &rng);
-    float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
+    float *x = malloc(sizeof(float) * (size_t)(M * K)),
+          *y = malloc(sizeof(float) * (size_t)(M * N));
     float *emu = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
     ms_kctx kc = {pool, 0, best_isa, 0};
@@ -896,8 +919,7 @@ TEST(matmul_dnnl_prepack)
         CHECK(ms_kernels_dnnl_bytes() >= (size_t)(N * K * 2));
         /* new contents under the same pointer: round 0 says so, round 1 does not
          * (the fingerprint must notice: every sampled element changes) */
-        for (int64_t i = 0; i < N * K; i++)
-            ((uint16_t *)st.data)[i] = ms_f32_to_bf16(frand(&rng));
+        for (int64_t i = 0; i < N * K; i++) ((uint16_t *)st.data)[i] = ms_f32_to_bf16(frand(&rng));
         if (round == 0) ms_kernels_dnnl_forget(st.data);
     }
     ms_kernels_set_dnnl(0);
@@ -931,7 +953,8 @@ TEST(matmul_pack_vs_twin)
         stored st;
         stored_make(&st, MS_DT_BF16, N, K, &rng);
         float *x = malloc(sizeof(float) * (size_t)(M * K));
-        float *y = malloc(sizeof(float) * (size_t)(M * N)), *y0 = malloc(sizeof(float) * (size_t)(M * N));
+        float *y = malloc(sizeof(float) * (size_t)(M * N)),
+              *y0 = malloc(sizeof(float) * (size_t)(M * N));
         for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
         for (int acc = 0; acc <= 1; acc++) {
             for (int64_t i = 0; i < M * N; i++) y[i] = y0[i] = frand(&rng);
@@ -974,7 +997,8 @@ TEST(matmul_avx2_pack_taken)
     const int64_t N = 150, K = 600;
     const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F16};
     float *x = malloc(sizeof(float) * (size_t)(64 * K));
-    float *ya = malloc(sizeof(float) * (size_t)(64 * N)), *ye = malloc(sizeof(float) * (size_t)(64 * N));
+    float *ya = malloc(sizeof(float) * (size_t)(64 * N)),
+          *ye = malloc(sizeof(float) * (size_t)(64 * N));
     for (int64_t i = 0; i < 64 * K; i++) x[i] = frand(&rng);
     for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
         stored st;
@@ -1026,7 +1050,8 @@ TEST(matmul_avx2_fp8_fold)
     CHECK(n_subn >= N / 3);
     float *x = malloc(sizeof(float) * (size_t)K), *ya = malloc(sizeof(float) * (size_t)N);
     float *ye = malloc(sizeof(float) * (size_t)N), *yr = malloc(sizeof(float) * (size_t)N);
-    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0}, k1 = {NULL, 0, MS_ISA_AVX2, 0};
+    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
+            k1 = {NULL, 0, MS_ISA_AVX2, 0};
     static const double mags[] = {1.0, 1e-28, 1e-12, 1e4, 1e8, 1e9, 1e20};
     for (size_t mi = 0; mi < MS_ARRAY_LEN(mags); mi++) {
         for (int64_t i = 0; i < K; i++) x[i] = (float)(frand(&rng) * mags[mi]);
@@ -1076,7 +1101,8 @@ TEST(matmul_avx2_gemv_one_row)
     float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * (size_t)N);
     float *ya = malloc(sizeof(float) * (size_t)N), *ye = malloc(sizeof(float) * (size_t)N);
     float *y1 = malloc(sizeof(float) * (size_t)N), *yr = malloc(sizeof(float) * (size_t)N);
-    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0}, k1 = {NULL, 0, MS_ISA_AVX2, 0};
+    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
+            k1 = {NULL, 0, MS_ISA_AVX2, 0};
     for (int64_t i = 0; i < 1024; i++) x[i] = frand(&rng);
     for (int64_t i = 0; i < N; i++) y0[i] = frand(&rng);
     for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
@@ -1112,8 +1138,10 @@ TEST(matmul_avx2_gemv_one_row)
             int differ = 0;
             for (int64_t r = 0; r < N; r++) {
                 int same = !memcmp(&ya[r], &ye[r], sizeof(float));
-                if (r % 2 == 0) CHECKF(same, "row %ld flagged NaN", (long)r);
-                else differ += !same;
+                if (r % 2 == 0)
+                    CHECKF(same, "row %ld flagged NaN", (long)r);
+                else
+                    differ += !same;
             }
             CHECK(differ > N / 4);
             float *xb = malloc(sizeof(float) * (size_t)K); /* 2^28 and more: every row overflows */
@@ -1143,8 +1171,8 @@ TEST(matmul_panels_same_bits)
 {
     if (best_isa < MS_ISA_AVX512BF16) return;
     uint64_t rng = 43;
-    const int64_t shapes[][3] = {{16, 64, 64}, {32, 1024, 200}, {48, 131, 77},
-                                 {17, 300, 129}, {32, 65, 513}, {150, 96, 70}};
+    const int64_t shapes[][3] = {{16, 64, 64},   {32, 1024, 200}, {48, 131, 77},
+                                 {17, 300, 129}, {32, 65, 513},   {150, 96, 70}};
     int64_t min_m = ms_kernels_set_dnnl_min_m(128);
     ms_kernels_set_dnnl(0);
     for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
@@ -1159,8 +1187,10 @@ TEST(matmul_panels_same_bits)
         void *pw = aligned_alloc(64, (bytes + 63) / 64 * 64);
         memset(pw, 0x7f, bytes); /* rows past N must be written (as zero) by the fill */
         float *x = malloc(sizeof(float) * (size_t)(M * K));
-        float *y0 = malloc(sizeof(float) * (size_t)(M * N)), *want = malloc(sizeof(float) * (size_t)(M * N));
-        float *got = malloc(sizeof(float) * (size_t)(M * N)), *v16 = malloc(sizeof(float) * (size_t)(M * 16));
+        float *y0 = malloc(sizeof(float) * (size_t)(M * N)),
+              *want = malloc(sizeof(float) * (size_t)(M * N));
+        float *got = malloc(sizeof(float) * (size_t)(M * N)),
+              *v16 = malloc(sizeof(float) * (size_t)(M * 16));
         for (int64_t i = 0; i < M * K; i++) x[i] = frand(&rng);
         for (int64_t i = 0; i < M * N; i++) y0[i] = frand(&rng);
         for (int acc = 0; acc <= 1; acc++) {
@@ -1173,13 +1203,14 @@ TEST(matmul_panels_same_bits)
             uint16_t *d = (uint16_t *)st.data;
             uint16_t *keep = malloc(sizeof(uint16_t) * (size_t)((N + 3) * (K + 5)));
             memcpy(keep, d, sizeof(uint16_t) * (size_t)((N + 3) * (K + 5)));
-            for (int64_t r = 3; r < N + 3; r++) memset(d + r * (K + 5) + 5, 0, sizeof(uint16_t) * (size_t)K);
+            for (int64_t r = 3; r < N + 3; r++)
+                memset(d + r * (K + 5) + 5, 0, sizeof(uint16_t) * (size_t)K);
             for (int pl = 0; pl <= 1; pl++) {
                 memcpy(got, y0, sizeof(float) * (size_t)(M * N));
                 ms_matmul(pl ? &kc : &k1, got, N, x, K, M, &P, acc);
                 CHECKF(memcmp(got, want, sizeof(float) * (size_t)(M * N)) == 0,
-                       "M %ld K %ld N %ld acc %d pool %d: panels differ from packing", (long)M, (long)K,
-                       (long)N, acc, pl);
+                       "M %ld K %ld N %ld acc %d pool %d: panels differ from packing", (long)M,
+                       (long)K, (long)N, acc, pl);
             }
             /* in a batch with a view without panels (rows 0..15: zeroed from row 3) */
             memcpy(got, y0, sizeof(float) * (size_t)(M * N));
@@ -1207,7 +1238,8 @@ TEST(matmul_panels_same_bits)
         free(v16);
         stored_free(&st);
     }
-    ms_kctx ex = {pool, 1, best_isa, 0}, bi = {pool, 0, best_isa, 1}, av = {pool, 0, MS_ISA_AVX512, 0};
+    ms_kctx ex = {pool, 1, best_isa, 0}, bi = {pool, 0, best_isa, 1},
+            av = {pool, 0, MS_ISA_AVX512, 0};
     stored st;
     stored_make(&st, MS_DT_BF16, 8, 8, &rng);
     CHECK(ms_kernels_panels_bytes(&ex, &st.whole) == 0);

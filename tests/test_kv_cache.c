@@ -22,8 +22,8 @@ static int v4_spec(int draft_tokens)
 {
     ms_model_shape s;
     ms_errbuf err;
-    ms_kv_spec_opts o = {.state_bytes = 4, .page_size = PS, .attn_tp = 1,
-                         .draft_tokens = draft_tokens};
+    ms_kv_spec_opts o = {
+        .state_bytes = 4, .page_size = PS, .attn_tp = 1, .draft_tokens = draft_tokens};
     if (ms_plan_model_preset("deepseek-v4-flash", &s, &err) ||
         ms_family_kv_spec(&s, &o, &spec, &err))
         return -1;
@@ -134,7 +134,7 @@ TEST(exhaustion_is_all_or_nothing_and_retraction_frees)
     CHECK(ms_kv_cache_reserve(c, &q[0], 1024) == 0 && ms_kv_cache_reserve(c, &q[1], 1024) == 0);
     int32_t before[4];
     for (int s = 0; s < 4; s++) before[s] = ms_kv_cache_n_free(c, s);
-    CHECK(ms_kv_cache_reserve(c, &q[2], 600) == MS_EFULL); /* c128 is short */
+    CHECK(ms_kv_cache_reserve(c, &q[2], 600) == MS_EFULL);                    /* c128 is short */
     for (int s = 0; s < 4; s++) CHECK(ms_kv_cache_n_free(c, s) == before[s]); /* nothing taken */
     CHECK(q[2].n_pages[WIN] == 0 && q[2].state_slot == -1);
     /* retract the first: its pages return and the third fits */
@@ -173,7 +173,8 @@ TEST(view_reads_what_was_written)
     CHECK(ms_kv_view_entry(&v, C4, 2, 40) != ms_kv_view_entry(&v, C4, 4, 40));
     for (int64_t t = 0; t < 300; t++) memset(ms_kv_view_entry(&v, WIN, 5, t), (int)(t & 0x7f), 584);
     int ok = 1;
-    for (int64_t t = 0; t < 300; t++) ok &= ((uint8_t *)ms_kv_view_entry(&v, WIN, 5, t))[583] == (t & 0x7f);
+    for (int64_t t = 0; t < 300; t++)
+        ok &= ((uint8_t *)ms_kv_view_entry(&v, WIN, 5, t))[583] == (t & 0x7f);
     CHECK(ok);
     ms_kv_cache_slide(c, &q, 300);
     CHECK(!ms_kv_view_entry(&v, WIN, 5, 100) && ms_kv_view_entry(&v, WIN, 5, 299));
@@ -195,9 +196,12 @@ TEST(swa_full_tokens_ratio_and_capacity)
     double full = 584.0 * 21 / 4 + 584.0 * 20 / 128 + 68.0 * 21 / 4, win = 584.0 * 43;
     CHECK((double)ms_kv_spec_token_bytes(&spec) == floor(full));
     CHECK_NEAR(ms_kv_spec_window_token_bytes(&spec), win, 1e-9);
-    ms_kv_budget_in bi = {.mem_fraction_static = 0.5, .avail_bytes = 4000000000LL,
-                          .weight_bytes = 900000000LL, .fixed_bytes = 100000000LL,
-                          .swa_ratio = 0.1, .page_size = PS};
+    ms_kv_budget_in bi = {.mem_fraction_static = 0.5,
+                          .avail_bytes = 4000000000LL,
+                          .weight_bytes = 900000000LL,
+                          .fixed_bytes = 100000000LL,
+                          .swa_ratio = 0.1,
+                          .page_size = PS};
     int64_t tokens;
     ms_errbuf err;
     CHECK(ms_kv_budget_tokens(&spec, &bi, &tokens, &err) == 0);
@@ -207,7 +211,8 @@ TEST(swa_full_tokens_ratio_and_capacity)
     CHECK(tokens == (int64_t)(1000000000.0 / floor(full)));
     bi.fixed_bytes = 1100000000LL; /* nothing left */
     CHECK(ms_kv_budget_tokens(&spec, &bi, &tokens, &err) == MS_ENOMEM);
-    /* the window pool: r × N tokens, at least one request's window (2 × (⌈128 / 4⌉ + 2)) and a step */
+    /* the window pool: r × N tokens, at least one request's window (2 × (⌈128 / 4⌉ + 2)) and a step
+     */
     int32_t pages[MS_KV_MAX_STREAMS];
     ms_kv_cache_pages_for(&spec, PS, 100000, 8, 16, 10000, pages);
     CHECK(pages[WIN] == 2500 && pages[C4] == 100000 / 16);

@@ -72,7 +72,8 @@ TEST(sampler_greedy_and_seeded)
     uint64_t r1 = ms_sampler_seed(7), r2 = ms_sampler_seed(7);
     int hist[6] = {0};
     for (int i = 0; i < 2000; i++) {
-        int32_t a = ms_sampler_pick(lg, 6, &k3, &r1, &sc), b = ms_sampler_pick(lg, 6, &k3, &r2, &sc);
+        int32_t a = ms_sampler_pick(lg, 6, &k3, &r1, &sc),
+                b = ms_sampler_pick(lg, 6, &k3, &r2, &sc);
         CHECK(a == b);
         hist[a]++;
     }

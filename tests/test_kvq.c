@@ -73,7 +73,8 @@ static int check_fp8ds(int64_t hd, int64_t dr, uint64_t seed)
         ms_kvq_fp8ds_unpack(e, hd, dr, y);
         for (int64_t b = 0; ok && b < nb; b++) {
             float amax = 0, s = ms_e8m0_to_f32(e[nope + 2 * dr + b]);
-            for (int64_t i = b * 64; i < nope && i < b * 64 + 64; i++) amax = fmaxf(amax, fabsf(x[i]));
+            for (int64_t i = b * 64; i < nope && i < b * 64 + 64; i++)
+                amax = fmaxf(amax, fabsf(x[i]));
             /* the smallest power of two with amax / s <= 448 (amax clamped to 1e-4) */
             float a = fmaxf(amax, 1e-4f);
             ok = a / s <= 448.0f && a / s > 224.0f;
@@ -116,14 +117,16 @@ TEST(fp8ds_entry)
 
 TEST(mxfp4_key)
 {
-    CHECK(ms_kvq_mxfp4_bytes(128) == 68 && ms_kvq_mxfp4_bytes(32) == 17 && ms_kvq_mxfp4_bytes(64) == 34);
+    CHECK(ms_kvq_mxfp4_bytes(128) == 68 && ms_kvq_mxfp4_bytes(32) == 17 &&
+          ms_kvq_mxfp4_bytes(64) == 34);
     /* every code at every scale exponent whose block max is 6 × 2^e round-trips exactly
      * (from 2^-12: below that the amax floor 1e-4 sets the scale) */
     for (int ex = -12; ex <= 120; ex++)
         for (int c = 0; c < 16; c++) {
             float x[32], y[32];
             uint8_t e[17];
-            for (int i = 0; i < 32; i++) x[i] = ldexpf(ms_fp4e2m1_to_f32((uint8_t)((c + i) & 15)), ex);
+            for (int i = 0; i < 32; i++)
+                x[i] = ldexpf(ms_fp4e2m1_to_f32((uint8_t)((c + i) & 15)), ex);
             x[31] = ldexpf(6.0f, ex); /* the block max: scale 2^ex */
             ms_kvq_mxfp4_pack(x, 32, e);
             CHECK(e[16] == 127 + ex);
@@ -147,7 +150,9 @@ TEST(mxfp4_key)
             for (int i = b * 32; i < b * 32 + 32; i++) amax = fmaxf(amax, fabsf(x[i]));
             CHECK(amax / s <= 6.0f && amax / s > 3.0f);
             for (int i = b * 32; i < b * 32 + 32; i++) /* grid steps: 0.5 below 2, 1 to 4, 2 */
-                CHECK(fabsf(y[i] - x[i]) <= s * (fabsf(x[i]) / s < 2 ? 0.25f : fabsf(x[i]) / s < 4 ? 0.5f : 1.0f));
+                CHECK(fabsf(y[i] - x[i]) <= s * (fabsf(x[i]) / s < 2   ? 0.25f
+                                                 : fabsf(x[i]) / s < 4 ? 0.5f
+                                                                       : 1.0f));
         }
         float z[128];
         memcpy(z, x, sizeof z);
@@ -178,7 +183,8 @@ TEST(fp8_key)
             CHECKF(s == ldexpf(1.0f, ex), "ex %d", ex);
             ms_kvq_fp8key_unpack(e, 128, y);
             int ok = 1;
-            for (int i = 0; i < 128; i++) ok &= y[i] == x[i] && e[i] == ms_f32_to_fp8e4m3(ldexpf(x[i], -ex));
+            for (int i = 0; i < 128; i++)
+                ok &= y[i] == x[i] && e[i] == ms_f32_to_fp8e4m3(ldexpf(x[i], -ex));
             CHECKF(ok, "ex %d c0 %d", ex, c0);
         }
     /* random keys of awkward lengths: fast pack = reference pack byte for byte, the scale
@@ -230,8 +236,8 @@ static void check_key_dots(int rep, int n, int nh, int ld, const float *qq, cons
         }
         CHECKF(memcmp(&d[h], &r[h], 4) == 0, "rep %d n %d head %d: %.9g vs twin %.9g", rep, n, h,
                d[h], r[h]);
-        CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g", rep,
-               n, h, d[h], want);
+        CHECKF(fabs(d[h] - want) <= 1e-5 * m1 + 1e-30, "rep %d n %d head %d: %.9g vs %.9g", rep, n,
+               h, d[h], want);
     }
 }
 
@@ -329,7 +335,8 @@ TEST(hadamard)
             x[j] = 1;
             ms_kvq_hadamard(x, n);
             for (int i = 0; i < n; i++) {
-                float want = (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0f : 1.0f) / sqrtf((float)n);
+                float want =
+                    (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0f : 1.0f) / sqrtf((float)n);
                 CHECK_NEAR(x[i], want, 1e-6);
             }
         }

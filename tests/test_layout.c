@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const ms_layout_model dsv3 = {.n_heads = 128, .n_kv_heads = 0, .n_routed_experts = 256,
-                                     .n_layers = 61, .n_dense_layers = 3};
-static const ms_layout_model v4pro = {.n_heads = 128, .n_kv_heads = 0, .n_routed_experts = 384,
-                                      .n_layers = 61, .n_dense_layers = 0};
-static const ms_layout_model v4flash = {.n_heads = 64, .n_kv_heads = 0, .n_routed_experts = 256,
-                                        .n_layers = 43, .n_dense_layers = 0};
-static const ms_layout_model llama70 = {.n_heads = 64, .n_kv_heads = 8, .n_routed_experts = 0,
-                                        .n_layers = 80, .n_dense_layers = 80};
+static const ms_layout_model dsv3 = {
+    .n_heads = 128, .n_kv_heads = 0, .n_routed_experts = 256, .n_layers = 61, .n_dense_layers = 3};
+static const ms_layout_model v4pro = {
+    .n_heads = 128, .n_kv_heads = 0, .n_routed_experts = 384, .n_layers = 61, .n_dense_layers = 0};
+static const ms_layout_model v4flash = {
+    .n_heads = 64, .n_kv_heads = 0, .n_routed_experts = 256, .n_layers = 43, .n_dense_layers = 0};
+static const ms_layout_model llama70 = {
+    .n_heads = 64, .n_kv_heads = 8, .n_routed_experts = 0, .n_layers = 80, .n_dense_layers = 80};
 
 /* Parses a space-separated flag string into l; returns the parser's first error or 0. */
 static int parse(ms_launch *l, const char *flags, ms_errbuf *err)
@@ -60,7 +60,8 @@ TEST(seed000_tp8_low_latency)
     CHECK(lay.moe_tp == 8 && lay.moe_ep == 1 && lay.sparse_mode == MS_MLP_TP_ATTN_FULL);
     char buf[256];
     ms_layout_describe(&lay, buf, sizeof buf);
-    CHECKF(!strcmp(buf, "attention TP=8 · routed experts TP=8, EP=1 · dense/shared TP=8"), "%s", buf);
+    CHECKF(!strcmp(buf, "attention TP=8 · routed experts TP=8, EP=1 · dense/shared TP=8"), "%s",
+           buf);
 }
 
 /* Seed 000 §2 table, row 2: `--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend megamoe`
@@ -77,8 +78,9 @@ TEST(seed000_tp8_dpa_megamoe)
     CHECK(lay.a2a == MS_A2A_MPI);
     char buf[256];
     ms_layout_describe(&lay, buf, sizeof buf);
-    CHECKF(!strcmp(buf, "attention TP=1, DP=8 · routed experts TP=1, EP=8 · dense/shared replicated"),
-           "%s", buf);
+    CHECKF(
+        !strcmp(buf, "attention TP=1, DP=8 · routed experts TP=1, EP=8 · dense/shared replicated"),
+        "%s", buf);
 }
 
 /* The brief's example one-liner: V4-Flash balanced recipe TP4, DPA4, DeepEP (seed 000 §6.1). */
@@ -90,8 +92,9 @@ TEST(flash_dpa4_deepep)
                   &err) == 0);
     char buf[256];
     ms_layout_describe(&lay, buf, sizeof buf);
-    CHECKF(!strcmp(buf, "attention TP=1, DP=4 · routed experts TP=1, EP=4 · dense/shared replicated"),
-           "%s", buf);
+    CHECKF(
+        !strcmp(buf, "attention TP=1, DP=4 · routed experts TP=1, EP=4 · dense/shared replicated"),
+        "%s", buf);
 }
 
 /* Seed 000 §6.1 SGLang B200 recipe table: Flash TP4 (MoE TP4), TP4+DPA4+DeepEP (EP4, 2 draft
@@ -112,7 +115,8 @@ TEST(seed000_recipe_table)
     CHECK(resolve("--tp 8 --speculative-num-draft-tokens 4", &v4pro, &lay, &err) == 0);
     CHECK(lay.moe_tp == 8 && lay.attn_tp == 8);
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend megamoe "
-                  "--speculative-num-draft-tokens 2", &v4pro, &lay, &err) == 0);
+                  "--speculative-num-draft-tokens 2",
+                  &v4pro, &lay, &err) == 0);
     CHECK(lay.moe_ep == 8 && lay.attn_dp == 8);
     /* seed 003: Attention-CP8 -> MoE-TP8 prefill and DP32-EP32 decode */
     CHECK(resolve("--tp 8 --attn-cp-size 8", &v4pro, &lay, &err) == 0);
@@ -142,7 +146,8 @@ TEST(seed002_walkthrough_coords)
  * every EP layout; a permutation moves experts and their owners with it. */
 TEST(identity_expert_map_is_contiguous_placement)
 {
-    const char *launches[] = {"--tp 8 --ep 8", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep",
+    const char *launches[] = {"--tp 8 --ep 8",
+                              "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep",
                               "--tp 8 --ep 4", "--tp 8 --ep 2 --moe-dp-size 2", "--tp 4"};
     for (size_t i = 0; i < sizeof launches / sizeof launches[0]; i++) {
         ms_layout lay;
@@ -191,7 +196,8 @@ TEST(tp4_dp2_groups)
     }
     CHECK(dp_rank[0] == 0 && dp_rank[1] == 0 && dp_rank[2] == 1 && dp_rank[3] == 1);
     CHECK(tp_rank[0] == 0 && tp_rank[1] == 1 && tp_rank[2] == 0 && tp_rank[3] == 1);
-    CHECK(resolve("--tp 4 --dp 2 --enable-dp-attention --moe-dense-tp-size 1", &dsv3, &lay, &err) == 0);
+    CHECK(resolve("--tp 4 --dp 2 --enable-dp-attention --moe-dense-tp-size 1", &dsv3, &lay, &err) ==
+          0);
     CHECK(lay.dense_tp == 1 && lay.dense_mode == MS_MLP_TP_ATTN_FULL);
 }
 
@@ -287,11 +293,12 @@ TEST(validation_messages)
     CHECK(resolve("--tp 8 --attn-cp-size 3", &dsv3, &lay, &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "attn_cp", "--attn-cp-size 3"));
     CHECK(resolve("--tp 3", &dsv3, &lay, &err) == MS_ELAYOUT);
-    CHECK(has_rule(&lay, "heads_mod_attn_tp", "128 attention heads are not divisible by attention TP 3"));
+    CHECK(has_rule(&lay, "heads_mod_attn_tp",
+                   "128 attention heads are not divisible by attention TP 3"));
     CHECK(resolve("--tp 16", &llama70, &lay, &err) == 0); /* 16 % 8 kv heads == 0: replicated */
-    CHECK(resolve("--tp 16 --attn-cp-size 1", &(ms_layout_model){.n_heads = 48, .n_kv_heads = 12,
-                                                                 .n_layers = 4}, &lay, &err) ==
-          MS_ELAYOUT);
+    CHECK(resolve("--tp 16 --attn-cp-size 1",
+                  &(ms_layout_model){.n_heads = 48, .n_kv_heads = 12, .n_layers = 4}, &lay,
+                  &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "kv_heads_attn_tp", "12 KV heads"));
     CHECK(resolve("--tp 8 --ep-size 3", &dsv3, &lay, &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "tp_mod_ep", "--ep-size 3"));
@@ -302,20 +309,24 @@ TEST(validation_messages)
                   &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "experts_mod_ep", "256 experts"));
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
-                  "--ep-num-redundant-experts 4", &dsv3, &lay, &err) == MS_ELAYOUT);
+                  "--ep-num-redundant-experts 4",
+                  &dsv3, &lay, &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "experts_mod_ep", "--ep-num-redundant-experts 4"));
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
-                  "--ep-num-redundant-experts 32", &dsv3, &lay, &err) == 0);
+                  "--ep-num-redundant-experts 32",
+                  &dsv3, &lay, &err) == 0);
     CHECK(lay.n_physical_experts == 288 && lay.experts_per_rank == 36);
     /* running × draft vs dispatch capacity: 1024/8 = 128 per rank × 2 = 256 > 128 */
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
-                  "--max-running-requests 1024 --speculative-num-draft-tokens 2", &dsv3, &lay,
-                  &err) == MS_ELAYOUT);
-    CHECK(has_rule(&lay, "dispatch_capacity", "--max-running-requests 1024 (128 per rank) x 2 draft "
-                                              "tokens = 256 > dispatch capacity 128"));
+                  "--max-running-requests 1024 --speculative-num-draft-tokens 2",
+                  &dsv3, &lay, &err) == MS_ELAYOUT);
+    CHECK(has_rule(&lay, "dispatch_capacity",
+                   "--max-running-requests 1024 (128 per rank) x 2 draft "
+                   "tokens = 256 > dispatch capacity 128"));
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
                   "--max-running-requests 1024 --speculative-num-draft-tokens 2 "
-                  "--deepep-max-dispatch-tokens-per-rank 256", &dsv3, &lay, &err) == 0);
+                  "--deepep-max-dispatch-tokens-per-rank 256",
+                  &dsv3, &lay, &err) == 0);
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --max-running-requests 4", &dsv3, &lay,
                   &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "running_per_rank", "--max-running-requests 4"));
@@ -326,7 +337,8 @@ TEST(validation_messages)
           MS_ELAYOUT);
     CHECK(has_rule(&lay, "shared_fusion_ep", "--enforce-shared-experts-fusion"));
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend megamoe "
-                  "--enforce-shared-experts-fusion", &dsv3, &lay, &err) == 0);
+                  "--enforce-shared-experts-fusion",
+                  &dsv3, &lay, &err) == 0);
     CHECK(resolve("--tp 8 --enforce-shared-experts-fusion", &dsv3, &lay, &err) == 0);
     CHECK(resolve("--tp 8 --enforce-shared-experts-fusion --disable-shared-experts-fusion", &dsv3,
                   &lay, &err) == MS_ELAYOUT);
@@ -341,14 +353,17 @@ TEST(validation_messages)
                   &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "dspark_dp_lm_head", "--enable-dp-lm-head"));
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --enable-dp-lm-head "
-                  "--speculative-algorithm DSPARK", &dsv3, &lay, &err) == 0);
+                  "--speculative-algorithm DSPARK",
+                  &dsv3, &lay, &err) == 0);
     CHECK(lay.tokens_per_request_step == 6 && lay.lm_head_tp == 1);
     CHECK(resolve("--tp 8 --enable-dp-lm-head", &dsv3, &lay, &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "dp_lm_head", "--enable-dp-attention"));
-    CHECK(resolve("--tp 8 --enable-unified-cache-external-linker", &dsv3, &lay, &err) == MS_ELAYOUT);
+    CHECK(resolve("--tp 8 --enable-unified-cache-external-linker", &dsv3, &lay, &err) ==
+          MS_ELAYOUT);
     CHECK(has_rule(&lay, "umbp_dpa", "requires --enable-dp-attention"));
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --enable-unified-cache-external-linker "
-                  "--enable-hierarchical-cache", &dsv3, &lay, &err) == MS_ELAYOUT);
+                  "--enable-hierarchical-cache",
+                  &dsv3, &lay, &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "hicache_umbp", "exclusive"));
     CHECK(resolve("--tp 8 --moe-dense-tp-size 2", &dsv3, &lay, &err) == MS_ELAYOUT);
     CHECK(has_rule(&lay, "moe_dense_tp_size", "--moe-dense-tp-size 2"));
@@ -377,9 +392,16 @@ TEST(random_launches)
     for (int it = 0; it < 20000; it++) {
         ms_launch l;
         ms_launch_init(&l);
-        int *f[] = {&l.tp, &l.dp, &l.pp, &l.ep_size, &l.attn_cp_size, &l.moe_dp_size,
-                    &l.max_running_requests, &l.chunked_prefill_size,
-                    &l.speculative_num_draft_tokens, &l.ep_num_redundant_experts};
+        int *f[] = {&l.tp,
+                    &l.dp,
+                    &l.pp,
+                    &l.ep_size,
+                    &l.attn_cp_size,
+                    &l.moe_dp_size,
+                    &l.max_running_requests,
+                    &l.chunked_prefill_size,
+                    &l.speculative_num_draft_tokens,
+                    &l.ep_num_redundant_experts};
         for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
             if (ms_rng_next(&seed) % 3 == 0) *f[k] = vals[ms_rng_next(&seed) % (uint64_t)nv];
         l.enable_dp_attention = ms_rng_next(&seed) & 1;
@@ -411,7 +433,8 @@ TEST(describe_table)
     ms_layout lay;
     ms_errbuf err = {{0}};
     CHECK(resolve("--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
-                  "--max-running-requests 256", &dsv3, &lay, &err) == 0);
+                  "--max-running-requests 256",
+                  &dsv3, &lay, &err) == 0);
     char buf[2048];
     int n = ms_layout_describe_table(&lay, buf, sizeof buf);
     CHECK(n > 0 && (size_t)n < sizeof buf);

@@ -20,7 +20,10 @@ static ms_config gate_cfg(int E, int G, int TG, int K, int score, int method, in
     return c;
 }
 
-static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float sigm(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
 
 TEST(noaux_tc_groups_by_top2_sum_and_bias_selects_only)
 {
@@ -32,8 +35,8 @@ TEST(noaux_tc_groups_by_top2_sum_and_bias_selects_only)
     int32_t idx[2];
     float w[2], scratch[16];
     ms_moe_gate_route(&c, logits, bias, idx, w, scratch);
-    /* group sums: g0 = s(3)+s(-3) = 1.0, g1 = s(.5)+s(.4) = 1.221, g2 = 0.538, g3 = s(1)+s(1)+.2 = 1.662
-     * kept groups: g3, g1 -> candidates e6 (.731), e7 (.731+.2), e2 (.622), e3 (.599) */
+    /* group sums: g0 = s(3)+s(-3) = 1.0, g1 = s(.5)+s(.4) = 1.221, g2 = 0.538, g3 = s(1)+s(1)+.2
+     * = 1.662 kept groups: g3, g1 -> candidates e6 (.731), e7 (.731+.2), e2 (.622), e3 (.599) */
     CHECK(idx[0] == 7 && idx[1] == 6);
     /* weights from unbiased scores, renormalised, times 2.5 */
     CHECK_NEAR(w[0], 1.25, 1e-6);

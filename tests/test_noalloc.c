@@ -130,14 +130,27 @@ TEST(decode_steps_do_not_allocate)
         ms_engine *e;
         CHECKF(open_engine(dir, exact, &e, &err) == 0, "%s", err.msg);
         int32_t p1[] = {0, 5, 6, 7, 8, 9, 10}, p2[] = {0, 44};
-        ms_req_params a = {.id = 1, .ids = p1, .n_ids = 7, .max_new = 60, .ignore_eos = 1,
-                            .top_logprobs = 5, .samp = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 20}};
-        ms_req_params b = {.id = 2, .ids = p2, .n_ids = 2, .max_new = 60, .ignore_eos = 1,
-                            .top_logprobs = -1, .samp = {.temperature = 0, .top_p = 1}};
+        ms_req_params a = {.id = 1,
+                           .ids = p1,
+                           .n_ids = 7,
+                           .max_new = 60,
+                           .ignore_eos = 1,
+                           .top_logprobs = 5,
+                           .samp = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 20}};
+        ms_req_params b = {.id = 2,
+                           .ids = p2,
+                           .n_ids = 2,
+                           .max_new = 60,
+                           .ignore_eos = 1,
+                           .top_logprobs = -1,
+                           .samp = {.temperature = 0, .top_p = 1}};
         CHECK(ms_engine_submit(e, &a, &err) == 0 && ms_engine_submit(e, &b, &err) == 0);
         long worst = 0;
         for (int step = 0; step < 40; step++) {
-            if (step >= NOALLOC_WARMUP) { n_alloc = 0; counting = 1; }
+            if (step >= NOALLOC_WARMUP) {
+                n_alloc = 0;
+                counting = 1;
+            }
             CHECK(ms_engine_step(e, &err) == 0);
             counting = 0;
             if (step >= NOALLOC_WARMUP && n_alloc > worst) worst = n_alloc;
@@ -163,8 +176,13 @@ TEST(first_decode_after_prefill_grows_no_prefill_buffers)
     enum { P = 300 }; /* above the workspace's 256-row minimum */
     int32_t ids[P];
     for (int i = 0; i < P; i++) ids[i] = 3 + (i * 37) % 1000;
-    ms_req_params a = {.id = 1, .ids = ids, .n_ids = P, .max_new = 4, .ignore_eos = 1,
-                       .top_logprobs = -1, .samp = {.temperature = 0, .top_p = 1}};
+    ms_req_params a = {.id = 1,
+                       .ids = ids,
+                       .n_ids = P,
+                       .max_new = 4,
+                       .ignore_eos = 1,
+                       .top_logprobs = -1,
+                       .samp = {.temperature = 0, .top_p = 1}};
     CHECK(ms_engine_submit(e, &a, &err) == 0);
     long first_decode = -1;
     for (int step = 0; step < 40 && ms_engine_busy(e) && first_decode < 0; step++) {

@@ -224,9 +224,9 @@ TEST(context_rules)
     CHECK(parse(MS_API_COMPLETION, "{\"prompt\":\"x\"}", &r, &e, &param) == 0);
     CHECK(ms_api_check_input(&r, ids, 83, &cfg, &e) == 0 && r.params.max_new == 16);
     CHECK(ms_api_check_input(&r, ids, 84, &cfg, &e) == MS_ECONTEXT);
-    CHECK(
-        strstr(e.msg, "maximum context length of 100 tokens. You requested a total of 100 tokens: "
-                      "84 tokens from the input messages and 16 tokens for the completion"));
+    CHECK(strstr(e.msg,
+                 "maximum context length of 100 tokens. You requested a total of 100 tokens: "
+                 "84 tokens from the input messages and 16 tokens for the completion"));
     CHECK(ms_api_check_input(&r, ids, 100, &cfg, &e) == MS_ECONTEXT);
     CHECK(!strcmp(
         e.msg, "The input (100 tokens) is longer than the model's context length (100 tokens)."));

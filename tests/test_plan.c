@@ -89,8 +89,8 @@ TEST(seed002_cluster_tokens_dp8)
  * (dense layers in FULL mode); the seed counts the 58 MoE layers, i.e. this flag. */
 TEST(seed002_dp_gather)
 {
-    CHECK(setup("deepseek-v3", "h100", "--tp 8 --dp 8 --enable-dp-attention --moe-dense-tp-size 1") ==
-          0);
+    CHECK(setup("deepseek-v3", "h100",
+                "--tp 8 --dp 8 --enable-dp-attention --moe-dense-tp-size 1") == 0);
     in.kv_pool_gib = 40;
     in.tokens_per_step = 1024;
     CHECK(run() == 0);
@@ -138,8 +138,8 @@ TEST(seed002_ep_dispatch_combine)
  * "E[1−(1−k/E)^B]" active experts. */
 TEST(seed002_expert_bytes)
 {
-    CHECK(setup("deepseek-v3", NULL, "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") ==
-          0);
+    CHECK(setup("deepseek-v3", NULL,
+                "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") == 0);
     in.kv_pool_gib = 40;
     in.tokens_per_step = 1024;
     CHECK(run() == 0);
@@ -237,7 +237,7 @@ TEST(v4_flash_1m_request_attention_cost)
     /* Σ_{k=1..n} floor(k/4) = n²/8 − n/4 … exactly: 4·q(q−1)/2 + q with q = n/4, r = 0 */
     double q4 = n / 4, q128 = n / 128, s4 = 4 * q4 * (q4 - 1) / 2 + q4;
     double s128 = 128 * q128 * (q128 - 1) / 2 + q128;
-    double sw = 127.0 * 128 / 2 + 128 * (n - 127);        /* Σ min(k, 128) */
+    double sw = 127.0 * 128 / 2 + 128 * (n - 127);                    /* Σ min(k, 128) */
     double st = (4.0 * 512 * 511 / 2 + 512) - 512 + 512 * (n - 2047); /* Σ min(floor(k/4), 512) */
     double pf = 43 * sw * fm + 21 * st * fm + 20 * s128 * fm + 21 * s4 * fi;
     CHECKF(fabs(res.kv_cost.prefill_flops - pf) <= 1e-12 * pf, "%.6g vs %.6g",
@@ -304,8 +304,8 @@ TEST(seed002_sixteen_gpus)
     CHECK(rnd(1 - res.headroom_bytes / pool_tp, 3) == 0.386);
     CHECK(rnd((double)res.cluster_distinct_tokens / tok_tp, 1) == 9.8);
     /* "Eight 80 GB H100s cannot fit the default checkpoint" */
-    CHECK(setup("deepseek-v3", "h100", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") ==
-          0);
+    CHECK(setup("deepseek-v3", "h100",
+                "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") == 0);
     CHECK(run() == 0 && res.fits == false && has_violation("weights_fit"));
 }
 
@@ -318,7 +318,8 @@ TEST(seed002_qwen3_on_8_h100)
     in.weights = MS_WEIGHTS_FP8;
     CHECK(run() == 0);
     CHECK(rnd(res.weights_total_bytes / 1e9, 0) == 235);
-    CHECKF(rnd(res.weights_bytes_per_rank / 1e9, 1) == 29.4, "%.4f", res.weights_bytes_per_rank / 1e9);
+    CHECKF(rnd(res.weights_bytes_per_rank / 1e9, 1) == 29.4, "%.4f",
+           res.weights_bytes_per_rank / 1e9);
     CHECK(res.layout.experts_per_rank == 16 && res.layout.attn_tp == 8 && res.layout.moe_ep == 8);
     CHECK(rnd(res.expert.per_expert / 1e6, 1) == 18.9);
     CHECK(rnd(res.expert.per_rank_per_layer / 1e6, 0) == 302);
@@ -365,9 +366,9 @@ TEST(hardware_constraints)
                 "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend mori") == 0);
     CHECK(run() == 0 && !has_violation("amd_a2a_mori"));
     /* layout rules surface through the plan too */
-    CHECK(setup("deepseek-v3", "b200", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
-                                       "--max-running-requests 2048 --speculative-num-draft-tokens 4") ==
-          0);
+    CHECK(setup("deepseek-v3", "b200",
+                "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
+                "--max-running-requests 2048 --speculative-num-draft-tokens 4") == 0);
     CHECK(run() == 0 && has_violation("dispatch_capacity"));
     in.num_gpus = 16;
     CHECK(run() == 0 && has_violation("num_gpus"));
@@ -408,13 +409,14 @@ TEST(cpu_pp_and_replicas)
  * KV" — 32 redundant slots on EP 8 add 4 experts × 44.05 MB × 58 layers to every rank. */
 TEST(redundant_experts_cost_hbm)
 {
-    CHECK(setup("deepseek-v3", "b200", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") ==
-          0);
+    CHECK(setup("deepseek-v3", "b200",
+                "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep") == 0);
     CHECK(run() == 0 && res.fits);
     double w0 = res.weights_bytes_per_rank;
     int64_t t0 = res.tokens_per_rank;
-    CHECK(setup("deepseek-v3", "b200", "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
-                                       "--ep-num-redundant-experts 32") == 0);
+    CHECK(setup("deepseek-v3", "b200",
+                "--tp 8 --dp 8 --enable-dp-attention --moe-a2a-backend deepep "
+                "--ep-num-redundant-experts 32") == 0);
     CHECK(run() == 0 && res.fits);
     CHECK(res.layout.experts_per_rank == 36);
     CHECK_NEAR(res.weights_bytes_per_rank - w0, 4 * 58 * res.expert.per_expert_with_scales, 1);
@@ -446,17 +448,18 @@ TEST(config_json_matches_preset)
     CHECK(res.weights_bytes_per_rank == preset_w && res.kv_bytes_per_token == preset_kv);
     /* a V4 config with its layer program */
     char v4[2048];
-    int n = snprintf(v4, sizeof v4,
-                     "{\"model_type\":\"deepseek_v4\",\"vocab_size\":129280,\"hidden_size\":4096,"
-                     "\"num_hidden_layers\":43,\"num_attention_heads\":64,\"num_key_value_heads\":1,"
-                     "\"head_dim\":512,\"qk_rope_head_dim\":64,\"q_lora_rank\":1024,\"o_groups\":8,"
-                     "\"o_lora_rank\":1024,\"sliding_window\":128,\"index_n_heads\":64,"
-                     "\"index_head_dim\":128,\"n_routed_experts\":256,\"n_shared_experts\":1,"
-                     "\"num_experts_per_tok\":6,\"moe_intermediate_size\":2048,"
-                     "\"num_hash_layers\":3,\"hc_mult\":4,\"topk_method\":\"noaux_tc\","
-                     "\"max_position_embeddings\":1048576,\"num_nextn_predict_layers\":1,"
-                     "\"expert_dtype\":\"fp4\",\"quantization_config\":{\"quant_method\":\"fp8\","
-                     "\"scale_fmt\":\"ue8m0\"},\"compress_ratios\":[0,0");
+    int n =
+        snprintf(v4, sizeof v4,
+                 "{\"model_type\":\"deepseek_v4\",\"vocab_size\":129280,\"hidden_size\":4096,"
+                 "\"num_hidden_layers\":43,\"num_attention_heads\":64,\"num_key_value_heads\":1,"
+                 "\"head_dim\":512,\"qk_rope_head_dim\":64,\"q_lora_rank\":1024,\"o_groups\":8,"
+                 "\"o_lora_rank\":1024,\"sliding_window\":128,\"index_n_heads\":64,"
+                 "\"index_head_dim\":128,\"n_routed_experts\":256,\"n_shared_experts\":1,"
+                 "\"num_experts_per_tok\":6,\"moe_intermediate_size\":2048,"
+                 "\"num_hash_layers\":3,\"hc_mult\":4,\"topk_method\":\"noaux_tc\","
+                 "\"max_position_embeddings\":1048576,\"num_nextn_predict_layers\":1,"
+                 "\"expert_dtype\":\"fp4\",\"quantization_config\":{\"quant_method\":\"fp8\","
+                 "\"scale_fmt\":\"ue8m0\"},\"compress_ratios\":[0,0");
     for (int i = 0; i < 20; i++) n += snprintf(v4 + n, sizeof v4 - (size_t)n, ",4,128");
     snprintf(v4 + n, sizeof v4 - (size_t)n, ",4,0]}");
     CHECK(ms_plan_model_parse(v4, &m, &err) == 0);
@@ -471,12 +474,14 @@ TEST(config_json_matches_preset)
     CHECK(ms_plan_model_parse("{\"hidden_size\":7168}", &m, &err) == MS_EFORMAT &&
           strstr(err.msg, "num_hidden_layers") != NULL);
     CHECK(ms_plan_model_parse("{\"vocab_size\":10,\"hidden_size\":\"big\",\"num_hidden_layers\":2,"
-                              "\"num_attention_heads\":2}", &m, &err) == MS_EFORMAT &&
+                              "\"num_attention_heads\":2}",
+                              &m, &err) == MS_EFORMAT &&
           strstr(err.msg, "hidden_size") != NULL);
     CHECK(ms_plan_model_parse("[1,2]", &m, &err) == MS_EFORMAT);
     CHECK(ms_plan_model_parse("{\"vocab_size\":10,\"hidden_size\":64,\"num_hidden_layers\":2,"
-                              "\"num_attention_heads\":2,\"compress_ratios\":[0,5]}", &m, &err) ==
-          MS_EFORMAT && strstr(err.msg, "compress_ratios[1]") != NULL);
+                              "\"num_attention_heads\":2,\"compress_ratios\":[0,5]}",
+                              &m, &err) == MS_EFORMAT &&
+          strstr(err.msg, "compress_ratios[1]") != NULL);
     CHECK(ms_plan_model_load("/nonexistent/config.json", &m, &err) == MS_ENOENT &&
           strstr(err.msg, "--model-config") != NULL);
 }
@@ -488,8 +493,8 @@ TEST(presets_and_json)
     ms_plan_gpu g;
     CHECK(ms_plan_model_preset("nope", &m, &err) == MS_ENOENT && strstr(err.msg, "--model"));
     CHECK(ms_plan_gpu_preset("a100", &g, &err) == MS_ENOENT && strstr(err.msg, "--gpu"));
-    static const char *gpus[] = {"b200", "b300", "gb200", "gb300", "h100", "h200", "h20-96",
-                                 "h20-141", "mi300x", "mi355x", "rtx-pro-6000", "cpu"};
+    static const char *gpus[] = {"b200",   "b300",    "gb200",  "gb300",  "h100",         "h200",
+                                 "h20-96", "h20-141", "mi300x", "mi355x", "rtx-pro-6000", "cpu"};
     for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++)
         CHECK(ms_plan_gpu_preset(gpus[i], &g, &err) == 0);
     CHECK(ms_plan_model_preset("deepseek-r1", &m, &err) == 0 && m.n_routed == 256);
@@ -497,14 +502,22 @@ TEST(presets_and_json)
     CHECK(run() == 0 && res.fits);
     json_t *o = ms_plan_to_json(&in, &res);
     CHECK(o != NULL);
-    static const char *keys[] = {"layout", "fits", "weights_bytes_per_rank", "kv_bytes_per_token",
-                                 "kv_pool_bytes_per_rank", "tokens_per_rank",
-                                 "cluster_distinct_tokens", "comm", "expert_bytes", "attention_ai",
+    static const char *keys[] = {"layout",
+                                 "fits",
+                                 "weights_bytes_per_rank",
+                                 "kv_bytes_per_token",
+                                 "kv_pool_bytes_per_rank",
+                                 "tokens_per_rank",
+                                 "cluster_distinct_tokens",
+                                 "comm",
+                                 "expert_bytes",
+                                 "attention_ai",
                                  "violations"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         CHECKF(json_object_get(o, keys[i]) != NULL, "%s", keys[i]);
     json_t *lay = json_object_get(o, "layout");
-    static const char *lk[] = {"attn_tp", "attn_dp", "attn_cp", "moe_tp", "moe_ep", "dense_tp", "pp"};
+    static const char *lk[] = {"attn_tp", "attn_dp",  "attn_cp", "moe_tp",
+                               "moe_ep",  "dense_tp", "pp"};
     for (size_t i = 0; i < sizeof lk / sizeof lk[0]; i++)
         CHECKF(json_is_integer(json_object_get(lay, lk[i])), "%s", lk[i]);
     json_decref(o);

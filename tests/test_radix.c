@@ -28,8 +28,14 @@ static void take(ms_kv_seq *q, int64_t n)
     ms_kv_cache_reserve(cache, q, n);
 }
 
-static int64_t cached_pages(const ms_radix *r) { return ms_radix_cached_tokens(r) / page; }
-static int64_t evictable_pages(const ms_radix *r) { return ms_radix_evictable_tokens(r) / page; }
+static int64_t cached_pages(const ms_radix *r)
+{
+    return ms_radix_cached_tokens(r) / page;
+}
+static int64_t evictable_pages(const ms_radix *r)
+{
+    return ms_radix_evictable_tokens(r) / page;
+}
 
 TEST(match_insert_split_evict)
 {
@@ -44,7 +50,7 @@ TEST(match_insert_split_evict)
     CHECK(ms_radix_match(r, a, 8, &out, &last) == 0);
     CHECK(ms_radix_insert(r, a, 8, &pa, &last) == 0);
     CHECK(cached_pages(r) == 4);
-    ms_kv_cache_release(cache, &pa);            /* the request is done */
+    ms_kv_cache_release(cache, &pa);           /* the request is done */
     CHECK(ms_kv_cache_n_free(cache, 0) == 28); /* tree keeps them */
     /* a prefix sharing 2 pages + half a page: matches 4 tokens */
     int32_t b[7] = {1, 2, 3, 4, 5, 9, 9};
@@ -164,7 +170,8 @@ TEST(per_stream_pages_and_window_hits)
         ms_kv_seq_init(&o0);
         CHECK(ms_radix_new(&r0, cache) == 0);
         take(&q, 300);
-        CHECK(ms_radix_insert(r0, t0, 300, &q, &l0) == 0 && ms_radix_match(r0, t0, 300, &o0, &l0) == 0);
+        CHECK(ms_radix_insert(r0, t0, 300, &q, &l0) == 0 &&
+              ms_radix_match(r0, t0, 300, &o0, &l0) == 0);
         ms_kv_cache_release(cache, &q);
         ms_radix_free(r0);
         ms_kv_seq_deinit(&q), ms_kv_seq_deinit(&o0);
@@ -237,7 +244,8 @@ TEST(snapshot_streams_hit_at_every_unit)
     CHECK(ms_radix_insert(r, t, 800, &a, &l) == 0 && ms_radix_cached_tokens(r) == 768);
     CHECK(ms_radix_match(r, t, 800, &out, &l) == 768);
     CHECK(ms_radix_match(r, t, 300, &out, &l) == 256); /* an earlier unit */
-    CHECK(out.n_pages[0] == 0 && out.n_pages[1] == 32 && out.n_pages[4] == 1 && out.n_pages[5] == 1);
+    CHECK(out.n_pages[0] == 0 && out.n_pages[1] == 32 && out.n_pages[4] == 1 &&
+          out.n_pages[5] == 1);
     int32_t free_win = ms_kv_cache_n_free(cache, 0);
     CHECK(ms_kv_cache_share(cache, &b, &out, 256) == 0);
     CHECK(b.n_pages[0] == (256 - 8) / 2 && b.first_live[0] == b.n_pages[0]);

@@ -647,7 +647,8 @@ TEST(fp4_expert_load)
     CHECKF(ms_load_fp4_mat(st, wn, R, C, &m, &e) == 0, "%s", e.msg);
     CHECK(m.dtype == MS_DT_F4E2M1 && m.rows == R && m.cols == C);
     CHECK(ms_mat_bytes(&m) == R * C / 2 + R * C / 32);
-    static const float tbl[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    static const float tbl[16] = {0, 0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                  0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
     int bad = 0;
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {

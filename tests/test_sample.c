@@ -19,14 +19,28 @@ TEST(greedy_penalties_and_logprobs)
     ms_sampler_params greedy = {.temperature = 0, .top_p = 1};
     ms_sampler_params pen = {.temperature = 0, .top_p = 1, .frequency_penalty = 0.5f};
     uint64_t r1 = ms_sample_seed(1), r2 = ms_sample_seed(1), r3 = ms_sample_seed(1);
-    ms_sample_seq q[3] = {
-        {.logits = lg, .params = &greedy, .rng = &r1, .ids = hist, .n_prompt = 2, .n_ids = 4,
-         .top_logprobs = 2},
-        /* token 1 generated twice: 3 - 2 × 0.5 = 2 < 2.5, token 2 wins */
-        {.logits = lg, .params = &pen, .rng = &r2, .ids = hist, .n_prompt = 2, .n_ids = 4,
-         .top_logprobs = 0},
-        {.logits = NULL, .params = &greedy, .rng = &r3, .ids = hist, .n_prompt = 2, .n_ids = 4,
-         .top_logprobs = 0}};
+    ms_sample_seq q[3] = {{.logits = lg,
+                           .params = &greedy,
+                           .rng = &r1,
+                           .ids = hist,
+                           .n_prompt = 2,
+                           .n_ids = 4,
+                           .top_logprobs = 2},
+                          /* token 1 generated twice: 3 - 2 × 0.5 = 2 < 2.5, token 2 wins */
+                          {.logits = lg,
+                           .params = &pen,
+                           .rng = &r2,
+                           .ids = hist,
+                           .n_prompt = 2,
+                           .n_ids = 4,
+                           .top_logprobs = 0},
+                          {.logits = NULL,
+                           .params = &greedy,
+                           .rng = &r3,
+                           .ids = hist,
+                           .n_prompt = 2,
+                           .n_ids = 4,
+                           .top_logprobs = 0}};
     ms_sample_pick p[3];
     ms_sample_batch(s, q, 3, p);
     CHECK(p[0].token == 1 && p[1].token == 2 && p[2].token == -1);

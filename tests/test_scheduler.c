@@ -9,7 +9,7 @@
 #include <string.h>
 
 #define VOCAB 64
-#define PS 4
+#define PS    4
 
 static int32_t *shadow; /* [n_pages][PS] token written at each slot */
 
@@ -24,7 +24,8 @@ static int fake_forward(const ms_batch_seq *b, int n, int32_t *const *hist)
         }
         int64_t end = b[i].start_pos + b[i].n_tokens;
         for (int64_t pos = 0; pos < end; pos++)
-            if (shadow[b[i].kv->pages[0][pos / PS] * PS + pos % PS] != b[i].tokens[pos - b[i].start_pos])
+            if (shadow[b[i].kv->pages[0][pos / PS] * PS + pos % PS] !=
+                b[i].tokens[pos - b[i].start_pos])
                 return -1; /* history mismatch */
         if (b[i].logits) {
             memset(b[i].logits, 0, sizeof(float) * VOCAB);
@@ -84,8 +85,12 @@ static ms_sched *mk(ms_kv_cache **pool, int pages, int max_running, int chunk)
     int32_t np[MS_KV_MAX_STREAMS] = {pages};
     if (ms_kv_cache_new(pool, &spec, PS, np, MS_DT_F32, 0, &e)) return NULL;
     shadow = calloc((size_t)pages * PS, sizeof *shadow);
-    ms_sched_params p = {.page_size = PS, .max_running = max_running, .chunk_tokens = chunk,
-                         .policy = MS_SCHED_FCFS, .context_len = 1000, .vocab = VOCAB,
+    ms_sched_params p = {.page_size = PS,
+                         .max_running = max_running,
+                         .chunk_tokens = chunk,
+                         .policy = MS_SCHED_FCFS,
+                         .context_len = 1000,
+                         .vocab = VOCAB,
                          .eos_id = -1};
     ms_sched *s;
     if (ms_sched_new(&s, &p, *pool, &e)) return NULL;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #define VOCAB 64
-#define PS 4
+#define PS    4
 #define S_MAX 4
 
 static int32_t *shadow;
@@ -29,7 +29,8 @@ static int fake_forward(const ms_batch_seq *b, int n)
         }
         int64_t end = b[i].start_pos + b[i].n_tokens;
         for (int64_t pos = b[i].start_pos; pos < end; pos++)
-            if (shadow[b[i].kv->pages[0][pos / PS] * PS + pos % PS] != b[i].tokens[pos - b[i].start_pos])
+            if (shadow[b[i].kv->pages[0][pos / PS] * PS + pos % PS] !=
+                b[i].tokens[pos - b[i].start_pos])
                 return -1;
         if (!b[i].logits) continue;
         int nl = b[i].n_logits > 0 ? b[i].n_logits : 1;
@@ -52,7 +53,10 @@ static int n_verify_steps, n_bad_pages;
 
 /* Draft mistakes: verify v of a request puts a wrong token at draft index
  * mistake_at(v) (S_MAX or more: none). */
-static int mistake_at(int v) { return (v * 5 + 1) % (S_MAX + 2); }
+static int mistake_at(int v)
+{
+    return (v * 5 + 1) % (S_MAX + 2);
+}
 
 static int run(ms_sched *s, struct out *outs, int n_req, int S, int *steps)
 {
@@ -112,9 +116,16 @@ static ms_sched *mk(int pages, int S)
     if (ms_kv_cache_new(&pool, &spec, PS, np, MS_DT_F32, 0, &e)) return NULL;
     free(shadow);
     shadow = calloc((size_t)pages * PS, sizeof *shadow);
-    ms_sched_params p = {.page_size = PS, .max_running = 8, .chunk_tokens = 16,
-                         .policy = MS_SCHED_FCFS, .context_len = 1000, .vocab = VOCAB,
-                         .eos_id = -1, .spec_steps = S, .ngram_min = 1, .ngram_max = 4};
+    ms_sched_params p = {.page_size = PS,
+                         .max_running = 8,
+                         .chunk_tokens = 16,
+                         .policy = MS_SCHED_FCFS,
+                         .context_len = 1000,
+                         .vocab = VOCAB,
+                         .eos_id = -1,
+                         .spec_steps = S,
+                         .ngram_min = 1,
+                         .ngram_max = 4};
     ms_sched *s;
     if (ms_sched_new(&s, &p, pool, &e)) return NULL;
     return s;
@@ -143,8 +154,8 @@ static int expect(const struct out *o, int start, int len, int max_new, int32_t 
             break;
         }
     }
-    return o->n == n && o->finish == (n < max_new || last == stop_id ? MS_FINISH_STOP
-                                                                     : MS_FINISH_LENGTH);
+    return o->n == n &&
+           o->finish == (n < max_new || last == stop_id ? MS_FINISH_STOP : MS_FINISH_LENGTH);
 }
 
 TEST(verify_matches_plain_decoding_and_rolls_back)

@@ -22,7 +22,7 @@ enum { NR = 4, MAXN = 40, S_MAX = 4, PS = 16 };
 static const int plen[NR] = {5, 9, 126, 139};
 static ms_model *model;
 static int64_t V;
-static int32_t rec[NR][MAXN];  /* plain greedy continuations */
+static int32_t rec[NR][MAXN]; /* plain greedy continuations */
 static int n_bad_pages;
 
 struct out {
@@ -30,7 +30,10 @@ struct out {
     int n, finish;
 };
 
-static int mistake_at(int v) { return (v * 5 + 1) % (S_MAX + 2); }
+static int mistake_at(int v)
+{
+    return (v * 5 + 1) % (S_MAX + 2);
+}
 
 static ms_sched *mk(ms_kv_cache **cache, int S)
 {
@@ -44,9 +47,16 @@ static ms_sched *mk(ms_kv_cache **cache, int S)
         fprintf(stderr, "cache: %s\n", e.msg);
         return NULL;
     }
-    ms_sched_params p = {.page_size = PS, .max_running = 8, .chunk_tokens = 64,
-                         .policy = MS_SCHED_FCFS, .context_len = 1000, .vocab = V,
-                         .eos_id = -1, .spec_steps = S, .ngram_min = 1, .ngram_max = 4};
+    ms_sched_params p = {.page_size = PS,
+                         .max_running = 8,
+                         .chunk_tokens = 64,
+                         .policy = MS_SCHED_FCFS,
+                         .context_len = 1000,
+                         .vocab = V,
+                         .eos_id = -1,
+                         .spec_steps = S,
+                         .ngram_min = 1,
+                         .ngram_max = 4};
     ms_sched *s;
     if (ms_sched_new(&s, &p, *cache, &e)) return NULL;
     return s;
@@ -56,8 +66,8 @@ static void add(ms_sched *s, int i, int max_new, int32_t stop_id)
 {
     int32_t ids[200];
     for (int j = 0; j < plen[i]; j++) ids[j] = (int32_t)((17 * i + 29 * j + 3) % 1000) + 2;
-    ms_req_params in = {.id = (uint64_t)i, .ids = ids, .n_ids = plen[i], .max_new = max_new,
-                        .top_logprobs = -1};
+    ms_req_params in = {
+        .id = (uint64_t)i, .ids = ids, .n_ids = plen[i], .max_new = max_new, .top_logprobs = -1};
     if (stop_id >= 0) in.stop_ids[in.n_stop_ids++] = stop_id;
     ms_errbuf e;
     CHECK(ms_sched_add(s, &in, &e) == 0);
@@ -184,8 +194,10 @@ TEST(stop_and_max_tokens_inside_an_accepted_run)
             ms_kv_cache_free(c);
         }
         for (int i = 0; i < NR; i++)
-            CHECKF(same_out(&outs[i], &plain[i]), "S %d: request %d: %d tokens (finish %d), plain "
-                   "%d (finish %d)", S, i, outs[i].n, outs[i].finish, plain[i].n, plain[i].finish);
+            CHECKF(same_out(&outs[i], &plain[i]),
+                   "S %d: request %d: %d tokens (finish %d), plain "
+                   "%d (finish %d)",
+                   S, i, outs[i].n, outs[i].finish, plain[i].n, plain[i].finish);
         CHECK(plain[2].n == 7 && plain[3].n == 13 && plain[0].finish == MS_FINISH_STOP);
     }
 }

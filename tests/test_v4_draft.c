@@ -24,7 +24,7 @@
 enum { N = 140, S = 3, PS = 16, MAXP = 64 };
 static char dir[64];
 static ms_model *model;
-static int64_t V, HW;   /* vocab, a draft hidden row's floats (hc_mult streams) */
+static int64_t V, HW; /* vocab, a draft hidden row's floats (hc_mult streams) */
 static int32_t toks[N + 64];
 
 /* One draft sequence: n rows from pos (tokens t, hidden_in h), logits of the
@@ -32,9 +32,15 @@ static int32_t toks[N + 64];
 static int draft1(const ms_kv_cache *c, const ms_kv_seq *kv, const int32_t *t, int n, int64_t pos,
                   const float *h, int nl, float *logits, float *hid)
 {
-    ms_batch_seq sq = {.tokens = t, .n_tokens = n, .start_pos = pos, .kv = kv, .logits = logits,
-                       .n_logits = nl, .kind = n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL,
-                       .hidden = hid, .hidden_in = h};
+    ms_batch_seq sq = {.tokens = t,
+                       .n_tokens = n,
+                       .start_pos = pos,
+                       .kv = kv,
+                       .logits = logits,
+                       .n_logits = nl,
+                       .kind = n == 1 ? MS_SEQ_DECODE : MS_SEQ_PREFILL,
+                       .hidden = hid,
+                       .hidden_in = h};
     ms_errbuf err;
     int rc = ms_model_draft_forward(model, c, &sq, 1, &err);
     if (rc) fprintf(stderr, "draft: %s\n", err.msg);
@@ -69,12 +75,20 @@ TEST(chain_equals_extend)
     CHECK(c != NULL);
     if (!c) return;
     float *tl = malloc(sizeof(float) * (size_t)V), *th = malloc(sizeof(float) * (size_t)(N * HW));
-    float *lg = malloc(sizeof(float) * (size_t)(S * V)), *lx = malloc(sizeof(float) * (size_t)(S * V));
+    float *lg = malloc(sizeof(float) * (size_t)(S * V)),
+          *lx = malloc(sizeof(float) * (size_t)(S * V));
     float *hid = malloc(sizeof(float) * (size_t)((N + S) * HW));
     int32_t dt[N + S], drafts[S];
     /* the target's prefill: logits of the last row, the streams of every row */
-    ms_batch_seq sq = {.tokens = toks, .n_tokens = N, .start_pos = 0, .kv = &q0, .logits = tl,
-                       .n_logits = 1, .kind = MS_SEQ_PREFILL, .hidden = th, .n_hidden = N};
+    ms_batch_seq sq = {.tokens = toks,
+                       .n_tokens = N,
+                       .start_pos = 0,
+                       .kv = &q0,
+                       .logits = tl,
+                       .n_logits = 1,
+                       .kind = MS_SEQ_PREFILL,
+                       .hidden = th,
+                       .n_hidden = N};
     ms_errbuf err;
     CHECK(ms_model_forward(model, c, &sq, 1, &err) == 0);
     int32_t next = argmax(tl, V);
@@ -123,7 +137,8 @@ static void rollback_case(int n0, int steps)
     int same = 1;
     for (int i = 0; i < steps; i++) {
         int64_t pos = n0 + i;
-        CHECK(ms_kv_cache_reserve(c, &q0, pos + 1) == 0 && ms_kv_cache_reserve(c, &q1, pos + 1) == 0);
+        CHECK(ms_kv_cache_reserve(c, &q0, pos + 1) == 0 &&
+              ms_kv_cache_reserve(c, &q1, pos + 1) == 0);
         if (i > 0) CHECK(fam_forward1(model, c, &q0, &t, 1, pos, MS_SEQ_DECODE, 1, la, NULL) == 0);
         CHECK(fam_forward1(model, c, &q1, &t, 1, pos, MS_SEQ_DECODE, 1, lb, NULL) == 0);
         worst = MS_MAX(worst, rel_err(la, lb, V));
@@ -133,8 +148,9 @@ static void rollback_case(int n0, int steps)
     CHECKF(worst < 1e-5 && same, "prefill %d, verify rejected, %d steps: rel %.3g, greedy %s", n0,
            steps, worst, same ? "same" : "differs");
     for (int s = 0; s < ms_kv_cache_spec(c)->n_streams; s++)
-        CHECKF(q0.n_pages[s] == q1.n_pages[s], "stream %d: %lld pages after the rollback, %lld plain",
-               s, (long long)q0.n_pages[s], (long long)q1.n_pages[s]);
+        CHECKF(q0.n_pages[s] == q1.n_pages[s],
+               "stream %d: %lld pages after the rollback, %lld plain", s, (long long)q0.n_pages[s],
+               (long long)q1.n_pages[s]);
     free_cache(c, &q0, &q1);
     free(la), free(lb);
 }
@@ -143,9 +159,9 @@ TEST(rejected_verify_rolls_back)
 {
     CHECK(model != NULL);
     if (!model) return;
-    rollback_case(9, 12);    /* rejected rows 10..12 close the window 8..11: ratio 4 */
-    rollback_case(125, 12);  /* rejected rows 126..128 close 0..127: ratio 128 */
-    rollback_case(138, 12);  /* the 140-token prompt's boundary */
+    rollback_case(9, 12);   /* rejected rows 10..12 close the window 8..11: ratio 4 */
+    rollback_case(125, 12); /* rejected rows 126..128 close 0..127: ratio 128 */
+    rollback_case(138, 12); /* the 140-token prompt's boundary */
 }
 
 /* --speculative-token-map on the MTP block: the draft head over a map's ids
@@ -169,8 +185,15 @@ TEST(token_map_head)
     ms_kv_cache *c = fam_cache_new_opts(model, o, MS_DT_F32, PS, MAXP, 2, N + 8, &q0, &q1);
     CHECK(c && tl && th && lg && lm && h1 && h2);
     if (!c) return;
-    ms_batch_seq sq = {.tokens = toks, .n_tokens = N, .start_pos = 0, .kv = &q0, .logits = tl,
-                       .n_logits = 1, .kind = MS_SEQ_PREFILL, .hidden = th, .n_hidden = N};
+    ms_batch_seq sq = {.tokens = toks,
+                       .n_tokens = N,
+                       .start_pos = 0,
+                       .kv = &q0,
+                       .logits = tl,
+                       .n_logits = 1,
+                       .kind = MS_SEQ_PREFILL,
+                       .hidden = th,
+                       .n_hidden = N};
     ms_errbuf err;
     CHECK(ms_model_forward(model, c, &sq, 1, &err) == 0);
     memcpy(dt, toks + 1, sizeof(int32_t) * (N - 1));
@@ -192,7 +215,8 @@ TEST(token_map_head)
         if (j != best) second = MS_MAX(second, lg[ids[j]]);
     fprintf(stderr, "  token map head: %d ids, max |map - full| / max |full| = %.3g\n", NM,
             worst / big);
-    CHECKF(worst <= 2e-2 * big, "map logits vs the full head's at its ids: %.3g of %.3g", worst, big);
+    CHECKF(worst <= 2e-2 * big, "map logits vs the full head's at its ids: %.3g of %.3g", worst,
+           big);
     if (lg[ids[best]] - second > 4e-2 * big) CHECK(argmax(lm, NM) == best);
     CHECK(rel_err(h2, h1, HW) < 1e-6); /* the streams do not depend on the head */
     free_cache(c, &q0, &q1);

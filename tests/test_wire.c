@@ -9,11 +9,21 @@
 
 static ms_req_params sample(const int32_t *ids, int64_t n)
 {
-    ms_req_params p = {.id = 0x1122334455667788ull, .ids = ids, .n_ids = n, .max_new = 4097,
-                       .seed = 0xfedcba9876543210ull, .ignore_eos = 1, .n_stop_ids = 3,
-                       .top_logprobs = 7, .dp_rank = 5};
-    p.samp = (ms_sampler_params){.temperature = 0.7f, .top_p = 0.9f, .top_k = 40, .min_p = 0.05f,
-                                 .frequency_penalty = -1.5f, .presence_penalty = 0.25f,
+    ms_req_params p = {.id = 0x1122334455667788ull,
+                       .ids = ids,
+                       .n_ids = n,
+                       .max_new = 4097,
+                       .seed = 0xfedcba9876543210ull,
+                       .ignore_eos = 1,
+                       .n_stop_ids = 3,
+                       .top_logprobs = 7,
+                       .dp_rank = 5};
+    p.samp = (ms_sampler_params){.temperature = 0.7f,
+                                 .top_p = 0.9f,
+                                 .top_k = 40,
+                                 .min_p = 0.05f,
+                                 .frequency_penalty = -1.5f,
+                                 .presence_penalty = 0.25f,
                                  .repetition_penalty = 1.1f};
     p.stop_ids[0] = 2;
     p.stop_ids[1] = 99999;
@@ -62,10 +72,20 @@ TEST(round_trip_every_field)
     /* each field on its own: changing it changes the decoded value */
     ms_req_params v[14];
     for (int i = 0; i < 14; i++) v[i] = p;
-    v[0].id ^= 1; v[1].max_new++; v[2].seed ^= 1ull << 63; v[3].ignore_eos = 0;
-    v[4].n_stop_ids = 0; v[5].top_logprobs = -1; v[6].dp_rank = -1; v[7].samp.top_k = -1;
-    v[8].samp.repetition_penalty = 1; v[9].n_ids = 2; v[10].samp.min_p = 0;
-    v[11].min_new = 0; v[12].n_bias = 1; v[13].bias[1] = 0;
+    v[0].id ^= 1;
+    v[1].max_new++;
+    v[2].seed ^= 1ull << 63;
+    v[3].ignore_eos = 0;
+    v[4].n_stop_ids = 0;
+    v[5].top_logprobs = -1;
+    v[6].dp_rank = -1;
+    v[7].samp.top_k = -1;
+    v[8].samp.repetition_penalty = 1;
+    v[9].n_ids = 2;
+    v[10].samp.min_p = 0;
+    v[11].min_new = 0;
+    v[12].n_bias = 1;
+    v[13].bias[1] = 0;
     for (int i = 0; i < 14; i++) {
         CHECK(!same(&v[i], &p));
         size_t m = ms_wire_req_size(&v[i]);
@@ -92,7 +112,8 @@ TEST(records_in_sequence_and_empty_ids)
     int64_t cap = 0;
     ms_errbuf err = {{0}};
     CHECK(buf);
-    CHECK(ms_wire_req_encode(&p, buf, n1, &err) == 0 && ms_wire_req_encode(&r, buf + n1, n2, &err) == 0);
+    CHECK(ms_wire_req_encode(&p, buf, n1, &err) == 0 &&
+          ms_wire_req_encode(&r, buf + n1, n2, &err) == 0);
     CHECK(ms_wire_req_decode(buf, n1 + n2, &q, &scratch, &cap, &used, &err) == 0 && used == n1);
     CHECK(same(&p, &q));
     CHECK(ms_wire_req_decode(buf + n1, n2, &q, &scratch, &cap, &used, &err) == 0 && used == n2);
@@ -135,7 +156,8 @@ TEST(malformed_refused)
     CHECK(buf);
     CHECK(ms_wire_req_encode(&p, buf, n, &err) == 0);
     for (size_t cut = 0; cut < n; cut += 3) /* every truncation */
-        CHECKF(ms_wire_req_decode(buf, cut, &q, &scratch, &cap, &used, &err) == MS_EINVAL, "cut %zu", cut);
+        CHECKF(ms_wire_req_decode(buf, cut, &q, &scratch, &cap, &used, &err) == MS_EINVAL,
+               "cut %zu", cut);
     uint8_t save = buf[0];
     buf[0] ^= 0xff; /* magic */
     CHECK(ms_wire_req_decode(buf, n, &q, &scratch, &cap, &used, &err) == MS_EINVAL);

@@ -7,24 +7,30 @@
 const char *ms_strerror(int code)
 {
     switch (code) {
-    case 0: return "ok";
+    case 0:
+        return "ok";
 #define MS_ERR_TEXT(name, value, http, text)                                                       \
-    case value: return text;
+    case value:                                                                                    \
+        return text;
         MS_ERRORS(MS_ERR_TEXT)
 #undef MS_ERR_TEXT
-    default: return "unknown error";
+    default:
+        return "unknown error";
     }
 }
 
 int ms_error_http_status(int code)
 {
     switch (code) {
-    case 0: return 200;
+    case 0:
+        return 200;
 #define MS_ERR_HTTP(name, value, http, text)                                                       \
-    case value: return http;
+    case value:                                                                                    \
+        return http;
         MS_ERRORS(MS_ERR_HTTP)
 #undef MS_ERR_HTTP
-    default: return 500;
+    default:
+        return 500;
     }
 }
 

@@ -13,23 +13,23 @@
 
 /*        name            value  http  text */
 #define MS_ERRORS(X)                                                                               \
-    X(MS_EINVAL,        -1,  400, "invalid argument")                                            \
-    X(MS_ENOMEM,        -2,  503, "out of memory")                                               \
-    X(MS_EIO,           -3,  500, "input/output error")                                          \
-    X(MS_ENOENT,        -4,  404, "not found")                                                   \
-    X(MS_EFORMAT,       -5,  400, "malformed data")                                              \
-    X(MS_ERANGE,        -6,  400, "value out of range")                                          \
-    X(MS_ETOOBIG,       -7,  413, "too large")                                                   \
-    X(MS_EUNSUPPORTED,  -8,  400, "not supported")                                               \
-    X(MS_EBUSY,         -9,  503, "busy")                                                        \
-    X(MS_EFULL,         -10, 503, "queue full")                                                  \
-    X(MS_EAUTH,         -11, 401, "unauthorized")                                                \
-    X(MS_ECANCELED,     -12, 499, "canceled")                                                    \
-    X(MS_ETIMEOUT,      -13, 504, "timed out")                                                   \
-    X(MS_ECOMM,         -14, 500, "communication failure")                                       \
-    X(MS_ELAYOUT,       -15, 400, "invalid parallel layout")                                     \
-    X(MS_ECONTEXT,      -16, 400, "context length exceeded")                                     \
-    X(MS_EINTERNAL,     -17, 500, "internal error")
+    X(MS_EINVAL, -1, 400, "invalid argument")                                                      \
+    X(MS_ENOMEM, -2, 503, "out of memory")                                                         \
+    X(MS_EIO, -3, 500, "input/output error")                                                       \
+    X(MS_ENOENT, -4, 404, "not found")                                                             \
+    X(MS_EFORMAT, -5, 400, "malformed data")                                                       \
+    X(MS_ERANGE, -6, 400, "value out of range")                                                    \
+    X(MS_ETOOBIG, -7, 413, "too large")                                                            \
+    X(MS_EUNSUPPORTED, -8, 400, "not supported")                                                   \
+    X(MS_EBUSY, -9, 503, "busy")                                                                   \
+    X(MS_EFULL, -10, 503, "queue full")                                                            \
+    X(MS_EAUTH, -11, 401, "unauthorized")                                                          \
+    X(MS_ECANCELED, -12, 499, "canceled")                                                          \
+    X(MS_ETIMEOUT, -13, 504, "timed out")                                                          \
+    X(MS_ECOMM, -14, 500, "communication failure")                                                 \
+    X(MS_ELAYOUT, -15, 400, "invalid parallel layout")                                             \
+    X(MS_ECONTEXT, -16, 400, "context length exceeded")                                            \
+    X(MS_EINTERNAL, -17, 500, "internal error")
 
 enum ms_error {
 #define MS_ERR_ENUM(name, value, http, text) name = value,

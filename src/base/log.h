@@ -14,13 +14,13 @@ enum ms_log_level { MS_DEBUG = 0, MS_INFO = 1, MS_WARN = 2, MS_ERROR = 3, MS_QUI
 extern int ms_log_threshold; /* lines below this level are dropped */
 extern int ms_log_rank;      /* set once MPI is up; -1 before */
 
-void ms_log_init(int rank);  /* reads MOESERVE_LOG; INFO on rank 0, WARN elsewhere */
+void ms_log_init(int rank); /* reads MOESERVE_LOG; INFO on rank 0, WARN elsewhere */
 void ms_log_write(int level, const char *subsys, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define MS_LOG(level, subsys, ...)                                                                 \
     do {                                                                                           \
-        if ((level) >= ms_log_threshold) ms_log_write((level), (subsys), __VA_ARGS__);            \
+        if ((level) >= ms_log_threshold) ms_log_write((level), (subsys), __VA_ARGS__);             \
     } while (0)
 
 #endif

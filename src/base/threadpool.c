@@ -23,20 +23,20 @@ struct ms_pool {
     _Atomic uint32_t generation; /* bumped for each job; workers wait on it */
     _Atomic int static_done;     /* static job: workers that finished it */
     _Atomic int stop;
-    _Atomic int sleepers;        /* workers inside (or entering) futex_wait */
-    _Atomic uint64_t gate;       /* generation << 32 | G_* flags | joined workers */
-    _Atomic int done;            /* dynamic job: joined workers that finished */
-    _Atomic uint32_t park;       /* == generation: idle workers sleep without spinning */
-    _Atomic uint32_t finished;   /* bumped by a worker after its part of a job */
-    _Atomic int caller_asleep;   /* the caller is inside (or entering) futex_wait on finished */
-    long spin;                   /* pause iterations before a worker sleeps */
+    _Atomic int sleepers;      /* workers inside (or entering) futex_wait */
+    _Atomic uint64_t gate;     /* generation << 32 | G_* flags | joined workers */
+    _Atomic int done;          /* dynamic job: joined workers that finished */
+    _Atomic uint32_t park;     /* == generation: idle workers sleep without spinning */
+    _Atomic uint32_t finished; /* bumped by a worker after its part of a job */
+    _Atomic int caller_asleep; /* the caller is inside (or entering) futex_wait on finished */
+    long spin;                 /* pause iterations before a worker sleeps */
     ms_pool_fn fn;
     void *arg;
 };
 
 #define G_STATIC (1ull << 31)
-#define G_OPEN (1ull << 30)
-#define G_COUNT ((1ull << 30) - 1)
+#define G_OPEN   (1ull << 30)
+#define G_COUNT  ((1ull << 30) - 1)
 
 /* Pause iterations a worker spins after a job before it sleeps, and the
  * caller before it sleeps waiting for the workers (~0.5 ms on the
@@ -179,7 +179,10 @@ void ms_pool_free(ms_pool *pool)
     free(pool);
 }
 
-int ms_pool_size(const ms_pool *pool) { return pool ? pool->n_threads : 1; }
+int ms_pool_size(const ms_pool *pool)
+{
+    return pool ? pool->n_threads : 1;
+}
 
 void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg)
 {
@@ -193,7 +196,8 @@ void ms_pool_run(ms_pool *pool, ms_pool_fn fn, void *arg)
     uint32_t gen = atomic_load(&pool->generation) + 1;
     atomic_store(&pool->gate, (uint64_t)gen << 32 | G_STATIC);
     atomic_store(&pool->generation, gen);
-    if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation); /* skip the syscall when all spin */
+    if (atomic_load(&pool->sleepers) > 0)
+        futex_wake_all(&pool->generation); /* skip the syscall when all spin */
     fn(arg, 0, pool->n_threads);
     caller_wait(pool, &pool->static_done, pool->n_threads - 1);
 }

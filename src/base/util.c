@@ -39,7 +39,10 @@ void *ms_alloc_aligned(size_t n_items, size_t item_bytes)
     return p;
 }
 
-void ms_free_aligned(void *p) { free(p); }
+void ms_free_aligned(void *p)
+{
+    free(p);
+}
 
 int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
 {
@@ -48,14 +51,29 @@ int ms_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len
     if (!f) return errno == ENOENT ? MS_ENOENT : MS_EIO;
     int rc = 0;
     char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) != 0) { rc = MS_EIO; goto out; }
+    if (fseek(f, 0, SEEK_END) != 0) {
+        rc = MS_EIO;
+        goto out;
+    }
     long len = ftell(f);
-    if (len < 0) { rc = MS_EIO; goto out; }
-    if ((size_t)len > max_bytes) { rc = MS_ETOOBIG; goto out; }
+    if (len < 0) {
+        rc = MS_EIO;
+        goto out;
+    }
+    if ((size_t)len > max_bytes) {
+        rc = MS_ETOOBIG;
+        goto out;
+    }
     rewind(f);
     buf = malloc((size_t)len + 1);
-    if (!buf) { rc = MS_ENOMEM; goto out; }
-    if (fread(buf, 1, (size_t)len, f) != (size_t)len) { rc = MS_EIO; goto out; }
+    if (!buf) {
+        rc = MS_ENOMEM;
+        goto out;
+    }
+    if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
+        rc = MS_EIO;
+        goto out;
+    }
     buf[len] = 0;
     *out = buf;
     if (out_len) *out_len = (size_t)len;
@@ -79,8 +97,8 @@ int ms_parse_double(const char *flag, const char *v, double lo, double hi, doubl
     errno = 0;
     double d = v ? strtod(v, &end) : 0;
     if (!v || errno || !v[0] || *end || !(d >= lo && d <= hi))
-        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "",
-                      lo, hi);
+        return ms_err(err, MS_EINVAL, "%s '%s': expected a number in %g..%g", flag, v ? v : "", lo,
+                      hi);
     *out = d;
     return 0;
 }
@@ -91,8 +109,8 @@ int ms_parse_long(const char *flag, const char *v, long lo, long hi, long *out, 
     errno = 0;
     long n = v ? strtol(v, &end, 10) : 0;
     if (!v || errno || !v[0] || *end || n < lo || n > hi)
-        return ms_err(err, MS_EINVAL, "%s '%s': expected an integer in %ld..%ld", flag,
-                      v ? v : "", lo, hi);
+        return ms_err(err, MS_EINVAL, "%s '%s': expected an integer in %ld..%ld", flag, v ? v : "",
+                      lo, hi);
     *out = n;
     return 0;
 }

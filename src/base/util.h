@@ -8,8 +8,8 @@
 #include <stdint.h>
 
 #define MS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define MS_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MS_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MS_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define MS_MAX(a, b)    ((a) > (b) ? (a) : (b))
 
 /* Seconds from a monotonic clock. */
 double ms_now_s(void);

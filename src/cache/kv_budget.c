@@ -49,8 +49,8 @@ int ms_kv_budget_tokens(const ms_kv_spec *s, const ms_kv_budget_in *in, int64_t 
 {
     *tokens = in->max_total_tokens;
     if (*tokens > 0) return 0;
-    double per_tok = (double)ms_kv_spec_token_bytes(s) +
-                     in->swa_ratio * ms_kv_spec_window_token_bytes(s);
+    double per_tok =
+        (double)ms_kv_spec_token_bytes(s) + in->swa_ratio * ms_kv_spec_window_token_bytes(s);
     if (per_tok <= 0) return ms_err(err, MS_EINVAL, "the model's KV cache has no streams");
     /* SGLang's static share: weights (+ their copies) and the KV pools */
     int64_t budget = (int64_t)(in->mem_fraction_static * (double)in->avail_bytes) -

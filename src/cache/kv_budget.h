@@ -26,14 +26,14 @@ int64_t ms_kv_spec_token_bytes(const ms_kv_spec *s);
 double ms_kv_spec_window_token_bytes(const ms_kv_spec *s);
 
 typedef struct ms_kv_budget_in {
-    int64_t max_total_tokens;   /* > 0: this many, no memory arithmetic */
+    int64_t max_total_tokens; /* > 0: this many, no memory arithmetic */
     double mem_fraction_static;
-    int64_t avail_bytes;        /* MemAvailable / ranks on the host, before the load */
+    int64_t avail_bytes; /* MemAvailable / ranks on the host, before the load */
     int64_t weight_bytes, copy_bytes;
-    int64_t fixed_bytes;        /* pools that do not scale with the tokens: the per-sequence
-                                 * state slots, and the window pools when swa_ratio is 0 */
-    double swa_ratio;           /* --swa-full-tokens-ratio (0: unset): the window pools hold
-                                 * swa_ratio × the tokens of the whole-history pools */
+    int64_t fixed_bytes; /* pools that do not scale with the tokens: the per-sequence
+                          * state slots, and the window pools when swa_ratio is 0 */
+    double swa_ratio;    /* --swa-full-tokens-ratio (0: unset): the window pools hold
+                          * swa_ratio × the tokens of the whole-history pools */
     int page_size;
 } ms_kv_budget_in;
 

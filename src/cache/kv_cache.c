@@ -14,10 +14,10 @@
 struct ms_kv_cache {
     ms_kv_spec spec;
     int page_size, n_streams;
-    ms_kv_pool *pools[MS_KV_MAX_STREAMS];        /* NULL: a stream covering no layer */
-    int16_t *layer_slot[MS_KV_MAX_STREAMS];      /* [spec.n_layers]: pool layer, -1 none */
-    size_t state_bytes;                          /* one slot */
-    uint8_t *state;                              /* [n_state][state_bytes] */
+    ms_kv_pool *pools[MS_KV_MAX_STREAMS];   /* NULL: a stream covering no layer */
+    int16_t *layer_slot[MS_KV_MAX_STREAMS]; /* [spec.n_layers]: pool layer, -1 none */
+    size_t state_bytes;                     /* one slot */
+    uint8_t *state;                         /* [n_state][state_bytes] */
     int32_t *state_free, n_state, n_state_free;
 };
 
@@ -33,17 +33,26 @@ void ms_kv_seq_deinit(ms_kv_seq *s)
     ms_kv_seq_init(s);
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
 
 /* Entries one page of a stream holds (page_entries, else the page size). */
 static int page_entries(const ms_kv_stream *st, int page_size)
 {
     return st->page_entries > 0 ? st->page_entries : page_size;
 }
-static int pe_of(const ms_kv_cache *c, int s) { return page_entries(&c->spec.streams[s], c->page_size); }
+static int pe_of(const ms_kv_cache *c, int s)
+{
+    return page_entries(&c->spec.streams[s], c->page_size);
+}
 
 /* Tokens a windowed stream must keep behind the newest one. */
-static int64_t keep_tokens(const ms_kv_stream *st) { return st->window + st->window_slack; }
+static int64_t keep_tokens(const ms_kv_stream *st)
+{
+    return st->window + st->window_slack;
+}
 
 /* Pages one sequence's window keeps in stream st (one partial page at each end),
  * twice without snapshots: the running window and the one kept at its last share
@@ -86,8 +95,8 @@ double ms_kv_cache_pages_bytes(const ms_kv_spec *spec, int page_size, const int3
     return b;
 }
 
-int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
-                    const int32_t *pages, ms_dtype dt, int n_state_slots, ms_errbuf *err)
+int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size, const int32_t *pages,
+                    ms_dtype dt, int n_state_slots, ms_errbuf *err)
 {
     *out = NULL;
     if (page_size <= 0 || spec->n_streams <= 0 || spec->n_streams > MS_KV_MAX_STREAMS)
@@ -144,10 +153,22 @@ void ms_kv_cache_free(ms_kv_cache *c)
     free(c);
 }
 
-const ms_kv_spec *ms_kv_cache_spec(const ms_kv_cache *c) { return &c->spec; }
-int ms_kv_cache_n_streams(const ms_kv_cache *c) { return c->n_streams; }
-int ms_kv_cache_page_size(const ms_kv_cache *c) { return c->page_size; }
-ms_kv_pool *ms_kv_cache_pool(const ms_kv_cache *c, int stream) { return c->pools[stream]; }
+const ms_kv_spec *ms_kv_cache_spec(const ms_kv_cache *c)
+{
+    return &c->spec;
+}
+int ms_kv_cache_n_streams(const ms_kv_cache *c)
+{
+    return c->n_streams;
+}
+int ms_kv_cache_page_size(const ms_kv_cache *c)
+{
+    return c->page_size;
+}
+ms_kv_pool *ms_kv_cache_pool(const ms_kv_cache *c, int stream)
+{
+    return c->pools[stream];
+}
 
 int32_t ms_kv_cache_n_free(const ms_kv_cache *c, int stream)
 {
@@ -331,8 +352,10 @@ int ms_kv_cache_share(ms_kv_cache *c, ms_kv_seq *dst, const ms_kv_seq *src, int6
         from[s] = win ? first_needed(c, s, n_tokens) : 0;
         /* snapshots: the window's pages are dst's own, reserved next and filled
          * by the forward from the snapshot at n_tokens */
-        if (win && c->spec.state_snapshots) to[s] = from[s];
-        else if (from[s] < src->first_live[s] || to[s] > src->n_pages[s]) return MS_EINVAL;
+        if (win && c->spec.state_snapshots)
+            to[s] = from[s];
+        else if (from[s] < src->first_live[s] || to[s] > src->n_pages[s])
+            return MS_EINVAL;
         void *p = dst->pages[s];
         int rc = ms_grow_array(&p, &dst->cap_pages[s], to[s], sizeof(int32_t));
         dst->pages[s] = p;
@@ -361,8 +384,7 @@ void *ms_kv_view_entry(const ms_kv_view *v, int stream, int layer, int64_t pos)
     if (pg < v->seq->first_live[stream] || pg >= v->seq->n_pages[stream] ||
         v->seq->pages[stream][pg] < 0)
         return NULL;
-    return ms_kv_pool_row(c->pools[stream], slot, v->seq->pages[stream][pg],
-                          (int)(e % pe));
+    return ms_kv_pool_row(c->pools[stream], slot, v->seq->pages[stream][pg], (int)(e % pe));
 }
 
 int64_t ms_kv_view_entry_elems(const ms_kv_view *v, int stream)
@@ -375,7 +397,10 @@ ms_dtype ms_kv_view_dtype(const ms_kv_view *v, int stream)
     return v->cache->pools[stream] ? v->cache->pools[stream]->dtype : MS_DT_F32;
 }
 
-int ms_kv_view_page_size(const ms_kv_view *v) { return v->cache->page_size; }
+int ms_kv_view_page_size(const ms_kv_view *v)
+{
+    return v->cache->page_size;
+}
 
 void *ms_kv_view_state(const ms_kv_view *v)
 {
@@ -384,7 +409,10 @@ void *ms_kv_view_state(const ms_kv_view *v)
     return c->state + (size_t)v->seq->state_slot * c->state_bytes;
 }
 
-size_t ms_kv_view_state_bytes(const ms_kv_view *v) { return v->cache->state_bytes; }
+size_t ms_kv_view_state_bytes(const ms_kv_view *v)
+{
+    return v->cache->state_bytes;
+}
 
 int ms_kv_cache_pool_info(const ms_kv_cache *c, ms_kv_pool_info *out)
 {
@@ -414,9 +442,9 @@ double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens)
         const ms_kv_stream *st = &c->spec.streams[s];
         if (!c->pools[s]) continue;
         int64_t span = (int64_t)pe_of(c, s) * st->tokens_per_entry;
-        int64_t need = st->window > 0 ? MS_MIN(window_pages(&c->spec, st, span),
-                                               ceil_div(n_tokens, span))
-                                      : pages_upto(c, s, n_tokens);
+        int64_t need = st->window > 0
+                           ? MS_MIN(window_pages(&c->spec, st, span), ceil_div(n_tokens, span))
+                           : pages_upto(c, s, n_tokens);
         if (need > 0) x = MS_MIN(x, (double)c->pools[s]->n_pages / (double)need);
     }
     return x;

@@ -32,8 +32,8 @@ typedef struct ms_kv_seq {
     int32_t *pages[MS_KV_MAX_STREAMS];
     int64_t n_pages[MS_KV_MAX_STREAMS], cap_pages[MS_KV_MAX_STREAMS];
     int64_t first_live[MS_KV_MAX_STREAMS]; /* pages before it were freed by a slide */
-    int64_t n_tokens;                       /* tokens [0, n_tokens) have entries reserved */
-    int32_t state_slot;                     /* -1: none held */
+    int64_t n_tokens;                      /* tokens [0, n_tokens) have entries reserved */
+    int32_t state_slot;                    /* -1: none held */
 } ms_kv_seq;
 
 void ms_kv_seq_init(ms_kv_seq *s);
@@ -59,12 +59,12 @@ double ms_kv_cache_pages_bytes(const ms_kv_spec *spec, int page_size, const int3
 typedef struct ms_kv_pool_info {
     char name[16];
     int32_t pages;
-    int64_t page_tokens;   /* tokens one page spans (page_size × tokens_per_entry) */
-    int64_t tokens;        /* tokens of history its pages span (pages × page_tokens) */
-    int64_t window;        /* 0: whole history; N: each sequence keeps its last N (+ slack) */
+    int64_t page_tokens; /* tokens one page spans (page_size × tokens_per_entry) */
+    int64_t tokens;      /* tokens of history its pages span (pages × page_tokens) */
+    int64_t window;      /* 0: whole history; N: each sequence keeps its last N (+ slack) */
     int n_layers;
-    double entry_bytes;    /* one entry of one layer */
-    double bytes;          /* the pool */
+    double entry_bytes; /* one entry of one layer */
+    double bytes;       /* the pool */
 } ms_kv_pool_info;
 
 /* Fills out[0..n_streams) for the streams that cover a layer; returns how many. */
@@ -79,8 +79,8 @@ double ms_kv_cache_concurrency(const ms_kv_cache *c, int64_t n_tokens);
  * values are a packed format, MS_DT_U8, keep their bytes; with dt F8E4M3,
  * --kv-cache-dtype fp8_e4m3, every stream keeps its spec's dtype); n_state_slots
  * sequence-state slots of the spec's state bytes (0: none). */
-int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size,
-                    const int32_t *pages, ms_dtype dt, int n_state_slots, ms_errbuf *err);
+int ms_kv_cache_new(ms_kv_cache **out, const ms_kv_spec *spec, int page_size, const int32_t *pages,
+                    ms_dtype dt, int n_state_slots, ms_errbuf *err);
 void ms_kv_cache_free(ms_kv_cache *c);
 
 const ms_kv_spec *ms_kv_cache_spec(const ms_kv_cache *c);

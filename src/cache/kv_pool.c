@@ -37,8 +37,8 @@ int ms_kv_pool_new(ms_kv_pool **out, int n_layers, int64_t row_elems, int page_s
      * cost ~12 µs on this machine, one per ~7 cache rows: at batch 32 the
      * rotary + cache-store loop took 145-173 µs per layer, 103-109 with 2 MiB
      * pages) */
-    void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
+    void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) goto oom;
     (void)madvise(mem, total, MADV_HUGEPAGE);
     p->data = mem;

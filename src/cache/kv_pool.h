@@ -23,12 +23,12 @@
 
 typedef struct ms_kv_pool {
     int n_layers;
-    int64_t row_elems;  /* values per token per layer */
-    int page_size;      /* token slots per page */
+    int64_t row_elems; /* values per token per layer */
+    int page_size;     /* token slots per page */
     int32_t n_pages;
-    ms_dtype dtype;     /* MS_DT_F32, MS_DT_BF16 or MS_DT_F8E4M3; MS_DT_U8 for packed formats */
-    size_t page_bytes;  /* one page of one layer */
-    uint8_t *data;      /* [n_layers][n_pages][page_size][row_elems], lazily mapped */
+    ms_dtype dtype;    /* MS_DT_F32, MS_DT_BF16 or MS_DT_F8E4M3; MS_DT_U8 for packed formats */
+    size_t page_bytes; /* one page of one layer */
+    uint8_t *data;     /* [n_layers][n_pages][page_size][row_elems], lazily mapped */
     size_t data_bytes;
     int32_t *refcount;  /* [n_pages] */
     int32_t *free_list; /* stack of free page ids */
@@ -48,7 +48,10 @@ int ms_kv_pool_alloc(ms_kv_pool *p, int32_t n, int32_t *pages);
 void ms_kv_pool_ref(ms_kv_pool *p, int32_t page);
 /* Drops one reference; the page returns to the free list at zero. */
 void ms_kv_pool_unref(ms_kv_pool *p, int32_t page);
-static inline int32_t ms_kv_pool_n_free(const ms_kv_pool *p) { return p->n_free; }
+static inline int32_t ms_kv_pool_n_free(const ms_kv_pool *p)
+{
+    return p->n_free;
+}
 
 /* Start of token slot `slot` of `page` in `layer` (row_elems values). */
 static inline void *ms_kv_pool_row(const ms_kv_pool *p, int layer, int32_t page, int slot)

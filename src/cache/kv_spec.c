@@ -13,8 +13,8 @@ void ms_kv_spec_init(ms_kv_spec *s, int n_layers)
 }
 
 ms_kv_stream *ms_kv_spec_add(ms_kv_spec *s, const char *name, double entry_bytes,
-                             int64_t entry_elems, ms_dtype dt, int tokens_per_entry,
-                             int64_t window, int64_t window_slack)
+                             int64_t entry_elems, ms_dtype dt, int tokens_per_entry, int64_t window,
+                             int64_t window_slack)
 {
     if (s->n_streams >= MS_KV_MAX_STREAMS) return NULL;
     ms_kv_stream *st = &s->streams[s->n_streams++];

@@ -20,19 +20,19 @@
 #include <stdint.h>
 
 #define MS_KV_MAX_STREAMS 8
-#define MS_KV_MAX_LAYERS 4096 /* = MS_CONFIG_MAX_LAYERS */
+#define MS_KV_MAX_LAYERS  4096 /* = MS_CONFIG_MAX_LAYERS */
 
 typedef struct ms_kv_stream {
-    char name[16];          /* "latent", "window", "c4", "c128", "index" */
-    double entry_bytes;     /* bytes of one entry of one layer on this rank */
-    int64_t entry_elems;    /* values per entry (entry_bytes / dtype size when stored plainly) */
-    ms_dtype dtype;         /* storage dtype of the values (F32 / BF16; U8 for packed formats) */
-    int tokens_per_entry;   /* 1, 4, 128 */
-    int64_t window;         /* 0: whole history; N: only the last N tokens */
-    int64_t window_slack;   /* extra tokens kept past the window (draft tokens of a verify) */
-    int page_entries;       /* entries per page; 0: the cache's page size (V4's carry
-                             * snapshots: 1 per page_size × 128 tokens) */
-    int n_layers;           /* layers covered (popcount of layer_mask) */
+    char name[16];        /* "latent", "window", "c4", "c128", "index" */
+    double entry_bytes;   /* bytes of one entry of one layer on this rank */
+    int64_t entry_elems;  /* values per entry (entry_bytes / dtype size when stored plainly) */
+    ms_dtype dtype;       /* storage dtype of the values (F32 / BF16; U8 for packed formats) */
+    int tokens_per_entry; /* 1, 4, 128 */
+    int64_t window;       /* 0: whole history; N: only the last N tokens */
+    int64_t window_slack; /* extra tokens kept past the window (draft tokens of a verify) */
+    int page_entries;     /* entries per page; 0: the cache's page size (V4's carry
+                           * snapshots: 1 per page_size × 128 tokens) */
+    int n_layers;         /* layers covered (popcount of layer_mask) */
     uint64_t layer_mask[MS_KV_MAX_LAYERS / 64];
     /* what one query (a decode token) reads of it per layer: every entry it holds
      * (read_cap 0; a window: its last window tokens), at most read_cap (V4's c4:
@@ -43,7 +43,7 @@ typedef struct ms_kv_stream {
 } ms_kv_stream;
 
 typedef struct ms_kv_spec {
-    int n_layers;           /* the model's layer count (the masks' extent) */
+    int n_layers; /* the model's layer count (the masks' extent) */
     int n_streams;
     ms_kv_stream streams[MS_KV_MAX_STREAMS];
     /* fixed-size per-sequence state (V4's compressor carry): bytes of each layer, 0 none */
@@ -71,25 +71,25 @@ enum {
  * the page size in tokens, the attention-TP width (GQA shards its KV heads)
  * and the most draft tokens a verify may write (window slack). */
 typedef struct ms_kv_spec_opts {
-    int elem_bytes;         /* 0: 2 (BF16); 4 (F32), 1 (FP8: V3's e4m3 rows, V4's
-                             * packed 584-byte entries) */
-    int act_bytes;          /* the activations' bytes (2 BF16, 4 F32; 0: 2): values that
-                             * stay plain under an FP8 cache (V4's plain index keys) */
-    int index_key;          /* MS_KV_INDEX_*: V4's index-key format */
-    int state_bytes;        /* bytes per state value; 0: 4 (F32) */
+    int elem_bytes;  /* 0: 2 (BF16); 4 (F32), 1 (FP8: V3's e4m3 rows, V4's
+                      * packed 584-byte entries) */
+    int act_bytes;   /* the activations' bytes (2 BF16, 4 F32; 0: 2): values that
+                      * stay plain under an FP8 cache (V4's plain index keys) */
+    int index_key;   /* MS_KV_INDEX_*: V4's index-key format */
+    int state_bytes; /* bytes per state value; 0: 4 (F32) */
     int page_size;
     int attn_tp;
     int draft_tokens;
-    int prefix_carry;       /* V4: add the 'carry' and 'wsnap' streams that make prefix hits
-                             * possible (the engine; the planner leaves them out, as
-                             * SGLang has none) */
+    int prefix_carry; /* V4: add the 'carry' and 'wsnap' streams that make prefix hits
+                       * possible (the engine; the planner leaves them out, as
+                       * SGLang has none) */
 } ms_kv_spec_opts;
 
 void ms_kv_spec_init(ms_kv_spec *s, int n_layers);
 /* Appends a stream covering no layers yet; returns it, or NULL when full. */
 ms_kv_stream *ms_kv_spec_add(ms_kv_spec *s, const char *name, double entry_bytes,
-                             int64_t entry_elems, ms_dtype dt, int tokens_per_entry,
-                             int64_t window, int64_t window_slack);
+                             int64_t entry_elems, ms_dtype dt, int tokens_per_entry, int64_t window,
+                             int64_t window_slack);
 void ms_kv_stream_cover(ms_kv_stream *st, int layer);
 static inline bool ms_kv_stream_covers(const ms_kv_stream *st, int layer)
 {

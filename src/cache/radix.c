@@ -19,8 +19,8 @@ struct ms_radix_node {
 
 struct ms_radix {
     ms_kv_cache *cache;
-    int unit, n_streams;                  /* tokens per key unit; streams */
-    int64_t per_unit[MS_KV_MAX_STREAMS];  /* pages of each stream per unit */
+    int unit, n_streams;                 /* tokens per key unit; streams */
+    int64_t per_unit[MS_KV_MAX_STREAMS]; /* pages of each stream per unit */
     int has_state;
     ms_radix_node root;
     uint64_t clock;
@@ -37,11 +37,11 @@ int ms_radix_new(ms_radix **out, ms_kv_cache *cache)
     r->n_streams = ms_kv_cache_n_streams(cache);
     /* with snapshots a hit restores the window from them: nodes hold no window pages */
     for (int s = 0; s < r->n_streams; s++)
-        r->per_unit[s] = ms_kv_cache_pool(cache, s) &&
-                                 !(sp->state_snapshots && sp->streams[s].window > 0)
-                             ? r->unit / ((int64_t)ms_kv_cache_pool(cache, s)->page_size *
-                                          sp->streams[s].tokens_per_entry)
-                             : 0;
+        r->per_unit[s] =
+            ms_kv_cache_pool(cache, s) && !(sp->state_snapshots && sp->streams[s].window > 0)
+                ? r->unit / ((int64_t)ms_kv_cache_pool(cache, s)->page_size *
+                             sp->streams[s].tokens_per_entry)
+                : 0;
     /* state without snapshots: a hit could not restore it, so nothing matches */
     r->has_state = ms_kv_spec_state_bytes(sp, 0, sp->n_layers) > 0 && !sp->state_snapshots;
     r->root.lock_ref = 1; /* the root is never evicted */
@@ -53,7 +53,8 @@ static void drop_pages(ms_radix *r, ms_radix_node *n, int64_t from_unit)
 {
     for (int s = 0; s < r->n_streams; s++)
         for (int64_t i = from_unit * r->per_unit[s]; i < n->n_units * r->per_unit[s]; i++)
-            if (n->pages[s][i] >= 0) ms_kv_pool_unref(ms_kv_cache_pool(r->cache, s), n->pages[s][i]);
+            if (n->pages[s][i] >= 0)
+                ms_kv_pool_unref(ms_kv_cache_pool(r->cache, s), n->pages[s][i]);
 }
 
 static void free_node_arrays(ms_radix_node *n)
@@ -170,8 +171,10 @@ static int64_t usable_units(const ms_radix *r, const ms_kv_seq *prefix, int64_t 
         for (int s = 0; s < r->n_streams && ok; s++) {
             const ms_kv_stream *st = &sp->streams[s];
             if (!r->per_unit[s] || st->window <= 0) continue;
-            int64_t from = MS_MAX(end - st->window - st->window_slack, 0) / st->tokens_per_entry / ps;
-            for (int64_t i = from; i < units * r->per_unit[s] && ok; i++) ok = prefix->pages[s][i] >= 0;
+            int64_t from =
+                MS_MAX(end - st->window - st->window_slack, 0) / st->tokens_per_entry / ps;
+            for (int64_t i = from; i < units * r->per_unit[s] && ok; i++)
+                ok = prefix->pages[s][i] >= 0;
         }
         if (ok) break;
     }
@@ -246,7 +249,8 @@ int64_t ms_radix_insert(ms_radix *r, const int32_t *tokens, int64_t n, const ms_
     const int u = r->unit;
     int64_t want = n / u, got = 0;
     for (int s = 0; s < r->n_streams; s++) /* the caller's pages must cover the units */
-        if (seq->n_pages[s] < want * r->per_unit[s]) want = seq->n_pages[s] / MS_MAX(r->per_unit[s], 1);
+        if (seq->n_pages[s] < want * r->per_unit[s])
+            want = seq->n_pages[s] / MS_MAX(r->per_unit[s], 1);
     ms_radix_node *node = &r->root;
     uint64_t now = ++r->clock;
     while (got < want) {
@@ -296,7 +300,10 @@ void ms_radix_unlock(ms_radix *r, ms_radix_node *node)
         if (--node->lock_ref == 0) r->locked_units -= node->n_units;
 }
 
-ms_radix_residency ms_radix_node_residency(const ms_radix_node *node) { return node->residency; }
+ms_radix_residency ms_radix_node_residency(const ms_radix_node *node)
+{
+    return node->residency;
+}
 
 static void unlink_node(ms_radix_node *n)
 {
@@ -335,9 +342,15 @@ int64_t ms_radix_evict(ms_radix *r, int64_t n_tokens)
     return freed;
 }
 
-int64_t ms_radix_flush(ms_radix *r) { return ms_radix_evict(r, INT64_MAX); }
+int64_t ms_radix_flush(ms_radix *r)
+{
+    return ms_radix_evict(r, INT64_MAX);
+}
 
-int64_t ms_radix_cached_tokens(const ms_radix *r) { return r->cached_units * r->unit; }
+int64_t ms_radix_cached_tokens(const ms_radix *r)
+{
+    return r->cached_units * r->unit;
+}
 int64_t ms_radix_evictable_tokens(const ms_radix *r)
 {
     return (r->cached_units - r->locked_units) * r->unit;

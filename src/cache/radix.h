@@ -62,8 +62,8 @@ ms_radix_residency ms_radix_node_residency(const ms_radix_node *node);
  * were dropped or nothing evictable remains; returns the tokens dropped. */
 int64_t ms_radix_evict(ms_radix *r, int64_t n_tokens);
 
-int64_t ms_radix_cached_tokens(const ms_radix *r);     /* keys held by the tree */
-int64_t ms_radix_evictable_tokens(const ms_radix *r);  /* held and not locked */
+int64_t ms_radix_cached_tokens(const ms_radix *r);    /* keys held by the tree */
+int64_t ms_radix_evictable_tokens(const ms_radix *r); /* held and not locked */
 /* Drops every unlocked node (POST /flush_cache); returns the tokens dropped. */
 int64_t ms_radix_flush(ms_radix *r);
 

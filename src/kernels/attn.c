@@ -36,9 +36,9 @@ struct job {
     int n_items, items_per_seq, n_short, bf;
     float scale;
     float *ctx, *scratch;
-    int64_t fl;                  /* scratch floats per thread */
-    float *parts;                /* [slots][H * vdim + 2 * H]: contexts, maxima, sums */
-    int64_t hbl;                 /* heads per long item */
+    int64_t fl;   /* scratch floats per thread */
+    float *parts; /* [slots][H * vdim + 2 * H]: contexts, maxima, sums */
+    int64_t hbl;  /* heads per long item */
     int per_long, n_long;
     int long_seq[WAVE_MAX], long_c0[WAVE_MAX + 1];
     _Atomic int next; /* first unclaimed item */
@@ -538,7 +538,7 @@ AIBF void scores_r(const char *const *rp, int64_t S, const int64_t R, float scal
                    const uint32_t *qt, int64_t hp, uint16_t *tmp, float *sc)
 {
     const __m512 vs = _mm512_set1_ps(scale);
-    const int64_t rw = R / 2; /* dwords per row */
+    const int64_t rw = R / 2;                /* dwords per row */
     int run = S >= 16 && one_run(rp, 2 * R); /* this step's rows are one run */
     for (int64_t s = 0; s < S; s += 16) {
         const int64_t n = S - s < 16 ? S - s : 16;
@@ -719,7 +719,8 @@ static void f8_rows(const ms_attn_seq *a, int64_t s0, int64_t n, uint16_t *cv, c
 {
     row_addrs_at(a, 1, s0, n, rp);
     for (int64_t t = 0, e; t < n; t = e) { /* one conversion per run of rows in one page */
-        for (e = t + 1; e < n && rp[e] == rp[e - 1] + a->row; e++) {}
+        for (e = t + 1; e < n && rp[e] == rp[e - 1] + a->row; e++) {
+        }
         ms_mm_bf16_cvt_fp8((const uint8_t *)rp[t], cv + t * a->row, (e - t) * a->row);
     }
     *page = cv;
@@ -822,9 +823,18 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
     int64_t hb = (H + nt - 1) / nt, S_max = 0, row = seqs[0].row;
     for (int i = 0; i < n; i++) S_max = seqs[i].S > S_max ? seqs[i].S : S_max;
     int per = (int)((H + hb - 1) / hb);
-    struct job j = {.k = k, .seqs = seqs, .q = q, .H = H, .vdim = vdim, .hb = hb,
-                    .S_max = S_max, .items_per_seq = per, .n_short = n * per, .scale = scale,
-                    .ctx = ctx, .scratch = scratch};
+    struct job j = {.k = k,
+                    .seqs = seqs,
+                    .q = q,
+                    .H = H,
+                    .vdim = vdim,
+                    .hb = hb,
+                    .S_max = S_max,
+                    .items_per_seq = per,
+                    .n_short = n * per,
+                    .scale = scale,
+                    .ctx = ctx,
+                    .scratch = scratch};
     j.bf = k && !k->exact && k->isa >= MS_ISA_AVX512BF16 && row % 32 == 0 && vdim % 32 == 0 &&
            vdim <= row;
     j.fl = ms_attn_thread_floats(row, H, hb, S_max);

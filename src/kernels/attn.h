@@ -18,9 +18,9 @@
 typedef struct ms_attn_seq {
     const void *const *pages; /* [ceil(S / page_size)] first row of each page */
     int page_size;
-    ms_dtype dtype;           /* MS_DT_F32, MS_DT_BF16 or MS_DT_F8E4M3 */
-    int64_t row;              /* values per cached row */
-    int64_t S;                /* cached rows to attend to */
+    ms_dtype dtype; /* MS_DT_F32, MS_DT_BF16 or MS_DT_F8E4M3 */
+    int64_t row;    /* values per cached row */
+    int64_t S;      /* cached rows to attend to */
 } ms_attn_seq;
 
 /* Row strides (bf16 values) of the BF16 path's rounded queries and

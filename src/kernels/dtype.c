@@ -3,11 +3,13 @@
 
 #include <math.h>
 
-static const char *const names[MS_DT_COUNT] = {"F32", "BF16", "F16", "F8_E4M3", "I8",
-                                               "U8",  "I32",  "I64", "F64",     "F8_E8M0",
-                                               "F4_E2M1"};
+static const char *const names[MS_DT_COUNT] = {"F32", "BF16", "F16", "F8_E4M3", "I8",     "U8",
+                                               "I32", "I64",  "F64", "F8_E8M0", "F4_E2M1"};
 
-const char *ms_dtype_name(ms_dtype t) { return (unsigned)t < MS_DT_COUNT ? names[t] : NULL; }
+const char *ms_dtype_name(ms_dtype t)
+{
+    return (unsigned)t < MS_DT_COUNT ? names[t] : NULL;
+}
 
 /* Each test maps the exponent field all ones (NaN or infinity) to the top
  * bit of the lane: (x & ~sign) + (the lowest such magnitude's distance from
@@ -55,8 +57,8 @@ static const struct {
 int64_t ms_dtype_find_nonfinite(ms_dtype t, const void *p, int64_t n)
 {
     if ((unsigned)t >= MS_DT_COUNT || !nonfinite_lanes[t].esz) return -1;
-    return find_lanes(p, n, nonfinite_lanes[t].esz, nonfinite_lanes[t].abs,
-                      nonfinite_lanes[t].add, nonfinite_lanes[t].top);
+    return find_lanes(p, n, nonfinite_lanes[t].esz, nonfinite_lanes[t].abs, nonfinite_lanes[t].add,
+                      nonfinite_lanes[t].top);
 }
 
 int ms_dtype_parse(const char *name)
@@ -97,8 +99,10 @@ uint8_t ms_f32_to_fp8e4m3(float f)
     int lo = 0, hi = 0x7e;
     while (lo < hi) { /* largest code with value <= a */
         int mid = (lo + hi + 1) / 2;
-        if (ms_fp8e4m3_to_f32((uint8_t)mid) <= a) lo = mid;
-        else hi = mid - 1;
+        if (ms_fp8e4m3_to_f32((uint8_t)mid) <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     int code = lo;
     if (code < 0x7e) {

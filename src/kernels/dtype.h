@@ -1,8 +1,8 @@
 /* dtype.h — stored number formats and their scalar conversions.
  *
  * Weights stay in their stored type (F32, BF16, F16, F8_E4M3 with 128x128 F32
- * block scales, F4_E2M1 with per-32 UE8M0 scales); kernels convert on the fly.  These inline scalar conversions
- * are the reference every SIMD path is tested against.  Pure functions.
+ * block scales, F4_E2M1 with per-32 UE8M0 scales); kernels convert on the fly.  These inline scalar
+ * conversions are the reference every SIMD path is tested against.  Pure functions.
  */
 #ifndef MS_KERNELS_DTYPE_H
 #define MS_KERNELS_DTYPE_H
@@ -72,7 +72,10 @@ static inline uint16_t ms_f32_to_bf16(float f)
 
 /* Rounds an f32 to the nearest bf16 value and back (what kernels that take
  * bf16 activations see). */
-static inline float ms_round_bf16(float f) { return ms_bf16_to_f32(ms_f32_to_bf16(f)); }
+static inline float ms_round_bf16(float f)
+{
+    return ms_bf16_to_f32(ms_f32_to_bf16(f));
+}
 
 static inline float ms_f16_to_f32(uint16_t h)
 {

@@ -34,7 +34,7 @@ typedef struct ms_mat {
     const void *data;   /* element (0, 0) of the view */
     const float *scale; /* F8E4M3: [ceil(R/128)][scale_ld] f32 multipliers of the stored matrix */
     int64_t scale_ld;
-    int64_t r0, c0;     /* view origin in the stored matrix */
+    int64_t r0, c0; /* view origin in the stored matrix */
     /* F8E4M3, optional (NULL: not known): f8_plain[r0 + r - f8_plain_r0] is
      * row r's MS_F8_ROW_* class, so kernels may convert its codes with integer
      * operations: the bf16 ones (mm_bf16.c, mm_widen.c) PLAIN rows, the FP32
@@ -53,8 +53,8 @@ typedef struct ms_mat {
 /* Kernel context: the pool and the precision mode. */
 typedef struct ms_kctx {
     ms_pool *pool;
-    int exact;  /* 1: FP32 activations, exact dequantisation (--dtype float32) */
-    int isa;    /* MS_ISA_* chosen at start-up (ms_kernels_detect), may be lowered for tests */
+    int exact; /* 1: FP32 activations, exact dequantisation (--dtype float32) */
+    int isa;   /* MS_ISA_* chosen at start-up (ms_kernels_detect), may be lowered for tests */
     /* 1: batch-invariant products (--enable-deterministic-inference): every output
      * element's reduction order is fixed whatever M (the rows of the call), so a row's
      * result does not depend on what else is in the batch.  Auto mode (exact = 0)

@@ -38,7 +38,10 @@ int64_t ms_kvq_fp8ds_bytes(int64_t hd, int64_t dr)
     return nope + 2 * dr + (nope + FP8_BLOCK - 1) / FP8_BLOCK + 1;
 }
 
-int64_t ms_kvq_mxfp4_bytes(int64_t n) { return (n + 1) / 2 + (n + FP4_BLOCK - 1) / FP4_BLOCK; }
+int64_t ms_kvq_mxfp4_bytes(int64_t n)
+{
+    return (n + 1) / 2 + (n + FP4_BLOCK - 1) / FP4_BLOCK;
+}
 
 /* ⌈log2(max(amax, 1e-4) / qmax)⌉, exactly (frexp: v = m·2^k, m in [0.5, 1)). */
 static int scale_exp(float amax, float qmax)
@@ -49,7 +52,10 @@ static int scale_exp(float amax, float qmax)
     return m == 0.5f ? k - 1 : k;
 }
 
-static uint8_t e8m0_code(int e) { return (uint8_t)(e + 127 < 0 ? 0 : e + 127 > 254 ? 254 : e + 127); }
+static uint8_t e8m0_code(int e)
+{
+    return (uint8_t)(e + 127 < 0 ? 0 : e + 127 > 254 ? 254 : e + 127);
+}
 
 uint8_t ms_kvq_e4m3_encode(float f)
 {
@@ -69,8 +75,7 @@ uint8_t ms_kvq_e4m3_encode(float f)
     return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
 }
 
-static void fp8ds_pack(const float *x, int64_t hd, int64_t dr, uint8_t *e,
-                       uint8_t (*enc)(float))
+static void fp8ds_pack(const float *x, int64_t hd, int64_t dr, uint8_t *e, uint8_t (*enc)(float))
 {
     int64_t nope = hd - dr, nb = (nope + FP8_BLOCK - 1) / FP8_BLOCK;
     uint8_t *scales = e + nope + 2 * dr;
@@ -160,7 +165,10 @@ void ms_kvq_mxfp4_round(float *x, int64_t n)
 
 #define FP8_KEY_BLOCK 128
 
-int64_t ms_kvq_fp8key_bytes(int64_t n) { return n + 4 * ((n + FP8_KEY_BLOCK - 1) / FP8_KEY_BLOCK); }
+int64_t ms_kvq_fp8key_bytes(int64_t n)
+{
+    return n + 4 * ((n + FP8_KEY_BLOCK - 1) / FP8_KEY_BLOCK);
+}
 
 static void fp8key_pack(const float *x, int64_t n, uint8_t *e, uint8_t (*enc)(float))
 {
@@ -178,7 +186,10 @@ static void fp8key_pack(const float *x, int64_t n, uint8_t *e, uint8_t (*enc)(fl
     }
 }
 
-void ms_kvq_fp8key_pack(const float *x, int64_t n, uint8_t *e) { fp8key_pack(x, n, e, ms_kvq_e4m3_encode); }
+void ms_kvq_fp8key_pack(const float *x, int64_t n, uint8_t *e)
+{
+    fp8key_pack(x, n, e, ms_kvq_e4m3_encode);
+}
 
 void ms_kvq_fp8key_pack_ref(const float *x, int64_t n, uint8_t *e)
 {
@@ -289,7 +300,8 @@ static void key_dots(const float *q, int64_t nh, int64_t ldq, const __m256 *k, i
         __m256 o = _mm256_add_ps(_mm256_shuffle_ps(p, r, _MM_SHUFFLE(2, 0, 2, 0)),
                                  _mm256_shuffle_ps(p, r, _MM_SHUFFLE(3, 1, 3, 1)));
         /* o = heads [0 2 4 6 | 1 3 5 7] */
-        _mm256_storeu_ps(out + hd, _mm256_permutevar8x32_ps(o, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        _mm256_storeu_ps(out + hd,
+                         _mm256_permutevar8x32_ps(o, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
     for (; hd < nh; hd++) {
         out[hd] = ms_hsum8(key_dot8(q + hd * ldq, k, n32, nv));
@@ -300,9 +312,9 @@ static void key_dots(const float *q, int64_t nh, int64_t ldq, const __m256 *k, i
  * in registers (F16C of the shifted codes, × s · 2^8: the one real product code · s
  * rounded once, as the unpack's table value · s is) and every query's dot sums them in
  * ms_dot_f32's order (four 8-lane accumulators over 32s, then 8s into the first, the
- * same horizontal sum's pairs, eight heads' sums at once), so each result equals ms_dot_f32(q_h, unpacked e, n) bit for
- * bit.  Keys of n > 128 or n not a multiple of 8 take the unpacked row.  Codes 0x7f /
- * 0xff (NaN, never written) read as ±480 here. */
+ * same horizontal sum's pairs, eight heads' sums at once), so each result equals ms_dot_f32(q_h,
+ * unpacked e, n) bit for bit.  Keys of n > 128 or n not a multiple of 8 take the unpacked row.
+ * Codes 0x7f / 0xff (NaN, never written) read as ±480 here. */
 void ms_kvq_fp8key_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e, int64_t n,
                         float *out)
 {
@@ -362,7 +374,7 @@ void ms_kvq_mxfp4_dots(const float *q, int64_t nh, int64_t ldq, const uint8_t *e
     const __m256i sh = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0); /* code i's bit 3 to 31 */
     const uint8_t *scales = e + n / 2;
     __m256 k[16];
-    float sb[4]; /* the blocks' scales (n <= 128) */
+    float sb[4];                          /* the blocks' scales (n <= 128) */
     int64_t nv = n / 8, n32 = n / 32 * 4; /* 8-value vectors; those in whole 32s */
     for (int64_t b = 0; b < (n + FP4_BLOCK - 1) / FP4_BLOCK; b++) sb[b] = ms_e8m0_to_f32(scales[b]);
     for (int64_t v = 0; v < nv; v++) {

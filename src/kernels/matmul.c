@@ -48,7 +48,7 @@ static int probe_bf16(void)
     sa.sa_handler = probe_sigill;
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGILL, &sa, &old) != 0) return 0;
-    volatile int ok = 0; /* set between sigsetjmp and a possible siglongjmp */
+    volatile int ok = 0;              /* set between sigsetjmp and a possible siglongjmp */
     if (sigsetjmp(probe_jmp, 1) == 0) /* exact in bf16: 16 lanes x (1 + 2 x 1.5 x -2.25) */
         ok = probe_dpbf16(1.5f, -2.25f) == 16.0f * (1.0f + 2.0f * 1.5f * -2.25f);
     sigaction(SIGILL, &old, NULL);
@@ -72,8 +72,8 @@ int ms_kernels_detect(void)
     if (best == MS_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") && vbmi_gfni)
         best = MS_ISA_AVX512BF16;
     if (env) {
-        int want = !strcmp(env, "scalar") ? MS_ISA_SCALAR
-                   : !strcmp(env, "avx2") ? MS_ISA_AVX2
+        int want = !strcmp(env, "scalar")   ? MS_ISA_SCALAR
+                   : !strcmp(env, "avx2")   ? MS_ISA_AVX2
                    : !strcmp(env, "avx512") ? MS_ISA_AVX512
                                             : MS_ISA_AVX512BF16;
         if (want < best) best = want;
@@ -117,7 +117,10 @@ static void scratch_free(void *arg)
     struct scratch *s = arg;
     for (int i = 0; i < MM_SCR_N; i++) free(s->p[i]);
 }
-static void scratch_key_init(void) { (void)pthread_key_create(&scratch_key, scratch_free); }
+static void scratch_key_init(void)
+{
+    (void)pthread_key_create(&scratch_key, scratch_free);
+}
 
 void *ms_mm_scratch(int slot, size_t bytes)
 {
@@ -213,8 +216,12 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
             ms_mm_avx512_nn(t, b, e);
             break;
         case P_AVX2:
-        case P_AVX2P: ms_mm_avx2_nn(t, b, e); break;
-        default: scalar_nn(t, b, e); break;
+        case P_AVX2P:
+            ms_mm_avx2_nn(t, b, e);
+            break;
+        default:
+            scalar_nn(t, b, e);
+            break;
         }
         return;
     }
@@ -236,13 +243,19 @@ static void run_range(const struct mm_job *j, int64_t b, int64_t e)
         if (ms_mm_fp4_bf16_nt(t, b, e) == 0) break;
         ms_mm_avx512_nt(t, b, e);
         break;
-    case P_AVX512: ms_mm_avx512_nt(t, b, e); break;
+    case P_AVX512:
+        ms_mm_avx512_nt(t, b, e);
+        break;
     case P_AVX2P:
         if (t->M >= pack_min_m(1) && ms_mm_avx2_pack_nt(t, b, e) == 0) break;
         ms_mm_avx2_nt_auto(t, b, e);
         break;
-    case P_AVX2: ms_mm_avx2_nt(t, b, e); break;
-    default: scalar_nt(t, b, e); break;
+    case P_AVX2:
+        ms_mm_avx2_nt(t, b, e);
+        break;
+    default:
+        scalar_nt(t, b, e);
+        break;
     }
 }
 
@@ -254,8 +267,8 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
         return P_SCALAR; /* ms_mat_get gives NaN: keep the behaviour of the reference */
     if (W->dtype == MS_DT_F4E2M1)
         return isa >= MS_ISA_AVX512 ? (k->exact || k->batch_invariant ? P_AVX512
-                                       : isa >= MS_ISA_AVX512BF16 ? P_FP4BF
-                                                                  : P_FP4)
+                                       : isa >= MS_ISA_AVX512BF16     ? P_FP4BF
+                                                                      : P_FP4)
                : isa >= MS_ISA_AVX2 ? P_AVX2
                                     : P_SCALAR;
     if (isa >= MS_ISA_AVX512BF16 && !k->exact &&
@@ -408,10 +421,11 @@ static void sched_run(const ms_kctx *k, struct sched *S)
         int64_t line = ms_dtype_bytes(W->dtype, j->nn ? W->rows : W->cols); /* bytes per column */
         /* whole 128-row blocks for FP8 (one activation scaling per block), whole
          * panels where they are held */
-        int64_t align = j->nn                                                           ? 64
-                        : (j->path == P_BF16 || j->path == P_WIDEN) && W->dtype == MS_DT_F8E4M3 ? 128
-                        : j->path == P_BF16 && W->panels                                        ? 64
-                                                                                                : 16;
+        int64_t align = j->nn ? 64
+                        : (j->path == P_BF16 || j->path == P_WIDEN) && W->dtype == MS_DT_F8E4M3
+                            ? 128
+                        : j->path == P_BF16 && W->panels ? 64
+                                                         : 16;
         int64_t per = (slice + line - 1) / line;
         per = (per + align - 1) / align * align;
         /* at most total_bytes / slice + n_jobs <= MAX_SLICES / 2 + BATCH_MAX slices */
@@ -460,10 +474,10 @@ void ms_matmul_batch(const ms_kctx *k, const ms_mm_call *calls, int n)
         const ms_mm_call *c = &calls[i];
         if (c->M <= 0 || (c->nn ? c->W->cols : c->W->rows) <= 0) continue; /* no outputs */
         struct mm_job *j = &S->jobs[S->n_jobs];
-        *j = (struct mm_job){{c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate, 0,
-                              k && k->batch_invariant},
-                             pick_path(k, c->W),
-                             c->nn != 0};
+        *j = (struct mm_job){
+            {c->y, c->ldy, c->x, c->ldx, c->M, c->W, c->accumulate, 0, k && k->batch_invariant},
+            pick_path(k, c->W),
+            c->nn != 0};
         if (!c->nn && j->path == P_BF16 && c->W->dtype == MS_DT_BF16 && !j->t.binv &&
             !c->W->panels && ms_mm_dnnl_nt(k, &j->t) == 0)
             continue; /* large M: oneDNN did it on its own threads */
@@ -498,7 +512,8 @@ void ms_cvt_to_f32(int isa, ms_dtype dt, const void *in, float *out, int64_t n)
         if (dt == MS_DT_F8E4M3)
             for (int64_t i = 0; i < n; i++) out[i] = ms_fp8e4m3_to_f32(b[i]);
         else
-            for (int64_t i = 0; i < n; i++) out[i] = ms_mat_get(&(ms_mat){.dtype = dt, .ld = n, .data = in}, 0, i);
+            for (int64_t i = 0; i < n; i++)
+                out[i] = ms_mat_get(&(ms_mat){.dtype = dt, .ld = n, .data = in}, 0, i);
     }
 }
 

@@ -53,26 +53,26 @@ static inline __m256 load_f4x8(const void *p, __m256 tbl)
     return _mm256_or_ps(mag, _mm256_castsi256_ps(sg));
 }
 
-#define VW 8
-#define VF __m256
-#define VZERO() _mm256_setzero_ps()
-#define VSET1(f) _mm256_set1_ps(f)
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VSTORE(p, v) _mm256_storeu_ps(p, v)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VMUL(a, b) _mm256_mul_ps(a, b)
-#define VADD(a, b) _mm256_add_ps(a, b)
-#define VHSUM(v) ms_hsum8(v)
-#define VLOAD_BF16(p) ms_load_bf16x8(p)
-#define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VLOAD_F8(p) load_f8x8(p)
-#define VLOAD_F8P(p) load_f8p8(p)
-#define VF4_TBL(s) f4_tbl8(s)
+#define VW               8
+#define VF               __m256
+#define VZERO()          _mm256_setzero_ps()
+#define VSET1(f)         _mm256_set1_ps(f)
+#define VLOAD(p)         _mm256_loadu_ps(p)
+#define VSTORE(p, v)     _mm256_storeu_ps(p, v)
+#define VFMA(a, b, c)    _mm256_fmadd_ps(a, b, c)
+#define VMUL(a, b)       _mm256_mul_ps(a, b)
+#define VADD(a, b)       _mm256_add_ps(a, b)
+#define VHSUM(v)         ms_hsum8(v)
+#define VLOAD_BF16(p)    ms_load_bf16x8(p)
+#define VLOAD_F16(p)     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VLOAD_F8(p)      load_f8x8(p)
+#define VLOAD_F8P(p)     load_f8p8(p)
+#define VF4_TBL(s)       f4_tbl8(s)
 #define VLOAD_F4(p, tbl) load_f4x8(p, tbl)
-#define FN(name) ms_mm_avx2_##name
-#define NT_MB 2
-#define NT_R(mb) ((mb) == 1 ? 6 : 4)
-#define NN_C 2
-#define NT_FOLD 1
+#define FN(name)         ms_mm_avx2_##name
+#define NT_MB            2
+#define NT_R(mb)         ((mb) == 1 ? 6 : 4)
+#define NN_C             2
+#define NT_FOLD          1
 
 #include "kernels/mm_f32_tmpl.h"

@@ -53,25 +53,25 @@ static inline __m512 load_f4x16(const void *p, __m512 tbl)
     return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(u), tbl);
 }
 
-#define VW 16
-#define VF __m512
-#define VZERO() _mm512_setzero_ps()
-#define VSET1(f) _mm512_set1_ps(f)
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VSTORE(p, v) _mm512_storeu_ps(p, v)
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VMUL(a, b) _mm512_mul_ps(a, b)
-#define VADD(a, b) _mm512_add_ps(a, b)
-#define VHSUM(v) _mm512_reduce_add_ps(v)
-#define VLOAD_BF16(p) load_bf16x16(p)
-#define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VLOAD_F8(p) load_f8x16(p)
-#define VLOAD_F8P(p) load_f8p16(p)
-#define VF4_TBL(s) f4_tbl16(s)
+#define VW               16
+#define VF               __m512
+#define VZERO()          _mm512_setzero_ps()
+#define VSET1(f)         _mm512_set1_ps(f)
+#define VLOAD(p)         _mm512_loadu_ps(p)
+#define VSTORE(p, v)     _mm512_storeu_ps(p, v)
+#define VFMA(a, b, c)    _mm512_fmadd_ps(a, b, c)
+#define VMUL(a, b)       _mm512_mul_ps(a, b)
+#define VADD(a, b)       _mm512_add_ps(a, b)
+#define VHSUM(v)         _mm512_reduce_add_ps(v)
+#define VLOAD_BF16(p)    load_bf16x16(p)
+#define VLOAD_F16(p)     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VLOAD_F8(p)      load_f8x16(p)
+#define VLOAD_F8P(p)     load_f8p16(p)
+#define VF4_TBL(s)       f4_tbl16(s)
 #define VLOAD_F4(p, tbl) load_f4x16(p, tbl)
-#define FN(name) ms_mm_avx512_##name
-#define NT_MB 4
-#define NT_R(mb) ((mb) == 1 ? 8 : (mb) == 2 ? 6 : 4)
-#define NN_C 4
+#define FN(name)         ms_mm_avx512_##name
+#define NT_MB            4
+#define NT_R(mb)         ((mb) == 1 ? 8 : (mb) == 2 ? 6 : 4)
+#define NN_C             4
 
 #include "kernels/mm_f32_tmpl.h"

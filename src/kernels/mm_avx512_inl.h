@@ -87,7 +87,7 @@ static inline int mm_nn_cw(int mb)
     }
 #define MM_NN_COLUMNS(CHUNK, mb, n0, n1)                                                           \
     for (int64_t n_ = (n0); n_ < (n1); n_ += 64 * mm_nn_cw(mb)) {                                  \
-        int64_t rem_ = (n1) - n_ < 64 * mm_nn_cw(mb) ? (n1) - n_ : 64 * mm_nn_cw(mb);              \
+        int64_t rem_ = (n1)-n_ < 64 * mm_nn_cw(mb) ? (n1)-n_ : 64 * mm_nn_cw(mb);                  \
         MM_NN_CHUNK_1(CHUNK, mb, 1, 4, n_, rem_)                                                   \
         MM_NN_CHUNK_1(CHUNK, mb, 2, 2, n_, rem_)                                                   \
         MM_NN_CHUNK_1(CHUNK, mb, 3, 1, n_, rem_)                                                   \

@@ -200,8 +200,10 @@ AI __m512 hsum16(const __m512 *v)
 /* the next tile's rows: into L2 for small M (pf1, TILE_PF_L2_MAX_M), else L1 */
 AI void pf_next(const char *p, int pf1)
 {
-    if (pf1) _mm_prefetch(p, _MM_HINT_T1);
-    else _mm_prefetch(p, _MM_HINT_T0);
+    if (pf1)
+        _mm_prefetch(p, _MM_HINT_T1);
+    else
+        _mm_prefetch(p, _MM_HINT_T0);
 }
 
 AI void tile(const int isf8, const int MB, const int R, const f8lut *L, const uint16_t *xb,
@@ -460,8 +462,7 @@ static void prep_once(const mm_task *t, int64_t m0, int64_t mc, int64_t K, int64
     const float *x = t->x + m0 * t->ldx;
     int64_t c0 = srow ? t->W->c0 : 0; /* c0 matters only through the scales */
     if (t->run && p->run == t->run && p->x == x && p->xb == xb && p->srow == srow &&
-        p->ldx == t->ldx && p->mc == mc && p->K == K && p->c0 == c0 && p->f == f &&
-        p->perm == perm)
+        p->ldx == t->ldx && p->mc == mc && p->K == K && p->c0 == c0 && p->f == f && p->perm == perm)
         return;
     prep(x, t->ldx, mc, K, Kp, srow, t->W->c0, 1, f, perm, xb);
     prepped = (struct prep_key){x, xb, srow, t->ldx, mc, K, c0, t->run, f, perm};
@@ -488,8 +489,9 @@ AI void run_tile(const int isf8, int MB, int R, const f8lut *L, const uint16_t *
         tile(isf8, mb, r, L, xb, ldxb, w0, ldw, K, s, pf1);                                        \
         return;                                                                                    \
     }
-    T(1, 8) T(2, 8) T(1, 6) T(2, 6) T(3, 6) T(4, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4)
-    T(1, 1) T(2, 1) T(3, 1) T(4, 1)
+    T(1, 8)
+    T(2, 8)
+    T(1, 6) T(2, 6) T(3, 6) T(4, 6) T(1, 4) T(2, 4) T(3, 4) T(4, 4) T(1, 1) T(2, 1) T(3, 1) T(4, 1)
 #undef T
 }
 
@@ -644,8 +646,8 @@ AI void nn_unpermute(const __m512 *acc, __m512 *out)
 AI void nn_load(const int full, const f8lut *L, const char *p, int64_t rem, __m512i *a, __m512i *b)
 {
     __mmask64 mk = full || rem >= 64 ? ~(__mmask64)0
-                   : rem <= 0           ? 0 /* a group past the last column: reads nothing */
-                                        : (((__mmask64)1 << rem) - 1);
+                   : rem <= 0        ? 0 /* a group past the last column: reads nothing */
+                                     : (((__mmask64)1 << rem) - 1);
     f8_to_bf16_lanes(L, full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mk, p), a, b);
 }
 
@@ -713,8 +715,8 @@ int ms_mm_bf16_nn(const mm_task *t, int64_t n0, int64_t n1)
     for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
         const int mb = t->M - m0 < 4 ? (int)(t->M - m0) : 4;
         for (int64_t b = 0; b < nblk; b++) /* consecutive bf16 values are the k pairs */
-            prep(t->x + m0 * t->ldx, t->ldx, mb, K, Kp, W->scale + cb0 + b, W->r0, W->scale_ld, 1, 0,
-                 xb + b * 4 * Kp);
+            prep(t->x + m0 * t->ldx, t->ldx, mb, K, Kp, W->scale + cb0 + b, W->r0, W->scale_ld, 1,
+                 0, xb + b * 4 * Kp);
         const uint32_t *xp = (const uint32_t *)xb;
 #define C(full, mb_, cw_, n, rem) nn_chunk(full, mb_, cw_, t, &L, xp, Kp, cb0, m0, n, rem)
         MM_NN_COLUMNS(C, mb, n0, n1)
@@ -735,7 +737,9 @@ void ms_mm_bf16_cvt_fp8(const uint8_t *in, uint16_t *out, int64_t n)
         __m512i wa, wb;
         f8_to_bf16(&L, _mm512_maskz_loadu_epi8(mk, in + i), &wa, &wb);
         __mmask32 m0 = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
-        __mmask32 m1 = rem >= 64 ? ~(__mmask32)0 : rem <= 32 ? 0 : (((__mmask32)1 << (rem - 32)) - 1);
+        __mmask32 m1 = rem >= 64   ? ~(__mmask32)0
+                       : rem <= 32 ? 0
+                                   : (((__mmask32)1 << (rem - 32)) - 1);
         _mm512_mask_storeu_epi16(out + i, m0, wa);
         _mm512_mask_storeu_epi16(out + i + 32, m1, wb);
     }

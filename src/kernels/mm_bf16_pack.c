@@ -197,7 +197,8 @@ int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1)
         pfq pf;
         if (held) { /* the next panel follows this one: into L2 while this one computes */
             pb = held + n / PW * Kq * PW;
-            pf = (pfq){(const char *)(pb + Kq * PW), 0, Kq * PW * 4, 0, nn > 0 ? Kq * PW * 4 / 64 : 0};
+            pf = (pfq){(const char *)(pb + Kq * PW), 0, Kq * PW * 4, 0,
+                       nn > 0 ? Kq * PW * 4 / 64 : 0};
         } else {
             pack(w + n * W->ld, W->ld, nc, K, Kq, scr);
             pb = scr;
@@ -209,15 +210,19 @@ int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1)
         for (; m + MR <= M; m += MR)
             micro_nv(MR, nv, xa + m * Kq, Kq, pb, Kq, y + m * t->ldy, t->ldy, nc, t->accumulate,
                      &pf);
-        switch (M - m) {
+        switch (M - m) { /* the row tail: 1 .. MR - 1 rows */
 #define C(mb)                                                                                      \
     case mb:                                                                                       \
         micro_nv(mb, nv, xa + m * Kq, Kq, pb, Kq, y + m * t->ldy, t->ldy, nc, t->accumulate, &pf); \
-        break;
-            C(1)
-            C(2) C(3) C(4) C(5)
+        break
+            C(1);
+            C(2);
+            C(3);
+            C(4);
+            C(5);
 #undef C
-                default : break;
+        default:
+            break;
         }
     }
     return 0;

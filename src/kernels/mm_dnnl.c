@@ -75,7 +75,7 @@ static struct {
     int next_reorder;
     uint16_t *xb;
     size_t xb_elems;
-    float *yb;          /* [M rounded up][N] output of a padded call */
+    float *yb; /* [M rounded up][N] output of a padded call */
     size_t yb_elems;
 } g;
 
@@ -95,9 +95,15 @@ void ms_kernels_set_dnnl(int on)
     if (!on) ms_kernels_dnnl_clear();
 }
 
-size_t ms_kernels_dnnl_bytes(void) { return g.bytes; }
+size_t ms_kernels_dnnl_bytes(void)
+{
+    return g.bytes;
+}
 
-int ms_kernels_dnnl_available(void) { return init() == 0; }
+int ms_kernels_dnnl_available(void)
+{
+    return init() == 0;
+}
 
 static int init(void)
 {
@@ -253,10 +259,10 @@ int ms_kernels_dnnl_refresh(const ms_kctx *k, const ms_mat *W)
         dnnl_dims_t dims = {W->cols, W->rows}, strides = {1, W->ld};
         dnnl_memory_t src = NULL;
         dnnl_primitive_t reorder;
-        int ok = dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) ==
-                     dnnl_success &&
-                 dnnl_memory_create(&src, &plain, g.eng, (void *)W->data) == dnnl_success &&
-                 (reorder = reorder_get(&plain, &p->md)) != NULL;
+        int ok =
+            dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) == dnnl_success &&
+            dnnl_memory_create(&src, &plain, g.eng, (void *)W->data) == dnnl_success &&
+            (reorder = reorder_get(&plain, &p->md)) != NULL;
         if (ok) {
             if (k) ms_pool_park(k->pool); /* the reorder runs on oneDNN's threads */
             dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, p->mem}};
@@ -273,7 +279,6 @@ int ms_kernels_dnnl_refresh(const ms_kctx *k, const ms_mat *W)
     }
     return -1;
 }
-
 
 static pack_ent *pack_find(const ms_mat *W, uint64_t fp)
 {
@@ -340,7 +345,8 @@ static pack_ent *pack_insert(const ms_mat *W, uint64_t fp, const dnnl_memory_des
     dnnl_primitive_t reorder;
     pack_ent *ret = NULL;
     void *space;
-    if (dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) != dnnl_success) goto out;
+    if (dnnl_memory_desc_init_by_strides(&plain, 2, dims, dnnl_bf16, strides) != dnnl_success)
+        goto out;
     if (dnnl_memory_create(&src, &plain, g.eng, (void *)W->data) != dnnl_success) goto out;
     if (!(space = chunk_take(bytes)) || dnnl_memory_create(&dst, wmd, g.eng, space) != dnnl_success)
         goto out;
@@ -365,7 +371,8 @@ static prim_ent *prim_get(int64_t M, int64_t K, int64_t N, int64_t ldy, int acc)
 {
     for (int i = 0; i < N_PRIMS; i++) {
         prim_ent *p = &g.prims[i];
-        if (p->prim && p->m == M && p->k == K && p->n == N && p->ldy == ldy && p->acc == acc) return p;
+        if (p->prim && p->m == M && p->k == K && p->n == N && p->ldy == ldy && p->acc == acc)
+            return p;
     }
     prim_ent *p = &g.prims[g.next_prim];
     g.next_prim = (g.next_prim + 1) % N_PRIMS;
@@ -383,8 +390,10 @@ static prim_ent *prim_get(int64_t M, int64_t K, int64_t N, int64_t ldy, int acc)
     dnnl_primitive_desc_t pd = NULL;
     prim_ent *ret = NULL;
     if (dnnl_memory_desc_init_by_tag(&smd, 2, sd, dnnl_bf16, dnnl_ab) != dnnl_success) goto out;
-    if (dnnl_memory_desc_init_by_tag(&wmd, 2, wd, dnnl_bf16, dnnl_format_tag_any) != dnnl_success) goto out;
-    if (dnnl_memory_desc_init_by_strides(&dmd, 2, dd, dnnl_f32, dst_strides) != dnnl_success) goto out;
+    if (dnnl_memory_desc_init_by_tag(&wmd, 2, wd, dnnl_bf16, dnnl_format_tag_any) != dnnl_success)
+        goto out;
+    if (dnnl_memory_desc_init_by_strides(&dmd, 2, dd, dnnl_f32, dst_strides) != dnnl_success)
+        goto out;
     if (dnnl_matmul_desc_init(&desc, &smd, &wmd, NULL, &dmd) != dnnl_success) goto out;
     if (dnnl_primitive_attr_create(&attr) != dnnl_success) goto out;
     if (acc) {
@@ -483,7 +492,8 @@ int ms_mm_dnnl_nt(const ms_kctx *k, const mm_task *t)
     if (!direct) memset(g.xb + M * K, 0, sizeof(uint16_t) * (size_t)((Mb - M) * K));
     dnnl_memory_set_data_handle(pr->src, g.xb);
     dnnl_memory_set_data_handle(pr->dst, direct ? (void *)t->y : (void *)g.yb);
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, pr->src}, {DNNL_ARG_WEIGHTS, pk->mem}, {DNNL_ARG_DST, pr->dst}};
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, pr->src}, {DNNL_ARG_WEIGHTS, pk->mem}, {DNNL_ARG_DST, pr->dst}};
     ms_pool_park(k->pool); /* its workers would spin on the cores oneDNN's threads need */
     if (dnnl_primitive_execute(pr->prim, g.stream, 3, args) != dnnl_success) return -1;
     dnnl_stream_wait(g.stream);

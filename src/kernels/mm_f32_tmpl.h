@@ -38,17 +38,22 @@ AI float FN(wget)(const int dt, const char *p)
         memcpy(&h, p, 2);
         return ms_f16_to_f32(h);
     }
-    default: return ms_fp8e4m3_to_f32(*(const uint8_t *)p);
+    default:
+        return ms_fp8e4m3_to_f32(*(const uint8_t *)p);
     }
 }
 
 AI VF FN(wload)(const int dt, const char *p)
 {
     switch (dt) {
-    case MS_DT_F32: return VLOAD((const float *)p);
-    case MS_DT_BF16: return VLOAD_BF16(p);
-    case MS_DT_F16: return VLOAD_F16(p);
-    default: return VLOAD_F8(p);
+    case MS_DT_F32:
+        return VLOAD((const float *)p);
+    case MS_DT_BF16:
+        return VLOAD_BF16(p);
+    case MS_DT_F16:
+        return VLOAD_F16(p);
+    default:
+        return VLOAD_F8(p);
     }
 }
 
@@ -261,17 +266,26 @@ AI void FN(nt_rows_dt)(const mm_task *t, const int dt, const int fold, int64_t n
         for (int64_t m0 = 0; m0 < t->M; m0 += NT_MB) {
             int64_t mb = t->M - m0 < NT_MB ? t->M - m0 : NT_MB;
             switch (mb) {
-            case 1: FN(nt_rows_mb)(t, dt, fold, 1, m0, nb, ne); break;
+            case 1:
+                FN(nt_rows_mb)(t, dt, fold, 1, m0, nb, ne);
+                break;
 #if NT_MB >= 2
-            case 2: FN(nt_rows_mb)(t, dt, fold, 2, m0, nb, ne); break;
+            case 2:
+                FN(nt_rows_mb)(t, dt, fold, 2, m0, nb, ne);
+                break;
 #endif
 #if NT_MB >= 3
-            case 3: FN(nt_rows_mb)(t, dt, fold, 3, m0, nb, ne); break;
+            case 3:
+                FN(nt_rows_mb)(t, dt, fold, 3, m0, nb, ne);
+                break;
 #endif
 #if NT_MB >= 4
-            case 4: FN(nt_rows_mb)(t, dt, fold, 4, m0, nb, ne); break;
+            case 4:
+                FN(nt_rows_mb)(t, dt, fold, 4, m0, nb, ne);
+                break;
 #endif
-            default: break;
+            default:
+                break;
             }
         }
     }
@@ -280,12 +294,23 @@ AI void FN(nt_rows_dt)(const mm_task *t, const int dt, const int fold, int64_t n
 void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
 {
     switch (t->W->dtype) {
-    case MS_DT_F32: FN(nt_rows_dt)(t, MS_DT_F32, 0, n0, n1); break;
-    case MS_DT_BF16: FN(nt_rows_dt)(t, MS_DT_BF16, 0, n0, n1); break;
-    case MS_DT_F16: FN(nt_rows_dt)(t, MS_DT_F16, 0, n0, n1); break;
-    case MS_DT_F8E4M3: FN(nt_rows_dt)(t, MS_DT_F8E4M3, 0, n0, n1); break;
-    case MS_DT_F4E2M1: FN(nt_rows_dt)(t, MS_DT_F4E2M1, 0, n0, n1); break;
-    default: break;
+    case MS_DT_F32:
+        FN(nt_rows_dt)(t, MS_DT_F32, 0, n0, n1);
+        break;
+    case MS_DT_BF16:
+        FN(nt_rows_dt)(t, MS_DT_BF16, 0, n0, n1);
+        break;
+    case MS_DT_F16:
+        FN(nt_rows_dt)(t, MS_DT_F16, 0, n0, n1);
+        break;
+    case MS_DT_F8E4M3:
+        FN(nt_rows_dt)(t, MS_DT_F8E4M3, 0, n0, n1);
+        break;
+    case MS_DT_F4E2M1:
+        FN(nt_rows_dt)(t, MS_DT_F4E2M1, 0, n0, n1);
+        break;
+    default:
+        break;
     }
 }
 
@@ -358,7 +383,8 @@ AI void FN(r1_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
             FN(nt_rows_dt)(t, dt, 1, n0, n1);
             return;
         }
-        for (int64_t k = 0; k < W->cols; k += VW) VSTORE(xs + k, VMUL(VLOAD(x + k), VSET1(0x1p100f)));
+        for (int64_t k = 0; k < W->cols; k += VW)
+            VSTORE(xs + k, VMUL(VLOAD(x + k), VSET1(0x1p100f)));
         x = xs;
     }
     for (int64_t n = n0; n < n1; n++) {
@@ -383,14 +409,25 @@ void FN(nt_auto)(const mm_task *t, int64_t n0, int64_t n1)
     const int row1 = t->M == 1 && W->cols % VW == 0 && (dt != MS_DT_F8E4M3 || W->c0 % VW == 0) &&
                      ms_dtype_bytes(dt, W->cols) <= R1_MAX_BYTES;
     switch (row1 ? dt : -1) {
-    case MS_DT_F32: FN(r1_rows_dt)(t, MS_DT_F32, n0, n1); return;
-    case MS_DT_BF16: FN(r1_rows_dt)(t, MS_DT_BF16, n0, n1); return;
-    case MS_DT_F16: FN(r1_rows_dt)(t, MS_DT_F16, n0, n1); return;
-    case MS_DT_F8E4M3: FN(r1_rows_dt)(t, MS_DT_F8E4M3, n0, n1); return;
-    default: break;
+    case MS_DT_F32:
+        FN(r1_rows_dt)(t, MS_DT_F32, n0, n1);
+        return;
+    case MS_DT_BF16:
+        FN(r1_rows_dt)(t, MS_DT_BF16, n0, n1);
+        return;
+    case MS_DT_F16:
+        FN(r1_rows_dt)(t, MS_DT_F16, n0, n1);
+        return;
+    case MS_DT_F8E4M3:
+        FN(r1_rows_dt)(t, MS_DT_F8E4M3, n0, n1);
+        return;
+    default:
+        break;
     }
-    if (dt == MS_DT_F8E4M3) FN(nt_rows_dt)(t, MS_DT_F8E4M3, 1, n0, n1);
-    else FN(nt)(t, n0, n1);
+    if (dt == MS_DT_F8E4M3)
+        FN(nt_rows_dt)(t, MS_DT_F8E4M3, 1, n0, n1);
+    else
+        FN(nt)(t, n0, n1);
 }
 #endif
 
@@ -483,10 +520,18 @@ AI void FN(nn_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
     for (int64_t m0 = 0; m0 < t->M; m0 += 4) {
         int64_t mb = t->M - m0 < 4 ? t->M - m0 : 4;
         switch (mb) {
-        case 1: FN(nn_cols_mb)(t, dt, 1, m0, n0, n1); break;
-        case 2: FN(nn_cols_mb)(t, dt, 2, m0, n0, n1); break;
-        case 3: FN(nn_cols_mb)(t, dt, 3, m0, n0, n1); break;
-        default: FN(nn_cols_mb)(t, dt, 4, m0, n0, n1); break;
+        case 1:
+            FN(nn_cols_mb)(t, dt, 1, m0, n0, n1);
+            break;
+        case 2:
+            FN(nn_cols_mb)(t, dt, 2, m0, n0, n1);
+            break;
+        case 3:
+            FN(nn_cols_mb)(t, dt, 3, m0, n0, n1);
+            break;
+        default:
+            FN(nn_cols_mb)(t, dt, 4, m0, n0, n1);
+            break;
         }
     }
 }
@@ -494,11 +539,20 @@ AI void FN(nn_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
 void FN(nn)(const mm_task *t, int64_t n0, int64_t n1)
 {
     switch (t->W->dtype) {
-    case MS_DT_F32: FN(nn_dt)(t, MS_DT_F32, n0, n1); break;
-    case MS_DT_BF16: FN(nn_dt)(t, MS_DT_BF16, n0, n1); break;
-    case MS_DT_F16: FN(nn_dt)(t, MS_DT_F16, n0, n1); break;
-    case MS_DT_F8E4M3: FN(nn_dt)(t, MS_DT_F8E4M3, n0, n1); break;
-    default: break;
+    case MS_DT_F32:
+        FN(nn_dt)(t, MS_DT_F32, n0, n1);
+        break;
+    case MS_DT_BF16:
+        FN(nn_dt)(t, MS_DT_BF16, n0, n1);
+        break;
+    case MS_DT_F16:
+        FN(nn_dt)(t, MS_DT_F16, n0, n1);
+        break;
+    case MS_DT_F8E4M3:
+        FN(nn_dt)(t, MS_DT_F8E4M3, n0, n1);
+        break;
+    default:
+        break;
     }
 }
 
@@ -522,7 +576,8 @@ void FN(cvt)(ms_dtype dt, const void *in, float *out, int64_t n)
         for (; i + VW <= n; i += VW)
             VSTORE(out + i, VMUL(FN(wload)(MS_DT_F8E4M3, p + i * es), VSET1(256.0f)));
         break;
-    default: return;
+    default:
+        return;
     }
     for (; i < n; i++) out[i] = FN(wget)(dt, p + i * es);
 }

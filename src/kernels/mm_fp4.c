@@ -50,10 +50,11 @@
 #define AI static inline __attribute__((always_inline))
 
 enum {
-    F4_CHUNK = 128,     /* codes per 64-byte load */
-    F4_ROW_BLOCK = 64,  /* weight rows per block (each pass over activation rows reuses it) */
-    F4_PF_BYTES = 1024, /* software prefetch distance along each weight row (4096, 8192: no faster) */
-    F4_GEMV_AHEAD = 2,  /* f4b_gemv4: the tile whose lines are prefetched, in tiles ahead */
+    F4_CHUNK = 128,    /* codes per 64-byte load */
+    F4_ROW_BLOCK = 64, /* weight rows per block (each pass over activation rows reuses it) */
+    F4_PF_BYTES =
+        1024, /* software prefetch distance along each weight row (4096, 8192: no faster) */
+    F4_GEMV_AHEAD = 2, /* f4b_gemv4: the tile whose lines are prefetched, in tiles ahead */
 };
 
 /* The prepared activations on this thread (MM_SCR_F4X) and what they are. */
@@ -215,10 +216,18 @@ static int f4_view_check(const mm_task *t, int64_t n0, int64_t n1)
         int64_t ne = nb + F4_ROW_BLOCK < n1 ? nb + F4_ROW_BLOCK : n1;                              \
         for (int64_t m0 = 0; m0 < t->M; m0 += 4) {                                                 \
             switch (t->M - m0 < 4 ? t->M - m0 : 4) {                                               \
-            case 1: ROWS(t, xp, ld, 1, R1, m0, nb, ne); break;                                     \
-            case 2: ROWS(t, xp, ld, 2, R2, m0, nb, ne); break;                                     \
-            case 3: ROWS(t, xp, ld, 3, R3, m0, nb, ne); break;                                     \
-            default: ROWS(t, xp, ld, 4, R4, m0, nb, ne); break;                                    \
+            case 1:                                                                                \
+                ROWS(t, xp, ld, 1, R1, m0, nb, ne);                                                \
+                break;                                                                             \
+            case 2:                                                                                \
+                ROWS(t, xp, ld, 2, R2, m0, nb, ne);                                                \
+                break;                                                                             \
+            case 3:                                                                                \
+                ROWS(t, xp, ld, 3, R3, m0, nb, ne);                                                \
+                break;                                                                             \
+            default:                                                                               \
+                ROWS(t, xp, ld, 4, R4, m0, nb, ne);                                                \
+                break;                                                                             \
             }                                                                                      \
         }                                                                                          \
     }
@@ -272,8 +281,9 @@ static const uint16_t *f4b_prep(const mm_task *t, int64_t K, int64_t ldq)
                 int64_t r0 = K - (c + 32 * j), r1 = r0 - 16;
                 __mmask16 k0 = r0 >= 16 ? 0xffff : r0 <= 0 ? 0 : (__mmask16)((1u << r0) - 1);
                 __mmask16 k1 = r1 >= 16 ? 0xffff : r1 <= 0 ? 0 : (__mmask16)((1u << r1) - 1);
-                nv[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k1, xr + c + 32 * j + 16),
-                                                     _mm512_maskz_loadu_ps(k0, xr + c + 32 * j));
+                nv[j] =
+                    (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k1, xr + c + 32 * j + 16),
+                                                 _mm512_maskz_loadu_ps(k0, xr + c + 32 * j));
             }
             for (int h = 0; h < 2; h++) {
                 const __m512i ix = h ? pb : pa;
@@ -318,7 +328,7 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
     const int lin = R == 4 && t->M <= 4 && n + 4 * F4_GEMV_AHEAD + 4 <= W->rows;
     const int64_t ldb = W->ld / 2;
     const char *pa = (const char *)wr[0] + 4 * F4_GEMV_AHEAD * ldb; /* its row 0 */
-    int64_t pc = 0;                                                  /* its next chunk */
+    int64_t pc = 0;                                                 /* its next chunk */
     if (lin)
         for (int r = 0; r < R; r++)
             _mm_prefetch((const char *)sr[r] + 4 * F4_GEMV_AHEAD * W->scale_ld, _MM_HINT_T0);
@@ -357,7 +367,8 @@ AI void f4b_tile(const mm_task *t, const uint16_t *xq, int64_t ldq, const int MB
 #pragma GCC unroll 4
             for (int m = 0; m < MB; m++) { /* MB > 1: activations from L1, not registers */
                 const uint16_t *xm = xc + m * ldq;
-                __m512 tt = f4b_dp(_mm512_setzero_ps(), MB == 1 ? xv[0] : _mm512_loadu_si512(xm), w0);
+                __m512 tt =
+                    f4b_dp(_mm512_setzero_ps(), MB == 1 ? xv[0] : _mm512_loadu_si512(xm), w0);
                 tt = f4b_dp(tt, MB == 1 ? xv[1] : _mm512_loadu_si512(xm + 32), w1);
                 tt = f4b_dp(tt, MB == 1 ? xv[2] : _mm512_loadu_si512(xm + 64), w2);
                 tt = f4b_dp(tt, MB == 1 ? xv[3] : _mm512_loadu_si512(xm + 96), w3);
@@ -428,8 +439,7 @@ AI void f4b_gemv4(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, row_bytes = K / 2, n_chunks = (K + F4_CHUNK - 1) / F4_CHUNK,
-                  n_full = row_bytes / 64, n_sb = (K + 31) / 32, ldb = W->ld / 2,
-                  sld = W->scale_ld;
+                  n_full = row_bytes / 64, n_sb = (K + 31) / 32, ldb = W->ld / 2, sld = W->scale_ld;
     const __m512i tbl = f4b_table();
     const __m512i sidx0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __mmask64 tail = ((__mmask64)1 << (row_bytes - 64 * n_full)) - 1; /* partial chunk */
@@ -437,9 +447,9 @@ AI void f4b_gemv4(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
     const uint8_t *sc = W->e8scale + (W->r0 + n0) * sld + W->c0 / 32;
     int64_t n = n0;
     for (; n + 4 <= n1; n += 4, w += 4 * ldb, sc += 4 * sld) {
-        const int pf = n + 4 * F4_GEMV_AHEAD + 4 <= n1; /* that tile is in the range */
+        const int pf = n + 4 * F4_GEMV_AHEAD + 4 <= n1;             /* that tile is in the range */
         const char *pa = (const char *)w + 4 * F4_GEMV_AHEAD * ldb; /* its row 0 */
-        int64_t pc = 0;                                              /* its next chunk */
+        int64_t pc = 0;                                             /* its next chunk */
         if (pf)
             for (int r = 0; r < 4; r++)
                 _mm_prefetch((const char *)sc + (4 * F4_GEMV_AHEAD + r) * sld, _MM_HINT_T0);
@@ -459,7 +469,8 @@ AI void f4b_gemv4(const mm_task *t, const uint16_t *xq, int64_t n0, int64_t n1)
                     if (++pc == n_chunks) pc = 0, pa += ldb;
                 }
                 const uint8_t *wr = w + r * ldb + 64 * c;
-                const __m512i v = c < n_full ? _mm512_loadu_si512(wr) : _mm512_maskz_loadu_epi8(tail, wr);
+                const __m512i v =
+                    c < n_full ? _mm512_loadu_si512(wr) : _mm512_maskz_loadu_epi8(tail, wr);
                 __m512 tt = f4b_dp(_mm512_setzero_ps(), x0, _mm512_permutexvar_epi16(v, tbl));
                 tt = f4b_dp(tt, x1, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), tbl));
                 tt = f4b_dp(tt, x2, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), tbl));

@@ -136,9 +136,15 @@ static void wd_tile_mb(int MB, int R, const float *xp, int64_t ldx, const float 
             wd_tile(mb, 4, xp, ldx, wf, ldw, kcp, out);                                            \
         else                                                                                       \
             wd_tile(mb, 1, xp, ldx, wf, ldw, kcp, out);                                            \
-        break;
+        break
     switch (MB) {
-        T(1) T(2) T(3) T(4) T(5) default : T(6)
+        T(1);
+        T(2);
+        T(3);
+        T(4);
+        T(5);
+    default:
+        T(6);
     }
 #undef T
 }
@@ -429,13 +435,15 @@ static int wd_fp8_nn(const mm_task *t, int64_t n0, int64_t n1)
 
 int ms_mm_widen_nn(const mm_task *t, int64_t n0, int64_t n1)
 {
-    if (t->W->dtype == MS_DT_F8E4M3) return wd_fp8_nn(t, n0, n1); /* the caller checked VBMI, GFNI */
+    if (t->W->dtype == MS_DT_F8E4M3)
+        return wd_fp8_nn(t, n0, n1); /* the caller checked VBMI, GFNI */
     return -1;
 }
 
 int ms_mm_widen_nt(const mm_task *t, int64_t n0, int64_t n1)
 {
     if (t->W->dtype == MS_DT_BF16) return wd_bf16_nt(t, n0, n1);
-    if (t->W->dtype == MS_DT_F8E4M3) return wd_fp8_nt(t, n0, n1); /* the caller checked VBMI, GFNI */
+    if (t->W->dtype == MS_DT_F8E4M3)
+        return wd_fp8_nt(t, n0, n1); /* the caller checked VBMI, GFNI */
     return -1;
 }

@@ -236,11 +236,10 @@ static int WD_FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
                         int64_t chunks = (mc - m + WD_GEMV_M - 1) / WD_GEMV_M;
                         int mb = (int)((mc - m + chunks - 1) / chunks);
                         const int64_t kc = wd_gemv_kc(mb, Kp);
-                        for (int64_t k0 = 0; k0 < K; k0 += kc)
-                            WD_FN(gemv_mb)
-                        (mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, k0, MS_MIN(k0 + kc, K),
-                         K, nr, plain ? plain + (r - n) : NULL, part, y0 + m * t->ldy + r,
-                         t->ldy, t->accumulate);
+                        for (int64_t k0 = 0; k0 < K; k0 += kc) WD_FN(gemv_mb)
+                        (mb, &L, xp + m * Kp, Kp, w + (r - n) * ldw, ldw, k0, MS_MIN(k0 + kc, K), K,
+                         nr, plain ? plain + (r - n) : NULL, part, y0 + m * t->ldy + r, t->ldy,
+                         t->accumulate);
                         m += mb;
                     }
                 }

@@ -48,8 +48,8 @@ static void worker(void *arg, int tid, int nt)
     int64_t b, e;
     ms_pool_range((int64_t)j->bytes, tid, nt, 4096, &b, &e);
     if (e > b)
-        j->sink[tid % 64] = j->avx512 ? read512(j->buf + b, (size_t)(e - b))
-                                      : read256(j->buf + b, (size_t)(e - b));
+        j->sink[tid % 64] =
+            j->avx512 ? read512(j->buf + b, (size_t)(e - b)) : read256(j->buf + b, (size_t)(e - b));
 }
 
 double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps)
@@ -88,13 +88,13 @@ struct dp_job {
     "vpxord %%zmm30, %%zmm30, %%zmm30\n\t"                                                         \
     "vpxord %%zmm31, %%zmm31, %%zmm31\n\t"                                                         \
     "1:\n\t" op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11) op(12)      \
-        op(13) op(14) op(15) op(16) op(17) op(18) op(19) op(20) op(21) op(22) op(23) "dec %0\n\t" \
-        "jnz 1b\n\t"
+        op(13) op(14) op(15) op(16) op(17) op(18) op(19) op(20) op(21) op(22) op(23) "dec %0\n\t"  \
+                                                                                     "jnz 1b\n\t"
 #define CLOBBERS                                                                                   \
     "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",       \
         "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",  \
         "xmm21", "xmm22", "xmm23", "xmm30", "xmm31", "cc"
-#define DP1(i) "vdpbf16ps %%zmm31, %%zmm30, %%zmm" #i "\n\t"
+#define DP1(i)  "vdpbf16ps %%zmm31, %%zmm30, %%zmm" #i "\n\t"
 #define FMA1(i) "vfmadd231ps %%zmm31, %%zmm30, %%zmm" #i "\n\t"
 
 /* The chains of vdpbf16ps (j->fma = 0) or vfmadd231ps (1). */

@@ -9,15 +9,27 @@
 
 ms_mat ms_mat_whole(ms_dtype dt, int64_t rows, int64_t cols, const void *data, const float *scale)
 {
-    ms_mat m = {.dtype = dt, .rows = rows, .cols = cols, .ld = cols, .data = data,
-                .scale = scale, .scale_ld = (cols + 127) / 128, .r0 = 0, .c0 = 0};
+    ms_mat m = {.dtype = dt,
+                .rows = rows,
+                .cols = cols,
+                .ld = cols,
+                .data = data,
+                .scale = scale,
+                .scale_ld = (cols + 127) / 128,
+                .r0 = 0,
+                .c0 = 0};
     return m;
 }
 
 ms_mat ms_mat_fp4(int64_t rows, int64_t cols, const void *packed, const uint8_t *e8scale)
 {
-    ms_mat m = {.dtype = MS_DT_F4E2M1, .rows = rows, .cols = cols, .ld = cols, .data = packed,
-                .scale_ld = (cols + 31) / 32, .e8scale = e8scale};
+    ms_mat m = {.dtype = MS_DT_F4E2M1,
+                .rows = rows,
+                .cols = cols,
+                .ld = cols,
+                .data = packed,
+                .scale_ld = (cols + 31) / 32,
+                .e8scale = e8scale};
     return m;
 }
 
@@ -83,7 +95,8 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c)
         float s = ms_e8m0_to_f32(m->e8scale[(m->r0 + r) * m->scale_ld + (m->c0 + c) / 32]);
         return ms_fp4e2m1_to_f32((uint8_t)(off & 1 ? b >> 4 : b)) * s;
     }
-    default: return NAN;
+    default:
+        return NAN;
     }
 }
 
@@ -166,7 +179,10 @@ void ms_topk_ref(const float *x, int64_t n, int k, int32_t *idx)
         for (int64_t i = 0; i < n; i++) {
             int taken = 0;
             for (int q = 0; q < j; q++)
-                if (idx[q] == i) { taken = 1; break; }
+                if (idx[q] == i) {
+                    taken = 1;
+                    break;
+                }
             if (taken) continue;
             if (best < 0 || x[i] > x[best]) best = i;
         }

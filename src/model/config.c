@@ -194,7 +194,7 @@ static int parse_rope(const json_t *root, ms_config *c, ms_errbuf *err)
      * beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 0 */
     if ((rc = ms_jget_num(&g, "factor", 1.0, 1.0, 1e6, &c->rope_factor)) ||
         (rc = ms_jget_int(&g, "original_max_position_embeddings", c->max_position_embeddings, 1,
-                      MS_CONFIG_MAX_POSITIONS, &c->rope_original_max_pos)) ||
+                          MS_CONFIG_MAX_POSITIONS, &c->rope_original_max_pos)) ||
         (rc = ms_jget_num(&g, "beta_fast", 32.0, 1e-6, 1e6, &c->rope_beta_fast)) ||
         (rc = ms_jget_num(&g, "beta_slow", 1.0, 1e-6, 1e6, &c->rope_beta_slow)) ||
         (rc = ms_jget_num(&g, "mscale", 1.0, 0.0, 1e3, &c->rope_mscale)) ||
@@ -417,58 +417,59 @@ int ms_config_parse_json(ms_config *cfg, const json_t *root, ms_errbuf *err)
     /* Defaults below: the remaining fields, as transformers has them (the
      * shape fields' are never used: need_shape_fields). */
     if ((rc = ms_jget_int(&g, "vocab_size", v3 ? 129280 : 32000, 1, MS_CONFIG_MAX_VOCAB,
-                      &c.vocab_size)) ||
+                          &c.vocab_size)) ||
         (rc = ms_jget_int(&g, "hidden_size", v3 ? 7168 : 4096, 1, W, &c.hidden_size)) ||
-        (rc = ms_jget_int(&g, "intermediate_size", v3 ? 18432 : 11008, 1, W, &c.intermediate_size)) ||
+        (rc = ms_jget_int(&g, "intermediate_size", v3 ? 18432 : 11008, 1, W,
+                          &c.intermediate_size)) ||
         (rc = ms_jget_int(&g, "moe_intermediate_size", v3 ? 2048 : 1407, 1, W,
-                      &c.moe_intermediate_size)) ||
+                          &c.moe_intermediate_size)) ||
         (rc = ms_jget_i32(&g, "num_hidden_layers", v3 ? 61 : 32, 1, MS_CONFIG_MAX_LAYERS,
-                      &c.n_layers)) ||
+                          &c.n_layers)) ||
         (rc = ms_jget_i32(&g, "first_k_dense_replace", v3 ? 3 : 0, 0, MS_CONFIG_MAX_LAYERS,
-                      &c.first_k_dense_replace)) ||
+                          &c.first_k_dense_replace)) ||
         /* moe_layer_freq: DeepSeek's configuration default 1 (not a transformers field) */
         (rc = ms_jget_i32(&g, "moe_layer_freq", 1, 1, MS_CONFIG_MAX_LAYERS, &c.moe_layer_freq)) ||
         (rc = ms_jget_i32(&g, "num_attention_heads", v3 ? 128 : 32, 1, MS_CONFIG_MAX_HEADS,
-                      &c.n_heads)) ||
+                          &c.n_heads)) ||
         /* num_key_value_heads: absent or null -> num_attention_heads (both) */
         (rc = ms_jget_i32(&g, "num_key_value_heads", c.n_heads, 1, MS_CONFIG_MAX_HEADS,
-                      &c.n_kv_heads)) ||
+                          &c.n_kv_heads)) ||
         /* null n_routed_experts / n_shared_experts: a dense model (0) */
         (rc = ms_jget_i32(&g, "n_routed_experts",
-                      json_is_null(json_object_get(root, "n_routed_experts")) ? 0
-                      : v3                                                    ? 256
-                                                                              : 64,
-                      0, MS_CONFIG_MAX_EXPERTS, &c.n_routed_experts)) ||
+                          json_is_null(json_object_get(root, "n_routed_experts")) ? 0
+                          : v3                                                    ? 256
+                                                                                  : 64,
+                          0, MS_CONFIG_MAX_EXPERTS, &c.n_routed_experts)) ||
         (rc = ms_jget_i32(&g, "n_shared_experts",
-                      json_is_null(json_object_get(root, "n_shared_experts")) ? 0
-                      : v3                                                    ? 1
-                                                                              : 2,
-                      0, MS_CONFIG_MAX_EXPERTS, &c.n_shared_experts)) ||
+                          json_is_null(json_object_get(root, "n_shared_experts")) ? 0
+                          : v3                                                    ? 1
+                                                                                  : 2,
+                          0, MS_CONFIG_MAX_EXPERTS, &c.n_shared_experts)) ||
         /* V2: num_experts_per_tok, n_group, topk_group default None: 0 (error
          * below if there are experts), 1, 1 */
         (rc = ms_jget_i32(&g, "num_experts_per_tok", v3 ? 8 : 0, 0, MS_CONFIG_MAX_EXPERTS,
-                      &c.n_experts_per_tok)) ||
+                          &c.n_experts_per_tok)) ||
         (rc = ms_jget_i32(&g, "n_group", v3 ? 8 : 1, 1, MS_CONFIG_MAX_EXPERTS, &c.n_group)) ||
         (rc = ms_jget_i32(&g, "topk_group", v3 ? 4 : 1, 1, MS_CONFIG_MAX_EXPERTS, &c.topk_group)) ||
         (rc = ms_jget_bool(&g, "norm_topk_prob", v3, &c.norm_topk_prob)) ||
         (rc = ms_jget_num(&g, "routed_scaling_factor", v3 ? 2.5 : 1.0, 1e-6, 1e6,
-                      &c.routed_scaling_factor)) ||
+                          &c.routed_scaling_factor)) ||
         /* q_lora_rank: absent -> 1536 (both); null -> 0 (direct q_proj) */
         (rc = ms_jget_int(&g, "q_lora_rank", json_is_null(ql) ? 0 : 1536, 0, W, &q_lora)) ||
         (rc = ms_jget_i32(&g, "kv_lora_rank", 512, 1, (int)W, &c.kv_lora_rank)) ||
         (rc = ms_jget_i32(&g, "qk_nope_head_dim", 128, 0, MS_CONFIG_MAX_HEAD_DIM,
-                      &c.qk_nope_head_dim)) ||
-        (rc =
-             ms_jget_i32(&g, "qk_rope_head_dim", 64, 2, MS_CONFIG_MAX_HEAD_DIM, &c.qk_rope_head_dim)) ||
+                          &c.qk_nope_head_dim)) ||
+        (rc = ms_jget_i32(&g, "qk_rope_head_dim", 64, 2, MS_CONFIG_MAX_HEAD_DIM,
+                          &c.qk_rope_head_dim)) ||
         (rc = ms_jget_i32(&g, "v_head_dim", 128, 1, MS_CONFIG_MAX_HEAD_DIM, &c.v_head_dim)) ||
         (rc = ms_jget_num(&g, "rms_norm_eps", 1e-6, 1e-30, 1.0, &c.rms_norm_eps)) ||
         (rc = ms_jget_num(&g, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c.rope_theta)) ||
-        (rc = ms_jget_int(&g, "max_position_embeddings", v3 ? 4096 : 2048, 1, MS_CONFIG_MAX_POSITIONS,
-                      &c.max_position_embeddings)) ||
+        (rc = ms_jget_int(&g, "max_position_embeddings", v3 ? 4096 : 2048, 1,
+                          MS_CONFIG_MAX_POSITIONS, &c.max_position_embeddings)) ||
         /* num_nextn_predict_layers: not a transformers field (it ignores MTP);
          * absent -> 0 so no MTP tensors are expected (DeepSeek's own V3 default is 1) */
         (rc = ms_jget_i32(&g, "num_nextn_predict_layers", 0, 0, MS_CONFIG_MAX_LAYERS,
-                      &c.num_nextn_predict_layers)) ||
+                          &c.num_nextn_predict_layers)) ||
         /* bos/eos: -1 when absent (config.h), not transformers' 0/1 (V3) or 1/2 (V2) */
         (rc = parse_token_id(&g, "bos_token_id", &c.bos_token_id)) ||
         (rc = parse_token_id(&g, "eos_token_id", &c.eos_token_id)) ||
@@ -559,7 +560,8 @@ char *ms_config_to_json(const ms_config *c, ms_errbuf *err)
         json_t *q = json_pack("{s:s, s:s, s:s, s:[i, i]}", "activation_scheme", "dynamic", "fmt",
                               "e4m3", "quant_method", "fp8", "weight_block_size",
                               c->weight_block[0], c->weight_block[1]);
-        if (q && c->fp8_scale_ue8m0) bad |= json_object_set_new(q, "scale_fmt", json_string("ue8m0"));
+        if (q && c->fp8_scale_ue8m0)
+            bad |= json_object_set_new(q, "scale_fmt", json_string("ue8m0"));
         bad |= json_object_set_new(o, "quantization_config", q);
     }
     char *s = bad ? NULL : json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(15));

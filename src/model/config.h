@@ -12,16 +12,20 @@
 #include <stdint.h>
 
 /* Limits on client-controlled sizes (a config.json is input). */
-#define MS_CONFIG_MAX_BYTES (1u << 20) /* config.json file size */
-#define MS_CONFIG_MAX_VOCAB (1 << 24)
-#define MS_CONFIG_MAX_WIDTH (1 << 20)  /* hidden / intermediate / lora sizes */
-#define MS_CONFIG_MAX_LAYERS 4096
-#define MS_CONFIG_MAX_HEADS 4096
-#define MS_CONFIG_MAX_EXPERTS 65536
-#define MS_CONFIG_MAX_HEAD_DIM 4096
+#define MS_CONFIG_MAX_BYTES     (1u << 20) /* config.json file size */
+#define MS_CONFIG_MAX_VOCAB     (1 << 24)
+#define MS_CONFIG_MAX_WIDTH     (1 << 20) /* hidden / intermediate / lora sizes */
+#define MS_CONFIG_MAX_LAYERS    4096
+#define MS_CONFIG_MAX_HEADS     4096
+#define MS_CONFIG_MAX_EXPERTS   65536
+#define MS_CONFIG_MAX_HEAD_DIM  4096
 #define MS_CONFIG_MAX_POSITIONS (INT64_C(1) << 32)
 
-enum ms_score_func { MS_SCORE_SOFTMAX = 0, MS_SCORE_SIGMOID = 1, MS_SCORE_SQRTSOFTPLUS = 2 /* V4 */ };
+enum ms_score_func {
+    MS_SCORE_SOFTMAX = 0,
+    MS_SCORE_SIGMOID = 1,
+    MS_SCORE_SQRTSOFTPLUS = 2 /* V4 */
+};
 enum ms_topk_method { MS_TOPK_GREEDY = 0, MS_TOPK_GROUP_LIMITED = 1, MS_TOPK_NOAUX_TC = 2 };
 
 typedef struct ms_config {
@@ -34,18 +38,18 @@ typedef struct ms_config {
     int n_layers;                  /* num_hidden_layers (main stack) */
     int first_k_dense_replace;
     int moe_layer_freq;
-    int n_heads;                   /* num_attention_heads */
-    int n_kv_heads;                /* num_key_value_heads (unused by MLA) */
-    int n_routed_experts;          /* E (0: no MoE) */
+    int n_heads;          /* num_attention_heads */
+    int n_kv_heads;       /* num_key_value_heads (unused by MLA) */
+    int n_routed_experts; /* E (0: no MoE) */
     int n_shared_experts;
-    int n_experts_per_tok;         /* top-k */
+    int n_experts_per_tok; /* top-k */
     int n_group, topk_group;
-    int topk_method;               /* enum ms_topk_method */
-    int scoring_func;              /* enum ms_score_func */
+    int topk_method;  /* enum ms_topk_method */
+    int scoring_func; /* enum ms_score_func */
     bool norm_topk_prob;
     float routed_scaling_factor;
-    float swiglu_limit;            /* V4: gate = min(g, L), up = clamp(u, -L, L); 0: none */
-    int q_lora_rank;               /* 0 when null: direct q_proj */
+    float swiglu_limit; /* V4: gate = min(g, L), up = clamp(u, -L, L); 0: none */
+    int q_lora_rank;    /* 0 when null: direct q_proj */
     int kv_lora_rank;
     int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     float rms_norm_eps;
@@ -57,12 +61,12 @@ typedef struct ms_config {
     float rope_beta_fast, rope_beta_slow;
     float rope_mscale, rope_mscale_all_dim;
     int64_t max_position_embeddings;
-    int num_nextn_predict_layers;  /* MTP layers stored after the main stack */
+    int num_nextn_predict_layers;       /* MTP layers stored after the main stack */
     int64_t bos_token_id, eos_token_id; /* -1 when absent */
     bool tie_word_embeddings;
     /* quantization_config (fp8 block) */
-    bool fp8_block;                /* quant_method fp8 with weight_block_size [128,128] */
-    bool fp8_scale_ue8m0;          /* scale_fmt "ue8m0" */
+    bool fp8_block;       /* quant_method fp8 with weight_block_size [128,128] */
+    bool fp8_scale_ue8m0; /* scale_fmt "ue8m0" */
     int weight_block[2];
 } ms_config;
 

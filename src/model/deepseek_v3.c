@@ -28,8 +28,8 @@
  * forward, the target's and the MTP draft layer's apart, printed when the model
  * is freed.  Costs two clock reads per phase. */
 enum { PH_QKV, PH_ATTN_DEC, PH_ATTN_PRE, PH_O, PH_MLP, PH_MOE, PH_HEAD, PH_EH, PH_N };
-static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode", "attn prefill",
-                                          "o_proj",         "dense mlp",   "moe",
+static const char *const ph_name[PH_N] = {"qkv+rope+cache", "attn decode",  "attn prefill",
+                                          "o_proj",         "dense mlp",    "moe",
                                           "lm_head",        "eh_proj+norms"};
 static double ph_sec[2][PH_N]; /* [0] the target's forward, [1] the draft's */
 static int ph_on = -1, ph_set;
@@ -53,8 +53,8 @@ void ms_model_profile_print(void)
     for (int s = 0; s < 2; s++)
         for (int i = 0; i < PH_N; i++)
             if (ph_sec[s][i] > 0 || (s == 0 && i < PH_EH))
-                fprintf(stderr, "profile %s%-16s %8.3f s %5.1f%%\n", s ? "draft " : "",
-                        ph_name[i], ph_sec[s][i], 100 * ph_sec[s][i] / tot);
+                fprintf(stderr, "profile %s%-16s %8.3f s %5.1f%%\n", s ? "draft " : "", ph_name[i],
+                        ph_sec[s][i], 100 * ph_sec[s][i] / tot);
     memset(ph_sec, 0, sizeof ph_sec); /* each print covers the time since the last */
 }
 
@@ -68,41 +68,41 @@ struct ms_model_ws {
     int64_t cap_T;
     int64_t cap_S;  /* context rows ascr serves (the absorbed rows' attention) */
     int64_t cap_Sp; /* context rows lat, kv, sc, kh and vh serve (the naive form's) */
-    float *x;      /* [T][D] residual stream */
-    float *u;      /* [T][D] normed input of a sub-block */
-    float *qa;     /* [T][q_lora] */
-    float *q;      /* [T][H*(dn+dr)] */
-    float *kva;    /* [T][c+dr] */
-    float *attn;   /* [T][H*dv] */
-    float *y;      /* [T][D] sub-block output */
-    float *g, *up; /* [T][inter] dense MLP scratch */
+    float *x;       /* [T][D] residual stream */
+    float *u;       /* [T][D] normed input of a sub-block */
+    float *qa;      /* [T][q_lora] */
+    float *q;       /* [T][H*(dn+dr)] */
+    float *kva;     /* [T][c+dr] */
+    float *attn;    /* [T][H*dv] */
+    float *y;       /* [T][D] sub-block output */
+    float *g, *up;  /* [T][inter] dense MLP scratch */
     /* prefill (naive form) attention scratch, sized by its S (cap_Sp) */
-    float *lat;    /* [S][c+dr] cache rows as f32 */
-    float *kv;     /* [S][H*(dn+dv)] expanded keys/values (naive form) */
-    float *sc;     /* [cap_sc] prefill scores of one query block [QB][H][S_b] */
-    float *qabs;   /* [T][H][c+dr] absorbed queries of the decode rows */
-    float *ctx;    /* [T][H][c] attention context of the decode rows */
-    float *dq;     /* [T][H][dn+dr] queries of the decode rows, packed */
-    float *dout;   /* [T][H][dv] outputs of the decode rows, packed */
-    float *ascr;   /* attention kernel scratch, sized by cap_S */
-    int64_t cap_sc;    /* floats in sc */
-    float *kh;         /* [cap_kh] prefill keys of one head group, transposed [HG][dn+dr][S]
-                        * (or the fused kernel's blocks, S rounded up to 64) */
+    float *lat;     /* [S][c+dr] cache rows as f32 */
+    float *kv;      /* [S][H*(dn+dv)] expanded keys/values (naive form) */
+    float *sc;      /* [cap_sc] prefill scores of one query block [QB][H][S_b] */
+    float *qabs;    /* [T][H][c+dr] absorbed queries of the decode rows */
+    float *ctx;     /* [T][H][c] attention context of the decode rows */
+    float *dq;      /* [T][H][dn+dr] queries of the decode rows, packed */
+    float *dout;    /* [T][H][dv] outputs of the decode rows, packed */
+    float *ascr;    /* attention kernel scratch, sized by cap_S */
+    int64_t cap_sc; /* floats in sc */
+    float *kh;      /* [cap_kh] prefill keys of one head group, transposed [HG][dn+dr][S]
+                     * (or the fused kernel's blocks, S rounded up to 64) */
     int64_t cap_kh;
     float *vh;         /* [cap_kh / (dn+dr) · dv] its values, packed [HG][S][dv] */
     const void **pptr; /* [cap_pptr] page pointers of the decode rows' sequences */
     int64_t cap_pptr;
     ms_attn_seq *aseq; /* [cap_aseq] the decode rows' sequences */
     int64_t cap_aseq;
-    float *hn;     /* [T][D] final normed rows of the logit (and hidden) positions */
-    float *cat;    /* [T][2D] the draft layer's [enorm(embedding), hnorm(hidden)] */
+    float *hn;          /* [T][D] final normed rows of the logit (and hidden) positions */
+    float *cat;         /* [T][2D] the draft layer's [enorm(embedding), hnorm(hidden)] */
     ms_batch_seq *kseq; /* [cap_kseq] the draft's sequences cut to their output rows */
     int cap_kseq;
     float *logits; /* [cap_logits_rows][vocab] */
     int64_t cap_logits_rows;
     ms_comm_p2p *head_ops; /* [cap_head_ops] rank 0's receives of the split LM head */
     int cap_head_ops;
-    ms_mat att_w[MAX_BLOCK_HEADS * MAX_SUB];        /* prefill attention's per-call weights */
+    ms_mat att_w[MAX_BLOCK_HEADS * MAX_SUB];         /* prefill attention's per-call weights */
     ms_mm_call att_calls[MAX_BLOCK_HEADS * MAX_SUB]; /* and calls (attn_naive) */
     ms_mlp_ws mlp;
 };
@@ -113,9 +113,10 @@ int ms_model_ws_new(ms_model *m, ms_errbuf *err);
 void ms_model_ws_free(ms_model_ws *ws)
 {
     if (!ws) return;
-    float **bufs[] = {&ws->x,  &ws->u,   &ws->qa, &ws->q,  &ws->kva,  &ws->attn, &ws->y,
-                      &ws->g,  &ws->up,  &ws->lat, &ws->kv, &ws->kh, &ws->vh, &ws->sc,   &ws->qabs,
-                      &ws->ctx, &ws->hn, &ws->cat, &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
+    float **bufs[] = {&ws->x,      &ws->u,  &ws->qa,   &ws->q,   &ws->kva, &ws->attn,
+                      &ws->y,      &ws->g,  &ws->up,   &ws->lat, &ws->kv,  &ws->kh,
+                      &ws->vh,     &ws->sc, &ws->qabs, &ws->ctx, &ws->hn,  &ws->cat,
+                      &ws->logits, &ws->dq, &ws->dout, &ws->ascr};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) {
         ms_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
@@ -158,8 +159,8 @@ static int ws_reserve(ms_model *m, int64_t T, int64_t S, int64_t S_pre)
 {
     ms_model_ws *ws = m->ws;
     const ms_config *c = &m->cfg;
-    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim,
-            dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+            dv = c->v_head_dim, kvr = c->kv_lora_rank;
     if (T > ws->cap_T) {
         T = MS_MAX(T, 2 * ws->cap_T);
         REALLOC_F(ws->x, T * D);
@@ -281,7 +282,6 @@ static void load_rows(const ms_kv_view *v, int layer, int64_t S, float *out)
     }
 }
 
-
 /* Softmax rows of one prefill block: row r = (i - i0)·H + h of sc [rows][S_b]
  * holds the scores of query i (position p0 + i) for head h; scaled, softmaxed
  * over the causal prefix (p0 + i + 1 keys) and zeroed after it. */
@@ -391,15 +391,16 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
                             dn,     dr,      dv,     kvd,    kvr, row, fused};
         ms_pool_run(m->pool, kt_heads, &kj);
         if (fused) {
-            ms_attn_prefill a = {q + g0 * qd, H * qd, ws->kh, ws->vh, out + g0 * dv, H * dv,
-                                 hg, qd, dv, p0, n, m->softmax_scale};
+            ms_attn_prefill a = {q + g0 * qd, H * qd, ws->kh, ws->vh, out + g0 * dv,   H * dv, hg,
+                                 qd,          dv,     p0,     n,      m->softmax_scale};
             ms_attn_prefill_run(&m->kctx, &a);
             continue;
         }
         for (int64_t i0 = 0; i0 < n; i0 += QB) {
             int64_t i1 = MS_MIN(n, i0 + QB), nb = i1 - i0, S_b = p0 + i1;
             int nc = 0;
-            for (int64_t j0 = 0; j0 < nb; j0 += SUB_ROWS) { /* scores[i][b][:] = q[i][g0 + b] · kt[b] */
+            for (int64_t j0 = 0; j0 < nb;
+                 j0 += SUB_ROWS) { /* scores[i][b][:] = q[i][g0 + b] · kt[b] */
                 int64_t rows = MS_MIN(SUB_ROWS, nb - j0), S_j = p0 + i0 + j0 + rows;
                 for (int b = 0; b < hg; b++, nc++) {
                     w[nc] = ms_mat_whole(MS_DT_F32, qd, S_j, ws->kh + b * qd * S, NULL);
@@ -423,9 +424,14 @@ static void attn_naive(ms_model *m, const ms_layer_w *lw, int layer, const ms_kv
                 for (int b = 0; b < hg; b++, nc++) {
                     int64_t h = g0 + b;
                     w[nc] = ms_mat_whole(MS_DT_F32, S_j, dv, ws->vh + b * S * dv, NULL);
-                    calls[nc] = (ms_mm_call){out + (i0 + j0) * H * dv + h * dv, H * dv,
-                                             ws->sc + (j0 * hg + b) * S_b, hg * S_b, rows, &w[nc],
-                                             0, 1};
+                    calls[nc] = (ms_mm_call){out + (i0 + j0) * H * dv + h * dv,
+                                             H * dv,
+                                             ws->sc + (j0 * hg + b) * S_b,
+                                             hg * S_b,
+                                             rows,
+                                             &w[nc],
+                                             0,
+                                             1};
                 }
             }
             ms_matmul_batch(&m->kctx, calls, nc);
@@ -488,7 +494,7 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
             memcpy(ws->qabs + (i * H + h) * row + kvr, ws->dq + (i * H + h) * qd + dn,
                    sizeof(float) * (size_t)dr);
     absorb_heads(m, lw, 0, n); /* q̃ = q_nope · W_UK, every head in one pool run */
-    int64_t i = 0, np = 0; /* every decode row's pages into one table, then one kernel call */
+    int64_t i = 0, np = 0;     /* every decode row's pages into one table, then one kernel call */
     for (int q = 0; q < n_seqs; q++) {
         const ms_batch_seq *sq = &seqs[q];
         if (!absorbed(m, sq)) continue;
@@ -499,8 +505,8 @@ static void attn_decode(ms_model *m, const ms_layer_w *lw, int layer, const ms_k
         for (int64_t p = 0; p * ps < S_all; p++)
             ws->pptr[np++] = ms_kv_view_entry(&v, LATENT, layer, p * ps);
         for (int32_t j = 0; j < sq->n_tokens; j++) /* row j sees positions 0 .. start + j */
-            ws->aseq[i++] = (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row,
-                                          sq->start_pos + j + 1};
+            ws->aseq[i++] =
+                (ms_attn_seq){pp, ps, ms_kv_view_dtype(&v, LATENT), row, sq->start_pos + j + 1};
     }
     ms_attn_decode(&m->kctx, ws->aseq, (int)n, ws->qabs, H, kvr, m->softmax_scale, ws->ctx,
                    ws->ascr);
@@ -688,7 +694,9 @@ static int layers(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seq
         ms_comm_set_tag(l);
         ph_mark(PH_O);
         ms_mlp_ctx mcx = {&m->kctx, c, m->shard};
-        ms_mlp_w mw = {.layer = l, .is_moe = lw->is_moe, .dense = &lw->dense,
+        ms_mlp_w mw = {.layer = l,
+                       .is_moe = lw->is_moe,
+                       .dense = &lw->dense,
                        .moe = {&lw->router, lw->e_bias, lw->experts,
                                c->n_shared_experts > 0 ? &lw->shared : NULL}};
         rc = ms_mlp_forward(&mcx, &mw, ws->u, T, ws->y, &ws->mlp, err);
@@ -744,7 +752,8 @@ static int head_split(ms_model *m, ms_group *g, const ms_batch_seq *seqs, int n_
         n_ops = n - 1;
         for (int j = 1; j < n; j++) {
             int64_t a = V * j / n, b = V * (j + 1) / n;
-            ops[j - 1] = (ms_comm_p2p){j, 1, L + n_want * a, sizeof(float) * (size_t)(n_want * (b - a))};
+            ops[j - 1] =
+                (ms_comm_p2p){j, 1, L + n_want * a, sizeof(float) * (size_t)(n_want * (b - a))};
         }
     } else {
         op1 = (ms_comm_p2p){0, 0, L + n_want * v0, sizeof(float) * (size_t)(n_want * (v1 - v0))};
@@ -930,9 +939,11 @@ static int dsv3_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv
      * pool shares the target's token slots) as layer n_layers */
     int n = s->n_layers + (o->draft_tokens > 0 && s->n_mtp_layers > 0);
     ms_kv_spec_init(out, n);
-    ms_kv_stream *st =
-        ms_kv_spec_add(out, "latent", (double)(row * b), row,
-                       b == 4 ? MS_DT_F32 : b == 2 ? MS_DT_BF16 : MS_DT_F8E4M3, 1, 0, 0);
+    ms_kv_stream *st = ms_kv_spec_add(out, "latent", (double)(row * b), row,
+                                      b == 4   ? MS_DT_F32
+                                      : b == 2 ? MS_DT_BF16
+                                               : MS_DT_F8E4M3,
+                                      1, 0, 0);
     for (int l = 0; l < n; l++) ms_kv_stream_cover(st, l);
     /* a decode query reads every row for its rank's heads, absorbed: q·[c_kv|k_pe]
      * and p·c_kv */

@@ -65,7 +65,7 @@ static int v4_parse(const json_t *root, ms_model_shape *m, ms_errbuf *err)
     const int64_t big = INT64_C(1) << 24;
     int64_t v;
     m->attn = MS_ATTN_V4;
-    m->n_kv_heads = 0; /* one shared KV */
+    m->n_kv_heads = 0;                                               /* one shared KV */
     if (!json_object_get(root, "qk_rope_head_dim")) m->qk_rope = 64; /* ms_v4_cfg_parse's default */
 #define GET(key, lo, hi, def, dst)                                                                 \
     do {                                                                                           \
@@ -102,7 +102,8 @@ int ms_v4_cfg_parse(const json_t *root, ms_v4_cfg *c, ms_errbuf *err)
     if (!rc) rc = ms_jget_num(&g, key, def, lo, hi, &dst)
     if (!rc) rc = ms_jget_int(&g, "hidden_size", -1, 1, 1 << 17, &c->D);
     if (!rc) rc = ms_jget_int(&g, "vocab_size", -1, 1, 1 << 22, &c->vocab);
-    if (!rc) rc = ms_jget_int(&g, "max_position_embeddings", 4096, 1, INT64_C(1) << 32, &c->max_pos);
+    if (!rc)
+        rc = ms_jget_int(&g, "max_position_embeddings", 4096, 1, INT64_C(1) << 32, &c->max_pos);
     I("num_hidden_layers", 1, MS_KV_MAX_LAYERS - 1, -1, c->n_layers);
     I("num_attention_heads", 1, 1 << 12, -1, c->H);
     I("head_dim", 2, 1 << 12, 512, c->hd);
@@ -143,8 +144,9 @@ int ms_v4_cfg_parse(const json_t *root, ms_v4_cfg *c, ms_errbuf *err)
     if (json_is_object(rs)) {
         ms_jget r = {rs, "rope_scaling.", err};
         rc = ms_jget_num(&r, "factor", 1, 1, 1e6, &c->rope_factor);
-        if (!rc) rc = ms_jget_int(&r, "original_max_position_embeddings", 0, 0, INT64_C(1) << 32,
-                                  &c->rope_orig);
+        if (!rc)
+            rc = ms_jget_int(&r, "original_max_position_embeddings", 0, 0, INT64_C(1) << 32,
+                             &c->rope_orig);
         if (!rc) rc = ms_jget_num(&r, "beta_fast", 32, 0, 1e6, &c->beta_fast);
         if (!rc) rc = ms_jget_num(&r, "beta_slow", 1, 0, 1e6, &c->beta_slow);
         if (rc) return rc;
@@ -159,8 +161,8 @@ int ms_v4_cfg_parse(const json_t *root, ms_v4_cfg *c, ms_errbuf *err)
                       "index_head_dim %d must hold it",
                       c->hd, c->dr, c->idx_hd);
     if (c->H % c->o_groups)
-        return ms_err(err, MS_EFORMAT, "config.json: o_groups %d must divide %d heads",
-                      c->o_groups, c->H);
+        return ms_err(err, MS_EFORMAT, "config.json: o_groups %d must divide %d heads", c->o_groups,
+                      c->H);
     if (c->K > c->E || c->n_hash > c->n_layers)
         return ms_err(err, MS_EFORMAT,
                       "config.json: num_experts_per_tok %d over %d experts, or num_hash_layers "
@@ -218,13 +220,15 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
     if ((fp4 || fp8) && (s->index_head_dim & (s->index_head_dim - 1)))
         return ms_err(err, MS_EUNSUPPORTED,
                       "%s index keys: index_head_dim %d is not a power of two (the Hadamard "
-                      "rotation)", fp4 ? "MXFP4" : "FP8", s->index_head_dim);
+                      "rotation)",
+                      fp4 ? "MXFP4" : "FP8", s->index_head_dim);
     if (fp4 || fp8) {
-        key_n = fp4 ? ms_kvq_mxfp4_bytes(s->index_head_dim) : ms_kvq_fp8key_bytes(s->index_head_dim);
+        key_n =
+            fp4 ? ms_kvq_mxfp4_bytes(s->index_head_dim) : ms_kvq_fp8key_bytes(s->index_head_dim);
         key = (double)key_n, kdt = MS_DT_U8;
     }
-    ms_kv_stream *win = ms_kv_spec_add(out, "window", main, main_n, dt, 1, s->window,
-                                       o->draft_tokens);
+    ms_kv_stream *win =
+        ms_kv_spec_add(out, "window", main, main_n, dt, 1, s->window, o->draft_tokens);
     ms_kv_stream *c4 = ms_kv_spec_add(out, "c4", main, main_n, dt, 4, 0, 0);
     ms_kv_stream *c128 = ms_kv_spec_add(out, "c128", main, main_n, dt, 128, 0, 0);
     ms_kv_stream *idx = ms_kv_spec_add(out, "index", key, key_n, kdt, 4, 0, 0);
@@ -250,8 +254,8 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
         int64_t n = ms_v4_carry_values(s->head_dim, s->index_head_dim);
         carry = ms_kv_spec_add(out, "carry", (double)n * sb, (int64_t)(n * sb), MS_DT_U8,
                                o->page_size * 128, 0, 0);
-        wsnap = ms_kv_spec_add(out, "wsnap", main * s->window, (int64_t)main * s->window,
-                               MS_DT_U8, o->page_size * 128, 0, 0);
+        wsnap = ms_kv_spec_add(out, "wsnap", main * s->window, (int64_t)main * s->window, MS_DT_U8,
+                               o->page_size * 128, 0, 0);
         if (!carry || !wsnap) return ms_err(err, MS_EINTERNAL, "kv_spec: too many streams");
         carry->page_entries = wsnap->page_entries = 1;
         carry->read_cap = wsnap->read_cap = -1; /* read only at a chunk start on a unit */
@@ -264,8 +268,9 @@ static int v4_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_s
         if (ratio == 4 && carry) ms_kv_stream_cover(carry, l);
         if (ratio == 4) ms_kv_stream_cover(c4, l), ms_kv_stream_cover(idx, l);
         if (ratio == 128) ms_kv_stream_cover(c128, l);
-        if (ratio) ms_kv_spec_add_state(out, l, ms_v4_state_floats(ratio, s->head_dim,
-                                                                   s->index_head_dim) * sb);
+        if (ratio)
+            ms_kv_spec_add_state(out, l,
+                                 ms_v4_state_floats(ratio, s->head_dim, s->index_head_dim) * sb);
     }
     if (n_lay > s->n_layers) ms_kv_stream_cover(win, s->n_layers);
     return 0;
@@ -358,10 +363,9 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
 
 static void ws_free(ms_v4_ws *w)
 {
-    float *bufs[] = {w->X,  w->Xn, w->mix, w->pre, w->post, w->comb, w->u,   w->f,
-                     w->qr, w->q,  w->kv,  w->o,   w->z,    w->ca,   w->cg,  w->iq,
-                     w->iw, w->hn, w->cand, w->sc, w->isc,  w->ik,   w->iscore, w->isr, w->logits,
-                     w->cstate};
+    float *bufs[] = {w->X,    w->Xn, w->mix, w->pre, w->post,   w->comb, w->u,      w->f,     w->qr,
+                     w->q,    w->kv, w->o,   w->z,   w->ca,     w->cg,   w->iq,     w->iw,    w->hn,
+                     w->cand, w->sc, w->isc, w->ik,  w->iscore, w->isr,  w->logits, w->cstate};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
     ms_free_aligned(w->win), ms_free_aligned(w->cbuf);
     for (int i = 0; i < w->n_th; i++) {
@@ -377,7 +381,10 @@ static void ws_free(ms_v4_ws *w)
 
 /* ---- mHC (arch.md §2.5) ---- */
 
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float sigmoidf(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
 
 /* r[t] = 1 / sqrt(mean(X[t]²) + eps) over the hc·D values of each row; then
  * mix[t] = r[t] · (fn · X[t]). */
@@ -502,8 +509,8 @@ static int v4_embed(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
             int32_t tok = seqs[i].tokens[j];
             float *x = w->X + t * c->hc * D;
-            ms_cvt_to_f32(m->kctx.isa, E->dtype, (const char *)E->data + (size_t)(tok * E->ld) * esz,
-                          x, D);
+            ms_cvt_to_f32(m->kctx.isa, E->dtype,
+                          (const char *)E->data + (size_t)(tok * E->ld) * esz, x, D);
             for (int k = 1; k < c->hc; k++) memcpy(x + k * D, x, sizeof(float) * (size_t)D);
             w->tok[t] = tok;
         }
@@ -569,8 +576,8 @@ static int keep_out_rows(ms_model *m, const ms_batch_seq **seqs, int n_seqs)
  * streams in ws->X.  keep (the draft block, window-only): every row's window
  * entry is written, then only each sequence's output rows go on through the
  * attention and the MoE, and *keep is set to the cut batch (keep_out_rows). */
-static int block(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
-                 int l, const ms_batch_seq **keep, ms_errbuf *err)
+static int block(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs, int l,
+                 const ms_batch_seq **keep, ms_errbuf *err)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
@@ -718,15 +725,16 @@ static int v4_draft(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
             return ms_err(err, MS_EINVAL, "draft forward: sequence %d has no hidden_in", i);
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             ms_rmsnorm(w->u + t * D, w->X + t * hc * D, lw->enorm, 1, D, D, c->eps);
-            ms_rmsnorm(w->Xn + t * hc * D, sq->hidden_in + (int64_t)j * hc * D, lw->hnorm, hc, D,
-                       D, c->eps);
+            ms_rmsnorm(w->Xn + t * hc * D, sq->hidden_in + (int64_t)j * hc * D, lw->hnorm, hc, D, D,
+                       c->eps);
         }
     }
     if (T > 0) {
         ms_matmul(&m->kctx, w->X, D, w->Xn, D, T * hc, &lw->h_proj, 0);
         ms_matmul(&m->kctx, w->f, D, w->u, D, T, &lw->e_proj, 0);
         for (int64_t r = 0; r < T; r++)
-            for (int64_t k = 0; k < hc; k++) ms_axpy_f32(w->X + (r * hc + k) * D, 1.0f, w->f + r * D, D);
+            for (int64_t k = 0; k < hc; k++)
+                ms_axpy_f32(w->X + (r * hc + k) * D, 1.0f, w->f + r * D, D);
     }
     const ms_batch_seq *kept = seqs;
     rc = block(m, cache, seqs, n_seqs, c->n_layers, &kept, err);
@@ -812,12 +820,13 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
     mc->scoring_func = MS_SCORE_SQRTSOFTPLUS, mc->n_heads = c->H;
     mc->rms_norm_eps = c->eps, mc->max_position_embeddings = c->max_pos;
     mc->num_nextn_predict_layers = c->n_mtp;
-    if (!rc) rc = ms_jget_bool(&(ms_jget){root, "", err}, "norm_topk_prob", true,
-                               &mc->norm_topk_prob);
-    if (!rc) rc = ms_jget_num(&(ms_jget){root, "", err}, "routed_scaling_factor", 1.0, 0, 1e6,
-                              &mc->routed_scaling_factor);
-    if (!rc) rc = ms_jget_num(&(ms_jget){root, "", err}, "swiglu_limit", 0.0, 0, 1e6,
-                              &mc->swiglu_limit);
+    if (!rc)
+        rc = ms_jget_bool(&(ms_jget){root, "", err}, "norm_topk_prob", true, &mc->norm_topk_prob);
+    if (!rc)
+        rc = ms_jget_num(&(ms_jget){root, "", err}, "routed_scaling_factor", 1.0, 0, 1e6,
+                         &mc->routed_scaling_factor);
+    if (!rc)
+        rc = ms_jget_num(&(ms_jget){root, "", err}, "swiglu_limit", 0.0, 0, 1e6, &mc->swiglu_limit);
     json_decref(root);
     if (rc) goto fail;
     m->shard = opts ? opts->shard : NULL;
@@ -854,12 +863,13 @@ static int v4_open(ms_model **out, const char *dir, const ms_model_opts *opts, m
     for (int l = 0; l < c->n_layers; l++) /* the kv_spec's state, layer by layer */
         m->v4->state_off[l + 1] =
             m->v4->state_off[l] + ms_v4_state_floats(c->ratio[l], c->hd, c->idx_hd);
-    MS_LOG(MS_INFO, "model",
-           "loaded %s: deepseek_v4, %d layers (+%d MTP: the speculative draft), %lld params, isa %s, "
-           "%d threads, %s activations%s",
-           dir, c->n_layers, c->n_mtp, (long long)m->n_params, ms_isa_name(m->kctx.isa),
-           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto",
-           m->kctx.batch_invariant ? ", batch-invariant products" : "");
+    MS_LOG(
+        MS_INFO, "model",
+        "loaded %s: deepseek_v4, %d layers (+%d MTP: the speculative draft), %lld params, isa %s, "
+        "%d threads, %s activations%s",
+        dir, c->n_layers, c->n_mtp, (long long)m->n_params, ms_isa_name(m->kctx.isa),
+        ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto",
+        m->kctx.batch_invariant ? ", batch-invariant products" : "");
     *out = m;
     return 0;
 fail:

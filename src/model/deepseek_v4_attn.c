@@ -13,12 +13,11 @@
  * keys: it is orthogonal and applied to both, so their products are
  * unchanged.  With MXFP4 keys (--enable-deepseek-v4-fp4-indexer) or FP8 keys
  * (--kv-cache-dtype fp8_e4m3 without it) keys and queries are rotated, then
- * quantised (keys at write, queries per step), as SGLang's indexer does; --kv-cache-dtype fp8_e4m3 stores the main
- * entries as FP8 ds entries (kernels/kvq.h).  Both dequantise when loaded.
- * Cache streams (deepseek_v4.h V4_S_*): window entries per token, c4 / c128
- * entries at the window's first position, index keys per 4 tokens.  Every
- * attention-TP member computes the shared KV, the compressors and the whole
- * indexer (replicated, the same top-k everywhere) and its own heads.
+ * quantised (keys at write, queries per step), as SGLang's indexer does; --kv-cache-dtype fp8_e4m3
+ * stores the main entries as FP8 ds entries (kernels/kvq.h).  Both dequantise when loaded. Cache
+ * streams (deepseek_v4.h V4_S_*): window entries per token, c4 / c128 entries at the window's first
+ * position, index keys per 4 tokens.  Every attention-TP member computes the shared KV, the
+ * compressors and the whole indexer (replicated, the same top-k everywhere) and its own heads.
  *
  * The candidate attention runs on the pool (attend_seq): a sequence's window
  * span, C128 entries (and a prefill's C4 entries and index keys) are loaded
@@ -56,8 +55,8 @@ static int index_fp8(const ms_model *m, const ms_kv_view *v)
     return ms_kv_view_entry_elems(v, V4_S_INDEX) == ms_kvq_fp8key_bytes(m->v4->c.idx_hd);
 }
 
-static int store_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer,
-                       int64_t pos, const float *src, int64_t n)
+static int store_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer, int64_t pos,
+                       const float *src, int64_t n)
 {
     void *dst = ms_kv_view_entry(v, stream, layer, pos);
     if (!dst) return MS_EINTERNAL;
@@ -72,16 +71,18 @@ static int store_entry(const ms_model *m, const ms_kv_view *v, int stream, int l
         if (n > 4096) return MS_EINTERNAL;
         memcpy(r, src, sizeof(float) * (size_t)n);
         ms_kvq_hadamard(r, n);
-        if (index_fp8(m, v)) ms_kvq_fp8key_pack(r, n, dst);
-        else ms_kvq_mxfp4_pack(r, n, dst);
+        if (index_fp8(m, v))
+            ms_kvq_fp8key_pack(r, n, dst);
+        else
+            ms_kvq_mxfp4_pack(r, n, dst);
     } else {
         ms_kvq_fp8ds_pack(src, n, m->v4->c.dr, dst);
     }
     return 0;
 }
 
-static int load_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer,
-                      int64_t pos, float *dst, int64_t n)
+static int load_entry(const ms_model *m, const ms_kv_view *v, int stream, int layer, int64_t pos,
+                      float *dst, int64_t n)
 {
     const void *src = ms_kv_view_entry(v, stream, layer, pos);
     if (!src) return MS_EINTERNAL;
@@ -92,8 +93,10 @@ static int load_entry(const ms_model *m, const ms_kv_view *v, int stream, int la
         const uint16_t *h = src;
         for (int64_t i = 0; i < n; i++) dst[i] = ms_bf16_to_f32(h[i]);
     } else if (stream == V4_S_INDEX) {
-        if (index_fp8(m, v)) ms_kvq_fp8key_unpack(src, n, dst);
-        else ms_kvq_mxfp4_unpack(src, n, dst);
+        if (index_fp8(m, v))
+            ms_kvq_fp8key_unpack(src, n, dst);
+        else
+            ms_kvq_mxfp4_unpack(src, n, dst);
     } else {
         ms_kvq_fp8ds_unpack(src, n, m->v4->c.dr, dst);
     }
@@ -175,8 +178,10 @@ static void carry_copy(const ms_kv_view *v, const v4_comp *cp, int l, int64_t P,
             if (bf16) {
                 uint16_t *h = (uint16_t *)e + at;
                 for (int64_t j = 0; j < cd; j++)
-                    if (save) h[j] = ms_f32_to_bf16(row[j]);
-                    else row[j] = ms_bf16_to_f32(h[j]);
+                    if (save)
+                        h[j] = ms_f32_to_bf16(row[j]);
+                    else
+                        row[j] = ms_bf16_to_f32(h[j]);
             } else if (save) {
                 memcpy((float *)e + at, row, sizeof(float) * (size_t)cd);
             } else {
@@ -204,8 +209,10 @@ static int window_snapshot(const ms_model *m, const ms_kv_view *v, int l, int64_
     for (int64_t k = 0; k < W; k++) {
         uint8_t *w = ms_kv_view_entry(v, V4_S_WINDOW, l, end - W + k);
         if (!w) return MS_EINTERNAL;
-        if (save) memcpy(e + (size_t)k * b, w, b);
-        else memcpy(w, e + (size_t)k * b, b);
+        if (save)
+            memcpy(e + (size_t)k * b, w, b);
+        else
+            memcpy(w, e + (size_t)k * b, b);
     }
     return 0;
 }
@@ -392,7 +399,7 @@ struct seq_job {
     int64_t t0, n_rows, pos0, wp0, n_win, n128, n_c4, n_ik;
     int64_t t, pos, ncand; /* the decode path's row and its candidate count */
     _Atomic int rc;
-    _Atomic int64_t next;  /* the next unclaimed item (ms_pool_run_dynamic) */
+    _Atomic int64_t next; /* the next unclaimed item (ms_pool_run_dynamic) */
 };
 
 /* Runs fn over J's items claimed from J->next by whichever threads join
@@ -401,8 +408,10 @@ struct seq_job {
 static void run_claimed(ms_model *m, struct seq_job *J, ms_pool_fn fn, int64_t work)
 {
     atomic_store(&J->next, 0);
-    if (work < 256) fn(J, 0, 1);
-    else ms_pool_run_dynamic(m->pool, fn, J);
+    if (work < 256)
+        fn(J, 0, 1);
+    else
+        ms_pool_run_dynamic(m->pool, fn, J);
 }
 
 /* Loads the chunk's entries, claimed 64 at a time. */
@@ -415,23 +424,23 @@ static void load_fn(void *arg, int tid, int nt)
     int64_t total = J->n_win + n_c + J->n_ik;
     (void)tid, (void)nt;
     for (int64_t b; (b = atomic_fetch_add(&J->next, 64)) < total;)
-    for (int64_t i = b; i < MS_MIN(b + 64, total); i++) {
-        int rc;
-        if (i < J->n_win)
-            rc = load_entry(J->m, &J->v, V4_S_WINDOW, J->l, J->wp0 + i, w->win + i * hd, hd);
-        else if (i < J->n_win + n_c)
-            rc = J->n128 ? load_entry(J->m, &J->v, V4_S_C128, J->l, (i - J->n_win) * 128,
-                                      w->cbuf + (i - J->n_win) * hd, hd)
-                         : load_entry(J->m, &J->v, V4_S_C4, J->l, (i - J->n_win) * 4,
-                                      w->cbuf + (i - J->n_win) * hd, hd);
-        else
-            rc = load_entry(J->m, &J->v, V4_S_INDEX, J->l, (i - J->n_win - n_c) * 4,
-                            w->ik + (i - J->n_win - n_c) * ihd, ihd);
-        if (rc) {
-            atomic_store(&J->rc, rc);
-            return;
+        for (int64_t i = b; i < MS_MIN(b + 64, total); i++) {
+            int rc;
+            if (i < J->n_win)
+                rc = load_entry(J->m, &J->v, V4_S_WINDOW, J->l, J->wp0 + i, w->win + i * hd, hd);
+            else if (i < J->n_win + n_c)
+                rc = J->n128 ? load_entry(J->m, &J->v, V4_S_C128, J->l, (i - J->n_win) * 128,
+                                          w->cbuf + (i - J->n_win) * hd, hd)
+                             : load_entry(J->m, &J->v, V4_S_C4, J->l, (i - J->n_win) * 4,
+                                          w->cbuf + (i - J->n_win) * hd, hd);
+            else
+                rc = load_entry(J->m, &J->v, V4_S_INDEX, J->l, (i - J->n_win - n_c) * 4,
+                                w->ik + (i - J->n_win - n_c) * ihd, ihd);
+            if (rc) {
+                atomic_store(&J->rc, rc);
+                return;
+            }
         }
-    }
 }
 
 /* Index scores of row t over keys 0 .. n (the reference's sums, in its order). */
@@ -540,8 +549,10 @@ static void decode_index_fn(void *arg, int tid, int nt)
                 for (int64_t rc = r0; rc < J->n_rows; rc += 1024 / nI) {
                     int64_t nr = MS_MIN(J->n_rows - rc, 1024 / nI), t = J->t0 + rc;
                     float d[1024];
-                    if (f8) ms_kvq_fp8key_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
-                    else ms_kvq_mxfp4_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
+                    if (f8)
+                        ms_kvq_fp8key_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
+                    else
+                        ms_kvq_mxfp4_dots(w->iq + t * nI * ihd, nI * nr, ihd, e, ihd, d);
                     for (int64_t r = 0; r < nr; r++) {
                         const float *iw = w->iw + (t + r) * nI;
                         float s = 0;
@@ -607,8 +618,8 @@ static int decode_row(struct seq_job *J)
                               w->iq + J->t * c->n_idx_heads * c->idx_hd,
                               w->iw + J->t * c->n_idx_heads, nk, w->sel, k);
         for (int e = 0; e < k; e++) {
-            int rc = load_entry(m, &J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd,
-                                hd);
+            int rc =
+                load_entry(m, &J->v, V4_S_C4, J->l, (int64_t)w->sel[e] * 4, w->cand + e * hd, hd);
             if (rc) return rc;
             cand[n++] = w->cand + e * hd;
         }
@@ -632,8 +643,13 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
         if (sq->n_tokens <= 0) continue;
         int64_t pos0 = sq->start_pos, last = pos0 + sq->n_tokens - 1;
         int rows = sq->n_tokens >= 2 * nt;
-        struct seq_job J = {.m = m, .lw = lw, .v = {cache, sq->kv}, .l = l, .t0 = t,
-                            .n_rows = sq->n_tokens, .pos0 = pos0,
+        struct seq_job J = {.m = m,
+                            .lw = lw,
+                            .v = {cache, sq->kv},
+                            .l = l,
+                            .t0 = t,
+                            .n_rows = sq->n_tokens,
+                            .pos0 = pos0,
                             .wp0 = MS_MAX(0, pos0 - c->window + 1)};
         J.n_win = last - J.wp0 + 1;
         J.n128 = lw->ratio == 128 ? (last + 1) / 128 : 0;
@@ -648,7 +664,8 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
             continue;
         }
         if (lw->ratio == 4 && (last + 1) / 4 > 0) { /* every row's index scores, one pass */
-            run_claimed(m, &J, decode_index_fn, (last + 1) / 4 * c->n_idx_heads / 16 * sq->n_tokens);
+            run_claimed(m, &J, decode_index_fn,
+                        (last + 1) / 4 * c->n_idx_heads / 16 * sq->n_tokens);
             if (atomic_load(&J.rc)) return atomic_load(&J.rc);
         }
         for (int64_t j = 0; j < sq->n_tokens; j++) {
@@ -660,8 +677,8 @@ static int attend_all(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq 
     return 0;
 }
 
-int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
-                       int n_seqs, int l, ms_errbuf *err)
+int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                       int l, ms_errbuf *err)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
@@ -677,8 +694,8 @@ int ms_v4_store_window(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq
             int64_t pos = seqs[i].start_pos + j;
             ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
             if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd))
-                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
-                              l, (long long)pos);
+                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld", l,
+                              (long long)pos);
         }
     }
     return 0;
@@ -711,16 +728,16 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
     for (int i = 0; i < n_seqs; i++) {
         ms_kv_view v = {cache, seqs[i].kv};
         if (seqs[i].n_tokens > 0 && window_snapshot(m, &v, l, seqs[i].start_pos, 0))
-            return ms_err(err, MS_EINTERNAL, "layer %d: no window snapshot to restore at %lld",
-                          l, (long long)seqs[i].start_pos);
+            return ms_err(err, MS_EINTERNAL, "layer %d: no window snapshot to restore at %lld", l,
+                          (long long)seqs[i].start_pos);
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, t++) {
             int64_t pos = seqs[i].start_pos + j;
             ms_rope_interleaved(w->q + t * H * hd + hd - dr, H, hd, dr, inv, pos);
             ms_rope_interleaved(w->kv + t * hd + hd - dr, 1, hd, dr, inv, pos);
             if (store_entry(m, &v, V4_S_WINDOW, l, pos, w->kv + t * hd, hd) ||
                 window_snapshot(m, &v, l, pos + 1, 1))
-                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld",
-                              l, (long long)pos);
+                return ms_err(err, MS_EINTERNAL, "layer %d: no window entry for position %lld", l,
+                              (long long)pos);
         }
     }
     /* compressed entries (and the indexer's keys and queries) before any query reads them */
@@ -743,19 +760,21 @@ int ms_v4_attention(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
                                     seqs[i].start_pos + j);
         ms_kv_view v0 = {cache, seqs[0].kv};
         if (ms_kv_view_dtype(&v0, V4_S_INDEX) == MS_DT_U8) { /* MXFP4 / FP8 keys: rotate */
-            int f8 = index_fp8(m, &v0);                       /* and quantise the queries too */
+            int f8 = index_fp8(m, &v0);                      /* and quantise the queries too */
             for (int64_t r = 0; r < T * nI; r++) {
                 ms_kvq_hadamard(w->iq + r * ihd, ihd);
-                if (f8) ms_kvq_fp8key_round(w->iq + r * ihd, ihd);
-                else ms_kvq_mxfp4_round(w->iq + r * ihd, ihd);
+                if (f8)
+                    ms_kvq_fp8key_round(w->iq + r * ihd, ihd);
+                else
+                    ms_kvq_mxfp4_round(w->iq + r * ihd, ihd);
             }
         }
     }
     rc = m->v4->attn_ref ? attend_rows_ref(m, cache, seqs, n_seqs, l)
                          : attend_all(m, cache, seqs, n_seqs, l);
     if (rc)
-        return ms_err(err, MS_EINTERNAL, "layer %d: a cache entry of a query's candidates is missing",
-                      l);
+        return ms_err(err, MS_EINTERNAL,
+                      "layer %d: a cache entry of a query's candidates is missing", l);
     /* grouped low-rank output: z_g = wo_a[g] · o_g, f = wo_b · z */
     int64_t hg = H / G * hd; /* values of one group */
     ms_mat wa[64];

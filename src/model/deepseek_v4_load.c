@@ -23,7 +23,7 @@
 #include <string.h>
 
 #define MAT_DTYPES                                                                                 \
-    (MS_DT_MASK(MS_DT_F32) | MS_DT_MASK(MS_DT_BF16) | MS_DT_MASK(MS_DT_F16) |                     \
+    (MS_DT_MASK(MS_DT_F32) | MS_DT_MASK(MS_DT_BF16) | MS_DT_MASK(MS_DT_F16) |                      \
      MS_DT_MASK(MS_DT_F8E4M3))
 #define VEC_DTYPES (MS_DT_MASK(MS_DT_F32) | MS_DT_MASK(MS_DT_BF16) | MS_DT_MASK(MS_DT_F16))
 
@@ -48,8 +48,7 @@ static int keep_scale(struct ms_v4 *v, float *s)
 
 /* The block scales of an FP8 matrix `name` (X.weight → X.scale): F8_E8M0 or
  * F32 [ceil(rows/128)][ceil(cols/128)], as f32 multipliers. */
-static int load_scale(struct ld *L, const char *name, int64_t rows, int64_t cols,
-                      const float **out)
+static int load_scale(struct ld *L, const char *name, int64_t rows, int64_t cols, const float **out)
 {
     size_t n = strlen(name);
     char sname[300];
@@ -75,8 +74,8 @@ static int load_scale(struct ld *L, const char *name, int64_t rows, int64_t cols
     for (int64_t i = 0; i < k; i++)
         if (!isfinite(f[i])) {
             free(f);
-            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': scale %lld is not finite",
-                          s->file, sname, (long long)i);
+            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': scale %lld is not finite", s->file,
+                          sname, (long long)i);
         }
     if (keep_scale(L->m->v4, f)) return ms_err(L->err, MS_ENOMEM, "out of memory");
     *out = f;
@@ -122,8 +121,7 @@ static int load_f32_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols, c
  * first, per-32 UE8M0 scales [rows][cols/32], a 255 (NaN) scale refused
  * naming the tensor: quant_load.h's ms_load_fp4_mat) when stored as I8,
  * else load_mat's dtypes. */
-static int load_expert_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols,
-                           const char *name)
+static int load_expert_mat(struct ld *L, ms_mat *out, int64_t rows, int64_t cols, const char *name)
 {
     if (!ms_st_is_fp4(L->m->st, name)) return load_mat(L, out, rows, cols, "%s", name);
     int rc = ms_load_fp4_mat(L->m->st, name, rows, cols, out, L->err);
@@ -193,8 +191,8 @@ static int load_tid2eid(struct ld *L, v4_layer *lw, const char *p)
     snprintf(n, sizeof n, "%s.ffn.gate.tid2eid", p);
     const int64_t shape[2] = {c->vocab, c->K};
     const ms_tensor *t;
-    int rc = ms_st_expect(L->m->st, n, 2, shape, MS_DT_MASK(MS_DT_I64) | MS_DT_MASK(MS_DT_I32),
-                          &t, L->err);
+    int rc = ms_st_expect(L->m->st, n, 2, shape, MS_DT_MASK(MS_DT_I64) | MS_DT_MASK(MS_DT_I32), &t,
+                          L->err);
     if (rc) return rc;
     int64_t k = c->vocab * c->K;
     lw->tid2eid = malloc(sizeof(int32_t) * (size_t)k);
@@ -209,8 +207,9 @@ static int load_tid2eid(struct ld *L, v4_layer *lw, const char *p)
             e = e32;
         }
         if (e < 0 || e >= c->E)
-            return ms_err(L->err, MS_EFORMAT, "%s: tensor '%s': expert id %lld at %lld outside [0, %d)",
-                          t->file, n, (long long)e, (long long)i, c->E);
+            return ms_err(L->err, MS_EFORMAT,
+                          "%s: tensor '%s': expert id %lld at %lld outside [0, %d)", t->file, n,
+                          (long long)e, (long long)i, c->E);
         lw->tid2eid[i] = (int32_t)e;
     }
     return 0;
@@ -317,8 +316,8 @@ int ms_v4_load(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
         rc = ms_err(err, MS_EUNSUPPORTED, "embed.weight: FP8 embeddings unsupported");
     if (!rc) rc = load_mat(&L, &m->lm_head, c->vocab, c->D, "head.weight");
     if (!rc) rc = load_vec(&L, &m->final_norm, c->D, "norm.weight");
-    if (!rc) rc = load_hc(&L, &v->hc_head_fn, &v->hc_head_base, &v->hc_head_scale, c->hc, 1,
-                          "hc_head");
+    if (!rc)
+        rc = load_hc(&L, &v->hc_head_fn, &v->hc_head_base, &v->hc_head_scale, c->hc, 1, "hc_head");
     if (rc) return rc;
     int n = c->n_layers + c->n_mtp;
     v->layers = calloc((size_t)n, sizeof *v->layers);
@@ -326,8 +325,10 @@ int ms_v4_load(ms_model *m, const ms_model_opts *opts, ms_errbuf *err)
     for (int l = 0; l < n && !rc; l++) {
         char p[64];
         int mtp = l >= c->n_layers;
-        if (mtp) snprintf(p, sizeof p, "mtp.%d", l - c->n_layers);
-        else snprintf(p, sizeof p, "layers.%d", l);
+        if (mtp)
+            snprintf(p, sizeof p, "mtp.%d", l - c->n_layers);
+        else
+            snprintf(p, sizeof p, "layers.%d", l);
         L.count = !mtp;
         rc = load_block(&L, &v->layers[l], p, c->ratio[l], !mtp && l < c->n_hash);
         if (!rc && mtp) rc = load_mtp_extras(&L, &v->layers[l], p);
@@ -366,10 +367,10 @@ void ms_v4_free_weights(ms_model *m)
     if (v->layers)
         for (int l = 0; l < v->c.n_layers + v->c.n_mtp; l++) {
             v4_layer *lw = &v->layers[l];
-            float *f[] = {lw->attn_norm,   lw->ffn_norm,     lw->hc_attn_base, lw->hc_ffn_base,
-                          lw->hc_attn_scale, lw->hc_ffn_scale, lw->sink,        lw->q_norm,
-                          lw->kv_norm,     lw->bias,         lw->enorm,       lw->hnorm,
-                          lw->mnorm,       lw->hc_head_base, lw->hc_head_scale};
+            float *f[] = {lw->attn_norm,     lw->ffn_norm,     lw->hc_attn_base, lw->hc_ffn_base,
+                          lw->hc_attn_scale, lw->hc_ffn_scale, lw->sink,         lw->q_norm,
+                          lw->kv_norm,       lw->bias,         lw->enorm,        lw->hnorm,
+                          lw->mnorm,         lw->hc_head_base, lw->hc_head_scale};
             for (size_t i = 0; i < MS_ARRAY_LEN(f); i++) free(f[i]);
             free_comp(&lw->comp);
             free_comp(&lw->icomp);
@@ -392,8 +393,8 @@ void ms_v4_each_view(ms_model *m, ms_view_fn fn, void *arg)
     fn(&v->hc_head_fn, 0, arg);
     for (int l = 0; l < c->n_layers; l++) {
         v4_layer *lw = &v->layers[l];
-        ms_mat *a[] = {&lw->hc_attn_fn, &lw->hc_ffn_fn, &lw->wq_a,  &lw->wq_b,
-                       &lw->wkv,        &lw->wo_a,      &lw->wo_b,  &lw->router,
+        ms_mat *a[] = {&lw->hc_attn_fn, &lw->hc_ffn_fn,  &lw->wq_a,  &lw->wq_b,
+                       &lw->wkv,        &lw->wo_a,       &lw->wo_b,  &lw->router,
                        &lw->comp.wkv,   &lw->comp.wgate, &lw->iwq_b, &lw->iwproj,
                        &lw->icomp.wkv,  &lw->icomp.wgate};
         for (size_t i = 0; i < MS_ARRAY_LEN(a); i++)

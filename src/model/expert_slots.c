@@ -23,7 +23,8 @@ int ms_dsv3_slots_init(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
 {
     int n = ms_shard_n_experts(m->shard, m->cfg.n_routed_experts);
     lw->slots = calloc((size_t)n, sizeof *lw->slots);
-    if (!lw->slots) return ms_err(err, MS_ENOMEM, "out of memory (expert slots of layer %d)", layer);
+    if (!lw->slots)
+        return ms_err(err, MS_ENOMEM, "out of memory (expert slots of layer %d)", layer);
     lw->n_slots = n;
     for (int s = 0; s < n; s++) lw->slots[s] = lw->experts[ms_shard_expert(m->shard, layer, s)];
     return 0;

@@ -25,7 +25,10 @@ static const ms_family *const families[] = {
     NULL,
 };
 
-const ms_family *const *ms_families(void) { return families; }
+const ms_family *const *ms_families(void)
+{
+    return families;
+}
 
 const ms_family *ms_family_by_name(const char *name)
 {
@@ -65,8 +68,8 @@ int ms_family_parse(const char *text, const ms_family **fam, ms_model_shape *out
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
     if (!root || !json_is_object(root)) {
         if (root) json_decref(root);
-        return ms_err(err, MS_EFORMAT, "config.json: %s (line %d)", root ? "not an object" : je.text,
-                      je.line);
+        return ms_err(err, MS_EFORMAT, "config.json: %s (line %d)",
+                      root ? "not an object" : je.text, je.line);
     }
     const ms_family *f = NULL;
     for (int i = 0; families[i] && !f; i++)
@@ -133,19 +136,43 @@ void ms_model_free(ms_model *m)
     if (m->family) m->family->free(m);
 }
 
-const ms_family *ms_model_family(const ms_model *m) { return m->family; }
-const ms_model_shape *ms_model_shape_of(const ms_model *m) { return &m->shape; }
-int ms_model_head_split(const ms_model *m) { return m->family->head_split; }
-ms_pool *ms_model_threads(const ms_model *m) { return m->pool; }
-int64_t ms_model_active_bytes_per_token(const ms_model *m) { return m->active_bytes_per_token; }
-int64_t ms_model_n_params(const ms_model *m) { return m->n_params; }
-int ms_model_n_mtp_layers(const ms_model *m) { return m->n_mtp_layers; }
+const ms_family *ms_model_family(const ms_model *m)
+{
+    return m->family;
+}
+const ms_model_shape *ms_model_shape_of(const ms_model *m)
+{
+    return &m->shape;
+}
+int ms_model_head_split(const ms_model *m)
+{
+    return m->family->head_split;
+}
+ms_pool *ms_model_threads(const ms_model *m)
+{
+    return m->pool;
+}
+int64_t ms_model_active_bytes_per_token(const ms_model *m)
+{
+    return m->active_bytes_per_token;
+}
+int64_t ms_model_n_params(const ms_model *m)
+{
+    return m->n_params;
+}
+int ms_model_n_mtp_layers(const ms_model *m)
+{
+    return m->n_mtp_layers;
+}
 int ms_model_has_draft(const ms_model *m)
 {
     return m->family->draft && (m->mtp != NULL || (m->v4 != NULL && m->n_mtp_layers > 0));
 }
 
-int ms_model_max_spec_steps(const ms_model *m) { return m->v4 ? V4_STATE_SPILL : 0; }
+int ms_model_max_spec_steps(const ms_model *m)
+{
+    return m->v4 ? V4_STATE_SPILL : 0;
+}
 
 int64_t ms_model_draft_hidden_width(const ms_model *m)
 {
@@ -189,8 +216,8 @@ int ms_model_set_draft_vocab(ms_model *m, const int32_t *ids, int64_t n, ms_errb
         if (ids[i] < 0 || ids[i] >= H->rows) {
             ms_free_aligned(w);
             free(v);
-            return ms_err(err, MS_ERANGE, "draft vocabulary: token id %d outside [0, %lld)",
-                          ids[i], (long long)H->rows);
+            return ms_err(err, MS_ERANGE, "draft vocabulary: token id %d outside [0, %lld)", ids[i],
+                          (long long)H->rows);
         }
         v[i] = ids[i];
         for (int64_t d = 0; d < D; d++) w[i * D + d] = ms_f32_to_bf16(ms_mat_get(H, ids[i], d));

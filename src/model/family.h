@@ -35,26 +35,26 @@ typedef struct ms_family ms_family;
 /* What config.json says about a model's size, for the engine, the layout and
  * the planner.  Filled by a family's parse; read-only afterwards. */
 typedef struct ms_model_shape {
-    char name[64];                              /* model_type, or a preset's name */
-    const ms_family *family;                    /* the family that parsed it */
+    char name[64];           /* model_type, or a preset's name */
+    const ms_family *family; /* the family that parsed it */
     ms_attn_kind attn;
     int64_t vocab, hidden, intermediate, moe_intermediate;
     int n_layers, first_k_dense, moe_layer_freq;
-    int n_heads, n_kv_heads, head_dim;          /* GQA (and V4 head_dim 512); 0 kv heads: shared */
+    int n_heads, n_kv_heads, head_dim; /* GQA (and V4 head_dim 512); 0 kv heads: shared */
     int q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim; /* MLA */
     int n_routed, n_shared, topk;
     bool tie_embeddings, qk_norm, router_bias;
     /* V4 */
     int o_groups, o_lora_rank, window, index_n_heads, index_head_dim, n_hash_layers, hc_mult;
-    int index_topk;                             /* compressed entries the CSA indexer picks */
+    int index_topk; /* compressed entries the CSA indexer picks */
     int n_ratios;
-    int16_t compress_ratios[MS_KV_MAX_LAYERS];  /* per layer: 0 window-only, 4 CSA, 128 HCA */
+    int16_t compress_ratios[MS_KV_MAX_LAYERS]; /* per layer: 0 window-only, 4 CSA, 128 HCA */
     int n_mtp_layers;
     int64_t max_context;
-    int64_t bos_token_id, eos_token_id;         /* -1 when absent */
-    int fp8_scale_bytes;                        /* 4: F32 per 128×128 block; 1: UE8M0 */
-    ms_weights_format published;                /* the checkpoint's format */
-    double recipe_min_weight_gb;                /* set by planner presets only: a recipe's minimum */
+    int64_t bos_token_id, eos_token_id; /* -1 when absent */
+    int fp8_scale_bytes;                /* 4: F32 per 128×128 block; 1: UE8M0 */
+    ms_weights_format published;        /* the checkpoint's format */
+    double recipe_min_weight_gb;        /* set by planner presets only: a recipe's minimum */
 } ms_model_shape;
 
 bool ms_shape_layer_is_moe(const ms_model_shape *s, int layer);
@@ -65,9 +65,9 @@ void ms_shape_layout_model(const ms_model_shape *s, ms_layout_model *out);
 typedef struct ms_model ms_model;
 
 typedef struct ms_model_opts {
-    int threads;  /* <= 0: all cores */
-    int exact;    /* 1: --dtype float32 */
-    int batch_invariant; /* 1: --enable-deterministic-inference (ms_kctx.batch_invariant) */
+    int threads;           /* <= 0: all cores */
+    int exact;             /* 1: --dtype float32 */
+    int batch_invariant;   /* 1: --enable-deterministic-inference (ms_kctx.batch_invariant) */
     const ms_shard *shard; /* NULL: this rank holds the whole model */
 } ms_model_opts;
 
@@ -98,11 +98,11 @@ typedef struct ms_batch_seq {
     int32_t n_tokens;
     int64_t start_pos;
     const ms_kv_seq *kv;
-    float *logits;       /* [n_logits][vocab], or NULL for none */
-    int32_t n_logits;    /* trailing positions wanting logits (0 with logits set: 1) */
-    int32_t kind;        /* ms_seq_kind */
-    float *hidden;       /* [n_logits or n_hidden][hidden_width] or NULL */
-    int32_t n_hidden;    /* trailing positions wanting hidden states (0: n_logits) */
+    float *logits;          /* [n_logits][vocab], or NULL for none */
+    int32_t n_logits;       /* trailing positions wanting logits (0 with logits set: 1) */
+    int32_t kind;           /* ms_seq_kind */
+    float *hidden;          /* [n_logits or n_hidden][hidden_width] or NULL */
+    int32_t n_hidden;       /* trailing positions wanting hidden states (0: n_logits) */
     const float *hidden_in; /* draft forward only: [n_tokens][hidden_width] */
 } ms_batch_seq;
 
@@ -111,8 +111,8 @@ enum { MS_VIEW_LM_HEAD = 1 };
 typedef void (*ms_view_fn)(ms_mat *w, unsigned flags, void *arg);
 
 struct ms_family {
-    const char *name;     /* "deepseek_v3" */
-    const char *models;   /* "DeepSeek-V2/V3/R1, Moonlight, Kimi-K2" */
+    const char *name;   /* "deepseek_v3" */
+    const char *models; /* "DeepSeek-V2/V3/R1, Moonlight, Kimi-K2" */
     /* 1 when this config.json (its architectures / model_type / fields) is ours */
     int (*match)(const struct json_t *root);
     /* the read-only shape; errors name the field */
@@ -126,8 +126,8 @@ struct ms_family {
      * the hidden rows, run_layers(first, last) runs layers [first, last),
      * head writes the wanted logits and hidden states */
     int (*embed)(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err);
-    int (*run_layers)(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs,
-                      int n_seqs, int first, int last, ms_errbuf *err);
+    int (*run_layers)(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *seqs, int n_seqs,
+                      int first, int last, ms_errbuf *err);
     int (*head)(ms_model *m, const ms_batch_seq *seqs, int n_seqs, ms_errbuf *err);
     void (*each_view)(ms_model *m, ms_view_fn fn, void *arg);
     void (*free)(ms_model *m);
@@ -165,9 +165,10 @@ void ms_model_free(ms_model *m);
 
 const ms_family *ms_model_family(const ms_model *m);
 const ms_model_shape *ms_model_shape_of(const ms_model *m);
-int ms_model_head_split(const ms_model *m); /* the family's head_split (ms_family) */
-ms_pool *ms_model_threads(const ms_model *m);          /* the rank's kernel threads */
-int64_t ms_model_active_bytes_per_token(const ms_model *m); /* weight bytes read per decoded token */
+int ms_model_head_split(const ms_model *m);   /* the family's head_split (ms_family) */
+ms_pool *ms_model_threads(const ms_model *m); /* the rank's kernel threads */
+int64_t
+ms_model_active_bytes_per_token(const ms_model *m); /* weight bytes read per decoded token */
 int64_t ms_model_n_params(const ms_model *m);
 int ms_model_n_mtp_layers(const ms_model *m);
 /* 1 when the model can run a draft forward (its MTP layer and the layer's
@@ -225,8 +226,7 @@ int64_t ms_model_local_weight_bytes(const ms_model *m);
  * Main thread only. */
 int64_t ms_model_prepack(ms_model *m, size_t *bytes);
 /* The cache streams of this model (the family's kv_spec over its shape). */
-int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *out,
-                     ms_errbuf *err);
+int ms_model_kv_spec(const ms_model *m, const ms_kv_spec_opts *o, ms_kv_spec *out, ms_errbuf *err);
 
 /* The whole forward: embed, run_layers(0, n_layers), head.  Returns 0 or a
  * negative MS_E*. */

@@ -26,27 +26,27 @@
 struct ms_st_store;
 
 typedef struct ms_layer_w {
-    float *attn_norm, *ffn_norm;  /* [D] f32 copies */
+    float *attn_norm, *ffn_norm; /* [D] f32 copies */
     /* MLA */
-    ms_mat q_a;                   /* [q_lora][D]          (q_lora_rank > 0) */
-    float *q_a_norm;              /* [q_lora] */
-    ms_mat q_b;                   /* [H*(dn+dr)][q_lora]  (q_lora_rank > 0) */
-    ms_mat q;                     /* [H*(dn+dr)][D]       (q_lora_rank == 0) */
-    ms_mat kv_a;                  /* [c+dr][D] */
-    float *kv_a_norm;             /* [c] */
-    ms_mat kv_b;                  /* [H*(dn+dv)][c] */
-    ms_mat o;                     /* [D][H*dv] */
+    ms_mat q_a;       /* [q_lora][D]          (q_lora_rank > 0) */
+    float *q_a_norm;  /* [q_lora] */
+    ms_mat q_b;       /* [H*(dn+dr)][q_lora]  (q_lora_rank > 0) */
+    ms_mat q;         /* [H*(dn+dr)][D]       (q_lora_rank == 0) */
+    ms_mat kv_a;      /* [c+dr][D] */
+    float *kv_a_norm; /* [c] */
+    ms_mat kv_b;      /* [H*(dn+dv)][c] */
+    ms_mat o;         /* [D][H*dv] */
     /* FFN */
     int is_moe;
-    ms_ffn_w dense;               /* !is_moe */
-    ms_mat router;                /* [E][D] */
-    float *e_bias;                /* [E] f32, NULL when absent */
-    ms_ffn_w *experts;            /* [E] by logical id: the views the MoE compute reads; a held
-                                   * expert's is its slot's (expert_slots.c), the rest empty */
-    ms_ffn_w *slots;              /* [n_slots] this rank's physical expert slots, each its own copy */
+    ms_ffn_w dense;    /* !is_moe */
+    ms_mat router;     /* [E][D] */
+    float *e_bias;     /* [E] f32, NULL when absent */
+    ms_ffn_w *experts; /* [E] by logical id: the views the MoE compute reads; a held
+                        * expert's is its slot's (expert_slots.c), the rest empty */
+    ms_ffn_w *slots;   /* [n_slots] this rank's physical expert slots, each its own copy */
     int n_slots;
-    size_t slot_bytes;            /* one slot's bytes in the arena (0: not rewritable) */
-    ms_ffn_w shared;              /* n_shared_experts > 0: width n_shared*moe_inter */
+    size_t slot_bytes; /* one slot's bytes in the arena (0: not rewritable) */
+    ms_ffn_w shared;   /* n_shared_experts > 0: width n_shared*moe_inter */
 } ms_layer_w;
 
 /* The extras of an MTP (next-n) layer around its decoder block (arch.md §1.7):
@@ -65,30 +65,30 @@ struct ms_model {
     char path[1024];
     ms_config cfg;
     struct ms_st_store *st;
-    ms_mat embed;        /* [vocab][D] */
-    ms_mat lm_head;      /* [vocab][D] */
-    float *final_norm;   /* [D] */
-    ms_layer_w *layers;  /* [n_layers] (MTP layers are not loaded into the main stack) */
-    int n_mtp_layers;    /* present in the checkpoint, validated (layers n_layers..) */
-    ms_mtp_w *mtp;       /* [n_mtp_layers] their extras; NULL when absent (no draft) */
-    ms_mat draft_head;   /* [n_draft_vocab][D] BF16 rows of lm_head (--speculative-token-map) */
-    int32_t *draft_vocab;/* [n_draft_vocab] their token ids; NULL: the draft uses lm_head */
+    ms_mat embed;         /* [vocab][D] */
+    ms_mat lm_head;       /* [vocab][D] */
+    float *final_norm;    /* [D] */
+    ms_layer_w *layers;   /* [n_layers] (MTP layers are not loaded into the main stack) */
+    int n_mtp_layers;     /* present in the checkpoint, validated (layers n_layers..) */
+    ms_mtp_w *mtp;        /* [n_mtp_layers] their extras; NULL when absent (no draft) */
+    ms_mat draft_head;    /* [n_draft_vocab][D] BF16 rows of lm_head (--speculative-token-map) */
+    int32_t *draft_vocab; /* [n_draft_vocab] their token ids; NULL: the draft uses lm_head */
     int64_t n_draft_vocab;
-    float *rope_inv_freq;/* [qk_rope_head_dim/2] */
+    float *rope_inv_freq; /* [qk_rope_head_dim/2] */
     float softmax_scale;
-    const ms_shard *shard; /* borrowed; NULL on a single rank */
+    const ms_shard *shard;    /* borrowed; NULL on a single rank */
     int n_local_heads, head0; /* attention heads computed here */
     ms_pool *pool;
     ms_kctx kctx;
     ms_model_ws *ws;
-    int64_t n_params;    /* parameters loaded (main stack) */
+    int64_t n_params;               /* parameters loaded (main stack) */
     int64_t active_bytes_per_token; /* weight bytes read per decoded token (top-k experts) */
     void *arena; /* this rank's weight matrices (2 MiB pages), NULL: views into the file */
     size_t arena_bytes;
     uint8_t *f8_plain; /* FP8 views' plain-row flags (ms_mat.f8_plain), NULL: none */
     void *panels;      /* BF16 views' panel copies (ms_mat.panels, ms_model_prepack), NULL: none */
     int64_t fwd_T, fwd_S; /* rows and context of the batch between embed and head */
-    struct ms_v4 *v4;    /* DeepSeek-V4 (deepseek_v4.h); NULL for the V3 family */
+    struct ms_v4 *v4;     /* DeepSeek-V4 (deepseek_v4.h); NULL for the V3 family */
 };
 
 /* The DeepSeek-V2/V3 family (deepseek_v3.c, weights.c). */

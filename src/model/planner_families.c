@@ -46,8 +46,9 @@ int ms_planner_parse_common(const json_t *root, ms_model_shape *m, ms_errbuf *er
     GET("num_hidden_layers", 1, MAX_LAYERS, -1, m->n_layers);
     GET("num_attention_heads", 1, 1 << 14, -1, m->n_heads);
     if (m->vocab < 0 || m->hidden < 0 || m->n_layers < 0 || m->n_heads < 0)
-        return ms_err(err, MS_EFORMAT, "config.json: vocab_size, hidden_size, num_hidden_layers "
-                                       "and num_attention_heads are required");
+        return ms_err(err, MS_EFORMAT,
+                      "config.json: vocab_size, hidden_size, num_hidden_layers "
+                      "and num_attention_heads are required");
     GET("intermediate_size", 0, big, 0, m->intermediate);
     GET("moe_intermediate_size", 0, big, 0, m->moe_intermediate);
     GET("n_routed_experts", 0, 1 << 16, 0, m->n_routed);
@@ -102,8 +103,10 @@ static int gqa_kv_spec(const ms_model_shape *s, const ms_kv_spec_opts *o, ms_kv_
     ms_kv_spec_init(out, s->n_layers);
     int64_t elems = (int64_t)(2 * heads * s->head_dim);
     ms_kv_stream *st = ms_kv_spec_add(out, "kv", 2 * heads * s->head_dim * b, elems,
-                                      b == 4 ? MS_DT_F32 : b == 2 ? MS_DT_BF16 : MS_DT_F8E4M3, 1,
-                                      0, 0);
+                                      b == 4   ? MS_DT_F32
+                                      : b == 2 ? MS_DT_BF16
+                                               : MS_DT_F8E4M3,
+                                      1, 0, 0);
     for (int l = 0; l < s->n_layers; l++) ms_kv_stream_cover(st, l);
     return 0;
 }
@@ -114,7 +117,10 @@ static int qwen3_match(const json_t *root)
     return (t && !strncmp(t, "qwen3", 5)) || ms_json_has_arch(root, "Qwen3MoeForCausalLM");
 }
 
-static int any_match(const json_t *root) { return root != NULL; }
+static int any_match(const json_t *root)
+{
+    return root != NULL;
+}
 
 const ms_family ms_family_qwen3_moe = {
     .name = "qwen3_moe",

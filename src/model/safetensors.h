@@ -16,25 +16,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MS_ST_MAX_DIMS 8
+#define MS_ST_MAX_DIMS         8
 #define MS_ST_MAX_HEADER_BYTES (100u << 20) /* the reference library's limit */
-#define MS_ST_MAX_INDEX_BYTES (256u << 20)  /* model.safetensors.index.json */
-#define MS_ST_MAX_FILES 100000              /* shards in one checkpoint */
-#define MS_ST_INDEX_NAME "model.safetensors.index.json"
+#define MS_ST_MAX_INDEX_BYTES  (256u << 20) /* model.safetensors.index.json */
+#define MS_ST_MAX_FILES        100000       /* shards in one checkpoint */
+#define MS_ST_INDEX_NAME       "model.safetensors.index.json"
 
 /* Bit of a dtype in an ms_st_expect dtype mask. */
 #define MS_DT_MASK(t) (1u << (unsigned)(t))
 
 typedef struct ms_tensor {
-    const char *name;    /* borrowed from the store */
+    const char *name; /* borrowed from the store */
     ms_dtype dtype;
     int ndim;
     int64_t shape[MS_ST_MAX_DIMS];
-    const void *data;    /* borrowed: inside the read-only mmap; tensors lie back to back
-                          * after an 8-byte aligned data section, so data may be
-                          * unaligned for its dtype (use memcpy / unaligned loads) */
+    const void *data; /* borrowed: inside the read-only mmap; tensors lie back to back
+                       * after an 8-byte aligned data section, so data may be
+                       * unaligned for its dtype (use memcpy / unaligned loads) */
     size_t nbytes;
-    const char *file;    /* the shard it lives in (borrowed) */
+    const char *file; /* the shard it lives in (borrowed) */
 } ms_tensor;
 
 typedef struct ms_st_store ms_st_store;
@@ -79,18 +79,16 @@ int ms_st_expect(const ms_st_store *st, const char *name, int ndim, const int64_
  * nbytes must equal dtype size × Π shape; names are unique, valid UTF-8 and not
  * "__metadata__".  One thread at a time. */
 typedef struct ms_st_writer ms_st_writer;
-typedef int (*ms_st_fill_fn)(void *ctx, const char *name, void *buf, size_t nbytes,
-                             ms_errbuf *err);
+typedef int (*ms_st_fill_fn)(void *ctx, const char *name, void *buf, size_t nbytes, ms_errbuf *err);
 ms_st_writer *ms_st_writer_new(void);
-int ms_st_writer_add(ms_st_writer *w, const char *name, ms_dtype dt, int ndim,
-                     const int64_t *shape, const void *data, size_t nbytes, ms_errbuf *err);
+int ms_st_writer_add(ms_st_writer *w, const char *name, ms_dtype dt, int ndim, const int64_t *shape,
+                     const void *data, size_t nbytes, ms_errbuf *err);
 int ms_st_writer_add_ref(ms_st_writer *w, const char *name, ms_dtype dt, int ndim,
                          const int64_t *shape, const void *data, size_t nbytes, ms_errbuf *err);
 int ms_st_writer_add_gen(ms_st_writer *w, const char *name, ms_dtype dt, int ndim,
                          const int64_t *shape, ms_st_fill_fn fill, void *ctx, ms_errbuf *err);
 /* Adds a "__metadata__" string entry (e.g. "format": "pt"). */
-int ms_st_writer_set_metadata(ms_st_writer *w, const char *key, const char *value,
-                              ms_errbuf *err);
+int ms_st_writer_set_metadata(ms_st_writer *w, const char *key, const char *value, ms_errbuf *err);
 /* Writes one file (via path.tmp + rename). */
 int ms_st_writer_save(ms_st_writer *w, const char *path, ms_errbuf *err);
 /* Writes dir/model-0000i-of-0000n.safetensors shards of at most

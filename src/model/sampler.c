@@ -74,7 +74,10 @@ static int64_t processed(const float *logits, int64_t vocab, const ms_sampler_pa
     return keep;
 }
 
-static int is_greedy(const ms_sampler_params *s) { return !(s->temperature > 0) || s->top_k == 1; }
+static int is_greedy(const ms_sampler_params *s)
+{
+    return !(s->temperature > 0) || s->top_k == 1;
+}
 
 /* The kept token at weight position u·total, skipping `skip` (-1: none). */
 static int32_t draw(const ms_sampler_scratch *sc, int64_t keep, double total, double u,
@@ -91,8 +94,8 @@ static int32_t draw(const ms_sampler_scratch *sc, int64_t keep, double total, do
     return last;
 }
 
-int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
-                        ms_sampler_scratch *sc)
+int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s,
+                        uint64_t *rng, ms_sampler_scratch *sc)
 {
     double u = ms_rng_uniform(rng); /* always advance: the stream does not depend on settings */
     int32_t best = ms_sampler_argmax(logits, vocab);

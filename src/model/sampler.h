@@ -11,10 +11,10 @@
 #include <stdint.h>
 
 typedef struct ms_sampler_params {
-    float temperature; /* 0: greedy */
-    float top_p;       /* 1: off */
-    int top_k;         /* <= 0: off */
-    float min_p;       /* 0: off */
+    float temperature;        /* 0: greedy */
+    float top_p;              /* 1: off */
+    int top_k;                /* <= 0: off */
+    float min_p;              /* 0: off */
     float frequency_penalty;  /* 0: off; minus this × count of each generated token */
     float presence_penalty;   /* 0: off; minus this once for each generated token */
     float repetition_penalty; /* 0 or 1: off; HF rule over prompt and generated tokens */
@@ -26,12 +26,15 @@ typedef struct ms_sampler_scratch {
     int32_t *idx; /* [vocab] */
 } ms_sampler_scratch;
 
-static inline uint64_t ms_sampler_seed(uint64_t seed) { return seed * 0x9e3779b97f4a7c15ull + 1; }
+static inline uint64_t ms_sampler_seed(uint64_t seed)
+{
+    return seed * 0x9e3779b97f4a7c15ull + 1;
+}
 
 int32_t ms_sampler_argmax(const float *logits, int64_t vocab);
 /* Chooses a token; rng is the request's state (advanced once per call). */
-int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s, uint64_t *rng,
-                        ms_sampler_scratch *scratch);
+int32_t ms_sampler_pick(const float *logits, int64_t vocab, const ms_sampler_params *s,
+                        uint64_t *rng, ms_sampler_scratch *scratch);
 /* Speculative verification of one draft token (SGLang's target-only rule
  * for chain drafts): accepts draft with probability p(draft) under the
  * processed distribution p (temperature, top-k, top-p, min-p; greedy: p is

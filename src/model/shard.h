@@ -26,15 +26,15 @@ typedef struct ms_step_ctx {
  * start-up.  Group sizes, MLP modes and expert counts are read from lay, this rank's
  * positions from at (ms_layout_rank_coords), never copied. */
 typedef struct ms_shard {
-    const ms_layout *lay;        /* borrowed (the engine's) */
-    ms_rank_coords at;           /* heads [at.attn_tp_rank·H/attn_tp, ...) of the attention group */
-    ms_group *attn_group;        /* attention-TP group (borrowed) */
-    ms_group *tp_group;          /* replica tp group: gathers, reductions, a2a (borrowed) */
-    int dispatch_bf16;           /* --ep-dispatch-dtype bf16 */
+    const ms_layout *lay; /* borrowed (the engine's) */
+    ms_rank_coords at;    /* heads [at.attn_tp_rank·H/attn_tp, ...) of the attention group */
+    ms_group *attn_group; /* attention-TP group (borrowed) */
+    ms_group *tp_group;   /* replica tp group: gathers, reductions, a2a (borrowed) */
+    int dispatch_bf16;    /* --ep-dispatch-dtype bf16 */
     const ms_expert_map *experts; /* [n_layers + MTP layers] placement of each layer's experts
                                    * (borrowed; NULL for a dense model) */
-    const ms_step_ctx *step;     /* borrowed; its contents change every step, the pointer never */
-    int waterfill_dynamic;       /* SGLANG_DISABLE_STATIC_WATERFILL: waterfill on EP-wide loads */
+    const ms_step_ctx *step;      /* borrowed; its contents change every step, the pointer never */
+    int waterfill_dynamic;        /* SGLANG_DISABLE_STATIC_WATERFILL: waterfill on EP-wide loads */
 } ms_shard;
 
 /* The routed experts this rank holds in layer l: ms_shard_n_experts of them, the s-th

@@ -37,7 +37,7 @@ int ms_tokenizer_decode(const ms_tokenizer *tok, const int32_t *ids, size_t n, i
 int ms_tokenizer_token_bytes(const ms_tokenizer *tok, int32_t id, char *buf, size_t cap,
                              size_t *n_out);
 
-int32_t ms_tokenizer_vocab_size(const ms_tokenizer *tok);  /* max id + 1, added tokens included */
+int32_t ms_tokenizer_vocab_size(const ms_tokenizer *tok); /* max id + 1, added tokens included */
 /* MS_ERANGE, naming the largest id, when the tokenizer has ids at or beyond
  * the model's vocab_size (checked at start-up, not per request). */
 int ms_tokenizer_check_vocab(const ms_tokenizer *tok, int64_t model_vocab, ms_errbuf *err);
@@ -60,13 +60,15 @@ typedef struct ms_tok_added {
 /* The 15 added tokens DeepSeek-V3 and V4 both carry in this order, from
  * <｜fim▁hole｜> to <｜tool▁sep｜> (initialisers of ms_tok_added). */
 #define MS_TOK_DS_FIM_CHAT_TOOLS                                                                   \
-    {"<｜fim▁hole｜>", false}, {"<｜fim▁begin｜>", false}, {"<｜fim▁end｜>", false},                 \
-        {"<｜User｜>", false}, {"<｜Assistant｜>", false}, {"<|EOT|>", true},                       \
-        {"<｜tool▁calls▁begin｜>", false}, {"<｜tool▁calls▁end｜>", false},                          \
-        {"<｜tool▁call▁begin｜>", false}, {"<｜tool▁call▁end｜>", false},                            \
-        {"<｜tool▁outputs▁begin｜>", false}, {"<｜tool▁outputs▁end｜>", false},                      \
-        {"<｜tool▁output▁begin｜>", false}, {"<｜tool▁output▁end｜>", false},                        \
-        {"<｜tool▁sep｜>", false}
+    {"<｜fim▁hole｜>", false}, {"<｜fim▁begin｜>", false}, {"<｜fim▁end｜>", false},               \
+        {"<｜User｜>", false}, {"<｜Assistant｜>", false}, {"<|EOT|>", true},                      \
+        {"<｜tool▁calls▁begin｜>", false}, {"<｜tool▁calls▁end｜>", false},                        \
+        {"<｜tool▁call▁begin｜>", false}, {"<｜tool▁call▁end｜>", false},                          \
+        {"<｜tool▁outputs▁begin｜>", false}, {"<｜tool▁outputs▁end｜>", false},                    \
+        {"<｜tool▁output▁begin｜>", false}, {"<｜tool▁output▁end｜>", false},                      \
+    {                                                                                              \
+        "<｜tool▁sep｜>", false                                                                    \
+    }
 /* The same with the special tokens tail[0..n_tail) (instead of DeepSeek-V3's)
  * at ids tail_at.. when they fit above the learned tokens, else ending the
  * vocabulary; placeholders fill the rest. */

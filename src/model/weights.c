@@ -35,10 +35,9 @@ struct loader {
 };
 
 /* Binds a 2-D weight matrix (and its FP8 block scales) to a view. */
-static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, const char *fmt,
-                    ...) __attribute__((format(printf, 5, 6)));
-static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, const char *fmt,
-                    ...)
+static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int load_mat(struct loader *L, ms_mat *out, int64_t rows, int64_t cols, const char *fmt, ...)
 {
     char name[256], sname[300];
     va_list ap;
@@ -97,7 +96,8 @@ int ms_model_load_vec(const struct ms_st_store *st, float **out, int64_t n, int6
     return 0;
 }
 
-#define load_vec(L, out, n, ...) ms_model_load_vec((L)->m->st, out, n, &(L)->n_params, (L)->err, __VA_ARGS__)
+#define load_vec(L, out, n, ...)                                                                   \
+    ms_model_load_vec((L)->m->st, out, n, &(L)->n_params, (L)->err, __VA_ARGS__)
 
 static int load_ffn(struct loader *L, ms_ffn_w *f, int64_t inter, const char *prefix)
 {
@@ -150,7 +150,8 @@ static int load_layer(struct loader *L, ms_layer_w *lw, int layer)
         if (rc) return rc;
     }
     lw->experts = calloc((size_t)E, sizeof *lw->experts);
-    if (!lw->experts) return ms_err(L->err, MS_ENOMEM, "out of memory (experts of layer %d)", layer);
+    if (!lw->experts)
+        return ms_err(L->err, MS_ENOMEM, "out of memory (experts of layer %d)", layer);
     for (int e = 0; e < E && !rc; e++) {
         snprintf(q, sizeof q, "%s.mlp.experts.%d", p, e);
         rc = load_ffn(L, &lw->experts[e], c->moe_intermediate_size, q);
@@ -227,7 +228,8 @@ static int64_t layer_bytes(const ms_model *m, int l, int topk)
     const ms_config *c = &m->cfg;
     const ms_layer_w *lw = &m->layers[l];
     int64_t b = ms_mat_bytes(&lw->kv_a) + ms_mat_bytes(&lw->kv_b) + ms_mat_bytes(&lw->o);
-    b += c->q_lora_rank > 0 ? ms_mat_bytes(&lw->q_a) + ms_mat_bytes(&lw->q_b) : ms_mat_bytes(&lw->q);
+    b +=
+        c->q_lora_rank > 0 ? ms_mat_bytes(&lw->q_a) + ms_mat_bytes(&lw->q_b) : ms_mat_bytes(&lw->q);
     if (!lw->is_moe) return b + ffn_bytes(&lw->dense);
     b += ms_mat_bytes(&lw->router) + (c->n_shared_experts > 0 ? ffn_bytes(&lw->shared) : 0);
     if (topk > 0) return b + ffn_bytes(&lw->slots[0]) * topk;
@@ -247,13 +249,14 @@ static int64_t active_bytes(const ms_model *m)
 }
 
 /* Narrows the views of one layer to this rank's shard (no copies). */
-int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer, ms_errbuf *err)
+int ms_model_shard_ffn(ms_ffn_w *f, int parts, int part, const char *what, int layer,
+                       ms_errbuf *err)
 {
     if (parts <= 1) return 0;
     int64_t inter = f->gate.rows;
     if (inter % parts)
-        return ms_err(err, MS_ELAYOUT, "layer %d: %s width %lld is not divisible by %d ranks", layer,
-                      what, (long long)inter, parts);
+        return ms_err(err, MS_ELAYOUT, "layer %d: %s width %lld is not divisible by %d ranks",
+                      layer, what, (long long)inter, parts);
     int64_t n = inter / parts, r0 = (int64_t)part * n;
     if (f->down.dtype == MS_DT_F4E2M1 && n % 2)
         return ms_err(err, MS_ELAYOUT,
@@ -272,20 +275,24 @@ static int shard_layer(ms_model *m, ms_layer_w *lw, int layer, ms_errbuf *err)
     int64_t qd = ms_config_qk_head_dim(c), kvd = c->qk_nope_head_dim + c->v_head_dim,
             dv = c->v_head_dim, h0 = m->head0, nh = m->n_local_heads;
     if (nh != c->n_heads) {
-        if (c->q_lora_rank > 0) lw->q_b = ms_mat_slice(&lw->q_b, h0 * qd, nh * qd, 0, lw->q_b.cols);
-        else lw->q = ms_mat_slice(&lw->q, h0 * qd, nh * qd, 0, lw->q.cols);
+        if (c->q_lora_rank > 0)
+            lw->q_b = ms_mat_slice(&lw->q_b, h0 * qd, nh * qd, 0, lw->q_b.cols);
+        else
+            lw->q = ms_mat_slice(&lw->q, h0 * qd, nh * qd, 0, lw->q.cols);
         lw->kv_b = ms_mat_slice(&lw->kv_b, h0 * kvd, nh * kvd, 0, lw->kv_b.cols);
         lw->o = ms_mat_slice(&lw->o, 0, lw->o.rows, h0 * dv, nh * dv);
     }
     if (!lw->is_moe)
-        return ms_model_shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank, "intermediate_size", layer, err);
+        return ms_model_shard_ffn(&lw->dense, sh->lay->dense_tp, sh->at.dense_rank,
+                                  "intermediate_size", layer, err);
     for (int s = 0; s < ms_shard_n_experts(sh, c->n_routed_experts); s++) {
-        int rc = ms_model_shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp, sh->at.moe_tp_rank, "moe_intermediate_size",
-                           layer, err);
+        int rc = ms_model_shard_ffn(&lw->experts[ms_shard_expert(sh, layer, s)], sh->lay->moe_tp,
+                                    sh->at.moe_tp_rank, "moe_intermediate_size", layer, err);
         if (rc) return rc;
     }
     if (c->n_shared_experts > 0)
-        return ms_model_shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank, "shared expert", layer, err);
+        return ms_model_shard_ffn(&lw->shared, sh->lay->shared_tp, sh->at.shared_rank,
+                                  "shared expert", layer, err);
     return 0;
 }
 
@@ -341,10 +348,12 @@ static void prefault(ms_mat *w, void *arg)
     (void)arg;
     if (!w->data || w->rows <= 0) return;
     uintptr_t a = (uintptr_t)w->data & ~(uintptr_t)4095;
-    uintptr_t b = (uintptr_t)w->data + (size_t)ms_dtype_bytes(w->dtype, (w->rows - 1) * w->ld + w->cols);
+    uintptr_t b =
+        (uintptr_t)w->data + (size_t)ms_dtype_bytes(w->dtype, (w->rows - 1) * w->ld + w->cols);
     if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0) return;
     volatile unsigned char sink = 0;
-    for (uintptr_t p = a; p < b; p += 4096) sink ^= *(const volatile unsigned char *)(p < (uintptr_t)w->data ? (uintptr_t)w->data : p);
+    for (uintptr_t p = a; p < b; p += 4096)
+        sink ^= *(const volatile unsigned char *)(p < (uintptr_t)w->data ? (uintptr_t)w->data : p);
     (void)sink;
 }
 
@@ -421,7 +430,8 @@ size_t ms_model_scale_bytes(const ms_mat *w)
 
 static void place_count(ms_mat *w, void *arg)
 {
-    ((struct place *)arg)->cap += ms_model_view_bytes(w) + ((ms_model_scale_bytes(w) + 63) & ~(size_t)63) +
+    ((struct place *)arg)->cap += ms_model_view_bytes(w) +
+                                  ((ms_model_scale_bytes(w) + 63) & ~(size_t)63) +
                                   ((fp4_scale_bytes(w) + 63) & ~(size_t)63);
 }
 
@@ -573,9 +583,9 @@ static int place_weights(ms_model *m, ms_errbuf *err)
         each_view(m, place_count, &p);
         if (!tied) place_count(&m->embed, &p);
         size_t huge = (size_t)2 << 20, len = (p.cap + huge - 1) & ~(huge - 1);
-        char *raw = len ? mmap(NULL, len + huge, PROT_READ | PROT_WRITE,
-                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                        : MAP_FAILED;
+        char *raw =
+            len ? mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                : MAP_FAILED;
         if (raw != MAP_FAILED) {
             char *base = (char *)(((uintptr_t)raw + huge - 1) & ~(huge - 1));
             if (base > raw) munmap(raw, (size_t)(base - raw));
@@ -702,7 +712,8 @@ int64_t ms_model_local_weight_bytes(const ms_model *m)
 {
     if (m->v4) return ms_v4_local_weight_bytes(m);
     const ms_config *c = &m->cfg;
-    int64_t b = ms_mat_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? ms_mat_bytes(&m->lm_head) : 0);
+    int64_t b = ms_mat_bytes(&m->embed) +
+                (m->lm_head.data != m->embed.data ? ms_mat_bytes(&m->lm_head) : 0);
     for (int l = 0; l < c->n_layers; l++) b += layer_bytes(m, l, 0);
     return b;
 }
@@ -813,8 +824,8 @@ int ms_dsv3_open(ms_model **out, const char *dir, const ms_model_opts *opts, ms_
            "loaded %s: %d layers (+%d MTP), %lld params, %.1f MB active per token, isa %s, "
            "%d threads, %s activations%s",
            dir, c->n_layers, m->n_mtp_layers, (long long)m->n_params,
-           (double)m->active_bytes_per_token / 1e6, ms_isa_name(m->kctx.isa),
-           ms_pool_size(m->pool), m->kctx.exact ? "fp32" : "auto",
+           (double)m->active_bytes_per_token / 1e6, ms_isa_name(m->kctx.isa), ms_pool_size(m->pool),
+           m->kctx.exact ? "fp32" : "auto",
            m->kctx.batch_invariant ? ", batch-invariant products" : "");
     *out = m;
     return 0;

@@ -14,59 +14,63 @@
 #include <string.h>
 
 #define BAL_HIST 1000 /* passes of balancedness kept for the moving averages */
-#define META 3        /* a token row's head: input id, position, flags (FIRST | kind << 1) */
-#define FIRST 1       /* the row opens its sequence */
+#define META     3    /* a token row's head: input id, position, flags (FIRST | kind << 1) */
+#define FIRST    1    /* the row opens its sequence */
 
 struct ms_expert_recorder {
     int mode, L, E, R, K, n_ranks, window;
     const ms_expert_map *maps;
-    float *pass;        /* [L][R] this pass's hits on this rank (then: all ranks); per_token:
-                         * + 1, the recording flag summed over the ranks */
+    float *pass; /* [L][R] this pass's hits on this rank (then: all ranks); per_token:
+                  * + 1, the recording flag summed over the ranks */
     int pass_any;
     /* per_token, main thread: this pass's rows on this rank, and the gather's scratch */
-    int32_t **prow;     /* [L] → [prow_n[l]][K] physical ids of the rows this rank routed */
+    int32_t **prow; /* [L] → [prow_n[l]][K] physical ids of the rows this rank routed */
     int64_t *prow_n, *prow_cap;
-    int32_t *pmeta;     /* [pmeta_n][META] the tokens this rank's DP group runs (leaders) */
+    int32_t *pmeta; /* [pmeta_n][META] the tokens this rank's DP group runs (leaders) */
     int64_t pmeta_n, pmeta_cap;
-    int32_t *send;      /* [rows][L][K] packed */
+    int32_t *send; /* [rows][L][K] packed */
     int64_t send_cap;
     int32_t *gtopk, *gmeta; /* world rank 0: every rank's, in rank order */
     int64_t gtopk_cap, gmeta_cap, g_nt, g_nm;
-    size_t *gsz;        /* [4][world size]: bytes and displacements of the two gathers */
-    int64_t *gcnt;      /* [2][world size] rows each rank sends */
+    size_t *gsz;   /* [4][world size]: bytes and displacements of the two gathers */
+    int64_t *gcnt; /* [2][world size] rows each rank sends */
     int g_w;
     pthread_mutex_t mu; /* guards everything below */
     int64_t *ring;      /* [window][L][R] */
     int64_t *ring_id;   /* [window] forward pass id of each kept pass */
     int head, count;
     int recording;
-    int pinned;         /* EPLB runs: recording always (stop does not stop it) */
-    int64_t passes;     /* passes with routed tokens */
-    double *layer_bal;  /* [L] last pass */
+    int pinned;        /* EPLB runs: recording always (stop does not stop it) */
+    int64_t passes;    /* passes with routed tokens */
+    double *layer_bal; /* [L] last pass */
     double bal_hist[BAL_HIST];
     double bal_sum;
-    int pass_kinds;     /* 1 << MS_REC_SEQ_* of this pass's rows (this rank's batch) */
-    double fm_sum[MS_REC_N_FM];   /* Σ per-pass balancedness by the pass's forward mode */
+    int pass_kinds;             /* 1 << MS_REC_SEQ_* of this pass's rows (this rank's batch) */
+    double fm_sum[MS_REC_N_FM]; /* Σ per-pass balancedness by the pass's forward mode */
     int64_t fm_count[MS_REC_N_FM];
     double touched_max, touched_mean; /* the last pass (ms_recorder_stats) */
-    double *load;       /* [n_ranks] scratch */
+    double *load;                     /* [n_ranks] scratch */
     /* per_token: the token rows of the kept passes, world rank 0 */
-    int32_t *tok;       /* [max_tokens][META + L·K], row a at a mod max_tokens */
+    int32_t *tok;                 /* [max_tokens][META + L·K], row a at a mod max_tokens */
     int64_t max_tokens, tok_next; /* rows ever stored (the next row's absolute index) */
-    int64_t *ring_tok;  /* [window][3]: first row (absolute), rows stored, rows the pass had */
+    int64_t *ring_tok; /* [window][3]: first row (absolute), rows stored, rows the pass had */
 };
 
 static ms_expert_recorder *g_active;
 
 int ms_recorder_mode_parse(const char *v, int *mode, ms_errbuf *err)
 {
-    if (!strcmp(v, "stat")) *mode = MS_REC_STAT;
-    else if (!strcmp(v, "per_pass")) *mode = MS_REC_PER_PASS;
-    else if (!strcmp(v, "per_token")) *mode = MS_REC_PER_TOKEN;
+    if (!strcmp(v, "stat"))
+        *mode = MS_REC_STAT;
+    else if (!strcmp(v, "per_pass"))
+        *mode = MS_REC_PER_PASS;
+    else if (!strcmp(v, "per_token"))
+        *mode = MS_REC_PER_TOKEN;
     else
         return ms_err(err, MS_EINVAL,
                       "--expert-distribution-recorder-mode '%s': expected stat, per_pass or "
-                      "per_token", v);
+                      "per_token",
+                      v);
     return 0;
 }
 
@@ -79,8 +83,15 @@ ms_expert_recorder *ms_expert_recorder_new(int mode, int L, int E, int R, int n_
         return NULL;
     ms_expert_recorder *r = calloc(1, sizeof *r);
     if (!r) return NULL;
-    *r = (ms_expert_recorder){.mode = mode, .L = L, .E = E, .R = R, .K = K, .n_ranks = n_ranks,
-                              .window = window, .maps = maps, .max_tokens = tok ? max_tokens : 0};
+    *r = (ms_expert_recorder){.mode = mode,
+                              .L = L,
+                              .E = E,
+                              .R = R,
+                              .K = K,
+                              .n_ranks = n_ranks,
+                              .window = window,
+                              .maps = maps,
+                              .max_tokens = tok ? max_tokens : 0};
     pthread_mutex_init(&r->mu, NULL);
     r->pass = calloc((size_t)L * R + 1, sizeof(float));
     r->ring = calloc((size_t)window * L * R, sizeof(int64_t));
@@ -131,9 +142,18 @@ void ms_expert_recorder_free(ms_expert_recorder *r)
     free(r);
 }
 
-void ms_expert_recorder_set_active(ms_expert_recorder *r) { g_active = r; }
-ms_expert_recorder *ms_expert_recorder_active(void) { return g_active; }
-int ms_expert_recorder_n_layers(const ms_expert_recorder *r) { return r->L; }
+void ms_expert_recorder_set_active(ms_expert_recorder *r)
+{
+    g_active = r;
+}
+ms_expert_recorder *ms_expert_recorder_active(void)
+{
+    return g_active;
+}
+int ms_expert_recorder_n_layers(const ms_expert_recorder *r)
+{
+    return r->L;
+}
 
 void ms_expert_recorder_add(ms_expert_recorder *r, int layer, const ms_expert_map *map,
                             const int32_t *idx, int64_t n, int K)
@@ -223,8 +243,10 @@ static int gather_tokens(ms_expert_recorder *r, ms_group *world, ms_errbuf *err)
     for (int64_t t = 0; t < rows; t++) /* [t][l][k]; a layer without the row: -1 */
         for (int l = 0; l < L; l++) {
             int32_t *o = r->send + (t * L + l) * K;
-            if (t < r->prow_n[l]) memcpy(o, r->prow[l] + t * K, sizeof(int32_t) * (size_t)K);
-            else for (int k = 0; k < K; k++) o[k] = -1;
+            if (t < r->prow_n[l])
+                memcpy(o, r->prow[l] + t * K, sizeof(int32_t) * (size_t)K);
+            else
+                for (int k = 0; k < K; k++) o[k] = -1;
         }
     if (W != r->g_w) {
         free(r->gsz), free(r->gcnt);
@@ -235,8 +257,10 @@ static int gather_tokens(ms_expert_recorder *r, ms_group *world, ms_errbuf *err)
     }
     int64_t mine[2] = {rows, r->pmeta_n};
     int rc;
-    if (!world) memcpy(r->gcnt, mine, sizeof mine);
-    else if ((rc = ms_comm_gather(world, mine, sizeof mine, r->gcnt, 0, err))) return rc;
+    if (!world)
+        memcpy(r->gcnt, mine, sizeof mine);
+    else if ((rc = ms_comm_gather(world, mine, sizeof mine, r->gcnt, 0, err)))
+        return rc;
     int64_t nt = 0, nm = 0;
     if (root) {
         for (int i = 0; i < W; i++) {
@@ -277,10 +301,14 @@ static void keep_tokens(ms_expert_recorder *r, int h)
     int64_t keep = MS_MIN(n, r->max_tokens);
     for (int64_t t = 0; t < keep; t++) {
         int32_t *row = r->tok + ((r->tok_next + t) % r->max_tokens) * w;
-        if (t < r->g_nm) memcpy(row, r->gmeta + t * META, sizeof(int32_t) * META);
-        else row[0] = row[1] = -1, row[2] = 0;
-        if (t < r->g_nt) memcpy(row + META, r->gtopk + t * lk, sizeof(int32_t) * (size_t)lk);
-        else for (int64_t i = 0; i < lk; i++) row[META + i] = -1;
+        if (t < r->g_nm)
+            memcpy(row, r->gmeta + t * META, sizeof(int32_t) * META);
+        else
+            row[0] = row[1] = -1, row[2] = 0;
+        if (t < r->g_nt)
+            memcpy(row + META, r->gtopk + t * lk, sizeof(int32_t) * (size_t)lk);
+        else
+            for (int64_t i = 0; i < lk; i++) row[META + i] = -1;
     }
     r->ring_tok[3 * h] = r->tok_next;
     r->ring_tok[3 * h + 1] = keep;
@@ -348,8 +376,8 @@ int ms_expert_recorder_end_pass(ms_expert_recorder *r, ms_group *world, ms_errbu
         MS_LOG(MS_INFO, "eplb",
                "[Expert Balancedness] forward_pass_id=%lld current_pass_balancedness=%.3f "
                "last_10_average_balancedness=%.3f last_100_average_balancedness=%.3f "
-               "last_1000_average_balancedness=%.3f", (long long)id, st.last, st.avg10,
-               st.avg100, st.avg1000);
+               "last_1000_average_balancedness=%.3f",
+               (long long)id, st.last, st.avg10, st.avg100, st.avg1000);
     }
     ms_expert_recorder_discard_pass(r);
     return 0;
@@ -404,8 +432,14 @@ int ms_expert_recorder_take_window(ms_expert_recorder *r, int64_t *lc)
     return count;
 }
 
-void ms_expert_recorder_lock(ms_expert_recorder *r) { pthread_mutex_lock(&r->mu); }
-void ms_expert_recorder_unlock(ms_expert_recorder *r) { pthread_mutex_unlock(&r->mu); }
+void ms_expert_recorder_lock(ms_expert_recorder *r)
+{
+    pthread_mutex_lock(&r->mu);
+}
+void ms_expert_recorder_unlock(ms_expert_recorder *r)
+{
+    pthread_mutex_unlock(&r->mu);
+}
 
 void ms_expert_recorder_record_always(ms_expert_recorder *r)
 {
@@ -422,8 +456,8 @@ static json_t *int32_row(const int32_t *v, int n)
     return a;
 }
 
-static const char *const mode_names[] = {[MS_REC_STAT] = "stat", [MS_REC_PER_PASS] = "per_pass",
-                                         [MS_REC_PER_TOKEN] = "per_token"};
+static const char *const mode_names[] = {
+    [MS_REC_STAT] = "stat", [MS_REC_PER_PASS] = "per_pass", [MS_REC_PER_TOKEN] = "per_token"};
 
 /* per_token, mu held: the token fields of the pass in window slot h into rec, or 0 when
  * its rows left the token ring (max_tokens) — the pass is then not dumped. */
@@ -447,7 +481,8 @@ static int token_fields(ms_expert_recorder *r, int h, json_t *rec)
         json_t *lay = json_array();
         for (int64_t t = 0; t < n; t++)
             json_array_append_new(lay, int32_row(r->tok + ((first + t) % r->max_tokens) * w + META +
-                                                     (int64_t)l * r->K, r->K));
+                                                     (int64_t)l * r->K,
+                                                 r->K));
         json_array_append_new(topk, lay);
     }
     json_object_set_new(rec, "forward_mode", json_string(fm_upper[fm_of(kinds)]));
@@ -462,7 +497,8 @@ static int token_fields(ms_expert_recorder *r, int h, json_t *rec)
 json_t *ms_expert_recorder_dump(ms_expert_recorder *r)
 {
     int L = r->L, E = r->E, R = r->R, detail = r->mode != MS_REC_STAT;
-    int64_t *lc = calloc((size_t)L * E, sizeof(int64_t)), *tmp = malloc(sizeof(int64_t) * (size_t)R);
+    int64_t *lc = calloc((size_t)L * E, sizeof(int64_t)),
+            *tmp = malloc(sizeof(int64_t) * (size_t)R);
     json_t *o = json_object(), *p2l = json_array(), *lcj = json_array(), *recs = json_array();
     if (!lc || !tmp || !o || !p2l || !lcj || !recs) {
         free(lc);
@@ -480,12 +516,14 @@ json_t *ms_expert_recorder_dump(ms_expert_recorder *r)
         for (int l = 0; l < L; l++) json_array_append_new(pc, int64_row(slot + (size_t)l * R, R));
         json_t *rec = json_pack("{s:I,s:s,s:o}", "forward_pass_id", (json_int_t)r->ring_id[h],
                                 "gatherer_key", "primary", "global_physical_count", pc);
-        if (r->mode == MS_REC_PER_TOKEN && !token_fields(r, h, rec)) json_decref(rec);
-        else json_array_append_new(recs, rec);
+        if (r->mode == MS_REC_PER_TOKEN && !token_fields(r, h, rec))
+            json_decref(rec);
+        else
+            json_array_append_new(recs, rec);
     }
     int count = r->count;
     int64_t passes = r->passes;
-    r->head = r->count = 0; /* a dump resets */
+    r->head = r->count = 0;       /* a dump resets */
     for (int l = 0; l < L; l++) { /* the placement as the counts were mapped (under mu) */
         const ms_expert_map *m = r->maps ? &r->maps[l] : NULL;
         for (int p = 0; p < R; p++) tmp[p] = m ? m->logical_of[p] : p;
@@ -508,12 +546,14 @@ json_t *ms_expert_recorder_dump(ms_expert_recorder *r)
     json_object_set_new(o, "records", recs);
     if (r->mode == MS_REC_PER_TOKEN) {
         json_object_set_new(o, "max_tokens", json_integer((json_int_t)r->max_tokens));
-        json_object_set_new(o, "note", json_string(
-            "SGLang's per_token dump as JSON (C writes no torch .pt): one record per forward "
-            "pass with every rank's tokens in world rank order (SGLang: one file per rank); "
-            "topk_ids_of_layer[layer][token] holds the physical experts of num_experts_per_tok "
-            "(SGLang pads to 8 with -1); at most max_tokens token rows are kept, the oldest "
-            "passes' first; logical_count sums the whole window"));
+        json_object_set_new(
+            o, "note",
+            json_string(
+                "SGLang's per_token dump as JSON (C writes no torch .pt): one record per forward "
+                "pass with every rank's tokens in world rank order (SGLang: one file per rank); "
+                "topk_ids_of_layer[layer][token] holds the physical experts of num_experts_per_tok "
+                "(SGLang pads to 8 with -1); at most max_tokens token rows are kept, the oldest "
+                "passes' first; logical_count sums the whole window"));
     }
     return o;
 }
@@ -524,7 +564,8 @@ void ms_expert_recorder_stats(ms_expert_recorder *r, ms_recorder_stats *st)
     memset(st, 0, sizeof *st);
     st->passes = r->passes;
     st->sum = r->bal_sum;
-    for (int f = 0; f < MS_REC_N_FM; f++) st->fm_sum[f] = r->fm_sum[f], st->fm_count[f] = r->fm_count[f];
+    for (int f = 0; f < MS_REC_N_FM; f++)
+        st->fm_sum[f] = r->fm_sum[f], st->fm_count[f] = r->fm_count[f];
     st->recording = r->recording;
     double *avg[3] = {&st->avg10, &st->avg100, &st->avg1000};
     int win[3] = {10, 100, 1000};

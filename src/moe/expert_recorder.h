@@ -65,8 +65,14 @@ void ms_expert_recorder_add(ms_expert_recorder *r, int layer, const ms_expert_ma
 enum { MS_REC_SEQ_EXTEND = 0, MS_REC_SEQ_DECODE = 1, MS_REC_SEQ_VERIFY = 2 };
 /* A pass's forward mode (SGLang's ForwardMode names): the kinds of the rows this rank's
  * DP group gave add_seq (none: IDLE). */
-enum { MS_REC_FM_EXTEND, MS_REC_FM_DECODE, MS_REC_FM_MIXED, MS_REC_FM_TARGET_VERIFY, MS_REC_FM_IDLE,
-       MS_REC_N_FM };
+enum {
+    MS_REC_FM_EXTEND,
+    MS_REC_FM_DECODE,
+    MS_REC_FM_MIXED,
+    MS_REC_FM_TARGET_VERIFY,
+    MS_REC_FM_IDLE,
+    MS_REC_N_FM
+};
 /* SGLang's label value of forward_mode (ForwardMode.name.lower()): "extend", "decode", … */
 const char *ms_recorder_forward_mode_name(int fm);
 void ms_expert_recorder_add_seq(ms_expert_recorder *r, const int32_t *ids, int32_t n,
@@ -100,10 +106,10 @@ void ms_expert_recorder_unlock(ms_expert_recorder *r);
 void ms_expert_recorder_record_always(ms_expert_recorder *r);
 
 typedef struct ms_recorder_stats {
-    int64_t passes;          /* forward passes seen (with routed tokens) */
-    double last;             /* the last pass's balancedness (mean over MoE layers) */
+    int64_t passes;                /* forward passes seen (with routed tokens) */
+    double last;                   /* the last pass's balancedness (mean over MoE layers) */
     double avg10, avg100, avg1000; /* over the last 10 / 100 / 1000 passes */
-    double sum;              /* Σ over all passes of the per-pass balancedness */
+    double sum;                    /* Σ over all passes of the per-pass balancedness */
     double fm_sum[MS_REC_N_FM];    /* the same by the pass's forward mode (MS_REC_FM_*) */
     int64_t fm_count[MS_REC_N_FM]; /* passes by forward mode */
     /* the last pass, mean over MoE layers: the slots with any hit (expert weights read)

@@ -45,8 +45,8 @@ static int ffn_scratch(ms_mlp_ws *ws, int64_t rows, int64_t inter)
 }
 
 /* y[n][D] (=|+=) an FFN (dense, shared, or a slice of either) over n rows. */
-static int ffn(const ms_mlp_ctx *cx, const ms_ffn_w *f, const float *x, int64_t n, float *y, int acc,
-               ms_mlp_ws *ws)
+static int ffn(const ms_mlp_ctx *cx, const ms_ffn_w *f, const float *x, int64_t n, float *y,
+               int acc, ms_mlp_ws *ws)
 {
     if (n <= 0) return 0;
     if (ffn_scratch(ws, n, f->gate.rows)) return MS_ENOMEM;
@@ -102,16 +102,18 @@ static int partial(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *X, int6
                     idx[t * K + k] = -1;
     }
     return ms_moe_experts_shared(cx->k, cx->c, &w->moe, X, n, ws->moe.topk_idx, ws->moe.topk_w, 0,
-                                 cx->c->n_routed_experts, with_shared_slice(cx, w) ? w->moe.shared : NULL, Y, 0, &ws->moe);
+                                 cx->c->n_routed_experts,
+                                 with_shared_slice(cx, w) ? w->moe.shared : NULL, Y, 0, &ws->moe);
 }
 
 /* ---- TP_ATTN_FULL: same tokens everywhere, partial sums all-reduced ---- */
-static int mode_allreduce(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T, float *y,
-                          ms_mlp_ws *ws, ms_errbuf *err)
+static int mode_allreduce(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int64_t T,
+                          float *y, ms_mlp_ws *ws, ms_errbuf *err)
 {
     int rc = partial(cx, w, x, T, y, ws);
     if (rc) return ms_err(err, rc, "out of memory in MLP layer");
-    if (T > 0 && (rc = ms_comm_allreduce_f32(cx->sh->tp_group, y, (size_t)(T * cx->c->hidden_size), err)))
+    if (T > 0 &&
+        (rc = ms_comm_allreduce_f32(cx->sh->tp_group, y, (size_t)(T * cx->c->hidden_size), err)))
         return rc;
     if (shared_after(cx, w) && (rc = ffn(cx, w->moe.shared, x, T, y, 1, ws)))
         return ms_err(err, rc, "out of memory in MLP layer");
@@ -142,12 +144,15 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
         void *a = ws->tok_send, *b = ws->tok_all;
         rc = ms_grow_array(&a, &ws->cap_tok_send, MS_MAX(max_len, 1), sizeof(int32_t));
         ws->tok_send = a;
-        if (!rc) rc = ms_grow_array(&b, &ws->cap_tok_all, (int64_t)N * max_len + sum_len, sizeof(int32_t));
+        if (!rc)
+            rc = ms_grow_array(&b, &ws->cap_tok_all, (int64_t)N * max_len + sum_len,
+                               sizeof(int32_t));
         ws->tok_all = b;
         if (rc) return ms_err(err, MS_ENOMEM, "out of memory in DP gather");
         memset(ws->tok_send, 0, sizeof(int32_t) * (size_t)max_len);
         if (T > 0) memcpy(ws->tok_send, w->moe.tokens, sizeof(int32_t) * (size_t)T);
-        if ((rc = ms_comm_allgather(g, ws->tok_send, sizeof(int32_t) * (size_t)max_len, ws->tok_all, err)))
+        if ((rc = ms_comm_allgather(g, ws->tok_send, sizeof(int32_t) * (size_t)max_len, ws->tok_all,
+                                    err)))
             return rc;
         int32_t *compact = ws->tok_all + (int64_t)N * max_len;
         for (int d = 0; d < dp; d++)
@@ -172,15 +177,19 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
         for (int d = 0; d < dp; d++)
             memcpy(X + off[d] * D, ws->xall + (int64_t)d * atp * max_len * D,
                    sizeof(float) * (size_t)(sh->step->rows_per_rank[d * atp] * D));
-        if ((rc = partial(cx, w, X, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
+        if ((rc = partial(cx, w, X, sum_len, ws->yall, ws)))
+            return ms_err(err, rc, "out of memory");
         float *S = ws->xall; /* [N][max][D]: block i = rows of member i's group */
         for (int i = 0; i < N; i++) {
             int d = i / atp;
             int64_t t = sh->step->rows_per_rank[d * atp];
-            memcpy(S + (int64_t)i * max_len * D, ws->yall + off[d] * D, sizeof(float) * (size_t)(t * D));
-            memset(S + ((int64_t)i * max_len + t) * D, 0, sizeof(float) * (size_t)((max_len - t) * D));
+            memcpy(S + (int64_t)i * max_len * D, ws->yall + off[d] * D,
+                   sizeof(float) * (size_t)(t * D));
+            memset(S + ((int64_t)i * max_len + t) * D, 0,
+                   sizeof(float) * (size_t)((max_len - t) * D));
         }
-        if ((rc = ms_comm_reduce_scatter_f32(g, S, ws->cbuf, (size_t)(max_len * D), err))) return rc;
+        if ((rc = ms_comm_reduce_scatter_f32(g, S, ws->cbuf, (size_t)(max_len * D), err)))
+            return rc;
         memcpy(y, ws->cbuf, sizeof(float) * (size_t)(T * D));
     } else { /* SUM_LEN: zero-filled all-reduce in, all-reduce out */
         ws->n_sum_len++;
@@ -188,9 +197,11 @@ static int mode_gather(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, 
             ms_grow_scratch_f32(&ws->yall, &ws->cap_yall, sum_len * D))
             return ms_err(err, MS_ENOMEM, "out of memory in DP gather");
         memset(ws->xall, 0, sizeof(float) * (size_t)(sum_len * D));
-        if (sh->at.attn_tp_rank == 0) memcpy(ws->xall + my_off * D, x, sizeof(float) * (size_t)(T * D));
+        if (sh->at.attn_tp_rank == 0)
+            memcpy(ws->xall + my_off * D, x, sizeof(float) * (size_t)(T * D));
         if ((rc = ms_comm_allreduce_f32(g, ws->xall, (size_t)(sum_len * D), err))) return rc;
-        if ((rc = partial(cx, w, ws->xall, sum_len, ws->yall, ws))) return ms_err(err, rc, "out of memory");
+        if ((rc = partial(cx, w, ws->xall, sum_len, ws->yall, ws)))
+            return ms_err(err, rc, "out of memory");
         if ((rc = ms_comm_allreduce_f32(g, ws->yall, (size_t)(sum_len * D), err))) return rc;
         memcpy(y, ws->yall + my_off * D, sizeof(float) * (size_t)(T * D));
     }
@@ -231,7 +242,8 @@ static int place_shared(const ms_mlp_ctx *cx, const ms_expert_map *map, int64_t 
     ms_waterfill_count(map, idx, n, K, load);
     if (sh->waterfill_dynamic) { /* [routed per rank..., my rows] from every rank */
         load[N] = n;
-        if ((rc = ms_comm_allgather(sh->tp_group, load, sizeof(int64_t) * (size_t)(N + 1), got, err)))
+        if ((rc = ms_comm_allgather(sh->tp_group, load, sizeof(int64_t) * (size_t)(N + 1), got,
+                                    err)))
             return rc;
         for (int r = 0; r < N; r++) {
             all[r] = 0;
@@ -284,7 +296,8 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
     float *ys = y + r0 * D;
     ms_moe_w mw = w->moe; /* hash routing reads the share's token ids */
     if (mw.tokens) mw.tokens += r0;
-    if ((rc = ms_moe_route(cx->k, c, &mw, xs, n, &ws->moe))) return ms_err(err, rc, "out of memory");
+    if ((rc = ms_moe_route(cx->k, c, &mw, xs, n, &ws->moe)))
+        return ms_err(err, rc, "out of memory");
     /* the recorder sees the routed top-k only, as SGLang's on_select_experts runs before
      * its waterfill appends the shared column */
     record(cx, w, ws->moe.topk_idx, n); /* each rank its own rows */
@@ -301,16 +314,18 @@ static int mode_a2a(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int
     /* experts on the received rows (their ids are this rank's logical experts) */
     if (ms_grow_scratch_f32(&ws->yall, &ws->cap_yall, MS_MAX(n_recv, 1) * D))
         return ms_err(err, MS_ENOMEM, "out of memory in experts");
-    rc = ms_moe_experts(cx->k, c, &w->moe, ws->xall, n_recv, ws->ridx, ws->rw, 0, c->n_routed_experts,
-                        ws->yall, 0, &ws->moe);
+    rc = ms_moe_experts(cx->k, c, &w->moe, ws->xall, n_recv, ws->ridx, ws->rw, 0,
+                        c->n_routed_experts, ws->yall, 0, &ws->moe);
     if (rc) return ms_err(err, rc, "out of memory in experts");
     for (int64_t i = 0; i < n_recv * K; i++) ws->expert_rows += ws->ridx[i] >= 0;
     if (fused) { /* the shared expert's slot here: the received rows that carry it */
-        if ((rc = shared_slot(cx, w, n_recv, ws))) return ms_err(err, rc, "out of memory in experts");
+        if ((rc = shared_slot(cx, w, n_recv, ws)))
+            return ms_err(err, rc, "out of memory in experts");
         if (n > 0) memset(ys, 0, sizeof(float) * (size_t)(n * D));
     } else if (c->n_shared_experts > 0 && n > 0) { /* shared expert (local, whole) */
         ws->expert_rows += n;
-        if ((rc = ffn(cx, w->moe.shared, xs, n, ys, 0, ws))) return ms_err(err, rc, "out of memory");
+        if ((rc = ffn(cx, w->moe.shared, xs, n, ys, 0, ws)))
+            return ms_err(err, rc, "out of memory");
     } else if (n > 0) {
         memset(ys, 0, sizeof(float) * (size_t)(n * D));
     }
@@ -334,8 +349,10 @@ int ms_mlp_forward(const ms_mlp_ctx *cx, const ms_mlp_w *w, const float *x, int6
     const ms_shard *sh = cx->sh;
     int rc;
     if (!sh || (!w->is_moe && sh->lay->dense_tp <= 1) || sh->tp_group->size == 1) {
-        if (!w->is_moe) rc = ffn(cx, w->dense, x, T, y, 0, ws);
-        else rc = T > 0 ? ms_moe_forward(cx->k, cx->c, &w->moe, x, T, y, &ws->moe) : 0;
+        if (!w->is_moe)
+            rc = ffn(cx, w->dense, x, T, y, 0, ws);
+        else
+            rc = T > 0 ? ms_moe_forward(cx->k, cx->c, &w->moe, x, T, y, &ws->moe) : 0;
         if (!rc && w->is_moe) record(cx, w, ws->moe.topk_idx, T);
         return rc ? ms_err(err, rc, "out of memory in MLP layer") : 0;
     }

@@ -27,22 +27,22 @@
 
 typedef struct ms_mlp_ws {
     ms_moe_ws moe;
-    float *g, *u;                /* dense/shared scratch [rows][inter] */
+    float *g, *u; /* dense/shared scratch [rows][inter] */
     int64_t cap_gu;
-    float *xall, *yall, *cbuf;   /* gathered / expert-output / combine rows [rows][D] */
+    float *xall, *yall, *cbuf;            /* gathered / expert-output / combine rows [rows][D] */
     int64_t cap_xall, cap_yall, cap_cbuf; /* floats */
-    ms_ep_ws ep;                 /* a2a dispatch / combine (parallel/ep.h) */
-    int32_t *ridx;               /* [rows][k] received expert ids */
-    float *rw;                   /* [rows][k] received weights */
-    int64_t cap_ridx, cap_rw;    /* entries */
+    ms_ep_ws ep;                          /* a2a dispatch / combine (parallel/ep.h) */
+    int32_t *ridx;                        /* [rows][k] received expert ids */
+    float *rw;                            /* [rows][k] received weights */
+    int64_t cap_ridx, cap_rw;             /* entries */
     int32_t *tok_send, *tok_all; /* hash routing in the DP gather: [max] mine, [N][max] all */
     int64_t cap_tok_send, cap_tok_all;
     int64_t n_max_len, n_sum_len; /* gather mode choices (tests, stats) */
-    int64_t dispatch_rows;       /* rows sent to other ranks (Σ tokens × remote destinations) */
-    int64_t expert_rows;         /* a2a: expert rows computed here (routed entries + shared rows) */
-    int64_t shared_remote;       /* a2a: rows whose fused shared expert ran on another rank */
-    int32_t *sdst, *sdest;       /* fused shared expert: [rows] its EP rank, [rows][k] routed ranks */
-    int64_t *sall;               /* dynamic waterfill: [N][N + 1] loads of every rank */
+    int64_t dispatch_rows;        /* rows sent to other ranks (Σ tokens × remote destinations) */
+    int64_t expert_rows;   /* a2a: expert rows computed here (routed entries + shared rows) */
+    int64_t shared_remote; /* a2a: rows whose fused shared expert ran on another rank */
+    int32_t *sdst, *sdest; /* fused shared expert: [rows] its EP rank, [rows][k] routed ranks */
+    int64_t *sall;         /* dynamic waterfill: [N][N + 1] loads of every rank */
     int64_t cap_sdst, cap_sdest, cap_sall;
 } ms_mlp_ws;
 
@@ -57,7 +57,7 @@ typedef struct ms_mlp_ctx {
 
 /* One layer's MLP weights (views borrowed from the model). */
 typedef struct ms_mlp_w {
-    int layer;             /* the layer's index: its expert map in the shard */
+    int layer; /* the layer's index: its expert map in the shard */
     int is_moe;
     const ms_ffn_w *dense; /* !is_moe */
     ms_moe_w moe;          /* is_moe */

@@ -22,8 +22,7 @@ static void gate_scores(const ms_config *c, const float *logits, float *scores)
 }
 
 /* weight[j] = scores[idx[j]], renormalised (norm_topk_prob) and scaled. */
-static void gate_weights(const ms_config *c, const float *scores, const int32_t *idx,
-                         float *weight)
+static void gate_weights(const ms_config *c, const float *scores, const int32_t *idx, float *weight)
 {
     int K = c->n_experts_per_tok;
     float sum = 0;
@@ -186,7 +185,10 @@ static int ws_reserve(ms_moe_ws *ws, int64_t T, int64_t D, int64_t inter, int64_
     return 0;
 }
 
-static int64_t shared_width(const ms_moe_w *mw) { return mw->shared ? mw->shared->gate.rows : 0; }
+static int64_t shared_width(const ms_moe_w *mw)
+{
+    return mw->shared ? mw->shared->gate.rows : 0;
+}
 
 void ms_ffn_forward(const ms_kctx *k, const ms_ffn_w *f, const float *x, int64_t M, int64_t D,
                     float *y, int accumulate, float *g, float *u, float limit)
@@ -277,10 +279,9 @@ static void combine_cols(void *arg, int64_t d0, int64_t d1, int tid)
                     ws->yg + r * j->D + d0, d1 - d0);
 }
 
-int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw,
-                          const float *x, int64_t T, const int32_t *idx, const float *w, int e_begin,
-                          int e_end, const ms_ffn_w *shared, float *y, int accumulate,
-                          ms_moe_ws *ws)
+int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
+                          int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end,
+                          const ms_ffn_w *shared, float *y, int accumulate, ms_moe_ws *ws)
 {
     int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     if (ws_reserve(ws, T, D, MS_MAX(c->moe_intermediate_size, shared_width(mw)), E, K))
@@ -306,8 +307,8 @@ int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *
     int64_t ew = 0; /* local (TP) width: that of the experts this call runs */
     for (int64_t e = e_begin; e < e_end && !ew; e++)
         if (ws->offset[e + 1] > ws->offset[e]) ew = mw->experts[e].gate.rows;
-    struct rows_job rj = {ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0,
-                          c->swiglu_limit};
+    struct rows_job rj = {
+        ws, x, y, D, ld, rows, ew, shared ? shared->gate.rows : 0, c->swiglu_limit};
     par_for(k, rows, rows, 1, gather_rows, &rj);
     /* gate and up of every active expert (and the shared FFN) in one batch */
     ms_mm_call calls[2 * 256 + 2];

@@ -23,9 +23,9 @@
 
 #include <stdint.h>
 
-typedef struct ms_ffn_w {  /* one SwiGLU FFN: dense MLP, shared expert or routed expert */
-    ms_mat gate, up;       /* [inter][D] */
-    ms_mat down;           /* [D][inter] */
+typedef struct ms_ffn_w { /* one SwiGLU FFN: dense MLP, shared expert or routed expert */
+    ms_mat gate, up;      /* [inter][D] */
+    ms_mat down;          /* [D][inter] */
 } ms_ffn_w;
 
 /* The weights of one MoE block: views into the model's layer (borrowed). */
@@ -36,8 +36,8 @@ typedef struct ms_moe_w {
     const ms_ffn_w *shared;  /* the shared expert (or its slice), NULL when none */
     /* hash routing (V4's first layers): the experts of row t are tid2eid[tokens[t]][0..k),
      * NULL: top-k of the (biased) scores.  tokens holds the ids of the rows passed in. */
-    const int32_t *tid2eid;  /* [vocab][k] */
-    const int32_t *tokens;   /* [T] */
+    const int32_t *tid2eid; /* [vocab][k] */
+    const int32_t *tokens;  /* [T] */
 } ms_moe_w;
 
 /* Routing of one token row: n_experts_per_tok expert ids and weights. */
@@ -56,20 +56,20 @@ void ms_swiglu(float *out, float *g, float *u, int64_t n, float limit);
 
 /* Scratch for expert compute (grow-only). */
 typedef struct ms_moe_ws {
-    int64_t cap_rows;       /* token rows */
-    int64_t cap_grp;        /* grouped rows (T*k) */
-    float *logits;          /* [T][E] */
-    int32_t *topk_idx;      /* [T][k] */
-    float *topk_w;          /* [T][k] */
-    int32_t *count;         /* [E] */
-    int32_t *offset;        /* [E+1] */
-    int32_t *row_token;     /* [T*k]: token of each grouped row */
-    float *row_weight;      /* [T*k] */
-    float *xg;              /* [T*k][D] gathered inputs */
-    float *g, *u;           /* [T*k][inter] */
-    float *yg;              /* [T*k][D] */
-    float *scratch;         /* [threads][2*E] routing scratch */
-    int64_t cap_scratch;    /* floats in scratch */
+    int64_t cap_rows;    /* token rows */
+    int64_t cap_grp;     /* grouped rows (T*k) */
+    float *logits;       /* [T][E] */
+    int32_t *topk_idx;   /* [T][k] */
+    float *topk_w;       /* [T][k] */
+    int32_t *count;      /* [E] */
+    int32_t *offset;     /* [E+1] */
+    int32_t *row_token;  /* [T*k]: token of each grouped row */
+    float *row_weight;   /* [T*k] */
+    float *xg;           /* [T*k][D] gathered inputs */
+    float *g, *u;        /* [T*k][inter] */
+    float *yg;           /* [T*k][D] */
+    float *scratch;      /* [threads][2*E] routing scratch */
+    int64_t cap_scratch; /* floats in scratch */
     int64_t cap_inter, cap_D, cap_E, cap_k;
 } ms_moe_ws;
 
@@ -94,10 +94,9 @@ int ms_moe_experts(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, con
 /* The same, plus an FFN over all T rows (the shared expert, or a slice of it)
  * whose output is the starting value of y; all expert GEMMs run as two
  * batched pool runs (gate+up, then down).  shared may be NULL. */
-int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw,
-                          const float *x, int64_t T, const int32_t *idx, const float *w, int e_begin,
-                          int e_end, const ms_ffn_w *shared, float *y, int accumulate,
-                          ms_moe_ws *ws);
+int ms_moe_experts_shared(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,
+                          int64_t T, const int32_t *idx, const float *w, int e_begin, int e_end,
+                          const ms_ffn_w *shared, float *y, int accumulate, ms_moe_ws *ws);
 
 /* The whole MoE block on one rank: y[T][D] = Σ_j w_j Expert_j(x) + Shared(x). */
 int ms_moe_forward(const ms_kctx *k, const ms_config *c, const ms_moe_w *mw, const float *x,

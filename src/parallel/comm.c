@@ -324,7 +324,7 @@ static void group_destroy(ms_group *g)
 {
     if (!g) return;
     struct ms_group_priv *p = g->priv;
-    ms_comm_shm_free(g); /* local, and no request can still use it */
+    ms_comm_shm_free(g);   /* local, and no request can still use it */
     if (p && !p->broken) { /* a broken group's arrays may belong to a pending request: leaked */
         free(p->world_ranks);
         free(p->ia);

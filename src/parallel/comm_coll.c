@@ -103,7 +103,7 @@ static int fixed_sum(ms_group *g, const char *op, const float *send, const size_
         if (counts[j] > INT_MAX || off > INT_MAX || mine * (size_t)j > INT_MAX)
             return ms_err(e, MS_ETOOBIG, "%s on group '%s': %zu floats exceed MPI's count limit",
                           op, g->name, counts[j]);
-        p->ia[j] = (int)counts[j], p->ib[j] = (int)off; /* what goes to j */
+        p->ia[j] = (int)counts[j], p->ib[j] = (int)off;           /* what goes to j */
         p->ic[j] = (int)mine, p->id[j] = (int)(mine * (size_t)j); /* j's copy of my block */
         off += counts[j];
     }
@@ -112,8 +112,8 @@ static int fixed_sum(ms_group *g, const char *op, const float *send, const size_
         return ms_err(e, MS_ENOMEM, "%s on group '%s': out of memory", op, g->name);
     float *b = ms_comm_st.fixed_buf; /* [n][mine] */
     MPI_Request req;
-    int mrc = MPI_Ialltoallv(send, p->ia, p->ib, MPI_FLOAT, b, p->ic, p->id, MPI_FLOAT, p->comm,
-                             &req);
+    int mrc =
+        MPI_Ialltoallv(send, p->ia, p->ib, MPI_FLOAT, b, p->ic, p->id, MPI_FLOAT, p->comm, &req);
     if (mrc != MPI_SUCCESS) return ms_comm_mpi_fail(g, mrc, op, e);
     int rc = ms_comm_wait(g, &req, 1, true, op, mine * 4, e);
     if (rc) return rc;
@@ -169,7 +169,9 @@ int ms_comm_allreduce_f32(ms_group *g, float *buf, size_t count, ms_errbuf *e)
         ms_comm_stats_add(g, MS_COMM_ALLREDUCE, 4 * c, 0, 0, ms_now_s() - t0);
         return 0;
     }
-    if (g->priv->shm && !ms_comm_st.shm_bypass) { /* one host: rank-order sums through shared memory, any fixed_order */
+    if (g->priv->shm &&
+        !ms_comm_st
+             .shm_bypass) { /* one host: rank-order sums through shared memory, any fixed_order */
         if ((rc = ms_comm_shm_allreduce(g, buf, count, op, e))) return rc;
         ms_comm_stats_add(g, MS_COMM_ALLREDUCE, 4 * c, moved, moved, ms_now_s() - t0);
         return 0;
@@ -483,8 +485,10 @@ int ms_comm_exchange(ms_group *g, const ms_comm_p2p *ops, int n, ms_errbuf *e)
         *(o->is_recv ? &recv : &sent) += o->bytes;
         total += o->bytes;
     }
-    if (!rc) rc = ms_comm_wait(g, req, n, true, op, total, e);
-    else if (posted > 0) ms_comm_mark_broken(g, "an exchange failed with transfers posted");
+    if (!rc)
+        rc = ms_comm_wait(g, req, n, true, op, total, e);
+    else if (posted > 0)
+        ms_comm_mark_broken(g, "an exchange failed with transfers posted");
     if (!rc) ms_comm_stats_add(g, MS_COMM_P2P, sent, sent, recv, ms_now_s() - t0);
     free(req);
     return rc;

@@ -19,12 +19,13 @@ int ms_comm_groups_init(ms_comm_groups *gs, const ms_layout *lay, ms_errbuf *e)
     if (ms_layout_rank_coords(lay, world->rank, &gs->at))
         return ms_err(e, MS_ELAYOUT,
                       "inconsistent group sizes (tp %d = attn tp %d × cp %d × dp %d = moe tp %d × "
-                      "ep %d × dp %d; dense %d)", lay->tp, lay->attn_tp, lay->attn_cp,
-                      lay->attn_dp, lay->moe_tp, lay->moe_ep, lay->moe_dp, lay->dense_tp);
+                      "ep %d × dp %d; dense %d)",
+                      lay->tp, lay->attn_tp, lay->attn_cp, lay->attn_dp, lay->moe_tp, lay->moe_ep,
+                      lay->moe_dp, lay->dense_tp);
     gs->world = world;
     static const char *names[MS_GROUP_N] = {"tp", "attn_tp", "moe_ep", "moe_tp", "dense", "dp"};
-    ms_group **slots[MS_GROUP_N] = {&gs->tp, &gs->attn_tp, &gs->moe_ep,
-                                    &gs->moe_tp, &gs->dense, &gs->dp};
+    ms_group **slots[MS_GROUP_N] = {&gs->tp,     &gs->attn_tp, &gs->moe_ep,
+                                    &gs->moe_tp, &gs->dense,   &gs->dp};
     for (int k = 0; k < MS_GROUP_N; k++) {
         int first, stride, size;
         ms_layout_group_span(lay, &gs->at, k, &first, &stride, &size);

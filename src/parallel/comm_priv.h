@@ -25,8 +25,8 @@ struct ms_group_priv {
     char broken_why[sizeof(ms_errbuf)];
     ms_comm_counter *ctr; /* [n_tag_slots][MS_COMM_N_KINDS]; slot 0 = MS_COMM_TAG_NONE */
     int n_tag_slots;
-    uint64_t ctrl_seq; /* control blocks sent/received on this group */
-    ms_group *next;    /* list of live groups */
+    uint64_t ctrl_seq;       /* control blocks sent/received on this group */
+    ms_group *next;          /* list of live groups */
     struct ms_comm_shm *shm; /* shared-memory all-reduce (comm_shm.c); NULL: MPI's */
 };
 

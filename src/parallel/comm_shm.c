@@ -20,7 +20,8 @@
  * without a second barrier: a member reaching call k + 2 waited at call k + 1 for every member to
  * publish k + 1, i.e. to have finished reading call k.
  * Off when the group spans hosts, when shm_open/fallocate fail (falls back to MPI, logged), or
- * unless MOESERVE_COMM_SHM=1 (ms_comm_opts.shm; off by default: bench/HISTORY.md).  Main thread only, like comm.c.
+ * unless MOESERVE_COMM_SHM=1 (ms_comm_opts.shm; off by default: bench/HISTORY.md).  Main thread
+ * only, like comm.c.
  */
 #include "parallel/comm_priv.h"
 
@@ -148,8 +149,9 @@ int ms_comm_shm_setup(ms_group *g, ms_errbuf *e)
     if (g->rank == 0) shm_unlink(name); /* every member has mapped it, or given up */
     if (rc || !all_ok) {
         if (base) munmap(base, bytes);
-        if (!rc) MS_LOG(MS_INFO, "comm", "group '%s': a member could not map %s: using MPI",
-                        g->name, name);
+        if (!rc)
+            MS_LOG(MS_INFO, "comm", "group '%s': a member could not map %s: using MPI", g->name,
+                   name);
         return rc;
     }
     struct ms_comm_shm *s = calloc(1, sizeof *s);

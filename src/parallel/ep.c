@@ -86,10 +86,12 @@ int ms_expert_map_init_replicas(ms_expert_map *m, int n_logical, int n_physical,
                                 int me, uint64_t seed, const int32_t *logical_of, ms_errbuf *err)
 {
     memset(m, 0, sizeof *m);
-    if (n_logical < 1 || n_ranks < 1 || n_physical < n_logical || n_physical % n_ranks ||
-        me < 0 || me >= n_ranks)
-        return ms_err(err, MS_EINVAL, "%d physical slots for %d experts cannot be split over "
-                      "%d EP ranks", n_physical, n_logical, n_ranks);
+    if (n_logical < 1 || n_ranks < 1 || n_physical < n_logical || n_physical % n_ranks || me < 0 ||
+        me >= n_ranks)
+        return ms_err(err, MS_EINVAL,
+                      "%d physical slots for %d experts cannot be split over "
+                      "%d EP ranks",
+                      n_physical, n_logical, n_ranks);
     m->n_logical = n_logical, m->n_physical = n_physical, m->n_ranks = n_ranks;
     m->per_rank = n_physical / n_ranks;
     m->logical_of = malloc(sizeof(int32_t) * (size_t)n_physical);
@@ -104,8 +106,10 @@ int ms_expert_map_init_replicas(ms_expert_map *m, int n_logical, int n_physical,
     for (int p = 0; p < n_physical; p++) {
         int e = logical_of[p];
         if (e < 0 || e >= n_logical) {
-            rc = ms_err(err, MS_EINVAL, "physical expert %d holds %d: not one of the %d logical "
-                        "experts", p, e, n_logical);
+            rc = ms_err(err, MS_EINVAL,
+                        "physical expert %d holds %d: not one of the %d logical "
+                        "experts",
+                        p, e, n_logical);
             goto out;
         }
         m->logical_of[p] = e;
@@ -154,8 +158,10 @@ static int maps_from_counts(ms_expert_map *maps, int n_layers, int E, int R, int
     }
     if (E2 != E) {
         free(w);
-        return ms_err(err, MS_EINVAL, "--init-expert-location %s: %d experts per layer, the "
-                      "model has %d", path, E2, E);
+        return ms_err(err, MS_EINVAL,
+                      "--init-expert-location %s: %d experts per layer, the "
+                      "model has %d",
+                      path, E2, E);
     }
     ms_eplb_plan pl;
     ms_errbuf e2 = {{0}};
@@ -166,7 +172,8 @@ static int maps_from_counts(ms_expert_map *maps, int n_layers, int E, int R, int
     int32_t *triv = malloc(sizeof(int32_t) * (size_t)R);
     for (int l = 0; l < n_layers && !rc; l++) {
         const int32_t *row = l < L ? pl.phy2log + (size_t)l * R : triv;
-        if (!triv) rc = ms_err(err, MS_ENOMEM, "out of memory");
+        if (!triv)
+            rc = ms_err(err, MS_ENOMEM, "out of memory");
         else {
             for (int p = 0; p < R; p++) triv[p] = p % E;
             rc = ms_expert_map_init_replicas(&maps[l], E, R, n_ranks, me, (uint64_t)l, row, err);
@@ -208,7 +215,8 @@ int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_p
         rc = ms_err(err, MS_EINVAL,
                     "--init-expert-location %s: needs \"physical_to_logical_map\", an array of at "
                     "most %d layers (one row of physical experts each), or a recorded "
-                    "\"logical_count\"", path, n_layers);
+                    "\"logical_count\"",
+                    path, n_layers);
         goto out;
     }
     for (int l = 0; l < n_layers && !rc; l++) {
@@ -218,16 +226,16 @@ int ms_expert_map_load(ms_expert_map *maps, int n_layers, int n_logical, int n_p
         } else if (!json_is_array(r) || (int)json_array_size(r) != R) {
             rc = ms_err(err, MS_EINVAL,
                         "--init-expert-location %s: layer %d has %zu physical experts, the launch "
-                        "%d (%d routed + --ep-num-redundant-experts %d)", path, l,
-                        json_is_array(r) ? json_array_size(r) : 0, R, E, R - E);
+                        "%d (%d routed + --ep-num-redundant-experts %d)",
+                        path, l, json_is_array(r) ? json_array_size(r) : 0, R, E, R - E);
             break;
         } else {
             for (int p = 0; p < R; p++) {
                 json_t *v = json_array_get(r, (size_t)p);
-                row[p] = json_is_integer(v) && json_integer_value(v) >= 0 &&
-                                 json_integer_value(v) < E
-                             ? (int32_t)json_integer_value(v)
-                             : -1;
+                row[p] =
+                    json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < E
+                        ? (int32_t)json_integer_value(v)
+                        : -1;
             }
         }
         ms_errbuf e2 = {{0}};
@@ -278,7 +286,8 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
         if (sdst[t] < 0 || sdst[t] >= N)
             return ms_err(err, MS_EINTERNAL, "shared expert of row %lld sent to EP rank %d",
                           (long long)t, sdst[t]);
-    if (N > MS_EP_MAX_RANKS) return ms_err(err, MS_EUNSUPPORTED, "more than %d EP ranks", MS_EP_MAX_RANKS);
+    if (N > MS_EP_MAX_RANKS)
+        return ms_err(err, MS_EUNSUPPORTED, "more than %d EP ranks", MS_EP_MAX_RANKS);
     if (map->n_ranks != N)
         return ms_err(err, MS_EINTERNAL, "expert map for %d EP ranks used on %d", map->n_ranks, N);
     if (N > ws->cap_world) {
@@ -297,7 +306,8 @@ int ms_ep_dispatch(ms_group *g, const ms_expert_map *map, const float *x, int64_
         uint8_t seen[MS_EP_MAX_RANKS / 8] = {0};
         for (int k = 0; k < K; k++) {
             int e = idx[t * K + k];
-            if (e < 0 || e >= map->n_logical) return ms_err(err, MS_EINTERNAL, "expert %d has no owner", e);
+            if (e < 0 || e >= map->n_logical)
+                return ms_err(err, MS_EINTERNAL, "expert %d has no owner", e);
             int d = ms_expert_map_owner(map, map->physical_of[e]);
             if (!(seen[d / 8] & (1u << (d % 8)))) {
                 seen[d / 8] |= (uint8_t)(1u << (d % 8));
@@ -430,7 +440,7 @@ int ms_ep_combine(ms_group *g, int64_t D, const float *yr, float *y, ms_ep_ws *w
         int64_t rows_to_s = ws->cnt_all[(int64_t)g->rank * N + s];
         rbytes[s] = (size_t)(rows_from_s * D) * 4; /* what I send back to s */
         rdisp[s] = (size_t)(off_r * D) * 4;
-        sbytes[s] = (size_t)(rows_to_s * D) * 4;   /* what s sends back to me */
+        sbytes[s] = (size_t)(rows_to_s * D) * 4; /* what s sends back to me */
         sdisp[s] = (size_t)(off_s * D) * 4;
         off_r += rows_from_s;
         off_s += rows_to_s;

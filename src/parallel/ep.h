@@ -84,12 +84,12 @@ static inline int ms_expert_map_local(const ms_expert_map *m, int r, int s)
 typedef struct ms_ep_ws {
     uint8_t *sbuf, *rbuf;
     int64_t cap_sbuf, cap_rbuf; /* bytes */
-    int32_t *rec_row;  /* [n_send]: source row of each sent record */
+    int32_t *rec_row;           /* [n_send]: source row of each sent record */
     int64_t cap_rec_row;
-    size_t *counts;    /* [4][N]: send/recv bytes and displacements */
-    int64_t *cnt_all;  /* [N][N] */
+    size_t *counts;   /* [4][N]: send/recv bytes and displacements */
+    int64_t *cnt_all; /* [N][N] */
     int cap_world;
-    float *cbuf;       /* [n_send][D] combined partial sums coming back */
+    float *cbuf; /* [n_send][D] combined partial sums coming back */
     int64_t cap_cbuf;
     int64_t n_send, n_recv;
     int64_t dispatch_rows; /* cumulative rows sent to other ranks */

@@ -64,8 +64,8 @@ static void balanced_packing(const float *w, int n, int m, int32_t *pack, int32_
 /* Replicates n logical experts w[n] onto num_phy >= n slots: slot e < n holds e
  * (rank 0); each further slot goes to the expert with the largest w/cnt (ties: the
  * lowest id). */
-static void replicate_experts(const float *w, int n, int num_phy, int32_t *phy2log,
-                              int32_t *rank, int32_t *logcnt)
+static void replicate_experts(const float *w, int n, int num_phy, int32_t *phy2log, int32_t *rank,
+                              int32_t *logcnt)
 {
     for (int e = 0; e < n; e++) phy2log[e] = e, rank[e] = 0, logcnt[e] = 1;
     for (int i = n; i < num_phy; i++) {
@@ -93,13 +93,13 @@ static void hierarchical_layer(const float *w, int E, int R, int G, int N, int g
                                int32_t *phy2log, int32_t *phyrank, int32_t *logcnt)
 {
     int gsize = E / G, gpn = G / N, ppg = R / gpus, epn = E / N, rpn = R / N, gpn_gpu = gpus / N;
-    float *tok_g = ws->fbuf;           /* [G] */
-    float *tok_m = tok_g + G;          /* [epn] */
-    float *tok_p = tok_m + epn;        /* [rpn] */
-    float *pack_w = tok_p + rpn;       /* [max(N, gpus)] */
+    float *tok_g = ws->fbuf;     /* [G] */
+    float *tok_m = tok_g + G;    /* [epn] */
+    float *tok_p = tok_m + epn;  /* [rpn] */
+    float *pack_w = tok_p + rpn; /* [max(N, gpus)] */
     int32_t *gpack = ws->ibuf, *grank = gpack + G;
     int32_t *log2mlog = grank + G, *mlog2log = log2mlog + E;
-    int32_t *mlogcnt = mlog2log + E;                       /* [E]: node-major */
+    int32_t *mlogcnt = mlog2log + E; /* [E]: node-major */
     int32_t *phy2mlog = mlogcnt + E, *prank = phy2mlog + rpn;
     int32_t *pk = prank + rpn, *pr = pk + rpn, *pphy2phy = pr + rpn;
     int32_t *scratch = pphy2phy + rpn; /* max(G + N, rpn + gpus / N) */
@@ -143,34 +143,35 @@ void ms_eplb_plan_free(ms_eplb_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-int ms_eplb_rebalance(const float *weight, int L, int E, int R, int G, int N, int gpus,
-                      int policy, ms_eplb_plan *out, ms_errbuf *err)
+int ms_eplb_rebalance(const float *weight, int L, int E, int R, int G, int N, int gpus, int policy,
+                      ms_eplb_plan *out, ms_errbuf *err)
 {
     memset(out, 0, sizeof *out);
     if (L < 1 || E < 1) return ms_err(err, MS_EINVAL, "eplb: need at least one layer and expert");
     if (G < 1 || N < 1 || gpus < 1)
         return ms_err(err, MS_EINVAL, "eplb: groups, nodes and GPUs must be at least 1");
-    if (R < E)
-        return ms_err(err, MS_EINVAL, "eplb: %d replicas cannot hold %d experts", R, E);
+    if (R < E) return ms_err(err, MS_EINVAL, "eplb: %d replicas cannot hold %d experts", R, E);
     if (R % gpus)
         return ms_err(err, MS_EINVAL, "eplb: %d replicas do not divide over %d GPUs", R, gpus);
-    if (E % G)
-        return ms_err(err, MS_EINVAL, "eplb: %d experts do not divide into %d groups", E, G);
+    if (E % G) return ms_err(err, MS_EINVAL, "eplb: %d experts do not divide into %d groups", E, G);
     if (policy == MS_EPLB_AUTO) policy = G % N == 0 ? MS_EPLB_HIERARCHICAL : MS_EPLB_GLOBAL;
-    if (policy == MS_EPLB_GLOBAL) G = N = 1;
+    if (policy == MS_EPLB_GLOBAL)
+        G = N = 1;
     else if (policy == MS_EPLB_HIERARCHICAL) {
         if (G % N)
             return ms_err(err, MS_EINVAL,
                           "eplb: deepseek_hierarchical needs the %d groups to divide over %d "
-                          "nodes (use auto or deepseek)", G, N);
+                          "nodes (use auto or deepseek)",
+                          G, N);
         if (gpus % N)
             return ms_err(err, MS_EINVAL, "eplb: %d GPUs do not divide over %d nodes", gpus, N);
     } else
         return ms_err(err, MS_EINVAL, "eplb: unknown policy %d", policy);
 
     size_t big = (size_t)(R > E ? R : E) + (size_t)(R > G ? R : G) + (size_t)(N > gpus ? N : gpus);
-    eplb_ws ws = {malloc(sizeof(float) * ((size_t)G + (size_t)E + (size_t)R + big)),
-                  malloc(sizeof(int32_t) * (2 * (size_t)G + 3 * (size_t)E + 5 * (size_t)R + 2 * big))};
+    eplb_ws ws = {
+        malloc(sizeof(float) * ((size_t)G + (size_t)E + (size_t)R + big)),
+        malloc(sizeof(int32_t) * (2 * (size_t)G + 3 * (size_t)E + 5 * (size_t)R + 2 * big))};
     out->phy2log = malloc(sizeof(int32_t) * (size_t)L * (size_t)R);
     out->phyrank = malloc(sizeof(int32_t) * (size_t)L * (size_t)R);
     out->logcnt = malloc(sizeof(int32_t) * (size_t)L * (size_t)E);

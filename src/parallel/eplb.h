@@ -23,9 +23,9 @@
 #include <stdint.h>
 
 enum ms_eplb_policy {
-    MS_EPLB_AUTO = 0,         /* hierarchical iff num_groups % num_nodes == 0 (SGLang "auto") */
-    MS_EPLB_GLOBAL,           /* SGLang "deepseek": one group, one node */
-    MS_EPLB_HIERARCHICAL,     /* SGLang "deepseek_hierarchical" */
+    MS_EPLB_AUTO = 0,     /* hierarchical iff num_groups % num_nodes == 0 (SGLang "auto") */
+    MS_EPLB_GLOBAL,       /* SGLang "deepseek": one group, one node */
+    MS_EPLB_HIERARCHICAL, /* SGLang "deepseek_hierarchical" */
 };
 
 /* Parses "auto" | "deepseek" | "deepseek_hierarchical"; -1 for anything else. */
@@ -35,7 +35,7 @@ const char *ms_eplb_policy_name(int policy);
 typedef struct ms_eplb_plan {
     int n_layers, n_logical, n_physical; /* L, E, R */
     int maxcnt;                          /* max over layers and experts of logcnt */
-    int32_t *phy2log; /* [L][R]: logical expert of each physical slot */
+    int32_t *phy2log;                    /* [L][R]: logical expert of each physical slot */
     int32_t *phyrank; /* [L][R]: replica rank of each slot (0: the original copy) */
     int32_t *logcnt;  /* [L][E]: replicas of each logical expert (>= 1) */
     int32_t *log2phy; /* [L][E][maxcnt]: slot of replica rank r, -1 padded */

@@ -27,8 +27,8 @@ static int add_matrix(const char *path, json_t *m, float **w, int *L, int *E, ms
         if (!*w) return ms_err(err, MS_ENOMEM, "out of memory");
         *L = nl, *E = ne;
     } else if (nl != *L || ne != *E)
-        return ms_err(err, MS_EINVAL, "%s: a step has %d x %d counts, the first %d x %d", path,
-                      nl, ne, *L, *E);
+        return ms_err(err, MS_EINVAL, "%s: a step has %d x %d counts, the first %d x %d", path, nl,
+                      ne, *L, *E);
     for (int l = 0; l < nl; l++) {
         json_t *r = json_array_get(m, (size_t)l);
         if (!json_is_array(r) || (int)json_array_size(r) != ne)
@@ -37,8 +37,8 @@ static int add_matrix(const char *path, json_t *m, float **w, int *L, int *E, ms
             json_t *v = json_array_get(r, (size_t)e);
             if (!json_is_number(v) || json_number_value(v) < 0)
                 return ms_err(err, MS_EINVAL,
-                              "%s: layer %d expert %d: a load must be a non-negative number",
-                              path, l, e);
+                              "%s: layer %d expert %d: a load must be a non-negative number", path,
+                              l, e);
             (*w)[(size_t)l * ne + e] += (float)json_number_value(v);
         }
     }
@@ -52,7 +52,8 @@ int ms_eplb_load_counts(const char *path, float **w, int *L, int *E, ms_errbuf *
         return ms_err(err, MS_EINVAL,
                       "%s: a .pt (torch pickle) file cannot be read here; dump the distribution "
                       "as JSON (moeserve's /dump_expert_distribution_record writes JSON with "
-                      "SGLang's field names)", path);
+                      "SGLang's field names)",
+                      path);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root) return ms_err(err, MS_EINVAL, "%s: %s (line %d)", path, je.text, je.line);
@@ -61,8 +62,10 @@ int ms_eplb_load_counts(const char *path, float **w, int *L, int *E, ms_errbuf *
     if (json_is_object(root)) {
         m = json_object_get(root, "logical_count");
         if (!m) {
-            rc = ms_err(err, MS_EINVAL, "%s: an object needs \"logical_count\" ([L][E] or "
-                        "[steps][L][E])", path);
+            rc = ms_err(err, MS_EINVAL,
+                        "%s: an object needs \"logical_count\" ([L][E] or "
+                        "[steps][L][E])",
+                        path);
             goto out;
         }
     }

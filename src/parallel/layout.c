@@ -26,7 +26,10 @@ void ms_layout_add_violation(ms_layout *out, const char *rule, const char *fmt, 
     va_end(ap);
 }
 
-static int div_or_floor(int a, long b) { return b > 0 ? (int)(a / b) : 0; }
+static int div_or_floor(int a, long b)
+{
+    return b > 0 ? (int)(a / b) : 0;
+}
 
 /* Rows one request contributes to a decode step. */
 static int verify_width(const ms_launch *l)
@@ -72,8 +75,10 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
     if (l->enable_dp_attention && dp > 0 && tp % dp != 0)
         ms_layout_add_violation(o, "tp_mod_dp",
                                 "--tp %d is not divisible by --dp %d (SGLang requires tp_size %% "
-                                "dp_size == 0 with --enable-dp-attention)", tp, dp);
-    else if (o->attn_dp > 0 && l->attn_cp_size > 0 && tp % ((long)o->attn_dp * l->attn_cp_size) != 0)
+                                "dp_size == 0 with --enable-dp-attention)",
+                                tp, dp);
+    else if (o->attn_dp > 0 && l->attn_cp_size > 0 &&
+             tp % ((long)o->attn_dp * l->attn_cp_size) != 0)
         ms_layout_add_violation(o, "attn_cp",
                                 "--attn-cp-size %d does not divide tp/attn_dp = %d/%d (attn_tp = "
                                 "tp / (attn_dp * attn_cp) must be whole)",
@@ -87,23 +92,29 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
         bool bad = o->attn_tp >= m->n_kv_heads ? o->attn_tp % m->n_kv_heads != 0
                                                : m->n_kv_heads % o->attn_tp != 0;
         if (bad)
-            ms_layout_add_violation(o, "kv_heads_attn_tp",
-                                    "%d KV heads and attention TP %d (--tp %d): one must divide the "
-                                    "other", m->n_kv_heads, o->attn_tp, tp);
+            ms_layout_add_violation(
+                o, "kv_heads_attn_tp",
+                "%d KV heads and attention TP %d (--tp %d): one must divide the "
+                "other",
+                m->n_kv_heads, o->attn_tp, tp);
     }
     if (l->a2a != MS_A2A_NONE && l->ep_size != 1 && l->ep_size != tp)
         ms_layout_add_violation(o, "ep_a2a",
                                 "--ep-size %d conflicts with --moe-a2a-backend %s, which requires "
-                                "ep_size == tp_size (%d)", l->ep_size, ms_launch_a2a_name(l), tp);
+                                "ep_size == tp_size (%d)",
+                                l->ep_size, ms_launch_a2a_name(l), tp);
     else if (o->moe_ep > 0 && l->moe_dp_size > 0 && tp % ((long)l->moe_dp_size * o->moe_ep) != 0)
-        ms_layout_add_violation(o, "tp_mod_ep",
-                                "--ep-size %d (x --moe-dp-size %d) does not divide --tp %d (moe_tp = "
-                                "tp / (moe_dp * ep) must be whole)", o->moe_ep, l->moe_dp_size, tp);
+        ms_layout_add_violation(
+            o, "tp_mod_ep",
+            "--ep-size %d (x --moe-dp-size %d) does not divide --tp %d (moe_tp = "
+            "tp / (moe_dp * ep) must be whole)",
+            o->moe_ep, l->moe_dp_size, tp);
     if (m->n_routed_experts > 0 && o->moe_ep > 0 && o->n_physical_experts % o->moe_ep != 0)
         ms_layout_add_violation(o, "experts_mod_ep",
                                 "%d experts (%d routed + --ep-num-redundant-experts %d) are not "
-                                "divisible by EP %d (--ep-size/--tp)", o->n_physical_experts,
-                                m->n_routed_experts, l->ep_num_redundant_experts, o->moe_ep);
+                                "divisible by EP %d (--ep-size/--tp)",
+                                o->n_physical_experts, m->n_routed_experts,
+                                l->ep_num_redundant_experts, o->moe_ep);
     if (m->n_routed_experts == 0 && l->ep_num_redundant_experts > 0)
         ms_layout_add_violation(o, "redundant_dense",
                                 "--ep-num-redundant-experts %d on a dense model",
@@ -111,7 +122,8 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
     if (l->moe_dense_tp_size != 0 && l->moe_dense_tp_size != 1)
         ms_layout_add_violation(o, "moe_dense_tp_size",
                                 "--moe-dense-tp-size %d: only 1 (replicate dense MLPs) or unset is "
-                                "supported", l->moe_dense_tp_size);
+                                "supported",
+                                l->moe_dense_tp_size);
     if (l->max_running_requests > 0 && o->attn_dp > 0 && l->max_running_requests < o->attn_dp)
         ms_layout_add_violation(o, "running_per_rank",
                                 "--max-running-requests %d is divided by attn_dp %d: 0 per rank",
@@ -125,23 +137,27 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
      * so the per-rank running budget (global / attn_dp) is the one compared. */
     if (l->a2a != MS_A2A_NONE && o->max_running_per_rank > 0 && /* every a2a alias */
         (long)o->max_running_per_rank * o->tokens_per_request_step > l->deepep_max_dispatch_tokens)
-        ms_layout_add_violation(
-            o, "dispatch_capacity",
-            "--max-running-requests %d (%d per rank) x %d draft tokens = %ld > dispatch capacity %d "
-            "per rank (--deepep-max-dispatch-tokens-per-rank / "
-            "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK)",
-            l->max_running_requests, o->max_running_per_rank, o->tokens_per_request_step,
-            (long)o->max_running_per_rank * o->tokens_per_request_step,
-            l->deepep_max_dispatch_tokens);
+        ms_layout_add_violation(o, "dispatch_capacity",
+                                "--max-running-requests %d (%d per rank) x %d draft tokens = %ld > "
+                                "dispatch capacity %d "
+                                "per rank (--deepep-max-dispatch-tokens-per-rank / "
+                                "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK)",
+                                l->max_running_requests, o->max_running_per_rank,
+                                o->tokens_per_request_step,
+                                (long)o->max_running_per_rank * o->tokens_per_request_step,
+                                l->deepep_max_dispatch_tokens);
     if (l->enforce_shared_experts_fusion && l->disable_shared_experts_fusion)
-        ms_layout_add_violation(o, "shared_fusion_flags",
-                                "--enforce-shared-experts-fusion and --disable-shared-experts-fusion "
-                                "are exclusive");
-    if (l->enforce_shared_experts_fusion && o->moe_ep > 1 &&
-        l->a2a_alias != MS_A2A_ALIAS_DEEPEP && l->a2a_alias != MS_A2A_ALIAS_MEGAMOE)
-        ms_layout_add_violation(o, "shared_fusion_ep",
-                                "--enforce-shared-experts-fusion is rejected with moe_ep_size %d > 1 "
-                                "(only the deepep/megamoe per-rank shared slot allows it)", o->moe_ep);
+        ms_layout_add_violation(
+            o, "shared_fusion_flags",
+            "--enforce-shared-experts-fusion and --disable-shared-experts-fusion "
+            "are exclusive");
+    if (l->enforce_shared_experts_fusion && o->moe_ep > 1 && l->a2a_alias != MS_A2A_ALIAS_DEEPEP &&
+        l->a2a_alias != MS_A2A_ALIAS_MEGAMOE)
+        ms_layout_add_violation(
+            o, "shared_fusion_ep",
+            "--enforce-shared-experts-fusion is rejected with moe_ep_size %d > 1 "
+            "(only the deepep/megamoe per-rank shared slot allows it)",
+            o->moe_ep);
     /* SGLang switches any other backend to deepep for waterfill (megamoe kept); moeserve's
      * aliases all run its one all-to-all, so only "none" lacks the path it needs. */
     if (l->enable_waterfill && l->a2a == MS_A2A_NONE)
@@ -151,17 +167,22 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
                                 l->waterfill_old_name ? "--enable-deepep-waterfill"
                                                       : "--enable-waterfill");
     if (l->spec == MS_SPEC_DSPARK && l->pp != 1)
-        ms_layout_add_violation(o, "dspark_pp", "--speculative-algorithm DSPARK requires pp_size == "
-                                                "1 (got --pp-size %d)", l->pp);
+        ms_layout_add_violation(o, "dspark_pp",
+                                "--speculative-algorithm DSPARK requires pp_size == "
+                                "1 (got --pp-size %d)",
+                                l->pp);
     if (l->spec == MS_SPEC_DSPARK && l->disagg != MS_DISAGG_NONE)
-        ms_layout_add_violation(o, "dspark_disagg", "--speculative-algorithm DSPARK cannot run under "
-                                                    "--disaggregation-mode (use EAGLE/MTP)");
+        ms_layout_add_violation(o, "dspark_disagg",
+                                "--speculative-algorithm DSPARK cannot run under "
+                                "--disaggregation-mode (use EAGLE/MTP)");
     if (l->spec == MS_SPEC_DSPARK && o->attn_dp > 1 && !l->enable_dp_lm_head)
-        ms_layout_add_violation(o, "dspark_dp_lm_head",
-                                "--speculative-algorithm DSPARK under --enable-dp-attention requires "
-                                "--enable-dp-lm-head");
+        ms_layout_add_violation(
+            o, "dspark_dp_lm_head",
+            "--speculative-algorithm DSPARK under --enable-dp-attention requires "
+            "--enable-dp-lm-head");
     if (l->enable_dp_lm_head && !l->enable_dp_attention)
-        ms_layout_add_violation(o, "dp_lm_head", "--enable-dp-lm-head requires --enable-dp-attention");
+        ms_layout_add_violation(o, "dp_lm_head",
+                                "--enable-dp-lm-head requires --enable-dp-attention");
     if (l->enable_umbp && !l->enable_dp_attention)
         ms_layout_add_violation(o, "umbp_dpa",
                                 "--enable-unified-cache-external-linker (UMBP) requires "
@@ -179,8 +200,7 @@ static void validate(const ms_launch *l, const ms_layout_model *m, ms_layout *o)
                                 m->n_layers);
 }
 
-int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *out,
-                      ms_errbuf *err)
+int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *out, ms_errbuf *err)
 {
     memset(out, 0, sizeof *out);
     const int tp = l->tp, dp = l->dp, pp = l->pp;
@@ -201,21 +221,22 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
     out->dense_tp = l->moe_dense_tp_size == 1 ? 1 : tp;
     out->shared_tp = l->a2a != MS_A2A_NONE ? 1 : tp; /* a2a: the shared expert is local */
     out->fusion_asked = l->enforce_shared_experts_fusion || l->enable_waterfill;
-    out->fusion_flag = !l->enable_waterfill              ? (out->fusion_asked ? "--enforce-shared-experts-fusion" : NULL)
-                       : l->waterfill_old_name          ? "--enable-deepep-waterfill"
-                                                        : "--enable-waterfill";
-    out->shared_mode = l->a2a == MS_A2A_NONE     ? MS_SHARED_SEPARATE
-                       : l->enable_waterfill           ? MS_SHARED_WATERFILL
+    out->fusion_flag = !l->enable_waterfill
+                           ? (out->fusion_asked ? "--enforce-shared-experts-fusion" : NULL)
+                       : l->waterfill_old_name ? "--enable-deepep-waterfill"
+                                               : "--enable-waterfill";
+    out->shared_mode = l->a2a == MS_A2A_NONE              ? MS_SHARED_SEPARATE
+                       : l->enable_waterfill              ? MS_SHARED_WATERFILL
                        : l->enforce_shared_experts_fusion ? MS_SHARED_FUSED
-                                                       : MS_SHARED_SEPARATE;
+                                                          : MS_SHARED_SEPARATE;
     out->lm_head_tp = l->enable_dp_lm_head ? out->attn_tp : tp;
     out->embed_tp = dpa ? 1 : tp; /* SGLang: VocabParallelEmbedding(enable_tp=not dp_attention) */
     out->has_dense = m->n_dense_layers > 0;
     out->sparse_mode = l->a2a != MS_A2A_NONE ? MS_MLP_SCATTERED
                        : out->attn_dp > 1    ? MS_MLP_FULL
                                              : MS_MLP_TP_ATTN_FULL;
-    out->dense_mode = (l->moe_dense_tp_size == 1 || out->attn_dp <= 1) ? MS_MLP_TP_ATTN_FULL
-                                                                       : MS_MLP_FULL;
+    out->dense_mode =
+        (l->moe_dense_tp_size == 1 || out->attn_dp <= 1) ? MS_MLP_TP_ATTN_FULL : MS_MLP_FULL;
     out->n_routed_experts = m->n_routed_experts;
     out->n_physical_experts = m->n_routed_experts > 0 && l->ep_num_redundant_experts >= 0
                                   ? m->n_routed_experts + l->ep_num_redundant_experts
@@ -228,36 +249,47 @@ int ms_layout_resolve(const ms_launch *l, const ms_layout_model *m, ms_layout *o
                                         : l->chunked_prefill_size;
     out->tokens_per_request_step = verify_width(l);
     validate(l, m, out);
-    if (out->n_violations > 0)
-        return ms_err(err, MS_ELAYOUT, "%s", out->violations[0].message);
+    if (out->n_violations > 0) return ms_err(err, MS_ELAYOUT, "%s", out->violations[0].message);
     return 0;
 }
 
 int ms_layout_check_engine(const ms_layout *lay, ms_errbuf *err)
 {
     if (lay->pp > 1)
-        return ms_err(err, MS_EUNSUPPORTED, "--pp-size %d: pipeline parallelism is not supported "
-                      "by the CPU engine yet", lay->pp);
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--pp-size %d: pipeline parallelism is not supported "
+                      "by the CPU engine yet",
+                      lay->pp);
     if (lay->attn_cp > 1)
-        return ms_err(err, MS_EUNSUPPORTED, "--attn-cp-size %d: context parallelism is not "
-                      "supported by the CPU engine yet", lay->attn_cp);
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--attn-cp-size %d: context parallelism is not "
+                      "supported by the CPU engine yet",
+                      lay->attn_cp);
     if (lay->fusion_asked && lay->shared_mode == MS_SHARED_SEPARATE)
-        return ms_err(err, MS_EUNSUPPORTED, "%s without an all-to-all backend is not implemented: "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "%s without an all-to-all backend is not implemented: "
                       "the CPU engine fuses the shared expert on the all-to-all path only "
-                      "(--moe-a2a-backend deepep|megamoe, EP >= 2)", lay->fusion_flag);
+                      "(--moe-a2a-backend deepep|megamoe, EP >= 2)",
+                      lay->fusion_flag);
     if (lay->shared_mode != MS_SHARED_SEPARATE && lay->moe_ep <= 1)
-        return ms_err(err, MS_EUNSUPPORTED, "%s at EP %d is not implemented: the shared expert's "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "%s at EP %d is not implemented: the shared expert's "
                       "slot on every EP rank needs EP >= 2 (SGLang's support boundary; use --tp 2 "
-                      "or more with the a2a backend)", lay->fusion_flag, lay->moe_ep);
+                      "or more with the a2a backend)",
+                      lay->fusion_flag, lay->moe_ep);
     int redundant = lay->n_physical_experts - lay->n_routed_experts;
     if (redundant > 0 && lay->moe_ep <= 1)
-        return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d at EP %d: redundant "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--ep-num-redundant-experts %d at EP %d: redundant "
                       "replicas balance load across EP ranks, and there is nothing to balance "
-                      "with one (use --ep-size > 1)", redundant, lay->moe_ep);
+                      "with one (use --ep-size > 1)",
+                      redundant, lay->moe_ep);
     if (redundant > 0 && lay->sparse_mode != MS_MLP_SCATTERED)
-        return ms_err(err, MS_EUNSUPPORTED, "--ep-num-redundant-experts %d: redundant replicas "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--ep-num-redundant-experts %d: redundant replicas "
                       "need the all-to-all MoE path (--moe-a2a-backend mpi|deepep; each token "
-                      "then goes to one replica)", redundant);
+                      "then goes to one replica)",
+                      redundant);
     return 0;
 }
 
@@ -281,7 +313,8 @@ int ms_layout_rank_coords(const ms_layout *lay, int world_rank, ms_rank_coords *
     /* attention: (dp, cp, tp) with tp fastest (seed 002 compute_dp_attention_world_info) */
     c->attn_tp_rank = c->tp_rank % lay->attn_tp;
     c->attn_cp_rank = (c->tp_rank / lay->attn_tp) % lay->attn_cp;
-    c->attn_dp_rank = lay->attn_dp > 1 ? (int)(c->tp_rank / ((long)lay->attn_tp * lay->attn_cp)) : 0;
+    c->attn_dp_rank =
+        lay->attn_dp > 1 ? (int)(c->tp_rank / ((long)lay->attn_tp * lay->attn_cp)) : 0;
     /* experts: (moe_dp, ep, moe_tp) with moe_tp fastest (SGLang parallel_state groups) */
     c->moe_tp_rank = c->tp_rank % lay->moe_tp;
     c->moe_ep_rank = (c->tp_rank / lay->moe_tp) % lay->moe_ep;
@@ -324,13 +357,14 @@ int ms_layout_group_span(const ms_layout *lay, const ms_rank_coords *c, int kind
         *stride = lay->pp * lay->tp;
         *size = lay->n_replicas;
         return 0;
-    default: return MS_EINVAL;
+    default:
+        return MS_EINVAL;
     }
 }
 
 static const char *mode_name(ms_mlp_mode m)
 {
-    return m == MS_MLP_FULL ? "FULL (all-gather + reduce-scatter)"
+    return m == MS_MLP_FULL        ? "FULL (all-gather + reduce-scatter)"
            : m == MS_MLP_SCATTERED ? "SCATTERED (a2a dispatch/combine)"
                                    : "TP_ATTN_FULL (no gather)";
 }
@@ -365,27 +399,30 @@ int ms_layout_describe_table(const ms_layout *lay, char *buf, size_t cap)
     char line[256];
     ms_layout_describe(lay, line, sizeof line);
     char run[32], chunk[32];
-    if (lay->max_running_per_rank > 0) snprintf(run, sizeof run, "%d", lay->max_running_per_rank);
-    else snprintf(run, sizeof run, "auto");
+    if (lay->max_running_per_rank > 0)
+        snprintf(run, sizeof run, "%d", lay->max_running_per_rank);
+    else
+        snprintf(run, sizeof run, "auto");
     if (lay->chunked_prefill_per_rank > 0)
         snprintf(chunk, sizeof chunk, "%d", lay->chunked_prefill_per_rank);
-    else snprintf(chunk, sizeof chunk, lay->chunked_prefill_per_rank < 0 ? "off" : "auto");
-    return snprintf(buf, cap,
-                    "%s\n"
-                    "  world size            %d (tp %d × pp %d × replicas %d)\n"
-                    "  attention             tp %d, dp %d, cp %d\n"
-                    "  routed experts        tp %d, ep %d, moe_dp %d; %d physical, %d per EP rank%s\n"
-                    "  dense MLP / shared    tp %d / tp %d\n"
-                    "  embedding / LM head   split %d / %d\n"
-                    "  sparse layers         %s\n"
-                    "  dense layers          %s\n"
-                    "  per rank              max running %s, chunked prefill %s, %d row(s) per "
-                    "request per step\n",
-                    line, lay->world_size, lay->tp, lay->pp, lay->n_replicas, lay->attn_tp,
-                    lay->attn_dp, lay->attn_cp, lay->moe_tp, lay->moe_ep, lay->moe_dp,
-                    lay->n_physical_experts, lay->experts_per_rank,
-                    lay->ep_forced ? " (ep forced to tp by the a2a backend)" : "", lay->dense_tp,
-                    lay->shared_tp, lay->embed_tp, lay->lm_head_tp, mode_name(lay->sparse_mode),
-                    lay->has_dense ? mode_name(lay->dense_mode) : "none", run, chunk,
-                    lay->tokens_per_request_step);
+    else
+        snprintf(chunk, sizeof chunk, lay->chunked_prefill_per_rank < 0 ? "off" : "auto");
+    return snprintf(
+        buf, cap,
+        "%s\n"
+        "  world size            %d (tp %d × pp %d × replicas %d)\n"
+        "  attention             tp %d, dp %d, cp %d\n"
+        "  routed experts        tp %d, ep %d, moe_dp %d; %d physical, %d per EP rank%s\n"
+        "  dense MLP / shared    tp %d / tp %d\n"
+        "  embedding / LM head   split %d / %d\n"
+        "  sparse layers         %s\n"
+        "  dense layers          %s\n"
+        "  per rank              max running %s, chunked prefill %s, %d row(s) per "
+        "request per step\n",
+        line, lay->world_size, lay->tp, lay->pp, lay->n_replicas, lay->attn_tp, lay->attn_dp,
+        lay->attn_cp, lay->moe_tp, lay->moe_ep, lay->moe_dp, lay->n_physical_experts,
+        lay->experts_per_rank, lay->ep_forced ? " (ep forced to tp by the a2a backend)" : "",
+        lay->dense_tp, lay->shared_tp, lay->embed_tp, lay->lm_head_tp, mode_name(lay->sparse_mode),
+        lay->has_dense ? mode_name(lay->dense_mode) : "none", run, chunk,
+        lay->tokens_per_request_step);
 }

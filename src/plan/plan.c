@@ -44,10 +44,11 @@ static void hardware_rules(const ms_plan_input *in, ms_plan_result *r)
      * Hopper uses the all-FP8 path (FP8 checkpoint). */
     if (megamoe && (l->megamoe_w4a4 || in->weights == MS_WEIGHTS_FP4_EXPERTS) &&
         g->family != MS_GPU_BLACKWELL) {
-        snprintf(msg, sizeof msg,
-                 "--moe-a2a-backend megamoe with %s runs only on Blackwell (b200/b300/gb200/gb300), "
-                 "not --gpu %s", l->megamoe_w4a4 ? "--enable-w4a4-mxfp4-megamoe (W4A4)"
-                                                 : "FP4 experts (W4A8)", g->name);
+        snprintf(
+            msg, sizeof msg,
+            "--moe-a2a-backend megamoe with %s runs only on Blackwell (b200/b300/gb200/gb300), "
+            "not --gpu %s",
+            l->megamoe_w4a4 ? "--enable-w4a4-mxfp4-megamoe (W4A4)" : "FP4 experts (W4A8)", g->name);
         add_violation(r, "megamoe_blackwell", msg);
     }
     /* seed 001 "RTX PRO 6000 note": HiCache and MegaMoE are not supported there. */
@@ -111,21 +112,25 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
                      in->gpu.mem_gb, in->reserve_gb);
         } else {
             r->budget_bytes = mem * frac;
-            snprintf(r->budget_basis, sizeof r->budget_basis, "%.0f GB x mem-fraction-static %.2f%s",
-                     in->gpu.mem_gb, frac, in->mem_fraction >= 0 ? "" : " (default)");
+            snprintf(r->budget_basis, sizeof r->budget_basis,
+                     "%.0f GB x mem-fraction-static %.2f%s", in->gpu.mem_gb, frac,
+                     in->mem_fraction >= 0 ? "" : " (default)");
         }
-        r->headroom_bytes = r->budget_bytes - r->weights_bytes_per_rank - r->eplb_staging_bytes_per_rank;
+        r->headroom_bytes =
+            r->budget_bytes - r->weights_bytes_per_rank - r->eplb_staging_bytes_per_rank;
         r->fits = r->headroom_bytes >= 0;
         if (!r->fits) {
             snprintf(msg, sizeof msg,
                      "weights need %.1f GB per rank, over the %.1f GB budget of --gpu %s (%.0f GB) "
-                     "by %.1f GB: no tokens fit", r->weights_bytes_per_rank / 1e9,
-                     r->budget_bytes / 1e9, in->gpu.name, in->gpu.mem_gb, -r->headroom_bytes / 1e9);
+                     "by %.1f GB: no tokens fit",
+                     r->weights_bytes_per_rank / 1e9, r->budget_bytes / 1e9, in->gpu.name,
+                     in->gpu.mem_gb, -r->headroom_bytes / 1e9);
             add_violation(r, "weights_fit", msg);
         }
     } else if (in->kv_pool_gib < 0) {
-        return ms_err(err, MS_EINVAL, "no memory figure: give --gpu (and --gpu-mem-gb for cpu) or "
-                                      "--kv-pool-gib");
+        return ms_err(err, MS_EINVAL,
+                      "no memory figure: give --gpu (and --gpu-mem-gb for cpu) or "
+                      "--kv-pool-gib");
     }
 
     /* KV: per stage, the fullest-KV or least-memory stage limits tokens */
@@ -183,7 +188,8 @@ int ms_plan_run(const ms_plan_input *in, ms_plan_result *r, ms_errbuf *err)
     if ((!r->have_memory || r->fits) && r->requests_per_rank == 0) {
         snprintf(msg, sizeof msg,
                  "one %lld-token request needs %.2f GiB of KV%s per rank; the pool holds %.2f GiB",
-                 (long long)L, (r->kv_bytes_per_request + r->state_bytes_per_request) / 1073741824.0,
+                 (long long)L,
+                 (r->kv_bytes_per_request + r->state_bytes_per_request) / 1073741824.0,
                  r->state_bytes_per_request > 0 ? " + state" : "",
                  r->kv_pool_bytes_per_rank / 1073741824.0);
         add_violation(r, "request_fit", msg);

@@ -42,7 +42,7 @@
 static const struct {
     const char *name;
     const char *config;
-    int v4_first, v4_pairs; /* V4: compress_ratios [f, f] + [4, 128] × pairs + [4] */
+    int v4_first, v4_pairs;      /* V4: compress_ratios [f, f] + [4, 128] × pairs + [4] */
     double recipe_min_weight_gb; /* seed 000 §7.1: the Pro recipe declares about 960 GB */
 } model_presets[] = {
     {"deepseek-v3", "{\"model_type\":\"deepseek_v3\"," V3_COMMON "}", 0, 0, 0},
@@ -155,7 +155,10 @@ bool ms_plan_layer_is_moe(const ms_plan_model *m, int layer)
     return ms_shape_layer_is_moe(m, layer);
 }
 
-int ms_plan_n_moe_layers(const ms_plan_model *m) { return ms_shape_n_moe_layers(m); }
+int ms_plan_n_moe_layers(const ms_plan_model *m)
+{
+    return ms_shape_n_moe_layers(m);
+}
 
 void ms_plan_layout_model(const ms_plan_model *m, ms_layout_model *out)
 {

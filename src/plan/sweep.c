@@ -24,8 +24,10 @@ static void short_label(const ms_layout *l, char *buf, size_t cap)
     } else {
         n += snprintf(buf + n, cap - (size_t)n, "TP%d", l->attn_tp);
     }
-    if (l->moe_ep > 1) n += snprintf(buf + n, cap - (size_t)n, "+EP%d", l->moe_ep);
-    else if (l->attn_dp > 1) n += snprintf(buf + n, cap - (size_t)n, " MoE-TP%d", l->moe_tp);
+    if (l->moe_ep > 1)
+        n += snprintf(buf + n, cap - (size_t)n, "+EP%d", l->moe_ep);
+    else if (l->attn_dp > 1)
+        n += snprintf(buf + n, cap - (size_t)n, " MoE-TP%d", l->moe_tp);
     if (l->pp > 1) snprintf(buf + n, cap - (size_t)n, "+PP%d", l->pp);
 }
 
@@ -62,8 +64,8 @@ static int add_series(const ms_plan_input *base, const ms_launch *launch, const 
             short_label(&r.layout, lab, sizeof lab);
             snprintf(out->series[d].label, sizeof out->series[d].label, "%s%s", prefix, lab);
             if (h >= 0) {
-                snprintf(out->series[h].label, sizeof out->series[h].label, "%s%s (HiCache host tier)",
-                         prefix, lab);
+                snprintf(out->series[h].label, sizeof out->series[h].label,
+                         "%s%s (HiCache host tier)", prefix, lab);
                 out->series[h].host_tier = true;
             }
         }
@@ -73,10 +75,10 @@ static int add_series(const ms_plan_input *base, const ms_launch *launch, const 
             double req = r.kv_bytes_per_request;
             int64_t groups = (int64_t)r.layout.attn_dp * r.layout.n_replicas;
             out->series[h].requests[c] =
-                bad ? -1
-                    : req > 0 ? (int64_t)floor(r.kv_pool_bytes_per_rank * launch->hicache_ratio / req) *
-                                    groups
-                              : 0;
+                bad       ? -1
+                : req > 0 ? (int64_t)floor(r.kv_pool_bytes_per_rank * launch->hicache_ratio / req) *
+                                groups
+                          : 0;
         }
     }
     return 0;
@@ -112,9 +114,9 @@ int ms_plan_sweep_run(const ms_plan_input *in, ms_sweep_kind kind, ms_plan_sweep
             l.tp = W, l.dp = d, l.pp = 1, l.enable_dp_attention = d > 1, l.attn_cp_size = 1;
             l.ep_size = 1, l.moe_dp_size = 1;
             l.a2a = a2a ? MS_A2A_MPI : MS_A2A_NONE;
-            l.a2a_alias = a2a ? (in->launch.a2a != MS_A2A_NONE ? in->launch.a2a_alias
-                                                               : MS_A2A_ALIAS_DEEPEP)
-                              : MS_A2A_ALIAS_NONE;
+            l.a2a_alias =
+                a2a ? (in->launch.a2a != MS_A2A_NONE ? in->launch.a2a_alias : MS_A2A_ALIAS_DEEPEP)
+                    : MS_A2A_ALIAS_NONE;
             if (!l.enable_dp_attention) l.enable_dp_lm_head = false, l.enable_umbp = false;
             ms_layout cand;
             (void)ms_layout_resolve(&l, &lm, &cand, &e2);
@@ -138,8 +140,10 @@ int ms_plan_sweep_print(FILE *f, const ms_plan_sweep *s)
     for (int i = 0; i < s->n_series; i++) {
         fprintf(f, "%-40.40s", s->series[i].label);
         for (int c = 0; c < s->n_contexts; c++) {
-            if (s->series[i].requests[c] < 0) fprintf(f, " %9s", "-");
-            else fprintf(f, " %9lld", (long long)s->series[i].requests[c]);
+            if (s->series[i].requests[c] < 0)
+                fprintf(f, " %9s", "-");
+            else
+                fprintf(f, " %9lld", (long long)s->series[i].requests[c]);
         }
         fprintf(f, "\n");
     }
@@ -149,7 +153,8 @@ int ms_plan_sweep_print(FILE *f, const ms_plan_sweep *s)
 void *ms_plan_sweep_to_json(const ms_plan_sweep *s)
 {
     json_t *o = json_object(), *ctx = json_array(), *ser = json_array();
-    for (int c = 0; c < s->n_contexts; c++) json_array_append_new(ctx, json_integer(s->contexts[c]));
+    for (int c = 0; c < s->n_contexts; c++)
+        json_array_append_new(ctx, json_integer(s->contexts[c]));
     for (int i = 0; i < s->n_series; i++) {
         json_t *req = json_array();
         for (int c = 0; c < s->n_contexts; c++)
@@ -195,8 +200,10 @@ int ms_plan_sweep_plot(const ms_plan_sweep *s, const char *title, const char *pa
         fprintf(df, "%lld", (long long)s->contexts[c]);
         for (int i = 0; i < s->n_series; i++) {
             int64_t v = s->series[i].requests[c];
-            if (v > 0 || (!logy && v == 0)) fprintf(df, " %lld", (long long)v);
-            else fprintf(df, " ?");
+            if (v > 0 || (!logy && v == 0))
+                fprintf(df, " %lld", (long long)v);
+            else
+                fprintf(df, " ?");
         }
         fprintf(df, "\n");
     }
@@ -213,9 +220,12 @@ int ms_plan_sweep_plot(const ms_plan_sweep *s, const char *title, const char *pa
     fprintf(gp, "set logscale x 2\nset xtics (");
     for (int c = 0; c < s->n_contexts; c++) {
         long long v = (long long)s->contexts[c];
-        if (v % 1048576 == 0) fprintf(gp, "%s'%lldM' %lld", c ? ", " : "", v / 1048576, v);
-        else if (v % 1024 == 0) fprintf(gp, "%s'%lldK' %lld", c ? ", " : "", v / 1024, v);
-        else fprintf(gp, "%s'%lld' %lld", c ? ", " : "", v, v);
+        if (v % 1048576 == 0)
+            fprintf(gp, "%s'%lldM' %lld", c ? ", " : "", v / 1048576, v);
+        else if (v % 1024 == 0)
+            fprintf(gp, "%s'%lldK' %lld", c ? ", " : "", v / 1024, v);
+        else
+            fprintf(gp, "%s'%lld' %lld", c ? ", " : "", v, v);
     }
     fprintf(gp, ")\n");
     if (logy) fprintf(gp, "set logscale y 10\n");

@@ -13,7 +13,7 @@
 #define V4_MAIN_ENTRY 584.0
 /* DeepEP's FP8 dispatch: one byte per element plus an FP32 scale per 128 (seed 002). */
 #define FP8_DISPATCH_BYTES (1.0 + 4.0 / 128.0)
-#define ACT_BYTES 2.0 /* BF16 activations (combine, gathers) */
+#define ACT_BYTES          2.0 /* BF16 activations (combine, gathers) */
 
 static double gqa_kv_heads_per_rank(const ms_plan_model *m, int attn_tp)
 {
@@ -28,15 +28,18 @@ static double gqa_kv_heads_per_rank(const ms_plan_model *m, int attn_tp)
 static void spec_of(const ms_plan_model *m, int kv_bytes, int index_key, int state_bytes,
                     int attn_tp, ms_kv_spec *spec)
 {
-    ms_kv_spec_opts o = {.elem_bytes = kv_bytes, .index_key = index_key,
-                         .state_bytes = state_bytes, .page_size = 1, .attn_tp = attn_tp,
+    ms_kv_spec_opts o = {.elem_bytes = kv_bytes,
+                         .index_key = index_key,
+                         .state_bytes = state_bytes,
+                         .page_size = 1,
+                         .attn_tp = attn_tp,
                          .draft_tokens = 0};
     ms_errbuf err;
     if (ms_family_kv_spec(m, &o, spec, &err)) ms_kv_spec_init(spec, m->n_layers);
 }
 
-double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int index_key,
-                                int attn_tp, int first, int end, int64_t L)
+double ms_plan_kv_request_bytes(const ms_plan_model *m, int kv_bytes, int index_key, int attn_tp,
+                                int first, int end, int64_t L)
 {
     ms_kv_spec spec; /* ~37 KiB */
     spec_of(m, kv_bytes, index_key, 0, attn_tp, &spec);
@@ -76,7 +79,8 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
 {
     const ms_plan_model *m = &in->model;
     const double d = (double)m->hidden;
-    const int groups = (lay->attn_dp > 0 ? lay->attn_dp : 1) * (lay->n_replicas > 0 ? lay->n_replicas : 1);
+    const int groups =
+        (lay->attn_dp > 0 ? lay->attn_dp : 1) * (lay->n_replicas > 0 ? lay->n_replicas : 1);
     double Tg = (double)in->tokens_per_step;
     if (Tg <= 0)
         Tg = lay->max_running_per_rank > 0
@@ -94,7 +98,8 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
     r->comm.dp_gather_bytes_per_layer = 2 * r->comm.dp_allgather_bytes_per_layer;
     /* attention TP without DP: two ring all-reduces per layer of the group's tokens */
     const double A = lay->attn_tp > 0 ? lay->attn_tp : 1;
-    r->comm.tp_allreduce_bytes_per_layer = 2 * 2 * (A - 1) / A * (T_engine / (lay->attn_dp > 0 ? lay->attn_dp : 1)) * d * ACT_BYTES;
+    r->comm.tp_allreduce_bytes_per_layer =
+        2 * 2 * (A - 1) / A * (T_engine / (lay->attn_dp > 0 ? lay->attn_dp : 1)) * d * ACT_BYTES;
     /* EP: this layout's EP world, or tp (what an a2a backend would force) for comparison */
     const int ep = lay->moe_ep > 1 ? lay->moe_ep : lay->tp;
     r->comm.ep_world = ep;
@@ -106,19 +111,21 @@ void ms_plan_comm_compute(const ms_plan_input *in, const ms_layout *lay, ms_plan
          * (under DP-attention with attn_tp = 1 that is T_g / dp, the seed's T_ℓ) */
         const double Tep = T_engine / N;
         r->comm.ep_tokens_per_rank = Tep;
-        r->comm.ep_dispatch_bytes_per_layer = Tep * r->comm.expected_remote_ranks * d * FP8_DISPATCH_BYTES;
+        r->comm.ep_dispatch_bytes_per_layer =
+            Tep * r->comm.expected_remote_ranks * d * FP8_DISPATCH_BYTES;
         r->comm.ep_combine_bytes_per_layer = Tep * r->comm.expected_remote_ranks * d * ACT_BYTES;
     }
     const int n_moe = ms_plan_n_moe_layers(m), n_dense = m->n_layers - n_moe;
     r->comm.moe_layers = n_moe;
     if (lay->sparse_mode == MS_MLP_SCATTERED && m->n_routed > 0) {
         r->comm.mode = "ep";
-        r->comm.bytes_per_step = (r->comm.ep_dispatch_bytes_per_layer + r->comm.ep_combine_bytes_per_layer) * n_moe;
+        r->comm.bytes_per_step =
+            (r->comm.ep_dispatch_bytes_per_layer + r->comm.ep_combine_bytes_per_layer) * n_moe;
         if (lay->dense_mode == MS_MLP_FULL) r->comm.gather_layers = n_dense;
     } else if (lay->attn_dp > 1) {
         r->comm.mode = "dp_gather";
-        r->comm.gather_layers = (m->n_routed > 0 ? n_moe : 0) +
-                                (lay->dense_mode == MS_MLP_FULL ? n_dense : 0);
+        r->comm.gather_layers =
+            (m->n_routed > 0 ? n_moe : 0) + (lay->dense_mode == MS_MLP_FULL ? n_dense : 0);
     } else if (lay->attn_tp > 1) {
         r->comm.mode = "tp_allreduce";
         r->comm.bytes_per_step = r->comm.tp_allreduce_bytes_per_layer * m->n_layers;

@@ -31,9 +31,9 @@ typedef struct comp_set {
 
 const char *ms_plan_component_name(int c)
 {
-    static const char *n[MS_WC_COUNT] = {"attention", "dense_mlp", "shared_experts",
-                                         "routed_experts", "router", "embedding", "lm_head",
-                                         "other"};
+    static const char *n[MS_WC_COUNT] = {"attention",      "dense_mlp", "shared_experts",
+                                         "routed_experts", "router",    "embedding",
+                                         "lm_head",        "other"};
     return c >= 0 && c < MS_WC_COUNT ? n[c] : "?";
 }
 
@@ -58,9 +58,15 @@ static void add(comp_set *s, const ms_plan_model *m, ms_plan_weights w, int comp
             scale = blocks * m->fp8_scale_bytes;
         }
         break;
-    case C_BF16: elem = w == MS_WEIGHTS_FP8 ? n : 2 * n; break;
-    case C_F32: elem = w == MS_WEIGHTS_FP8 ? n : 4 * n; break;
-    case C_I64: elem = 8 * n; break;
+    case C_BF16:
+        elem = w == MS_WEIGHTS_FP8 ? n : 2 * n;
+        break;
+    case C_F32:
+        elem = w == MS_WEIGHTS_FP8 ? n : 4 * n;
+        break;
+    case C_I64:
+        elem = 8 * n;
+        break;
     }
     s->c[comp].elem += elem;
     s->c[comp].scale += scale;
@@ -155,8 +161,10 @@ static void layer_weights(comp_set *s, const ms_plan_model *m, ms_plan_weights w
     const double E = m->n_routed;
     add(s, m, w, MS_WC_ROUTER, C_BF16, E, D);
     bool hash = m->attn == MS_ATTN_V4 && !mtp && layer < m->n_hash_layers;
-    if (hash) add(s, m, w, MS_WC_ROUTER, C_I64, (double)m->vocab, m->topk);
-    else if (m->router_bias) add(s, m, w, MS_WC_ROUTER, C_F32, E, 1);
+    if (hash)
+        add(s, m, w, MS_WC_ROUTER, C_I64, (double)m->vocab, m->topk);
+    else if (m->router_bias)
+        add(s, m, w, MS_WC_ROUTER, C_F32, E, 1);
     if (m->n_shared > 0)
         swiglu(s, m, w, MS_WC_SHARED, C_LIN, m->n_shared, (double)m->moe_intermediate);
     /* per expert, so block scales are counted per [inter, D] matrix */
@@ -245,10 +253,14 @@ static double stage_per_rank(const ms_plan_input *in, const ms_layout *lay, int 
     stage_totals(in, pp, stage, tot);
     double sum = 0;
     const double div[MS_WC_COUNT] = {
-        [MS_WC_ATTENTION] = lay->attn_tp, [MS_WC_DENSE_MLP] = lay->dense_tp,
-        [MS_WC_SHARED] = lay->shared_tp,  [MS_WC_ROUTED] = 1,
-        [MS_WC_ROUTER] = 1,               [MS_WC_EMBED] = lay->embed_tp,
-        [MS_WC_LM_HEAD] = lay->lm_head_tp, [MS_WC_OTHER] = 1,
+        [MS_WC_ATTENTION] = lay->attn_tp,
+        [MS_WC_DENSE_MLP] = lay->dense_tp,
+        [MS_WC_SHARED] = lay->shared_tp,
+        [MS_WC_ROUTED] = 1,
+        [MS_WC_ROUTER] = 1,
+        [MS_WC_EMBED] = lay->embed_tp,
+        [MS_WC_LM_HEAD] = lay->lm_head_tp,
+        [MS_WC_OTHER] = 1,
     };
     for (int c = 0; c < MS_WC_COUNT; c++) sum += divide(&tot->c[c], div[c], &pr->c[c]);
     /* routed: the rank's physical experts (EP ownership + redundant slots) ÷ moe_tp */

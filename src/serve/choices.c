@@ -110,7 +110,10 @@ int ms_choices_finished(const ms_choices *c)
     return 1;
 }
 
-int ms_choices_stream(const ms_choices *c) { return c->s[0].api.stream; }
+int ms_choices_stream(const ms_choices *c)
+{
+    return c->s[0].api.stream;
+}
 
 static void queue_tail(ms_choices *c)
 {
@@ -123,11 +126,10 @@ static void queue_tail(ms_choices *c)
         int64_t gen = 0;
         for (int i = 0; i < c->n; i++) gen += (int64_t)c->s[i].n_taken;
         json_t *u = ms_api_usage(s0->n_prompt, gen, ms_serve_req_cached_tokens(s0->req));
-        json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", s0->id, "object",
-                              s0->api.kind == MS_API_CHAT ? "chat.completion.chunk"
-                                                          : "text_completion",
-                              "created", (json_int_t)s0->created, "model", s0->model, "choices",
-                              "usage", u);
+        json_t *o = json_pack(
+            "{s:s,s:s,s:I,s:s,s:[],s:o}", "id", s0->id, "object",
+            s0->api.kind == MS_API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+            (json_int_t)s0->created, "model", s0->model, "choices", "usage", u);
         size_t k = 0;
         char *fr = o ? ms_api_sse_frame(o, &k) : NULL;
         json_decref(o);
@@ -149,8 +151,10 @@ int ms_choices_step(ms_choices *c, int timeout_ms)
         size_t before = c->s[i].n_taken;
         int d = ms_session_step(&c->s[i], 0);
         if (d < 0) return d;
-        if (d || c->s[i].n_taken != before) progressed = 1;
-        else if (first < 0) first = i;
+        if (d || c->s[i].n_taken != before)
+            progressed = 1;
+        else if (first < 0)
+            first = i;
     }
     if (!progressed && first >= 0) { /* wait on one of them */
         int d = ms_session_step(&c->s[first], timeout_ms);
@@ -211,8 +215,8 @@ char *ms_choices_body(ms_choices *c, int *status, size_t *len)
     const ms_session *s0 = &c->s[0];
     if (all) {
         json_object_set_new(all, "choices", choices);
-        json_object_set_new(all, "usage", ms_api_usage(s0->n_prompt, gen,
-                                                       ms_serve_req_cached_tokens(s0->req)));
+        json_object_set_new(all, "usage",
+                            ms_api_usage(s0->n_prompt, gen, ms_serve_req_cached_tokens(s0->req)));
     } else {
         json_decref(choices);
     }

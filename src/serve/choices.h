@@ -19,8 +19,8 @@ typedef struct ms_choices {
     int n, n_submitted;
     ms_serve_hub *hub; /* borrowed */
     int32_t max_queued;
-    int tail_done;     /* stream, n > 1: the closing chunks are queued */
-    char *tail;        /* ... they are (malloc'ed) */
+    int tail_done; /* stream, n > 1: the closing chunks are queued */
+    char *tail;    /* ... they are (malloc'ed) */
     size_t n_tail, tail_pos;
 } ms_choices;
 

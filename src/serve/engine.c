@@ -36,7 +36,6 @@ struct reject {
     char msg[204];
 };
 
-
 static int grow(void **p, size_t *cap, size_t n)
 {
     if (n <= *cap) return 0;
@@ -48,13 +47,31 @@ static int grow(void **p, size_t *cap, size_t n)
     return 0;
 }
 
-const ms_model *ms_engine_model(const ms_engine *e) { return e->m; }
+const ms_model *ms_engine_model(const ms_engine *e)
+{
+    return e->m;
+}
 
-const ms_layout *ms_engine_layout(const ms_engine *e) { return &e->lay; }
-int ms_engine_is_rank0(const ms_engine *e) { return e->rank == 0; }
-struct ms_expert_recorder *ms_engine_recorder(const ms_engine *e) { return e->rec; }
-int ms_engine_n_dp(const ms_engine *e) { return e->n_dp; }
-int64_t ms_engine_pool_tokens(const ms_engine *e) { return e->pool_tokens; }
+const ms_layout *ms_engine_layout(const ms_engine *e)
+{
+    return &e->lay;
+}
+int ms_engine_is_rank0(const ms_engine *e)
+{
+    return e->rank == 0;
+}
+struct ms_expert_recorder *ms_engine_recorder(const ms_engine *e)
+{
+    return e->rec;
+}
+int ms_engine_n_dp(const ms_engine *e)
+{
+    return e->n_dp;
+}
+int64_t ms_engine_pool_tokens(const ms_engine *e)
+{
+    return e->pool_tokens;
+}
 int ms_engine_kv_pools(const ms_engine *e, ms_kv_pool_info *out)
 {
     return ms_kv_cache_pool_info(e->cache, out);
@@ -63,10 +80,22 @@ double ms_engine_kv_concurrency(const ms_engine *e, int64_t n_tokens)
 {
     return ms_kv_cache_concurrency(e->cache, n_tokens);
 }
-const ms_kv_spec *ms_engine_kv_spec(const ms_engine *e) { return ms_kv_cache_spec(e->cache); }
-int ms_engine_max_running_per_rank(const ms_engine *e) { return e->max_running_rank; }
-int64_t ms_engine_chunk_per_rank(const ms_engine *e) { return e->chunk_rank; }
-int64_t ms_engine_context_length(const ms_engine *e) { return e->ctx_len; }
+const ms_kv_spec *ms_engine_kv_spec(const ms_engine *e)
+{
+    return ms_kv_cache_spec(e->cache);
+}
+int ms_engine_max_running_per_rank(const ms_engine *e)
+{
+    return e->max_running_rank;
+}
+int64_t ms_engine_chunk_per_rank(const ms_engine *e)
+{
+    return e->chunk_rank;
+}
+int64_t ms_engine_context_length(const ms_engine *e)
+{
+    return e->ctx_len;
+}
 int ms_engine_busy(const ms_engine *e)
 {
     return e->inflight > 0 || e->pend_new > 0 || e->pend_abort > 0 || e->pend_flags != 0;
@@ -121,7 +150,10 @@ int ms_engine_flush_cache(ms_engine *e)
     return 0;
 }
 
-void ms_engine_shutdown(ms_engine *e) { e->pend_flags |= CF_EXIT; }
+void ms_engine_shutdown(ms_engine *e)
+{
+    e->pend_flags |= CF_EXIT;
+}
 
 int ms_engine_finish(ms_engine *e, ms_errbuf *err)
 {
@@ -133,7 +165,8 @@ int ms_engine_finish(ms_engine *e, ms_errbuf *err)
 int ms_engine_follow(ms_engine *e, ms_errbuf *err)
 {
     int r;
-    while ((r = ms_engine_step(e, err)) == 0) {}
+    while ((r = ms_engine_step(e, err)) == 0) {
+    }
     return r < 0 ? r : 0;
 }
 
@@ -167,15 +200,16 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
     for (uint32_t i = 0; i < h.n_new; i++) {
         ms_req_params in;
         size_t used;
-        int rc = ms_wire_req_decode(body + off, len - off, &in, &e->req_ids, &e->cap_req_ids,
-                                    &used, err);
+        int rc = ms_wire_req_decode(body + off, len - off, &in, &e->req_ids, &e->cap_req_ids, &used,
+                                    err);
         if (rc) return rc;
         off += used;
         if (!e->is_leader || in.dp_rank != e->dp_index) continue;
         ms_errbuf e2 = {{0}};
         if ((rc = ms_sched_add(e->sched, &in, &e2)) == 0) continue;
         MS_LOG(MS_WARN, "engine", "request %llu rejected: %s", (unsigned long long)in.id, e2.msg);
-        if (grow((void **)&e->rejects, &e->cap_rejects, sizeof *e->rejects * (size_t)(e->n_rejects + 1)))
+        if (grow((void **)&e->rejects, &e->cap_rejects,
+                 sizeof *e->rejects * (size_t)(e->n_rejects + 1)))
             return ms_err(err, MS_ENOMEM, "out of memory");
         struct reject *x = &e->rejects[e->n_rejects++];
         memset(x, 0, sizeof *x);
@@ -202,7 +236,10 @@ static int apply_ctrl(ms_engine *e, const uint8_t *body, size_t len, ms_errbuf *
  * stream, its page count and first live page; then the tokens; then every
  * stream's page table (slid-out pages as -1).  Its logit rows too: with a split LM head
  * (ms_model_head_split) every member computes a vocab slice of them. */
-enum { META_SEQ = 5 }; /* per seq: n_tokens, start_pos, state slot, kind, logit rows; then per stream: n_pages, first live */
+enum {
+    META_SEQ = 5
+}; /* per seq: n_tokens, start_pos, state slot, kind, logit rows; then per stream: n_pages, first
+      live */
 
 int ms_engine_member_logits(ms_engine *e, const int64_t *rows, int n, size_t stride, float **out,
                             ms_errbuf *err)
@@ -238,7 +275,8 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
     }
     size_t bytes = sizeof(int64_t) * (size_t)per * (size_t)hdr[0] +
                    sizeof(int32_t) * (size_t)(hdr[1] + hdr[2]);
-    if (grow((void **)&e->bbuf, &e->cap_bbuf, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
+    if (grow((void **)&e->bbuf, &e->cap_bbuf, bytes))
+        return ms_err(err, MS_ENOMEM, "out of memory");
     if (e->is_leader) {
         int64_t *meta = (int64_t *)e->bbuf;
         int32_t *p = (int32_t *)(meta + per * hdr[0]);
@@ -270,7 +308,8 @@ static int share_batch(ms_engine *e, const ms_batch_seq **batch, int *n, ms_errb
         e->cap_mbatch = e->mbatch && e->mkv ? (int)hdr[0] : 0;
         if (!e->cap_mbatch) return ms_err(err, MS_ENOMEM, "out of memory");
     }
-    if (grow((void **)&e->mdata, &e->cap_mdata, bytes)) return ms_err(err, MS_ENOMEM, "out of memory");
+    if (grow((void **)&e->mdata, &e->cap_mdata, bytes))
+        return ms_err(err, MS_ENOMEM, "out of memory");
     memcpy(e->mdata, e->bbuf, bytes);
     int64_t *meta = (int64_t *)e->mdata;
     int32_t *p = (int32_t *)(meta + per * hdr[0]);
@@ -354,8 +393,8 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
 {
     int64_t V = ms_model_shape_of(e->m)->vocab;
     size_t per = sizeof(ms_sched_event) + (e->o.keep_logits ? sizeof(float) * (size_t)V : 0);
-    struct wire_ev_hdr h = {.n_events = n_ev, .is_leader = e->is_leader, .dp = e->dp_index,
-                            .n_rejects = e->n_rejects};
+    struct wire_ev_hdr h = {
+        .n_events = n_ev, .is_leader = e->is_leader, .dp = e->dp_index, .n_rejects = e->n_rejects};
     if (e->is_leader) ms_sched_get_stats(e->sched, &h.st);
     e->n_events = 0;
     e->n_rej_in = 0;
@@ -363,7 +402,8 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
         e->loads[0].st = h.st;
         for (int i = 0; i < e->n_rejects; i++)
             if (push_reject(e, &e->rejects[i], 0)) return ms_err(err, MS_ENOMEM, "out of memory");
-        for (int i = 0; i < n_ev; i++) push_event(e, &ev[i], 0, e->o.keep_logits ? ev[i].logits : NULL);
+        for (int i = 0; i < n_ev; i++)
+            push_event(e, &ev[i], 0, e->o.keep_logits ? ev[i].logits : NULL);
         link_rejects(e);
         return 0;
     }
@@ -390,7 +430,8 @@ static int gather_events(ms_engine *e, const ms_sched_event *ev, int n_ev, ms_er
         }
     if (e->rank == 0 && grow((void **)&e->gather_buf, &e->cap_gather, total + 1))
         return ms_err(err, MS_ENOMEM, "out of memory");
-    rc = ms_comm_gatherv(e->gs.world, e->bbuf, mine, e->gather_buf, e->g_bytes, e->g_displs, 0, err);
+    rc =
+        ms_comm_gatherv(e->gs.world, e->bbuf, mine, e->gather_buf, e->g_bytes, e->g_displs, 0, err);
     if (rc || e->rank != 0) return rc;
     for (int r = 0; r < e->W; r++) {
         const uint8_t *p = e->gather_buf + e->g_displs[r];
@@ -469,12 +510,13 @@ int ms_engine_step(ms_engine *e, ms_errbuf *err)
     if (e->W > 1 && e->lay.attn_tp > 1 && (rc = share_batch(e, &batch, &n, err))) return rc;
     /* 3. token counts */
     int64_t replica_rows, all_rows, all_dec;
-    if ((rc = ms_engine_count_rows(e, batch, n, &replica_rows, &all_rows, &all_dec, err))) return rc;
+    if ((rc = ms_engine_count_rows(e, batch, n, &replica_rows, &all_rows, &all_dec, err)))
+        return rc;
     /* 4. forward (idle ranks of a busy replica run 0 rows through the collectives) */
     if (e->rec && e->is_leader) /* per_token: the tokens of the group's rows, in row order */
         for (int i = 0; i < n; i++)
-            ms_expert_recorder_add_seq(e->rec, batch[i].tokens, batch[i].n_tokens, batch[i].start_pos,
-                                       batch[i].kind);
+            ms_expert_recorder_add_seq(e->rec, batch[i].tokens, batch[i].n_tokens,
+                                       batch[i].start_pos, batch[i].kind);
     double t_fwd = ms_now_s();
     if (replica_rows > 0 && (rc = ms_model_forward(e->m, e->cache, batch, n, err))) return rc;
     double t_smp = ms_now_s();
@@ -527,7 +569,10 @@ int ms_engine_events(const ms_engine *e, const ms_engine_event **ev)
     return e->n_events;
 }
 
-void ms_engine_last_step(const ms_engine *e, ms_engine_step_stats *st) { *st = e->last; }
+void ms_engine_last_step(const ms_engine *e, ms_engine_step_stats *st)
+{
+    *st = e->last;
+}
 
 int ms_engine_loads(const ms_engine *e, const ms_engine_load **loads)
 {

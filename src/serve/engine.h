@@ -27,20 +27,20 @@
 typedef struct ms_engine_opts {
     const char *model_path;
     int threads, exact;
-    ms_launch launch;            /* parsed SGLang launch flags */
+    ms_launch launch; /* parsed SGLang launch flags */
     int page_size;
-    int64_t max_total_tokens;    /* per rank; 0: from mem_fraction_static */
-    double mem_fraction_static;  /* of MemAvailable / ranks on this host */
-    int64_t context_length;      /* 0: the model's max_position_embeddings */
-    int schedule_policy;         /* enum ms_sched_policy */
-    int dispatch_bf16;           /* --ep-dispatch-dtype bf16 */
-    int keep_logits;             /* events carry the logits they were sampled from (rank 0) */
-    ms_router_opts router;       /* --load-balance-method and its thresholds (DP admission) */
-    int max_running_default;     /* global default when --max-running-requests is unset */
-    int64_t chunk_default;       /* global default when --chunked-prefill-size is unset */
-    int prepack;                 /* prepack BF16 weights (ms_model_prepack) before sizing the KV pool */
-    int recorder_mode;           /* --expert-distribution-recorder-mode: MS_REC_* (0: none) */
-    int recorder_window;         /* --expert-distribution-recorder-buffer-size (passes) */
+    int64_t max_total_tokens;   /* per rank; 0: from mem_fraction_static */
+    double mem_fraction_static; /* of MemAvailable / ranks on this host */
+    int64_t context_length;     /* 0: the model's max_position_embeddings */
+    int schedule_policy;        /* enum ms_sched_policy */
+    int dispatch_bf16;          /* --ep-dispatch-dtype bf16 */
+    int keep_logits;            /* events carry the logits they were sampled from (rank 0) */
+    ms_router_opts router;      /* --load-balance-method and its thresholds (DP admission) */
+    int max_running_default;    /* global default when --max-running-requests is unset */
+    int64_t chunk_default;      /* global default when --chunked-prefill-size is unset */
+    int prepack;         /* prepack BF16 weights (ms_model_prepack) before sizing the KV pool */
+    int recorder_mode;   /* --expert-distribution-recorder-mode: MS_REC_* (0: none) */
+    int recorder_window; /* --expert-distribution-recorder-buffer-size (passes) */
     int64_t recorder_max_tokens; /* --expert-distribution-recorder-max-tokens (per_token rows) */
     int deterministic;           /* --enable-deterministic-inference: batch-invariant outputs */
 } ms_engine_opts;
@@ -53,9 +53,9 @@ void ms_engine_opts_init(ms_engine_opts *o);
 typedef struct ms_engine_event {
     ms_sched_event ev;
     int dp_rank;
-    const float *logits;         /* [vocab] when keep_logits, else NULL; valid until next step */
-    int error;                   /* 0, or the MS_E* code of a refusal */
-    const char *error_msg;       /* NULL, or the refusal (valid until the next step) */
+    const float *logits;   /* [vocab] when keep_logits, else NULL; valid until next step */
+    int error;             /* 0, or the MS_E* code of a refusal */
+    const char *error_msg; /* NULL, or the refusal (valid until the next step) */
 } ms_engine_event;
 
 /* One DP rank's load as last seen by rank 0. */
@@ -65,10 +65,10 @@ typedef struct ms_engine_load {
 } ms_engine_load;
 
 typedef struct ms_engine_step_stats {
-    int64_t rows;          /* tokens computed this step, all ranks' DP groups */
-    int64_t decode_rows;   /* of which single-token decode rows */
-    int64_t verify_rows;   /* of which in speculative verify rows (this rank's DP group) */
-    double seconds;        /* wall time of the step on this rank */
+    int64_t rows;        /* tokens computed this step, all ranks' DP groups */
+    int64_t decode_rows; /* of which single-token decode rows */
+    int64_t verify_rows; /* of which in speculative verify rows (this rank's DP group) */
+    double seconds;      /* wall time of the step on this rank */
     /* its parts: the target's forward, sampling with the commit, the draft chain */
     double forward_s, sample_s, draft_s;
 } ms_engine_step_stats;
@@ -113,8 +113,9 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
  * o->prepack = !skip_warmup, then (unless skip_warmup, i.e. --skip-server-warmup) the
  * warm-up prompt of up to warmup_tokens, logged on rank 0 ("warm-up: ...").  Every
  * rank together.  On failure *out is NULL. */
-#define MS_ENGINE_WARMUP_TOKENS 2048 /* longer prompts still grow the workspaces on first
-                                      * use; this covers the default prefill chunk */
+#define MS_ENGINE_WARMUP_TOKENS                                                                    \
+    2048 /* longer prompts still grow the workspaces on first                                      \
+          * use; this covers the default prefill chunk */
 int ms_engine_boot(ms_engine **out, ms_engine_opts *o, int skip_warmup, int64_t warmup_tokens,
                    ms_errbuf *err);
 const ms_layout *ms_engine_layout(const ms_engine *e);
@@ -146,7 +147,7 @@ void ms_engine_eplb_progress(const ms_engine *e, ms_engine_eplb_state *st);
  * event (ms_engine_event.error: MS_ECONTEXT when no pool can ever hold it). */
 int ms_engine_submit(ms_engine *e, const ms_req_params *in, ms_errbuf *err);
 void ms_engine_abort(ms_engine *e, uint64_t id);
-int ms_engine_flush_cache(ms_engine *e);          /* MS_EBUSY while requests run */
+int ms_engine_flush_cache(ms_engine *e); /* MS_EBUSY while requests run */
 void ms_engine_shutdown(ms_engine *e);
 /* rank 0: ms_engine_shutdown, then the step that carries it to every rank.  0 or <0. */
 int ms_engine_finish(ms_engine *e, ms_errbuf *err);

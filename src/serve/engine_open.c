@@ -28,8 +28,10 @@ static int resolve(const ms_engine_opts *o, const ms_model_shape *shape, ms_layo
     int rc = ms_layout_resolve(&o->launch, &lm, lay, err);
     if (!rc) rc = ms_layout_check_engine(lay, err);
     if (!rc && lay->shared_mode != MS_SHARED_SEPARATE && shape->n_shared <= 0)
-        rc = ms_err(err, MS_EUNSUPPORTED, "%s: the model has no shared expert (n_shared_experts "
-                    "0), so there is nothing to fuse or place", lay->fusion_flag);
+        rc = ms_err(err, MS_EUNSUPPORTED,
+                    "%s: the model has no shared expert (n_shared_experts "
+                    "0), so there is nothing to fuse or place",
+                    lay->fusion_flag);
     return rc;
 }
 
@@ -103,7 +105,8 @@ static void log_capacity(const ms_engine *e, const ms_kv_spec *spec, int64_t max
     else if (conc < 1)
         snprintf(why, sizeof why,
                  "refused at admission: the pools hold %.2f of it (raise --max-total-tokens or "
-                 "--mem-fraction-static)", conc);
+                 "--mem-fraction-static)",
+                 conc);
     else
         snprintf(why, sizeof why, "admitted, %.2fx at once", conc);
     MS_LOG(MS_INFO, "engine",
@@ -129,12 +132,14 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
                   : e->o.exact                                        ? MS_DT_F32
                                                                       : MS_DT_BF16;
     ms_kv_spec spec;
-    ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt), .act_bytes = e->o.exact ? 4 : 2,
+    ms_kv_spec_opts so = {.elem_bytes = ms_dtype_size(dt),
+                          .act_bytes = e->o.exact ? 4 : 2,
                           .index_key = e->o.launch.v4_fp4_indexer ? MS_KV_INDEX_MXFP4
                                        : dt == MS_DT_F8E4M3       ? MS_KV_INDEX_FP8
                                                                   : MS_KV_INDEX_PLAIN,
                           .state_bytes = e->o.launch.compress_state_bytes,
-                          .page_size = e->o.page_size, .attn_tp = e->lay.attn_tp,
+                          .page_size = e->o.page_size,
+                          .attn_tp = e->lay.attn_tp,
                           .prefix_carry = 1,
                           .draft_tokens = ms_engine_spec_mtp(e) ? ms_engine_spec_steps(e) + 1 : 0};
     int rc = ms_model_kv_spec(e->m, &so, &spec, err);
@@ -154,9 +159,12 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
     int64_t staging = (int64_t)ms_eplb_run_staging_bytes(e);
     ms_kv_budget_in bi = {.max_total_tokens = e->o.max_total_tokens,
                           .mem_fraction_static = e->o.mem_fraction_static,
-                          .avail_bytes = e->avail0, .weight_bytes = weights,
-                          .copy_bytes = packed + staging, .fixed_bytes = (int64_t)fixed,
-                          .swa_ratio = ratio, .page_size = e->o.page_size};
+                          .avail_bytes = e->avail0,
+                          .weight_bytes = weights,
+                          .copy_bytes = packed + staging,
+                          .fixed_bytes = (int64_t)fixed,
+                          .swa_ratio = ratio,
+                          .page_size = e->o.page_size};
     int64_t tokens;
     if ((rc = ms_kv_budget_tokens(&spec, &bi, &tokens, err))) return rc;
     /* every rank must agree (members mirror their leader's page ids): take the minimum */
@@ -183,9 +191,10 @@ static int size_pool(ms_engine *e, ms_errbuf *err)
            e->lay.attn_tp > 1 ? "replicated across the attention-TP group" : "not replicated",
            (long long)per_tok, (double)weights / 1e9, (double)packed / (1 << 20), stag);
     if (ms_kv_spec_window_token_bytes(&spec) > 0)
-        MS_LOG(MS_INFO, "engine", "sliding-window pool: %s", ratio > 0
-               ? "--swa-full-tokens-ratio × the whole-history tokens (at least one request's window)"
-               : "each running request's window (no --swa-full-tokens-ratio)");
+        MS_LOG(MS_INFO, "engine", "sliding-window pool: %s",
+               ratio > 0 ? "--swa-full-tokens-ratio × the whole-history tokens (at least one "
+                           "request's window)"
+                         : "each running request's window (no --swa-full-tokens-ratio)");
     log_capacity(e, &spec, c->max_context);
     return 0;
 }
@@ -204,13 +213,14 @@ static int build_expert_maps(ms_engine *e, const ms_model_shape *shape, ms_errbu
     if (ms_layout_rank_coords(&e->lay, e->rank, &at))
         return ms_err(err, MS_EINTERNAL, "rank %d is outside the layout", e->rank);
     const char *path = e->o.launch.init_expert_location;
-    int rc = ms_expert_map_load(e->expert_maps, n, shape->n_routed, e->lay.n_physical_experts,
-                                e->lay.moe_ep, at.moe_ep_rank, e->o.launch.eplb_algorithm, path,
-                                err);
+    int rc =
+        ms_expert_map_load(e->expert_maps, n, shape->n_routed, e->lay.n_physical_experts,
+                           e->lay.moe_ep, at.moe_ep_rank, e->o.launch.eplb_algorithm, path, err);
     if (!rc && e->rank == 0 && e->lay.n_physical_experts > shape->n_routed)
         MS_LOG(MS_INFO, "engine",
                "experts: %d physical slots per layer (%d routed + %d redundant), %d per EP rank; "
-               "placement %s", e->lay.n_physical_experts, shape->n_routed,
+               "placement %s",
+               e->lay.n_physical_experts, shape->n_routed,
                e->lay.n_physical_experts - shape->n_routed, e->expert_maps[0].per_rank,
                path[0] ? path : "trivial (slot p holds p mod E)");
     return rc;
@@ -222,9 +232,13 @@ static int build_shard(ms_engine *e, ms_errbuf *err)
     int rc = ms_comm_groups_init(&e->gs, &e->lay, err);
     if (rc) return rc;
     e->have_groups = 1;
-    e->shard = (ms_shard){.lay = &e->lay, .at = e->gs.at, .attn_group = e->gs.attn_tp,
-                          .tp_group = e->gs.tp, .dispatch_bf16 = e->o.dispatch_bf16,
-                          .experts = e->expert_maps, .step = &e->step,
+    e->shard = (ms_shard){.lay = &e->lay,
+                          .at = e->gs.at,
+                          .attn_group = e->gs.attn_tp,
+                          .tp_group = e->gs.tp,
+                          .dispatch_bf16 = e->o.dispatch_bf16,
+                          .experts = e->expert_maps,
+                          .step = &e->step,
                           .waterfill_dynamic = e->o.launch.waterfill_dynamic};
     e->is_leader = e->gs.at.attn_tp_rank == 0;
     e->dp_index = e->gs.at.replica * e->lay.attn_dp + e->gs.at.attn_dp_rank;
@@ -280,8 +294,10 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         goto fail;
     }
     e->n_dp = e->lay.n_replicas * e->lay.attn_dp;
-    ms_model_opts mo = {.threads = o->threads, .exact = o->exact,
-                        .batch_invariant = o->deterministic, .shard = NULL};
+    ms_model_opts mo = {.threads = o->threads,
+                        .exact = o->exact,
+                        .batch_invariant = o->deterministic,
+                        .shard = NULL};
     if (e->W > 1) {
         ms_comm_set_fixed_order(o->deterministic); /* sums over ranks in rank order */
         if ((rc = build_shard(e, err))) goto fail;
@@ -299,8 +315,8 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         e->prepack_s = ms_now_s() - t0;
     }
     const ms_model_shape *ms = ms_model_shape_of(e->m);
-    e->ctx_len = o->context_length > 0 ? MS_MIN(o->context_length, ms->max_context)
-                                       : ms->max_context;
+    e->ctx_len =
+        o->context_length > 0 ? MS_MIN(o->context_length, ms->max_context) : ms->max_context;
     int max_running = e->lay.max_running_per_rank > 0
                           ? e->lay.max_running_per_rank
                           : MS_MAX(1, o->max_running_default / MS_MAX(e->lay.attn_dp, 1));
@@ -384,16 +400,20 @@ int ms_engine_open(ms_engine **out, const ms_engine_opts *o, ms_errbuf *err)
         MS_LOG(MS_INFO, "engine", "layout: %s (world %d)", desc, e->W);
         const ms_launch *l = &o->launch;
         if (e->lay.shared_mode == MS_SHARED_WATERFILL) {
-            MS_LOG(MS_INFO, "engine", "waterfill: the shared expert is a slot on each of the %d EP "
-                   "ranks; each token's copy goes to a lightly loaded rank (%s)", e->lay.moe_ep,
+            MS_LOG(MS_INFO, "engine",
+                   "waterfill: the shared expert is a slot on each of the %d EP "
+                   "ranks; each token's copy goes to a lightly loaded rank (%s)",
+                   e->lay.moe_ep,
                    e->shard.waterfill_dynamic ? "dynamic: EP-wide loads each layer"
                                               : "static: this rank's loads");
             if (l->a2a_alias != MS_A2A_ALIAS_DEEPEP && l->a2a_alias != MS_A2A_ALIAS_MEGAMOE)
-                MS_LOG(MS_WARN, "engine", "--enable-waterfill with --moe-a2a-backend %s: SGLang "
+                MS_LOG(MS_WARN, "engine",
+                       "--enable-waterfill with --moe-a2a-backend %s: SGLang "
                        "switches to deepep; here every backend name runs the same all-to-all",
                        ms_launch_a2a_name(l));
             if (l->disable_shared_experts_fusion)
-                MS_LOG(MS_WARN, "engine", "--disable-shared-experts-fusion is overridden: "
+                MS_LOG(MS_WARN, "engine",
+                       "--disable-shared-experts-fusion is overridden: "
                        "--enable-waterfill needs the shared expert fused (SGLang's rule)");
         }
     }
@@ -439,4 +459,3 @@ void ms_engine_close(ms_engine *e)
     free(e->mlog_ptr);
     free(e);
 }
-

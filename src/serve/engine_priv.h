@@ -8,7 +8,7 @@
 
 #include "serve/engine.h"
 
-struct reject; /* engine.c: a request refused by this rank's scheduler */
+struct reject;  /* engine.c: a request refused by this rank's scheduler */
 struct ms_spec; /* spec.c: speculative decoding's settings and draft-chain buffers */
 
 struct ms_engine {
@@ -17,12 +17,12 @@ struct ms_engine {
     ms_layout lay;
     ms_comm_groups gs;
     int have_groups;
-    ms_shard shard;        /* read-only after open */
+    ms_shard shard;             /* read-only after open */
     ms_expert_map *expert_maps; /* [n_expert_maps]: per layer; the shard points here */
     int n_expert_maps;
     struct ms_expert_recorder *rec; /* NULL: no recorder */
     struct ms_eplb_run *eplb;       /* --enable-eplb (eplb_run.c); NULL: off */
-    ms_step_ctx step;      /* rows of this step (the shard and the MLP layers read it) */
+    ms_step_ctx step;               /* rows of this step (the shard and the MLP layers read it) */
     ms_model *m;
     ms_kv_cache *cache;    /* this rank's KV cache (its streams' pools) */
     ms_sched *sched;       /* DP-group leaders only */
@@ -47,31 +47,31 @@ struct ms_engine {
     int64_t inflight;
     ms_engine_event *events;
     int n_events, cap_events;
-    struct reject *rej_in;  /* rank 0: this step's rejections, events point at their msg */
+    struct reject *rej_in; /* rank 0: this step's rejections, events point at their msg */
     int n_rej_in;
-    size_t cap_rej_in;      /* bytes */
+    size_t cap_rej_in; /* bytes */
     ms_engine_load *loads;
     uint8_t *gather_buf;
     size_t cap_gather;
     size_t *g_bytes, *g_displs;
     /* per step */
-    int64_t *rows_world;   /* [W][2]: rows, decode rows */
-    int64_t *rows_tp;      /* [tp] */
-    uint8_t *bbuf;         /* batch broadcast / event send buffer */
+    int64_t *rows_world; /* [W][2]: rows, decode rows */
+    int64_t *rows_tp;    /* [tp] */
+    uint8_t *bbuf;       /* batch broadcast / event send buffer */
     size_t cap_bbuf;
-    ms_batch_seq *mbatch;  /* members' copy of the batch */
-    ms_kv_seq *mkv;        /* [cap_mbatch] their cache holds (the leader's page ids) */
+    ms_batch_seq *mbatch; /* members' copy of the batch */
+    ms_kv_seq *mkv;       /* [cap_mbatch] their cache holds (the leader's page ids) */
     int cap_mbatch;
-    int32_t *mdata;        /* members' tokens and page tables */
+    int32_t *mdata; /* members' tokens and page tables */
     size_t cap_mdata;
-    float *mlogits;        /* members' logit rows with a split LM head (written by none) */
+    float *mlogits; /* members' logit rows with a split LM head (written by none) */
     size_t cap_mlogits;
-    float **mlog_ptr;      /* [cap_mbatch] each member sequence's rows in mlogits, or NULL */
+    float **mlog_ptr; /* [cap_mbatch] each member sequence's rows in mlogits, or NULL */
     size_t cap_mlog_ptr;
     struct reject *rejects; /* leaders: refused while applying this step's control block */
     int n_rejects;
-    size_t cap_rejects;     /* bytes */
-    int32_t *req_ids;       /* decoded prompt ids of the request being added */
+    size_t cap_rejects; /* bytes */
+    int32_t *req_ids;   /* decoded prompt ids of the request being added */
     int64_t cap_req_ids;
     ms_engine_step_stats last;
 };

@@ -36,17 +36,17 @@ struct ms_eplb_run {
     int n_iters, per_chunk, policy;
     double threshold;
     int L, E, R, n_ranks, me, per_rank;
-    int64_t passes;       /* forward passes since the last plan */
-    int64_t pass_id;      /* forward passes since start-up */
-    int32_t *plan;        /* [L][R] the placement being moved to; NULL: none */
-    int next_layer;       /* first layer not moved yet */
+    int64_t passes;  /* forward passes since the last plan */
+    int64_t pass_id; /* forward passes since start-up */
+    int32_t *plan;   /* [L][R] the placement being moved to; NULL: none */
+    int next_layer;  /* first layer not moved yet */
     double t_start;
-    int64_t *lc;          /* [L][E] the window's counts */
-    float *w;             /* [L][E] */
-    uint8_t *staging;     /* [per_rank][max slot bytes] */
+    int64_t *lc;      /* [L][E] the window's counts */
+    float *w;         /* [L][E] */
+    uint8_t *staging; /* [per_rank][max slot bytes] */
     size_t staging_bytes;
-    ms_comm_p2p *ops;     /* [2 · R] */
-    int32_t *scr;         /* [E + 2 · per_rank] keep_slots' */
+    ms_comm_p2p *ops; /* [2 · R] */
+    int32_t *scr;     /* [E + 2 · per_rank] keep_slots' */
     int64_t decisions, rebalances, skipped, slots_moved, slots_received;
 };
 
@@ -68,14 +68,20 @@ void ms_eplb_run_free(ms_engine *e)
     e->eplb = NULL;
 }
 
-size_t ms_eplb_run_staging_bytes(const ms_engine *e) { return e->eplb ? e->eplb->staging_bytes : 0; }
-size_t ms_engine_eplb_staging_bytes(const ms_engine *e) { return ms_eplb_run_staging_bytes(e); }
+size_t ms_eplb_run_staging_bytes(const ms_engine *e)
+{
+    return e->eplb ? e->eplb->staging_bytes : 0;
+}
+size_t ms_engine_eplb_staging_bytes(const ms_engine *e)
+{
+    return ms_eplb_run_staging_bytes(e);
+}
 
 void ms_engine_eplb_progress(const ms_engine *e, ms_engine_eplb_state *st)
 {
     const struct ms_eplb_run *r = e->eplb;
-    *st = (ms_engine_eplb_state){.decisions = r ? r->decisions : 0, .skipped = r ? r->skipped : 0,
-                                 .moving = r && r->plan};
+    *st = (ms_engine_eplb_state){
+        .decisions = r ? r->decisions : 0, .skipped = r ? r->skipped : 0, .moving = r && r->plan};
 }
 
 int ms_eplb_run_open(ms_engine *e, ms_errbuf *err)
@@ -84,21 +90,29 @@ int ms_eplb_run_open(ms_engine *e, ms_errbuf *err)
     if (!la->enable_eplb) return 0;
     const ms_model_shape *sh = ms_model_shape_of(e->m);
     if (e->n_expert_maps <= 0 || sh->n_routed <= 0)
-        return ms_err(err, MS_EUNSUPPORTED, "--enable-eplb on a dense model: no experts to balance");
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--enable-eplb on a dense model: no experts to balance");
     if (e->lay.moe_ep <= 1)
-        return ms_err(err, MS_EUNSUPPORTED, "--enable-eplb at EP %d: nothing to balance with one "
-                      "EP rank (use --ep-size > 1 with --moe-a2a-backend)", e->lay.moe_ep);
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--enable-eplb at EP %d: nothing to balance with one "
+                      "EP rank (use --ep-size > 1 with --moe-a2a-backend)",
+                      e->lay.moe_ep);
     if (e->lay.sparse_mode != MS_MLP_SCATTERED)
-        return ms_err(err, MS_EUNSUPPORTED, "--enable-eplb: moving experts needs the all-to-all "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--enable-eplb: moving experts needs the all-to-all "
                       "MoE path (--moe-a2a-backend deepep|mpi|...)");
     struct ms_eplb_run *r = calloc(1, sizeof *r);
     if (!r) return ms_err(err, MS_ENOMEM, "out of memory");
     const ms_expert_map *m0 = &e->expert_maps[0];
     *r = (struct ms_eplb_run){.n_iters = la->eplb_rebalance_num_iterations,
                               .per_chunk = la->eplb_rebalance_layers_per_chunk,
-                              .policy = la->eplb_algorithm, .threshold = la->eplb_min_utilization,
-                              .L = sh->n_layers, .E = m0->n_logical, .R = m0->n_physical,
-                              .n_ranks = m0->n_ranks, .me = e->shard.at.moe_ep_rank,
+                              .policy = la->eplb_algorithm,
+                              .threshold = la->eplb_min_utilization,
+                              .L = sh->n_layers,
+                              .E = m0->n_logical,
+                              .R = m0->n_physical,
+                              .n_ranks = m0->n_ranks,
+                              .me = e->shard.at.moe_ep_rank,
                               .per_rank = m0->per_rank};
     e->eplb = r;
     size_t max_slot = 0;
@@ -106,12 +120,14 @@ int ms_eplb_run_open(ms_engine *e, ms_errbuf *err)
         if (!ms_model_expert_slots(e->m, l)) continue;
         size_t b = ms_model_expert_slot_bytes(e->m, l);
         if (!b)
-            return ms_err(err, MS_EUNSUPPORTED, "--enable-eplb: the weights are read from the "
+            return ms_err(err, MS_EUNSUPPORTED,
+                          "--enable-eplb: the weights are read from the "
                           "file mapping (MOESERVE_WEIGHTS=mmap): expert slots cannot be rewritten");
         max_slot = MS_MAX(max_slot, b);
     }
     if (!max_slot)
-        return ms_err(err, MS_EUNSUPPORTED, "--enable-eplb: runtime expert moves are not built "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--enable-eplb: runtime expert moves are not built "
                       "for the %s family (its experts have no rewritable slots)",
                       ms_model_family(e->m)->name);
     r->staging_bytes = max_slot * (size_t)r->per_rank;
@@ -167,7 +183,8 @@ static int move_layer(ms_engine *e, struct ms_eplb_run *r, int l, const int32_t 
         int dst = p / pr, s = p % pr, x = want[p];
         if (old[p] == x) continue;
         int src_p = first_replica(old, R, x);
-        if (src_p < 0) return ms_err(err, MS_EINTERNAL, "layer %d: expert %d has no old slot", l, x);
+        if (src_p < 0)
+            return ms_err(err, MS_EINTERNAL, "layer %d: expert %d has no old slot", l, x);
         int src = src_p / pr;
         if (dst == me) {
             int ls = local_holder(old, me, pr, x);
@@ -175,14 +192,15 @@ static int move_layer(ms_engine *e, struct ms_eplb_run *r, int l, const int32_t 
                 memcpy(r->staging + (size_t)s * sb, ms_model_expert_slot_blob(e->m, l, ls), sb);
                 n_local++;
             } else {
-                r->ops[n_ops++] = (ms_comm_p2p){.peer = src, .is_recv = 1,
-                                                .buf = r->staging + (size_t)s * sb, .bytes = sb};
+                r->ops[n_ops++] = (ms_comm_p2p){
+                    .peer = src, .is_recv = 1, .buf = r->staging + (size_t)s * sb, .bytes = sb};
                 n_recv++;
             }
         } else if (src == me && local_holder(old, dst, pr, x) < 0) {
-            r->ops[n_ops++] = (ms_comm_p2p){
-                .peer = dst, .buf = (void *)ms_model_expert_slot_blob(e->m, l, src_p % pr),
-                .bytes = sb};
+            r->ops[n_ops++] =
+                (ms_comm_p2p){.peer = dst,
+                              .buf = (void *)ms_model_expert_slot_blob(e->m, l, src_p % pr),
+                              .bytes = sb};
         }
     }
     if ((rc = ms_comm_exchange(e->shard.tp_group, r->ops, n_ops, err))) return rc;
@@ -202,7 +220,8 @@ static int move_layer(ms_engine *e, struct ms_eplb_run *r, int l, const int32_t 
     r->slots_moved += n_local + n_recv;
     r->slots_received += n_recv;
     if (e->rank == 0)
-        MS_LOG(MS_INFO, "eplb", "[EPLBManager] layer %d moved at forward pass %lld: %d slots on "
+        MS_LOG(MS_INFO, "eplb",
+               "[EPLBManager] layer %d moved at forward pass %lld: %d slots on "
                "rank 0 (%d received, %d copied locally), %d transfers sent or received",
                l, (long long)r->pass_id, n_local + n_recv, n_recv, n_local, n_ops);
     return 0;
@@ -226,7 +245,8 @@ static int move_chunk(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
         ms_expert_recorder_take_window(e->rec, r->lc);
     }
     if (e->rank == 0)
-        MS_LOG(MS_INFO, "eplb", "[EPLBManager] rebalance end at forward pass %lld time=%.3fs "
+        MS_LOG(MS_INFO, "eplb",
+               "[EPLBManager] rebalance end at forward pass %lld time=%.3fs "
                "(%lld done, %lld skipped; rank 0 rewrote %lld slots, %lld received)",
                (long long)r->pass_id, ms_now_s() - r->t_start, (long long)r->rebalances,
                (long long)r->skipped, (long long)r->slots_moved, (long long)r->slots_received);
@@ -270,8 +290,10 @@ static int make_plan(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
     if (st.avg1000 > r->threshold) {
         r->skipped++;
         if (e->rank == 0)
-            MS_LOG(MS_INFO, "eplb", "[EPLBManager] Skipped ep rebalancing: current GPU "
-                   "utilization %.3f > minimum rebalance threshold %.3f", st.avg1000, r->threshold);
+            MS_LOG(MS_INFO, "eplb",
+                   "[EPLBManager] Skipped ep rebalancing: current GPU "
+                   "utilization %.3f > minimum rebalance threshold %.3f",
+                   st.avg1000, r->threshold);
         return 0;
     }
     int64_t total = 0;
@@ -296,8 +318,10 @@ static int make_plan(ms_engine *e, struct ms_eplb_run *r, ms_errbuf *err)
     r->next_layer = 0;
     r->t_start = ms_now_s();
     if (e->rank == 0)
-        MS_LOG(MS_INFO, "eplb", "[EPLBManager] rebalance start at forward pass %lld: window of "
-               "%d passes, average balancedness %.3f", (long long)r->pass_id, n, st.avg1000);
+        MS_LOG(MS_INFO, "eplb",
+               "[EPLBManager] rebalance start at forward pass %lld: window of "
+               "%d passes, average balancedness %.3f",
+               (long long)r->pass_id, n, st.avg1000);
     return 0;
 }
 

@@ -15,7 +15,7 @@
 
 enum kind { GPU_ONLY = 1, NOT_BUILT, MULTINODE, OURS /* implemented: an exception to a prefix */ };
 #define FUSION_WHY                                                                                 \
-    "shared-expert fusion without an all-to-all backend (it runs with --moe-a2a-backend "         \
+    "shared-expert fusion without an all-to-all backend (it runs with --moe-a2a-backend "          \
     "deepep|megamoe at EP >= 2)"
 
 /* name: the flag, or a prefix ending in '-' (matching every flag that starts with it);
@@ -49,7 +49,8 @@ static const struct {
     {"--speculative-moe-runner-backend", GPU_ONLY, NULL},
     {"--disaggregation-ib-device", GPU_ONLY, NULL},
     /* features not built */
-    {"--speculative-algorithm", NOT_BUILT, "speculative decoding"}, /* EAGLE/NEXTN/MTP/NGRAM/none: ok */
+    {"--speculative-algorithm", NOT_BUILT,
+     "speculative decoding"}, /* EAGLE/NEXTN/MTP/NGRAM/none: ok */
     {"--speculative-num-steps", OURS, NULL},
     {"--speculative-eagle-topk", OURS, NULL},
     {"--speculative-num-draft-tokens", OURS, NULL},
@@ -149,8 +150,10 @@ static int fine_with_a2a(const char *flag, int argc, char **argv)
     const size_t n = sizeof opt - 1;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
-        if (!strncmp(argv[i], opt, n) && argv[i][n] == '=') v = argv[i] + n + 1;
-        else if (!strcmp(argv[i], opt) && i + 1 < argc) v = argv[i + 1];
+        if (!strncmp(argv[i], opt, n) && argv[i][n] == '=')
+            v = argv[i] + n + 1;
+        else if (!strcmp(argv[i], opt) && i + 1 < argc)
+            v = argv[i + 1];
         if (v && strcasecmp(v, "none")) return 1;
     }
     return 0;
@@ -232,7 +235,8 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
     ms_errbuf e;
     const char *model_type = "a model it cannot read";
     int v4_cache = 0; /* the model has V4's window pool and compressor state */
-    if ((l && (l->v4_fp4_indexer || l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4)) &&
+    if ((l &&
+         (l->v4_fp4_indexer || l->swa_full_tokens_ratio > 0 || l->compress_state_bytes != 4)) &&
         model_path && !ms_family_load(model_path, 1, NULL, &shape, &e)) {
         model_type = shape.name;
         v4_cache = shape.window > 0 && shape.n_ratios > 0;
@@ -265,11 +269,13 @@ int ms_flag_screen_check(const ms_flag_screen *s, const ms_launch *l, int exact,
         fprintf(out,
                 "%s: --swa-full-tokens-ratio: not implemented for this model: %s (%s) has no "
                 "sliding-window "
-                "KV pool (a DeepSeek-V4 setting here)\n", cmd, model_path, model_type);
+                "KV pool (a DeepSeek-V4 setting here)\n",
+                cmd, model_path, model_type);
     if (l && model_path && !v4_cache && l->compress_state_bytes != 4 && !l->compress_state_flag)
         MS_LOG(MS_WARN, cmd,
                "SGLANG_DSV4_COMPRESS_STATE_DTYPE: without effect on %s (%s): the model has no "
-               "compressor state", model_path, model_type);
+               "compressor state",
+               model_path, model_type);
     if (l && model_path && !v4_cache && l->compress_state_flag && l->compress_state_bytes != 4 &&
         bad++ >= 0)
         fprintf(out,

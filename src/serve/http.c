@@ -318,8 +318,8 @@ static enum MHD_Result do_generate(ms_frontend *fe, struct conn *c, enum ms_api_
         live_remove(fe, c);
         return send_error(c, status_of(rc), e.msg, NULL);
     }
-    MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d, %d choices", rid,
-           n, max_new, c->ch->n);
+    MS_LOG(MS_DEBUG, "http", "request %s: %zu prompt tokens, max_new_tokens %d, %d choices", rid, n,
+           max_new, c->ch->n);
     /* generation may take long: the idle timeout no longer applies */
     MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (ms_choices_stream(c->ch)) {
@@ -425,8 +425,8 @@ static json_t *cost_json(const ms_engine_info *in)
     return json_pack("{s:I,s:f,s:o,s:f,s:f,s:o,s:s}", "tokens",
                      (json_int_t)in->max_position_embeddings, "decode_read_bytes",
                      c->read_bytes_total, "decode_read_bytes_by_pool", rb, "decode_flops",
-                     c->decode_flops, "prefill_flops", c->prefill_flops, "prefill_flops_by_pool", pf,
-                     "scope", "attention and indexer over the KV cache; weights not included");
+                     c->decode_flops, "prefill_flops", c->prefill_flops, "prefill_flops_by_pool",
+                     pf, "scope", "attention and indexer over the KV cache; weights not included");
 }
 
 static json_t *server_info(ms_frontend *fe)
@@ -457,44 +457,49 @@ static json_t *server_info(ms_frontend *fe)
     if (o) {
         /* the per-DP-rank capacity as SGLang's scalar (every DP rank has the same pool
          * size), next to the list; the topology fields above say what it means */
-        json_object_set_new(o, "max_total_num_tokens",
-                            json_integer((json_int_t)(in->n_dp > 0 ? in->max_total_num_tokens[0] : 0)));
+        json_object_set_new(
+            o, "max_total_num_tokens",
+            json_integer((json_int_t)(in->n_dp > 0 ? in->max_total_num_tokens[0] : 0)));
         json_object_set_new(o, "internal_states", load_json(fe));
         json_t *pools = json_array(); /* every DP rank holds these pools (kv_pool_replicated:
                                        * the attention-TP members hold the same tokens) */
         for (int i = 0; i < in->n_kv_pools; i++) {
             const ms_kv_pool_info *p = &in->kv_pools[i];
             json_array_append_new(
-                pools, json_pack("{s:s,s:i,s:I,s:I,s:I,s:i,s:f,s:f}", "name", p->name, "pages",
-                                 p->pages, "page_tokens", (json_int_t)p->page_tokens, "tokens",
-                                 (json_int_t)p->tokens, "window", (json_int_t)p->window,
-                                 "num_layers", p->n_layers, "entry_bytes", p->entry_bytes,
-                                 "bytes", p->bytes));
+                pools,
+                json_pack("{s:s,s:i,s:I,s:I,s:I,s:i,s:f,s:f}", "name", p->name, "pages", p->pages,
+                          "page_tokens", (json_int_t)p->page_tokens, "tokens",
+                          (json_int_t)p->tokens, "window", (json_int_t)p->window, "num_layers",
+                          p->n_layers, "entry_bytes", p->entry_bytes, "bytes", p->bytes));
         }
         json_object_set_new(o, "kv_pools_per_dp_rank", pools);
         json_object_set_new(o, "num_dp_ranks", json_integer(in->n_dp));
-        json_object_set_new(o, "swa_full_tokens_ratio", in->swa_full_tokens_ratio > 0
-                                                            ? json_real(in->swa_full_tokens_ratio)
-                                                            : json_null());
+        json_object_set_new(o, "swa_full_tokens_ratio",
+                            in->swa_full_tokens_ratio > 0 ? json_real(in->swa_full_tokens_ratio)
+                                                          : json_null());
         json_object_set_new(o, "max_position_embeddings",
                             json_integer((json_int_t)in->max_position_embeddings));
-        json_object_set_new(
-            o, "max_concurrency_per_dp_rank",
-            json_pack("{s:I,s:f,s:I,s:f}", "context_length", (json_int_t)in->context_len,
-                      "requests", in->max_concurrency_ctx, "max_position_embeddings",
-                      (json_int_t)in->max_position_embeddings, "requests_at_max_position",
-                      in->max_concurrency_max_pos));
+        json_object_set_new(o, "max_concurrency_per_dp_rank",
+                            json_pack("{s:I,s:f,s:I,s:f}", "context_length",
+                                      (json_int_t)in->context_len, "requests",
+                                      in->max_concurrency_ctx, "max_position_embeddings",
+                                      (json_int_t)in->max_position_embeddings,
+                                      "requests_at_max_position", in->max_concurrency_max_pos));
         json_object_set_new(o, "max_position_cost_per_attention_rank", cost_json(in));
         json_object_set_new(o, "ep_num_redundant_experts", json_integer(in->n_redundant_experts));
         json_object_set_new(o, "num_physical_experts", json_integer(in->n_physical_experts));
         json_object_set_new(o, "enable_eplb", json_boolean(in->enable_eplb));
-        json_object_set_new(o, "eplb_staging_bytes", json_integer((json_int_t)in->eplb_staging_bytes));
-        json_object_set_new(o, "weight_bytes_per_rank", json_integer((json_int_t)in->weight_bytes_rank0));
+        json_object_set_new(o, "eplb_staging_bytes",
+                            json_integer((json_int_t)in->eplb_staging_bytes));
+        json_object_set_new(o, "weight_bytes_per_rank",
+                            json_integer((json_int_t)in->weight_bytes_rank0));
         ms_dp_load ld[MS_SERVE_MAX_DP];
         ms_serve_hub_read_load(fe->hub, ld, in->n_dp);
         int64_t v = 0, a = 0;
-        for (int32_t r = 0; r < in->n_dp; r++) v += ld[r].spec_verify_total, a += ld[r].spec_accepted_total;
-        json_object_set_new(o, "avg_spec_accept_length", json_real(v > 0 ? 1.0 + (double)a / (double)v : 0.0));
+        for (int32_t r = 0; r < in->n_dp; r++)
+            v += ld[r].spec_verify_total, a += ld[r].spec_accepted_total;
+        json_object_set_new(o, "avg_spec_accept_length",
+                            json_real(v > 0 ? 1.0 + (double)a / (double)v : 0.0));
     }
     return o;
 }
@@ -559,15 +564,19 @@ static enum MHD_Result do_recorder(ms_frontend *fe, struct conn *c)
     if (!r)
         return send_error(c, 400,
                           "the expert distribution recorder is off: start the server with "
-                          "--expert-distribution-recorder-mode stat|per_pass|per_token", NULL);
-    if (c->route == R_REC_START) ms_expert_recorder_start(r);
-    else if (c->route == R_REC_STOP) ms_expert_recorder_stop(r);
+                          "--expert-distribution-recorder-mode stat|per_pass|per_token",
+                          NULL);
+    if (c->route == R_REC_START)
+        ms_expert_recorder_start(r);
+    else if (c->route == R_REC_STOP)
+        ms_expert_recorder_stop(r);
     else {
         if (c->n_body && memmem(c->body, c->n_body, ".pt", 3))
             return send_error(c, 400,
                               "a .pt (torch pickle) dump cannot be written here: the dump is "
                               "returned as JSON with SGLang's field names (logical_count, "
-                              "physical_to_logical_map)", NULL);
+                              "physical_to_logical_map)",
+                              NULL);
         return send_json(c, 200, ms_expert_recorder_dump(r));
     }
     return send_json(c, 200, json_pack("{s:b}", "success", 1));

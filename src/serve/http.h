@@ -28,18 +28,18 @@ typedef struct ms_frontend_opts {
     int reasoning_parser;              /* --reasoning-parser deepseek-r1|deepseek-v3 */
     int tool_call_parser;              /* --tool-call-parser deepseekv31 */
     int enable_metrics;                /* --enable-metrics: GET /metrics */
-    double watchdog_timeout_s; /* --watchdog-timeout: no step while busy → exit (0 = off) */
-    size_t max_body_bytes;     /* --max-body-bytes (default 32 MiB) → 413 */
-    int max_connections;       /* --max-connections (default 256) */
+    double watchdog_timeout_s;      /* --watchdog-timeout: no step while busy → exit (0 = off) */
+    size_t max_body_bytes;          /* --max-body-bytes (default 32 MiB) → 413 */
+    int max_connections;            /* --max-connections (default 256) */
     int max_connections_per_client; /* --max-connections-per-client: per address, more are
                                        closed at accept (0 = no cap but max_connections) */
-    int idle_timeout_s;        /* --http-idle-timeout: inactive connection closed (10 s) */
-    int body_timeout_s;        /* --http-body-timeout: a body must arrive within (30 s) */
-    int header_timeout_s;      /* --http-header-timeout: a request's headers must arrive
-                                  within (30 s) of connect or of the previous response */
-    int health_timeout_s;      /* /health_generate deadline (20 s) */
-    int stream_interval;       /* --stream-interval: SSE chunk every N tokens (1) */
-    int decode_log_interval;   /* --decode-log-interval: the decode log line every N steps (40) */
+    int idle_timeout_s;             /* --http-idle-timeout: inactive connection closed (10 s) */
+    int body_timeout_s;             /* --http-body-timeout: a body must arrive within (30 s) */
+    int header_timeout_s;           /* --http-header-timeout: a request's headers must arrive
+                                       within (30 s) of connect or of the previous response */
+    int health_timeout_s;           /* /health_generate deadline (20 s) */
+    int stream_interval;            /* --stream-interval: SSE chunk every N tokens (1) */
+    int decode_log_interval; /* --decode-log-interval: the decode log line every N steps (40) */
 } ms_frontend_opts;
 
 void ms_frontend_opts_init(ms_frontend_opts *o);

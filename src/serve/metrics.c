@@ -267,10 +267,11 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
              "Speculative decoding: 1 + accepted draft tokens per verify step (0: none yet).");
         for (int32_t r = 0; r < n; r++)
             put(&o, "sglang:spec_accept_length{model_name=\"%s\",dp_rank=\"%d\"} %.9g\n", md, r,
-                ld[r].spec_verify_total > 0 ? 1.0 + (double)ld[r].spec_accepted_total /
-                                                        (double)ld[r].spec_verify_total
-                                            : 0.0);
-        static const char *sn[] = {"sglang:spec_verify_steps_total", "sglang:spec_draft_tokens_total",
+                ld[r].spec_verify_total > 0
+                    ? 1.0 + (double)ld[r].spec_accepted_total / (double)ld[r].spec_verify_total
+                    : 0.0);
+        static const char *sn[] = {"sglang:spec_verify_steps_total",
+                                   "sglang:spec_draft_tokens_total",
                                    "sglang:spec_accepted_tokens_total"};
         static const char *sh[] = {"Speculative verify steps since start-up.",
                                    "Draft tokens proposed since start-up.",
@@ -279,8 +280,9 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
             head(&o, sn[k], "counter", sh[k]);
             for (int32_t r = 0; r < n; r++)
                 put(&o, "%s{model_name=\"%s\",dp_rank=\"%d\"} %lld\n", sn[k], md, r,
-                    (long long)(k == 0 ? ld[r].spec_verify_total
-                                : k == 1 ? ld[r].spec_drafted_total : ld[r].spec_accepted_total));
+                    (long long)(k == 0   ? ld[r].spec_verify_total
+                                : k == 1 ? ld[r].spec_drafted_total
+                                         : ld[r].spec_accepted_total));
         }
         free(ld);
         if (info->recorder) { /* SGLang's summary name; per layer: our own gauge */
@@ -288,14 +290,17 @@ int ms_metrics_render(ms_metrics *m, ms_serve_hub *hub, char **out, size_t *len)
             ms_recorder_stats st;
             ms_expert_recorder_stats(r, &st);
             head(&o, "sglang:eplb_balancedness", "summary",
-                 "Balancedness of MoE in expert parallelism (per forward pass by forward_mode, mean over "
+                 "Balancedness of MoE in expert parallelism (per forward pass by forward_mode, "
+                 "mean over "
                  "layers of (mean+1e-5)/(max+1e-5) of per-EP-rank routed tokens).");
             for (int f = 0; f < MS_REC_N_FM; f++) { /* SGLang's extra label */
                 if (!st.fm_count[f]) continue;
                 const char *fm = ms_recorder_forward_mode_name(f);
-                put(&o, "sglang:eplb_balancedness_sum{model_name=\"%s\",forward_mode=\"%s\"} %.9g\n",
+                put(&o,
+                    "sglang:eplb_balancedness_sum{model_name=\"%s\",forward_mode=\"%s\"} %.9g\n",
                     md, fm, st.fm_sum[f]);
-                put(&o, "sglang:eplb_balancedness_count{model_name=\"%s\",forward_mode=\"%s\"} %lld\n",
+                put(&o,
+                    "sglang:eplb_balancedness_count{model_name=\"%s\",forward_mode=\"%s\"} %lld\n",
                     md, fm, (long long)st.fm_count[f]);
             }
             head(&o, "moeserve:eplb_layer_balancedness", "gauge",

@@ -44,7 +44,7 @@ typedef struct ms_api_req {
     size_t n_ids;
     ms_req_params params; /* sampling, stops, limits; ids/id/dp_rank unset here */
     int max_tokens_given;
-    int seed_given;       /* 'seed' was in the request (else params.seed is random) */
+    int seed_given; /* 'seed' was in the request (else params.seed is random) */
     char *stops[MS_SERVE_MAX_STOPS];
     int n_stops;
     int stream, include_usage, continuous_usage;

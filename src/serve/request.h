@@ -37,11 +37,12 @@
 #include <stdint.h>
 
 /* Named limits on client-controlled sizes (the front end validates against these). */
-#define MS_SERVE_RID_MAX          128 /* request id, bytes incl. NUL */
-#define MS_SERVE_MAX_STOP_IDS     MS_REQ_MAX_STOP_IDS    /* stop_token_ids per request */
-#define MS_SERVE_MAX_TOP_LOGPROBS MS_REQ_MAX_TOP_LOGPROBS /* top_logprobs per token (OpenAI's limit) */
-#define MS_SERVE_MAX_LOGIT_BIAS   MS_REQ_MAX_LOGIT_BIAS  /* logit_bias entries */
-#define MS_SERVE_MAX_DP           256 /* DP ranks described in engine info */
+#define MS_SERVE_RID_MAX      128                 /* request id, bytes incl. NUL */
+#define MS_SERVE_MAX_STOP_IDS MS_REQ_MAX_STOP_IDS /* stop_token_ids per request */
+#define MS_SERVE_MAX_TOP_LOGPROBS                                                                  \
+    MS_REQ_MAX_TOP_LOGPROBS /* top_logprobs per token (OpenAI's limit) */
+#define MS_SERVE_MAX_LOGIT_BIAS   MS_REQ_MAX_LOGIT_BIAS /* logit_bias entries */
+#define MS_SERVE_MAX_DP           256                   /* DP ranks described in engine info */
 #define MS_SERVE_MAX_INPUT_TOKENS (1 << 22) /* hard cap on input ids before the context check */
 
 /* Same values, in the same order, as finish.h's enum ms_finish_kind (checked in
@@ -153,9 +154,9 @@ typedef struct ms_engine_info {
     int kv_pool_replicated; /* 1 under attention TP (every member holds the same tokens) */
     int32_t n_dp;           /* entries below (= attn_dp_size, or dp replicas) */
     int64_t max_total_num_tokens[MS_SERVE_MAX_DP]; /* KV capacity per DP rank */
-    int n_kv_pools;                                 /* the pools of one DP rank (all alike) */
+    int n_kv_pools;                                /* the pools of one DP rank (all alike) */
     ms_kv_pool_info kv_pools[MS_KV_MAX_STREAMS];
-    double swa_full_tokens_ratio;                   /* 0: windows sized by running requests */
+    double swa_full_tokens_ratio; /* 0: windows sized by running requests */
     int64_t max_position_embeddings;
     double max_concurrency_ctx, max_concurrency_max_pos; /* requests of context_len / max_pos */
     /* a max_position_embeddings-long request's attention cost per attention rank
@@ -167,13 +168,13 @@ typedef struct ms_engine_info {
     int32_t chunked_prefill_size, chunked_prefill_size_per_rank;
     int32_t max_prefill_tokens;
     char dtype[16];
-    char load_balance_method[24]; /* DP admission policy (router.h) */
+    char load_balance_method[24];        /* DP admission policy (router.h) */
     struct ms_expert_recorder *recorder; /* rank 0's expert distribution recorder, or NULL */
-    int32_t n_physical_experts;  /* routed + --ep-num-redundant-experts slots per layer */
+    int32_t n_physical_experts;          /* routed + --ep-num-redundant-experts slots per layer */
     int32_t n_redundant_experts;
-    int32_t enable_eplb;         /* --enable-eplb */
-    int64_t eplb_staging_bytes;  /* its staging buffer on each rank (in the KV budget) */
-    int64_t weight_bytes_rank0;  /* the weights rank 0 holds (its expert slots included) */
+    int32_t enable_eplb;        /* --enable-eplb */
+    int64_t eplb_staging_bytes; /* its staging buffer on each rank (in the KV budget) */
+    int64_t weight_bytes_rank0; /* the weights rank 0 holds (its expert slots included) */
 } ms_engine_info;
 
 typedef struct ms_dp_load {

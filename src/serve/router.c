@@ -41,8 +41,8 @@ struct ms_router {
     int64_t *inflight;                              /* [n] routed and not finished */
     int64_t *sent_reqs, *sent_tokens, *sent_decode; /* [n] since the last report */
     int64_t *sent_prefill; /* [n] of sent_tokens, those the rank did not hold (cost) */
-    int64_t *tree_tokens;                           /* [n] tokens each rank owns in the tree */
-    int64_t *hit;                                   /* [n] scratch: prefix each rank holds */
+    int64_t *tree_tokens;  /* [n] tokens each rank owns in the tree */
+    int64_t *hit;          /* [n] scratch: prefix each rank holds */
     rnode *root;
 };
 

@@ -15,7 +15,10 @@ struct ms_sample {
     double sim_acc;    /* SGLANG_SIMULATE_ACC_LEN, 0: off */
 };
 
-void ms_sample_simulate_accept(ms_sample *s, double x) { s->sim_acc = x > 0 ? x : 0; }
+void ms_sample_simulate_accept(ms_sample *s, double x)
+{
+    s->sim_acc = x > 0 ? x : 0;
+}
 
 int ms_sample_new(ms_sample **out, int64_t vocab, ms_errbuf *err)
 {
@@ -100,9 +103,11 @@ static void verify(ms_sample *s, const ms_sample_seq *q, ms_sample_pick *p)
         int acc = 0;
         if (j < n && sim_keep >= 0) {
             acc = j < sim_keep;
-            p[j].token = acc ? q->draft[j] : ms_sampler_pick(lg, s->vocab, q->params, q->rng, &s->sc);
+            p[j].token =
+                acc ? q->draft[j] : ms_sampler_pick(lg, s->vocab, q->params, q->rng, &s->sc);
         } else if (j < n) {
-            p[j].token = ms_sampler_verify(lg, s->vocab, q->params, q->rng, &s->sc, q->draft[j], &acc);
+            p[j].token =
+                ms_sampler_verify(lg, s->vocab, q->params, q->rng, &s->sc, q->draft[j], &acc);
         } else {
             p[j].token = ms_sampler_pick(lg, s->vocab, q->params, q->rng, &s->sc);
         }
@@ -115,7 +120,9 @@ static void verify(ms_sample *s, const ms_sample_seq *q, ms_sample_pick *p)
 void ms_sample_batch(ms_sample *s, const ms_sample_seq *seqs, int n, ms_sample_pick *picks)
 {
     for (int i = 0, at = 0; i < n; at += seqs[i].n_draft + 1, i++) {
-        if (seqs[i].logits && seqs[i].n_draft > 0) verify(s, &seqs[i], &picks[at]);
-        else pick_one(s, &seqs[i], &picks[at]);
+        if (seqs[i].logits && seqs[i].n_draft > 0)
+            verify(s, &seqs[i], &picks[at]);
+        else
+            pick_one(s, &seqs[i], &picks[at]);
     }
 }

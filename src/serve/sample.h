@@ -24,25 +24,25 @@
 
 /* What one request brings to a pick (borrowed from the scheduler for one step). */
 typedef struct ms_sample_seq {
-    const float *logits;           /* [vocab]; NULL: nothing to pick this step */
+    const float *logits; /* [vocab]; NULL: nothing to pick this step */
     const ms_sampler_params *params;
-    uint64_t *rng;                 /* the request's RNG state, advanced once per pick */
-    const int32_t *ids;            /* prompt + generated so far (penalties) */
+    uint64_t *rng;      /* the request's RNG state, advanced once per pick */
+    const int32_t *ids; /* prompt + generated so far (penalties) */
     int64_t n_prompt, n_ids;
-    int top_logprobs;              /* -1: none; 0: the chosen token's; n: and the n best */
-    int n_bias;                    /* logit_bias: bias[i] added to bias_ids[i]'s logit */
-    const int32_t *bias_ids;       /* [n_bias] (borrowed) */
-    const float *bias;             /* [n_bias] */
-    int n_mask;                    /* min_new_tokens not reached: these ids (EOS, stop ids) -inf */
-    const int32_t *mask_ids;       /* [n_mask] (borrowed) */
+    int top_logprobs;        /* -1: none; 0: the chosen token's; n: and the n best */
+    int n_bias;              /* logit_bias: bias[i] added to bias_ids[i]'s logit */
+    const int32_t *bias_ids; /* [n_bias] (borrowed) */
+    const float *bias;       /* [n_bias] */
+    int n_mask;              /* min_new_tokens not reached: these ids (EOS, stop ids) -inf */
+    const int32_t *mask_ids; /* [n_mask] (borrowed) */
     /* speculative verify: logits holds n_draft + 1 rows; row j follows draft[0..j) */
-    int n_draft;                   /* 0: one plain pick */
-    const int32_t *draft;          /* [n_draft], = ids[n_ids ..] (penalties see them) */
-    int mask_rows;                 /* rows (from 0) the mask applies to (min_new_tokens) */
+    int n_draft;          /* 0: one plain pick */
+    const int32_t *draft; /* [n_draft], = ids[n_ids ..] (penalties see them) */
+    int mask_rows;        /* rows (from 0) the mask applies to (min_new_tokens) */
 } ms_sample_seq;
 
 typedef struct ms_sample_pick {
-    int32_t token;                 /* -1: not picked */
+    int32_t token; /* -1: not picked */
     float logprob;
     int n_top;
     int32_t top_ids[MS_SAMPLE_MAX_TOP];
@@ -54,7 +54,10 @@ typedef struct ms_sample ms_sample;
 int ms_sample_new(ms_sample **out, int64_t vocab, ms_errbuf *err);
 void ms_sample_free(ms_sample *s);
 /* A request's RNG state from its seed. */
-static inline uint64_t ms_sample_seed(uint64_t seed) { return ms_sampler_seed(seed); }
+static inline uint64_t ms_sample_seed(uint64_t seed)
+{
+    return ms_sampler_seed(seed);
+}
 /* Picks for seqs[0..n): seq i's n_draft + 1 slots follow those of seqs before
  * it (without drafts: picks[i]) and hold one pick (token -1
  * where logits is NULL), or for a verify the accepted drafts and the token

@@ -11,25 +11,25 @@
 enum { ST_WAITING = 0, ST_RUNNING = 1 };
 
 struct req {
-    ms_req_params in;       /* in.ids not used after add */
-    int32_t *ids;            /* prompt + generated */
+    ms_req_params in; /* in.ids not used after add */
+    int32_t *ids;     /* prompt + generated */
     int64_t n_ids, cap_ids;
-    int64_t n_prompt;        /* original prompt length */
-    int64_t n_out;           /* generated so far (kept across retractions) */
-    int64_t n_kv;            /* tokens whose KV is in pages */
-    int64_t n_cached;        /* prompt tokens served by the prefix cache at first admission */
-    int64_t n_peek;          /* prompt tokens the prefix cache held when it arrived (estimate) */
-    ms_kv_seq kv;            /* its pages in every stream of the cache */
+    int64_t n_prompt; /* original prompt length */
+    int64_t n_out;    /* generated so far (kept across retractions) */
+    int64_t n_kv;     /* tokens whose KV is in pages */
+    int64_t n_cached; /* prompt tokens served by the prefix cache at first admission */
+    int64_t n_peek;   /* prompt tokens the prefix cache held when it arrived (estimate) */
+    ms_kv_seq kv;     /* its pages in every stream of the cache */
     ms_radix_node *lock;
     uint64_t rng;
     int state;
-    int64_t step_n;          /* tokens to feed in the step being built */
-    int64_t seq;             /* arrival order */
+    int64_t step_n;                            /* tokens to feed in the step being built */
+    int64_t seq;                               /* arrival order */
     int32_t mask_ids[MS_REQ_MAX_STOP_IDS + 1]; /* masked while n_out < in.min_new: EOS, stop ids */
     int n_mask;
-    int n_draft;             /* drafts waiting at ids[n_ids ..] for the next verify */
+    int n_draft; /* drafts waiting at ids[n_ids ..] for the next verify */
     int32_t spec_verify_ct, spec_accepted;
-    struct req *next;        /* in the waiting or running list */
+    struct req *next; /* in the waiting or running list */
 };
 
 struct ms_sched {
@@ -43,26 +43,26 @@ struct ms_sched {
     ms_batch_seq *batch;
     struct req **batch_req;
     int n_batch, cap_batch;
-    float *logits;           /* [max_running (S+1) + 1][vocab] */
-    float *hidden;           /* spec_hidden: [cap_hidden][hidden_dim] every fed row's state */
+    float *logits; /* [max_running (S+1) + 1][vocab] */
+    float *hidden; /* spec_hidden: [cap_hidden][hidden_dim] every fed row's state */
     int64_t cap_hidden, n_logit_rows, n_hidden_rows;
-    ms_sched_draft *jobs;    /* [cap_batch] the last commit's draft jobs */
-    struct req **job_req;    /* [cap_batch] their requests */
+    ms_sched_draft *jobs; /* [cap_batch] the last commit's draft jobs */
+    struct req **job_req; /* [cap_batch] their requests */
     int n_jobs;
     ms_sched_event *events;
     int n_events, cap_events;
     ms_sample_seq *to_sample; /* [cap_batch] what each batch sequence samples from */
-    ms_kv_seq match;         /* the pages of a prefix hit (no references of its own) */
-    double new_token_ratio;  /* share of their remaining max_new running requests are
-                              * expected to still generate (SGLang's new_token_ratio) */
+    ms_kv_seq match;          /* the pages of a prefix hit (no references of its own) */
+    double new_token_ratio;   /* share of their remaining max_new running requests are
+                               * expected to still generate (SGLang's new_token_ratio) */
     ms_sched_stats st;
 };
 
 /* SGLang's admission estimate: start conservative, decay towards the floor each
  * step, jump back up after a retraction. */
-#define RATIO_INIT 0.7
-#define RATIO_MIN 0.1
-#define RATIO_DECAY 0.001
+#define RATIO_INIT         0.7
+#define RATIO_MIN          0.1
+#define RATIO_DECAY        0.001
 #define RATIO_RETRACT_STEP 0.1
 
 int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_cache *cache, ms_errbuf *err)
@@ -80,8 +80,8 @@ int ms_sched_new(ms_sched **out, const ms_sched_params *p, ms_kv_cache *cache, m
     s->batch = calloc((size_t)s->cap_batch, sizeof *s->batch);
     s->batch_req = calloc((size_t)s->cap_batch, sizeof *s->batch_req);
     int S = p->spec_steps > 0 ? p->spec_steps : 0;
-    s->logits = ms_alloc_aligned((size_t)(p->max_running * (S + 1) + 1) * (size_t)p->vocab,
-                                 sizeof(float));
+    s->logits =
+        ms_alloc_aligned((size_t)(p->max_running * (S + 1) + 1) * (size_t)p->vocab, sizeof(float));
     s->jobs = calloc((size_t)s->cap_batch, sizeof *s->jobs);
     s->job_req = calloc((size_t)s->cap_batch, sizeof *s->job_req);
     if (!s->job_req) s->jobs = (free(s->jobs), NULL);
@@ -356,8 +356,7 @@ static int admit(ms_sched *s, struct req *r, int64_t budget)
     int rc = matched > 0 ? ms_kv_cache_share(s->cache, &r->kv, &s->match, matched) : 0;
     /* the prompt's whole history now; the windows for its first chunk (later chunks
      * grow them after the previous chunk's slide) */
-    if (!rc)
-        rc = take_pages_upto(s, r, r->n_ids, matched + MS_MIN(r->n_ids - matched, budget));
+    if (!rc) rc = take_pages_upto(s, r, r->n_ids, matched + MS_MIN(r->n_ids - matched, budget));
     if (rc) {
         ms_kv_cache_release(s->cache, &r->kv);
         ms_radix_unlock(s->radix, node);
@@ -381,14 +380,15 @@ static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
     b->n_tokens = (int32_t)n_tokens;
     b->start_pos = r->n_kv;
     b->kv = &r->kv;
-    b->logits = r->n_kv + n_tokens == r->n_ids + nd
-                    ? s->logits + s->n_logit_rows * s->p.vocab : NULL;
+    b->logits =
+        r->n_kv + n_tokens == r->n_ids + nd ? s->logits + s->n_logit_rows * s->p.vocab : NULL;
     b->n_logits = b->logits ? 1 + nd : 0;
     s->n_logit_rows += b->n_logits;
     /* a generated token being fed back is a decode; prompt tokens are a prefill chunk
      * (a retracted request's regenerated history too); a token with drafts, a verify */
-    b->kind = nd > 0 ? MS_SEQ_VERIFY
-              : n_tokens == 1 && r->n_kv >= r->n_prompt ? MS_SEQ_DECODE : MS_SEQ_PREFILL;
+    b->kind = nd > 0                                    ? MS_SEQ_VERIFY
+              : n_tokens == 1 && r->n_kv >= r->n_prompt ? MS_SEQ_DECODE
+                                                        : MS_SEQ_PREFILL;
     b->hidden = NULL;
     b->n_hidden = 0;
     b->hidden_in = NULL;
@@ -399,7 +399,6 @@ static void add_seq(ms_sched *s, struct req *r, int64_t n_tokens)
     }
     s->batch_req[s->n_batch++] = r;
 }
-
 
 static struct req *pick_waiting(ms_sched *s)
 {
@@ -504,7 +503,8 @@ int ms_sched_to_sample(ms_sched *s, const ms_sample_seq **seqs)
         q->n_bias = r->in.n_bias;
         q->bias_ids = r->in.bias_ids;
         q->bias = r->in.bias;
-        q->n_mask = r->n_out < r->in.min_new ? r->n_mask : 0; /* min_new_tokens: no stop before it */
+        q->n_mask =
+            r->n_out < r->in.min_new ? r->n_mask : 0; /* min_new_tokens: no stop before it */
         q->mask_ids = r->mask_ids;
         q->mask_rows = (int)MS_MAX(0, MS_MIN(r->in.min_new - r->n_out, 1 << 20));
         q->n_draft = q->logits && sq->kind == MS_SEQ_VERIFY ? sq->n_logits - 1 : 0;
@@ -589,9 +589,12 @@ static int emit(ms_sched *s, struct req *r, const ms_sample_pick *pk, const floa
     int fin = MS_FINISH_NONE;
     r->n_out++;
     s->st.generated_tokens_total++;
-    if (push_id(r, t)) fin = MS_FINISH_ERROR;
-    else if (is_stop(s, r, t)) fin = MS_FINISH_STOP;
-    else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len) fin = MS_FINISH_LENGTH;
+    if (push_id(r, t))
+        fin = MS_FINISH_ERROR;
+    else if (is_stop(s, r, t))
+        fin = MS_FINISH_STOP;
+    else if (r->n_out >= r->in.max_new || r->n_ids >= s->p.context_len)
+        fin = MS_FINISH_LENGTH;
     ms_sched_event *e = new_event(s, r, t, fin);
     if (e) e->logits = logits;
     if (e && r->in.top_logprobs >= 0) {
@@ -654,8 +657,10 @@ int ms_sched_commit(ms_sched *s, const ms_sample_pick *picks, const ms_sched_eve
             }
             fin = emit(s, r, pk, sq->logits + (int64_t)k * s->p.vocab);
         }
-        if (fin != MS_FINISH_NONE) finish_req(s, r, fin, fin != MS_FINISH_ERROR);
-        else plan_drafts(s, r, sq, start);
+        if (fin != MS_FINISH_NONE)
+            finish_req(s, r, fin, fin != MS_FINISH_ERROR);
+        else
+            plan_drafts(s, r, sq, start);
     }
     s->n_batch = 0;
     *events = s->events;
@@ -691,7 +696,10 @@ void ms_sched_get_stats(const ms_sched *s, ms_sched_stats *st)
         }
 }
 
-int ms_sched_has_work(const ms_sched *s) { return s->n_running > 0 || s->n_waiting > 0; }
+int ms_sched_has_work(const ms_sched *s)
+{
+    return s->n_running > 0 || s->n_waiting > 0;
+}
 
 int ms_sched_flush_cache(ms_sched *s)
 {

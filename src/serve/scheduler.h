@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#define MS_SCHED_MAX_STOP_IDS MS_REQ_MAX_STOP_IDS
+#define MS_SCHED_MAX_STOP_IDS     MS_REQ_MAX_STOP_IDS
 #define MS_SCHED_MAX_TOP_LOGPROBS MS_SAMPLE_MAX_TOP
 
 enum ms_sched_policy { MS_SCHED_FCFS = 0, MS_SCHED_LPM = 1 };
@@ -36,14 +36,14 @@ typedef struct ms_sched_params {
     int policy;
     int64_t context_len;
     int64_t vocab;
-    int64_t eos_id;       /* -1: none */
+    int64_t eos_id; /* -1: none */
     /* speculative decoding: a decoding request with drafts feeds its last token and
      * its n_draft drafts as one verify row (n_draft + 1 positions, logits of each) */
-    int spec_steps;       /* S, drafts per verify; 0: no speculation */
-    int spec_ngram;       /* 1: drafts come from n-gram lookup in the request's own ids;
-                           * 0: from ms_sched_set_draft (the draft layer, or a test) */
-    int spec_hidden;      /* 1: keep the hidden states of every fed position (hidden_dim
-                           * floats each) for the draft layer's extend */
+    int spec_steps;  /* S, drafts per verify; 0: no speculation */
+    int spec_ngram;  /* 1: drafts come from n-gram lookup in the request's own ids;
+                      * 0: from ms_sched_set_draft (the draft layer, or a test) */
+    int spec_hidden; /* 1: keep the hidden states of every fed position (hidden_dim
+                      * floats each) for the draft layer's extend */
     int64_t hidden_dim;
     int ngram_min, ngram_max; /* n-gram match lengths tried, longest first */
 } ms_sched_params;
@@ -51,23 +51,23 @@ typedef struct ms_sched_params {
 /* One generated token (or a finish without a token). */
 typedef struct ms_sched_event {
     uint64_t id;
-    int32_t token;        /* -1 when the event only finishes the request */
+    int32_t token; /* -1 when the event only finishes the request */
     float logprob;
     int n_top;
     int32_t top_ids[MS_SCHED_MAX_TOP_LOGPROBS];
     float top_lps[MS_SCHED_MAX_TOP_LOGPROBS];
-    int finish;           /* enum ms_finish_kind */
+    int finish; /* enum ms_finish_kind */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
-    const float *logits;  /* [vocab] the token was sampled from (borrowed until the next build) */
+    const float *logits; /* [vocab] the token was sampled from (borrowed until the next build) */
     int32_t spec_verify_ct, spec_accepted; /* the request's verify steps and accepted drafts */
 } ms_sched_event;
 
 typedef struct ms_sched_stats {
     int n_running, n_waiting;
-    int64_t used_tokens;     /* pages in use × page size (requests and cache) */
-    int64_t total_tokens;    /* pool capacity */
-    int64_t cached_tokens;   /* held by the prefix cache */
-    int64_t n_retracted;     /* cumulative */
+    int64_t used_tokens;            /* pages in use × page size (requests and cache) */
+    int64_t total_tokens;           /* pool capacity */
+    int64_t cached_tokens;          /* held by the prefix cache */
+    int64_t n_retracted;            /* cumulative */
     int64_t generated_tokens_total; /* cumulative */
     int64_t prompt_tokens_total, cached_prompt_tokens_total; /* for the cache hit rate */
     int64_t queued_prefill_tokens; /* tokens whose KV is still to compute (not the next decode) */

@@ -40,7 +40,7 @@ struct serve_opts {
     ms_frontend_opts fo;
     double comm_timeout_s;
     double shutdown_timeout_s; /* --shutdown-timeout: 0 = no limit */
-    int skip_warmup; /* --skip-server-warmup */
+    int skip_warmup;           /* --skip-server-warmup */
 };
 
 static void usage(FILE *f)
@@ -155,9 +155,12 @@ static int parse_kept(void *ctx, int argc, char **argv)
         if (!strcmp(a, "--model-path") || !strcmp(a, "--model")) {
             o->eo.model_path = v;
         } else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "float32")) o->eo.exact = 1;
-            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) o->eo.exact = 0;
-            else goto bad;
+            if (!strcmp(v, "float32"))
+                o->eo.exact = 1;
+            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16"))
+                o->eo.exact = 0;
+            else
+                goto bad;
         } else if (!strcmp(a, "--threads")) {
             long x = strtol(v, &end, 10);
             if (!*v || *end || x < 0 || x > 4096) goto bad;
@@ -175,14 +178,19 @@ static int parse_kept(void *ctx, int argc, char **argv)
             if (!*v || *end || errno || x < 2) goto bad;
             o->eo.context_length = x;
         } else if (!strcmp(a, "--schedule-policy")) {
-            if (!strcmp(v, "fcfs")) o->eo.schedule_policy = MS_SCHED_FCFS;
-            else if (!strcmp(v, "lpm")) o->eo.schedule_policy = MS_SCHED_LPM;
+            if (!strcmp(v, "fcfs"))
+                o->eo.schedule_policy = MS_SCHED_FCFS;
+            else if (!strcmp(v, "lpm"))
+                o->eo.schedule_policy = MS_SCHED_LPM;
             else
                 goto bad;
         } else if (!strcmp(a, "--ep-dispatch-dtype")) {
-            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
-            else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
-            else goto bad;
+            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16"))
+                o->eo.dispatch_bf16 = 1;
+            else if (!strcmp(v, "fp32") || !strcmp(v, "float32"))
+                o->eo.dispatch_bf16 = 0;
+            else
+                goto bad;
         } else if (!strcmp(a, "--expert-distribution-recorder-mode")) {
             if (ms_recorder_mode_parse(v, &o->eo.recorder_mode, &err)) {
                 fprintf(stderr, "serve: %s\n", err.msg);
@@ -399,8 +407,8 @@ static void decode_log(const ms_engine_load *loads, int n, int64_t steps, struct
     MS_LOG(MS_INFO, "sched",
            "Decode batch. #running-req: %lld, #token: %lld, token usage: %.2f, accept len: %.2f, "
            "accept rate: %.2f, gen throughput (token/s): %.2f, #queue-req: %lld",
-           (long long)run, (long long)used, total ? (double)used / (double)total : 0,
-           1.0 + da / dv, th->spec_steps > 0 ? da / (dv * th->spec_steps) : 0, g, (long long)wait);
+           (long long)run, (long long)used, total ? (double)used / (double)total : 0, 1.0 + da / dv,
+           th->spec_steps > 0 ? da / (dv * th->spec_steps) : 0, g, (long long)wait);
     th->spec_at_step = steps, th->spec_v = v, th->spec_a = a;
 }
 
@@ -410,7 +418,8 @@ static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *
     int n = ms_engine_loads(e, &loads);
     double now = ms_now_s();
     if (th->t0 == 0) th->t0 = now;
-    for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) th->last[i] = loads[i].st.generated_tokens_total;
+    for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++)
+        th->last[i] = loads[i].st.generated_tokens_total;
     if (now - th->t0 >= 1.0) {
         for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) {
             th->rate[i] = (double)(th->last[i] - th->base[i]) / (now - th->t0);
@@ -420,19 +429,21 @@ static void publish(ms_engine *e, ms_serve_hub *hub, int64_t steps, struct thr *
     }
     for (int i = 0; i < n && i < MS_SERVE_MAX_DP; i++) {
         const ms_sched_stats *st = &loads[i].st;
-        ms_dp_load l = {.num_running_reqs = st->n_running, .num_waiting_reqs = st->n_waiting,
-                        .num_used_tokens = st->used_tokens,
-                        .token_usage = st->total_tokens ? (double)st->used_tokens / (double)st->total_tokens : 0,
-                        .cache_hit_rate = st->prompt_tokens_total
-                                              ? (double)st->cached_prompt_tokens_total /
-                                                    (double)st->prompt_tokens_total
-                                              : 0,
-                        .gen_throughput = th->rate[i],
-                        .num_retracted_reqs_total = st->n_retracted,
-                        .num_steps_total = steps,
-                        .spec_verify_total = st->spec_verify_total,
-                        .spec_drafted_total = st->spec_drafted_total,
-                        .spec_accepted_total = st->spec_accepted_total};
+        ms_dp_load l = {
+            .num_running_reqs = st->n_running,
+            .num_waiting_reqs = st->n_waiting,
+            .num_used_tokens = st->used_tokens,
+            .token_usage =
+                st->total_tokens ? (double)st->used_tokens / (double)st->total_tokens : 0,
+            .cache_hit_rate = st->prompt_tokens_total ? (double)st->cached_prompt_tokens_total /
+                                                            (double)st->prompt_tokens_total
+                                                      : 0,
+            .gen_throughput = th->rate[i],
+            .num_retracted_reqs_total = st->n_retracted,
+            .num_steps_total = steps,
+            .spec_verify_total = st->spec_verify_total,
+            .spec_drafted_total = st->spec_drafted_total,
+            .spec_accepted_total = st->spec_accepted_total};
         ms_serve_hub_publish_load(hub, i, &l);
     }
     decode_log(loads, n, steps, th);
@@ -471,8 +482,10 @@ static void *finalize_watchdog(void *arg)
 {
     (void)arg;
     sleep(FINALIZE_GRACE_S);
-    MS_LOG(MS_WARN, "serve", "MPI_Finalize unanswered after %d s (the launcher is ending the job): "
-           "exiting with status %d", FINALIZE_GRACE_S, finalize_rc);
+    MS_LOG(MS_WARN, "serve",
+           "MPI_Finalize unanswered after %d s (the launcher is ending the job): "
+           "exiting with status %d",
+           FINALIZE_GRACE_S, finalize_rc);
     fflush(stdout);
     fflush(stderr);
     _exit(finalize_rc);
@@ -542,7 +555,8 @@ static int rank0_loop(ms_engine *e, const struct serve_opts *o, ms_errbuf *err)
     int draining = 0;
     double drain_deadline = 0;
     for (;;) {
-        if (!ms_engine_busy(e) && !draining) ms_serve_hub_wait(hub, 1000);
+        if (!ms_engine_busy(e) && !draining)
+            ms_serve_hub_wait(hub, 1000);
         else if (!ms_engine_busy(e)) /* the hub's wait returns at once once a stop is asked */
             nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
         ms_serve_msg m;

@@ -24,11 +24,11 @@ typedef struct ms_session {
     int oom; /* an output buffer could not grow */
     char model[MS_API_MAX_MODEL_NAME];
     int64_t n_prompt;
-    size_t n_taken;  /* tokens read from the channel */
+    size_t n_taken;    /* tokens read from the channel */
     size_t off_bytes;  /* bytes of detok.text counted into off_chars */
     int64_t off_chars; /* characters (code points) decoded before the next token */
-    int finish;      /* enum ms_serve_finish once done, else 0 */
-    int stop_string; /* index of the matched stop string, -1 none */
+    int finish;        /* enum ms_serve_finish once done, else 0 */
+    int stop_string;   /* index of the matched stop string, -1 none */
     int sent_role, sent_final;
     int index;     /* the choice this session is (choices.h), in each chunk */
     int quiet_end; /* no usage chunk and [DONE] at the end: choices.c sends them once */
@@ -36,8 +36,8 @@ typedef struct ms_session {
     /* accumulated output (non-stream bodies, /generate's cumulative text) */
     char *text;
     size_t n_text, cap_text;
-    json_t *lp;      /* chat: [entries]; completions: {tokens,...}; generate: [[lp,id,null]] */
-    json_t *out_ids; /* /generate output_ids */
+    json_t *lp;          /* chat: [entries]; completions: {tokens,...}; generate: [[lp,id,null]] */
+    json_t *out_ids;     /* /generate output_ids */
     int stream_interval; /* --stream-interval: tokens per SSE chunk after the first (1) */
     char *chunk;         /* text of the chunk being gathered */
     size_t n_chunk, cap_chunk;

@@ -8,12 +8,11 @@
  * single-token steps fed the draft layer's own hidden state (after
  * shared_head.norm) and its argmax, as SGLang's deepseek_nextn and EAGLE
  * worker do.  DeepSeek-V4's MTP block reads and returns hc_mult residual
- * streams instead (before hc_head, as the official MTPBlock).  Each round's batch goes from the attention-TP leader to its
- * group (tokens, positions, page ids, hidden rows) and the token counts are
- * all-gathered as for the main forward, so the draft layer's attention TP
- * and MoE collectives see every rank.  NGRAM drafts are the scheduler's
- * own.  Verification and acceptance: scheduler.c and sample.c.
- * Main thread only.
+ * streams instead (before hc_head, as the official MTPBlock).  Each round's batch goes from the
+ * attention-TP leader to its group (tokens, positions, page ids, hidden rows) and the token counts
+ * are all-gathered as for the main forward, so the draft layer's attention TP and MoE collectives
+ * see every rank.  NGRAM drafts are the scheduler's own.  Verification and acceptance: scheduler.c
+ * and sample.c. Main thread only.
  */
 #include "serve/engine_priv.h"
 
@@ -25,19 +24,19 @@
 #include <strings.h>
 
 struct ms_spec {
-    int steps;               /* S */
-    int mtp;                 /* 1: the MTP chain runs here */
-    int cap;                 /* jobs (max_running + 1) */
-    int64_t D, V;            /* D: a hidden row's floats (ms_model_draft_hidden_width) */
-    int64_t Vd;              /* the draft head's width: V, or the token map's size */
-    const int32_t *vocab;    /* [Vd] the token map's ids; NULL: column j is token j */
-    ms_batch_seq *seqs;      /* [cap] one round's batch */
-    int32_t *tok;            /* [cap] chain tokens (the last draft of each job) */
-    int32_t *drafts;         /* [cap][S] */
-    float *logits;           /* [cap][V] */
-    float *hid, *hid_next;   /* [cap][D] the chain's hidden rows, in and out */
-    int *job_of;             /* [cap] the job of each round's sequence */
-    ms_batch_seq *cnt;       /* [cap_cnt] a round's rows as the draft's MoE sees them */
+    int steps;             /* S */
+    int mtp;               /* 1: the MTP chain runs here */
+    int cap;               /* jobs (max_running + 1) */
+    int64_t D, V;          /* D: a hidden row's floats (ms_model_draft_hidden_width) */
+    int64_t Vd;            /* the draft head's width: V, or the token map's size */
+    const int32_t *vocab;  /* [Vd] the token map's ids; NULL: column j is token j */
+    ms_batch_seq *seqs;    /* [cap] one round's batch */
+    int32_t *tok;          /* [cap] chain tokens (the last draft of each job) */
+    int32_t *drafts;       /* [cap][S] */
+    float *logits;         /* [cap][V] */
+    float *hid, *hid_next; /* [cap][D] the chain's hidden rows, in and out */
+    int *job_of;           /* [cap] the job of each round's sequence */
+    ms_batch_seq *cnt;     /* [cap_cnt] a round's rows as the draft's MoE sees them */
     int cap_cnt;
     /* attention-TP members: the leader's round, received */
     ms_batch_seq *mseqs;
@@ -59,7 +58,8 @@ static int load_token_map(ms_engine *e, const char *path, int64_t V, ms_errbuf *
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-token-map %s: a PyTorch file cannot be read here; give the "
                       "hot token ids as text (e.g. python3 -c 'import torch,sys; "
-                      "print(*torch.load(sys.argv[1]).tolist())' %s > map.txt)", path, path);
+                      "print(*torch.load(sys.argv[1]).tolist())' %s > map.txt)",
+                      path, path);
     char *buf = NULL;
     size_t len = 0;
     if (ms_read_file(path, (size_t)1 << 26, &buf, &len))
@@ -76,8 +76,10 @@ static int load_token_map(ms_engine *e, const char *path, int64_t V, ms_errbuf *
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 0 || v >= V)
-            rc = ms_err(err, MS_EINVAL, "--speculative-token-map %s: byte %ld: expected a token "
-                        "id in [0, %lld)", path, (long)(p - buf), (long long)V);
+            rc = ms_err(err, MS_EINVAL,
+                        "--speculative-token-map %s: byte %ld: expected a token "
+                        "id in [0, %lld)",
+                        path, (long)(p - buf), (long long)V);
         else if (seen[v])
             rc = ms_err(err, MS_EINVAL, "--speculative-token-map %s: token %ld twice", path, v);
         else
@@ -111,33 +113,39 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
     if (l->speculative_eagle_topk > 1)
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-eagle-topk %d: not implemented (draft trees; chains only, "
-                      "--speculative-eagle-topk 1)", l->speculative_eagle_topk);
+                      "--speculative-eagle-topk 1)",
+                      l->speculative_eagle_topk);
     if (l->ngram_bfs_breadth > 1)
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-ngram-max-bfs-breadth %d: not implemented (n-gram trees; "
-                      "chains only, 1)", l->ngram_bfs_breadth);
+                      "chains only, 1)",
+                      l->ngram_bfs_breadth);
     if (l->speculative_num_draft_tokens > 0 && l->speculative_num_draft_tokens != S + 1)
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-num-draft-tokens %d with --speculative-num-steps %d: a chain "
                       "verifies num-steps + 1 = %d tokens (other values need draft trees, not "
-                      "implemented)", l->speculative_num_draft_tokens, S, S + 1);
+                      "implemented)",
+                      l->speculative_num_draft_tokens, S, S + 1);
     if (l->spec == MS_SPEC_EAGLE && shape->attn != MS_ATTN_MLA && shape->attn != MS_ATTN_V4)
-        return ms_err(err, MS_EUNSUPPORTED,
-                      "--speculative-algorithm EAGLE: the MTP draft of %s is not built (DeepSeek-V3 "
-                      "and V4 families only)", shape->name);
+        return ms_err(
+            err, MS_EUNSUPPORTED,
+            "--speculative-algorithm EAGLE: the MTP draft of %s is not built (DeepSeek-V3 "
+            "and V4 families only)",
+            shape->name);
     int max_S = ms_model_max_spec_steps(e->m);
     if (max_S > 0 && S > max_S)
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-num-steps %d: %s verifies at most %d draft tokens (its "
-                      "compressor state keeps %d rows for rejected drafts)", S, shape->name, max_S,
-                      max_S);
+                      "compressor state keeps %d rows for rejected drafts)",
+                      S, shape->name, max_S, max_S);
     if (l->spec == MS_SPEC_EAGLE && !ms_model_has_draft(e->m))
         return ms_err(err, MS_EUNSUPPORTED,
                       "--speculative-algorithm EAGLE: %s has no MTP layer with its enorm, hnorm, "
                       "eh_proj and shared_head.norm (num_nextn_predict_layers %d)",
                       e->o.model_path, shape->n_mtp_layers);
     if (l->speculative_token_map[0] && l->spec != MS_SPEC_EAGLE)
-        return ms_err(err, MS_EUNSUPPORTED, "--speculative-token-map: only for the MTP draft's "
+        return ms_err(err, MS_EUNSUPPORTED,
+                      "--speculative-token-map: only for the MTP draft's "
                       "head (--speculative-algorithm EAGLE|NEXTN|MTP)");
     struct ms_spec *sp = calloc(1, sizeof *sp);
     if (!sp) return ms_err(err, MS_ENOMEM, "out of memory");
@@ -148,7 +156,8 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
     sp->D = ms_model_draft_hidden_width(e->m); /* V4: hc_mult streams */
     sp->V = shape->vocab;
     int rc;
-    if (l->speculative_token_map[0] && (rc = load_token_map(e, l->speculative_token_map, sp->V, err)))
+    if (l->speculative_token_map[0] &&
+        (rc = load_token_map(e, l->speculative_token_map, sp->V, err)))
         return rc;
     sp->Vd = ms_model_draft_vocab(e->m, &sp->vocab);
     if (sp->Vd == 0) sp->Vd = sp->V;
@@ -167,8 +176,9 @@ int ms_engine_spec_open(ms_engine *e, const ms_model_shape *shape, ms_errbuf *er
     if (e->rank == 0)
         MS_LOG(MS_INFO, "spec",
                "speculative decoding: %s, %d steps, %d draft tokens per verify, draft head over "
-               "%lld of %lld tokens", sp->mtp ? "EAGLE (the checkpoint's MTP layer)" : "NGRAM (prompt lookup)",
-               S, S + 1, (long long)(sp->mtp ? sp->Vd : 0), (long long)sp->V);
+               "%lld of %lld tokens",
+               sp->mtp ? "EAGLE (the checkpoint's MTP layer)" : "NGRAM (prompt lookup)", S, S + 1,
+               (long long)(sp->mtp ? sp->Vd : 0), (long long)sp->V);
     return 0;
 }
 
@@ -192,8 +202,14 @@ void ms_engine_spec_free(ms_engine *e)
     e->spec = NULL;
 }
 
-int ms_engine_spec_steps(const ms_engine *e) { return e->spec ? e->spec->steps : 0; }
-int ms_engine_spec_mtp(const ms_engine *e) { return e->spec ? e->spec->mtp : 0; }
+int ms_engine_spec_steps(const ms_engine *e)
+{
+    return e->spec ? e->spec->steps : 0;
+}
+int ms_engine_spec_mtp(const ms_engine *e)
+{
+    return e->spec ? e->spec->mtp : 0;
+}
 
 static int grow_buf(struct ms_spec *sp, size_t n)
 {
@@ -239,8 +255,8 @@ static int share_round(ms_engine *e, const ms_batch_seq **seqs, int *n, ms_errbu
             int64_t np = (b->start_pos + b->n_tokens + ps - 1) / ps;
             int64_t *mi = meta + META * i;
             mi[0] = b->n_tokens, mi[1] = b->start_pos, mi[2] = np, mi[3] = b->kind;
-            mi[4] = !b->logits || b->n_tokens <= 0 ? 0
-                                                   : MS_MIN(MS_MAX(b->n_logits, 1), b->n_tokens);
+            mi[4] =
+                !b->logits || b->n_tokens <= 0 ? 0 : MS_MIN(MS_MAX(b->n_logits, 1), b->n_tokens);
             memcpy(ip, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
             ip += b->n_tokens;
             memcpy(ip, b->kv->pages[0], sizeof(int32_t) * (size_t)np);

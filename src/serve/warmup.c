@@ -47,8 +47,12 @@ int ms_engine_warmup(ms_engine *e, int64_t max_tokens, ms_engine_warmup_stats *s
     uint64_t rng = 1;
     for (int64_t i = 0; i < n; i++)
         ids[i] = (int32_t)(ms_rng_next(&rng) % (uint64_t)ms_model_shape_of(e->m)->vocab);
-    ms_batch_seq seq = {.tokens = ids, .n_tokens = (int32_t)n, .start_pos = 0, .kv = &kv,
-                        .logits = logits, .n_logits = 1};
+    ms_batch_seq seq = {.tokens = ids,
+                        .n_tokens = (int32_t)n,
+                        .start_pos = 0,
+                        .kv = &kv,
+                        .logits = logits,
+                        .n_logits = 1};
     double t0 = ms_now_s();
     rc = ms_model_forward(e->m, e->cache, &seq, 1, err);
     st->forward_s = ms_now_s() - t0;

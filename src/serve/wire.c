@@ -7,10 +7,10 @@
 #include <string.h>
 
 #define WIRE_MAGIC 0x5152534du /* "MSRQ" */
-#define HDR_BYTES 16           /* magic, version, header bytes, record bytes */
-#define FIXED_BYTES                                                                      \
-    (HDR_BYTES + 8 /* id */ + 8 /* seed */ + 8 /* n_ids */ + 8 /* max_new */ +           \
-     8 /* min_new */ + 4 * 6 /* dp_rank, ignore_eos, top_logprobs, n_stop, top_k, n_bias */ + \
+#define HDR_BYTES  16          /* magic, version, header bytes, record bytes */
+#define FIXED_BYTES                                                                                \
+    (HDR_BYTES + 8 /* id */ + 8 /* seed */ + 8 /* n_ids */ + 8 /* max_new */ + 8 /* min_new */ +   \
+     4 * 6 /* dp_rank, ignore_eos, top_logprobs, n_stop, top_k, n_bias */ +                        \
      4 * 6 /* temperature, top_p, min_p, frequency, presence, repetition */)
 
 struct cursor {
@@ -34,8 +34,8 @@ void ms_req_params_init(ms_req_params *p)
 {
     memset(p, 0, sizeof *p);
     p->max_new = 128;
-    p->samp = (ms_sampler_params){.temperature = 1.0f, .top_p = 1.0f, .top_k = -1,
-                                  .repetition_penalty = 1.0f};
+    p->samp = (ms_sampler_params){
+        .temperature = 1.0f, .top_p = 1.0f, .top_k = -1, .repetition_penalty = 1.0f};
     p->top_logprobs = -1;
     p->dp_rank = -1;
 }
@@ -60,14 +60,19 @@ int ms_wire_req_encode(const ms_req_params *p, void *buf, size_t cap, ms_errbuf 
         return ms_err(err, MS_EINVAL, "request %llu: %d logit_bias entries (at most %d)",
                       (unsigned long long)p->id, p->n_bias, MS_REQ_MAX_LOGIT_BIAS);
     uint64_t total = ms_wire_req_size(p);
-    if (total > cap) return ms_err(err, MS_EINVAL, "request record needs %llu bytes", (unsigned long long)total);
+    if (total > cap)
+        return ms_err(err, MS_EINVAL, "request record needs %llu bytes", (unsigned long long)total);
     struct cursor c = {.w = buf};
     uint32_t magic = WIRE_MAGIC;
     uint16_t ver = MS_WIRE_VERSION, hdr = FIXED_BYTES;
-    int32_t i32[6] = {p->dp_rank,    p->ignore_eos,  p->top_logprobs,
+    int32_t i32[6] = {p->dp_rank,    p->ignore_eos, p->top_logprobs,
                       p->n_stop_ids, p->samp.top_k, p->n_bias};
-    float f32[6] = {p->samp.temperature,       p->samp.top_p,           p->samp.min_p,
-                    p->samp.frequency_penalty, p->samp.presence_penalty, p->samp.repetition_penalty};
+    float f32[6] = {p->samp.temperature,
+                    p->samp.top_p,
+                    p->samp.min_p,
+                    p->samp.frequency_penalty,
+                    p->samp.presence_penalty,
+                    p->samp.repetition_penalty};
     put(&c, &magic, 4);
     put(&c, &ver, 2);
     put(&c, &hdr, 2);
@@ -90,7 +95,8 @@ int ms_wire_req_decode(const void *buf, size_t len, ms_req_params *out, int32_t 
                        int64_t *cap_ids, size_t *used, ms_errbuf *err)
 {
     memset(out, 0, sizeof *out);
-    if (len < HDR_BYTES) return ms_err(err, MS_EINVAL, "request record: %zu bytes, short of its header", len);
+    if (len < HDR_BYTES)
+        return ms_err(err, MS_EINVAL, "request record: %zu bytes, short of its header", len);
     struct cursor c = {.r = buf};
     uint32_t magic;
     uint16_t ver, hdr;
@@ -99,11 +105,13 @@ int ms_wire_req_decode(const void *buf, size_t len, ms_req_params *out, int32_t 
     get(&c, &ver, 2);
     get(&c, &hdr, 2);
     get(&c, &total, 8);
-    if (magic != WIRE_MAGIC) return ms_err(err, MS_EINVAL, "request record: bad magic 0x%08x", magic);
+    if (magic != WIRE_MAGIC)
+        return ms_err(err, MS_EINVAL, "request record: bad magic 0x%08x", magic);
     if (ver != MS_WIRE_VERSION)
         return ms_err(err, MS_EINVAL,
                       "request record of wire version %u: this build reads version %u only "
-                      "(mixed moeserve builds?)", ver, MS_WIRE_VERSION);
+                      "(mixed moeserve builds?)",
+                      ver, MS_WIRE_VERSION);
     if (hdr != FIXED_BYTES || total < FIXED_BYTES || total > len)
         return ms_err(err, MS_EINVAL, "request record: %llu bytes (header %u) in %zu available",
                       (unsigned long long)total, hdr, len);
@@ -121,9 +129,13 @@ int ms_wire_req_decode(const void *buf, size_t len, ms_req_params *out, int32_t 
     out->top_logprobs = i32[2];
     out->n_stop_ids = i32[3];
     out->n_bias = i32[5];
-    out->samp = (ms_sampler_params){.temperature = f32[0], .top_p = f32[1], .top_k = i32[4],
-                                     .min_p = f32[2], .frequency_penalty = f32[3],
-                                     .presence_penalty = f32[4], .repetition_penalty = f32[5]};
+    out->samp = (ms_sampler_params){.temperature = f32[0],
+                                    .top_p = f32[1],
+                                    .top_k = i32[4],
+                                    .min_p = f32[2],
+                                    .frequency_penalty = f32[3],
+                                    .presence_penalty = f32[4],
+                                    .repetition_penalty = f32[5]};
     if (out->n_stop_ids < 0 || out->n_stop_ids > MS_REQ_MAX_STOP_IDS || out->n_bias < 0 ||
         out->n_bias > MS_REQ_MAX_LOGIT_BIAS || out->n_ids < 0 || out->n_ids > MS_REQ_MAX_IDS ||
         total != FIXED_BYTES + 4 * (uint64_t)out->n_stop_ids + 8 * (uint64_t)out->n_bias +
@@ -131,13 +143,16 @@ int ms_wire_req_decode(const void *buf, size_t len, ms_req_params *out, int32_t 
         return ms_err(err, MS_EINVAL,
                       "request record: %lld ids, %d stop ids and %d logit_bias entries do not "
                       "match its %llu bytes",
-                      (long long)out->n_ids, out->n_stop_ids, out->n_bias, (unsigned long long)total);
+                      (long long)out->n_ids, out->n_stop_ids, out->n_bias,
+                      (unsigned long long)total);
     get(&c, out->stop_ids, 4 * (size_t)out->n_stop_ids);
     get(&c, out->bias_ids, 4 * (size_t)out->n_bias);
     get(&c, out->bias, 4 * (size_t)out->n_bias);
     if (out->n_ids > *cap_ids) {
         int32_t *p = realloc(*ids, sizeof(int32_t) * (size_t)out->n_ids);
-        if (!p) return ms_err(err, MS_ENOMEM, "out of memory for %lld prompt ids", (long long)out->n_ids);
+        if (!p)
+            return ms_err(err, MS_ENOMEM, "out of memory for %lld prompt ids",
+                          (long long)out->n_ids);
         *ids = p;
         *cap_ids = out->n_ids;
     }

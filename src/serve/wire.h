@@ -9,7 +9,8 @@
  *
  * Record: magic "MSRQ", u16 version, u16 header bytes, u64 record bytes, then the
  * fields in a fixed order (host byte order: the ranks of one world share a build),
- * then n_stop_ids int32 stop ids, n_bias (int32 id, f32 bias) pairs, n_ids int32 ids.  A record of another version is refused, never guessed at.
+ * then n_stop_ids int32 stop ids, n_bias (int32 id, f32 bias) pairs, n_ids int32 ids.  A record of
+ * another version is refused, never guessed at.
  */
 #ifndef MS_SERVE_WIRE_H
 #define MS_SERVE_WIRE_H
@@ -20,29 +21,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MS_WIRE_VERSION 2
-#define MS_REQ_MAX_STOP_IDS 16      /* stop token ids per request */
-#define MS_REQ_MAX_TOP_LOGPROBS 20  /* alternatives per generated token */
-#define MS_REQ_MAX_IDS (1 << 22)    /* prompt ids per record */
-#define MS_REQ_MAX_LOGIT_BIAS 64    /* logit_bias entries per request */
+#define MS_WIRE_VERSION         2
+#define MS_REQ_MAX_STOP_IDS     16        /* stop token ids per request */
+#define MS_REQ_MAX_TOP_LOGPROBS 20        /* alternatives per generated token */
+#define MS_REQ_MAX_IDS          (1 << 22) /* prompt ids per record */
+#define MS_REQ_MAX_LOGIT_BIAS   64        /* logit_bias entries per request */
 
 typedef struct ms_req_params {
-    uint64_t id;            /* the engine's request id */
-    const int32_t *ids;     /* [n_ids] prompt (borrowed) */
+    uint64_t id;        /* the engine's request id */
+    const int32_t *ids; /* [n_ids] prompt (borrowed) */
     int64_t n_ids;
-    int64_t max_new;        /* max_new_tokens */
+    int64_t max_new; /* max_new_tokens */
     ms_sampler_params samp;
-    uint64_t seed;          /* the request's RNG seed */
+    uint64_t seed; /* the request's RNG seed */
     int ignore_eos;
     int32_t stop_ids[MS_REQ_MAX_STOP_IDS];
     int n_stop_ids;
-    int top_logprobs;       /* -1: no logprobs; 0: chosen token only; n: also the n best */
-    int64_t min_new;        /* min_new_tokens: EOS and stop_ids masked while fewer are generated */
-    int n_bias;             /* logit_bias: bias[i] added to bias_ids[i]'s logit before sampling */
+    int top_logprobs; /* -1: no logprobs; 0: chosen token only; n: also the n best */
+    int64_t min_new;  /* min_new_tokens: EOS and stop_ids masked while fewer are generated */
+    int n_bias;       /* logit_bias: bias[i] added to bias_ids[i]'s logit before sampling */
     int32_t bias_ids[MS_REQ_MAX_LOGIT_BIAS];
     float bias[MS_REQ_MAX_LOGIT_BIAS];
-    int dp_rank;            /* routing: -1 the router's choice (X-Data-Parallel-Rank otherwise);
-                             * in a control block, the DP rank chosen */
+    int dp_rank; /* routing: -1 the router's choice (X-Data-Parallel-Rank otherwise);
+                  * in a control block, the DP rank chosen */
 } ms_req_params;
 
 /* Defaults: max_new 128, temperature 1, every other sampling rule off, no

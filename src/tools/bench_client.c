@@ -207,9 +207,10 @@ static int on_object(req *q, const json_t *o)
     const json_t *src = ch;
     if (c->backend == MS_BENCH_OPENAI_CHAT)
         src = json_object_get(ch, c->stream ? "delta" : "message");
-    const json_t *tj = json_object_get(src, c->backend == MS_BENCH_OPENAI_CHAT ? "content" : "text");
-    const json_t *rj = c->backend == MS_BENCH_OPENAI_CHAT ? json_object_get(src, "reasoning_content")
-                                                          : NULL;
+    const json_t *tj =
+        json_object_get(src, c->backend == MS_BENCH_OPENAI_CHAT ? "content" : "text");
+    const json_t *rj =
+        c->backend == MS_BENCH_OPENAI_CHAT ? json_object_get(src, "reasoning_content") : NULL;
     const char *t = json_string_value(tj), *rt = json_string_value(rj);
     size_t tl = t ? json_string_length(tj) : 0, rl = rt ? json_string_length(rj) : 0;
     if (tl == 0 && rl == 0) return 0;

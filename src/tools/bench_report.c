@@ -137,7 +137,8 @@ json_t *ms_bench_report_json(const ms_bench_run_info *in, const ms_bench_metrics
     json_object_set_new(o, "concurrency", json_real(m->concurrency));
     json_object_set_new(o, "max_concurrent_requests", json_integer(in->peak_in_flight));
     json_object_set_new(o, "accept_length",
-                        in->spec_accept_length > 0 ? json_real(in->spec_accept_length) : json_null());
+                        in->spec_accept_length > 0 ? json_real(in->spec_accept_length)
+                                                   : json_null());
     if (m->has_slo) {
         const ms_bench_slo *s = in->slo;
         json_t *slo = json_object();

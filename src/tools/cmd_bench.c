@@ -634,7 +634,7 @@ int ms_cmd_bench(int argc, char **argv)
     if (!o.sweep) {
         ms_bench_metrics m;
         if ((rc = run_once(&o, &cc, &ds, o.request_rate, (int)o.max_concurrency, base, api_key, &m,
-                          &err)))
+                           &err)))
             goto fail_curl;
         completed = m.completed;
     } else {
@@ -649,8 +649,7 @@ int ms_cmd_bench(int argc, char **argv)
             pts[i].value = v;
             fprintf(stderr, "bench: sweep point %s=%g\n", o.sweep_axis, v);
             rc = run_once(&o, &cc, &ds, conc ? o.request_rate : v,
-                          conc ? (int)v : (int)o.max_concurrency, base, api_key, &pts[i].m,
-                          &err);
+                          conc ? (int)v : (int)o.max_concurrency, base, api_key, &pts[i].m, &err);
             if (rc) goto fail_curl;
             completed += pts[i].m.completed;
         }

@@ -127,8 +127,8 @@ static void check_allreduce_paths(ms_group *g, bool shm_wanted)
             bad_mpi += !(fabsf(a[j] - b[j]) <= 1e-6f * mag);
         }
         const char *path = ms_comm_shm_group(g) ? "shm" : "two-rank";
-        CK(bad_order == 0, "%s all-reduce of %zu floats on %s: %zu sums not in rank order", path,
-           c, g->name, bad_order);
+        CK(bad_order == 0, "%s all-reduce of %zu floats on %s: %zu sums not in rank order", path, c,
+           g->name, bad_order);
         if (n == 2)
             CK(bad_bits == 0, "%s all-reduce of %zu floats on %s: %zu differ from MPI_SUM's bits",
                path, c, g->name, bad_bits);
@@ -445,9 +445,17 @@ static void check_accounting(ms_group *g)
 static void check_groups(int tp, int attn_tp, int attn_dp, int moe_ep, int moe_tp, int dense_tp,
                          int n_replicas)
 {
-    ms_layout lay = {.tp = tp, .pp = 1, .n_replicas = n_replicas, .attn_tp = attn_tp,
-                     .attn_dp = attn_dp, .attn_cp = 1, .moe_tp = moe_tp, .moe_ep = moe_ep,
-                     .moe_dp = tp / (moe_ep * moe_tp), .dense_tp = dense_tp, .shared_tp = 1,
+    ms_layout lay = {.tp = tp,
+                     .pp = 1,
+                     .n_replicas = n_replicas,
+                     .attn_tp = attn_tp,
+                     .attn_dp = attn_dp,
+                     .attn_cp = 1,
+                     .moe_tp = moe_tp,
+                     .moe_ep = moe_ep,
+                     .moe_dp = tp / (moe_ep * moe_tp),
+                     .dense_tp = dense_tp,
+                     .shared_tp = 1,
                      .world_size = tp * n_replicas};
     ms_comm_groups gs;
     CKRC(ms_comm_groups_init(&gs, &lay, &ck_e));
@@ -567,7 +575,8 @@ static void mode_order(bool fixed)
         size_dep += dp;
         if (g->rank == 0)
             printf("ORDER allreduce of %zu floats: %zu not in rank order, %zu of the first %zu "
-                   "unlike the previous size's\n", c, d, dp, MS_MIN(c, prev_n));
+                   "unlike the previous size's\n",
+                   c, d, dp, MS_MIN(c, prev_n));
         free(prev);
         prev = b, prev_n = c, b = NULL;
         free(b);
@@ -576,15 +585,17 @@ static void mode_order(bool fixed)
     }
     free(prev);
     printf("ORDER rank %d of %d fixed=%d: not in rank order: allreduce %zu, reduce_scatter %zu, "
-           "reduce_scatterv %zu; allreduce sums that change with the size %zu\n", g->rank, n,
-           fixed, diff_ar, diff_rs, diff_rsv, size_dep);
+           "reduce_scatterv %zu; allreduce sums that change with the size %zu\n",
+           g->rank, n, fixed, diff_ar, diff_rs, diff_rsv, size_dep);
     if (!fixed && ms_comm_shm_group(g)) /* the shared-memory all-reduce is in rank order */
-        CK(diff_ar + size_dep == 0, "shm all-reduce: %zu sums not in rank order, %zu change "
-           "with the size", diff_ar, size_dep);
+        CK(diff_ar + size_dep == 0,
+           "shm all-reduce: %zu sums not in rank order, %zu change "
+           "with the size",
+           diff_ar, size_dep);
     if (fixed)
         CK(diff_ar + diff_rs + diff_rsv + size_dep == 0,
-           "fixed order: %zu + %zu + %zu sums not in rank order, %zu change with the size",
-           diff_ar, diff_rs, diff_rsv, size_dep);
+           "fixed order: %zu + %zu + %zu sums not in rank order, %zu change with the size", diff_ar,
+           diff_rs, diff_rsv, size_dep);
 }
 
 /* ---- failure modes ---------------------------------------------------------------------- */

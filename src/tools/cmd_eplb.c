@@ -12,14 +12,13 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: moeserve eplb --weights FILE.json --num-replicas R --num-groups G "
-            "--num-nodes N --num-gpus K [--algorithm auto|deepseek|deepseek_hierarchical] "
-            "[--json]\n\n"
-            "DeepSeek's EPLB on per-layer logical expert loads.  FILE: a JSON array of layers\n"
-            "of per-expert loads ([L][E], or [steps][L][E]), or a recorded distribution\n"
-            "({\"logical_count\": ...}).  --num-gpus is the total number of EP ranks.\n"
-            "auto (default) is hierarchical iff G divides by N, else the global policy.\n");
+    fprintf(f, "usage: moeserve eplb --weights FILE.json --num-replicas R --num-groups G "
+               "--num-nodes N --num-gpus K [--algorithm auto|deepseek|deepseek_hierarchical] "
+               "[--json]\n\n"
+               "DeepSeek's EPLB on per-layer logical expert loads.  FILE: a JSON array of layers\n"
+               "of per-expert loads ([L][E], or [steps][L][E]), or a recorded distribution\n"
+               "({\"logical_count\": ...}).  --num-gpus is the total number of EP ranks.\n"
+               "auto (default) is hierarchical iff G divides by N, else the global policy.\n");
 }
 
 static void print_row(const int32_t *v, int n)
@@ -60,8 +59,10 @@ int ms_cmd_eplb(int argc, char **argv)
                 fprintf(stderr, "eplb: %s\n", err.msg);
                 return 2;
             }
-        } else if (!strcmp(a, "--weights")) path = v;
-        else if (!strcmp(a, "--algorithm")) algo = v;
+        } else if (!strcmp(a, "--weights"))
+            path = v;
+        else if (!strcmp(a, "--algorithm"))
+            algo = v;
         else {
             fprintf(stderr, "eplb: unknown flag %s\n", a);
             usage(stderr);
@@ -70,8 +71,10 @@ int ms_cmd_eplb(int argc, char **argv)
     }
     int policy = ms_eplb_policy_parse(algo);
     if (policy < 0) {
-        fprintf(stderr, "eplb: --algorithm must be auto, deepseek or deepseek_hierarchical, got "
-                        "'%s'\n", algo);
+        fprintf(stderr,
+                "eplb: --algorithm must be auto, deepseek or deepseek_hierarchical, got "
+                "'%s'\n",
+                algo);
         return 2;
     }
     if (!path || R < 0 || G < 0 || N < 0 || K < 0) {
@@ -96,15 +99,18 @@ int ms_cmd_eplb(int argc, char **argv)
     if (json) {
         json_t *o = ms_eplb_plan_json(&p);
         char *s = o ? json_dumps(o, 0) : NULL;
-        if (!s) rc = 1;
-        else printf("%s\n", s);
+        if (!s)
+            rc = 1;
+        else
+            printf("%s\n", s);
         free(s);
         json_decref(o);
     } else {
-        int eff = policy == MS_EPLB_AUTO ? (G % N == 0 ? MS_EPLB_HIERARCHICAL : MS_EPLB_GLOBAL)
-                                         : policy;
+        int eff =
+            policy == MS_EPLB_AUTO ? (G % N == 0 ? MS_EPLB_HIERARCHICAL : MS_EPLB_GLOBAL) : policy;
         printf("policy %s: %d layers, %d logical experts, %ld replicas, %ld GPUs (%ld slots "
-               "each)\n", ms_eplb_policy_name(eff), L, E, R, K, R / K);
+               "each)\n",
+               ms_eplb_policy_name(eff), L, E, R, K, R / K);
         double *load = malloc(sizeof(double) * (size_t)K);
         for (int l = 0; l < L && load; l++) {
             printf("layer %d\n  phy2log ", l);

@@ -43,7 +43,7 @@ struct opts {
 };
 
 struct seq {
-    int32_t *ids;     /* prompt, then generated */
+    int32_t *ids; /* prompt, then generated */
     int64_t n_prompt, n_ids, cap;
     int64_t step;
     int done;
@@ -125,26 +125,44 @@ static int parse_kept(void *ctx, int argc, char **argv)
             usage(stdout);
             return 1;
         }
-        if (!strcmp(a, "--ids")) { o->print_ids = 1; continue; }
-        if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
-        if (!strcmp(a, "--skip-server-warmup")) { o->skip_warmup = 1; continue; }
-        if (!strcmp(a, "--comm-stats")) { o->comm_stats = 1; continue; }
-        if (!strcmp(a, "--enable-deterministic-inference")) { o->eo.deterministic = 1; continue; }
+        if (!strcmp(a, "--ids")) {
+            o->print_ids = 1;
+            continue;
+        }
+        if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--skip-server-warmup")) {
+            o->skip_warmup = 1;
+            continue;
+        }
+        if (!strcmp(a, "--comm-stats")) {
+            o->comm_stats = 1;
+            continue;
+        }
+        if (!strcmp(a, "--enable-deterministic-inference")) {
+            o->eo.deterministic = 1;
+            continue;
+        }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "generate: %s %s\n", a,
                     strncmp(a, "--", 2) ? "is not a flag" : "needs a value (or is unknown)");
             return -1;
         }
         const char *v = argv[++i];
-        if (!strcmp(a, "--model") || !strcmp(a, "--model-path")) o->model = v;
+        if (!strcmp(a, "--model") || !strcmp(a, "--model-path"))
+            o->model = v;
         else if (!strcmp(a, "--prompt")) {
             if (o->n_prompts >= MAX_PROMPTS) return bad(a, "given at most 4096 times", "more");
             o->prompts[o->n_prompts++] = v;
         } else if (!strcmp(a, "--prompt-ids")) {
             if (o->n_prompt_ids >= MAX_PROMPTS) return bad(a, "given at most 4096 times", "more");
             o->prompt_ids[o->n_prompt_ids++] = v;
-        } else if (!strcmp(a, "--prompt-file")) o->prompt_file = v;
-        else if (!strcmp(a, "--dump-logits")) o->dump = v;
+        } else if (!strcmp(a, "--prompt-file"))
+            o->prompt_file = v;
+        else if (!strcmp(a, "--dump-logits"))
+            o->dump = v;
         else if (!strcmp(a, "--max-new-tokens")) {
             if (parse_long(a, v, 0, 1 << 20, &o->max_new)) return -1;
         } else if (!strcmp(a, "--temperature")) {
@@ -169,13 +187,19 @@ static int parse_kept(void *ctx, int argc, char **argv)
             if (parse_float(a, v, 0.1, 1e6, &f)) return -1;
             o->comm_timeout_s = f;
         } else if (!strcmp(a, "--ep-dispatch-dtype")) {
-            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o->eo.dispatch_bf16 = 1;
-            else if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o->eo.dispatch_bf16 = 0;
-            else return bad(a, "fp32 or bf16", v);
+            if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16"))
+                o->eo.dispatch_bf16 = 1;
+            else if (!strcmp(v, "fp32") || !strcmp(v, "float32"))
+                o->eo.dispatch_bf16 = 0;
+            else
+                return bad(a, "fp32 or bf16", v);
         } else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "float32")) o->eo.exact = 1;
-            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) o->eo.exact = 0;
-            else return bad(a, "auto, float32 or bfloat16", v);
+            if (!strcmp(v, "float32"))
+                o->eo.exact = 1;
+            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16"))
+                o->eo.exact = 0;
+            else
+                return bad(a, "auto, float32 or bfloat16", v);
         } else {
             fprintf(stderr, "generate: unknown flag %s\n", a);
             return -1;
@@ -426,9 +450,15 @@ int ms_cmd_generate(int argc, char **argv)
     }
     int n_dp = ms_engine_n_dp(e);
     for (int i = 0; i < n_seqs; i++) {
-        ms_req_params in = {.id = (uint64_t)i, .ids = seqs[i].ids, .n_ids = seqs[i].n_prompt,
-                             .max_new = o.max_new, .samp = o.samp, .seed = o.seed + (uint64_t)i,
-                             .ignore_eos = o.ignore_eos, .top_logprobs = -1, .dp_rank = i % n_dp};
+        ms_req_params in = {.id = (uint64_t)i,
+                            .ids = seqs[i].ids,
+                            .n_ids = seqs[i].n_prompt,
+                            .max_new = o.max_new,
+                            .samp = o.samp,
+                            .seed = o.seed + (uint64_t)i,
+                            .ignore_eos = o.ignore_eos,
+                            .top_logprobs = -1,
+                            .dp_rank = i % n_dp};
         if (ms_engine_submit(e, &in, &err)) {
             fprintf(stderr, "generate: prompt %d: %s\n", i, err.msg);
             ms_engine_finish(e, &err);
@@ -442,7 +472,10 @@ int ms_cmd_generate(int argc, char **argv)
     double t_part[3] = {0, 0, 0}; /* decode steps: forward, sample, draft */
     int64_t V = cfg.vocab;
     /* --enable-eplb: decode steps before the first decision, deciding or moving, after */
-    struct { int64_t steps, n_bal; double s, bal, tmax, tmean; } ph[3] = {{0}};
+    struct {
+        int64_t steps, n_bal;
+        double s, bal, tmax, tmean;
+    } ph[3] = {{0}};
     ms_expert_recorder *rec = ms_engine_recorder(e);
     ms_recorder_stats rs0 = {0};
     while (ms_engine_busy(e)) {
@@ -469,7 +502,8 @@ int ms_cmd_generate(int argc, char **argv)
             n_dsteps++;
             t_part[0] += st.forward_s, t_part[1] += st.sample_s, t_part[2] += st.draft_s;
             int k = es0.moving || es1.moving || es1.decisions != es0.decisions ? 1
-                    : es1.decisions ? 2 : 0;
+                    : es1.decisions                                            ? 2
+                                                                               : 0;
             ph[k].steps++, ph[k].s += st.seconds;
             ms_recorder_stats rs1;
             if (rec && (ms_expert_recorder_stats(rec, &rs1), rs1.passes > rs0.passes))
@@ -481,7 +515,8 @@ int ms_cmd_generate(int argc, char **argv)
             if (x->id >= (uint64_t)n_seqs) continue;
             struct seq *s = &seqs[x->id];
             if (x->token >= 0) {
-                if (dump && ev[i].logits) dump_line(dump, (int)x->id, s->step, x->token, ev[i].logits, V);
+                if (dump && ev[i].logits)
+                    dump_line(dump, (int)x->id, s->step, x->token, ev[i].logits, V);
                 s->step++;
                 if (seq_push(s, x->token)) goto comm_fail;
             }
@@ -503,12 +538,13 @@ int ms_cmd_generate(int argc, char **argv)
         sv += ld[i].st.spec_verify_total, sd += ld[i].st.spec_drafted_total,
             sa += ld[i].st.spec_accepted_total;
     if (sv > 0)
-        printf("spec: verify_steps=%lld drafted=%lld accepted=%lld accept_len=%.3f\n", (long long)sv,
-               (long long)sd, (long long)sa, 1.0 + (double)sa / (double)sv);
+        printf("spec: verify_steps=%lld drafted=%lld accepted=%lld accept_len=%.3f\n",
+               (long long)sv, (long long)sd, (long long)sa, 1.0 + (double)sa / (double)sv);
     if (n_dsteps > 0) /* where a decode step's time went, ms per step */
         printf("decode_step_ms: steps=%lld total=%.3f forward=%.3f sample=%.3f draft=%.3f "
-               "other=%.3f\n", (long long)n_dsteps, 1e3 * t_decode / n_dsteps,
-               1e3 * t_part[0] / n_dsteps, 1e3 * t_part[1] / n_dsteps, 1e3 * t_part[2] / n_dsteps,
+               "other=%.3f\n",
+               (long long)n_dsteps, 1e3 * t_decode / n_dsteps, 1e3 * t_part[0] / n_dsteps,
+               1e3 * t_part[1] / n_dsteps, 1e3 * t_part[2] / n_dsteps,
                1e3 * (t_decode - t_part[0] - t_part[1] - t_part[2]) / n_dsteps);
     if (o.eo.launch.enable_eplb) {
         ms_engine_eplb_state es;
@@ -539,10 +575,11 @@ out:
     if (o.comm_stats && W > 1 && e) {
         ms_mlp_counters mc;
         ms_model_mlp_counters(ms_engine_model(e), &mc);
-        fprintf(stderr, "mlp rank=%d dp_gather_max_len=%lld dp_gather_sum_len=%lld dispatch_rows=%lld "
-                "expert_rows=%lld shared_remote=%lld\n", rank, (long long)mc.max_len,
-                (long long)mc.sum_len, (long long)mc.dispatch_rows, (long long)mc.expert_rows,
-                (long long)mc.shared_remote);
+        fprintf(stderr,
+                "mlp rank=%d dp_gather_max_len=%lld dp_gather_sum_len=%lld dispatch_rows=%lld "
+                "expert_rows=%lld shared_remote=%lld\n",
+                rank, (long long)mc.max_len, (long long)mc.sum_len, (long long)mc.dispatch_rows,
+                (long long)mc.expert_rows, (long long)mc.shared_remote);
         ms_comm_stats_print(stderr);
     }
     if (dump) fclose(dump);

@@ -10,10 +10,11 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: moeserve mkmodel (--preset tiny-v3|tiny-v2|small-v3|tiny-v4|small-v4 | --config "
-               "FILE) --out DIR [--seed N] [--dtype bf16|fp32|fp8|fp8-fp4] [--shard-mb N] "
-               "[--route-skew S]\n"
-               "  --route-skew S   router bias so expert e gets a share of tokens ~ (e+1)^-S (V3)\n");
+    fprintf(
+        f, "usage: moeserve mkmodel (--preset tiny-v3|tiny-v2|small-v3|tiny-v4|small-v4 | --config "
+           "FILE) --out DIR [--seed N] [--dtype bf16|fp32|fp8|fp8-fp4] [--shard-mb N] "
+           "[--route-skew S]\n"
+           "  --route-skew S   router bias so expert e gets a share of tokens ~ (e+1)^-S (V3)\n");
 }
 
 int ms_cmd_mkmodel(int argc, char **argv)
@@ -34,10 +35,14 @@ int ms_cmd_mkmodel(int argc, char **argv)
         }
         const char *v = argv[++i];
         char *end = NULL;
-        if (!strcmp(a, "--preset")) preset = v;
-        else if (!strcmp(a, "--config")) config = v;
-        else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--dtype")) dtype = v;
+        if (!strcmp(a, "--preset"))
+            preset = v;
+        else if (!strcmp(a, "--config"))
+            config = v;
+        else if (!strcmp(a, "--out"))
+            out = v;
+        else if (!strcmp(a, "--dtype"))
+            dtype = v;
         else if (!strcmp(a, "--seed")) {
             seed = strtoull(v, &end, 10);
             if (!*v || *end) {
@@ -67,11 +72,11 @@ int ms_cmd_mkmodel(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    int dt = !strcmp(dtype, "bf16") ? MS_MK_BF16
-             : !strcmp(dtype, "fp32") ? MS_MK_FP32
-             : !strcmp(dtype, "fp8") ? MS_MK_FP8
+    int dt = !strcmp(dtype, "bf16")      ? MS_MK_BF16
+             : !strcmp(dtype, "fp32")    ? MS_MK_FP32
+             : !strcmp(dtype, "fp8")     ? MS_MK_FP8
              : !strcmp(dtype, "fp8-fp4") ? MS_MK_FP8_FP4
-                                      : -1;
+                                         : -1;
     if (dt < 0) {
         fprintf(stderr, "mkmodel: --dtype must be bf16, fp32, fp8 or fp8-fp4, got '%s'\n", dtype);
         return 2;
@@ -80,7 +85,8 @@ int ms_cmd_mkmodel(int argc, char **argv)
     ms_errbuf err = {{0}};
     double t0 = ms_now_s();
     if (preset && ms_mkmodel_v4_is_preset(preset) && skew > 0) {
-        fprintf(stderr, "mkmodel: --route-skew is for V3 presets (its router bias); V4 presets route by their own gate\n");
+        fprintf(stderr, "mkmodel: --route-skew is for V3 presets (its router bias); V4 presets "
+                        "route by their own gate\n");
         return 2;
     }
     if (preset && ms_mkmodel_v4_is_preset(preset)) {
@@ -98,7 +104,9 @@ int ms_cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (preset && ms_mkmodel_preset(preset, &cfg)) {
-        fprintf(stderr, "mkmodel: --preset: unknown preset '%s' (tiny-v3, tiny-v2, small-v3, tiny-v4, small-v4)\n",
+        fprintf(stderr,
+                "mkmodel: --preset: unknown preset '%s' (tiny-v3, tiny-v2, small-v3, tiny-v4, "
+                "small-v4)\n",
                 preset);
         return 2;
     }

@@ -136,14 +136,22 @@ static int parse_kept(void *ctx, int argc, char **argv)
         long x;
         double d;
         int bad = 0;
-        if (!strcmp(a, "--model") || !strcmp(a, "--model-path")) o->model = v;
-        else if (!strcmp(a, "--file")) o->file = v;
-        else if (!strcmp(a, "--save-logits")) o->save = v;
-        else if (!strcmp(a, "--kl-base")) o->base = v;
-        else if (!strcmp(a, "--scored-text")) o->scored_text = v;
-        else if (!strcmp(a, "--ctx")) bad = ms_parse_long(a, v, 4, 1 << 20, &o->ctx, &err);
-        else if (!strcmp(a, "--stride")) bad = ms_parse_long(a, v, 1, 1 << 20, &o->stride, &err);
-        else if (!strcmp(a, "--chunks")) bad = ms_parse_long(a, v, 1, 1L << 40, &o->chunks, &err);
+        if (!strcmp(a, "--model") || !strcmp(a, "--model-path"))
+            o->model = v;
+        else if (!strcmp(a, "--file"))
+            o->file = v;
+        else if (!strcmp(a, "--save-logits"))
+            o->save = v;
+        else if (!strcmp(a, "--kl-base"))
+            o->base = v;
+        else if (!strcmp(a, "--scored-text"))
+            o->scored_text = v;
+        else if (!strcmp(a, "--ctx"))
+            bad = ms_parse_long(a, v, 4, 1 << 20, &o->ctx, &err);
+        else if (!strcmp(a, "--stride"))
+            bad = ms_parse_long(a, v, 1, 1 << 20, &o->stride, &err);
+        else if (!strcmp(a, "--chunks"))
+            bad = ms_parse_long(a, v, 1, 1L << 40, &o->chunks, &err);
         else if (!strcmp(a, "--parallel"))
             bad = ms_parse_long(a, v, 1, MAX_PARALLEL, &o->parallel, &err);
         else if (!strcmp(a, "--threads")) {
@@ -153,10 +161,13 @@ static int parse_kept(void *ctx, int argc, char **argv)
             bad = ms_parse_double(a, v, 0.1, 1e6, &d, &err);
             o->comm_timeout_s = d;
         } else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "float32")) o->eo.exact = 1;
-            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) o->eo.exact = 0;
+            if (!strcmp(v, "float32"))
+                o->eo.exact = 1;
+            else if (!strcmp(v, "auto") || !strcmp(v, "bfloat16"))
+                o->eo.exact = 0;
             else {
-                fprintf(stderr, "perplexity: --dtype must be auto, float32 or bfloat16, got '%s'\n", v);
+                fprintf(stderr, "perplexity: --dtype must be auto, float32 or bfloat16, got '%s'\n",
+                        v);
                 return -1;
             }
         } else {
@@ -203,10 +214,26 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
 static void hdr_write(uint8_t out[LOGITS_HDR_BYTES], const struct hdr *h)
 {
@@ -252,7 +279,8 @@ static int text_load(const struct opts *o, struct text *t)
         fprintf(stderr, "perplexity: %s: %s\n", path, err.msg[0] ? err.msg : "cannot load");
         return -1;
     }
-    t->bos = ms_tokenizer_token_id(t->tok, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    t->bos = ms_tokenizer_token_id(t->tok, "<\xef\xbd\x9c"
+                                           "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
     if (ms_read_file(o->file, MAX_FILE_BYTES, &buf, &len)) {
         fprintf(stderr, "perplexity: --file %s: cannot read (at most %u MB)\n", o->file,
                 MAX_FILE_BYTES >> 20);
@@ -349,8 +377,13 @@ static int submit(ms_engine *e, const struct opts *o, const struct text *t, int3
     size_t start = (size_t)(w * o->stride);
     prompt[0] = t->bos >= 0 ? t->bos : t->ids[start];
     for (int64_t j = 1; j <= pos; j++) prompt[j] = t->ids[start + (size_t)j];
-    ms_req_params in = {.id = id, .ids = prompt, .n_ids = pos + 1, .max_new = 1,
-                        .samp = {.top_p = 1.0f}, .ignore_eos = 1, .top_logprobs = -1,
+    ms_req_params in = {.id = id,
+                        .ids = prompt,
+                        .n_ids = pos + 1,
+                        .max_new = 1,
+                        .samp = {.top_p = 1.0f},
+                        .ignore_eos = 1,
+                        .top_logprobs = -1,
                         .dp_rank = -1};
     return ms_engine_submit(e, &in, err);
 }
@@ -505,7 +538,9 @@ static int perplexity_rank0(ms_engine *e, const struct opts *o, struct text *t, 
     int rc = 1;
     int64_t half = o->ctx / 2, per_window = o->ctx - half;
     size_t rec_bytes = 16 + 2 * (size_t)V;
-    r.n_windows = t->n_ids >= (size_t)o->ctx ? (int64_t)((t->n_ids - (size_t)o->ctx) / (size_t)o->stride) + 1 : 0;
+    r.n_windows = t->n_ids >= (size_t)o->ctx
+                      ? (int64_t)((t->n_ids - (size_t)o->ctx) / (size_t)o->stride) + 1
+                      : 0;
     if (r.n_windows == 0) {
         fprintf(stderr, "perplexity: --file %s has %zu tokens; --ctx %ld needs at least %ld\n",
                 o->file, t->n_ids, o->ctx, o->ctx);
@@ -517,8 +552,10 @@ static int perplexity_rank0(ms_engine *e, const struct opts *o, struct text *t, 
         int64_t cap = (LOGITS_MAX_BYTES - LOGITS_HDR_BYTES) / ((int64_t)rec_bytes * per_window);
         if (cap < 1) cap = 1;
         if (cap < r.n_windows) {
-            fprintf(stderr, "perplexity: --save-logits: %lld windows keep the file under 256 MB "
-                            "(of %lld; --chunks N chooses)\n", (long long)cap, (long long)r.n_windows);
+            fprintf(stderr,
+                    "perplexity: --save-logits: %lld windows keep the file under 256 MB "
+                    "(of %lld; --chunks N chooses)\n",
+                    (long long)cap, (long long)r.n_windows);
             r.n_windows = cap;
         }
     }
@@ -577,7 +614,8 @@ static int perplexity_rank0(ms_engine *e, const struct opts *o, struct text *t, 
     double bpb = nll_sum / log(2.0) / (double)(n_bytes ? n_bytes : 1);
     printf("perplexity: %lld windows of %ld tokens (stride %ld), %lld tokens scored (%lld bytes) "
            "in %.1f s\n",
-           (long long)r.n_windows, o->ctx, o->stride, (long long)n_scored, (long long)n_bytes, secs);
+           (long long)r.n_windows, o->ctx, o->stride, (long long)n_scored, (long long)n_bytes,
+           secs);
     printf("ppl %.4f  nll %.4f nats/token  %.4f bits/byte\n", ppl, nll_sum / (double)n_scored, bpb);
     char kl_part[256] = "";
     if (o->base) {
@@ -591,15 +629,17 @@ static int perplexity_rank0(ms_engine *e, const struct opts *o, struct text *t, 
         printf("KL divergence vs %s: mean %.6f  p99 %.6f  top-1 agreement %.2f %%  "
                "ppl %.4f vs base %.4f (Δppl %+.4f)\n",
                o->base, mean, p99, 100 * agree, ppl, base_ppl, ppl - base_ppl);
-        snprintf(kl_part, sizeof kl_part, " kl_mean=%.6f kl_p99=%.6f top1=%.4f base_ppl=%.4f dppl=%.4f",
-                 mean, p99, agree, base_ppl, ppl - base_ppl);
+        snprintf(kl_part, sizeof kl_part,
+                 " kl_mean=%.6f kl_p99=%.6f top1=%.4f base_ppl=%.4f dppl=%.4f", mean, p99, agree,
+                 base_ppl, ppl - base_ppl);
     }
     printf("result: ppl=%.4f bpb=%.4f tokens=%lld bytes=%lld windows=%lld%s\n", ppl, bpb,
            (long long)n_scored, (long long)n_bytes, (long long)r.n_windows, kl_part);
     if (r.save) {
         uint8_t h[LOGITS_HDR_BYTES];
-        struct hdr sh = {(int32_t)V, (int32_t)o->ctx, (int32_t)o->stride, (int32_t)r.n_windows,
-                         n_scored, hash, n_bytes};
+        struct hdr sh = {
+            (int32_t)V, (int32_t)o->ctx, (int32_t)o->stride, (int32_t)r.n_windows, n_scored,
+            hash,       n_bytes};
         hdr_write(h, &sh);
         if (fseek(r.save, 0, SEEK_SET) || fwrite(h, 1, sizeof h, r.save) != sizeof h) {
             fprintf(stderr, "perplexity: --save-logits %s: write failed\n", o->save);

@@ -14,34 +14,35 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: moeserve plan --model PRESET|--model-config config.json [--gpu PRESET] [flags]\n"
-            "\nWhat a launch shape resolves to, and what fits, without any hardware.\n\n"
-            "model and fleet:\n"
-            "  --model PRESET                           %s\n"
-            "  --model-config PATH                      an HF config.json instead of a preset\n"
-            "  --weights fp8|bf16|fp4-experts           storage format (default: the published one)\n"
-            "  --gpu PRESET                             %s\n"
-            "  --gpu-mem-gb X                           memory per device in GB (required for cpu)\n"
-            "  --num-gpus N | --nnodes N --gpus-per-node N\n"
-            "  --reserve-gb X                           activations/workspace per device\n"
-            "  --mem-fraction-static F                  weights+KV fraction of memory (default 0.88)\n"
-            "  --kv-pool-gib X                          fix the KV pool per rank (GiB)\n"
-            "workload:\n"
-            "  --context-len N                          tokens per request (default: model max)\n"
-            "  --tokens-per-step N                      global tokens per step T_g (all DP ranks)\n"
-            "  --link-gb-per-s X                        link bandwidth, one direction, GB/s\n"
-            "output:\n"
-            "  --json                                   one JSON object\n"
-            "  --sweep context|layouts                  capacity curve: admitted requests vs context\n"
-            "  --sweep-contexts N,N,...                 context lengths of the sweep\n"
-            "  --plot FILE                              plot file (.svg or .png; default "
-            "plan-sweep.svg)\n"
-            "SGLang launch flags ('plan only': modelled here, refused by serve):\n%s"
-            "GPU-only SGLang tuning flags (--moe-runner-backend, --attention-backend,\n"
-            "--cuda-graph-*, --trust-remote-code, ...: moeserve serve --help lists them) are\n"
-            "accepted and named in one warning as not modelled.\n",
-            ms_plan_model_names(), ms_plan_gpu_names(), ms_launch_help());
+    fprintf(
+        f,
+        "usage: moeserve plan --model PRESET|--model-config config.json [--gpu PRESET] [flags]\n"
+        "\nWhat a launch shape resolves to, and what fits, without any hardware.\n\n"
+        "model and fleet:\n"
+        "  --model PRESET                           %s\n"
+        "  --model-config PATH                      an HF config.json instead of a preset\n"
+        "  --weights fp8|bf16|fp4-experts           storage format (default: the published one)\n"
+        "  --gpu PRESET                             %s\n"
+        "  --gpu-mem-gb X                           memory per device in GB (required for cpu)\n"
+        "  --num-gpus N | --nnodes N --gpus-per-node N\n"
+        "  --reserve-gb X                           activations/workspace per device\n"
+        "  --mem-fraction-static F                  weights+KV fraction of memory (default 0.88)\n"
+        "  --kv-pool-gib X                          fix the KV pool per rank (GiB)\n"
+        "workload:\n"
+        "  --context-len N                          tokens per request (default: model max)\n"
+        "  --tokens-per-step N                      global tokens per step T_g (all DP ranks)\n"
+        "  --link-gb-per-s X                        link bandwidth, one direction, GB/s\n"
+        "output:\n"
+        "  --json                                   one JSON object\n"
+        "  --sweep context|layouts                  capacity curve: admitted requests vs context\n"
+        "  --sweep-contexts N,N,...                 context lengths of the sweep\n"
+        "  --plot FILE                              plot file (.svg or .png; default "
+        "plan-sweep.svg)\n"
+        "SGLang launch flags ('plan only': modelled here, refused by serve):\n%s"
+        "GPU-only SGLang tuning flags (--moe-runner-backend, --attention-backend,\n"
+        "--cuda-graph-*, --trust-remote-code, ...: moeserve serve --help lists them) are\n"
+        "accepted and named in one warning as not modelled.\n",
+        ms_plan_model_names(), ms_plan_gpu_names(), ms_launch_help());
 }
 
 static int parse_contexts(const char *v, ms_plan_sweep *s, ms_errbuf *err)
@@ -94,19 +95,30 @@ static int plan_main(void *ctx, int argc, char **argv)
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         rc = 0;
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--model-config")) config = v;
-        else if (!strcmp(a, "--weights")) weights = v;
-        else if (!strcmp(a, "--gpu")) gpu = v;
-        else if (!strcmp(a, "--plot")) plot = v;
-        else if (!strcmp(a, "--gpu-mem-gb")) rc = ms_parse_double(a, v, 0.001, 1e6, &gpu_mem, &err);
-        else if (!strcmp(a, "--reserve-gb")) rc = ms_parse_double(a, v, 0, 1e6, &in.reserve_gb, &err);
+        if (!strcmp(a, "--model"))
+            model = v;
+        else if (!strcmp(a, "--model-config"))
+            config = v;
+        else if (!strcmp(a, "--weights"))
+            weights = v;
+        else if (!strcmp(a, "--gpu"))
+            gpu = v;
+        else if (!strcmp(a, "--plot"))
+            plot = v;
+        else if (!strcmp(a, "--gpu-mem-gb"))
+            rc = ms_parse_double(a, v, 0.001, 1e6, &gpu_mem, &err);
+        else if (!strcmp(a, "--reserve-gb"))
+            rc = ms_parse_double(a, v, 0, 1e6, &in.reserve_gb, &err);
         else if (!strcmp(a, "--mem-fraction-static"))
             rc = ms_parse_double(a, v, 0.01, 1.0, &in.mem_fraction, &err);
-        else if (!strcmp(a, "--kv-pool-gib")) rc = ms_parse_double(a, v, 0, 1e6, &in.kv_pool_gib, &err);
-        else if (!strcmp(a, "--link-gb-per-s")) rc = ms_parse_double(a, v, 0.001, 1e6, &in.link_gb_s, &err);
-        else if (!strcmp(a, "--num-gpus")) rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &num, &err);
-        else if (!strcmp(a, "--nnodes")) rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &nnodes, &err);
+        else if (!strcmp(a, "--kv-pool-gib"))
+            rc = ms_parse_double(a, v, 0, 1e6, &in.kv_pool_gib, &err);
+        else if (!strcmp(a, "--link-gb-per-s"))
+            rc = ms_parse_double(a, v, 0.001, 1e6, &in.link_gb_s, &err);
+        else if (!strcmp(a, "--num-gpus"))
+            rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &num, &err);
+        else if (!strcmp(a, "--nnodes"))
+            rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &nnodes, &err);
         else if (!strcmp(a, "--gpus-per-node"))
             rc = ms_parse_long(a, v, 1, MS_LAUNCH_MAX_WIDTH, &per_node, &err);
         else if (!strcmp(a, "--context-len")) {
@@ -118,9 +130,12 @@ static int plan_main(void *ctx, int argc, char **argv)
             rc = ms_parse_long(a, v, 1, 1L << 34, &n, &err);
             in.tokens_per_step = n;
         } else if (!strcmp(a, "--sweep")) {
-            if (v && !strcmp(v, "context")) sweep = MS_SWEEP_CONTEXT;
-            else if (v && !strcmp(v, "layouts")) sweep = MS_SWEEP_LAYOUTS;
-            else rc = ms_err(&err, MS_EINVAL, "--sweep '%s': expected context|layouts", v ? v : "");
+            if (v && !strcmp(v, "context"))
+                sweep = MS_SWEEP_CONTEXT;
+            else if (v && !strcmp(v, "layouts"))
+                sweep = MS_SWEEP_LAYOUTS;
+            else
+                rc = ms_err(&err, MS_EINVAL, "--sweep '%s': expected context|layouts", v ? v : "");
         } else if (!strcmp(a, "--sweep-contexts")) {
             rc = v ? parse_contexts(v, &sw, &err) : ms_err(&err, MS_EINVAL, "%s needs a value", a);
         } else {
@@ -148,9 +163,12 @@ static int plan_main(void *ctx, int argc, char **argv)
     if (rc) goto fail;
     in.weights = in.model.published;
     if (weights) {
-        if (!strcmp(weights, "fp8")) in.weights = MS_WEIGHTS_FP8;
-        else if (!strcmp(weights, "bf16")) in.weights = MS_WEIGHTS_BF16;
-        else if (!strcmp(weights, "fp4-experts")) in.weights = MS_WEIGHTS_FP4_EXPERTS;
+        if (!strcmp(weights, "fp8"))
+            in.weights = MS_WEIGHTS_FP8;
+        else if (!strcmp(weights, "bf16"))
+            in.weights = MS_WEIGHTS_BF16;
+        else if (!strcmp(weights, "fp4-experts"))
+            in.weights = MS_WEIGHTS_FP4_EXPERTS;
         else {
             rc = ms_err(&err, MS_EINVAL, "--weights '%s': expected fp8|bf16|fp4-experts", weights);
             goto fail;

@@ -310,12 +310,12 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
             inflight++;
             q->rank = ms_router_pick(router, q->ids, q->n_ids, q->max_new, -1);
             ms_req_params in = {.id = (uint64_t)next,
-                                 .ids = q->ids,
-                                 .n_ids = q->n_ids,
-                                 .max_new = q->max_new,
-                                 .ignore_eos = 1,
-                                 .top_logprobs = -1,
-                                 .samp = {.temperature = 0, .top_p = 1}};
+                                .ids = q->ids,
+                                .n_ids = q->n_ids,
+                                .max_new = q->max_new,
+                                .ignore_eos = 1,
+                                .top_logprobs = -1,
+                                .samp = {.temperature = 0, .top_p = 1}};
             ms_errbuf e2;
             if (ms_sched_add(sch[q->rank], &in, &e2)) { /* never fits this rank: a failure */
                 ms_router_finish(router, q->rank);
@@ -346,7 +346,8 @@ static int simulate(const sim_opts *o, int policy, sim_req *req, int64_t n_req, 
             if (cost[r] > dt) dt = cost[r];
         }
         if (!any) { /* nothing runs: jump to the next arrival */
-            for (int r = 0; r < n_dp; r++) ms_sched_commit(sch[r], NULL, &(const ms_sched_event *){0});
+            for (int r = 0; r < n_dp; r++)
+                ms_sched_commit(sch[r], NULL, &(const ms_sched_event *){0});
             if (next >= n_req || inflight >= maxc) break; /* stuck: counted as failed */
             t = MS_MAX(t, req[next].arrival_s);
             continue;

@@ -120,7 +120,9 @@ static int do_encode(const char *model, const char *out, char **paths, int n)
         fprintf(stderr, "tokenizer: %s: %s\n", path, err.msg);
         return 1;
     }
-    int32_t bos = ms_tokenizer_token_id(tok, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    int32_t bos =
+        ms_tokenizer_token_id(tok, "<\xef\xbd\x9c"
+                                   "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
     if (bos < 0) {
         fprintf(stderr, "tokenizer: %s has no <｜begin▁of▁sentence｜>\n", path);
         goto out;
@@ -143,7 +145,8 @@ static int do_encode(const char *model, const char *out, char **paths, int n)
         int e = ids ? ms_tokenizer_encode(tok, t, len, 0, ids + 1, len + 1, &got, &err) : MS_ENOMEM;
         free(t);
         if (e) {
-            fprintf(stderr, "tokenizer: %s: %s\n", paths[i], e == MS_ENOMEM ? "out of memory" : err.msg);
+            fprintf(stderr, "tokenizer: %s: %s\n", paths[i],
+                    e == MS_ENOMEM ? "out of memory" : err.msg);
             goto out;
         }
         ids[0] = bos;
@@ -190,14 +193,17 @@ int ms_cmd_tokenizer(int argc, char **argv)
         }
         const char *v = argv[++i];
         ms_errbuf err = {{0}};
-        if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--list")) list = v;
+        if (!strcmp(a, "--out"))
+            out = v;
+        else if (!strcmp(a, "--list"))
+            list = v;
         else if (train && !strcmp(a, "--vocab")) {
             if (ms_parse_long(a, v, 1, 1 << 20, &vocab, &err)) {
                 fprintf(stderr, "tokenizer: %s\n", err.msg);
                 return 2;
             }
-        } else if (!train && (!strcmp(a, "--model") || !strcmp(a, "--model-path"))) model = v;
+        } else if (!train && (!strcmp(a, "--model") || !strcmp(a, "--model-path")))
+            model = v;
         else {
             fprintf(stderr, "tokenizer %s: unknown flag %s\n", mode, a);
             usage(stderr);

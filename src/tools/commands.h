@@ -22,7 +22,8 @@ int ms_cmd_tokenizer(int argc, char **argv);
     X("eplb", ms_cmd_eplb, "DeepSeek's expert load balancer on recorded loads (phy2log, log2phy)") \
     X("generate", ms_cmd_generate, "run prompts through a model and print the continuation")       \
     X("mkmodel", ms_cmd_mkmodel, "write a seeded random checkpoint (tests, benchmarks)")           \
-    X("perplexity", ms_cmd_perplexity, "perplexity, bits per byte, KL divergence of a model on a text") \
+    X("perplexity", ms_cmd_perplexity,                                                             \
+      "perplexity, bits per byte, KL divergence of a model on a text")                             \
     X("plan", ms_cmd_plan, "resolve a launch shape: layout, memory, KV capacity, traffic")         \
     X("serve", ms_cmd_serve, "OpenAI-compatible HTTP server (SGLang flags, endpoints, metrics)")   \
     X("simulate", ms_cmd_simulate, "DP admission policies on a synthetic workload (no model)")     \

@@ -113,7 +113,7 @@ struct gen {
     int dtype;
     uint64_t seed;
     ms_errbuf *err;
-    float *buf;   /* f32 staging */
+    float *buf; /* f32 staging */
     size_t cap;
     double route_skew; /* > 0: calibrated router bias (mkmodel_skew.c) */
 };
@@ -139,8 +139,7 @@ static int stage(struct gen *g, size_t n)
 static int put_float(struct gen *g, const char *name, int ndim, const int64_t *shape, size_t n,
                      int as_f32)
 {
-    if (as_f32)
-        return ms_st_writer_add(g->w, name, MS_DT_F32, ndim, shape, g->buf, n * 4, g->err);
+    if (as_f32) return ms_st_writer_add(g->w, name, MS_DT_F32, ndim, shape, g->buf, n * 4, g->err);
     uint16_t *h = malloc(n * 2);
     if (!h) return ms_err(g->err, MS_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) h[i] = ms_f32_to_bf16(g->buf[i]);
@@ -227,8 +226,8 @@ static int ffn(struct gen *g, const char *p, int64_t D, int64_t inter)
 static int layer(struct gen *g, int l)
 {
     const ms_config *c = g->cfg;
-    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim,
-            dr = c->qk_rope_head_dim, dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    int64_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+            dv = c->v_head_dim, kvr = c->kv_lora_rank;
     char p[64], n[200];
     int rc;
     snprintf(p, sizeof p, "model.layers.%d", l);
@@ -241,8 +240,8 @@ static int layer(struct gen *g, int l)
         if ((rc = vec(g, NAME("%s.self_attn.q_a_layernorm.weight", p), c->q_lora_rank, 1.0f, 0.1f,
                       0)))
             return rc;
-        if ((rc = linear(g, NAME("%s.self_attn.q_b_proj.weight", p), H * (dn + dr),
-                         c->q_lora_rank, 1, 0)))
+        if ((rc = linear(g, NAME("%s.self_attn.q_b_proj.weight", p), H * (dn + dr), c->q_lora_rank,
+                         1, 0)))
             return rc;
     } else if ((rc = linear(g, NAME("%s.self_attn.q_proj.weight", p), H * (dn + dr), D, 1, 0))) {
         return rc;
@@ -268,9 +267,10 @@ static int layer(struct gen *g, int l)
         rc = ms_mkmodel_skew_bias(c, gw, g->route_skew, name_seed(g->seed, p), g->buf, &worst);
         free(gw);
         if (rc) return ms_err(g->err, rc, "out of memory");
-        MS_LOG(MS_INFO, "mkmodel", "layer %d: router bias for skew %.2f (max share error %.4f)",
-               l, g->route_skew, worst);
-        if ((rc = put_float(g, NAME("%s.mlp.gate.e_score_correction_bias", p), 1, &E, (size_t)E, 1)))
+        MS_LOG(MS_INFO, "mkmodel", "layer %d: router bias for skew %.2f (max share error %.4f)", l,
+               g->route_skew, worst);
+        if ((rc =
+                 put_float(g, NAME("%s.mlp.gate.e_score_correction_bias", p), 1, &E, (size_t)E, 1)))
             return rc;
     } else if (c->topk_method == MS_TOPK_NOAUX_TC &&
                (rc = vec(g, NAME("%s.mlp.gate.e_score_correction_bias", p), c->n_routed_experts,
@@ -295,10 +295,13 @@ static int write_tokenizer_config(const char *dir, ms_errbuf *err)
         return ms_err(err, MS_EINVAL, "path too long");
     FILE *f = fopen(path, "w");
     if (!f) return ms_err(err, MS_EIO, "%s: cannot write", path);
-    fprintf(f, "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n"
-               "  \"bos_token\": \"<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>\",\n"
-               "  \"eos_token\": \"<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>\",\n"
-               "  \"model_max_length\": 16384,\n  \"tokenizer_class\": \"LlamaTokenizerFast\"\n}\n");
+    fprintf(f,
+            "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n"
+            "  \"bos_token\": \"<\xef\xbd\x9c"
+            "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>\",\n"
+            "  \"eos_token\": \"<\xef\xbd\x9c"
+            "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>\",\n"
+            "  \"model_max_length\": 16384,\n  \"tokenizer_class\": \"LlamaTokenizerFast\"\n}\n");
     return fclose(f) == 0 ? 0 : ms_err(err, MS_EIO, "%s: write failed", path);
 }
 
@@ -342,8 +345,9 @@ int ms_mkmodel_write_skewed(const ms_config *cfg_in, int dtype, uint64_t seed, d
 {
     ms_config cfg = *cfg_in;
     if (route_skew > 0 && cfg.topk_method != MS_TOPK_NOAUX_TC)
-        return ms_err(err, MS_EINVAL, "--route-skew needs a router with e_score_correction_bias "
-                                      "(topk_method noaux_tc: tiny-v3, small-v3)");
+        return ms_err(err, MS_EINVAL,
+                      "--route-skew needs a router with e_score_correction_bias "
+                      "(topk_method noaux_tc: tiny-v3, small-v3)");
     if (dtype == MS_MK_FP8) {
         cfg.fp8_block = true;
         cfg.weight_block[0] = cfg.weight_block[1] = 128;
@@ -356,11 +360,16 @@ int ms_mkmodel_write_skewed(const ms_config *cfg_in, int dtype, uint64_t seed, d
         return ms_err(err, MS_EINVAL, "--out path too long");
     if ((rc = ms_config_write(&cfg, path, err))) return rc;
 
-    struct gen g = {.w = ms_st_writer_new(), .cfg = &cfg, .dtype = dtype, .seed = seed, .err = err,
+    struct gen g = {.w = ms_st_writer_new(),
+                    .cfg = &cfg,
+                    .dtype = dtype,
+                    .seed = seed,
+                    .err = err,
                     .route_skew = route_skew};
     if (!g.w) return ms_err(err, MS_ENOMEM, "out of memory");
     int64_t D = cfg.hidden_size;
-    rc = linear(&g, "model.embed_tokens.weight", cfg.vocab_size, D, 1.0f / sqrtf(3.0f / (float)D), 1);
+    rc = linear(&g, "model.embed_tokens.weight", cfg.vocab_size, D, 1.0f / sqrtf(3.0f / (float)D),
+                1);
     for (int l = 0; !rc && l < cfg.n_layers + cfg.num_nextn_predict_layers; l++) {
         rc = layer(&g, l);
         if (!rc && l >= cfg.n_layers) { /* MTP extras */

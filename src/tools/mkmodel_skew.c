@@ -14,7 +14,7 @@
 #include <string.h>
 
 #define SKEW_SAMPLES 2048
-#define SKEW_ROUNDS 160
+#define SKEW_ROUNDS  160
 
 /* target[E]: ∝ (e + 1)^-S, no entry above 1/K (the excess spread over the rest) */
 static void skew_target(int E, int K, double S, double *t)
@@ -25,8 +25,10 @@ static void skew_target(int E, int K, double S, double *t)
     for (int iter = 0; iter < E; iter++) {
         double free_sum = 0, fixed_sum = 0;
         for (int e = 0; e < E; e++) {
-            if (fixed && fixed[e]) fixed_sum += cap;
-            else free_sum += pow(e + 1.0, -S);
+            if (fixed && fixed[e])
+                fixed_sum += cap;
+            else
+                free_sum += pow(e + 1.0, -S);
         }
         int changed = 0;
         for (int e = 0; e < E; e++) {

@@ -38,13 +38,49 @@ typedef struct v4_preset {
 } v4_preset;
 
 static const v4_preset presets[] = {
-    {.name = "tiny-v4", .vocab = 1024, .D = 128, .max_pos = 4096, .rope_orig = 64, .L = 5,
-     .H = 8, .hd = 64, .dr = 16, .q_lora = 64, .G = 4, .R = 32, .window = 8, .nI = 8, .ihd = 32,
-     .topk = 4, .E = 16, .K = 4, .inter = 64, .n_hash = 2, .hc = 4,
+    {.name = "tiny-v4",
+     .vocab = 1024,
+     .D = 128,
+     .max_pos = 4096,
+     .rope_orig = 64,
+     .L = 5,
+     .H = 8,
+     .hd = 64,
+     .dr = 16,
+     .q_lora = 64,
+     .G = 4,
+     .R = 32,
+     .window = 8,
+     .nI = 8,
+     .ihd = 32,
+     .topk = 4,
+     .E = 16,
+     .K = 4,
+     .inter = 64,
+     .n_hash = 2,
+     .hc = 4,
      .ratios = {0, 4, 128, 4, 128, 0}},
-    {.name = "small-v4", .vocab = 32000, .D = 1024, .max_pos = 65536, .rope_orig = 4096, .L = 8,
-     .H = 16, .hd = 128, .dr = 64, .q_lora = 384, .G = 4, .R = 256, .window = 128, .nI = 16,
-     .ihd = 64, .topk = 128, .E = 64, .K = 6, .inter = 512, .n_hash = 2, .hc = 4,
+    {.name = "small-v4",
+     .vocab = 32000,
+     .D = 1024,
+     .max_pos = 65536,
+     .rope_orig = 4096,
+     .L = 8,
+     .H = 16,
+     .hd = 128,
+     .dr = 64,
+     .q_lora = 384,
+     .G = 4,
+     .R = 256,
+     .window = 128,
+     .nI = 16,
+     .ihd = 64,
+     .topk = 128,
+     .E = 64,
+     .K = 6,
+     .inter = 512,
+     .n_hash = 2,
+     .hc = 4,
      .ratios = {0, 0, 4, 128, 4, 128, 4, 0, 0}},
 };
 
@@ -108,7 +144,8 @@ static json_t *config_json(const v4_preset *p, int dtype)
     INT("bos_token_id", 0);
     INT("eos_token_id", 1);
     json_object_set_new(o, "tie_word_embeddings", json_false());
-    json_object_set_new(o, "torch_dtype", json_string(dtype == MS_MK_FP32 ? "float32" : "bfloat16"));
+    json_object_set_new(o, "torch_dtype",
+                        json_string(dtype == MS_MK_FP32 ? "float32" : "bfloat16"));
     if (dtype == MS_MK_FP8_FP4) json_object_set_new(o, "expert_dtype", json_string("fp4"));
     if (dtype == MS_MK_FP8 || dtype == MS_MK_FP8_FP4)
         json_object_set_new(o, "quantization_config",
@@ -125,12 +162,12 @@ static json_t *config_json(const v4_preset *p, int dtype)
 enum { T_UNI, T_FP8_W, T_FP8_S, T_FP4_W, T_FP4_S, T_TID };
 
 typedef struct tensor_gen {
-    char name[160];  /* the values' stream: a weight's name, also for its scales */
+    char name[160]; /* the values' stream: a weight's name, also for its scales */
     int kind;
-    ms_dtype dt;     /* T_UNI: F32 or BF16 */
+    ms_dtype dt; /* T_UNI: F32 or BF16 */
     int64_t rows, cols;
     float center, amp;
-    int E, K;        /* T_TID */
+    int E, K; /* T_TID */
     uint64_t seed;
 } tensor_gen;
 
@@ -221,7 +258,8 @@ static int fill_tensor(void *ctx, const char *name, void *buf, size_t nbytes, ms
     if (g->kind == T_FP4_W || g->kind == T_FP4_S) {
         fill_fp4(g, v, buf);
     } else if (g->kind == T_UNI) {
-        if (g->dt == MS_DT_F32) memcpy(buf, v, sizeof(float) * (size_t)n);
+        if (g->dt == MS_DT_F32)
+            memcpy(buf, v, sizeof(float) * (size_t)n);
         else
             for (int64_t i = 0; i < n; i++) ((uint16_t *)buf)[i] = ms_f32_to_bf16(v[i]);
     } else {
@@ -237,7 +275,8 @@ static int fill_tensor(void *ctx, const char *name, void *buf, size_t nbytes, ms
                 float s = ms_e8m0_to_f32((uint8_t)e);
                 for (int64_t r = r0; r < r1; r++)
                     for (int64_t c = c0; c < c1; c++)
-                        ((uint8_t *)buf)[r * g->cols + c] = ms_f32_to_fp8e4m3(v[r * g->cols + c] / s);
+                        ((uint8_t *)buf)[r * g->cols + c] =
+                            ms_f32_to_fp8e4m3(v[r * g->cols + c] / s);
             }
     }
     free(v);
@@ -259,8 +298,8 @@ static tensor_gen *new_gen(struct v4gen *G, const char *name, int kind)
 }
 
 /* A uniform tensor (1-D when rows == 1 and vec); F32 when f32 or --dtype fp32, else BF16. */
-static int uni(struct v4gen *G, const char *name, int64_t rows, int64_t cols, int vec,
-               float center, float amp, int f32)
+static int uni(struct v4gen *G, const char *name, int64_t rows, int64_t cols, int vec, float center,
+               float amp, int f32)
 {
     tensor_gen *g = new_gen(G, name, T_UNI);
     if (!g) return ms_err(G->err, MS_ENOMEM, "out of memory");
@@ -271,7 +310,11 @@ static int uni(struct v4gen *G, const char *name, int64_t rows, int64_t cols, in
                                 fill_tensor, g, G->err);
 }
 
-enum { Q_NONE, Q_FP8, Q_EXPERT }; /* linear()'s quantised: never, FP8, FP8 or FP4 (routed experts) */
+enum {
+    Q_NONE,
+    Q_FP8,
+    Q_EXPERT
+}; /* linear()'s quantised: never, FP8, FP8 or FP4 (routed experts) */
 
 /* A linear weight [rows][cols] of variance gain²/cols; FP8 (+ .scale) when
  * quantised and --dtype fp8 or fp8-fp4, FP4 (+ .scale) for a routed expert
@@ -284,19 +327,21 @@ static int linear(struct v4gen *G, const char *name, int64_t rows, int64_t cols,
     if (!quantised || (G->dtype != MS_MK_FP8 && G->dtype != MS_MK_FP8_FP4))
         return uni(G, name, rows, cols, 0, 0, amp, 0);
     if (fp4 && cols % 32)
-        return ms_err(G->err, MS_EINVAL, "%s: FP4 needs columns in multiples of 32, not %lld",
-                      name, (long long)cols);
+        return ms_err(G->err, MS_EINVAL, "%s: FP4 needs columns in multiples of 32, not %lld", name,
+                      (long long)cols);
     tensor_gen *g = new_gen(G, name, fp4 ? T_FP4_W : T_FP8_W),
                *s = new_gen(G, name, fp4 ? T_FP4_S : T_FP8_S);
     if (!g || !s) return ms_err(G->err, MS_ENOMEM, "out of memory");
     g->rows = s->rows = rows, g->cols = s->cols = cols, g->amp = s->amp = amp;
     const int64_t shape[2] = {rows, fp4 ? cols / 2 : cols},
-                  sshape[2] = {fp4 ? rows : (rows + 127) / 128, fp4 ? cols / 32 : (cols + 127) / 128};
+                  sshape[2] = {fp4 ? rows : (rows + 127) / 128,
+                               fp4 ? cols / 32 : (cols + 127) / 128};
     char sname[200];
     snprintf(sname, sizeof sname, "%.*s.scale", (int)strlen(name) - 7, name); /* X.weight */
-    int rc = ms_st_writer_add_gen(G->w, name, fp4 ? MS_DT_I8 : MS_DT_F8E4M3, 2, shape,
-                                  fill_tensor, g, G->err);
-    if (!rc) rc = ms_st_writer_add_gen(G->w, sname, MS_DT_F8E8M0, 2, sshape, fill_tensor, s, G->err);
+    int rc = ms_st_writer_add_gen(G->w, name, fp4 ? MS_DT_I8 : MS_DT_F8E4M3, 2, shape, fill_tensor,
+                                  g, G->err);
+    if (!rc)
+        rc = ms_st_writer_add_gen(G->w, sname, MS_DT_F8E8M0, 2, sshape, fill_tensor, s, G->err);
     return rc;
 }
 
@@ -306,7 +351,8 @@ static int hc_site(struct v4gen *G, const char *p, int64_t M, int n_scale)
 {
     const v4_preset *P = G->p;
     char n[200];
-    int rc = uni(G, NAME("%s_fn", p), M, P->hc * P->D, 0, 0, sqrtf(3.0f / (float)(P->hc * P->D)), 1);
+    int rc =
+        uni(G, NAME("%s_fn", p), M, P->hc * P->D, 0, 0, sqrtf(3.0f / (float)(P->hc * P->D)), 1);
     if (!rc) rc = uni(G, NAME("%s_base", p), 1, M, 1, 0, 0.5f, 1);
     if (!rc) rc = uni(G, NAME("%s_scale", p), 1, n_scale, 1, 1.0f, 0.5f, 1);
     return rc;
@@ -398,7 +444,8 @@ static int write_all(struct v4gen *G, const char *out_dir, int64_t shard_bytes)
     if (!rc) rc = hc_site(G, "hc_head", P->hc, 1);
     if (!rc) rc = linear(G, "head.weight", P->vocab, D, 1, 0);
     if (rc) return rc;
-    if (shard_bytes > 0) return ms_st_writer_save_sharded(G->w, out_dir, (size_t)shard_bytes, G->err);
+    if (shard_bytes > 0)
+        return ms_st_writer_save_sharded(G->w, out_dir, (size_t)shard_bytes, G->err);
     if (!ms_path_join(path, sizeof path, out_dir, "model.safetensors"))
         return ms_err(G->err, MS_EINVAL, "--out path too long");
     return ms_st_writer_save(G->w, path, G->err);
