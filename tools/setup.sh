@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
-PKGS="build-essential clang libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev \
+PKGS="build-essential clang clang-format libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev \
 libmicrohttpd-dev libjansson-dev libpcre2-dev libnuma-dev libcurl4-openssl-dev python3-numpy python3-torch \
 gnuplot-nox curl wrk hyperfine"
 missing=""
