@@ -49,13 +49,18 @@
  *            engine scores them: mean and smallest overlap |A ∩ B| / k, and the share of
  *            sets equal; the control, rotated and not rounded, should give ~1
  *            (ms_v4.topk_probe)
+ *   mqa      one prefill row's sink attention on one thread (the layers' H heads over
+ *            256 rows, hd 128 and V4's 512): ms_attn_mqa's blocks of 8 heads against
+ *            one head at a time (the path before them), alternating, best of 40:
+ *            µs per row, x_one_head
  * --rows picks the rows (a comma list of prefill, decode, verify, fp8fp4, kvq,
- * idxdot, topk; all by default; dram always).
+ * idxdot, topk, mqa; all by default; dram always).
  * Usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick]
  *                 [--rows LIST] [--pairs N]
  * Validation: every step's logits finite before a figure is printed.
  */
 #include "base/util.h"
+#include "kernels/attn_mqa.h"
 #include "kernels/kvq.h"
 #include "kernels/probe.h"
 #include "model/deepseek_v4.h"
@@ -380,8 +385,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
             pairs = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
-                            "[--rows prefill,decode,verify,fp8fp4,kvq,idxdot,topk] [--pairs N]\n");
+            fprintf(stderr,
+                    "usage: bench_v4 [--threads N] [--model-dir DIR] [--steps N] [--quick] "
+                    "[--rows prefill,decode,verify,fp8fp4,kvq,idxdot,topk,mqa] [--pairs N]\n");
             return 2;
         }
     }
@@ -589,6 +595,48 @@ int main(int argc, char **argv)
                    best[1] / nk * 1e9, best[0] / best[1], chk[0] == chk[1] ? "yes" : "NO");
             fflush(stdout);
             free(keys), free(q), free(sc), free(rowsb);
+        }
+    }
+
+    /* one query row's sink attention on one thread (a prefill row's, H heads over n rows):
+     * ms_attn_mqa over every head (blocks of 8 heads) against one head at a time (each
+     * head's dot products and axpys: the path before the blocks), alternating */
+    if (want("mqa")) {
+        const int64_t H = m->n_local_heads, n = 256, hds[2] = {m->v4->c.hd, 512};
+        for (int hi = 0; hi < 2; hi++) {
+            const int64_t hd = hds[hi];
+            float *mem = malloc(sizeof(float) * (size_t)(4 * n * hd)),
+                  *o = malloc(sizeof(float) * (size_t)(H * hd));
+            float *q = malloc(sizeof(float) * (size_t)(H * hd)),
+                  *sink = malloc(sizeof(float) * (size_t)H);
+            float *scr = malloc(sizeof(float) * (size_t)ms_attn_mqa_scratch_floats(n, hd));
+            const float **rp = malloc(sizeof(float *) * (size_t)n);
+            if (!mem || !o || !q || !sink || !scr || !rp) return 1;
+            uint64_t rng = 11;
+            for (int64_t i = 0; i < 4 * n * hd; i++)
+                mem[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
+            for (int64_t i = 0; i < H * hd; i++) q[i] = (float)(2.0 * ms_rng_uniform(&rng) - 1.0);
+            for (int64_t h = 0; h < H; h++) sink[h] = 0.5f;
+            for (int64_t i = 0; i < n; i++) rp[i] = mem + ((i * 13) % (4 * n)) * hd;
+            const float scale = 1.0f / sqrtf((float)hd);
+            double best[2] = {1e30, 1e30};
+            for (int rep = 0; rep < 40; rep++)
+                for (int k = 0; k < 2; k++) {
+                    double t0 = ms_now_s();
+                    for (int it = 0; it < 20; it++)
+                        if (k == 0)
+                            for (int64_t h = 0; h < H; h++)
+                                ms_attn_mqa(q, hd, rp, n, h, h + 1, scale, sink, scr, o);
+                        else
+                            ms_attn_mqa(q, hd, rp, n, 0, H, scale, sink, scr, o);
+                    best[k] = MS_MIN(best[k], (ms_now_s() - t0) / 20);
+                }
+            printf("mqa model=small-v4 heads=%lld hd=%lld rows=%lld threads=1 one_head_us=%.1f "
+                   "blocks_us=%.1f x_one_head=%.2f\n",
+                   (long long)H, (long long)hd, (long long)n, best[0] * 1e6, best[1] * 1e6,
+                   best[0] / best[1]);
+            fflush(stdout);
+            free(mem), free(o), free(q), free(sink), free(scr), free(rp);
         }
     }
 

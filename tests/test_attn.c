@@ -2,10 +2,12 @@
  * twin: F32, BF16 and FP8 caches, odd page sizes, one to several hundred rows, every
  * ISA path the machine has; long sequences (blocks of up to MS_ATTN_CHUNK rows,
  * the BF16 path): the reference, and the same bits at any thread count and batch;
- * an FP8 cache on the BF16 path: the bits of a BF16 cache of the same values. */
+ * an FP8 cache on the BF16 path: the bits of a BF16 cache of the same values;
+ * V4's one-KV-head sink attention (ms_attn_mqa) against its reference twin. */
 #include "base/util.h"
 #include "harness.h"
 #include "kernels/attn.h"
+#include "kernels/attn_mqa.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -326,6 +328,53 @@ TEST(decode_attention_fp8_as_bf16)
     fp8_as_bf16(5);
 }
 
+/* ms_attn_mqa against ms_attn_mqa_ref: blocks of 8 heads and the single heads
+ * past them (H 16, 11, 3), hd whole vectors or not, 1 .. 300 rows scattered in
+ * memory, sinks from far below to above the scores; a head range [h0, h1)
+ * writes only its heads; a head's bits do not depend on its block's other
+ * heads (another head's query changed), nor on a range whose blocks start
+ * where [0, H)'s do. */
+TEST(mqa_attention_matches_reference)
+{
+    static const int64_t shapes[][3] = {{16, 128, 300}, {16, 128, 1}, {11, 64, 9},
+                                        {3, 64, 40},    {8, 24, 8},   {9, 20, 17}};
+    uint64_t rng = 7;
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
+        const int64_t H = shapes[si][0], hd = shapes[si][1], n = shapes[si][2];
+        float *mem = malloc(sizeof(float) * (size_t)(2 * n * hd)),
+              *q = malloc(sizeof(float) * (size_t)(H * hd));
+        float *sink = malloc(sizeof(float) * (size_t)H),
+              *o = malloc(sizeof(float) * (size_t)(H * hd));
+        float *ref = malloc(sizeof(float) * (size_t)(H * hd)),
+              *o2 = malloc(sizeof(float) * (size_t)(H * hd));
+        float *scr = malloc(sizeof(float) * (size_t)ms_attn_mqa_scratch_floats(n, hd));
+        const float **rows = malloc(sizeof(float *) * (size_t)n);
+        CHECK(mem && q && sink && o && ref && o2 && scr && rows);
+        for (int64_t i = 0; i < 2 * n * hd; i++) mem[i] = (float)(ms_rng_uniform(&rng) * 2 - 1);
+        for (int64_t i = 0; i < n; i++) rows[i] = mem + ((i * 7) % (2 * n)) * hd; /* scattered */
+        for (int64_t i = 0; i < H * hd; i++) q[i] = (float)(ms_rng_uniform(&rng) * 4 - 2);
+        for (int64_t h = 0; h < H; h++)
+            sink[h] = (float)(h % 3 == 0 ? -30.0 : h % 3 == 1 ? 0.5 : 6.0);
+        const float scale = 1.0f / sqrtf((float)hd);
+        ms_attn_mqa(q, hd, rows, n, 0, H, scale, sink, scr, o);
+        ms_attn_mqa_ref(q, hd, rows, n, 0, H, scale, sink, scr, ref);
+        double e = rel_err(o, ref, H * hd);
+        CHECKF(e <= 1e-5, "H %ld hd %ld n %ld: rel %g", (long)H, (long)hd, (long)n, e);
+        for (int64_t i = 0; i < H * hd; i++)
+            o2[i] = 12345.0f; /* heads [1, H): the others untouched */
+        ms_attn_mqa(q, hd, rows, n, 1, H, scale, sink, scr, o2);
+        for (int64_t i = 0; i < hd; i++) CHECK(o2[i] == 12345.0f);
+        if (H >= 9) { /* head 8 computed in [8, H) and in [0, H): the blocks start at 8 in both */
+            ms_attn_mqa(q, hd, rows, n, 8, H, scale, sink, scr, o2);
+            CHECK(!memcmp(o2 + 8 * hd, o + 8 * hd, sizeof(float) * (size_t)hd));
+        }
+        q[hd * (H > 1 ? 1 : 0)] += 1.0f; /* head 1's query: head 0 keeps its bits */
+        ms_attn_mqa(q, hd, rows, n, 0, H, scale, sink, scr, o2);
+        if (H > 1) CHECK(!memcmp(o2, o, sizeof(float) * (size_t)hd));
+        free(mem), free(q), free(sink), free(o), free(ref), free(o2), free(scr), free(rows);
+    }
+}
+
 int main(void)
 {
     RUN(decode_attention_matches_reference);
@@ -333,5 +382,6 @@ int main(void)
     RUN(decode_attention_batch);
     RUN(decode_attention_long_blocks);
     RUN(decode_attention_fp8_as_bf16);
+    RUN(mqa_attention_matches_reference);
     return TEST_REPORT();
 }

@@ -494,7 +494,7 @@ ABF static void attend_bf(const struct job *j, const ms_attn_seq *a, const float
  *   group inner so that the chunk's 64 bytes of each row are read from L2
  *   once and from L1 for the other groups. */
 
-/* exp(x) for 16 lanes: vec.c's exp8 (Cody-Waite by ln 2, Cephes degree 6);
+/* exp(x) for 16 lanes: avx2_inl.h's ms_exp8 (Cody-Waite by ln 2, Cephes degree 6);
  * x < -87.3 (also -inf) gives 0. */
 AI512 __m512 exp16(__m512 x)
 {

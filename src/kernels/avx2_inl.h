@@ -1,5 +1,5 @@
 /* avx2_inl.h — the small AVX2 helpers the kernel files share: horizontal sum
- * and maximum of 8 lanes, 8 bf16 values widened to f32.  AVX2 is the build
+ * and maximum of 8 lanes, 8 bf16 values widened to f32, exp of 8 lanes.  AVX2 is the build
  * baseline (x86-64-v3), so any file under src/kernels may include it. */
 #ifndef MS_KERNELS_AVX2_INL_H
 #define MS_KERNELS_AVX2_INL_H
@@ -27,6 +27,33 @@ static inline __attribute__((always_inline)) __m256 ms_load_bf16x8(const void *p
 {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* exp(x) for 8 lanes: Cody-Waite reduction by ln 2 and the Cephes degree-6
+ * polynomial; x < -87.3 (also -inf) gives 0, x > 88.7 gives 3e38. */
+static inline __attribute__((always_inline)) __m256 ms_exp8(__m256 x)
+{
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n: n in [-126, 128]; split so that both factors are normal */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i h = _mm256_srai_epi32(ni, 1);
+    __m256 s1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(_mm256_mul_ps(y, s1), s2));
 }
 
 #endif

@@ -1,6 +1,7 @@
 /* ref.c — scalar reference kernels (the twins every fast path is tested
  * against) and the small elementwise kernels.  Accumulation in double for the
  * matmul references, so they are an oracle and not just another float path. */
+#include "kernels/attn_mqa.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -200,4 +201,26 @@ float ms_dot_f32_ref(const float *a, const float *b, int64_t n)
 void ms_axpy_f32_ref(float *y, float a, const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void ms_attn_mqa_ref(const float *q, int64_t hd, const float *const *rows, int64_t n, int64_t h0,
+                     int64_t h1, float scale, const float *sink, float *scratch, float *o)
+{
+    for (int64_t h = h0; h < h1; h++) {
+        const float *qh = q + h * hd;
+        double z = -INFINITY, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double s = 0;
+            for (int64_t d = 0; d < hd; d++) s += (double)qh[d] * rows[i][d];
+            scratch[i] = (float)(scale * s);
+            z = scratch[i] > z ? scratch[i] : z;
+        }
+        for (int64_t i = 0; i < n; i++) den += scratch[i] = (float)exp(scratch[i] - z);
+        den += exp(sink[h] - z);
+        for (int64_t d = 0; d < hd; d++) {
+            double s = 0;
+            for (int64_t i = 0; i < n; i++) s += (double)scratch[i] * rows[i][d];
+            o[h * hd + d] = (float)(s / den);
+        }
+    }
 }

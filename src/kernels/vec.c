@@ -10,33 +10,6 @@
 #include <immintrin.h>
 #include <math.h>
 
-/* exp(x) for 8 lanes: Cody-Waite reduction by ln 2 and the Cephes degree-6
- * polynomial; x < -87.3 (also -inf) gives 0, x > 88.7 gives 3e38. */
-static inline __m256 exp8(__m256 x)
-{
-    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n: n in [-126, 128]; split so that both factors are normal */
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i h = _mm256_srai_epi32(ni, 1);
-    __m256 s1 =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(_mm256_mul_ps(y, s1), s2));
-}
-
 float ms_dot_f32(const float *a, const float *b, int64_t n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -92,7 +65,7 @@ void ms_softmax(float *x, int64_t n)
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
     for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+        __m256 e = ms_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
         _mm256_storeu_ps(x + i, e);
         vs = _mm256_add_ps(vs, e);
     }
@@ -112,7 +85,7 @@ void ms_silu_mul(float *out, const float *g, const float *u, int64_t n)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 vg = _mm256_loadu_ps(g + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), vg));
+        __m256 e = ms_exp8(_mm256_sub_ps(_mm256_setzero_ps(), vg));
         __m256 s = _mm256_div_ps(vg, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
     }

@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/util.h"
+#include "kernels/attn_mqa.h"
 #include "kernels/kvq.h"
 #include "model/config_json.h"
 #include "model/planner_families.h"
@@ -330,7 +331,6 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
     if (S <= w->cap_S && nt <= w->n_th) return 0;
     S = MS_MAX(MS_MAX(S, 2 * w->cap_S), 256);
     GROW_F(w->cand, S * c->hd);
-    GROW_F(w->sc, S * m->n_local_heads);
     GROW_F(w->isc, S);
     GROW_F(w->ik, S * c->idx_hd);
     GROW_F(w->iscore, S * c->n_idx_heads);
@@ -351,7 +351,7 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
     for (int i = 0; i < nt; i++) {
         struct v4_th *t = &w->th[i];
         t->isc = ms_alloc_aligned((size_t)S, sizeof(float));
-        t->sc = ms_alloc_aligned((size_t)S, sizeof(float));
+        t->sc = ms_alloc_aligned((size_t)ms_attn_mqa_scratch_floats(S, c->hd), sizeof(float));
         t->sel = malloc(sizeof(int32_t) * (size_t)S);
         t->cand = malloc(sizeof(float *) * (size_t)S);
         t->kb = ms_alloc_aligned((size_t)(64 * c->idx_hd), sizeof(float));
@@ -363,9 +363,9 @@ int ms_v4_ws_attn_reserve(ms_model *m, int64_t S, int64_t n_win)
 
 static void ws_free(ms_v4_ws *w)
 {
-    float *bufs[] = {w->X,    w->Xn, w->mix, w->pre, w->post,   w->comb, w->u,      w->f,     w->qr,
-                     w->q,    w->kv, w->o,   w->z,   w->ca,     w->cg,   w->iq,     w->iw,    w->hn,
-                     w->cand, w->sc, w->isc, w->ik,  w->iscore, w->isr,  w->logits, w->cstate};
+    float *bufs[] = {w->X,    w->Xn,  w->mix, w->pre,    w->post, w->comb,   w->u,     w->f,  w->qr,
+                     w->q,    w->kv,  w->o,   w->z,      w->ca,   w->cg,     w->iq,    w->iw, w->hn,
+                     w->cand, w->isc, w->ik,  w->iscore, w->isr,  w->logits, w->cstate};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++) ms_free_aligned(bufs[i]);
     ms_free_aligned(w->win), ms_free_aligned(w->cbuf);
     for (int i = 0; i < w->n_th; i++) {

@@ -94,7 +94,6 @@ typedef struct ms_v4_ws {
     int32_t *tok;             /* [T] token ids of the rows */
     int64_t cap_S;
     float *cand;   /* [cap_S][hd] one query's candidate entries */
-    float *sc;     /* [H][cap_S] scores */
     float *isc;    /* [cap_S] indexer scores */
     float *ik;     /* [cap_S][ihd] one query's index keys */
     float *iscore; /* [nI][cap_S] per-head index products */
@@ -106,7 +105,7 @@ typedef struct ms_v4_ws {
     int64_t cap_win;
     float *cbuf;         /* [cap_S][hd] its C128 entries, or a prefill's C4 entries */
     struct v4_th {       /* per pool thread: one query row's scratch (th[0].cand: a decode row's) */
-        float *isc, *sc; /* [cap_S] index scores, one head's attention scores */
+        float *isc, *sc; /* [cap_S] index scores; ms_attn_mqa's scratch */
         int32_t *sel;    /* [cap_S] selected C4 entries */
         const float **cand; /* [cap_S] candidate rows */
         float *kb;          /* [64][idx_hd] a decode row's block of index keys */

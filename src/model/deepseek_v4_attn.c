@@ -33,6 +33,7 @@
  * against (ms_v4.attn_ref).  Main thread only (it drives the pool).
  */
 #include "base/util.h"
+#include "kernels/attn_mqa.h"
 #include "kernels/kvq.h"
 #include "model/deepseek_v4.h"
 #include "parallel/comm.h"
@@ -326,27 +327,17 @@ static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, 
     return k;
 }
 
-/* Sink attention of one query row (q: [H][hd]) over ncand entries in ws->cand:
- * dot products and axpys on the calling thread (a few hundred entries of one
- * query: cheaper than a pool hand-off per product). */
+/* Sink attention of one query row (q: [H][hd]) over ncand entries in ws->cand,
+ * every head in one ms_attn_mqa call on the calling thread (the threaded
+ * path's heads go through the same blocks of 8 heads, so its bits are these). */
 static void attend(ms_model *m, const float *sink, const float *q, int64_t ncand, float *o)
 {
     const ms_v4_cfg *c = &m->v4->c;
     ms_v4_ws *w = &m->v4->ws;
     int64_t H = m->n_local_heads, hd = c->hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = 0; h < H; h++) {
-        float *s = w->sc + h * ncand, z = -INFINITY, den = 0;
-        for (int64_t i = 0; i < ncand; i++) {
-            s[i] = scale * ms_dot_f32(q + h * hd, w->cand + i * hd, hd);
-            z = s[i] > z ? s[i] : z;
-        }
-        for (int64_t i = 0; i < ncand; i++) den += s[i] = expf(s[i] - z);
-        den += expf(sink[h] - z);
-        float *oh = o + h * hd;
-        memset(oh, 0, sizeof(float) * (size_t)hd);
-        for (int64_t i = 0; i < ncand; i++) ms_axpy_f32(oh, s[i] / den, w->cand + i * hd, hd);
-    }
+    const float **rows = w->th[0].cand;
+    for (int64_t i = 0; i < ncand; i++) rows[i] = w->cand + i * hd;
+    ms_attn_mqa(q, hd, rows, ncand, 0, H, 1.0f / sqrtf((float)hd), sink, w->th[0].sc, o);
 }
 
 /* The reference twin of attend_all: one query row at a time on the calling
@@ -457,25 +448,27 @@ static void index_scores(const ms_v4_cfg *c, const float *ik, const float *iq, c
 }
 
 /* Sink attention of heads [h0, h1) of one query row over candidate rows
- * cand[0 .. n) (attend's arithmetic; sc: one head's scores). */
+ * cand[0 .. n) (ms_attn_mqa; sc: its scratch). */
 static void attend_ptrs(const ms_v4_cfg *c, const float *sink, const float *q,
                         const float *const *cand, int64_t n, int64_t h0, int64_t h1, float *sc,
                         float *o)
 {
-    int64_t hd = c->hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = h0; h < h1; h++) {
-        float z = -INFINITY, den = 0;
-        for (int64_t i = 0; i < n; i++) {
-            sc[i] = scale * ms_dot_f32(q + h * hd, cand[i], hd);
-            z = sc[i] > z ? sc[i] : z;
-        }
-        for (int64_t i = 0; i < n; i++) den += sc[i] = expf(sc[i] - z);
-        den += expf(sink[h] - z);
-        float *oh = o + h * hd;
-        memset(oh, 0, sizeof(float) * (size_t)hd);
-        for (int64_t i = 0; i < n; i++) ms_axpy_f32(oh, sc[i] / den, cand[i], hd);
-    }
+    ms_attn_mqa(q, c->hd, cand, n, h0, h1, 1.0f / sqrtf((float)c->hd), sink, sc, o);
+}
+
+/* A decode row's head items: the blocks of 8 heads ms_attn_mqa makes of [0,
+ * H), then the heads past them one at a time (so each head's arithmetic is the
+ * one attend() gives it).  Item i's heads: [*h0, *h1). */
+static int64_t head_items(int64_t H, int64_t hd)
+{
+    int64_t nb = hd % 8 == 0 ? H / 8 : 0;
+    return nb + (H - nb * 8);
+}
+static void head_item(int64_t H, int64_t hd, int64_t i, int64_t *h0, int64_t *h1)
+{
+    int64_t nb = hd % 8 == 0 ? H / 8 : 0;
+    *h0 = i < nb ? i * 8 : nb * 8 + (i - nb);
+    *h1 = i < nb ? *h0 + 8 : *h0 + 1;
 }
 
 /* Prefill rows, claimed one at a time. */
@@ -579,7 +572,8 @@ static void decode_index_fn(void *arg, int tid, int nt)
     }
 }
 
-/* A decode row's heads, claimed one at a time (candidates: ws->th[0].cand). */
+/* A decode row's head items (head_item), claimed one at a time (candidates:
+ * ws->th[0].cand). */
 static void decode_heads_fn(void *arg, int tid, int nt)
 {
     struct seq_job *J = arg;
@@ -587,9 +581,11 @@ static void decode_heads_fn(void *arg, int tid, int nt)
     ms_v4_ws *w = &J->m->v4->ws;
     int64_t H = J->m->n_local_heads, hd = c->hd;
     (void)nt;
-    for (int64_t h; (h = atomic_fetch_add(&J->next, 1)) < H;)
-        attend_ptrs(c, J->lw->sink, w->q + J->t * H * hd, w->th[0].cand, J->ncand, h, h + 1,
+    for (int64_t i, h0, h1; (i = atomic_fetch_add(&J->next, 1)) < head_items(H, hd);) {
+        head_item(H, hd, i, &h0, &h1);
+        attend_ptrs(c, J->lw->sink, w->q + J->t * H * hd, w->th[0].cand, J->ncand, h0, h1,
                     w->th[tid].sc, w->o + J->t * H * hd);
+    }
 }
 
 /* One decode row (its index scores over the keys already in ws->isr, by
