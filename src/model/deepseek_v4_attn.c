@@ -300,6 +300,14 @@ static int compress(ms_model *m, const ms_kv_cache *cache, const ms_batch_seq *s
     return 0;
 }
 
+/* max(x, 0) as fmaxf(x, 0.0f) gives it (NaN: 0; a zero of either sign adds
+ * nothing to the sums it enters, which start at +0), inline: gcc calls libm's
+ * fmaxf without -ffast-math (~2 % of a 4K small-v4 prefill in perf). */
+static inline float relu(float x)
+{
+    return x > 0.0f ? x : 0.0f;
+}
+
 /* The indexer's choice for the query at pos (row t of iq / iw): the top-k
  * compressed entries by Σ_h w_h · ReLU(q_h · K_j), j < (pos+1)/4, into
  * ws->sel; returns how many. */
@@ -319,7 +327,7 @@ static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, 
     const float *iw = w->iw + t * nI;
     for (int64_t j = 0; j < n; j++) {
         float s = 0;
-        for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(w->iscore[h * n + j], 0.0f);
+        for (int64_t h = 0; h < nI; h++) s += iw[h] * relu(w->iscore[h * n + j]);
         w->isc[j] = s;
     }
     int k = (int)MS_MIN(n, (int64_t)c->idx_topk);
@@ -442,7 +450,7 @@ static void index_scores(const ms_v4_cfg *c, const float *ik, const float *iq, c
     for (int64_t j = 0; j < n; j++) {
         float s = 0;
         for (int64_t h = 0; h < nI; h++)
-            s += iw[h] * fmaxf(ms_dot_f32(iq + h * ihd, ik + j * ihd, ihd), 0.0f);
+            s += iw[h] * relu(ms_dot_f32(iq + h * ihd, ik + j * ihd, ihd));
         isc[j] = s;
     }
 }
@@ -549,7 +557,7 @@ static void decode_index_fn(void *arg, int tid, int nt)
                     for (int64_t r = 0; r < nr; r++) {
                         const float *iw = w->iw + (t + r) * nI;
                         float s = 0;
-                        for (int64_t h = 0; h < nI; h++) s += iw[h] * fmaxf(d[r * nI + h], 0.0f);
+                        for (int64_t h = 0; h < nI; h++) s += iw[h] * relu(d[r * nI + h]);
                         w->isr[(rc + r) * w->cap_S + b + j] = s;
                     }
                 }
