@@ -20,8 +20,8 @@ double ms_probe_read_gbps(ms_pool *pool, size_t bytes, int reps);
  * (ms_kernels_detect). */
 double ms_probe_bf16_gflops(ms_pool *pool, int reps);
 
-/* The same for 512-bit FP32 FMA (vfmadd231ps: 16 lanes x 2 flops), or 0 on a
- * CPU without AVX-512. */
+/* The same for FP32 FMA: 512-bit vfmadd231ps (16 lanes x 2 flops), or the
+ * 256-bit one (8 lanes x 2) on a CPU without AVX-512. */
 double ms_probe_fma_gflops(ms_pool *pool, int reps);
 
 #endif
