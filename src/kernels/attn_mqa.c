@@ -44,26 +44,25 @@ scores(const float *qt, int64_t hd, const float *const *rows, int64_t i, const i
     for (int c = 0; c < R; c++) _mm256_storeu_ps(S + (i + c) * 8, a[c]);
 }
 
-/* Heads j and j + 1 of the block (one head when pair is 0), columns [d, d + 8·V). */
+/* Heads j and j + 1 of the block, columns [d, d + 8·V). */
 static inline __attribute__((always_inline)) void pv(const float *S, const float *const *rows,
-                                                     int64_t n, int j, const int pair, int64_t d,
-                                                     const int V, int64_t hd, float *o)
+                                                     int64_t n, int j, int64_t d, const int V,
+                                                     int64_t hd, float *o)
 {
     __m256 a[2][4];
     for (int v = 0; v < V; v++) a[0][v] = a[1][v] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i++) {
         const float *r = rows[i] + d;
-        __m256 p0 = _mm256_broadcast_ss(S + i * 8 + j);
-        __m256 p1 = pair ? _mm256_broadcast_ss(S + i * 8 + j + 1) : p0;
+        __m256 p0 = _mm256_broadcast_ss(S + i * 8 + j), p1 = _mm256_broadcast_ss(S + i * 8 + j + 1);
         for (int v = 0; v < V; v++) {
             __m256 x = _mm256_loadu_ps(r + v * 8);
             a[0][v] = _mm256_fmadd_ps(p0, x, a[0][v]);
-            if (pair) a[1][v] = _mm256_fmadd_ps(p1, x, a[1][v]);
+            a[1][v] = _mm256_fmadd_ps(p1, x, a[1][v]);
         }
     }
     for (int v = 0; v < V; v++) {
         _mm256_storeu_ps(o + j * hd + d + v * 8, a[0][v]);
-        if (pair) _mm256_storeu_ps(o + (j + 1) * hd + d + v * 8, a[1][v]);
+        _mm256_storeu_ps(o + (j + 1) * hd + d + v * 8, a[1][v]);
     }
 }
 
@@ -90,8 +89,8 @@ static void block8(const float *q, int64_t hd, const float *const *rows, int64_t
         _mm256_storeu_ps(S + i * 8, _mm256_mul_ps(_mm256_loadu_ps(S + i * 8), inv));
     for (int j = 0; j < 8; j += 2) {
         int64_t d = 0;
-        for (; d + 32 <= hd; d += 32) pv(S, rows, n, j, 1, d, 4, hd, o);
-        for (; d < hd; d += 8) pv(S, rows, n, j, 1, d, 1, hd, o);
+        for (; d + 32 <= hd; d += 32) pv(S, rows, n, j, d, 4, hd, o);
+        for (; d < hd; d += 8) pv(S, rows, n, j, d, 1, hd, o);
     }
 }
 

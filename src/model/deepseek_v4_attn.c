@@ -335,6 +335,15 @@ static int64_t index_select(ms_model *m, const ms_kv_view *v, int l, int64_t t, 
     return k;
 }
 
+/* Sink attention of heads [h0, h1) of one query row over candidate rows
+ * cand[0 .. n) (ms_attn_mqa; sc: its scratch). */
+static void attend_ptrs(const ms_v4_cfg *c, const float *sink, const float *q,
+                        const float *const *cand, int64_t n, int64_t h0, int64_t h1, float *sc,
+                        float *o)
+{
+    ms_attn_mqa(q, c->hd, cand, n, h0, h1, 1.0f / sqrtf((float)c->hd), sink, sc, o);
+}
+
 /* Sink attention of one query row (q: [H][hd]) over ncand entries in ws->cand,
  * every head in one ms_attn_mqa call on the calling thread (the threaded
  * path's heads go through the same blocks of 8 heads, so its bits are these). */
@@ -345,7 +354,7 @@ static void attend(ms_model *m, const float *sink, const float *q, int64_t ncand
     int64_t H = m->n_local_heads, hd = c->hd;
     const float **rows = w->th[0].cand;
     for (int64_t i = 0; i < ncand; i++) rows[i] = w->cand + i * hd;
-    ms_attn_mqa(q, hd, rows, ncand, 0, H, 1.0f / sqrtf((float)hd), sink, w->th[0].sc, o);
+    attend_ptrs(c, sink, q, rows, ncand, 0, H, w->th[0].sc, o);
 }
 
 /* The reference twin of attend_all: one query row at a time on the calling
@@ -453,15 +462,6 @@ static void index_scores(const ms_v4_cfg *c, const float *ik, const float *iq, c
             s += iw[h] * relu(ms_dot_f32(iq + h * ihd, ik + j * ihd, ihd));
         isc[j] = s;
     }
-}
-
-/* Sink attention of heads [h0, h1) of one query row over candidate rows
- * cand[0 .. n) (ms_attn_mqa; sc: its scratch). */
-static void attend_ptrs(const ms_v4_cfg *c, const float *sink, const float *q,
-                        const float *const *cand, int64_t n, int64_t h0, int64_t h1, float *sc,
-                        float *o)
-{
-    ms_attn_mqa(q, c->hd, cand, n, h0, h1, 1.0f / sqrtf((float)c->hd), sink, sc, o);
 }
 
 /* A decode row's head items: the blocks of 8 heads ms_attn_mqa makes of [0,
