@@ -1,8 +1,9 @@
 /* test_attn.c — the paged MLA decode attention kernel against its reference
  * twin: F32, BF16 and FP8 caches, odd page sizes, one to several hundred rows, every
  * ISA path the machine has; long sequences (blocks of up to MS_ATTN_CHUNK rows,
- * the BF16 path): the reference, and the same bits at any thread count and batch;
- * an FP8 cache on the BF16 path: the bits of a BF16 cache of the same values;
+ * the BF16 path and AVX2's FP32 one): the reference, and the same bits at any
+ * thread count and batch; an FP8 cache on those paths: the bits of a BF16 cache
+ * of the same values;
  * V4's one-KV-head sink attention (ms_attn_mqa) against its reference twin. */
 #include "base/util.h"
 #include "harness.h"
@@ -171,15 +172,16 @@ static void fill_bf16(uint64_t *rng, int64_t S, int64_t row, int ps, uint16_t **
         (*mem)[e] = ms_f32_to_bf16((float)(2 * ms_rng_uniform(rng) - 1));
 }
 
-/* Sequences longer than MS_ATTN_CHUNK on the BF16 path: a batch of long and
- * short sequences (more blocks than one pool run's partial slots at one
- * thread: several waves) matches the reference per sequence within bf16
- * rounding, and gives the same bits at 1, 2 and 3 threads and for each
- * sequence decoded alone.  Scores with a peak in one block test the blocks'
- * weights: a block combined without its max/sum weight misses by far. */
-static void long_blocks(int64_t H, int PS, int64_t row)
+/* Sequences longer than MS_ATTN_CHUNK in blocks, on the BF16 path (isa
+ * MS_ISA_AVX512BF16, within bf16 rounding: tol 2e-2) or in FP32 on AVX2 (isa
+ * MS_ISA_AVX2, ms_attn_block_f32: tol 1e-5): a batch of long and short
+ * sequences (more blocks than one pool run's partial slots at one thread:
+ * several waves) matches the reference per sequence, and gives the same bits
+ * at 1, 2 and 3 threads and for each sequence decoded alone.  Scores with a
+ * peak in one block test the blocks' weights: a block combined without its
+ * max/sum weight misses by far. */
+static void long_blocks(int isa, double tol, int64_t H, int PS, int64_t row)
 {
-    int best = ms_kernels_detect();
     enum { N = 5 };
     /* 4 · MS_ATTN_CHUNK + 37: blocks of MS_ATTN_CHUNK rows; 701 and 1025:
      * four blocks of a quarter each */
@@ -205,7 +207,7 @@ static void long_blocks(int64_t H, int PS, int64_t row)
     float *ctx[3], *one = malloc(cbytes), *ref = malloc(sizeof(float) * (size_t)(H * vdim));
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
-        ms_kctx k = {pool, 0, best, 0};
+        ms_kctx k = {pool, 0, isa, 0};
         float *scratch =
             malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, lens[2]));
         ctx[threads - 1] = malloc(cbytes);
@@ -225,8 +227,8 @@ static void long_blocks(int64_t H, int PS, int64_t row)
     for (int i = 0; i < N; i++) {
         ms_attn_decode_ref(&seqs[i], q + i * H * row, H, vdim, 0.06f, ref);
         double err = rel_err(ctx[0] + i * H * vdim, ref, H * vdim);
-        CHECKF(err < 2e-2, "H %lld page %d row %lld seq %d (S %lld): rel err %g", (long long)H, PS,
-               (long long)row, i, (long long)lens[i], err);
+        CHECKF(err < tol, "isa %d H %lld page %d row %lld seq %d (S %lld): rel err %g", isa,
+               (long long)H, PS, (long long)row, i, (long long)lens[i], err);
     }
     for (int t = 0; t < 3; t++) free(ctx[t]);
     for (int i = 0; i < N; i++) free(mem[i]), free(pages[i]);
@@ -234,35 +236,37 @@ static void long_blocks(int64_t H, int PS, int64_t row)
 }
 
 /* H 16 (one zmm of heads in the long blocks' softmax lanes), 5, 21 and 24
- * (padded head groups of 8 and lanes of 16); odd last blocks (701, 1025,
- * 2085).
+ * (padded head groups of 8 and lanes of 16; on AVX2 head groups of 6, 4
+ * and 2 in the context); odd last blocks (701, 1025, 2085).
  * Pages of 16 rows keep each step of 16 rows one run in memory; pages of 5
- * and 7 (in reverse order) make the scores copy the rows first.  Rows of
- * 288 (small-v3) and 576 (V3) have their own inlined forms, 320 the
- * generic one. */
+ * and 7 (in reverse order) make the BF16 scores copy the rows first.  Rows
+ * of 288 (small-v3) and 576 (V3) have their own inlined forms there, 320 the
+ * generic one.  The AVX2 form runs on every CPU the build runs on. */
 TEST(decode_attention_long_blocks)
 {
-    if (ms_kernels_detect() < MS_ISA_AVX512BF16) {
-        CHECKF(1, "no AVX512_BF16");
-        return;
+    const int bf = ms_kernels_detect() >= MS_ISA_AVX512BF16;
+    for (int pass = bf ? 0 : 1; pass < 2; pass++) {
+        int isa = pass ? MS_ISA_AVX2 : MS_ISA_AVX512BF16;
+        double tol = pass ? 1e-5 : 2e-2;
+        long_blocks(isa, tol, 16, 16, 288);
+        long_blocks(isa, tol, 5, 16, 288);
+        long_blocks(isa, tol, 21, 16, 288);
+        long_blocks(isa, tol, 24, 16, 288);
+        long_blocks(isa, tol, 16, 5, 288);
+        long_blocks(isa, tol, 21, 7, 576);
+        long_blocks(isa, tol, 16, 16, 576);
+        long_blocks(isa, tol, 24, 5, 320);
+        long_blocks(isa, tol, 8, 16, 288); /* small-v3's heads per rank at --tp 2 */
     }
-    long_blocks(16, 16, 288);
-    long_blocks(5, 16, 288);
-    long_blocks(21, 16, 288);
-    long_blocks(24, 16, 288);
-    long_blocks(16, 5, 288);
-    long_blocks(21, 7, 576);
-    long_blocks(16, 16, 576);
-    long_blocks(24, 5, 320);
 }
 
-/* An FP8 cache on the BF16 path (auto mode): its rows widened to bf16 (exact),
- * a batch of short and long sequences (more than MS_ATTN_CHUNK rows: blocks)
- * has the bits of the same batch over a BF16 cache of the same values, at 1,
- * 2 and 3 threads, and is within bf16 rounding of the reference. */
-static void fp8_as_bf16(int64_t H)
+/* An FP8 cache on the BF16 path (auto mode, isa MS_ISA_AVX512BF16) or the
+ * AVX2 one (MS_ISA_AVX2): its rows widened to bf16 (exact), a batch of short
+ * and long sequences (more than MS_ATTN_CHUNK rows: blocks) has the bits of
+ * the same batch over a BF16 cache of the same values, at 1, 2 and 3
+ * threads, and is within tol of the reference (bf16 rounding; FP32). */
+static void fp8_as_bf16(int isa, double tol, int64_t H)
 {
-    int best = ms_kernels_detect();
     enum { N = 6, PS = 7 };
     static const int64_t lens[N] = {1, 17, MS_ATTN_CHUNK, MS_ATTN_CHUNK + 1, 701, 40};
     const int64_t row = 288, vdim = 256;
@@ -294,7 +298,7 @@ static void fp8_as_bf16(int64_t H)
           *ref = malloc(sizeof(float) * (size_t)(H * vdim));
     for (int threads = 1; threads <= 3; threads++) {
         ms_pool *pool = ms_pool_new(threads);
-        ms_kctx k = {pool, 0, best, 0};
+        ms_kctx k = {pool, 0, isa, 0};
         float *scratch =
             malloc(sizeof(float) * (size_t)ms_attn_scratch_floats(threads, row, H, 701));
         memset(c8, 0xff, cbytes);
@@ -311,7 +315,7 @@ static void fp8_as_bf16(int64_t H)
     for (int i = 0; i < N; i++) {
         ms_attn_decode_ref(&s8[i], q + i * H * row, H, vdim, 0.06f, ref);
         double err = rel_err(c8 + i * H * vdim, ref, H * vdim);
-        CHECKF(err < 2e-2, "FP8 H %lld seq %d (S %lld): rel err %g", (long long)H, i,
+        CHECKF(err < tol, "FP8 isa %d H %lld seq %d (S %lld): rel err %g", isa, (long long)H, i,
                (long long)lens[i], err);
     }
     for (int i = 0; i < N; i++) free(m8[i]), free(m16[i]), free(p8[i]), free(p16[i]);
@@ -320,12 +324,12 @@ static void fp8_as_bf16(int64_t H)
 
 TEST(decode_attention_fp8_as_bf16)
 {
-    if (ms_kernels_detect() < MS_ISA_AVX512BF16) {
-        CHECKF(1, "no AVX512_BF16");
-        return;
+    if (ms_kernels_detect() >= MS_ISA_AVX512BF16) {
+        fp8_as_bf16(MS_ISA_AVX512BF16, 2e-2, 16);
+        fp8_as_bf16(MS_ISA_AVX512BF16, 2e-2, 5);
     }
-    fp8_as_bf16(16);
-    fp8_as_bf16(5);
+    fp8_as_bf16(MS_ISA_AVX2, 1e-5, 16);
+    fp8_as_bf16(MS_ISA_AVX2, 1e-5, 5);
 }
 
 /* ms_attn_mqa against ms_attn_mqa_ref: blocks of 8 heads and the single heads

@@ -1,5 +1,6 @@
 /* attn.c — paged MLA decode attention (attn.h). */
 #include "kernels/attn.h"
+#include "kernels/attn_block_f32.h"
 #include "kernels/avx2_inl.h"
 #include "kernels/mm_internal.h"
 
@@ -34,6 +35,7 @@ struct job {
     const float *q;
     int64_t H, vdim, hb, S_max; /* hb: heads per short item */
     int n_items, items_per_seq, n_short, bf;
+    int lf; /* long sequences in FP32 blocks (ms_attn_block_f32) where bf is 0 */
     float scale;
     float *ctx, *scratch;
     int64_t fl;   /* scratch floats per thread */
@@ -689,15 +691,16 @@ ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const fl
     block_ctx(rp, S, V, pd, ng, hp, (int)nh, ctx + h0 * V);
 }
 
-/* Caches the BF16 path reads: BF16, and FP8 through a bf16 copy (f8_rows). */
+/* Caches the BF16 path and the FP32 long blocks read: BF16, and FP8 through a
+ * bf16 copy (f8_rows). */
 static int on_bf(int bf, const ms_attn_seq *a)
 {
     return bf && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F8E4M3);
 }
 
-static int is_long(int bf, const ms_attn_seq *a)
+static int is_long(const struct job *j, const ms_attn_seq *a)
 {
-    return on_bf(bf, a) && a->S > MS_ATTN_CHUNK;
+    return on_bf(j->bf || j->lf, a) && a->S > MS_ATTN_CHUNK;
 }
 
 /* Rows per block of a long sequence of S rows: MS_ATTN_CHUNK, or a quarter
@@ -714,14 +717,14 @@ static int64_t block_rows(int64_t S)
  * [n][row] (e4m3 -> bf16 is exact, so the BF16 kernels give the bits they
  * give on a BF16 cache of these values); *v becomes a one-page BF16 view of
  * them, its page *page.  rp: scratch for the source rows' addresses. */
-static void f8_rows(const ms_attn_seq *a, int64_t s0, int64_t n, uint16_t *cv, const char **rp,
-                    const void **page, ms_attn_seq *v)
+static void f8_rows(int isa, const ms_attn_seq *a, int64_t s0, int64_t n, uint16_t *cv,
+                    const char **rp, const void **page, ms_attn_seq *v)
 {
     row_addrs_at(a, 1, s0, n, rp);
     for (int64_t t = 0, e; t < n; t = e) { /* one conversion per run of rows in one page */
         for (e = t + 1; e < n && rp[e] == rp[e - 1] + a->row; e++) {
         }
-        ms_mm_bf16_cvt_fp8((const uint8_t *)rp[t], cv + t * a->row, (e - t) * a->row);
+        ms_cvt_fp8_to_bf16(isa, (const uint8_t *)rp[t], cv + t * a->row, (e - t) * a->row);
     }
     *page = cv;
     *v = (ms_attn_seq){page, MS_ATTN_CHUNK, MS_DT_BF16, a->row, n};
@@ -743,8 +746,16 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
     const void *page;
     ms_attn_seq v;
     if (a->dtype == MS_DT_F8E4M3) { /* the block's rows as bf16, attended from row 0 */
-        f8_rows(a, s0, n, cv, rp, &page, &v);
+        f8_rows(j->k->isa, a, s0, n, cv, rp, &page, &v);
         a = &v, s0 = 0;
+    }
+    if (j->lf) {
+        int fresh = key->q != q || key->h0 != h0 || key->h1 != h1;
+        *key = (struct qt_key){q, h0, h1};
+        row_addrs_at(a, 2, s0, n, rp);
+        ms_attn_block_f32(rp, n, a->row, j->vdim, q + h0 * a->row, h1 - h0, j->scale, fresh, scores,
+                          part + h0 * j->vdim, mx + h0, mx + j->H + h0);
+        return;
     }
     attend_block(j, a, q, part, h0, h1, s0, n, scores, rp, mx, mx + j->H, key);
 }
@@ -770,15 +781,16 @@ static void worker(void *arg, int tid, int nt)
         }
         int i = it / j->items_per_seq;
         const ms_attn_seq *a = &j->seqs[i];
-        if (is_long(j->bf, a)) continue; /* in its wave's long items */
+        if (is_long(j, a)) continue; /* in its wave's long items */
         int64_t h0 = (it % j->items_per_seq) * j->hb, h1 = h0 + j->hb < j->H ? h0 + j->hb : j->H;
         const float *q = j->q + (int64_t)i * j->H * row;
         float *ctx = j->ctx + (int64_t)i * j->H * j->vdim;
+        const void *page;
+        ms_attn_seq v;
+        /* an FP8 cache's rows as bf16 (exact) for the vector kernels */
+        if (a->dtype == MS_DT_F8E4M3 && a->S <= MS_ATTN_CHUNK && isa >= MS_ISA_AVX2)
+            f8_rows(isa, a, 0, a->S, cv, rp, &page, &v), a = &v;
         if (on_bf(j->bf, a)) {
-            const void *page;
-            ms_attn_seq v;
-            if (a->dtype == MS_DT_F8E4M3) /* at most MS_ATTN_CHUNK rows (is_long) */
-                f8_rows(a, 0, a->S, cv, rp, &page, &v), a = &v;
             attend_bf(j, a, q, ctx, h0, h1, 0, a->S, scores, qb, pb, ms_attn_ldp(j->S_max), rp);
         } else if (isa >= MS_ISA_AVX512 && (a->dtype == MS_DT_BF16 || a->dtype == MS_DT_F32)) {
             attend512(j, a, q, ctx, h0, h1, scores, rp);
@@ -837,6 +849,10 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
                     .scratch = scratch};
     j.bf = k && !k->exact && k->isa >= MS_ISA_AVX512BF16 && row % 32 == 0 && vdim % 32 == 0 &&
            vdim <= row;
+    /* AVX2 CPUs: long sequences in FP32 blocks (AVX-512 ones without the BF16
+     * path keep attend512 per head block) */
+    j.lf = !j.bf && k && k->isa >= MS_ISA_AVX2 && k->isa < MS_ISA_AVX512 && vdim % 16 == 0 &&
+           vdim <= row;
     j.fl = ms_attn_thread_floats(row, H, hb, S_max);
     j.parts = scratch + nt * j.fl;
     /* slots of H * (vdim + 2) floats in the room sized for H * (row + 2) */
@@ -846,7 +862,7 @@ void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const floa
         int used = 0;
         j.n_long = 0;
         for (; i < n && j.n_long < WAVE_MAX; i++) {
-            if (!is_long(j.bf, &seqs[i])) continue;
+            if (!is_long(&j, &seqs[i])) continue;
             int64_t br = block_rows(seqs[i].S);
             int c = (int)((seqs[i].S + br - 1) / br);
             if (used + c > slots) break;

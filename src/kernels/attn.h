@@ -56,14 +56,18 @@ static inline int64_t ms_attn_f8_floats(int64_t row)
     return ((MS_ATTN_CHUNK * row + 1) / 2 + 1) & ~(int64_t)1;
 }
 
-/* One block of a long sequence on the BF16 path, for heads heads (padded to
- * Hp = a multiple of 16): scores [MS_ATTN_CHUNK][Hp] floats, probability
- * pairs [MS_ATTN_CHUNK / 2][Hp] dwords, transposed queries (room for
- * [Hp][ms_attn_ldq(row)] bf16) and a copy of 16 rows [16][row] bf16. */
+/* One block of a long sequence, for heads heads: on the BF16 path (heads
+ * padded to Hp = a multiple of 16) scores [MS_ATTN_CHUNK][Hp] floats,
+ * probability pairs [MS_ATTN_CHUNK / 2][Hp] dwords, transposed queries (room
+ * for [Hp][ms_attn_ldq(row)] bf16) and a copy of 16 rows [16][row] bf16; on
+ * the FP32 path (ms_attn_block_f32, heads padded to a multiple of 8) scores
+ * [MS_ATTN_CHUNK][Hp], transposed queries [row][Hp] and 12 rows [12][row] as f32. */
 static inline int64_t ms_attn_block_floats(int64_t row, int64_t heads)
 {
-    int64_t hp = (heads + 15) & ~(int64_t)15;
-    return hp * (MS_ATTN_CHUNK + MS_ATTN_CHUNK / 2 + ms_attn_ldq(row) / 2) + 8 * row;
+    int64_t hp = (heads + 15) & ~(int64_t)15, h8 = (heads + 7) & ~(int64_t)7;
+    int64_t bf = hp * (MS_ATTN_CHUNK + MS_ATTN_CHUNK / 2 + ms_attn_ldq(row) / 2) + 8 * row,
+            f32 = h8 * (MS_ATTN_CHUNK + row) + 12 * row;
+    return bf > f32 ? bf : f32;
 }
 
 /* Scratch floats one thread of ms_attn_decode uses: a row buffer, the scores

@@ -532,5 +532,15 @@ void ms_cvt_fp8_to_bf16(int isa, const uint8_t *in, uint16_t *out, int64_t n)
         ms_mm_bf16_cvt_fp8(in, out, n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) out[i] = ms_f32_to_bf16(ms_fp8e4m3_to_f32(in[i]));
+    float buf[256]; /* through f32: e4m3 values are bf16 values, so the top halves are exact */
+    for (int64_t i = 0; i < n; i += 256) {
+        int64_t m = n - i < 256 ? n - i : 256;
+        ms_cvt_to_f32(isa, MS_DT_F8E4M3, in + i, buf, m);
+        for (int64_t e = 0; e < m; e++) {
+            uint32_t b;
+            memcpy(&b, &buf[e], sizeof b);
+            out[i + e] = (in[i + e] & 0x7f) == 0x7f ? ms_f32_to_bf16(ms_fp8e4m3_to_f32(in[i + e]))
+                                                    : (uint16_t)(b >> 16); /* NaN: its bf16 */
+        }
+    }
 }
