@@ -4,11 +4,13 @@
  * block here, so every cached row is read from memory once for all heads
  * (one head block per thread read the whole sequence twice per block of heads).
  * Heads in the lanes, as attn_mqa.c:
- * - scores: 12 rows at a time, widened to f32 in L1 first; one broadcast of a
- *   row value feeds 8 heads of the transposed query (qt[R][Hp]), 2 × 8 heads ×
- *   6 rows or 8 heads × 12 rows in 12 accumulators, no horizontal sums;
+ * - scores: 6 rows at a time (12 where Hp is not a multiple of 16), widened
+ *   to f32 in L1 first; one broadcast of a row value feeds 8 heads of the
+ *   transposed query (qt[R][Hp]), 2 × 8 heads × 6 rows or 8 heads × 12 rows in
+ *   12 accumulators, no horizontal sums;
  * - the softmax down the rows with 8 heads in the lanes (ms_exp8);
- * - the context 16 columns × 6 heads per pass over the block's rows (L2): 16
+ * - the context 16 columns × 6 heads (or 4, 2) per pass over 128 rows, whose
+ *   values and probabilities stay in L1 for all passes (sums carried in ctx): 16
  *   bf16 values widened by two unpacks against zero, which order the columns
  *   {0-3, 8-11} and {4-7, 12-15}, put back with two 128-bit permutes at the store.
  */
@@ -22,8 +24,6 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
-
-enum { STEP = 12 }; /* rows widened per scores step */
 
 /* Scores of the NR rows at wb (R floats apart) for the NQ lane groups of
  * heads at qt + l (lanes hp apart per value): sc[r][hp] + l, the first nr
@@ -53,14 +53,23 @@ AI void scores_rows(const int NQ, const int NR, const float *wb, int64_t R, cons
 }
 
 /* Context of heads [g, g + NG) (probabilities p[t][hp] + g, NG <= 6),
- * columns [c, c + 16), over rows rp[0..n); the first nhg heads stored. */
+ * columns [c, c + 16), over rows rp[0..n), added to ctx when add; the first
+ * nhg heads stored. */
 AI void ctx_16(const int NG, const char *const *rp, int64_t n, const float *p, int64_t hp,
-               int64_t c, int64_t nhg, int64_t V, float *ctx)
+               int64_t c, int64_t nhg, int64_t V, float *ctx, int add)
 {
     __m256 lo[6], hi[6];
     const __m256i z = _mm256_setzero_si256();
 #pragma GCC unroll 6
     for (int h = 0; h < NG; h++) lo[h] = hi[h] = _mm256_setzero_ps();
+    if (add)
+#pragma GCC unroll 6
+        for (int h = 0; h < NG; h++) {
+            if (h >= nhg) break;
+            __m256 a0 = _mm256_loadu_ps(ctx + h * V + c), a1 = _mm256_loadu_ps(ctx + h * V + c + 8);
+            lo[h] = _mm256_permute2f128_ps(a0, a1, 0x20);
+            hi[h] = _mm256_permute2f128_ps(a0, a1, 0x31);
+        }
     for (int64_t t = 0; t < n; t++) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(rp[t] + 2 * c));
         __m256 xl = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x)),
@@ -85,27 +94,29 @@ void ms_attn_block_f32(const char *const *rp, int64_t n, int64_t R, int64_t V, c
                        float *sm)
 {
     const int64_t hp = (nh + 7) & ~(int64_t)7;
-    float *sc = scratch, *qt = sc + hp * MS_ATTN_CHUNK, *wb = qt + hp * R; /* [STEP][R] */
+    float *sc = scratch, *qt = sc + hp * MS_ATTN_CHUNK, *wb = qt + hp * R; /* [12][R] */
     if (fresh)
         for (int64_t k = 0; k < R; k++)
             for (int64_t h = 0; h < hp; h++) qt[k * hp + h] = h < nh ? q[h * R + k] : 0.0f;
     const __m256 vs = _mm256_set1_ps(scale);
-    for (int64_t s = 0; s < n; s += STEP) {
-        const int64_t nr = n - s < STEP ? n - s : STEP;
-        for (int64_t r = 0; r < STEP; r++) {
+    /* 6 rows per step where every lane group is 16 heads (qt and the rows in
+     * L1), 12 where a group of 8 takes 12 rows at once */
+    const int64_t step = hp % 16 ? 12 : 6;
+    for (int64_t s = 0; s < n; s += step) {
+        const int64_t nr = n - s < step ? n - s : step;
+        for (int64_t r = 0; r < step; r++) {
             if (r < nr)
                 ms_cvt_to_f32(MS_ISA_AVX2, MS_DT_BF16, rp[s + r], wb + r * R, R);
             else
                 memset(wb + r * R, 0, sizeof(float) * (size_t)R);
-            if (s + STEP + r < n) /* the next step's rows towards L1 */
+            if (s + step + r < n) /* the next step's rows towards L1 */
                 for (int64_t b = 0; b < 2 * R; b += 64)
-                    _mm_prefetch(rp[s + STEP + r] + b, _MM_HINT_T0);
+                    _mm_prefetch(rp[s + step + r] + b, _MM_HINT_T0);
         }
         int64_t l = 0;
-        for (; l + 16 <= hp; l += 16) { /* 2 x 8 heads x 6 rows, twice */
-            scores_rows(2, 6, wb, R, qt, hp, l, nr, vs, sc + s * hp);
-            scores_rows(2, 6, wb + 6 * R, R, qt, hp, l, nr - 6, vs, sc + (s + 6) * hp);
-        }
+        for (; l + 16 <= hp; l += 16) /* 2 x 8 heads x 6 rows */
+            for (int64_t r0 = 0; r0 < step; r0 += 6)
+                scores_rows(2, 6, wb + r0 * R, R, qt, hp, l, nr - r0, vs, sc + (s + r0) * hp);
         if (l < hp) scores_rows(1, 12, wb, R, qt, hp, l, nr, vs, sc + s * hp);
     }
     for (int64_t l = 0; l < hp; l += 8) { /* 8 heads in the lanes, down the rows */
@@ -124,10 +135,17 @@ void ms_attn_block_f32(const char *const *rp, int64_t n, int64_t R, int64_t V, c
         _mm256_storeu_ps(ev, e);
         for (int64_t h = l; h < l + 8 && h < nh; h++) mx[h] = mv[h - l], sm[h] = ev[h - l];
     }
-    for (int64_t c = 0; c < V; c += 16) { /* heads 6 at a time, then 4, then 2 (within hp) */
-        int64_t g = 0;
-        for (; g + 6 <= nh; g += 6) ctx_16(6, rp, n, sc + g, hp, c, 6, V, ctx + g * V);
-        for (; g + 4 <= nh; g += 4) ctx_16(4, rp, n, sc + g, hp, c, 4, V, ctx + g * V);
-        for (; g < nh; g += 2) ctx_16(2, rp, n, sc + g, hp, c, nh - g, V, ctx + g * V);
+    for (int64_t t0 = 0; t0 < n; t0 += 128) {
+        const int64_t nt = n - t0 < 128 ? n - t0 : 128, add = t0 > 0;
+        const float *pt = sc + t0 * hp;
+        for (int64_t c = 0; c < V; c += 16) {
+            int64_t g = 0; /* 6 heads at a time, 4 + 4 for the last 8, pairs within Hp */
+            for (; g + 6 <= nh && nh - g != 8; g += 6)
+                ctx_16(6, rp + t0, nt, pt + g, hp, c, 6, V, ctx + g * V, add);
+            for (; g + 4 <= nh; g += 4)
+                ctx_16(4, rp + t0, nt, pt + g, hp, c, 4, V, ctx + g * V, add);
+            for (; g < nh; g += 2)
+                ctx_16(2, rp + t0, nt, pt + g, hp, c, nh - g, V, ctx + g * V, add);
+        }
     }
 }
