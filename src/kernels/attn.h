@@ -34,7 +34,8 @@ static inline int64_t ms_attn_ldp(int64_t S_max)
     return ((S_max + 1) & ~(int64_t)1) + 32;
 }
 
-/* Rows per partial of a long sequence: on the BF16 path a sequence of more
+/* Rows per partial of a long sequence: on the BF16 path (and in FP32 on AVX2
+ * CPUs, ms_attn_block_f32) a sequence of more
  * than MS_ATTN_CHUNK rows is attended in blocks of at most that many rows
  * (a function of its length alone, so the result does not depend on the
  * thread count or the batch), each block read from memory once for all
@@ -114,9 +115,11 @@ static inline int64_t ms_attn_scratch_floats(int n_threads, int64_t row, int64_t
  * cache's rows are widened to bf16 exactly, a block at a time, so its result
  * has the bits of a BF16 cache holding the same values), as the
  * matmuls of that mode do and as GPU MLA kernels do (a few 1e-3 of max|ctx|
- * on random rows, tests/test_attn.c).  There, sequences longer than
- * MS_ATTN_CHUNK rows are split into blocks (above) that the threads share,
- * so one long sequence keeps every thread busy reading distinct rows. */
+ * on random rows, tests/test_attn.c).  There, and in FP32 on CPUs with AVX2
+ * but not AVX-512 (BF16 or FP8 caches, vdim a multiple of 16), sequences
+ * longer than MS_ATTN_CHUNK rows are split into blocks (above) that the
+ * threads share, so one long sequence keeps every thread busy reading
+ * distinct rows, each row once for all heads. */
 void ms_attn_decode(const ms_kctx *k, const ms_attn_seq *seqs, int n, const float *q, int64_t H,
                     int64_t vdim, float scale, float *ctx, float *scratch);
 void ms_attn_decode_ref(const ms_attn_seq *a, const float *q, int64_t H, int64_t vdim, float scale,
