@@ -532,23 +532,27 @@ void ms_cvt_fp8_to_bf16(int isa, const uint8_t *in, uint16_t *out, int64_t n)
         ms_mm_bf16_cvt_fp8(in, out, n);
         return;
     }
-    float buf[256]; /* through f32: e4m3 values are bf16 values, so the top halves are exact */
-    for (int64_t i = 0; i < n; i += 256) {
-        int64_t m = n - i < 256 ? n - i : 256, e = 0;
-        ms_cvt_to_f32(isa, MS_DT_F8E4M3, in + i, buf, m);
-        /* the code's sign ORed in: NaN codes come back as the positive quiet NaN */
-        for (; e + 8 <= m; e += 8) {
-            __m256i f = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(buf + e)), 16);
-            __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(in + i + e)));
-            f = _mm256_or_si256(f,
-                                _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 8));
-            __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(f, f), 0x08);
-            _mm_storeu_si128((__m128i *)(out + i + e), _mm256_castsi256_si128(w));
-        }
-        for (; e < m; e++) {
-            uint32_t b;
-            memcpy(&b, &buf[e], sizeof b);
-            out[i + e] = (uint16_t)((b >> 16) | ((in[i + e] & 0x80u) << 8));
-        }
+    /* 16 codes at a time in 16-bit lanes: normal codes shift the exponent and
+     * mantissa into place and rebias (7 -> 127), the 8 codes of exponent 0
+     * (zero, subnormals) come from a table, NaN codes give 0x7fc0; the sign ORed in */
+    const __m256i lo8 = _mm256_setr_epi8(0, 0, (char)0x80, (char)0xc0, 0, 0x20, 0x40, 0x60, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0, 0, (char)0x80, (char)0xc0, 0, 0x20, 0x40,
+                                         0x60, 0, 0, 0, 0, 0, 0, 0, 0),
+                  hi8 = _mm256_setr_epi8(0, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c, 0, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(in + i)));
+        __m256i mag = _mm256_and_si256(c, _mm256_set1_epi16(0x7f));
+        __m256i nrm = _mm256_add_epi16(_mm256_slli_epi16(mag, 4), _mm256_set1_epi16(0x3c00));
+        __m256i sub = _mm256_or_si256(_mm256_shuffle_epi8(lo8, mag),
+                                      _mm256_slli_epi16(_mm256_shuffle_epi8(hi8, mag), 8));
+        __m256i r = _mm256_blendv_epi8(nrm, sub, _mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag));
+        r = _mm256_blendv_epi8(r, _mm256_set1_epi16(0x7fc0),
+                               _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)));
+        r = _mm256_or_si256(r, _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8));
+        _mm256_storeu_si256((__m256i *)(out + i), r);
     }
+    for (; i < n; i++) out[i] = ms_f32_to_bf16(ms_fp8e4m3_to_f32(in[i]));
 }
