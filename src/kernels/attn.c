@@ -622,14 +622,24 @@ AIBF void block_ctx(const char *const *rp, int64_t S, int64_t V, const uint32_t 
         }
 }
 
-/* The queries a thread's long blocks were last scored with (attend_block
- * rebuilds qt only for another sequence or head range).  A thread's long
- * items come after all its short ones in a pool run (one counter hands the
- * items out in order), so nothing else writes the scratch between them. */
+/* The queries a thread's long blocks were last scored with (attend_block and
+ * ms_attn_block_f32 rebuild their transposed queries only for another
+ * sequence or head range).  A thread's long items come after all its short
+ * ones in a pool run (one counter hands the items out in order), so nothing
+ * else writes the scratch between them. */
 struct qt_key {
     const float *q;
     int64_t h0, h1;
 };
+
+/* 1 when the transposed queries in the scratch are not those of (q, h0, h1);
+ * the key then names them. */
+static int qt_stale(struct qt_key *key, const float *q, int64_t h0, int64_t h1)
+{
+    if (key->q == q && key->h0 == h0 && key->h1 == h1) return 0;
+    *key = (struct qt_key){q, h0, h1};
+    return 1;
+}
 
 /* Heads [h0, h1) over rows [s0, s0 + S) (S <= MS_ATTN_CHUNK) of a BF16
  * sequence: contexts ctx[h][V] normalised over those rows, the heads'
@@ -647,7 +657,7 @@ ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const fl
     uint32_t *qt = pd + hp * MS_ATTN_CHUNK / 2;      /* [R / 2][hp] */
     uint16_t *tmp = (uint16_t *)(qt + hp * ldq / 2); /* [16][R] */
     row_addrs_at(a, 2, s0, S, rp);
-    if (key->q != q || key->h0 != h0 || key->h1 != h1) { /* queries rounded to bf16, transposed */
+    if (qt_stale(key, q, h0, h1)) { /* queries rounded to bf16, transposed */
         for (int64_t h = 0; h < hp; h++)
             for (int64_t c = 0; c < R; c += 32) {
                 uint32_t d[16] = {0};
@@ -658,7 +668,6 @@ ABF static void attend_block(const struct job *j, const ms_attn_seq *a, const fl
                 }
                 for (int i = 0; i < 16; i++) qt[(c / 2 + i) * hp + h] = d[i];
             }
-        *key = (struct qt_key){q, h0, h1};
     }
     block_scores(rp, S, R, j->scale, qt, hp, tmp, sc);
     const __m512i ilv =
@@ -750,8 +759,7 @@ static void long_item(const struct job *j, int k, float *scores, const char **rp
         a = &v, s0 = 0;
     }
     if (j->lf) {
-        int fresh = key->q != q || key->h0 != h0 || key->h1 != h1;
-        *key = (struct qt_key){q, h0, h1};
+        int fresh = qt_stale(key, q, h0, h1);
         row_addrs_at(a, 2, s0, n, rp);
         ms_attn_block_f32(rp, n, a->row, j->vdim, q + h0 * a->row, h1 - h0, j->scale, fresh, scores,
                           part + h0 * j->vdim, mx + h0, mx + j->H + h0);
