@@ -351,6 +351,21 @@ AI int64_t FN(r1_span)(const int dt, const char *w, const float *x, int64_t k, i
     return kend;
 }
 
+/* One whole 128-column FP8 block at w (x × 2^100 at x) in four sums, the
+ * order of FN(r1_span), straight-line: through the general loop gcc kept
+ * bounds and pointers on the stack (bench/HISTORY.md, "AVX2 one-row FP8 and
+ * FP4"). */
+AI VF FN(r1_f8_block)(const char *w, const float *x)
+{
+    VF a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+    _mm_prefetch(w + R1_PF, _MM_HINT_T0);
+    _mm_prefetch(w + 64 + R1_PF, _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (int i = 0; i < 128 / VW; i++)
+        a[i % 4] = VFMA(VLOAD(x + i * VW), VLOAD_F8P(w + i * VW), a[i % 4]);
+    return VADD(VADD(a[0], a[1]), VADD(a[2], a[3]));
+}
+
 /* Row n's sum with activations x (FP8: x × 2^100, one sum per 128-column
  * block times its scale × 2^20); 0 when an FP8 row's sum is not finite. */
 AI int FN(r1_sum)(const mm_task *t, const int dt, const float *x, int64_t n, float *out)
@@ -363,6 +378,11 @@ AI int FN(r1_sum)(const mm_task *t, const int dt, const float *x, int64_t n, flo
     for (int64_t k = 0; k < K;) {
         int64_t cb = (W->c0 + k) / 128, kend = dt == MS_DT_F8E4M3 ? (cb + 1) * 128 - W->c0 : K;
         if (kend > K) kend = K;
+        if (dt == MS_DT_F8E4M3 && kend - k == 128) {
+            acc = VFMA(FN(r1_f8_block)(w + k, x + k), VSET1(srow[cb] * 0x1p20f), acc);
+            k = kend;
+            continue;
+        }
         VF a[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
         k = FN(r1_span)(dt, w, x, k, kend, a);
         VF blk = VADD(VADD(a[0], a[1]), VADD(a[2], a[3]));
