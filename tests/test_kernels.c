@@ -1161,6 +1161,68 @@ TEST(matmul_avx2_gemv_one_row)
     free(yr);
 }
 
+/* AVX2 auto mode's one-row FP4 GEMV (mm_avx2.c, r1_f4_rows: K and c0 whole
+ * 32-column blocks, rows of at most 2 KiB): close to the reference on views
+ * (r0, c0 > 0) with an odd number of blocks, overwrite and accumulate; taken
+ * (bits differ from the exact kernel's); the same bits with the pool or
+ * without; a NaN scale byte makes its row NaN as in the reference; K not
+ * whole blocks keeps the exact kernel's bits. */
+TEST(matmul_avx2_fp4_one_row)
+{
+    if (best_isa < MS_ISA_AVX2) return;
+    uint64_t rng = 61;
+    static const int64_t shapes[][4] = {{77, 512, 3, 32}, {40, 1024, 0, 0}, {33, 96, 5, 64}};
+    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
+            k1 = {NULL, 0, MS_ISA_AVX2, 0};
+    float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * 128);
+    float *ya = malloc(sizeof(float) * 128), *ye = malloc(sizeof(float) * 128);
+    float *y1 = malloc(sizeof(float) * 128), *yr = malloc(sizeof(float) * 128);
+    for (int64_t i = 0; i < 1024; i++) x[i] = frand(&rng);
+    for (int64_t i = 0; i < 128; i++) y0[i] = frand(&rng);
+    for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
+        int64_t N = shapes[si][0], K = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
+        stored st;
+        stored_make(&st, MS_DT_F4E2M1, r0 + N + 3, c0 + K + 64, &rng);
+        ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
+        for (int acc = 0; acc <= 1; acc++) {
+            memcpy(ya, y0, sizeof(float) * (size_t)N);
+            memcpy(ye, y0, sizeof(float) * (size_t)N);
+            memcpy(y1, y0, sizeof(float) * (size_t)N);
+            memcpy(yr, y0, sizeof(float) * (size_t)N);
+            ms_matmul(&ka, ya, N, x, K, 1, &W, acc);
+            ms_matmul(&ke, ye, N, x, K, 1, &W, acc);
+            ms_matmul(&k1, y1, N, x, K, 1, &W, acc);
+            ms_matmul_ref(yr, N, x, K, 1, &W, acc);
+            CHECKF(rel_err(ya, yr, 1, N, N) <= 1e-5, "K %ld acc %d: rel %g", (long)K, acc,
+                   rel_err(ya, yr, 1, N, N));
+            CHECKF(memcmp(ya, ye, sizeof(float) * (size_t)N) != 0, "K %ld acc %d: not taken",
+                   (long)K, acc);
+            CHECKF(!memcmp(ya, y1, sizeof(float) * (size_t)N), "K %ld acc %d: bits follow the pool",
+                   (long)K, acc);
+        }
+        /* row 2's last block: scale byte 255 (NaN) */
+        uint8_t *sb = (uint8_t *)st.scale + (r0 + 2) * st.whole.scale_ld + (c0 + K) / 32 - 1;
+        *sb = 0xff;
+        ms_matmul(&ka, ya, N, x, K, 1, &W, 0);
+        ms_matmul_ref(yr, N, x, K, 1, &W, 0);
+        CHECK(isnan(ya[2]) && isnan(yr[2]));
+        CHECK(!isnan(ya[1]) && !isnan(ya[3]));
+        stored_free(&st);
+    }
+    stored st; /* K = 1000: not whole blocks, the exact kernel */
+    stored_make(&st, MS_DT_F4E2M1, 20, 1000, &rng);
+    ms_matmul(&ka, ya, 20, x, 1000, 1, &st.whole, 0);
+    ms_matmul(&ke, ye, 20, x, 1000, 1, &st.whole, 0);
+    CHECK(!memcmp(ya, ye, sizeof(float) * 20));
+    stored_free(&st);
+    free(x);
+    free(y0);
+    free(ya);
+    free(ye);
+    free(y1);
+    free(yr);
+}
+
 /* Panel copies (ms_kernels_panels_fill): a view holding them gives, at every
  * M >= 16 and with the pool or without, the bits the packed-panel kernel gives
  * packing at each call (oneDNN off for M >= 128, which panels bypass), and
@@ -1277,6 +1339,7 @@ int main(void)
     RUN(matmul_pack_vs_twin);
     RUN(matmul_avx2_pack_taken);
     RUN(matmul_avx2_fp8_fold);
+    RUN(matmul_avx2_fp4_one_row);
     RUN(matmul_avx2_gemv_one_row);
     RUN(matmul_panels_same_bits);
     RUN(topk_vs_ref);

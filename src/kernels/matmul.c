@@ -269,7 +269,7 @@ static int pick_path(const ms_kctx *k, const ms_mat *W)
         return isa >= MS_ISA_AVX512 ? (k->exact || k->batch_invariant ? P_AVX512
                                        : isa >= MS_ISA_AVX512BF16     ? P_FP4BF
                                                                       : P_FP4)
-               : isa >= MS_ISA_AVX2 ? P_AVX2
+               : isa >= MS_ISA_AVX2 ? (k->exact || k->batch_invariant ? P_AVX2 : P_AVX2P)
                                     : P_SCALAR;
     if (isa >= MS_ISA_AVX512BF16 && !k->exact &&
         (W->dtype == MS_DT_BF16 || W->dtype == MS_DT_F8E4M3))

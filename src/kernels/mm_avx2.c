@@ -1,6 +1,8 @@
-/* mm_avx2.c — exact FP32 matmul kernels for AVX2 + FMA + F16C (the build
- * baseline, x86-64-v3): mm_f32_tmpl.h instantiated with 8-lane vectors.
- * Called by matmul.c on pool threads. */
+/* mm_avx2.c — FP32 matmul kernels for AVX2 + FMA + F16C (the build
+ * baseline, x86-64-v3): mm_f32_tmpl.h instantiated with 8-lane vectors (the
+ * exact kernels and auto mode's one-row GEMVs), and auto mode's one-row FP4
+ * GEMV (r1_f4_rows), which the template calls.  Called by matmul.c on pool
+ * threads. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -52,6 +54,71 @@ static inline __m256 load_f4x8(const void *p, __m256 tbl)
     __m256i sg = _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32(INT32_MIN));
     return _mm256_or_ps(mag, _mm256_castsi256_ps(sg));
 }
+
+/* ---- auto mode, one activation row, FP4 rows (mm_f32_tmpl.h's FN(nt_auto))
+ * Each 32-column scale block's 16 bytes: the low and the high nibbles split,
+ * each through vpshufb into twice the e2m1 value as an int8 (exact), widened
+ * and converted (vpmovsxbd, vcvtdq2ps) against activations permuted once per
+ * call to the order that leaves ([even columns], [odd columns]); the block's
+ * sum times its scale / 2: about half the instructions per code of the tiles
+ * (load_f4x8 through a table scaled per block). */
+
+/* Twice the e2m1 magnitudes, signed: code c -> 2 · value(c) (code 8 gives 0). */
+static inline __m128i f4_i8_tbl(void)
+{
+    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
+
+/* Row w's sum over nb whole blocks (16 bytes each) against xs (32 permuted
+ * floats per block), the blocks' scale bytes at e. */
+static inline float r1_f4_sum(const uint8_t *w, const uint8_t *e, const float *xs, int64_t nb)
+{
+    const __m128i tbl = f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t g = 0; g < nb; g++) {
+        if (!(g & 3)) _mm_prefetch((const char *)w + g * 16 + 4096, _MM_HINT_T0);
+        const __m128i b = _mm_loadu_si128((const __m128i *)(w + g * 16));
+        const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4)),
+                      hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+        const float *x = xs + g * 32;
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+        __m256 t =
+            _mm256_mul_ps(_mm256_loadu_ps(x + 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8),
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
+        t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24),
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), t);
+        const __m256 f = _mm256_set1_ps(ms_e8m0_to_f32(e[g]) * 0.5f);
+        if (g & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_add_ps(s, t), f, acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_add_ps(s, t), f, acc0);
+    }
+    return ms_hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* Rows [n0, n1) of t (M = 1, FP4, K and c0 whole blocks); 0, or -1 without
+ * scratch (the caller takes the tiles). */
+static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, nb = K / 32;
+    float *xs = ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)K);
+    if (!xs) return -1;
+    for (int64_t k = 0; k < K; k += 32) /* [x0 x2 .. x30] [x1 x3 .. x31] per block */
+        for (int i = 0; i < 16; i++) {
+            xs[k + i] = t->x[k + 2 * i];
+            xs[k + 16 + i] = t->x[k + 2 * i + 1];
+        }
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *w = (const uint8_t *)W->data + n * (W->ld / 2);
+        const uint8_t *e = W->e8scale + (W->r0 + n) * W->scale_ld + W->c0 / 32;
+        float s = r1_f4_sum(w, e, xs, nb), *yo = t->y + n;
+        *yo = t->accumulate ? *yo + s : s;
+    }
+    return 0;
+}
+#define NT_R1_F4(t, n0, n1) r1_f4_rows(t, n0, n1)
 
 #define VW               8
 #define VF               __m256
