@@ -1085,6 +1085,39 @@ TEST(matmul_avx2_fp8_fold)
     stored_free(&st);
 }
 
+/* AVX2 auto mode's one-row product y = x·Wᵀ on W, overwrite and accumulate
+ * onto y0: close to the reference (1e-5), taken (its bits differ from the
+ * exact kernel's), the same bits with the pool or without; "what v" names
+ * the case in a failure. */
+static void check_one_row(const ms_mat *W, const float *x, const float *y0, const char *what, int v)
+{
+    const int64_t N = W->rows, K = W->cols;
+    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
+            k1 = {NULL, 0, MS_ISA_AVX2, 0};
+    float *ya = malloc(sizeof(float) * (size_t)N), *ye = malloc(sizeof(float) * (size_t)N);
+    float *y1 = malloc(sizeof(float) * (size_t)N), *yr = malloc(sizeof(float) * (size_t)N);
+    for (int acc = 0; acc <= 1; acc++) {
+        memcpy(ya, y0, sizeof(float) * (size_t)N);
+        memcpy(ye, y0, sizeof(float) * (size_t)N);
+        memcpy(y1, y0, sizeof(float) * (size_t)N);
+        memcpy(yr, y0, sizeof(float) * (size_t)N);
+        ms_matmul(&ka, ya, N, x, K, 1, W, acc);
+        ms_matmul(&ke, ye, N, x, K, 1, W, acc);
+        ms_matmul(&k1, y1, N, x, K, 1, W, acc);
+        ms_matmul_ref(yr, N, x, K, 1, W, acc);
+        CHECKF(rel_err(ya, yr, 1, N, N) <= 1e-5, "%s %d acc %d: rel %g", what, v, acc,
+               rel_err(ya, yr, 1, N, N));
+        CHECKF(memcmp(ya, ye, sizeof(float) * (size_t)N) != 0, "%s %d acc %d: not taken", what, v,
+               acc);
+        CHECKF(!memcmp(ya, y1, sizeof(float) * (size_t)N), "%s %d acc %d: bits follow the pool",
+               what, v, acc);
+    }
+    free(ya);
+    free(ye);
+    free(y1);
+    free(yr);
+}
+
 /* AVX2 auto mode's one-row GEMV (mm_f32_tmpl.h, rows of at most 2 KiB, one
  * activation row, K whole vectors, FP8 views at c0 % 8 == 0): each dtype
  * close to the reference, overwrite and accumulate, on views whose FP8
@@ -1100,31 +1133,14 @@ TEST(matmul_avx2_gemv_one_row)
     const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F16, MS_DT_F32, MS_DT_F8E4M3};
     float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * (size_t)N);
     float *ya = malloc(sizeof(float) * (size_t)N), *ye = malloc(sizeof(float) * (size_t)N);
-    float *y1 = malloc(sizeof(float) * (size_t)N), *yr = malloc(sizeof(float) * (size_t)N);
-    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
-            k1 = {NULL, 0, MS_ISA_AVX2, 0};
+    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0};
     for (int64_t i = 0; i < 1024; i++) x[i] = frand(&rng);
     for (int64_t i = 0; i < N; i++) y0[i] = frand(&rng);
     for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
         stored st;
         stored_make(&st, dts[di], r0 + N + 5, c0 + K + 24, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        for (int acc = 0; acc <= 1; acc++) {
-            memcpy(ya, y0, sizeof(float) * (size_t)N);
-            memcpy(ye, y0, sizeof(float) * (size_t)N);
-            memcpy(y1, y0, sizeof(float) * (size_t)N);
-            memcpy(yr, y0, sizeof(float) * (size_t)N);
-            ms_matmul(&ka, ya, N, x, K, 1, &W, acc);
-            ms_matmul(&ke, ye, N, x, K, 1, &W, acc);
-            ms_matmul(&k1, y1, N, x, K, 1, &W, acc);
-            ms_matmul_ref(yr, N, x, K, 1, &W, acc);
-            CHECKF(rel_err(ya, yr, 1, N, N) <= 1e-5, "dt %d acc %d: rel %g", dts[di], acc,
-                   rel_err(ya, yr, 1, N, N));
-            CHECKF(memcmp(ya, ye, sizeof(float) * (size_t)N) != 0, "dt %d acc %d: not taken",
-                   dts[di], acc);
-            CHECKF(!memcmp(ya, y1, sizeof(float) * (size_t)N), "dt %d acc %d: bits follow the pool",
-                   dts[di], acc);
-        }
+        check_one_row(&W, x, y0, "dt", dts[di]);
         if (dts[di] == MS_DT_F32) { /* 4 KiB rows: the tiles */
             ms_mat W2 = ms_mat_slice(&st.whole, r0, N, 0, 256 + K);
             ms_matmul(&ka, ya, N, x, 256 + K, 1, &W2, 0);
@@ -1157,8 +1173,6 @@ TEST(matmul_avx2_gemv_one_row)
     free(y0);
     free(ya);
     free(ye);
-    free(y1);
-    free(yr);
 }
 
 /* AVX2 auto mode's one-row FP4 GEMV (mm_avx2.c, r1_f4_rows: K and c0 whole
@@ -1172,11 +1186,10 @@ TEST(matmul_avx2_fp4_one_row)
     if (best_isa < MS_ISA_AVX2) return;
     uint64_t rng = 61;
     static const int64_t shapes[][4] = {{77, 512, 3, 32}, {40, 1024, 0, 0}, {33, 96, 5, 64}};
-    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
-            k1 = {NULL, 0, MS_ISA_AVX2, 0};
+    ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0};
     float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * 128);
     float *ya = malloc(sizeof(float) * 128), *ye = malloc(sizeof(float) * 128);
-    float *y1 = malloc(sizeof(float) * 128), *yr = malloc(sizeof(float) * 128);
+    float *yr = malloc(sizeof(float) * 128);
     for (int64_t i = 0; i < 1024; i++) x[i] = frand(&rng);
     for (int64_t i = 0; i < 128; i++) y0[i] = frand(&rng);
     for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
@@ -1184,22 +1197,7 @@ TEST(matmul_avx2_fp4_one_row)
         stored st;
         stored_make(&st, MS_DT_F4E2M1, r0 + N + 3, c0 + K + 64, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        for (int acc = 0; acc <= 1; acc++) {
-            memcpy(ya, y0, sizeof(float) * (size_t)N);
-            memcpy(ye, y0, sizeof(float) * (size_t)N);
-            memcpy(y1, y0, sizeof(float) * (size_t)N);
-            memcpy(yr, y0, sizeof(float) * (size_t)N);
-            ms_matmul(&ka, ya, N, x, K, 1, &W, acc);
-            ms_matmul(&ke, ye, N, x, K, 1, &W, acc);
-            ms_matmul(&k1, y1, N, x, K, 1, &W, acc);
-            ms_matmul_ref(yr, N, x, K, 1, &W, acc);
-            CHECKF(rel_err(ya, yr, 1, N, N) <= 1e-5, "K %ld acc %d: rel %g", (long)K, acc,
-                   rel_err(ya, yr, 1, N, N));
-            CHECKF(memcmp(ya, ye, sizeof(float) * (size_t)N) != 0, "K %ld acc %d: not taken",
-                   (long)K, acc);
-            CHECKF(!memcmp(ya, y1, sizeof(float) * (size_t)N), "K %ld acc %d: bits follow the pool",
-                   (long)K, acc);
-        }
+        check_one_row(&W, x, y0, "K", (int)K);
         /* row 2's last block: scale byte 255 (NaN) */
         uint8_t *sb = (uint8_t *)st.scale + (r0 + 2) * st.whole.scale_ld + (c0 + K) / 32 - 1;
         *sb = 0xff;
@@ -1219,7 +1217,6 @@ TEST(matmul_avx2_fp4_one_row)
     free(y0);
     free(ya);
     free(ye);
-    free(y1);
     free(yr);
 }
 
