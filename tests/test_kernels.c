@@ -1207,6 +1207,32 @@ TEST(matmul_avx2_fp4_one_row)
         CHECK(!isnan(ya[1]) && !isnan(ya[3]));
         stored_free(&st);
     }
+    { /* one run of several products: the permuted x held per run and thread
+       * is the one of each product's x and K (two share x, one has another x,
+       * one another K at the same address) */
+        stored sb[4];
+        ms_mat wv[4];
+        ms_mm_call calls[4];
+        float *x2 = malloc(sizeof(float) * 1024), *yb[4], *ys = malloc(sizeof(float) * 300);
+        for (int64_t i = 0; i < 1024; i++) x2[i] = frand(&rng);
+        const int64_t Ks[4] = {1024, 1024, 1024, 512};
+        const float *xs4[4] = {x, x, x2, x};
+        for (int i = 0; i < 4; i++) {
+            stored_make(&sb[i], MS_DT_F4E2M1, 300, Ks[i], &rng);
+            wv[i] = sb[i].whole;
+            yb[i] = malloc(sizeof(float) * 300);
+            calls[i] = (ms_mm_call){yb[i], 300, xs4[i], Ks[i], 1, &wv[i], 0, 0};
+        }
+        ms_matmul_batch(&ka, calls, 4);
+        for (int i = 0; i < 4; i++) {
+            ms_matmul(&ka, ys, 300, xs4[i], Ks[i], 1, &wv[i], 0);
+            CHECKF(!memcmp(ys, yb[i], sizeof(float) * 300), "batched product %d differs", i);
+            free(yb[i]);
+            stored_free(&sb[i]);
+        }
+        free(x2);
+        free(ys);
+    }
     stored st; /* K = 1000: not whole blocks, the exact kernel */
     stored_make(&st, MS_DT_F4E2M1, 20, 1000, &rng);
     ms_matmul(&ka, ya, 20, x, 1000, 1, &st.whole, 0);

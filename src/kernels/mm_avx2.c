@@ -97,19 +97,32 @@ static inline float r1_f4_sum(const uint8_t *w, const uint8_t *e, const float *x
     return ms_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* What MM_SCR_A2F4 holds on this thread: x of one run, permuted. */
+static _Thread_local struct {
+    const float *x, *xs;
+    int64_t K;
+    uint64_t run;
+} held_f4x;
+
 /* Rows [n0, n1) of t (M = 1, FP4, K and c0 whole blocks); 0, or -1 without
- * scratch (the caller takes the tiles). */
+ * scratch (the caller takes the tiles).  x is permuted once per run and
+ * thread (a product comes in slices of 32 KiB, an expert's gate and up share
+ * x). */
 static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     const int64_t K = W->cols, nb = K / 32;
-    float *xs = ms_mm_scratch(MM_SCR_W, sizeof(float) * (size_t)K);
+    float *xs = ms_mm_scratch(MM_SCR_A2F4, sizeof(float) * (size_t)K);
     if (!xs) return -1;
-    for (int64_t k = 0; k < K; k += 32) /* [x0 x2 .. x30] [x1 x3 .. x31] per block */
-        for (int i = 0; i < 16; i++) {
-            xs[k + i] = t->x[k + 2 * i];
-            xs[k + 16 + i] = t->x[k + 2 * i + 1];
-        }
+    if (!t->run || held_f4x.run != t->run || held_f4x.x != t->x || held_f4x.xs != xs ||
+        held_f4x.K != K) {
+        for (int64_t k = 0; k < K; k += 32) /* [x0 x2 .. x30] [x1 x3 .. x31] per block */
+            for (int i = 0; i < 16; i++) {
+                xs[k + i] = t->x[k + 2 * i];
+                xs[k + 16 + i] = t->x[k + 2 * i + 1];
+            }
+        held_f4x.x = t->x, held_f4x.xs = xs, held_f4x.K = K, held_f4x.run = t->run;
+    }
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *w = (const uint8_t *)W->data + n * (W->ld / 2);
         const uint8_t *e = W->e8scale + (W->r0 + n) * W->scale_ld + W->c0 / 32;

@@ -32,7 +32,8 @@ typedef struct mm_task {
  * it reuses across calls of one run, MM_SCR_XW mm_widen.c's (likewise),
  * MM_SCR_F4X and MM_SCR_F4B mm_fp4.c's two kernels' (likewise), MM_SCR_PKX
  * and MM_SCR_PKB mm_bf16_pack.c's activations (likewise) and panel, MM_SCR_A2X
- * mm_avx2_pack.c's activations (likewise); nothing else writes them. */
+ * mm_avx2_pack.c's activations (likewise), MM_SCR_A2F4 mm_avx2.c's one-row
+ * FP4 activations (likewise); nothing else writes them. */
 enum {
     MM_SCR_X,
     MM_SCR_XW,
@@ -42,6 +43,7 @@ enum {
     MM_SCR_PKX,
     MM_SCR_PKB,
     MM_SCR_A2X,
+    MM_SCR_A2F4,
     MM_SCR_N
 };
 void *ms_mm_scratch(int slot, size_t bytes);
