@@ -208,13 +208,36 @@ static void emulate_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int
         }
 }
 
+/* x as AVX2 auto mode's one-row FP4 GEMV holds it (mm_avx2.c): each
+ * 32-value block rounded to int16 steps of amax / 32767, in the kernel's
+ * float operations. */
+static void round_i16_blocks(float *xr, const float *x, int64_t K)
+{
+    for (int64_t g = 0; g < K; g += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[g + i]));
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f, step = amax / 32767.0f;
+        for (int i = 0; i < 32; i++) xr[g + i] = (float)lrintf(x[g + i] * inv) * step;
+    }
+}
+
+/* Whether ms_matmul takes that GEMV (AVX2 auto mode, one row, FP4, K and c0
+ * whole blocks, rows of at most 2 KiB). */
+static int takes_i16_fp4(const ms_mat *W, int isa, int exact, int64_t M, int nn)
+{
+    return !nn && !exact && isa == MS_ISA_AVX2 && M == 1 && W->dtype == MS_DT_F4E2M1 &&
+           W->cols % 32 == 0 && W->c0 % 32 == 0 && W->cols <= 4096;
+}
+
 static const int64_t Ms[] = {1,  2,  3,  5,  7,   8,
                              16, 17, 33, 34, 100, 131}; /* 5-8: two tile passes of <= 4 rows */
 
 /* One product y = x·Wᵀ (nn: x·W) with M activation rows, on every ISA in
  * exact and auto mode, against the double reference (1e-5; 1e-2 where auto
  * mode takes the BF16-activation kernel, bf_auto, and then against its bf16
- * emulation at 1e-5); columns past N untouched.  Adds the cases run to
+ * emulation at 1e-5; 1e-4 where it takes AVX2's int16-activation FP4 GEMV,
+ * and then against the reference of x so rounded at 1e-5); columns past N
+ * untouched.  Adds the cases run to
  * *n_cases; a failed check marks the running test failed. */
 static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint64_t *rng,
                           int *n_cases)
@@ -225,9 +248,14 @@ static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint6
     float *ref = malloc(sizeof(float) * (size_t)(M * ldy));
     float *emu = malloc(sizeof(float) * (size_t)(M * ldy));
     float *y = malloc(sizeof(float) * (size_t)(M * ldy));
+    float *xq = malloc(sizeof(float) * (size_t)(M * ldx)),
+          *refq = malloc(sizeof(float) * (size_t)(M * ldy));
     for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(rng);
     for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(rng);
+    if (K % 32 == 0) round_i16_blocks(xq, x, K);
     for (int acc = 0; acc <= 1; acc++) {
+        memcpy(refq, y0, sizeof(float) * (size_t)(M * ldy));
+        if (K % 32 == 0 && !nn) ms_matmul_ref(refq, ldy, xq, ldx, 1, W, acc);
         memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
         (nn ? ms_matmul_nn_ref : ms_matmul_ref)(ref, ldy, x, ldx, M, W, acc);
         memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
@@ -238,10 +266,16 @@ static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint6
                 memcpy(y, y0, sizeof(float) * (size_t)(M * ldy));
                 (nn ? ms_matmul_nn : ms_matmul)(&kc, y, ldy, x, ldx, M, W, acc);
                 int bf = !exact && isa >= MS_ISA_AVX512BF16 && bf_auto;
+                int i16 = takes_i16_fp4(W, isa, exact, M, nn);
                 double e = rel_err(y, ref, M, N, ldy);
-                CHECKF(e <= (bf ? 1e-2 : 1e-5),
+                CHECKF(e <= (bf    ? 1e-2
+                             : i16 ? 1e-4
+                                   : 1e-5),
                        "nn %d isa %d exact %d dt %d M %ld N %ld K %ld acc %d: rel %g", nn, isa,
                        exact, W->dtype, (long)M, (long)N, (long)K, acc, e);
+                if (i16)
+                    CHECKF(rel_err(y, refq, M, N, ldy) <= 1e-5, "int16 x, N %ld K %ld: rel %g",
+                           (long)N, (long)K, rel_err(y, refq, M, N, ldy));
                 if (bf) {
                     double e2 = rel_err(y, emu, M, N, ldy);
                     CHECKF(e2 <= 1e-5, "nn %d bf16 emulation dt %d M %ld N %ld K %ld: rel %g", nn,
@@ -257,6 +291,8 @@ static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint6
     free(ref);
     free(emu);
     free(y);
+    free(xq);
+    free(refq);
 }
 
 /* ms_dtype_find_nonfinite against the scalar conversions, every code of the
@@ -1086,10 +1122,11 @@ TEST(matmul_avx2_fp8_fold)
 }
 
 /* AVX2 auto mode's one-row product y = x·Wᵀ on W, overwrite and accumulate
- * onto y0: close to the reference (1e-5), taken (its bits differ from the
- * exact kernel's), the same bits with the pool or without; "what v" names
- * the case in a failure. */
-static void check_one_row(const ms_mat *W, const float *x, const float *y0, const char *what, int v)
+ * onto y0: close (1e-5) to the reference of xr (x, or x as the kernel rounds
+ * it), taken (its bits differ from the exact kernel's), the same bits with
+ * the pool or without; "what v" names the case in a failure. */
+static void check_one_row(const ms_mat *W, const float *x, const float *xr, const float *y0,
+                          const char *what, int v)
 {
     const int64_t N = W->rows, K = W->cols;
     ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
@@ -1104,7 +1141,7 @@ static void check_one_row(const ms_mat *W, const float *x, const float *y0, cons
         ms_matmul(&ka, ya, N, x, K, 1, W, acc);
         ms_matmul(&ke, ye, N, x, K, 1, W, acc);
         ms_matmul(&k1, y1, N, x, K, 1, W, acc);
-        ms_matmul_ref(yr, N, x, K, 1, W, acc);
+        ms_matmul_ref(yr, N, xr, K, 1, W, acc);
         CHECKF(rel_err(ya, yr, 1, N, N) <= 1e-5, "%s %d acc %d: rel %g", what, v, acc,
                rel_err(ya, yr, 1, N, N));
         CHECKF(memcmp(ya, ye, sizeof(float) * (size_t)N) != 0, "%s %d acc %d: not taken", what, v,
@@ -1140,7 +1177,7 @@ TEST(matmul_avx2_gemv_one_row)
         stored st;
         stored_make(&st, dts[di], r0 + N + 5, c0 + K + 24, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        check_one_row(&W, x, y0, "dt", dts[di]);
+        check_one_row(&W, x, x, y0, "dt", dts[di]);
         if (dts[di] == MS_DT_F32) { /* 4 KiB rows: the tiles */
             ms_mat W2 = ms_mat_slice(&st.whole, r0, N, 0, 256 + K);
             ms_matmul(&ka, ya, N, x, 256 + K, 1, &W2, 0);
@@ -1176,16 +1213,19 @@ TEST(matmul_avx2_gemv_one_row)
 }
 
 /* AVX2 auto mode's one-row FP4 GEMV (mm_avx2.c, r1_f4_rows: K and c0 whole
- * 32-column blocks, rows of at most 2 KiB): close to the reference on views
- * (r0, c0 > 0) with an odd number of blocks, overwrite and accumulate; taken
- * (bits differ from the exact kernel's); the same bits with the pool or
- * without; a NaN scale byte makes its row NaN as in the reference; K not
- * whole blocks keeps the exact kernel's bits. */
+ * 32-column blocks, rows of at most 2 KiB): close to the reference of x
+ * rounded as the kernel holds it, on views (r0, c0 > 0) with whole groups of
+ * 8 blocks, blocks past the last group, or both, overwrite and accumulate;
+ * taken (bits differ from the exact kernel's); the same bits with the pool or
+ * without; a NaN scale byte, in a group or past it, makes its row NaN as in
+ * the reference; x with an inf or a NaN, or K not whole blocks, keeps the
+ * exact kernel's bits. */
 TEST(matmul_avx2_fp4_one_row)
 {
     if (best_isa < MS_ISA_AVX2) return;
     uint64_t rng = 61;
-    static const int64_t shapes[][4] = {{77, 512, 3, 32}, {40, 1024, 0, 0}, {33, 96, 5, 64}};
+    static const int64_t shapes[][4] = {
+        {77, 512, 3, 32}, {40, 1024, 0, 0}, {33, 96, 5, 64}, {21, 352, 2, 96}};
     ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0};
     float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * 128);
     float *ya = malloc(sizeof(float) * 128), *ye = malloc(sizeof(float) * 128);
@@ -1197,7 +1237,10 @@ TEST(matmul_avx2_fp4_one_row)
         stored st;
         stored_make(&st, MS_DT_F4E2M1, r0 + N + 3, c0 + K + 64, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        check_one_row(&W, x, y0, "K", (int)K);
+        float *xr = malloc(sizeof(float) * (size_t)K);
+        round_i16_blocks(xr, x, K);
+        check_one_row(&W, x, xr, y0, "K", (int)K);
+        free(xr);
         /* row 2's last block: scale byte 255 (NaN) */
         uint8_t *sb = (uint8_t *)st.scale + (r0 + 2) * st.whole.scale_ld + (c0 + K) / 32 - 1;
         *sb = 0xff;
@@ -1205,6 +1248,16 @@ TEST(matmul_avx2_fp4_one_row)
         ms_matmul_ref(yr, N, x, K, 1, &W, 0);
         CHECK(isnan(ya[2]) && isnan(yr[2]));
         CHECK(!isnan(ya[1]) && !isnan(ya[3]));
+        *sb = 120;
+        float keep = x[K / 2];
+        for (int bad = 0; bad < 2; bad++) { /* x not finite: the tiles */
+            x[K / 2] = bad ? NAN : INFINITY;
+            ms_matmul(&ka, ya, N, x, K, 1, &W, 0);
+            ms_matmul(&ke, ye, N, x, K, 1, &W, 0);
+            CHECKF(!memcmp(ya, ye, sizeof(float) * (size_t)N), "K %d, x %s", (int)K,
+                   bad ? "NaN" : "inf");
+        }
+        x[K / 2] = keep;
         stored_free(&st);
     }
     { /* one run of several products: the permuted x held per run and thread

@@ -3,6 +3,7 @@
  * exact kernels and auto mode's one-row GEMVs), and auto mode's one-row FP4
  * GEMV (r1_f4_rows), which the template calls.  Called by matmul.c on pool
  * threads. */
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -55,82 +56,8 @@ static inline __m256 load_f4x8(const void *p, __m256 tbl)
     return _mm256_or_ps(mag, _mm256_castsi256_ps(sg));
 }
 
-/* ---- auto mode, one activation row, FP4 rows (mm_f32_tmpl.h's FN(nt_auto))
- * Each 32-column scale block's 16 bytes: the low and the high nibbles split,
- * each through vpshufb into twice the e2m1 value as an int8 (exact), widened
- * and converted (vpmovsxbd, vcvtdq2ps) against activations permuted once per
- * call to the order that leaves ([even columns], [odd columns]); the block's
- * sum times its scale / 2: about half the instructions per code of the tiles
- * (load_f4x8 through a table scaled per block). */
-
-/* Twice the e2m1 magnitudes, signed: code c -> 2 · value(c) (code 8 gives 0). */
-static inline __m128i f4_i8_tbl(void)
-{
-    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-}
-
-/* Row w's sum over nb whole blocks (16 bytes each) against xs (32 permuted
- * floats per block), the blocks' scale bytes at e. */
-static inline float r1_f4_sum(const uint8_t *w, const uint8_t *e, const float *xs, int64_t nb)
-{
-    const __m128i tbl = f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t g = 0; g < nb; g++) {
-        if (!(g & 3)) _mm_prefetch((const char *)w + g * 16 + 4096, _MM_HINT_T0);
-        const __m128i b = _mm_loadu_si128((const __m128i *)(w + g * 16));
-        const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4)),
-                      hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
-        const float *x = xs + g * 32;
-        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
-        __m256 t =
-            _mm256_mul_ps(_mm256_loadu_ps(x + 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
-        s = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8),
-                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
-        t = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24),
-                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), t);
-        const __m256 f = _mm256_set1_ps(ms_e8m0_to_f32(e[g]) * 0.5f);
-        if (g & 1)
-            acc1 = _mm256_fmadd_ps(_mm256_add_ps(s, t), f, acc1);
-        else
-            acc0 = _mm256_fmadd_ps(_mm256_add_ps(s, t), f, acc0);
-    }
-    return ms_hsum8(_mm256_add_ps(acc0, acc1));
-}
-
-/* What MM_SCR_A2F4 holds on this thread: x of one run, permuted. */
-static _Thread_local struct {
-    const float *x, *xs;
-    int64_t K;
-    uint64_t run;
-} held_f4x;
-
-/* Rows [n0, n1) of t (M = 1, FP4, K and c0 whole blocks); 0, or -1 without
- * scratch (the caller takes the tiles).  x is permuted once per run and
- * thread (a product comes in slices of 32 KiB, an expert's gate and up share
- * x). */
-static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1)
-{
-    const ms_mat *W = t->W;
-    const int64_t K = W->cols, nb = K / 32;
-    float *xs = ms_mm_scratch(MM_SCR_A2F4, sizeof(float) * (size_t)K);
-    if (!xs) return -1;
-    if (!t->run || held_f4x.run != t->run || held_f4x.x != t->x || held_f4x.xs != xs ||
-        held_f4x.K != K) {
-        for (int64_t k = 0; k < K; k += 32) /* [x0 x2 .. x30] [x1 x3 .. x31] per block */
-            for (int i = 0; i < 16; i++) {
-                xs[k + i] = t->x[k + 2 * i];
-                xs[k + 16 + i] = t->x[k + 2 * i + 1];
-            }
-        held_f4x.x = t->x, held_f4x.xs = xs, held_f4x.K = K, held_f4x.run = t->run;
-    }
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *w = (const uint8_t *)W->data + n * (W->ld / 2);
-        const uint8_t *e = W->e8scale + (W->r0 + n) * W->scale_ld + W->c0 / 32;
-        float s = r1_f4_sum(w, e, xs, nb), *yo = t->y + n;
-        *yo = t->accumulate ? *yo + s : s;
-    }
-    return 0;
-}
+/* auto mode's one-row FP4 GEMV, below the template (it uses R1_PF). */
+static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1);
 #define NT_R1_F4(t, n0, n1) r1_f4_rows(t, n0, n1)
 
 #define VW               8
@@ -156,3 +83,178 @@ static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1)
 #define NT_FOLD          1
 
 #include "kernels/mm_f32_tmpl.h"
+
+/* ---- auto mode, one activation row, FP4 rows (mm_f32_tmpl.h's FN(nt_auto))
+ * x is rounded once per run to 16-bit integers per 32-column block, q =
+ * round(x · 32767 / amax) (error at most amax / 65534 per value: under BF16's
+ * rounding, which auto mode allows, for any block whose mean |x| is above amax
+ * / 128).  Each weight block's 16 bytes: the low and the high nibbles split,
+ * each through vpshufb into twice the e2m1 value as an int8 (exact), placed in
+ * the high byte of an int16 (unpack with zero: 512 · value) and multiplied by
+ * q with vpmaddwd; the block's int32 sums (at most 805 M) converted and times
+ * the weight scale × x's scale.  Two blocks per 256-bit vector: about a third
+ * of the instructions per code of FP32 products. */
+
+/* Twice the e2m1 magnitudes, signed: code c -> 2 · value(c) (code 8 gives 0). */
+static inline __m128i f4_i8_tbl(void)
+{
+    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
+
+/* How x is held (MM_SCR_A2F4), per group of 8 blocks: the int16 values, per
+ * pair of blocks b0 b1 as [b0 even 0-7, b1 even 0-7], [even 8-15], [odd 0-7],
+ * [odd 8-15] (the lanes of vpunpck{l,h}bw of the pair's nibbles), and the 8
+ * blocks' scales as [s0 s2 s4 s6 s1 s3 s5 s7] (lane 0 the pairs' first
+ * blocks: vpermilps picks a pair's); the blocks after the last whole group
+ * each as [even 0-15][odd 0-15] with its scale.  A scale is amax / 32767 /
+ * 512 (the table's 2 and the high byte's 256). */
+#define F4_GROUP 8
+
+/* The 8 blocks' weight scales at e times x's scales xsc (as held): NaN for
+ * byte 255, 2^-127 for byte 0, as ms_e8m0_to_f32. */
+static inline __m256 f4_scales8(const uint8_t *e, const float *xsc)
+{
+    const __m128i perm = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)e), perm));
+    __m256i f = _mm256_slli_epi32(b, 23);
+    f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x7fc00000),
+                           _mm256_cmpeq_epi32(b, _mm256_set1_epi32(255)));
+    f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x00400000),
+                           _mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
+    return _mm256_mul_ps(_mm256_castsi256_ps(f), _mm256_loadu_ps(xsc));
+}
+
+/* One pair of blocks (32 bytes at w) against its 64 held values at q: 8
+ * int32 sums, lanes 0-3 the first block's, 4-7 the second's. */
+static inline __m256i f4_pair(const uint8_t *w, const int16_t *q)
+{
+    const __m256i tbl = _mm256_broadcastsi128_si256(f4_i8_tbl()), m4 = _mm256_set1_epi8(0x0f),
+                  z = _mm256_setzero_si256();
+    const __m256i b = _mm256_loadu_si256((const __m256i *)w);
+    const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4)),
+                  hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
+    const __m256i *x = (const __m256i *)q;
+    __m256i s = _mm256_madd_epi16(_mm256_unpacklo_epi8(z, lo), _mm256_loadu_si256(x));
+    __m256i t = _mm256_madd_epi16(_mm256_unpackhi_epi8(z, lo), _mm256_loadu_si256(x + 1));
+    s = _mm256_add_epi32(s,
+                         _mm256_madd_epi16(_mm256_unpacklo_epi8(z, hi), _mm256_loadu_si256(x + 2)));
+    t = _mm256_add_epi32(t,
+                         _mm256_madd_epi16(_mm256_unpackhi_epi8(z, hi), _mm256_loadu_si256(x + 3)));
+    return _mm256_add_epi32(s, t);
+}
+
+/* One block (16 bytes at w) against its 32 held values at q: 4 int32 sums. */
+static inline __m128i f4_one(const uint8_t *w, const int16_t *q)
+{
+    const __m128i tbl = f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f), z = _mm_setzero_si128();
+    const __m128i b = _mm_loadu_si128((const __m128i *)w);
+    const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4)),
+                  hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    const __m128i *x = (const __m128i *)q;
+    __m128i s = _mm_add_epi32(_mm_madd_epi16(_mm_unpacklo_epi8(z, lo), _mm_loadu_si128(x)),
+                              _mm_madd_epi16(_mm_unpackhi_epi8(z, lo), _mm_loadu_si128(x + 1)));
+    __m128i t = _mm_add_epi32(_mm_madd_epi16(_mm_unpacklo_epi8(z, hi), _mm_loadu_si128(x + 2)),
+                              _mm_madd_epi16(_mm_unpackhi_epi8(z, hi), _mm_loadu_si128(x + 3)));
+    return _mm_add_epi32(s, t);
+}
+
+/* Row w's sum over nb whole blocks (16 bytes each, scale bytes at e) against
+ * x as held (q, xsc). */
+static inline float r1_f4_sum(const uint8_t *w, const uint8_t *e, const int16_t *q,
+                              const float *xsc, int64_t nb)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + F4_GROUP <= nb; g += F4_GROUP) {
+        _mm_prefetch((const char *)w + g * 16 + R1_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + g * 16 + R1_PF + 64, _MM_HINT_T0);
+        const __m256 s8 = f4_scales8(e + g, xsc + g);
+        const uint8_t *wg = w + g * 16;
+        const int16_t *qg = q + g * 32;
+        acc0 =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(f4_pair(wg, qg)), _mm256_permute_ps(s8, 0x00), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f4_pair(wg + 32, qg + 64)),
+                               _mm256_permute_ps(s8, 0x55), acc1);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f4_pair(wg + 64, qg + 128)),
+                               _mm256_permute_ps(s8, 0xaa), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f4_pair(wg + 96, qg + 192)),
+                               _mm256_permute_ps(s8, 0xff), acc1);
+    }
+    __m128 tail = _mm_setzero_ps();
+    for (; g < nb; g++)
+        tail = _mm_fmadd_ps(_mm_cvtepi32_ps(f4_one(w + g * 16, q + g * 32)),
+                            _mm_set1_ps(ms_e8m0_to_f32(e[g]) * xsc[g]), tail);
+    __m128 t4 = _mm_add_ps(tail, _mm_movehl_ps(tail, tail));
+    return ms_hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_add_ss(t4, _mm_movehdup_ps(t4)));
+}
+
+/* What MM_SCR_A2F4 holds on this thread: x of one run, as above (finite: 0
+ * when x has an inf or a NaN, which takes the tiles). */
+static _Thread_local struct {
+    const float *x;
+    void *held;
+    int64_t K;
+    uint64_t run;
+    int finite;
+} held_f4x;
+
+/* x (K values, K whole blocks) held as above in q (K int16) and xsc (K / 32
+ * floats); 0 when some value is not finite. */
+static int f4_hold_x(const float *x, int64_t K, int16_t *q, float *xsc)
+{
+    const int64_t nb = K / 32, ng = nb / F4_GROUP * F4_GROUP;
+    for (int64_t g = 0; g < nb; g++) {
+        const float *xb = x + g * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            if (!(fabsf(xb[i]) <= FLT_MAX)) return 0; /* inf or NaN (fmaxf skips NaN) */
+            amax = fmaxf(amax, fabsf(xb[i]));
+        }
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int16_t v[32]; /* [even 0-15][odd 0-15] */
+        for (int i = 0; i < 16; i++) {
+            v[i] = (int16_t)lrintf(xb[2 * i] * inv);
+            v[16 + i] = (int16_t)lrintf(xb[2 * i + 1] * inv);
+        }
+        const float sc = amax / 32767.0f / 512.0f;
+        if (g < ng) { /* pair p = (g % 8) / 2, first or second block h */
+            const int64_t g0 = g / F4_GROUP * F4_GROUP;
+            const int p = (int)(g - g0) / 2, h = (int)(g - g0) % 2;
+            int16_t *d = q + (g0 + 2 * p) * 32;
+            for (int part = 0; part < 4; part++) /* even 0-7, even 8-15, odd 0-7, odd 8-15 */
+                memcpy(d + part * 16 + h * 8, v + part * 8, 16);
+            xsc[g0 + h * 4 + p] = sc;
+        } else {
+            memcpy(q + g * 32, v, sizeof v);
+            xsc[g] = sc;
+        }
+    }
+    return 1;
+}
+
+/* Rows [n0, n1) of t (M = 1, FP4, K and c0 whole blocks); 0, or -1 without
+ * scratch or with x not finite (the caller takes the tiles).  x is held once
+ * per run and thread (a product comes in slices of 32 KiB, an expert's gate
+ * and up share x). */
+static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1)
+{
+    const ms_mat *W = t->W;
+    const int64_t K = W->cols, nb = K / 32;
+    int16_t *q =
+        ms_mm_scratch(MM_SCR_A2F4, sizeof(int16_t) * (size_t)K + sizeof(float) * (size_t)nb);
+    if (!q) return -1;
+    float *xsc = (float *)(q + K);
+    if (!t->run || held_f4x.run != t->run || held_f4x.x != t->x || held_f4x.held != q ||
+        held_f4x.K != K) {
+        held_f4x.finite = f4_hold_x(t->x, K, q, xsc);
+        held_f4x.x = t->x, held_f4x.held = q, held_f4x.K = K, held_f4x.run = t->run;
+    }
+    if (!held_f4x.finite) return -1;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *w = (const uint8_t *)W->data + n * (W->ld / 2);
+        const uint8_t *e = W->e8scale + (W->r0 + n) * W->scale_ld + W->c0 / 32;
+        float s = r1_f4_sum(w, e, q, xsc, nb), *yo = t->y + n;
+        *yo = t->accumulate ? *yo + s : s;
+    }
+    return 0;
+}
