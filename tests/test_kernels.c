@@ -221,11 +221,11 @@ static void round_i16_blocks(float *xr, const float *x, int64_t K)
     }
 }
 
-/* Whether ms_matmul takes that GEMV (AVX2 auto mode, one row, FP4, K and c0
- * whole blocks, rows of at most 2 KiB). */
+/* Whether ms_matmul takes that GEMV (AVX2 auto mode, FP4, below the packed
+ * panels' 32 rows, K and c0 whole blocks, rows of at most 2 KiB). */
 static int takes_i16_fp4(const ms_mat *W, int isa, int exact, int64_t M, int nn)
 {
-    return !nn && !exact && isa == MS_ISA_AVX2 && M == 1 && W->dtype == MS_DT_F4E2M1 &&
+    return !nn && !exact && isa == MS_ISA_AVX2 && M < 32 && W->dtype == MS_DT_F4E2M1 &&
            W->cols % 32 == 0 && W->c0 % 32 == 0 && W->cols <= 4096;
 }
 
@@ -252,10 +252,10 @@ static void check_product(const ms_mat *W, int nn, int64_t M, int bf_auto, uint6
           *refq = malloc(sizeof(float) * (size_t)(M * ldy));
     for (int64_t i = 0; i < M * ldx; i++) x[i] = frand(rng);
     for (int64_t i = 0; i < M * ldy; i++) y0[i] = frand(rng);
-    if (K % 32 == 0) round_i16_blocks(xq, x, K);
+    for (int64_t i = 0; i < M && K % 32 == 0; i++) round_i16_blocks(xq + i * ldx, x + i * ldx, K);
     for (int acc = 0; acc <= 1; acc++) {
         memcpy(refq, y0, sizeof(float) * (size_t)(M * ldy));
-        if (K % 32 == 0 && !nn) ms_matmul_ref(refq, ldy, xq, ldx, 1, W, acc);
+        if (K % 32 == 0 && !nn) ms_matmul_ref(refq, ldy, xq, ldx, M, W, acc);
         memcpy(ref, y0, sizeof(float) * (size_t)(M * ldy));
         (nn ? ms_matmul_nn_ref : ms_matmul_ref)(ref, ldy, x, ldx, M, W, acc);
         memcpy(emu, y0, sizeof(float) * (size_t)(M * ldy));
@@ -439,7 +439,7 @@ TEST(matmul_fp4_all_paths)
         stored_make(&st, MS_DT_F4E2M1, r0 + N + 9, c0 + K + 38, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
         for (size_t mi = 0; mi < MS_ARRAY_LEN(Ms); mi++) {
-            if (Ms[mi] > 17 && si != 1 && si != 4) continue; /* keep it fast */
+            if (Ms[mi] > 17 && si != 1 && si != 4 && si != 6) continue; /* keep it fast */
             check_product(&W, 0, Ms[mi], c0 % 32 == 0, &rng, &n_cases);
             if (th_cur_failed) return;
         }
@@ -1025,13 +1025,14 @@ TEST(matmul_pack_vs_twin)
  * equal them below 32 (the same kernel).  Its values are checked against the
  * reference in matmul_all_paths (isa avx2, exact 0, M 33..131: views at odd
  * r0/c0, FP8 blocks straddled, K over several 256-column passes, N over
- * several 128-column chunks, M over several 48-row blocks). */
+ * several 128-column chunks, M over several 48-row blocks) and, for FP4, in
+ * matmul_fp4_all_paths (views with blocks at c0 and past it, part-blocks). */
 TEST(matmul_avx2_pack_taken)
 {
     if (best_isa < MS_ISA_AVX2) return;
     uint64_t rng = 47;
     const int64_t N = 150, K = 600;
-    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F16};
+    const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F8E4M3, MS_DT_F32, MS_DT_F16, MS_DT_F4E2M1};
     float *x = malloc(sizeof(float) * (size_t)(64 * K));
     float *ya = malloc(sizeof(float) * (size_t)(64 * N)),
           *ye = malloc(sizeof(float) * (size_t)(64 * N));
@@ -1046,9 +1047,11 @@ TEST(matmul_avx2_pack_taken)
             ms_matmul(&ke, ye, N, x, K, Mi[mi], &st.whole, 0);
             int same = !memcmp(ya, ye, sizeof(float) * (size_t)(Mi[mi] * N));
             /* below 32 FP8 differs in the one-row tiles (odd M: F_FOLD), and
-             * at M = 1 rows of at most 2 KiB go one at a time */
-            int expect = Mi[mi] < 32 && !(dts[di] == MS_DT_F8E4M3 && Mi[mi] % 2) &&
-                         !(Mi[mi] == 1 && ms_dtype_bytes(dts[di], K) <= 2048);
+             * at M = 1 rows of at most 2 KiB go one at a time (FP4: K whole
+             * blocks, not 600) */
+            int expect =
+                Mi[mi] < 32 && !(dts[di] == MS_DT_F8E4M3 && Mi[mi] % 2) &&
+                !(Mi[mi] == 1 && ms_dtype_bytes(dts[di], K) <= 2048 && dts[di] != MS_DT_F4E2M1);
             CHECKF(same == expect, "dt %d M %ld: auto %s the exact kernel's bits", dts[di],
                    (long)Mi[mi], same ? "gives" : "differs from");
             CHECKF(rel_err(ya, ye, Mi[mi], N, N) <= 1e-5, "dt %d M %ld: auto and exact apart",
@@ -1121,33 +1124,33 @@ TEST(matmul_avx2_fp8_fold)
     stored_free(&st);
 }
 
-/* AVX2 auto mode's one-row product y = x·Wᵀ on W, overwrite and accumulate
- * onto y0: close (1e-5) to the reference of xr (x, or x as the kernel rounds
- * it), taken (its bits differ from the exact kernel's), the same bits with
- * the pool or without; "what v" names the case in a failure. */
-static void check_one_row(const ms_mat *W, const float *x, const float *xr, const float *y0,
-                          const char *what, int v)
+/* AVX2 auto mode's product y = x·Wᵀ on W with M rows of x (x[M][K],
+ * y[M][N]), overwrite and accumulate onto y0: close (1e-5) to the reference
+ * of xr (x, or x as the kernel rounds it), taken (its bits differ from the
+ * exact kernel's), the same bits with the pool or without; "what v" names the
+ * case in a failure. */
+static void check_auto_rows(const ms_mat *W, int64_t M, const float *x, const float *xr,
+                            const float *y0, const char *what, int v)
 {
     const int64_t N = W->rows, K = W->cols;
+    const size_t bytes = sizeof(float) * (size_t)(M * N);
     ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0},
             k1 = {NULL, 0, MS_ISA_AVX2, 0};
-    float *ya = malloc(sizeof(float) * (size_t)N), *ye = malloc(sizeof(float) * (size_t)N);
-    float *y1 = malloc(sizeof(float) * (size_t)N), *yr = malloc(sizeof(float) * (size_t)N);
+    float *ya = malloc(bytes), *ye = malloc(bytes), *y1 = malloc(bytes), *yr = malloc(bytes);
     for (int acc = 0; acc <= 1; acc++) {
-        memcpy(ya, y0, sizeof(float) * (size_t)N);
-        memcpy(ye, y0, sizeof(float) * (size_t)N);
-        memcpy(y1, y0, sizeof(float) * (size_t)N);
-        memcpy(yr, y0, sizeof(float) * (size_t)N);
-        ms_matmul(&ka, ya, N, x, K, 1, W, acc);
-        ms_matmul(&ke, ye, N, x, K, 1, W, acc);
-        ms_matmul(&k1, y1, N, x, K, 1, W, acc);
-        ms_matmul_ref(yr, N, xr, K, 1, W, acc);
-        CHECKF(rel_err(ya, yr, 1, N, N) <= 1e-5, "%s %d acc %d: rel %g", what, v, acc,
-               rel_err(ya, yr, 1, N, N));
-        CHECKF(memcmp(ya, ye, sizeof(float) * (size_t)N) != 0, "%s %d acc %d: not taken", what, v,
+        memcpy(ya, y0, bytes);
+        memcpy(ye, y0, bytes);
+        memcpy(y1, y0, bytes);
+        memcpy(yr, y0, bytes);
+        ms_matmul(&ka, ya, N, x, K, M, W, acc);
+        ms_matmul(&ke, ye, N, x, K, M, W, acc);
+        ms_matmul(&k1, y1, N, x, K, M, W, acc);
+        ms_matmul_ref(yr, N, xr, K, M, W, acc);
+        CHECKF(rel_err(ya, yr, M, N, N) <= 1e-5, "%s %d M %d acc %d: rel %g", what, v, (int)M, acc,
+               rel_err(ya, yr, M, N, N));
+        CHECKF(memcmp(ya, ye, bytes) != 0, "%s %d M %d acc %d: not taken", what, v, (int)M, acc);
+        CHECKF(!memcmp(ya, y1, bytes), "%s %d M %d acc %d: bits follow the pool", what, v, (int)M,
                acc);
-        CHECKF(!memcmp(ya, y1, sizeof(float) * (size_t)N), "%s %d acc %d: bits follow the pool",
-               what, v, acc);
     }
     free(ya);
     free(ye);
@@ -1177,7 +1180,7 @@ TEST(matmul_avx2_gemv_one_row)
         stored st;
         stored_make(&st, dts[di], r0 + N + 5, c0 + K + 24, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        check_one_row(&W, x, x, y0, "dt", dts[di]);
+        check_auto_rows(&W, 1, x, x, y0, "dt", dts[di]);
         if (dts[di] == MS_DT_F32) { /* 4 KiB rows: the tiles */
             ms_mat W2 = ms_mat_slice(&st.whole, r0, N, 0, 256 + K);
             ms_matmul(&ka, ya, N, x, 256 + K, 1, &W2, 0);
@@ -1212,35 +1215,39 @@ TEST(matmul_avx2_gemv_one_row)
     free(ye);
 }
 
-/* AVX2 auto mode's one-row FP4 GEMV (mm_avx2.c, r1_f4_rows: K and c0 whole
- * 32-column blocks, rows of at most 2 KiB): close to the reference of x
- * rounded as the kernel holds it, on views (r0, c0 > 0) with whole groups of
- * 8 blocks, blocks past the last group, or both, overwrite and accumulate;
- * taken (bits differ from the exact kernel's); the same bits with the pool or
- * without; a NaN scale byte, in a group or past it, makes its row NaN as in
- * the reference; x with an inf or a NaN, or K not whole blocks, keeps the
- * exact kernel's bits. */
-TEST(matmul_avx2_fp4_one_row)
+/* AVX2 auto mode's FP4 product below 32 rows of x (mm_avx2.c, r1_f4_rows: x
+ * held as int16, K and c0 whole 32-column blocks, rows of at most 2 KiB):
+ * at 1, 16 and 31 rows close to the reference of x rounded as the kernel
+ * holds it, on views (r0, c0 > 0) with whole groups of 8 blocks, blocks past
+ * the last group, or both, overwrite and accumulate; taken (bits differ from
+ * the exact kernel's); the same bits with the pool or without; a NaN scale
+ * byte, in a group or past it, makes its row NaN as in the reference; x with
+ * an inf or a NaN, or K not whole blocks, keeps the exact kernel's bits; a
+ * batch of products in one run each gets its own x. */
+TEST(matmul_avx2_fp4_int16)
 {
     if (best_isa < MS_ISA_AVX2) return;
     uint64_t rng = 61;
     static const int64_t shapes[][4] = {
         {77, 512, 3, 32}, {40, 1024, 0, 0}, {33, 96, 5, 64}, {21, 352, 2, 96}};
     ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0};
-    float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * 128);
+    float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * 31 * 128);
     float *ya = malloc(sizeof(float) * 128), *ye = malloc(sizeof(float) * 128);
-    float *yr = malloc(sizeof(float) * 128);
+    float *yr = malloc(sizeof(float) * 128), *xm = malloc(sizeof(float) * 31 * 1024);
     for (int64_t i = 0; i < 1024; i++) x[i] = frand(&rng);
-    for (int64_t i = 0; i < 128; i++) y0[i] = frand(&rng);
+    for (int64_t i = 0; i < 31 * 1024; i++) xm[i] = frand(&rng);
+    for (int64_t i = 0; i < 31 * 128; i++) y0[i] = frand(&rng);
     for (size_t si = 0; si < MS_ARRAY_LEN(shapes); si++) {
         int64_t N = shapes[si][0], K = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
         stored st;
         stored_make(&st, MS_DT_F4E2M1, r0 + N + 3, c0 + K + 64, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
-        float *xr = malloc(sizeof(float) * (size_t)K);
-        round_i16_blocks(xr, x, K);
-        check_one_row(&W, x, xr, y0, "K", (int)K);
-        free(xr);
+        for (int64_t M = 1; M <= 31; M += 15) { /* 1, 16, 31 rows of x (K apart) */
+            float *xr = malloc(sizeof(float) * (size_t)(M * K));
+            for (int64_t m = 0; m < M; m++) round_i16_blocks(xr + m * K, xm + m * K, K);
+            check_auto_rows(&W, M, xm, xr, y0, "K", (int)K);
+            free(xr);
+        }
         /* row 2's last block: scale byte 255 (NaN) */
         uint8_t *sb = (uint8_t *)st.scale + (r0 + 2) * st.whole.scale_ld + (c0 + K) / 32 - 1;
         *sb = 0xff;
@@ -1293,6 +1300,7 @@ TEST(matmul_avx2_fp4_one_row)
     CHECK(!memcmp(ya, ye, sizeof(float) * 20));
     stored_free(&st);
     free(x);
+    free(xm);
     free(y0);
     free(ya);
     free(ye);
@@ -1415,7 +1423,7 @@ int main(void)
     RUN(matmul_pack_vs_twin);
     RUN(matmul_avx2_pack_taken);
     RUN(matmul_avx2_fp8_fold);
-    RUN(matmul_avx2_fp4_one_row);
+    RUN(matmul_avx2_fp4_int16);
     RUN(matmul_avx2_gemv_one_row);
     RUN(matmul_panels_same_bits);
     RUN(topk_vs_ref);

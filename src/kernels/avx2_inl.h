@@ -1,5 +1,6 @@
 /* avx2_inl.h — the small AVX2 helpers the kernel files share: horizontal sum
- * and maximum of 8 lanes, 8 bf16 values widened to f32, exp of 8 lanes.  AVX2 is the build
+ * and maximum of 8 lanes, 8 bf16 values widened to f32, exp of 8 lanes, the
+ * e2m1 (FP4) codes' doubled values as int8.  AVX2 is the build
  * baseline (x86-64-v3), so any file under src/kernels may include it. */
 #ifndef MS_KERNELS_AVX2_INL_H
 #define MS_KERNELS_AVX2_INL_H
@@ -27,6 +28,13 @@ static inline __attribute__((always_inline)) __m256 ms_load_bf16x8(const void *p
 {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* vpshufb table of twice the e2m1 values, signed: code c -> 2 · value(c)
+ * (code 8, -0, gives 0). */
+static inline __attribute__((always_inline)) __m128i ms_f4_i8_tbl(void)
+{
+    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
 }
 
 /* exp(x) for 8 lanes: Cody-Waite reduction by ln 2 and the Cephes degree-6

@@ -109,9 +109,10 @@ float ms_mat_get(const ms_mat *m, int64_t r, int64_t c);
  * (mm_widen.c; ~1e-7 relative, like the exact path).
  * F4E2M1 weights: exact = 1 or AVX2 only, the exact kernels above (codes
  * times the scale, one f32 product each, FP32 FMA), except exact = 0 on AVX2
- * at M = 1 with K and c0 whole 32-column blocks (not batch-invariant): x
- * rounded once per 32-value block to int16 steps of its max |x| / 32767,
- * vpmaddwd over the codes (~2e-5 relative to max|y|); exact = 0 on AVX-512 with
+ * (not batch-invariant): below 32 rows with K and c0 whole 32-column blocks,
+ * x rounded once per 32-value block to int16 steps of its max |x| / 32767,
+ * vpmaddwd over the codes (~2e-5 relative to max|y|), from 32 rows the
+ * packed FP32 panels (exact dequantisation); exact = 0 on AVX-512 with
  * views at c0 % 32 == 0, mm_fp4.c: on AVX512_BF16 activations rounded once
  * to bf16 and vdpbf16ps over the codes (about 1e-3 relative, as BF16
  * weights), without it FP32 activations and FMA (~1e-6 relative), each

@@ -1,8 +1,8 @@
 /* mm_avx2.c — FP32 matmul kernels for AVX2 + FMA + F16C (the build
  * baseline, x86-64-v3): mm_f32_tmpl.h instantiated with 8-lane vectors (the
- * exact kernels and auto mode's one-row GEMVs), and auto mode's one-row FP4
- * GEMV (r1_f4_rows), which the template calls.  Called by matmul.c on pool
- * threads. */
+ * exact kernels and auto mode's one-row GEMVs), and auto mode's FP4 product
+ * below 32 rows of x (r1_f4_rows), which the template calls.  Called by
+ * matmul.c on pool threads. */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -84,7 +84,8 @@ static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1);
 
 #include "kernels/mm_f32_tmpl.h"
 
-/* ---- auto mode, one activation row, FP4 rows (mm_f32_tmpl.h's FN(nt_auto))
+/* ---- auto mode, FP4 rows, below 32 activation rows (mm_f32_tmpl.h's
+ * FN(nt_auto); each activation row against each weight row in turn)
  * x is rounded once per run to 16-bit integers per 32-column block, q =
  * round(x · 32767 / amax) (error at most amax / 65534 per value: under BF16's
  * rounding, which auto mode allows, for any block whose mean |x| is above amax
@@ -94,12 +95,6 @@ static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1);
  * q with vpmaddwd; the block's int32 sums (at most 805 M) converted and times
  * the weight scale × x's scale.  Two blocks per 256-bit vector: about a third
  * of the instructions per code of FP32 products. */
-
-/* Twice the e2m1 magnitudes, signed: code c -> 2 · value(c) (code 8 gives 0). */
-static inline __m128i f4_i8_tbl(void)
-{
-    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-}
 
 /* How x is held (MM_SCR_A2F4), per group of 8 blocks: the int16 values, per
  * pair of blocks b0 b1 as [b0 even 0-7, b1 even 0-7], [even 8-15], [odd 0-7],
@@ -128,7 +123,7 @@ static inline __m256 f4_scales8(const uint8_t *e, const float *xsc)
  * int32 sums, lanes 0-3 the first block's, 4-7 the second's. */
 static inline __m256i f4_pair(const uint8_t *w, const int16_t *q)
 {
-    const __m256i tbl = _mm256_broadcastsi128_si256(f4_i8_tbl()), m4 = _mm256_set1_epi8(0x0f),
+    const __m256i tbl = _mm256_broadcastsi128_si256(ms_f4_i8_tbl()), m4 = _mm256_set1_epi8(0x0f),
                   z = _mm256_setzero_si256();
     const __m256i b = _mm256_loadu_si256((const __m256i *)w);
     const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4)),
@@ -146,7 +141,7 @@ static inline __m256i f4_pair(const uint8_t *w, const int16_t *q)
 /* One block (16 bytes at w) against its 32 held values at q: 4 int32 sums. */
 static inline __m128i f4_one(const uint8_t *w, const int16_t *q)
 {
-    const __m128i tbl = f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f), z = _mm_setzero_si128();
+    const __m128i tbl = ms_f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f), z = _mm_setzero_si128();
     const __m128i b = _mm_loadu_si128((const __m128i *)w);
     const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4)),
                   hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
@@ -188,12 +183,12 @@ static inline float r1_f4_sum(const uint8_t *w, const uint8_t *e, const int16_t 
     return ms_hsum8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_add_ss(t4, _mm_movehdup_ps(t4)));
 }
 
-/* What MM_SCR_A2F4 holds on this thread: x of one run, as above (finite: 0
- * when x has an inf or a NaN, which takes the tiles). */
+/* What MM_SCR_A2F4 holds on this thread: x of one run, as above, row by row
+ * (finite: 0 when x has an inf or a NaN, which takes the tiles). */
 static _Thread_local struct {
     const float *x;
     void *held;
-    int64_t K;
+    int64_t ldx, M, K;
     uint64_t run;
     int finite;
 } held_f4x;
@@ -232,29 +227,40 @@ static int f4_hold_x(const float *x, int64_t K, int16_t *q, float *xsc)
     return 1;
 }
 
-/* Rows [n0, n1) of t (M = 1, FP4, K and c0 whole blocks); 0, or -1 without
- * scratch or with x not finite (the caller takes the tiles).  x is held once
- * per run and thread (a product comes in slices of 32 KiB, an expert's gate
- * and up share x). */
+/* Activation rows at most: each runs the one-row sum against the weight row
+ * while it is in L1 (from 32, matmul.c's pack_min_m, the packed panels take
+ * over). */
+enum { F4_MAX_M = 31 };
+
+/* Rows [n0, n1) of t (FP4, K and c0 whole blocks, M <= F4_MAX_M); 0, or -1
+ * (nothing written) past F4_MAX_M, without scratch or with x not finite (the
+ * caller takes the tiles).  x is held once per run and thread (a product
+ * comes in slices of 32 KiB, an expert's gate and up share x). */
 static int r1_f4_rows(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
-    const int64_t K = W->cols, nb = K / 32;
-    int16_t *q =
-        ms_mm_scratch(MM_SCR_A2F4, sizeof(int16_t) * (size_t)K + sizeof(float) * (size_t)nb);
+    const int64_t K = W->cols, nb = K / 32, M = t->M, per = K + 2 * nb; /* int16 per row */
+    if (M > F4_MAX_M) return -1;
+    int16_t *q = ms_mm_scratch(MM_SCR_A2F4, sizeof(int16_t) * (size_t)(M * per));
     if (!q) return -1;
-    float *xsc = (float *)(q + K);
     if (!t->run || held_f4x.run != t->run || held_f4x.x != t->x || held_f4x.held != q ||
-        held_f4x.K != K) {
-        held_f4x.finite = f4_hold_x(t->x, K, q, xsc);
-        held_f4x.x = t->x, held_f4x.held = q, held_f4x.K = K, held_f4x.run = t->run;
+        held_f4x.ldx != t->ldx || held_f4x.M != M || held_f4x.K != K) {
+        held_f4x.finite = 1;
+        for (int64_t m = 0; m < M && held_f4x.finite; m++)
+            held_f4x.finite =
+                f4_hold_x(t->x + m * t->ldx, K, q + m * per, (float *)(q + m * per + K));
+        held_f4x.x = t->x, held_f4x.held = q, held_f4x.ldx = t->ldx, held_f4x.M = M;
+        held_f4x.K = K, held_f4x.run = t->run;
     }
     if (!held_f4x.finite) return -1;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *w = (const uint8_t *)W->data + n * (W->ld / 2);
         const uint8_t *e = W->e8scale + (W->r0 + n) * W->scale_ld + W->c0 / 32;
-        float s = r1_f4_sum(w, e, q, xsc, nb), *yo = t->y + n;
-        *yo = t->accumulate ? *yo + s : s;
+        for (int64_t m = 0; m < M; m++) {
+            const int16_t *qm = q + m * per;
+            float s = r1_f4_sum(w, e, qm, (const float *)(qm + K), nb), *yo = t->y + m * t->ldy + n;
+            *yo = t->accumulate ? *yo + s : s;
+        }
     }
     return 0;
 }

@@ -18,12 +18,15 @@
  * do not depend on M, the split or the tile, but they differ from
  * mm_f32_tmpl.h's (lanes along k, then a horizontal sum): the exact and the
  * batch-invariant modes, which must give one order for every M, never come
- * here.  BF16, F16, F32 and F8E4M3 weights; FP4 declines.  Scalar twin:
+ * here.  BF16, F16, F32, F8E4M3 and F4E2M1 weights (FP4: code × its block
+ * scale, exact, 32 columns at a time where blocks start at a panel's
+ * columns, else ms_mat_get).  Scalar twin:
  * ms_matmul_ref (tests/test_kernels.c: matmul_all_paths, matmul_avx2_pack_taken).
  */
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/avx2_inl.h"
 #include "kernels/mm_internal.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -62,6 +65,37 @@ AI void tr8(__m256 *r)
     }
 }
 
+/* Row r of FP4 W, columns [k0, k0 + kc), as f32 at o (exact, as ms_mat_get):
+ * whole 32-column blocks through vpshufb (twice the value as an int8) times
+ * half the block's scale, the rest (views whose blocks do not start at k0,
+ * the last part-block) element by element. */
+static void f4_row(const ms_mat *W, int64_t r, int64_t k0, int64_t kc, float *o)
+{
+    int64_t k = 0;
+    if ((W->c0 + k0) % 32 == 0) {
+        const uint8_t *b = (const uint8_t *)W->data + r * (W->ld / 2) + k0 / 2;
+        const uint8_t *e = W->e8scale + (W->r0 + r) * W->scale_ld + (W->c0 + k0) / 32;
+        const __m128i tbl = ms_f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f);
+        for (; k + 32 <= kc; k += 32) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(b + k / 2));
+            const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(v, m4)),
+                          hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+            const __m128i a = _mm_unpacklo_epi8(lo, hi), c = _mm_unpackhi_epi8(lo, hi);
+            const __m256 s = _mm256_set1_ps(ms_e8m0_to_f32(e[k / 32]) * 0.5f);
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), s));
+            _mm256_storeu_ps(
+                o + k + 8,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), s));
+            _mm256_storeu_ps(o + k + 16,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), s));
+            _mm256_storeu_ps(
+                o + k + 24,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))), s));
+        }
+    }
+    for (; k < kc; k++) o[k] = ms_mat_get(W, r, k0 + k);
+}
+
 /* Panel of weight rows [n, n + nr) (nr ≤ PW) × columns [k0, k0 + kc) of W:
  * pb[k][j] = W(n + j, k0 + k) as f32, zero for j ≥ nr.  rows: scratch of
  * PW × KC floats for the rows dequantised in order. */
@@ -72,6 +106,10 @@ static void pack(const ms_mat *W, int64_t n, int nr, int64_t k0, int64_t kc, flo
         float *o = rows + j * KC;
         if (j >= nr) {
             memset(o, 0, sizeof(float) * (size_t)kc);
+            continue;
+        }
+        if (W->dtype == MS_DT_F4E2M1) {
+            f4_row(W, n + j, k0, kc, o);
             continue;
         }
         ms_mm_avx2_cvt(W->dtype, (const char *)W->data + ((n + j) * W->ld + k0) * es, o, kc);
@@ -201,7 +239,7 @@ int ms_mm_avx2_pack_nt(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     if (W->dtype != MS_DT_BF16 && W->dtype != MS_DT_F16 && W->dtype != MS_DT_F32 &&
-        W->dtype != MS_DT_F8E4M3)
+        W->dtype != MS_DT_F8E4M3 && W->dtype != MS_DT_F4E2M1)
         return -1;
     const int64_t K = W->cols, M = t->M, G = (M + MR - 1) / MR;
     /* x packed once per run and thread (a call covers a few panels, and an

@@ -445,7 +445,7 @@ void FN(nt_auto)(const mm_task *t, int64_t n0, int64_t n1)
         break;
     }
 #ifdef NT_R1_F4
-    if (t->M == 1 && dt == MS_DT_F4E2M1 && W->cols % 32 == 0 && W->c0 % 32 == 0 &&
+    if (dt == MS_DT_F4E2M1 && W->cols % 32 == 0 && W->c0 % 32 == 0 &&
         ms_dtype_bytes(dt, W->cols) <= R1_MAX_BYTES && NT_R1_F4(t, n0, n1) == 0)
         return;
 #endif

@@ -32,7 +32,7 @@ typedef struct mm_task {
  * it reuses across calls of one run, MM_SCR_XW mm_widen.c's (likewise),
  * MM_SCR_F4X and MM_SCR_F4B mm_fp4.c's two kernels' (likewise), MM_SCR_PKX
  * and MM_SCR_PKB mm_bf16_pack.c's activations (likewise) and panel, MM_SCR_A2X
- * mm_avx2_pack.c's activations (likewise), MM_SCR_A2F4 mm_avx2.c's one-row
+ * mm_avx2_pack.c's activations (likewise), MM_SCR_A2F4 mm_avx2.c's int16
  * FP4 activations (likewise); nothing else writes them. */
 enum {
     MM_SCR_X,
@@ -53,8 +53,8 @@ void *ms_mm_scratch(int slot, size_t bytes);
  * Returns 0, or -1 (nothing written) for other dtypes or without scratch. */
 int ms_mm_bf16_pack_nt(const mm_task *t, int64_t n0, int64_t n1);
 
-/* Packed-panel FP32 path on AVX2 (mm_avx2_pack.c) for BF16, F16, F32 and F8E4M3
- * weights, auto mode, not batch-invariant; matmul.c sends M >= MOESERVE_PACK_MIN_M
+/* Packed-panel FP32 path on AVX2 (mm_avx2_pack.c) for BF16, F16, F32, F8E4M3
+ * and F4E2M1 weights, auto mode, not batch-invariant; matmul.c sends M >= MOESERVE_PACK_MIN_M
  * there.  Returns 0, or -1 (nothing written) for other dtypes or without scratch. */
 int ms_mm_avx2_pack_nt(const mm_task *t, int64_t n0, int64_t n1);
 
