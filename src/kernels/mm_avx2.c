@@ -202,14 +202,15 @@ static int f4_hold_x(const float *x, int64_t K, int16_t *q, float *xsc)
         const float *xb = x + g * 32;
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) {
-            if (!(fabsf(xb[i]) <= FLT_MAX)) return 0; /* inf or NaN (fmaxf skips NaN) */
-            amax = fmaxf(amax, fabsf(xb[i]));
+            const float a = fabsf(xb[i]);
+            if (!(a <= FLT_MAX)) return 0; /* inf or NaN */
+            amax = a > amax ? a : amax;
         }
         const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int16_t v[32]; /* [even 0-15][odd 0-15] */
+        int16_t v[32]; /* [even 0-15][odd 0-15]; cvtss2si rounds as lrintf, inline */
         for (int i = 0; i < 16; i++) {
-            v[i] = (int16_t)lrintf(xb[2 * i] * inv);
-            v[16 + i] = (int16_t)lrintf(xb[2 * i + 1] * inv);
+            v[i] = (int16_t)_mm_cvtss_si32(_mm_set_ss(xb[2 * i] * inv));
+            v[16 + i] = (int16_t)_mm_cvtss_si32(_mm_set_ss(xb[2 * i + 1] * inv));
         }
         const float sc = amax / 32767.0f / 512.0f;
         if (g < ng) { /* pair p = (g % 8) / 2, first or second block h */
