@@ -1047,11 +1047,12 @@ TEST(matmul_avx2_pack_taken)
             ms_matmul(&ke, ye, N, x, K, Mi[mi], &st.whole, 0);
             int same = !memcmp(ya, ye, sizeof(float) * (size_t)(Mi[mi] * N));
             /* below 32 FP8 differs in the one-row tiles (odd M: F_FOLD), and
-             * at M = 1 rows of at most 2 KiB go one at a time (FP4: K whole
-             * blocks, not 600) */
+             * rows of at most 2 KiB go one at a time at M = 1 (BF16, F16:
+             * M <= 8; FP4: K whole blocks, not 600) */
+            const int r1m = dts[di] == MS_DT_F8E4M3 ? 1 : 8;
             int expect =
                 Mi[mi] < 32 && !(dts[di] == MS_DT_F8E4M3 && Mi[mi] % 2) &&
-                !(Mi[mi] == 1 && ms_dtype_bytes(dts[di], K) <= 2048 && dts[di] != MS_DT_F4E2M1);
+                !(Mi[mi] <= r1m && ms_dtype_bytes(dts[di], K) <= 2048 && dts[di] != MS_DT_F4E2M1);
             CHECKF(same == expect, "dt %d M %ld: auto %s the exact kernel's bits", dts[di],
                    (long)Mi[mi], same ? "gives" : "differs from");
             CHECKF(rel_err(ya, ye, Mi[mi], N, N) <= 1e-5, "dt %d M %ld: auto and exact apart",
@@ -1159,8 +1160,9 @@ static void check_auto_rows(const ms_mat *W, int64_t M, const float *x, const fl
 }
 
 /* AVX2 auto mode's one-row GEMV (mm_f32_tmpl.h, rows of at most 2 KiB, one
- * activation row, K whole vectors, FP8 views at c0 % 8 == 0): each dtype
- * close to the reference, overwrite and accumulate, on views whose FP8
+ * activation row, K whole vectors, FP8 views at c0 % 8 == 0; BF16, F16 and
+ * F32 also 3 and 8 rows of x): each dtype close to the reference, overwrite
+ * and accumulate, on views whose FP8
  * blocks start mid-row; taken (bits differ from the exact kernel's); the
  * same bits with the pool or without; FP8 rows flagged NaN and rows whose
  * folded sum overflows give the exact kernel's bits.  Rows longer than 2 KiB
@@ -1173,14 +1175,21 @@ TEST(matmul_avx2_gemv_one_row)
     const ms_dtype dts[] = {MS_DT_BF16, MS_DT_F16, MS_DT_F32, MS_DT_F8E4M3};
     float *x = malloc(sizeof(float) * 1024), *y0 = malloc(sizeof(float) * (size_t)N);
     float *ya = malloc(sizeof(float) * (size_t)N), *ye = malloc(sizeof(float) * (size_t)N);
+    float *xm = malloc(sizeof(float) * 8 * K), *ym = malloc(sizeof(float) * 8 * (size_t)N);
     ms_kctx ka = {pool, 0, MS_ISA_AVX2, 0}, ke = {pool, 1, MS_ISA_AVX2, 0};
     for (int64_t i = 0; i < 1024; i++) x[i] = frand(&rng);
     for (int64_t i = 0; i < N; i++) y0[i] = frand(&rng);
+    for (int64_t i = 0; i < 8 * K; i++) xm[i] = frand(&rng);
+    for (int64_t i = 0; i < 8 * N; i++) ym[i] = frand(&rng);
     for (size_t di = 0; di < MS_ARRAY_LEN(dts); di++) {
         stored st;
         stored_make(&st, dts[di], r0 + N + 5, c0 + K + 24, &rng);
         ms_mat W = ms_mat_slice(&st.whole, r0, N, c0, K);
         check_auto_rows(&W, 1, x, x, y0, "dt", dts[di]);
+        if (dts[di] != MS_DT_F8E4M3) { /* 3 and 8 rows of x: one at a time too */
+            check_auto_rows(&W, 3, xm, xm, ym, "dt", dts[di]);
+            check_auto_rows(&W, 8, xm, xm, ym, "dt", dts[di]);
+        }
         if (dts[di] == MS_DT_F32) { /* 4 KiB rows: the tiles */
             ms_mat W2 = ms_mat_slice(&st.whole, r0, N, 0, 256 + K);
             ms_matmul(&ka, ya, N, x, 256 + K, 1, &W2, 0);
@@ -1210,6 +1219,8 @@ TEST(matmul_avx2_gemv_one_row)
         stored_free(&st);
     }
     free(x);
+    free(xm);
+    free(ym);
     free(y0);
     free(ya);
     free(ye);

@@ -324,11 +324,15 @@ void FN(nt)(const mm_task *t, int64_t n0, int64_t n1)
  * FMA chains short.  Taken for rows of at most R1_MAX_BYTES: rows of 4 KiB
  * and more stream well enough side by side, and the tile loads its
  * activations once per R rows.  Needs K and (FP8) c0 whole vectors; the
- * order differs from FN(nt), so auto mode only. */
+ * order differs from FN(nt), so auto mode only.  BF16, F16 and F32 take it up
+ * to R1_MAX_M rows of x too, each row of x against each weight row while it
+ * is in L1 (a batch's experts of a few rows: bench_kernels --moe32 BF16 layer
+ * ×1.17-1.22 against the tiles, which decode each weight once per 2 rows of
+ * x and reload it for the next 2). */
 
 /* Bytes ahead of the stream each 64 bytes read are prefetched from: the next
  * 4 KiB page, where the hardware prefetcher stops (FP8 experts ~1.15x). */
-enum { R1_PF = 4096, R1_MAX_BYTES = 2048 };
+enum { R1_PF = 4096, R1_MAX_BYTES = 2048, R1_MAX_M = 8 };
 
 /* Columns [k, kend) of one row at w into the four sums a (FP8: codes as
  * value × 2^-120, against x × 2^100); returns kend. */
@@ -409,7 +413,15 @@ AI void FN(r1_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
     }
     for (int64_t n = n0; n < n1; n++) {
         float s;
-        if ((dt == MS_DT_F8E4M3 && pl[n] == MS_F8_ROW_NAN) || !FN(r1_sum)(t, dt, x, n, &s)) {
+        if (dt != MS_DT_F8E4M3) { /* M <= R1_MAX_M rows of x */
+            for (int64_t m = 0; m < t->M; m++) {
+                FN(r1_sum)(t, dt, x + m * t->ldx, n, &s);
+                float *yo = t->y + m * t->ldy + n;
+                *yo = t->accumulate ? *yo + s : s;
+            }
+            continue;
+        }
+        if (pl[n] == MS_F8_ROW_NAN || !FN(r1_sum)(t, dt, x, n, &s)) {
             FN(nt_tile)(t, dt, 0, 1, 1, 0, n); /* NaN codes, or the fold overflowed */
             continue;
         }
@@ -418,16 +430,16 @@ AI void FN(r1_rows_dt)(const mm_task *t, const int dt, int64_t n0, int64_t n1)
     }
 }
 
-/* FN(nt) in auto mode: one activation row goes row by row (above) where the
- * rows are short and K (and an FP8 view's c0) whole vectors, FP8 rows without
- * NaN codes folded; other FP8 products fold their plain rows at one
- * activation row. */
+/* FN(nt) in auto mode: one activation row (BF16, F16, F32: up to R1_MAX_M)
+ * goes row by row (above) where the rows are short and K (and an FP8 view's
+ * c0) whole vectors, FP8 rows without NaN codes folded; other FP8 products
+ * fold their plain rows at one activation row. */
 void FN(nt_auto)(const mm_task *t, int64_t n0, int64_t n1)
 {
     const ms_mat *W = t->W;
     const int dt = W->dtype;
-    const int row1 = t->M == 1 && W->cols % VW == 0 && (dt != MS_DT_F8E4M3 || W->c0 % VW == 0) &&
-                     ms_dtype_bytes(dt, W->cols) <= R1_MAX_BYTES;
+    const int row1 = (dt == MS_DT_F8E4M3 ? t->M == 1 && W->c0 % VW == 0 : t->M <= R1_MAX_M) &&
+                     W->cols % VW == 0 && ms_dtype_bytes(dt, W->cols) <= R1_MAX_BYTES;
     switch (row1 ? dt : -1) {
     case MS_DT_F32:
         FN(r1_rows_dt)(t, MS_DT_F32, n0, n1);
