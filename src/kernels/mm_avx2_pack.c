@@ -21,7 +21,8 @@
  * here.  BF16, F16, F32, F8E4M3 and F4E2M1 weights (FP4: code × its block
  * scale, exact, 32 columns at a time where blocks start at a panel's
  * columns, else ms_mat_get).  Scalar twin:
- * ms_matmul_ref (tests/test_kernels.c: matmul_all_paths, matmul_avx2_pack_taken).
+ * ms_matmul_ref (tests/test_kernels.c: matmul_all_paths; test_kernels_avx2.c:
+ * matmul_avx2_pack_taken).
  */
 #include <immintrin.h>
 #include <string.h>
