@@ -30,11 +30,25 @@ static inline __attribute__((always_inline)) __m256 ms_load_bf16x8(const void *p
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
-/* vpshufb table of twice the e2m1 values, signed: code c -> 2 · value(c)
- * (code 8, -0, gives 0). */
-static inline __attribute__((always_inline)) __m128i ms_f4_i8_tbl(void)
+/* The 32 e2m1 codes in the 16 bytes b (low nibble first) as twice their
+ * values, int8 (exact; code 8, -0, gives 0): *ev the low nibbles (even
+ * columns), *od the high ones (odd columns). */
+static inline __attribute__((always_inline)) void ms_f4_i8x16(__m128i b, __m128i *ev, __m128i *od)
 {
-    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i tbl = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+                  m4 = _mm_set1_epi8(0x0f);
+    *ev = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4));
+    *od = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+}
+
+/* ms_f4_i8x16 on each 128-bit lane of b (two blocks of 32 codes). */
+static inline __attribute__((always_inline)) void ms_f4_i8x32(__m256i b, __m256i *ev, __m256i *od)
+{
+    const __m256i tbl = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                         1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+                  m4 = _mm256_set1_epi8(0x0f);
+    *ev = _mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4));
+    *od = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
 }
 
 /* exp(x) for 8 lanes: Cody-Waite reduction by ln 2 and the Cephes degree-6

@@ -123,11 +123,9 @@ static inline __m256 f4_scales8(const uint8_t *e, const float *xsc)
  * int32 sums, lanes 0-3 the first block's, 4-7 the second's. */
 static inline __m256i f4_pair(const uint8_t *w, const int16_t *q)
 {
-    const __m256i tbl = _mm256_broadcastsi128_si256(ms_f4_i8_tbl()), m4 = _mm256_set1_epi8(0x0f),
-                  z = _mm256_setzero_si256();
-    const __m256i b = _mm256_loadu_si256((const __m256i *)w);
-    const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4)),
-                  hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
+    const __m256i z = _mm256_setzero_si256();
+    __m256i lo, hi;
+    ms_f4_i8x32(_mm256_loadu_si256((const __m256i *)w), &lo, &hi);
     const __m256i *x = (const __m256i *)q;
     __m256i s = _mm256_madd_epi16(_mm256_unpacklo_epi8(z, lo), _mm256_loadu_si256(x));
     __m256i t = _mm256_madd_epi16(_mm256_unpackhi_epi8(z, lo), _mm256_loadu_si256(x + 1));
@@ -141,10 +139,9 @@ static inline __m256i f4_pair(const uint8_t *w, const int16_t *q)
 /* One block (16 bytes at w) against its 32 held values at q: 4 int32 sums. */
 static inline __m128i f4_one(const uint8_t *w, const int16_t *q)
 {
-    const __m128i tbl = ms_f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f), z = _mm_setzero_si128();
-    const __m128i b = _mm_loadu_si128((const __m128i *)w);
-    const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4)),
-                  hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    const __m128i z = _mm_setzero_si128();
+    __m128i lo, hi;
+    ms_f4_i8x16(_mm_loadu_si128((const __m128i *)w), &lo, &hi);
     const __m128i *x = (const __m128i *)q;
     __m128i s = _mm_add_epi32(_mm_madd_epi16(_mm_unpacklo_epi8(z, lo), _mm_loadu_si128(x)),
                               _mm_madd_epi16(_mm_unpackhi_epi8(z, lo), _mm_loadu_si128(x + 1)));

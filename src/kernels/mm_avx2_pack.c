@@ -76,11 +76,9 @@ static void f4_row(const ms_mat *W, int64_t r, int64_t k0, int64_t kc, float *o)
     if ((W->c0 + k0) % 32 == 0) {
         const uint8_t *b = (const uint8_t *)W->data + r * (W->ld / 2) + k0 / 2;
         const uint8_t *e = W->e8scale + (W->r0 + r) * W->scale_ld + (W->c0 + k0) / 32;
-        const __m128i tbl = ms_f4_i8_tbl(), m4 = _mm_set1_epi8(0x0f);
         for (; k + 32 <= kc; k += 32) {
-            const __m128i v = _mm_loadu_si128((const __m128i *)(b + k / 2));
-            const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(v, m4)),
-                          hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+            __m128i lo, hi;
+            ms_f4_i8x16(_mm_loadu_si128((const __m128i *)(b + k / 2)), &lo, &hi);
             const __m128i a = _mm_unpacklo_epi8(lo, hi), c = _mm_unpackhi_epi8(lo, hi);
             const __m256 s = _mm256_set1_ps(ms_e8m0_to_f32(e[k / 32]) * 0.5f);
             _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), s));
